@@ -1,0 +1,137 @@
+//! Configuration from the environment, validated once.
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `SMCLO_DEVICE_DIR` | the device directory | `/dev/shm/smclo-<uid>` |
+//! | `SMCLO_RMEM` | receive DMB size (like `net.smc.rmem`), rounded up to a power of two in 16 KiB ..= 1 MiB; `k`/`m` suffixes | [`DEFAULT_DMB_SIZE`] |
+//! | `SMCLO_WMEM` | send buffer size in copy mode (like `net.smc.wmem`), same rules | [`DEFAULT_DMB_SIZE`] |
+//! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back | 1000 |
+//! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
+//! | `SMCLO_DEBUG` | log every decision to stderr | off |
+
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Smallest DMB ring, as SMC-D's `SMC_BUF_MIN_SIZE`.
+pub const MIN_DMB_SIZE: u32 = 16 * 1024;
+/// Largest DMB ring, as SMC-D's limit.
+pub const MAX_DMB_SIZE: u32 = 1024 * 1024;
+/// Default ring size (see README "Choosing the DMB size" for the measurement).
+pub const DEFAULT_DMB_SIZE: u32 = 256 * 1024;
+
+/// All settings a process reads from its environment.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The device directory.
+    pub device_dir: PathBuf,
+    /// Receive ring size in bytes.
+    pub rmem: u32,
+    /// Copy-mode send buffer size in bytes.
+    pub wmem: u32,
+    /// Bounded client wait for the server's Accept.
+    pub clc_wait: Duration,
+    /// User-defined EID (32 bytes, blank padded), if any.
+    pub ueid: Option<[u8; 32]>,
+}
+
+impl Config {
+    /// Reads and validates the environment.
+    pub fn from_env() -> Result<Config> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let device_dir = match std::env::var_os("SMCLO_DEVICE_DIR").filter(|v| !v.is_empty()) {
+            Some(d) => PathBuf::from(d),
+            None => default_device_dir(),
+        };
+        let rmem = match var("SMCLO_RMEM") {
+            Some(v) => dmb_size("SMCLO_RMEM", &v)?,
+            None => DEFAULT_DMB_SIZE,
+        };
+        let wmem = match var("SMCLO_WMEM") {
+            Some(v) => dmb_size("SMCLO_WMEM", &v)?,
+            None => DEFAULT_DMB_SIZE,
+        };
+        let clc_wait = match var("SMCLO_CLC_WAIT_MS") {
+            Some(v) => Duration::from_millis(v.parse::<u64>().map_err(|_| {
+                Error::Config(format!("SMCLO_CLC_WAIT_MS={v:?} is not a number of milliseconds"))
+            })?),
+            None => Duration::from_millis(1000),
+        };
+        let ueid = match var("SMCLO_UEID") {
+            Some(v) => Some(ueid(&v)?),
+            None => None,
+        };
+        Ok(Config { device_dir, rmem, wmem, clc_wait, ueid })
+    }
+}
+
+/// `/dev/shm/smclo-<uid>`: one device per user, so another user's processes
+/// cannot even find it.
+pub fn default_device_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/dev/shm/smclo-{uid}"))
+}
+
+/// Parses a size with an optional `k`/`K`/`m`/`M` suffix, as smc_run's -r/-t.
+pub fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mult) = match v.as_bytes().last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 1024),
+        b'm' | b'M' => (&v[..v.len() - 1], 1024 * 1024),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// Rounds a requested buffer size as SMC-D does: up to a power of two,
+/// at least 16 KiB, at most 1 MiB.
+pub fn round_dmb_size(bytes: u64) -> u32 {
+    let clamped = bytes.clamp(MIN_DMB_SIZE as u64, MAX_DMB_SIZE as u64);
+    clamped.next_power_of_two() as u32
+}
+
+fn dmb_size(name: &str, v: &str) -> Result<u32> {
+    parse_size(v)
+        .map(round_dmb_size)
+        .ok_or_else(|| Error::Config(format!("{name}={v:?} is not a size (digits with optional k or m)")))
+}
+
+fn ueid(v: &str) -> Result<[u8; 32]> {
+    // SMC's UEIDs are 32 characters, upper-case, blank padded.
+    if v.len() > 32 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::Config(format!(
+            "SMCLO_UEID={v:?}: at most 32 printable ASCII characters"
+        )));
+    }
+    let mut out = [b' '; 32];
+    for (o, b) in out.iter_mut().zip(v.bytes()) {
+        *o = b.to_ascii_uppercase();
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_round_like_smc_d() {
+        assert_eq!(round_dmb_size(1), 16 * 1024);
+        assert_eq!(round_dmb_size(16 * 1024 + 1), 32 * 1024);
+        assert_eq!(round_dmb_size(64 * 1024), 64 * 1024);
+        assert_eq!(round_dmb_size(100 << 20), 1 << 20);
+        assert_eq!(parse_size("64k"), Some(65536));
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("12q"), None);
+        assert!(dmb_size("SMCLO_RMEM", "lots").is_err());
+    }
+
+    #[test]
+    fn ueid_is_padded_and_checked() {
+        let u = ueid("abc").unwrap();
+        assert_eq!(&u[..4], b"ABC ");
+        assert!(ueid(&"x".repeat(33)).is_err());
+        assert!(ueid("a b").is_err());
+    }
+}

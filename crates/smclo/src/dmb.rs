@@ -1,0 +1,1 @@
+//! dmb (being written).

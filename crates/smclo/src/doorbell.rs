@@ -1,0 +1,1 @@
+//! doorbell (being written).

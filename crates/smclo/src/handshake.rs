@@ -1,0 +1,1 @@
+//! handshake (being written).

@@ -1,0 +1,25 @@
+//! smclo: SMC-D loopback ("loopback-ism") in user space.
+//!
+//! TCP connections between smclo processes on one host (or containers that
+//! share a device directory) are upgraded, out of band, to a pair of shared
+//! memory rings (DMBs); a peer that does not run smclo keeps plain TCP and
+//! never sees a byte of the handshake. See `docs/ARCHITECTURE.md`.
+//!
+//! This crate knows nothing about `LD_PRELOAD`; the preload library is a thin
+//! translation layer over [`api`].
+
+pub mod config;
+pub mod debug;
+pub mod error;
+pub mod owner;
+pub mod device;
+pub mod dmb;
+pub mod registry;
+pub mod rendezvous;
+pub mod ring;
+pub mod doorbell;
+pub mod conn;
+pub mod handshake;
+pub mod api;
+
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! rendezvous (being written).

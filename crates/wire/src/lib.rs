@@ -1,0 +1,1 @@
+//! Pure byte layouts of smclo.
