@@ -1,1 +1,12 @@
-//! Pure byte layouts of smclo.
+//! Pure byte layouts of smclo, apart from the state machines that use them.
+//!
+//! Nothing here does I/O or holds `unsafe`; every parser takes bytes written
+//! by a peer that is not trusted and returns either a validated value or an
+//! error naming what was wrong. The parsers are fuzzed (`fuzz/`).
+
+#![forbid(unsafe_code)]
+
+pub mod clc;
+pub mod cursor;
+pub mod dmb_header;
+pub mod reason;

@@ -1,0 +1,1 @@
+//! clc (being written).

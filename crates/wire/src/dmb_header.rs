@@ -1,0 +1,1 @@
+//! dmb_header (being written).

@@ -1,0 +1,1 @@
+//! reason (being written).
