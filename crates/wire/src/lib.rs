@@ -10,3 +10,4 @@ pub mod clc;
 pub mod cursor;
 pub mod dmb_header;
 pub mod reason;
+pub mod syn;

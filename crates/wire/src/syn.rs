@@ -1,0 +1,220 @@
+//! The saved SYN (`TCP_SAVED_SYN`): the IP and TCP headers of the segment
+//! that opened an accepted connection, as the kernel kept them.
+//!
+//! The handshake reads from it the 4-tuple and the mark the proposer put into
+//! its SYN (IP TTL / IPv6 hop limit, and the DSCP bits of TOS / traffic
+//! class). Those fields are the only ones a client can set per connection
+//! without changing the connection afterwards.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The SYN mark: values the client set for its SYN only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mark {
+    /// IPv4 TTL or IPv6 hop limit.
+    pub ttl: u8,
+    /// The six DSCP bits (TOS or traffic class shifted right by 2); the two
+    /// ECN bits belong to the kernel and are ignored.
+    pub dscp: u8,
+}
+
+impl Mark {
+    /// The TTL a plain Linux client sends; never used as a mark, so that a
+    /// plain client cannot match by accident.
+    pub const DEFAULT_TTL: u8 = 64;
+
+    /// Derives a mark from random bits: TTL in 1..=255 but never 64 or 255,
+    /// any DSCP. About 14 bits of proof that a SYN is the proposer's.
+    pub fn from_random(r: u32) -> Mark {
+        // 253 usable TTL values: 1..=63 and 65..=254.
+        let t = (r % 253) as u8 + 1;
+        let ttl = if t >= Self::DEFAULT_TTL { t + 1 } else { t };
+        let dscp = ((r >> 8) & 0x3f) as u8;
+        Mark { ttl, dscp }
+    }
+
+    /// The byte to set with `IP_TOS` / `IPV6_TCLASS`.
+    pub fn tos(self) -> u8 {
+        self.dscp << 2
+    }
+}
+
+/// What the handshake needs from a saved SYN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Syn {
+    /// The client's address and port (the SYN's source).
+    pub src: SocketAddr,
+    /// The server's address and port (the SYN's destination).
+    pub dst: SocketAddr,
+    /// The mark found in the IP header.
+    pub mark: Mark,
+}
+
+/// Why a saved SYN could not be parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SynError {
+    /// Fewer bytes than the headers need.
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Neither IPv4 nor IPv6.
+    BadVersion(u8),
+    /// The IP header does not carry TCP directly (options we do not follow,
+    /// such as IPv6 extension headers).
+    NotTcp(u8),
+    /// IPv4 header length field below 20 bytes.
+    BadIhl(u8),
+    /// A TCP segment that is not a SYN.
+    NotSyn,
+}
+
+impl fmt::Display for SynError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SynError::Truncated { what, need, have } => {
+                write!(f, "saved SYN truncated: {what} needs {need} bytes, have {have}")
+            }
+            SynError::BadVersion(v) => write!(f, "saved SYN has IP version {v}"),
+            SynError::NotTcp(p) => write!(f, "saved SYN carries protocol {p}, not TCP"),
+            SynError::BadIhl(l) => write!(f, "saved SYN has IPv4 header length {l} words"),
+            SynError::NotSyn => write!(f, "saved segment is not a SYN"),
+        }
+    }
+}
+
+impl std::error::Error for SynError {}
+
+const TCP_PROTO: u8 = 6;
+const TCP_FLAG_SYN: u8 = 0x02;
+
+fn need(b: &[u8], n: usize, what: &'static str) -> Result<(), SynError> {
+    if b.len() < n {
+        Err(SynError::Truncated { what, need: n, have: b.len() })
+    } else {
+        Ok(())
+    }
+}
+
+/// Parses the bytes `getsockopt(TCP_SAVED_SYN)` returned.
+pub fn parse(b: &[u8]) -> Result<Syn, SynError> {
+    need(b, 1, "IP version")?;
+    let (src_ip, dst_ip, mark, tcp): (IpAddr, IpAddr, Mark, &[u8]) = match b[0] >> 4 {
+        4 => {
+            need(b, 20, "IPv4 header")?;
+            let ihl = b[0] & 0x0f;
+            if ihl < 5 {
+                return Err(SynError::BadIhl(ihl));
+            }
+            let hl = ihl as usize * 4;
+            need(b, hl, "IPv4 header with options")?;
+            if b[9] != TCP_PROTO {
+                return Err(SynError::NotTcp(b[9]));
+            }
+            let ip4 = |o: usize| Ipv4Addr::new(b[o], b[o + 1], b[o + 2], b[o + 3]);
+            let mark = Mark { ttl: b[8], dscp: b[1] >> 2 };
+            (ip4(12).into(), ip4(16).into(), mark, &b[hl..])
+        }
+        6 => {
+            need(b, 40, "IPv6 header")?;
+            if b[6] != TCP_PROTO {
+                return Err(SynError::NotTcp(b[6]));
+            }
+            let tclass = (b[0] << 4) | (b[1] >> 4);
+            let ip6 = |o: usize| {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(&b[o..o + 16]);
+                Ipv6Addr::from(a)
+            };
+            let mark = Mark { ttl: b[7], dscp: tclass >> 2 };
+            (ip6(8).into(), ip6(24).into(), mark, &b[40..])
+        }
+        v => return Err(SynError::BadVersion(v)),
+    };
+    need(tcp, 20, "TCP header")?;
+    if tcp[13] & TCP_FLAG_SYN == 0 {
+        return Err(SynError::NotSyn);
+    }
+    let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+    let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
+    Ok(Syn { src: SocketAddr::new(src_ip, sport), dst: SocketAddr::new(dst_ip, dport), mark })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4_syn(ttl: u8, tos: u8, flags: u8) -> Vec<u8> {
+        let mut b = vec![0u8; 40];
+        b[0] = 0x45;
+        b[1] = tos;
+        b[8] = ttl;
+        b[9] = 6;
+        b[12..16].copy_from_slice(&[127, 0, 0, 1]);
+        b[16..20].copy_from_slice(&[127, 0, 0, 2]);
+        b[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        b[22..24].copy_from_slice(&8080u16.to_be_bytes());
+        b[33] = flags;
+        b
+    }
+
+    #[test]
+    fn parses_ipv4_syn_with_mark() {
+        let s = parse(&v4_syn(201, 0xa9, 0x02)).unwrap();
+        assert_eq!(s.src, "127.0.0.1:40000".parse().unwrap());
+        assert_eq!(s.dst, "127.0.0.2:8080".parse().unwrap());
+        assert_eq!(s.mark, Mark { ttl: 201, dscp: 0xa9 >> 2 });
+    }
+
+    #[test]
+    fn parses_ipv6_syn() {
+        let mut b = vec![0u8; 60];
+        b[0] = 0x6a; // version 6, traffic class high nibble 0xa
+        b[1] = 0x80; // traffic class low nibble 0x8 -> 0xa8
+        b[6] = 6;
+        b[7] = 17;
+        b[23] = 1; // src ::1
+        b[39] = 1; // dst ::1
+        b[40..42].copy_from_slice(&1234u16.to_be_bytes());
+        b[42..44].copy_from_slice(&80u16.to_be_bytes());
+        b[53] = 0x02;
+        let s = parse(&b).unwrap();
+        assert_eq!(s.src, "[::1]:1234".parse().unwrap());
+        assert_eq!(s.mark, Mark { ttl: 17, dscp: 0xa8 >> 2 });
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        assert!(matches!(parse(&[]), Err(SynError::Truncated { .. })));
+        assert!(matches!(parse(&v4_syn(1, 0, 0x10)), Err(SynError::NotSyn)));
+        let mut b = v4_syn(1, 0, 2);
+        b[0] = 0x44;
+        assert_eq!(parse(&b), Err(SynError::BadIhl(4)));
+        b[0] = 0x4f; // 60-byte header, only 40 bytes present
+        assert!(matches!(parse(&b), Err(SynError::Truncated { .. })));
+        let mut b = v4_syn(1, 0, 2);
+        b[9] = 17;
+        assert_eq!(parse(&b), Err(SynError::NotTcp(17)));
+        b[0] = 0x55;
+        assert_eq!(parse(&b), Err(SynError::BadVersion(5)));
+        // Every prefix of a valid SYN is rejected without panicking.
+        let full = v4_syn(9, 0, 2);
+        for n in 0..full.len() {
+            assert!(parse(&full[..n]).is_err(), "prefix {n} accepted");
+        }
+    }
+
+    #[test]
+    fn marks_avoid_plain_defaults() {
+        for r in 0..100_000u32 {
+            let m = Mark::from_random(r.wrapping_mul(2654435761));
+            assert!(m.ttl != 0 && m.ttl != 64 && m.ttl != 255, "{m:?}");
+            assert!(m.dscp < 64);
+        }
+    }
+}
