@@ -1,0 +1,195 @@
+//! What the handshake does to a TCP socket's SYN, and reads back from it.
+//!
+//! The client marks its SYN (IP TTL / hop limit and DSCP), the listener keeps
+//! SYNs (`TCP_SAVE_SYN`), and the accepting side reads the one that opened
+//! the connection (`TCP_SAVED_SYN`). Both options work unprivileged.
+
+use smclo_wire::syn::{self, Mark, Syn};
+use std::io;
+use std::mem::size_of;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::RawFd;
+
+fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
+    // SAFETY: we pass a pointer to a live i32 and its exact size; the kernel
+    // only reads it. An invalid fd is reported as EBADF, not UB.
+    let rc = unsafe {
+        libc::setsockopt(fd, level, name, (&v as *const i32).cast(), size_of::<i32>() as u32)
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut v: i32 = 0;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `v`, which we own.
+    let rc = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut i32).cast(), &mut len) };
+    if rc == 0 { Ok(v) } else { Err(io::Error::last_os_error()) }
+}
+
+/// The socket's address family (`SO_DOMAIN`).
+pub fn domain(fd: RawFd) -> io::Result<i32> {
+    getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+}
+
+/// Asks the kernel to keep the SYN of every connection accepted on this
+/// listening socket, so `accept` can read the client's mark.
+pub fn save_syns(listener: RawFd) -> io::Result<()> {
+    setsockopt_int(listener, libc::IPPROTO_TCP, libc::TCP_SAVE_SYN, 1)
+}
+
+/// The SYN of an accepted connection. `Ok(None)` when the listener did not
+/// save it (it was not set up by smclo) or it was read already.
+pub fn saved_syn(conn: RawFd) -> io::Result<Option<Result<Syn, syn::SynError>>> {
+    let mut buf = [0u8; 512];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `buf`, which we own.
+    let rc = unsafe {
+        libc::getsockopt(conn, libc::IPPROTO_TCP, libc::TCP_SAVED_SYN, buf.as_mut_ptr().cast(), &mut len)
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // Nothing saved is reported as an empty option, not as an error.
+    let n = (len as usize).min(buf.len());
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(syn::parse(&buf[..n])))
+}
+
+/// The values a socket had before [`apply_mark`], to put back after `connect`.
+#[derive(Clone, Copy, Debug)]
+pub struct SavedMark {
+    fd: RawFd,
+    v6: bool,
+    ttl: i32,
+    tos: i32,
+}
+
+/// Puts `mark` into the SYN the next `connect` on `fd` sends. IPv4-mapped
+/// destinations on an IPv6 socket leave as IPv4, so both families' options
+/// are set there.
+pub fn apply_mark(fd: RawFd, dest: &SocketAddr, mark: Mark) -> io::Result<SavedMark> {
+    let v6 = domain(fd)? == libc::AF_INET6;
+    let (lvl, ttl_opt, tos_opt) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, libc::IPV6_TCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
+    };
+    let saved = SavedMark {
+        fd,
+        v6,
+        ttl: getsockopt_int(fd, lvl, ttl_opt)?,
+        tos: getsockopt_int(fd, lvl, tos_opt)?,
+    };
+    setsockopt_int(fd, lvl, ttl_opt, mark.ttl as i32)?;
+    setsockopt_int(fd, lvl, tos_opt, mark.tos() as i32)?;
+    if v6 && is_v4_mapped(dest) {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL, mark.ttl as i32)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS, mark.tos() as i32)?;
+    }
+    Ok(saved)
+}
+
+/// Restores what [`apply_mark`] changed, once the SYN has left.
+pub fn restore_mark(s: SavedMark) -> io::Result<()> {
+    if s.v6 {
+        // -1 restores the route's default hop limit.
+        setsockopt_int(s.fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, s.ttl)?;
+        setsockopt_int(s.fd, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, s.tos)?;
+        // A mapped connection uses the IPv4 options; -1 is not valid for
+        // IP_TTL, so fall back to the kernel default explicitly.
+        let _ = setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos.max(0));
+        let _ = setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TTL, if s.ttl > 0 { s.ttl } else { 64 });
+    } else {
+        setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TTL, s.ttl)?;
+        setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos)?;
+    }
+    Ok(())
+}
+
+fn is_v4_mapped(a: &SocketAddr) -> bool {
+    matches!(a.ip(), IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+}
+
+/// Canonical form of an address for keys: IPv4-mapped IPv6 becomes IPv4, so
+/// both ends of a dual-stack connection name it the same way.
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, v6.port())),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+/// The source address the kernel's routing would pick to reach `dest`
+/// (a connected UDP socket sends nothing and tells us).
+pub fn route_source(dest: SocketAddr) -> io::Result<IpAddr> {
+    let any: SocketAddr = match dest {
+        SocketAddr::V4(_) => SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        SocketAddr::V6(_) => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0)),
+    };
+    let probe = UdpSocket::bind(any)?;
+    probe.connect(dest)?;
+    Ok(probe.local_addr()?.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn mark_reaches_the_saved_syn_and_is_restored() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        save_syns(l.as_raw_fd()).unwrap();
+        let addr = l.local_addr().unwrap();
+        // SAFETY: plain socket(2); the fd is wrapped in a TcpStream right after connect.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(fd >= 0);
+        let mark = Mark { ttl: 201, dscp: 0x2a };
+        let saved = apply_mark(fd, &addr, mark).unwrap();
+        let SocketAddr::V4(a4) = addr else { unreachable!() };
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: a4.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(*a4.ip()).to_be() },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sin is a valid sockaddr_in of the size we pass.
+        let rc = unsafe { libc::connect(fd, (&sin as *const libc::sockaddr_in).cast(), size_of::<libc::sockaddr_in>() as u32) };
+        assert_eq!(rc, 0);
+        restore_mark(saved).unwrap();
+        assert_eq!(getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL).unwrap(), 64);
+        // SAFETY: fd is ours and open; TcpStream takes ownership.
+        let _c: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        let (s, _) = l.accept().unwrap();
+        let syn = saved_syn(s.as_raw_fd()).unwrap().unwrap().unwrap();
+        assert_eq!(syn.mark, mark);
+        assert_eq!(syn.dst, addr);
+        // Read once: a second read finds nothing.
+        assert!(saved_syn(s.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn plain_listener_has_no_saved_syn() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert!(saved_syn(s.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn route_source_of_loopback() {
+        assert_eq!(route_source("127.0.0.1:9".parse().unwrap()).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(canonical("[::ffff:127.0.0.1]:5".parse().unwrap()), "127.0.0.1:5".parse().unwrap());
+    }
+}
