@@ -8,6 +8,7 @@
 
 pub mod clc;
 pub mod cursor;
+pub mod device_layout;
 pub mod dmb_header;
 pub mod reason;
 pub mod syn;
