@@ -19,6 +19,7 @@ pub mod rendezvous;
 pub mod ring;
 pub mod doorbell;
 pub mod conn;
+pub mod sockaddr;
 pub mod tcp_syn;
 pub mod handshake;
 pub mod api;

@@ -1,0 +1,138 @@
+//! Socket addresses to and from the kernel's `sockaddr` layouts, and the few
+//! address calls the core makes on raw descriptors (the preload works on
+//! descriptors the application owns, so `std::net` types cannot be used).
+
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+/// A `sockaddr_storage` holding `addr`, and the length to pass with it.
+pub fn to_raw(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Reads an IPv4 or IPv6 address the kernel (or an application) wrote.
+/// `None` for other families or a length too short for the family.
+///
+/// # Safety
+/// `sa` must point to at least `len` readable bytes.
+pub unsafe fn from_raw(sa: *const libc::sockaddr, len: libc::socklen_t) -> Option<SocketAddr> {
+    if sa.is_null() || (len as usize) < size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY (all reads below): the caller guarantees `len` readable bytes and
+    // we check `len` against the family's struct size before reading it;
+    // read_unaligned because application buffers need not be aligned.
+    match unsafe { std::ptr::read_unaligned(sa) }.sa_family as i32 {
+        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
+            let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
+            let s = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
+            let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(s.sin6_port), s.sin6_flowinfo, s.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
+type NameFn = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+fn name(fd: RawFd, f: NameFn) -> io::Result<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `ss`, which we own.
+    if unsafe { f(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `ss` holds `len` (<= its size) initialised bytes.
+    unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len) }
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}
+
+/// `getsockname(2)`.
+pub fn local(fd: RawFd) -> io::Result<SocketAddr> {
+    name(fd, libc::getsockname)
+}
+
+/// `getpeername(2)`.
+pub fn peer(fd: RawFd) -> io::Result<SocketAddr> {
+    name(fd, libc::getpeername)
+}
+
+/// `bind(2)`. An IPv4 address on an IPv6 socket is bound as IPv4-mapped.
+pub fn bind(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
+    let addr = match addr {
+        SocketAddr::V4(a) if crate::tcp_syn::domain(fd)? == libc::AF_INET6 => {
+            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
+        }
+        a => a,
+    };
+    let (ss, len) = to_raw(addr);
+    // SAFETY: `ss` holds a valid address of length `len`.
+    if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `connect(2)` on a raw descriptor; `EINPROGRESS` is returned as an error
+/// for the caller to interpret.
+pub fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
+    let (ss, len) = to_raw(addr);
+    // SAFETY: `ss` holds a valid address of length `len`.
+    if unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        for a in ["127.0.0.1:80", "[::1]:443", "[fe80::1%2]:9"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let (ss, len) = to_raw(a);
+            // SAFETY: ss holds len bytes.
+            let b = unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len) };
+            assert_eq!(b, Some(a));
+            // A truncated length is refused, not over-read.
+            let c = unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len - 1) };
+            assert_eq!(c, None);
+        }
+    }
+}
