@@ -1,1 +1,204 @@
-//! dmb_header (being written).
+//! The DMB header: the first 4096 bytes (one page) of a DMB file.
+//!
+//! ```text
+//!   0   magic "SMCLODMB"          8
+//!   8   version u32 = 1
+//!   12  ring_len u32              power of two, 16 KiB ..= 1 MiB
+//!   16  token u64
+//!   24  owner pid u32, 28 reserved u32
+//!   32  owner start time u64      (clock ticks since boot)
+//!   40  device gid u64
+//!   64  prod  AtomicU64           CDC producer word (written by the peer)
+//!   128 cons  AtomicU64           CDC consumer word (written by the owner)
+//!   192 reserved to 4096
+//! ```
+//!
+//! The static fields (0..48) are written once by the owner before the peer
+//! can see the file and only read afterwards; [`parse`] validates them. The
+//! cursor words are atomics, accessed in place by `smclo::dmb`, never
+//! through this module. All integers are in host byte order: both ends are
+//! on one host.
+
+use std::fmt;
+
+/// `"SMCLODMB"`.
+pub const MAGIC: [u8; 8] = *b"SMCLODMB";
+/// The only header version this code reads and writes.
+pub const VERSION: u32 = 1;
+/// Size of the header; the ring starts at this file offset.
+pub const HEADER_LEN: usize = 4096;
+/// How many leading bytes hold the static fields ([`parse`] needs these).
+pub const STATIC_LEN: usize = 48;
+/// Offset of the `prod` cursor word.
+pub const PROD_OFFSET: usize = 64;
+/// Offset of the `cons` cursor word (its own cache line, away from `prod`).
+pub const CONS_OFFSET: usize = 128;
+/// Smallest ring.
+pub const MIN_RING_LEN: u32 = 16 * 1024;
+/// Largest ring.
+pub const MAX_RING_LEN: u32 = 1024 * 1024;
+
+/// The static fields of a DMB header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmbHeader {
+    /// Ring length in bytes.
+    pub ring_len: u32,
+    /// The DMB token (names the file while it is registered).
+    pub token: u64,
+    /// Pid of the owner, the process that reads this ring.
+    pub owner_pid: u32,
+    /// Start time of the owner (`/proc/<pid>/stat` field 22), so that a
+    /// recycled pid is not taken for the owner.
+    pub owner_start: u64,
+    /// GID of the device the DMB belongs to.
+    pub gid: u64,
+}
+
+/// What is wrong with a DMB header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DmbHeaderError {
+    /// Fewer than [`STATIC_LEN`] bytes.
+    Truncated(usize),
+    /// Not `"SMCLODMB"`.
+    BadMagic([u8; 8]),
+    /// A version this code does not know.
+    BadVersion(u32),
+    /// Not a power of two in `MIN_RING_LEN..=MAX_RING_LEN`.
+    BadRingLen(u32),
+}
+
+impl fmt::Display for DmbHeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DmbHeaderError::Truncated(n) => {
+                write!(f, "DMB header truncated: {n} bytes, need {STATIC_LEN}")
+            }
+            DmbHeaderError::BadMagic(m) => write!(f, "DMB header magic {m:02x?} is not \"SMCLODMB\""),
+            DmbHeaderError::BadVersion(v) => {
+                write!(f, "DMB header version {v}, this smclo reads version {VERSION}")
+            }
+            DmbHeaderError::BadRingLen(l) => write!(
+                f,
+                "DMB ring length {l} is not a power of two in {MIN_RING_LEN}..={MAX_RING_LEN}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DmbHeaderError {}
+
+/// Whether `len` is a ring length this version accepts.
+pub const fn ring_len_ok(len: u32) -> bool {
+    len.is_power_of_two() && len >= MIN_RING_LEN && len <= MAX_RING_LEN
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[o..o + 4]);
+    u32::from_ne_bytes(a)
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_ne_bytes(a)
+}
+
+/// Parses and validates the static fields from the first bytes of a DMB
+/// (at least [`STATIC_LEN`]).
+pub fn parse(b: &[u8]) -> Result<DmbHeader, DmbHeaderError> {
+    if b.len() < STATIC_LEN {
+        return Err(DmbHeaderError::Truncated(b.len()));
+    }
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(&b[0..8]);
+    if magic != MAGIC {
+        return Err(DmbHeaderError::BadMagic(magic));
+    }
+    let version = u32_at(b, 8);
+    if version != VERSION {
+        return Err(DmbHeaderError::BadVersion(version));
+    }
+    let ring_len = u32_at(b, 12);
+    if !ring_len_ok(ring_len) {
+        return Err(DmbHeaderError::BadRingLen(ring_len));
+    }
+    Ok(DmbHeader {
+        ring_len,
+        token: u64_at(b, 16),
+        owner_pid: u32_at(b, 24),
+        owner_start: u64_at(b, 32),
+        gid: u64_at(b, 40),
+    })
+}
+
+impl DmbHeader {
+    /// The static fields as bytes (the rest of the header page is zero).
+    pub fn encode(&self) -> [u8; STATIC_LEN] {
+        let mut out = [0u8; STATIC_LEN];
+        out[0..8].copy_from_slice(&MAGIC);
+        out[8..12].copy_from_slice(&VERSION.to_ne_bytes());
+        out[12..16].copy_from_slice(&self.ring_len.to_ne_bytes());
+        out[16..24].copy_from_slice(&self.token.to_ne_bytes());
+        out[24..28].copy_from_slice(&self.owner_pid.to_ne_bytes());
+        out[32..40].copy_from_slice(&self.owner_start.to_ne_bytes());
+        out[40..48].copy_from_slice(&self.gid.to_ne_bytes());
+        out
+    }
+
+    /// Size of the DMB file: header plus ring.
+    pub fn file_len(&self) -> u64 {
+        HEADER_LEN as u64 + self.ring_len as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> DmbHeader {
+        DmbHeader { ring_len: 64 * 1024, token: 0xfeed_beef, owner_pid: 4242, owner_start: 99, gid: 7 }
+    }
+
+    #[test]
+    fn round_trips() {
+        let h = sample();
+        let b = h.encode();
+        assert_eq!(&b[0..8], b"SMCLODMB");
+        assert_eq!(parse(&b), Ok(h));
+        assert_eq!(h.file_len(), 4096 + 65536);
+        let mut page = vec![0u8; HEADER_LEN];
+        page[..STATIC_LEN].copy_from_slice(&b);
+        assert_eq!(parse(&page), Ok(h));
+    }
+
+    #[test]
+    fn rejects_bad_fields() {
+        let b = sample().encode();
+        assert_eq!(parse(&b[..47]), Err(DmbHeaderError::Truncated(47)));
+        let mut m = b;
+        m[0] = b'X';
+        assert!(matches!(parse(&m), Err(DmbHeaderError::BadMagic(_))));
+        let mut v = b;
+        v[8..12].copy_from_slice(&2u32.to_ne_bytes());
+        assert_eq!(parse(&v), Err(DmbHeaderError::BadVersion(2)));
+        for bad in [0u32, 8192, 16 * 1024 + 1, 3 << 14, 2 << 20] {
+            let mut r = b;
+            r[12..16].copy_from_slice(&bad.to_ne_bytes());
+            assert_eq!(parse(&r), Err(DmbHeaderError::BadRingLen(bad)), "{bad}");
+        }
+        for good in [16 * 1024u32, 1 << 20] {
+            let mut r = b;
+            r[12..16].copy_from_slice(&good.to_ne_bytes());
+            assert_eq!(parse(&r).map(|h| h.ring_len), Ok(good));
+        }
+    }
+
+    #[test]
+    fn cursor_words_do_not_share_a_cache_line() {
+        assert!(PROD_OFFSET >= STATIC_LEN);
+        assert!(CONS_OFFSET - PROD_OFFSET >= 64);
+        assert_eq!(PROD_OFFSET % 8, 0);
+        assert_eq!(CONS_OFFSET % 8, 0);
+    }
+}
