@@ -190,7 +190,13 @@ impl From<Reason> for u32 {
 impl fmt::Display for Reason {
     /// `PEERNOSMC (0x03010000): peer does not run smclo (...)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (0x{:08x}): {}", self.name(), self.code(), self.description())
+        write!(
+            f,
+            "{} (0x{:08x}): {}",
+            self.name(),
+            self.code(),
+            self.description()
+        )
     }
 }
 
@@ -284,7 +290,10 @@ mod tests {
 
     #[test]
     fn extensions_are_exactly_the_0a00_range() {
-        let ext: Vec<Reason> = Reason::ALL.into_iter().filter(|r| r.is_smclo_extension()).collect();
+        let ext: Vec<Reason> = Reason::ALL
+            .into_iter()
+            .filter(|r| r.is_smclo_extension())
+            .collect();
         assert_eq!(
             ext,
             [
