@@ -1,1 +1,1016 @@
-//! device (being written).
+//! The loopback-ism device: one shared file per device directory.
+//!
+//! `<dir>/device` (layout in [`smclo_wire::device_layout`]) holds the GID,
+//! CHID and SEID, the knobs, the counters, and three tables: DMBs, listeners
+//! ([`crate::registry`]) and handshake slots ([`crate::rendezvous`]). Every
+//! smclo process of the user maps it shared, for the rest of its life.
+//!
+//! # Creation
+//! The file is built under a temporary name, fully initialised, then
+//! `link()`ed to `device`. `link` fails with `EEXIST` for every creator but
+//! one, so exactly one GID exists even when many processes start at once.
+//! Every opener validates the header (magic, version, sizes, geometry) and
+//! the file's size, owner and mode *before* mapping it: a damaged file is an
+//! [`Error::InvalidDevice`], never a crash.
+//!
+//! # Shared tables
+//! Each table entry starts with a 64-bit *word* packing `state` (bits 0..8),
+//! the owner's `pid` (bits 8..40) and a `generation` (bits 40..64) that is
+//! incremented on every claim. An entry is claimed by CAS from FREE to
+//! WRITING (which also publishes the claimer's pid), filled, and published
+//! with a Release store of its final state; readers Acquire-load the word
+//! before reading the fields. Since the pid is in the word, an entry is never
+//! without a known owner, and an owner that is gone (even by SIGKILL) is
+//! detected through [`Owner::is_alive`] and its entries reclaimed by CAS.
+//!
+//! # DMBs
+//! A DMB is the file `dmb-<token:016x>` plus an entry in the DMB table. The
+//! table is what the stats are computed from: `dmbs_cnt`, `conns_active` and
+//! `xfer_bytes` remain right after kill -9 because dead owners' entries are
+//! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
+
+use crate::dmb::Dmb;
+use crate::error::{Error, Result};
+use crate::owner::Owner;
+use smclo_wire::device_layout as layout;
+use smclo_wire::reason::Reason;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// CHID of loopback-ism (`SMC_LO_RESERVED_CHID`).
+pub const LOOPBACK_CHID: u16 = 0xFFFF;
+
+/// Which end of a connection: used for DMB table entries and to split the
+/// fallback counters into client side and server side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The connecting side.
+    Client = 1,
+    /// The accepting side.
+    Server = 2,
+}
+
+/// The `dmb_type` knob: how DMB memory should be backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmbType {
+    /// Ordinary 4 KiB pages (the default).
+    Pages4k = 0,
+    /// Transparent huge pages (`madvise(MADV_HUGEPAGE)` on the ring).
+    Huge = 1,
+}
+
+/// The device operations, shaped like the kernel's `struct smcd_ops`, so
+/// that a device of another kind (a cross-VM one) can sit beside loopback.
+pub trait SmcdOps: Send + Sync {
+    /// The device's GID (`get_local_gid`).
+    fn gid(&self) -> u64;
+    /// The device's CHID (`get_chid`); 0xFFFF for loopback-ism.
+    fn chid(&self) -> u16;
+    /// The system EID, 32 bytes blank padded.
+    fn seid(&self) -> [u8; 32];
+    /// Whether a peer with GID `rgid` is reachable through this device
+    /// (`query_remote_gid`): loopback reaches only itself.
+    fn query_remote_gid(&self, rgid: u64) -> bool;
+    /// Whether the device does SMC-Dv2 (`supports_v2`).
+    fn supports_v2(&self) -> bool;
+    /// Whether senders write straight into the peer's DMB
+    /// (`support_dmb_nocopy`); false when the `dmb_copy` knob is on.
+    fn support_dmb_nocopy(&self) -> bool;
+    /// Creates a DMB with a ring of `ring_len` bytes (`register_dmb`).
+    fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle>;
+    /// Maps the peer's DMB by token (`attach_dmb`). A token that no longer
+    /// exists gives an error for which [`is_token_gone`] is true.
+    fn attach_dmb(&self, token: u64) -> Result<Dmb>;
+    /// Removes a DMB (`unregister_dmb`); dropping the handle does the same.
+    fn unregister_dmb(&self, dmb: DmbHandle) {
+        drop(dmb)
+    }
+}
+
+/// Whether an error from [`SmcdOps::attach_dmb`] means that the token does
+/// not exist (any more): the handshake reports it as `ERR_RTOK`.
+pub fn is_token_gone(e: &Error) -> bool {
+    matches!(e, Error::Io(io) if io.kind() == io::ErrorKind::NotFound)
+}
+
+// ---------------------------------------------------------------------------
+// Table words.
+
+/// Packing of the state word that starts every shared table entry.
+pub(crate) mod word {
+    /// Entry unused.
+    pub const FREE: u8 = 0;
+    /// Claimed and being filled, or being reclaimed, by the pid in the word.
+    pub const WRITING: u8 = 1;
+
+    /// Packs generation (24 bits), pid and state.
+    pub const fn pack(gen: u32, pid: u32, state: u8) -> u64 {
+        ((gen as u64 & 0xFF_FFFF) << 40) | ((pid as u64) << 8) | state as u64
+    }
+    /// The state byte.
+    pub const fn state(w: u64) -> u8 {
+        w as u8
+    }
+    /// The owner pid.
+    pub const fn pid(w: u64) -> u32 {
+        (w >> 8) as u32
+    }
+    /// The generation (24 bits).
+    pub const fn gen(w: u64) -> u32 {
+        (w >> 40) as u32
+    }
+    /// The generation a claim of an entry in word `w` gets.
+    pub const fn next_gen(w: u64) -> u32 {
+        (gen(w) + 1) & 0xFF_FFFF
+    }
+}
+
+/// Memoised liveness checks for one sweep over a table: many entries share
+/// an owner, and each check reads `/proc`.
+#[derive(Default)]
+pub(crate) struct Liveness(HashMap<(u32, u64), bool>);
+
+impl Liveness {
+    /// Whether the owner of an entry whose word is `w` and whose recorded
+    /// start time is `start` is alive. During WRITING the start time may not
+    /// be written yet, so only the pid (which is in the word) is checked.
+    pub(crate) fn owner_alive(&mut self, w: u64, start: u64) -> bool {
+        let pid = word::pid(w);
+        let owner = if word::state(w) == word::WRITING {
+            Owner { pid, start: 0 }
+        } else {
+            Owner { pid, start }
+        };
+        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| owner.is_alive())
+    }
+}
+
+/// One DMB table entry (one cache line).
+#[repr(C)]
+pub(crate) struct DmbEntry {
+    word: AtomicU64,
+    start: AtomicU64,
+    token: AtomicU64,
+    peer_token: AtomicU64,
+    ring_len: AtomicU32,
+    role: AtomicU32,
+    tx_bytes: AtomicU64,
+    _reserved: [AtomicU64; 2],
+}
+
+/// DMB entry states beyond FREE / WRITING.
+const DMB_REGISTERED: u8 = 2;
+const DMB_CONNECTED: u8 = 3;
+
+const _: () = assert!(std::mem::size_of::<DmbEntry>() == layout::DMB_ENTRY_LEN as usize);
+
+// ---------------------------------------------------------------------------
+// The device.
+
+/// The loopback-ism device of one device directory, mapped for the life of
+/// the process.
+pub struct Device {
+    dir: PathBuf,
+    base: *mut u8,
+    gid: u64,
+    chid: u16,
+    seid: [u8; 32],
+    ino: u64,
+    me: Weak<Device>,
+}
+
+// SAFETY: `base` points to a MAP_SHARED mapping that is never unmapped and is
+// only accessed through atomics (or read-only fields validated at open), so
+// it may be used from any thread.
+unsafe impl Send for Device {}
+// SAFETY: as above; all mutation of the mapping goes through atomics.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("dir", &self.dir).field("gid", &format_args!("{:016x}", self.gid)).finish()
+    }
+}
+
+/// A snapshot of the device's counters, as `smclo stats` prints them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// The device's GID.
+    pub gid: u64,
+    /// SMC-D connections opened since the last reset.
+    pub conns_opened: u64,
+    /// Connections with at least one live end (distinct token pairs).
+    pub conns_active: u64,
+    /// DMBs registered since the last reset.
+    pub dmbs_registered: u64,
+    /// DMBs registered now (live table entries).
+    pub dmbs_cnt: u64,
+    /// Bytes sent over SMC-D since the last reset.
+    pub xfer_bytes: u64,
+    /// Live listener registrations.
+    pub listeners: u64,
+    /// Client-side fallbacks, indexed by `Reason::index()`.
+    pub fallback_client: [u64; layout::REASON_SLOTS as usize],
+    /// Server-side fallbacks, indexed by `Reason::index()`.
+    pub fallback_server: [u64; layout::REASON_SLOTS as usize],
+}
+
+struct CacheEntry {
+    dir: PathBuf,
+    ino: u64,
+    dev: Arc<Device>,
+}
+
+static CACHE: Mutex<Vec<CacheEntry>> = Mutex::new(Vec::new());
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn errno_err(errno: i32) -> Error {
+    Error::Io(io::Error::from_raw_os_error(errno))
+}
+
+/// Eight random bytes from getrandom(2), never zero.
+pub(crate) fn random_u64() -> Result<u64> {
+    loop {
+        let mut v = 0u64;
+        // SAFETY: the buffer is the 8 bytes of `v`, valid for writes.
+        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+        if n == 8 {
+            if v != 0 {
+                return Ok(v);
+            }
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        if n < 0 && e.raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return Err(Error::Io(e));
+    }
+}
+
+/// Milliseconds of CLOCK_MONOTONIC, which all processes of the host share.
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec to write into; CLOCK_MONOTONIC exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// Derives the 32-byte SEID from `/etc/machine-id` (or the hostname):
+/// `SEID-` and 16 hex digits of a hash, blank padded, as SMC EIDs are.
+pub fn derive_seid() -> [u8; 32] {
+    let source = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()))
+        .unwrap_or_default();
+    // FNV-1a 64: stable across builds, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in b"smclo-seid:".iter().chain(source.as_bytes()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let text = format!("SEID-{h:016X}");
+    let mut out = [b' '; 32];
+    out[..text.len()].copy_from_slice(text.as_bytes());
+    out
+}
+
+/// Creates the device directory (mode 0700) or checks an existing one: it
+/// must be a real directory owned by us that group and others cannot use.
+fn ensure_dir(dir: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::Config(format!(
+                "cannot create device directory {}: its parent does not exist",
+                dir.display()
+            )))
+        }
+        Err(e) => return Err(Error::Io(e)),
+    }
+    let md = std::fs::symlink_metadata(dir)?;
+    if !md.file_type().is_dir() {
+        return Err(Error::InvalidDevice(format!("{} is not a directory", dir.display())));
+    }
+    if md.uid() != euid() {
+        return Err(Error::InvalidDevice(format!(
+            "device directory {} belongs to uid {}, not to us (uid {})",
+            dir.display(),
+            md.uid(),
+            euid()
+        )));
+    }
+    if md.mode() & 0o077 != 0 {
+        return Err(Error::InvalidDevice(format!(
+            "device directory {} has mode {:o}: group and others must have no access (chmod 700)",
+            dir.display(),
+            md.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+fn open_flags() -> i32 {
+    libc::O_NOFOLLOW | libc::O_CLOEXEC
+}
+
+/// Builds a device file under a temporary name and links it to `device`.
+/// Losing the race (EEXIST) is success: the winner's file is used.
+fn create_device_file(dir: &Path) -> Result<()> {
+    let tmp = dir.join(format!(".device-{}-{:016x}", std::process::id(), random_u64()?));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(open_flags())
+        .open(&tmp)?;
+    let result = (|| -> Result<()> {
+        let header = layout::DeviceHeader { gid: random_u64()?, chid: LOOPBACK_CHID, seid: derive_seid() };
+        f.set_len(layout::TOTAL_SIZE)?;
+        f.write_all_at(&layout::encode_header(&header), 0)?;
+        match std::fs::hard_link(&tmp, dir.join("device")) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::Io(e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+impl Device {
+    /// Opens (creating if needed) the device in `dir`. One mapping per
+    /// directory and process: later calls return the same `Arc`, unless the
+    /// device file was replaced meanwhile.
+    pub fn open(dir: &Path) -> Result<Arc<Device>> {
+        ensure_dir(dir)?;
+        let path = dir.join("device");
+        let ino = std::fs::symlink_metadata(&path).map(|m| m.ino()).ok();
+        {
+            let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = cache.iter().find(|c| c.dir == dir && Some(c.ino) == ino) {
+                return Ok(c.dev.clone());
+            }
+        }
+        let dev = Device::open_uncached(dir)?;
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.iter().find(|c| c.dir == dir && c.ino == dev.ino) {
+            // Another thread mapped the same file meanwhile: use one mapping.
+            return Ok(c.dev.clone());
+        }
+        cache.retain(|c| c.dir != dir);
+        cache.push(CacheEntry { dir: dir.to_path_buf(), ino: dev.ino, dev: dev.clone() });
+        Ok(dev)
+    }
+
+    /// Opens the device of `SMCLO_DEVICE_DIR` (default `/dev/shm/smclo-<uid>`).
+    pub fn open_default() -> Result<Arc<Device>> {
+        Device::open(&crate::config::Config::from_env()?.device_dir)
+    }
+
+    fn open_uncached(dir: &Path) -> Result<Arc<Device>> {
+        let path = dir.join("device");
+        let mut created = false;
+        let file = loop {
+            match std::fs::OpenOptions::new().read(true).write(true).custom_flags(open_flags()).open(&path) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !created => {
+                    create_device_file(dir)?;
+                    created = true;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    return Err(Error::InvalidDevice(format!("{} is a symbolic link", path.display())))
+                }
+                Err(e) => return Err(Error::Io(e)),
+            }
+        };
+        Device::map(dir, &path, &file)
+    }
+
+    /// Validates an open device file (type, owner, mode, size, header) and
+    /// maps it. Everything is checked before mmap, so a short file can never
+    /// make us touch a page past its end.
+    fn map(dir: &Path, path: &Path, file: &File) -> Result<Arc<Device>> {
+        let md = file.metadata()?;
+        let bad = |m: String| Error::InvalidDevice(format!("{}: {m}", path.display()));
+        if !md.file_type().is_file() {
+            return Err(bad("not a regular file".into()));
+        }
+        if md.uid() != euid() {
+            return Err(bad(format!("belongs to uid {}, not to us (uid {})", md.uid(), euid())));
+        }
+        if md.mode() & 0o077 != 0 {
+            return Err(bad(format!("mode {:o} gives access to group or others", md.mode() & 0o7777)));
+        }
+        let mut head = vec![0u8; layout::HEADER_LEN as usize];
+        let mut have = 0;
+        while have < head.len() {
+            match file.read_at(&mut head[have..], have as u64) {
+                Ok(0) => break,
+                Ok(n) => have += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+        head.truncate(have);
+        let hdr = layout::validate_header(&head, md.len()).map_err(|e| bad(e.to_string()))?;
+        if hdr.chid != LOOPBACK_CHID {
+            return Err(bad(format!("CHID {:#06x} is not loopback-ism's 0xffff", hdr.chid)));
+        }
+        use std::os::fd::AsRawFd;
+        let len = layout::TOTAL_SIZE as usize;
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file that
+        // has exactly that size (checked above); the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(Arc::new_cyclic(|me| Device {
+            dir: dir.to_path_buf(),
+            base: p as *mut u8,
+            gid: hdr.gid,
+            chid: hdr.chid,
+            seid: hdr.seid,
+            ino: md.ino(),
+            me: me.clone(),
+        }))
+    }
+
+    /// The device directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The device's GID (random, fixed when the device file was created).
+    pub fn gid(&self) -> u64 {
+        self.gid
+    }
+
+    /// The device's CHID: always [`LOOPBACK_CHID`].
+    pub fn chid(&self) -> u16 {
+        self.chid
+    }
+
+    /// The SEID (32 bytes, blank padded ASCII).
+    pub fn seid(&self) -> [u8; 32] {
+        self.seid
+    }
+
+    /// A reference to a value of type `T` at byte offset `off` of the mapping.
+    ///
+    /// Only used with `T` made of atomics, at offsets from the layout.
+    pub(crate) fn at<T>(&self, off: usize) -> &T {
+        assert!(off + std::mem::size_of::<T>() <= layout::TOTAL_SIZE as usize);
+        assert!(off % std::mem::align_of::<T>() == 0);
+        // SAFETY: in bounds of the mapping (asserted; the file has exactly
+        // TOTAL_SIZE bytes, validated at open), aligned (asserted; the mapping
+        // is page aligned), and valid for the device's lifetime because the
+        // mapping is never unmapped. Callers use only atomic types, which are
+        // sound to share with other threads and processes, and any bit
+        // pattern is a valid integer.
+        unsafe { &*(self.base.add(off) as *const T) }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        self.at(off)
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        self.at(off)
+    }
+
+    pub(crate) fn dmb_entry(&self, i: usize) -> &DmbEntry {
+        debug_assert!(i < layout::DMB_ENTRIES as usize);
+        self.at(layout::DMB_TABLE_OFF as usize + (i % layout::DMB_ENTRIES as usize) * layout::DMB_ENTRY_LEN as usize)
+    }
+
+    /// An `Arc` of this device (every `Device` lives in an `Arc`).
+    pub(crate) fn arc(&self) -> Arc<Device> {
+        self.me.upgrade().expect("a Device is only reachable through its Arc")
+    }
+
+    // --- knobs -------------------------------------------------------------
+
+    /// Knob `active`: whether new connections may use SMC-D.
+    pub fn active(&self) -> bool {
+        self.u32_at(layout::off::ACTIVE).load(Ordering::Relaxed) != 0
+    }
+
+    /// Sets knob `active`.
+    pub fn set_active(&self, on: bool) {
+        self.u32_at(layout::off::ACTIVE).store(on as u32, Ordering::Relaxed)
+    }
+
+    /// Knob `dmb_copy`: senders copy into a private buffer first (the seeds'
+    /// "SMC-lo" mode) instead of writing into the peer's DMB.
+    pub fn dmb_copy(&self) -> bool {
+        self.u32_at(layout::off::DMB_COPY).load(Ordering::Relaxed) != 0
+    }
+
+    /// Sets knob `dmb_copy`.
+    pub fn set_dmb_copy(&self, on: bool) {
+        self.u32_at(layout::off::DMB_COPY).store(on as u32, Ordering::Relaxed)
+    }
+
+    /// Knob `dmb_type`. Unknown values (another version wrote them) read as
+    /// the default, 4 KiB pages.
+    pub fn dmb_type(&self) -> DmbType {
+        match self.u32_at(layout::off::DMB_TYPE).load(Ordering::Relaxed) {
+            1 => DmbType::Huge,
+            _ => DmbType::Pages4k,
+        }
+    }
+
+    /// Sets knob `dmb_type`.
+    pub fn set_dmb_type(&self, t: DmbType) {
+        self.u32_at(layout::off::DMB_TYPE).store(t as u32, Ordering::Relaxed)
+    }
+
+    // --- counters ----------------------------------------------------------
+
+    /// Counts one SMC-D connection opened (call once per connection end
+    /// pair, from the client side).
+    pub fn count_conn_opened(&self) {
+        self.u64_at(layout::off::CONNS_OPENED).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one fallback to TCP for `reason`, on the `side` that decided.
+    pub fn count_fallback(&self, reason: Reason, side: Role) {
+        let idx = reason.index();
+        if idx >= layout::REASON_SLOTS as usize {
+            return;
+        }
+        let base = match side {
+            Role::Client => layout::off::FALLBACK_CLIENT,
+            Role::Server => layout::off::FALLBACK_SERVER,
+        };
+        self.u64_at(base + 8 * idx).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters. Also reclaims the DMB table entries of dead owners
+    /// first, so that the gauges are right after kill -9.
+    pub fn stats(&self) -> Stats {
+        self.reclaim_dead_dmbs();
+        let mut live = Liveness::default();
+        let mut pairs = std::collections::HashSet::new();
+        let mut dmbs_cnt = 0;
+        let mut live_tx: u64 = 0;
+        for i in 0..layout::DMB_ENTRIES as usize {
+            let e = self.dmb_entry(i);
+            let w = e.word.load(Ordering::Acquire);
+            let st = word::state(w);
+            if st == word::FREE {
+                continue;
+            }
+            live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
+            if st != DMB_REGISTERED && st != DMB_CONNECTED {
+                continue;
+            }
+            if !live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+                continue;
+            }
+            dmbs_cnt += 1;
+            if st == DMB_CONNECTED {
+                let (a, b) = (e.token.load(Ordering::Relaxed), e.peer_token.load(Ordering::Relaxed));
+                pairs.insert((a.min(b), a.max(b)));
+            }
+        }
+        let total = self.u64_at(layout::off::XFER_RETIRED).load(Ordering::Relaxed).wrapping_add(live_tx);
+        let base = self.u64_at(layout::off::XFER_BASE).load(Ordering::Relaxed);
+        let mut fallback_client = [0u64; layout::REASON_SLOTS as usize];
+        let mut fallback_server = [0u64; layout::REASON_SLOTS as usize];
+        for i in 0..layout::REASON_SLOTS as usize {
+            fallback_client[i] = self.u64_at(layout::off::FALLBACK_CLIENT + 8 * i).load(Ordering::Relaxed);
+            fallback_server[i] = self.u64_at(layout::off::FALLBACK_SERVER + 8 * i).load(Ordering::Relaxed);
+        }
+        Stats {
+            gid: self.gid,
+            conns_opened: self.u64_at(layout::off::CONNS_OPENED).load(Ordering::Relaxed),
+            conns_active: pairs.len() as u64,
+            dmbs_registered: self.u64_at(layout::off::DMBS_REGISTERED).load(Ordering::Relaxed),
+            dmbs_cnt,
+            xfer_bytes: total.saturating_sub(base),
+            listeners: crate::registry::live_listeners(self),
+            fallback_client,
+            fallback_server,
+        }
+    }
+
+    /// Zeroes the counters (`smclo stats reset`). Gauges (active
+    /// connections, DMBs in use) are not counters and stay.
+    pub fn reset_stats(&self) {
+        for off in [layout::off::CONNS_OPENED, layout::off::DMBS_REGISTERED] {
+            self.u64_at(off).store(0, Ordering::Relaxed);
+        }
+        for i in 0..layout::REASON_SLOTS as usize {
+            self.u64_at(layout::off::FALLBACK_CLIENT + 8 * i).store(0, Ordering::Relaxed);
+            self.u64_at(layout::off::FALLBACK_SERVER + 8 * i).store(0, Ordering::Relaxed);
+        }
+        // xfer_bytes = retired + live - base: moving the base keeps the
+        // per-entry byte counts (which the owners keep adding to) intact.
+        let mut live_tx: u64 = 0;
+        for i in 0..layout::DMB_ENTRIES as usize {
+            let e = self.dmb_entry(i);
+            if word::state(e.word.load(Ordering::Acquire)) != word::FREE {
+                live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
+            }
+        }
+        let total = self.u64_at(layout::off::XFER_RETIRED).load(Ordering::Relaxed).wrapping_add(live_tx);
+        self.u64_at(layout::off::XFER_BASE).store(total, Ordering::Relaxed);
+    }
+
+    // --- DMBs --------------------------------------------------------------
+
+    /// The path of the DMB file for `token`.
+    pub fn dmb_path(&self, token: u64) -> PathBuf {
+        self.dir.join(format!("dmb-{token:016x}"))
+    }
+
+    /// Registers a DMB with a ring of `ring_len` bytes for this process.
+    ///
+    /// Claims a DMB table entry (`ENOSPC` when all are in use by live
+    /// processes: the handshake reports `MAX_DMB`), creates
+    /// `dmb-<token>` (mode 0600, exclusive) and initialises it with
+    /// [`Dmb::create`]. Removes what dead processes left behind first (at most
+    /// every [`SWEEP_INTERVAL_MS`], and always when the table is full).
+    pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
+        self.maybe_sweep();
+        let me = Owner::current();
+        let idx = match self.claim_dmb_entry(me.pid)? {
+            Some(i) => i,
+            None => {
+                self.sweep();
+                self.claim_dmb_entry(me.pid)?.ok_or_else(|| errno_err(libc::ENOSPC))?
+            }
+        };
+        let e = self.dmb_entry(idx);
+        let gen = word::gen(e.word.load(Ordering::Relaxed));
+        let release = |e: &DmbEntry| e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
+        let (token, path, file) = match self.create_dmb_file() {
+            Ok(t) => t,
+            Err(err) => {
+                release(e);
+                return Err(err);
+            }
+        };
+        let dmb = match Dmb::create(&file, token, ring_len, self.gid, me.pid, me.start) {
+            Ok(d) => d,
+            Err(err) => {
+                let _ = std::fs::remove_file(&path);
+                release(e);
+                return Err(err);
+            }
+        };
+        e.start.store(me.start, Ordering::Relaxed);
+        e.token.store(token, Ordering::Relaxed);
+        e.peer_token.store(0, Ordering::Relaxed);
+        e.ring_len.store(ring_len, Ordering::Relaxed);
+        e.role.store(role as u32, Ordering::Relaxed);
+        e.tx_bytes.store(0, Ordering::Relaxed);
+        e.word.store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
+        self.u64_at(layout::off::DMBS_REGISTERED).fetch_add(1, Ordering::Relaxed);
+        crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
+        Ok(DmbHandle { dev: self.arc(), idx, gen, pid: me.pid, token, role, path, dmb })
+    }
+
+    /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
+    /// at a random index so that processes do not contend on the first ones.
+    fn claim_dmb_entry(&self, pid: u32) -> Result<Option<usize>> {
+        let n = layout::DMB_ENTRIES as usize;
+        let start = (random_u64()? % n as u64) as usize;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let e = self.dmb_entry(i);
+            let w = e.word.load(Ordering::Relaxed);
+            if word::state(w) != word::FREE {
+                continue;
+            }
+            let claimed = word::pack(word::next_gen(w), pid, word::WRITING);
+            if e.word.compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Creates `dmb-<token>` for a fresh random token.
+    fn create_dmb_file(&self) -> Result<(u64, PathBuf, File)> {
+        for _ in 0..16 {
+            let token = random_u64()?;
+            let path = self.dmb_path(token);
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(open_flags())
+                .open(&path)
+            {
+                Ok(f) => return Ok((token, path, f)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+        Err(errno_err(libc::EEXIST))
+    }
+
+    /// Maps the DMB named by `token` (the peer's), then removes its name:
+    /// from then on only the two mappings keep the memory, and the kernel
+    /// frees it when both ends are gone.
+    ///
+    /// A token whose file does not exist gives an error for which
+    /// [`is_token_gone`] is true. A file that is not a regular file owned by
+    /// us is refused (`InvalidDevice`).
+    pub fn attach_dmb(&self, token: u64) -> Result<Dmb> {
+        let path = self.dmb_path(token);
+        let file = match std::fs::OpenOptions::new().read(true).write(true).custom_flags(open_flags()).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(Error::InvalidDevice(format!("{} is a symbolic link", path.display())))
+            }
+            Err(e) => return Err(Error::Io(e)),
+        };
+        let md = file.metadata()?;
+        if !md.file_type().is_file() || md.uid() != euid() {
+            return Err(Error::InvalidDevice(format!(
+                "{} is not a regular file owned by uid {}",
+                path.display(),
+                euid()
+            )));
+        }
+        let dmb = Dmb::attach(&file, token, self.gid)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => crate::debug!("cannot unlink {}: {e}", path.display()),
+        }
+        Ok(dmb)
+    }
+
+    // --- garbage collection ------------------------------------------------
+
+    /// Sweeps when the last sweep (by any process) is at least
+    /// [`SWEEP_INTERVAL_MS`] old; the CAS on the timestamp elects one sweeper.
+    fn maybe_sweep(&self) {
+        let last = self.u64_at(layout::off::LAST_SWEEP_MS);
+        let now = monotonic_ms();
+        let prev = last.load(Ordering::Relaxed);
+        if now.saturating_sub(prev) < SWEEP_INTERVAL_MS && prev <= now {
+            return;
+        }
+        if last.compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.sweep();
+        }
+    }
+
+    /// Removes what dead processes left: DMB files whose owner is gone,
+    /// their DMB table entries, and temporary device files of dead creators.
+    /// Runs on its own schedule inside [`Device::register_dmb`] and
+    /// [`Device::stats`]; public so tools and tests can force it.
+    pub fn sweep(&self) {
+        self.u64_at(layout::off::LAST_SWEEP_MS).store(monotonic_ms(), Ordering::Relaxed);
+        self.reclaim_dead_dmbs();
+        self.remove_dead_files();
+    }
+
+    /// Frees the DMB table entries of dead owners, folding their byte counts
+    /// into `xfer_bytes_retired`.
+    fn reclaim_dead_dmbs(&self) {
+        let mut live = Liveness::default();
+        let me = Owner::current().pid;
+        for i in 0..layout::DMB_ENTRIES as usize {
+            let e = self.dmb_entry(i);
+            let w = e.word.load(Ordering::Acquire);
+            if word::state(w) == word::FREE || live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+                continue;
+            }
+            // Take the entry over (the word now names us, so a reclaimer that
+            // dies here is itself reclaimed later), fold, free.
+            let mine = word::pack(word::gen(w), me, word::WRITING);
+            if e.word.compare_exchange(w, mine, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                self.retire_entry(e, word::gen(w));
+                crate::debug!("reclaimed DMB table entry {i} of dead pid {}", word::pid(w));
+            }
+        }
+    }
+
+    /// Folds an entry's byte count into the retired total and frees it. The
+    /// caller holds the entry in WRITING.
+    fn retire_entry(&self, e: &DmbEntry, gen: u32) {
+        let tx = e.tx_bytes.swap(0, Ordering::Relaxed);
+        self.u64_at(layout::off::XFER_RETIRED).fetch_add(tx, Ordering::Relaxed);
+        e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
+    }
+
+    /// Unlinks `dmb-*` files of dead owners (read with a plain `pread` of
+    /// the header, never mapped: the file may be short or garbage) and
+    /// `.device-<pid>-*` temporaries of dead creators.
+    fn remove_dead_files(&self) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return };
+        let mut live = Liveness::default();
+        for ent in rd.flatten() {
+            let name = ent.file_name();
+            let name = name.as_bytes();
+            if let Some(hex) = name.strip_prefix(b"dmb-") {
+                if hex.len() == 16 && hex.iter().all(u8::is_ascii_hexdigit) && self.dmb_file_is_dead(&ent.path(), &mut live) {
+                    crate::debug!("removing DMB file of a dead owner: {}", ent.path().display());
+                    let _ = std::fs::remove_file(ent.path());
+                }
+            } else if let Some(rest) = name.strip_prefix(b".device-") {
+                let pid = std::str::from_utf8(rest).ok().and_then(|r| r.split('-').next()?.parse::<u32>().ok());
+                if let Some(pid) = pid {
+                    if !(Owner { pid, start: 0 }).pid_exists() {
+                        let _ = std::fs::remove_file(ent.path());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a DMB file belongs to a dead process. A file without a valid
+    /// header yet is its creator's until it is [`STALE_FILE_SECS`] old
+    /// (`Dmb::create` writes the header right after creating the file).
+    fn dmb_file_is_dead(&self, path: &Path, live: &mut Liveness) -> bool {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(open_flags() | libc::O_NONBLOCK)
+            .open(path)
+        else {
+            return false;
+        };
+        let Ok(md) = f.metadata() else { return false };
+        if !md.file_type().is_file() || md.uid() != euid() {
+            return false;
+        }
+        let mut h = [0u8; 40];
+        let complete = md.len() >= 4096 && f.read_exact_at(&mut h, 0).is_ok() && &h[..8] == DMB_MAGIC;
+        if !complete {
+            let age = md.modified().ok().and_then(|m| m.elapsed().ok()).map(|d| d.as_secs());
+            return age.is_some_and(|a| a >= STALE_FILE_SECS);
+        }
+        let pid = u32::from_ne_bytes([h[24], h[25], h[26], h[27]]);
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&h[32..40]);
+        let start = u64::from_ne_bytes(s);
+        // Judge as a published (non-WRITING) entry: pid and start time.
+        !live.owner_alive(word::pack(0, pid, 2), start)
+    }
+}
+
+/// Magic of a DMB header (see `docs/ARCHITECTURE.md`, "DMB layout").
+const DMB_MAGIC: &[u8; 8] = b"SMCLODMB";
+
+/// Minimum time between two automatic sweeps for dead owners.
+pub const SWEEP_INTERVAL_MS: u64 = 200;
+
+/// Age after which a DMB file that never got a valid header is removed.
+pub const STALE_FILE_SECS: u64 = 10;
+
+impl SmcdOps for Device {
+    fn gid(&self) -> u64 {
+        self.gid
+    }
+    fn chid(&self) -> u16 {
+        self.chid
+    }
+    fn seid(&self) -> [u8; 32] {
+        self.seid
+    }
+    fn query_remote_gid(&self, rgid: u64) -> bool {
+        rgid == self.gid
+    }
+    fn supports_v2(&self) -> bool {
+        true
+    }
+    fn support_dmb_nocopy(&self) -> bool {
+        !self.dmb_copy()
+    }
+    fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
+        Device::register_dmb(self, ring_len, role)
+    }
+    fn attach_dmb(&self, token: u64) -> Result<Dmb> {
+        Device::attach_dmb(self, token)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// DmbHandle.
+
+/// A registered DMB owned by this process: the mapping of its own receive
+/// ring plus its DMB table entry. Dropping it unregisters the DMB: the file
+/// is unlinked if the peer has not done so, and the table entry is freed
+/// (its byte count folded into `xfer_bytes_retired`).
+///
+/// A copy of the handle inherited through `fork` does nothing when dropped
+/// in the child: only the registering process unregisters.
+pub struct DmbHandle {
+    dev: Arc<Device>,
+    idx: usize,
+    gen: u32,
+    pid: u32,
+    token: u64,
+    role: Role,
+    path: PathBuf,
+    dmb: Dmb,
+}
+
+impl std::fmt::Debug for DmbHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmbHandle")
+            .field("token", &format_args!("{:016x}", self.token))
+            .field("role", &self.role)
+            .field("entry", &self.idx)
+            .finish()
+    }
+}
+
+impl DmbHandle {
+    /// The DMB's token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Which end registered it.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The mapping of the DMB (this end's receive ring).
+    pub fn dmb(&self) -> &Dmb {
+        &self.dmb
+    }
+
+    /// The device it is registered on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    fn entry(&self) -> Option<&DmbEntry> {
+        let e = self.dev.dmb_entry(self.idx);
+        let w = e.word.load(Ordering::Relaxed);
+        (word::gen(w) == self.gen && word::pid(w) == self.pid).then_some(e)
+    }
+
+    /// Adds `n` bytes sent by this end (the API layer calls it after each
+    /// write into the peer's DMB); summed into `xfer_bytes`.
+    pub fn add_tx(&self, n: u64) {
+        if let Some(e) = self.entry() {
+            e.tx_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks the DMB as part of an established connection with the DMB
+    /// `peer_token`; from now on the pair counts in `conns_active`.
+    pub fn set_connected(&self, peer_token: u64) {
+        let Some(e) = self.entry() else { return };
+        e.peer_token.store(peer_token, Ordering::Relaxed);
+        let from = word::pack(self.gen, self.pid, DMB_REGISTERED);
+        let to = word::pack(self.gen, self.pid, DMB_CONNECTED);
+        let _ = e.word.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+impl Drop for DmbHandle {
+    fn drop(&mut self) {
+        if Owner::current().pid != self.pid {
+            return; // a forked child's copy: the parent owns the DMB
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => crate::debug!("cannot unlink {}: {e}", self.path.display()),
+        }
+        let e = self.dev.dmb_entry(self.idx);
+        for st in [DMB_REGISTERED, DMB_CONNECTED] {
+            let from = word::pack(self.gen, self.pid, st);
+            let to = word::pack(self.gen, self.pid, word::WRITING);
+            if e.word.compare_exchange(from, to, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                self.dev.retire_entry(e, self.gen);
+                return;
+            }
+        }
+    }
+}

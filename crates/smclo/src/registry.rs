@@ -1,1 +1,272 @@
-//! registry (being written).
+//! The listener registry: which smclo processes listen on which address.
+//!
+//! A client looks here before connecting: only if a live smclo listener
+//! matches its destination does it publish a Proposal; otherwise it connects
+//! as plain TCP and costs nothing more. Entries live in the device file
+//! (1024 of them), in a window of [`PROBE`] entries starting at a hash of
+//! the port, so that a lookup reads a bounded number of cache lines.
+//!
+//! Entries use the claim protocol described in [`crate::device`]: CAS FREE →
+//! WRITING with our pid, fill, Release-store LISTENING. An entry whose owner
+//! is gone is freed by whoever finds it.
+//!
+//! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
+//! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
+//! server answers, and the client falls back after its bounded wait.
+
+use crate::device::{word, Device, Liveness};
+use crate::error::{Error, Result};
+use crate::owner::{netns_inode, Owner};
+use smclo_wire::device_layout as layout;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Entries examined per lookup or registration, from the port's hash on.
+pub const PROBE: usize = 128;
+
+const LISTENING: u8 = 2;
+const FAM_V4: u64 = 4;
+const FAM_V6: u64 = 6;
+
+/// One listener entry (one cache line).
+#[repr(C)]
+pub(crate) struct ListenerEntry {
+    word: AtomicU64,
+    start: AtomicU64,
+    netns: AtomicU64,
+    /// family (4 or 6) in bits 0..16, port in bits 16..32.
+    meta: AtomicU64,
+    addr: [AtomicU64; 2],
+    _reserved: [AtomicU64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<ListenerEntry>() == layout::LISTENER_ENTRY_LEN as usize);
+
+fn entry(dev: &Device, i: usize) -> &ListenerEntry {
+    let i = i % layout::LISTENER_ENTRIES as usize;
+    dev.at(layout::LISTENER_OFF as usize + i * layout::LISTENER_ENTRY_LEN as usize)
+}
+
+/// An address in canonical form: IPv4-mapped IPv6 becomes IPv4.
+fn canon(ip: IpAddr) -> (u64, [u8; 16]) {
+    let mut b = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => {
+            b[..4].copy_from_slice(&v4.octets());
+            (FAM_V4, b)
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => {
+                b[..4].copy_from_slice(&v4.octets());
+                (FAM_V4, b)
+            }
+            None => (FAM_V6, v6.octets()),
+        },
+    }
+}
+
+fn home(port: u16) -> usize {
+    // Fibonacci hashing spreads neighbouring ports over the table.
+    ((port as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % layout::LISTENER_ENTRIES as usize
+}
+
+/// A live listener found by [`find_listener`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerInfo {
+    /// The listening process.
+    pub owner: Owner,
+    /// Inode of its network namespace.
+    pub netns: u64,
+    /// The address it listens on (canonical: IPv4-mapped shown as IPv4).
+    pub addr: SocketAddr,
+}
+
+impl ListenerInfo {
+    /// Whether the listener is in the calling process: a connection to it
+    /// from here cannot wait for its `accept` (reason `SELF_CONNECT`).
+    pub fn is_self(&self) -> bool {
+        self.owner == Owner::current()
+    }
+
+    /// Whether the listener is in the caller's network namespace.
+    pub fn same_netns(&self) -> bool {
+        self.netns == netns_inode()
+    }
+}
+
+/// Keeps a listener registered; dropping it removes the registration.
+///
+/// A copy inherited through `fork` does nothing when dropped in the child.
+#[derive(Debug)]
+pub struct ListenerGuard {
+    dev: Arc<Device>,
+    idx: usize,
+    gen: u32,
+    pid: u32,
+}
+
+impl ListenerGuard {
+    /// Index of the entry (for diagnostics).
+    pub fn index(&self) -> usize {
+        self.idx
+    }
+}
+
+impl Drop for ListenerGuard {
+    fn drop(&mut self) {
+        if Owner::current().pid != self.pid {
+            return;
+        }
+        let e = entry(&self.dev, self.idx);
+        let from = word::pack(self.gen, self.pid, LISTENING);
+        let _ = e.word.compare_exchange(from, word::pack(self.gen, 0, word::FREE), Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+/// Records that this process listens on `addr` (in its network namespace).
+///
+/// Fails with `ENOSPC` when the [`PROBE`] entries of the port's window are
+/// all held by live listeners.
+pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard> {
+    let me = Owner::current();
+    let (fam, bytes) = canon(addr.ip());
+    let h = home(addr.port());
+    for attempt in 0..2 {
+        for k in 0..PROBE {
+            let i = (h + k) % layout::LISTENER_ENTRIES as usize;
+            let e = entry(dev, i);
+            let w = e.word.load(Ordering::Relaxed);
+            if word::state(w) != word::FREE {
+                continue;
+            }
+            let gen = word::next_gen(w);
+            if e.word.compare_exchange(w, word::pack(gen, me.pid, word::WRITING), Ordering::Acquire, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            e.start.store(me.start, Ordering::Relaxed);
+            e.netns.store(netns_inode(), Ordering::Relaxed);
+            e.meta.store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
+            e.addr[0].store(u64::from_ne_bytes(bytes[..8].try_into().unwrap()), Ordering::Relaxed);
+            e.addr[1].store(u64::from_ne_bytes(bytes[8..].try_into().unwrap()), Ordering::Relaxed);
+            e.word.store(word::pack(gen, me.pid, LISTENING), Ordering::Release);
+            crate::debug!("registered listener {addr} in entry {i}");
+            return Ok(ListenerGuard { dev: dev.arc(), idx: i, gen, pid: me.pid });
+        }
+        if attempt == 0 {
+            reclaim_window(dev, h);
+        }
+    }
+    Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)))
+}
+
+/// Frees entries of dead owners in the window starting at `h`.
+fn reclaim_window(dev: &Device, h: usize) {
+    let mut live = Liveness::default();
+    for k in 0..PROBE {
+        let e = entry(dev, h + k);
+        let w = e.word.load(Ordering::Acquire);
+        if word::state(w) != word::FREE && !live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+            free_dead(e, w);
+        }
+    }
+}
+
+/// Frees an entry whose owner is dead; the CAS from exactly `w` makes sure
+/// that only that incarnation is freed.
+fn free_dead(e: &ListenerEntry, w: u64) {
+    let _ = e.word.compare_exchange(w, word::pack(word::gen(w), 0, word::FREE), Ordering::Release, Ordering::Relaxed);
+}
+
+/// A consistent copy of a LISTENING entry, or `None` if it changed while
+/// being read (the word is re-checked after the fields, seqlock style).
+fn snapshot(e: &ListenerEntry) -> Option<(u64, u64, u64, u64, [u8; 16])> {
+    let w = e.word.load(Ordering::Acquire);
+    if word::state(w) != LISTENING {
+        return None;
+    }
+    let start = e.start.load(Ordering::Relaxed);
+    let netns = e.netns.load(Ordering::Relaxed);
+    let meta = e.meta.load(Ordering::Relaxed);
+    let mut addr = [0u8; 16];
+    addr[..8].copy_from_slice(&e.addr[0].load(Ordering::Relaxed).to_ne_bytes());
+    addr[8..].copy_from_slice(&e.addr[1].load(Ordering::Relaxed).to_ne_bytes());
+    std::sync::atomic::fence(Ordering::Acquire);
+    (e.word.load(Ordering::Relaxed) == w).then_some((w, start, netns, meta, addr))
+}
+
+/// Finds a live smclo listener that accepts connections to `dest`: same
+/// port, and the same address or the family's wildcard (`0.0.0.0` for IPv4
+/// destinations, `::` for any). Listeners in the caller's network namespace
+/// and exact addresses are preferred. Entries of dead owners met on the way
+/// are freed.
+pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
+    let (dfam, dbytes) = canon(dest.ip());
+    let port = dest.port();
+    let my_ns = netns_inode();
+    let mut live = Liveness::default();
+    let mut best: Option<(u32, ListenerInfo)> = None;
+    let h = home(port);
+    for k in 0..PROBE {
+        let e = entry(dev, h + k);
+        let Some((w, start, netns, meta, addr)) = snapshot(e) else { continue };
+        let fam = meta & 0xffff;
+        if (meta >> 16) as u16 != port || (fam != FAM_V4 && fam != FAM_V6) {
+            continue;
+        }
+        let exact = fam == dfam && addr == dbytes;
+        let wildcard = addr == [0u8; 16] && (fam == FAM_V6 || dfam == FAM_V4);
+        if !exact && !wildcard {
+            continue;
+        }
+        if !live.owner_alive(w, start) {
+            free_dead(e, w);
+            continue;
+        }
+        let score = 2 * (netns == my_ns) as u32 + exact as u32;
+        if best.as_ref().is_some_and(|(s, _)| *s >= score) {
+            continue;
+        }
+        let ip = if fam == FAM_V4 {
+            IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(addr))
+        };
+        let info = ListenerInfo { owner: Owner { pid: word::pid(w), start }, netns, addr: SocketAddr::new(ip, port) };
+        best = Some((score, info));
+        if score == 3 {
+            break;
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+/// Number of live listener registrations (for stats); frees dead ones.
+pub fn live_listeners(dev: &Device) -> u64 {
+    let mut live = Liveness::default();
+    let mut n = 0;
+    for i in 0..layout::LISTENER_ENTRIES as usize {
+        let e = entry(dev, i);
+        let w = e.word.load(Ordering::Acquire);
+        if word::state(w) == word::FREE {
+            continue;
+        }
+        if live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+            n += (word::state(w) == LISTENING) as u64;
+        } else {
+            free_dead(e, w);
+        }
+    }
+    n
+}
+
+/// Makes a `SocketAddr` canonical: an IPv4-mapped IPv6 address becomes IPv4.
+pub fn canonical_addr(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => SocketAddr::V6(SocketAddrV6::new(*v6.ip(), v6.port(), 0, 0)),
+        },
+        v4 => v4,
+    }
+}

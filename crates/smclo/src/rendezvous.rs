@@ -1,1 +1,533 @@
-//! rendezvous (being written).
+//! Rendezvous slots: where a client and a server agree, out of band, whether
+//! one TCP connection becomes SMC-D.
+//!
+//! A slot (1024 of them in the device file, 2048 bytes each) is keyed by the
+//! connection's 4-tuple as the client sees it ([`SlotKey`]) and holds three
+//! message areas of [`MSG_LEN`] bytes: the client's Proposal, the server's
+//! reply (Accept or Decline) and the client's Confirm (or Decline). What the
+//! messages contain is the handshake's business; this module only moves
+//! bytes and decides, by compare-and-swap, who won.
+//!
+//! # States and who moves them
+//!
+//! ```text
+//!            client                 server                   client
+//! FREE ──propose──▶ PROPOSED ──answer: CAS──▶ REPLYING ──CAS──▶ ACCEPTED ──confirm──▶ CONFIRMED
+//!                      │                         │        └──▶ DECLINED       └──────▶ DECLINED
+//!                      └─ give_up (client) ──────┴──────────▶ DECLINED
+//!                                              ACCEPTED ── cas (server's confirm timeout) ─▶ DECLINED
+//! any ──release (client, OwnedSlot drop)──▶ FREE
+//! ```
+//!
+//! - The client [`propose`](Rendezvous::propose)s, gets an [`OwnedSlot`],
+//!   waits ([`SlotRef::wait_while`]) for the server, and on timeout calls
+//!   [`SlotRef::give_up`]: if that fails, the server decided first and the
+//!   client must follow that decision.
+//! - The server [`find`](Rendezvous::find)s the slot by 4-tuple, validates
+//!   the [`proposal`](SlotRef::proposal) and [`answer`](SlotRef::answer)s.
+//!   `answer` claims the reply area (PROPOSED → REPLYING) before writing it,
+//!   so a client that gives up meanwhile waits at most [`REPLY_GRACE`] for
+//!   the copy to finish instead of reading a half-written reply.
+//! - After ACCEPTED the client [`confirm`](SlotRef::confirm)s (ACCEPTED →
+//!   CONFIRMED or DECLINED); a server that stops waiting does
+//!   `cas(Accepted, Declined)`. Whoever's CAS fails lost and follows the
+//!   winner.
+//! - The client frees the slot by dropping its [`OwnedSlot`].
+//!
+//! The state word packs a 24-bit generation, incremented by every claim, so
+//! a [`SlotRef`] taken before the slot was freed and reused can never change
+//! the new incarnation: all its CASes fail and [`SlotRef::state`] reports
+//! [`SlotState::Stale`].
+//!
+//! A slot whose client died is taken over by the next [`propose`]
+//! (Rendezvous::propose) that needs it.
+//!
+//! Message bytes come from another process: callers must validate them
+//! (lengths are clamped to [`MSG_LEN`] here, nothing more).
+
+use crate::device::{word, Device, Liveness};
+use crate::error::{Error, Result};
+use crate::owner::Owner;
+use crate::registry::canonical_addr;
+use smclo_wire::device_layout as layout;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes per message area.
+pub const MSG_LEN: usize = layout::MSG_AREA_LEN as usize;
+
+/// Slots examined per lookup or claim, from the key's hash on.
+pub const PROBE: usize = 128;
+
+/// How long [`SlotRef::give_up`] and the release of an [`OwnedSlot`] wait
+/// for a server that is copying its reply (REPLYING) before overriding it.
+pub const REPLY_GRACE: Duration = Duration::from_millis(200);
+
+/// The state of a slot, as seen through a [`SlotRef`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotState {
+    /// Unused.
+    Free,
+    /// A client is writing its Proposal.
+    Writing,
+    /// The Proposal is published; waiting for the server.
+    Proposed,
+    /// The server is writing its reply.
+    Replying,
+    /// The server accepted; waiting for the client's Confirm.
+    Accepted,
+    /// Both agreed: the connection is SMC-D.
+    Confirmed,
+    /// One side declined: the connection stays TCP.
+    Declined,
+    /// The slot was freed or reused since the [`SlotRef`] was taken: the
+    /// handshake it belonged to is over.
+    Stale,
+    /// A value this version does not know (garbage in shared memory).
+    Invalid,
+}
+
+impl SlotState {
+    fn from_u8(s: u8) -> SlotState {
+        match s {
+            0 => SlotState::Free,
+            1 => SlotState::Writing,
+            2 => SlotState::Proposed,
+            3 => SlotState::Replying,
+            4 => SlotState::Accepted,
+            5 => SlotState::Confirmed,
+            6 => SlotState::Declined,
+            _ => SlotState::Invalid,
+        }
+    }
+
+    fn to_u8(self) -> Option<u8> {
+        Some(match self {
+            SlotState::Free => 0,
+            SlotState::Writing => 1,
+            SlotState::Proposed => 2,
+            SlotState::Replying => 3,
+            SlotState::Accepted => 4,
+            SlotState::Confirmed => 5,
+            SlotState::Declined => 6,
+            SlotState::Stale | SlotState::Invalid => return None,
+        })
+    }
+}
+
+/// The key of a slot: the TCP 4-tuple as the client sees it. IPv4-mapped
+/// IPv6 addresses are made IPv4, so that a dual-stack server (which sees
+/// `::ffff:a.b.c.d`) and an IPv4 client build the same key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotKey {
+    /// The client's address and port.
+    pub client: SocketAddr,
+    /// The server's address and port.
+    pub server: SocketAddr,
+}
+
+impl SlotKey {
+    /// A key from the client's local and peer address (or the server's peer
+    /// and local address), made canonical.
+    pub fn new(client: SocketAddr, server: SocketAddr) -> SlotKey {
+        SlotKey { client: canonical_addr(client), server: canonical_addr(server) }
+    }
+
+    fn encode(&self) -> [u64; 5] {
+        fn half(a: &SocketAddr) -> (u64, u64, u64) {
+            let (fam, b) = match canonical_addr(*a).ip() {
+                IpAddr::V4(v4) => {
+                    let mut b = [0u8; 16];
+                    b[..4].copy_from_slice(&v4.octets());
+                    (4u64, b)
+                }
+                IpAddr::V6(v6) => (6u64, v6.octets()),
+            };
+            (
+                u64::from_ne_bytes(b[..8].try_into().unwrap()),
+                u64::from_ne_bytes(b[8..].try_into().unwrap()),
+                fam,
+            )
+        }
+        let (c0, c1, cf) = half(&self.client);
+        let (s0, s1, sf) = half(&self.server);
+        let meta = self.client.port() as u64 | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
+        [c0, c1, s0, s1, meta]
+    }
+
+    fn home(&self) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for w in self.encode() {
+            h = (h ^ w).wrapping_mul(0x0100_0000_01b3);
+            h ^= h >> 29;
+        }
+        (h % layout::RENDEZVOUS_ENTRIES as u64) as usize
+    }
+}
+
+/// One slot, 2048 bytes.
+#[repr(C)]
+pub(crate) struct SlotEntry {
+    word: AtomicU64,
+    start: AtomicU64,
+    key: [AtomicU64; 5],
+    lens: [AtomicU64; 3],
+    _r0: [AtomicU64; 6],
+    msgs: [[AtomicU64; MSG_LEN / 8]; 3],
+    _r1: [AtomicU64; 48],
+}
+
+const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
+// word + start + key + lens + reserved = 128 bytes before the message areas.
+const _: () = assert!(8 + 8 + 5 * 8 + 3 * 8 + 6 * 8 == layout::MSG_AREA_OFF[0] as usize);
+
+const PROPOSAL: usize = 0;
+const REPLY: usize = 1;
+const CONFIRM: usize = 2;
+
+fn slot(dev: &Device, i: usize) -> &SlotEntry {
+    let i = i % layout::RENDEZVOUS_ENTRIES as usize;
+    dev.at(layout::RENDEZVOUS_OFF as usize + i * layout::RENDEZVOUS_ENTRY_LEN as usize)
+}
+
+impl SlotEntry {
+    /// Copies `bytes` (at most MSG_LEN, checked by callers) into area `a`.
+    /// Word-wise atomic stores: another process may read concurrently, and
+    /// a torn message is caught by the reader's validation, never UB.
+    fn write_msg(&self, a: usize, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.msgs[a][i].store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        self.lens[a].store(bytes.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Copies area `a` out; the length is clamped to MSG_LEN because a peer
+    /// may have written anything there.
+    fn read_msg(&self, a: usize) -> Vec<u8> {
+        let len = (self.lens[a].load(Ordering::Relaxed) as usize).min(MSG_LEN);
+        let mut out = Vec::with_capacity(len.next_multiple_of(8));
+        for w in self.msgs[a].iter().take(len.div_ceil(8)) {
+            out.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn key_matches(&self, k: &[u64; 5]) -> bool {
+        self.key.iter().zip(k).all(|(a, b)| a.load(Ordering::Relaxed) == *b)
+    }
+}
+
+/// Entry points of the rendezvous table.
+pub struct Rendezvous;
+
+impl Rendezvous {
+    /// Client: publishes `proposal` in a slot for `key` and returns the slot,
+    /// which is freed when the returned [`OwnedSlot`] is dropped.
+    ///
+    /// Claims a FREE slot (or one whose client is dead) in the key's window by
+    /// CAS, writes key and message, then publishes PROPOSED with Release.
+    /// Errors: `EMSGSIZE` if the proposal exceeds [`MSG_LEN`]; `ENOSPC` when
+    /// every slot of the window belongs to a live client (the handshake
+    /// reports `MAX_DMB`).
+    pub fn propose(dev: &Device, key: SlotKey, proposal: &[u8]) -> Result<OwnedSlot> {
+        if proposal.len() > MSG_LEN {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EMSGSIZE)));
+        }
+        let me = Owner::current();
+        let k = key.encode();
+        let home = key.home();
+        let mut live = Liveness::default();
+        for pass in 0..2 {
+            for p in 0..PROBE {
+                let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
+                let s = slot(dev, i);
+                let w = s.word.load(Ordering::Acquire);
+                let takeable = match pass {
+                    0 => word::state(w) == word::FREE,
+                    // Second pass: slots whose client is gone.
+                    _ => word::state(w) != word::FREE && !live.owner_alive(w, s.start.load(Ordering::Relaxed)),
+                };
+                if !takeable {
+                    continue;
+                }
+                let gen = word::next_gen(w);
+                let claimed = word::pack(gen, me.pid, word::WRITING);
+                if s.word.compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    continue;
+                }
+                s.start.store(me.start, Ordering::Relaxed);
+                for (dst, v) in s.key.iter().zip(k) {
+                    dst.store(v, Ordering::Relaxed);
+                }
+                s.lens[REPLY].store(0, Ordering::Relaxed);
+                s.lens[CONFIRM].store(0, Ordering::Relaxed);
+                s.write_msg(PROPOSAL, proposal);
+                s.word.store(word::pack(gen, me.pid, STATE_PROPOSED), Ordering::Release);
+                crate::debug!("proposed in rendezvous slot {i} for {} -> {}", key.client, key.server);
+                return Ok(OwnedSlot(SlotRef { dev: dev.arc(), idx: i, gen, pid: me.pid }));
+            }
+        }
+        Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)))
+    }
+
+    /// Server: the PROPOSED slot for exactly `key`, if any. The returned
+    /// reference is bound to the slot's current generation.
+    pub fn find(dev: &Device, key: SlotKey) -> Option<SlotRef> {
+        Rendezvous::find_all(dev, key).into_iter().next()
+    }
+
+    /// Server: every PROPOSED slot for `key`. More than one exists only when
+    /// clients in different network namespaces use identical 4-tuples; the
+    /// SYN mark in the proposal tells them apart.
+    pub fn find_all(dev: &Device, key: SlotKey) -> Vec<SlotRef> {
+        let k = key.encode();
+        let home = key.home();
+        let mut out = Vec::new();
+        for p in 0..PROBE {
+            let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
+            let s = slot(dev, i);
+            let w = s.word.load(Ordering::Acquire);
+            if word::state(w) != STATE_PROPOSED || !s.key_matches(&k) {
+                continue;
+            }
+            // The key was read after the Acquire load; if the word is
+            // unchanged afterwards, key and word belong together.
+            fence(Ordering::Acquire);
+            if s.word.load(Ordering::Relaxed) == w {
+                out.push(SlotRef { dev: dev.arc(), idx: i, gen: word::gen(w), pid: word::pid(w) });
+            }
+        }
+        out
+    }
+}
+
+const STATE_PROPOSED: u8 = 2;
+
+/// A reference to one incarnation (generation) of a slot. Cheap to clone;
+/// when the slot is freed or reused, every operation reports
+/// [`SlotState::Stale`] and changes nothing.
+#[derive(Clone)]
+pub struct SlotRef {
+    dev: Arc<Device>,
+    idx: usize,
+    gen: u32,
+    pid: u32,
+}
+
+impl std::fmt::Debug for SlotRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotRef").field("idx", &self.idx).field("gen", &self.gen).field("client_pid", &self.pid).finish()
+    }
+}
+
+impl SlotRef {
+    fn entry(&self) -> &SlotEntry {
+        slot(&self.dev, self.idx)
+    }
+
+    fn mine(&self, w: u64) -> bool {
+        word::gen(w) == self.gen && word::pid(w) == self.pid
+    }
+
+    /// Slot index (for diagnostics).
+    pub fn index(&self) -> usize {
+        self.idx
+    }
+
+    /// The generation this reference is bound to.
+    pub fn generation(&self) -> u32 {
+        self.gen
+    }
+
+    /// The client that proposed (pid and start time), for liveness checks.
+    pub fn client(&self) -> Owner {
+        Owner { pid: self.pid, start: self.entry().start.load(Ordering::Relaxed) }
+    }
+
+    /// Current state (Acquire: the message areas written before the state
+    /// was published are visible after this returns).
+    pub fn state(&self) -> SlotState {
+        let w = self.entry().word.load(Ordering::Acquire);
+        if !self.mine(w) {
+            return SlotState::Stale;
+        }
+        SlotState::from_u8(word::state(w))
+    }
+
+    /// Copies a message out, or `None` if the slot changed generation while
+    /// (or before) it was read.
+    fn read(&self, area: usize) -> Option<Vec<u8>> {
+        let e = self.entry();
+        if !self.mine(e.word.load(Ordering::Acquire)) {
+            return None;
+        }
+        let m = e.read_msg(area);
+        fence(Ordering::Acquire);
+        self.mine(e.word.load(Ordering::Relaxed)).then_some(m)
+    }
+
+    /// The client's Proposal (unvalidated bytes).
+    pub fn proposal(&self) -> Option<Vec<u8>> {
+        self.read(PROPOSAL)
+    }
+
+    /// The server's reply (unvalidated bytes); meaningful once the state is
+    /// Accepted or Declined.
+    pub fn reply(&self) -> Option<Vec<u8>> {
+        self.read(REPLY)
+    }
+
+    /// The client's Confirm or Decline (unvalidated bytes); meaningful once
+    /// the state is Confirmed or Declined.
+    pub fn confirm_msg(&self) -> Option<Vec<u8>> {
+        self.read(CONFIRM)
+    }
+
+    /// Compare-and-swap of the state, bound to this generation. Moves to or
+    /// from Free, Writing, Stale or Invalid are refused. On failure returns
+    /// the state found (Stale if the slot was reused).
+    pub fn cas(&self, from: SlotState, to: SlotState) -> std::result::Result<(), SlotState> {
+        let allowed = |s: SlotState| !matches!(s, SlotState::Free | SlotState::Writing | SlotState::Stale | SlotState::Invalid);
+        let (Some(f), Some(t)) = (from.to_u8(), to.to_u8()) else { return Err(self.state()) };
+        if !allowed(from) || !allowed(to) {
+            return Err(self.state());
+        }
+        let e = self.entry();
+        match e.word.compare_exchange(
+            word::pack(self.gen, self.pid, f),
+            word::pack(self.gen, self.pid, t),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            Err(w) if self.mine(w) => Err(SlotState::from_u8(word::state(w))),
+            Err(_) => Err(SlotState::Stale),
+        }
+    }
+
+    /// Server: answers the Proposal. Claims the reply area (PROPOSED →
+    /// REPLYING), writes `reply`, then moves to Accepted (`accept`) or
+    /// Declined. Fails with the state found if the client gave up or the
+    /// slot is stale; then nothing was written, or (client overrode a stalled
+    /// REPLYING after [`REPLY_GRACE`]) the reply must be considered lost.
+    pub fn answer(&self, reply: &[u8], accept: bool) -> std::result::Result<(), SlotState> {
+        if reply.len() > MSG_LEN {
+            return Err(SlotState::Invalid);
+        }
+        self.cas(SlotState::Proposed, SlotState::Replying)?;
+        self.entry().write_msg(REPLY, reply);
+        let to = if accept { SlotState::Accepted } else { SlotState::Declined };
+        self.cas(SlotState::Replying, to)
+    }
+
+    /// Client: writes its Confirm (`accept`) or Decline message and moves
+    /// Accepted → Confirmed or Declined. Fails with the state found when the
+    /// server gave up first (Declined) or the slot is stale.
+    ///
+    /// Only the client (the slot's owner) may call it: the confirm area is
+    /// written before the CAS and nobody else writes it.
+    pub fn confirm(&self, msg: &[u8], accept: bool) -> std::result::Result<(), SlotState> {
+        if msg.len() > MSG_LEN {
+            return Err(SlotState::Invalid);
+        }
+        let st = self.state();
+        if st != SlotState::Accepted {
+            return Err(st);
+        }
+        self.entry().write_msg(CONFIRM, msg);
+        let to = if accept { SlotState::Confirmed } else { SlotState::Declined };
+        self.cas(SlotState::Accepted, to)
+    }
+
+    /// Client: stops waiting for the server (timeout). Moves Proposed →
+    /// Declined; if the server is Replying, waits for it up to
+    /// [`REPLY_GRACE`] and then moves Replying → Declined. `Ok` means the
+    /// client's decline won; `Err(state)` means the server decided first
+    /// (Accepted or Declined) and the client must follow it.
+    pub fn give_up(&self) -> std::result::Result<(), SlotState> {
+        match self.cas(SlotState::Proposed, SlotState::Declined) {
+            Err(SlotState::Replying) => {}
+            other => return other,
+        }
+        let st = self.wait_while(SlotState::Replying, Instant::now() + REPLY_GRACE);
+        if st != SlotState::Replying {
+            return Err(st);
+        }
+        self.cas(SlotState::Replying, SlotState::Declined)
+    }
+
+    /// Waits until the state is no longer `state` or `deadline` passes, and
+    /// returns the state then. Spins briefly, then yields, then sleeps with
+    /// growing naps (up to 1 ms), so that a fast answer is seen within
+    /// microseconds and a slow one costs little CPU.
+    pub fn wait_while(&self, state: SlotState, deadline: Instant) -> SlotState {
+        let mut round = 0u32;
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let st = self.state();
+            if st != state {
+                return st;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return st;
+            }
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else if round < 128 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(deadline - now));
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// The client's ownership of a slot; dropping it frees the slot (after
+/// waiting up to [`REPLY_GRACE`] for a server that is writing its reply).
+/// Dereferences to the [`SlotRef`].
+///
+/// A copy inherited through `fork` does nothing when dropped in the child.
+#[derive(Debug)]
+pub struct OwnedSlot(SlotRef);
+
+impl Deref for OwnedSlot {
+    type Target = SlotRef;
+    fn deref(&self) -> &SlotRef {
+        &self.0
+    }
+}
+
+impl OwnedSlot {
+    /// Frees the slot now (same as dropping it).
+    pub fn release(self) {}
+}
+
+impl Drop for OwnedSlot {
+    fn drop(&mut self) {
+        let r = &self.0;
+        if Owner::current().pid != r.pid {
+            return;
+        }
+        if r.state() == SlotState::Replying {
+            r.wait_while(SlotState::Replying, Instant::now() + REPLY_GRACE);
+        }
+        let e = r.entry();
+        let mut w = e.word.load(Ordering::Relaxed);
+        // Retry while the server moves the state; stop if it is not ours.
+        while r.mine(w) {
+            match e.word.compare_exchange(w, word::pack(r.gen, 0, word::FREE), Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+}

@@ -196,7 +196,7 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 /// are zero. The tables after the header are all zero (every entry free).
 pub fn encode_header(h: &DeviceHeader) -> Vec<u8> {
     let mut b = vec![0u8; HEADER_LEN as usize];
-    let mut put32 = |b: &mut Vec<u8>, o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_ne_bytes());
+    let put32 = |b: &mut Vec<u8>, o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_ne_bytes());
     b[off::MAGIC..off::MAGIC + 8].copy_from_slice(&MAGIC);
     put32(&mut b, off::VERSION, VERSION);
     put32(&mut b, off::HEADER_LEN, HEADER_LEN);
