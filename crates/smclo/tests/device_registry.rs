@@ -1,0 +1,162 @@
+//! The listener registry: exact, wildcard, IPv6 and IPv4-mapped matching;
+//! registrations of dead processes are reclaimed.
+
+use smclo::device::Device;
+use smclo::owner::{netns_inode, Owner};
+use smclo::registry::{find_listener, register_listener, PROBE};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
+    let c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .env("SMCLO_TEST_ROLE", role)
+        .env("SMCLO_TEST_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    ChildGuard(c)
+}
+
+fn wait_ready(c: &mut ChildGuard) {
+    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0, "child exited before READY");
+        if l.trim() == "READY" {
+            return;
+        }
+    }
+}
+
+fn a(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
+    let dev = Device::open(&dir).unwrap();
+    match role.as_str() {
+        "listen" => {
+            let g1 = register_listener(&dev, a("127.0.0.1:7001")).unwrap();
+            // Fill the whole window of port 7002, so that only reclamation
+            // can make room there.
+            let fill: Vec<_> = (0..PROBE).map(|_| register_listener(&dev, a("0.0.0.0:7002")).unwrap()).collect();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(30));
+            drop((g1, fill));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn exact_wildcard_ipv6_and_mapped() {
+    let t = TempDir::new("reg");
+    let dev = Device::open(&t.0).unwrap();
+    assert!(find_listener(&dev, a("127.0.0.1:5000")).is_none());
+
+    let g = register_listener(&dev, a("127.0.0.1:5000")).unwrap();
+    let info = find_listener(&dev, a("127.0.0.1:5000")).expect("exact match");
+    assert_eq!(info.owner, Owner::current());
+    assert_eq!(info.netns, netns_inode());
+    assert_eq!(info.addr, a("127.0.0.1:5000"));
+    assert!(info.is_self() && info.same_netns());
+    assert!(find_listener(&dev, a("127.0.0.2:5000")).is_none(), "other address");
+    assert!(find_listener(&dev, a("127.0.0.1:5001")).is_none(), "other port");
+    assert!(find_listener(&dev, a("[::1]:5000")).is_none(), "other family");
+    // An IPv4-mapped destination is the IPv4 address.
+    assert!(find_listener(&dev, a("[::ffff:127.0.0.1]:5000")).is_some());
+
+    // IPv4 wildcard: any IPv4 destination, no IPv6 one.
+    let _w4 = register_listener(&dev, a("0.0.0.0:5001")).unwrap();
+    assert_eq!(find_listener(&dev, a("10.1.2.3:5001")).unwrap().addr, a("0.0.0.0:5001"));
+    assert!(find_listener(&dev, a("[::1]:5001")).is_none());
+    assert!(find_listener(&dev, a("[::ffff:10.1.2.3]:5001")).is_some());
+
+    // IPv6 wildcard: IPv6 and IPv4 destinations (dual stack).
+    let _w6 = register_listener(&dev, a("[::]:5002")).unwrap();
+    assert!(find_listener(&dev, a("[::1]:5002")).is_some());
+    assert!(find_listener(&dev, a("[fe80::1]:5002")).is_some());
+    assert!(find_listener(&dev, a("127.0.0.1:5002")).is_some());
+
+    // IPv6 exact.
+    let _e6 = register_listener(&dev, a("[::1]:5003")).unwrap();
+    assert!(find_listener(&dev, a("[::1]:5003")).is_some());
+    assert!(find_listener(&dev, a("[::2]:5003")).is_none());
+    assert!(find_listener(&dev, a("127.0.0.1:5003")).is_none());
+
+    // A listener on an IPv4-mapped address is an IPv4 listener.
+    let _m = register_listener(&dev, a("[::ffff:127.0.0.5]:5004")).unwrap();
+    assert_eq!(find_listener(&dev, a("127.0.0.5:5004")).unwrap().addr, a("127.0.0.5:5004"));
+
+    // Exact beats wildcard on the same port.
+    let _w = register_listener(&dev, a("0.0.0.0:5000")).unwrap();
+    assert_eq!(find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr, a("127.0.0.1:5000"));
+    assert_eq!(find_listener(&dev, a("127.0.0.9:5000")).unwrap().addr, a("0.0.0.0:5000"));
+
+    drop(g);
+    assert_eq!(find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr, a("0.0.0.0:5000"), "dropped guard unregisters");
+    drop(_w);
+    assert!(find_listener(&dev, a("127.0.0.1:5000")).is_none());
+    assert_eq!(dev.stats().listeners, 4);
+}
+
+#[test]
+fn dead_listeners_are_reclaimed() {
+    let t = TempDir::new("regdead");
+    let dev = Device::open(&t.0).unwrap();
+    let mut c = spawn_child("listen", &t.0);
+    wait_ready(&mut c);
+    let pid = c.0.id();
+    let info = find_listener(&dev, a("127.0.0.1:7001")).expect("child's listener");
+    assert_eq!(info.owner.pid, pid);
+    assert!(!info.is_self());
+    // The window of port 7002 is full of live registrations.
+    assert!(register_listener(&dev, a("0.0.0.0:7002")).is_err(), "window full");
+    assert_eq!(dev.stats().listeners, 1 + PROBE as u64);
+
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    assert!(find_listener(&dev, a("127.0.0.1:7001")).is_none(), "dead owner's listener is not found");
+    // Registration reclaims the dead owner's entries in the window.
+    let g = register_listener(&dev, a("0.0.0.0:7002")).expect("reclaimed");
+    assert_eq!(find_listener(&dev, a("1.2.3.4:7002")).unwrap().owner, Owner::current());
+    assert_eq!(dev.stats().listeners, 1);
+    drop(g);
+    assert_eq!(dev.stats().listeners, 0);
+}

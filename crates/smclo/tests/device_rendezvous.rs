@@ -1,0 +1,242 @@
+//! Rendezvous slots: propose / find / answer / confirm, CAS agreement
+//! between a client that gives up and a server that answers, stale
+//! references after reuse, a full table, and slots of dead clients.
+
+use smclo::device::Device;
+use smclo::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
+use smclo::Error;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn key(cport: u16, sport: u16) -> SlotKey {
+    SlotKey::new(format!("127.0.0.1:{cport}").parse().unwrap(), format!("127.0.0.1:{sport}").parse().unwrap())
+}
+
+/// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
+    let dev = Device::open(&dir).unwrap();
+    match role.as_str() {
+        "fill" => {
+            // Every slot of one key's window, then wait to be killed.
+            let held: Vec<_> = (0..PROBE).map(|_| Rendezvous::propose(&dev, key(40000, 80), b"child").unwrap()).collect();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(30));
+            drop(held);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
+    let c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .env("SMCLO_TEST_ROLE", role)
+        .env("SMCLO_TEST_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    ChildGuard(c)
+}
+
+#[test]
+fn full_handshake_path() {
+    let t = TempDir::new("rdv");
+    let dev = Device::open(&t.0).unwrap();
+    let k = key(40001, 80);
+    assert!(Rendezvous::find(&dev, k).is_none());
+    let client = Rendezvous::propose(&dev, k, b"proposal bytes").unwrap();
+    assert_eq!(client.state(), SlotState::Proposed);
+
+    // The server sees the key as peer/local; a dual-stack server sees the
+    // client as an IPv4-mapped address, which is the same key.
+    let mapped = SlotKey::new("[::ffff:127.0.0.1]:40001".parse().unwrap(), "[::ffff:127.0.0.1]:80".parse().unwrap());
+    assert_eq!(mapped, k);
+    let server = Rendezvous::find(&dev, mapped).expect("found by 4-tuple");
+    assert!(Rendezvous::find(&dev, key(40002, 80)).is_none(), "other 4-tuple");
+    assert!(Rendezvous::find(&dev, key(40001, 81)).is_none(), "other server port");
+    assert_eq!(server.index(), client.index());
+    assert_eq!(server.client().pid, std::process::id());
+    assert_eq!(server.proposal().unwrap(), b"proposal bytes");
+
+    server.answer(b"accept!", true).unwrap();
+    assert_eq!(client.state(), SlotState::Accepted);
+    assert_eq!(client.reply().unwrap(), b"accept!");
+    assert!(Rendezvous::find(&dev, k).is_none(), "only PROPOSED slots are found");
+    // A second answer cannot change the decision.
+    assert_eq!(server.answer(b"again", false), Err(SlotState::Accepted));
+    assert_eq!(client.reply().unwrap(), b"accept!");
+
+    client.confirm(b"confirm", true).unwrap();
+    assert_eq!(server.wait_while(SlotState::Accepted, Instant::now() + Duration::from_secs(1)), SlotState::Confirmed);
+    assert_eq!(server.confirm_msg().unwrap(), b"confirm");
+    // The server's timeout CAS fails: the client decided.
+    assert_eq!(server.cas(SlotState::Accepted, SlotState::Declined), Err(SlotState::Confirmed));
+
+    // Messages are bounded.
+    let big = vec![7u8; MSG_LEN + 1];
+    assert!(matches!(Rendezvous::propose(&dev, key(40003, 80), &big), Err(Error::Io(_))));
+    let exact = vec![9u8; MSG_LEN];
+    let s = Rendezvous::propose(&dev, key(40003, 80), &exact).unwrap();
+    assert_eq!(Rendezvous::find(&dev, key(40003, 80)).unwrap().proposal().unwrap(), exact);
+    drop(s);
+
+    client.release();
+    assert_eq!(server.state(), SlotState::Stale);
+}
+
+#[test]
+fn decline_paths() {
+    let t = TempDir::new("rdvdecl");
+    let dev = Device::open(&t.0).unwrap();
+    // Server declines.
+    let c = Rendezvous::propose(&dev, key(40010, 80), b"p").unwrap();
+    let s = Rendezvous::find(&dev, key(40010, 80)).unwrap();
+    s.answer(b"decline", false).unwrap();
+    assert_eq!(c.state(), SlotState::Declined);
+    assert_eq!(c.give_up(), Err(SlotState::Declined), "server decided first");
+    assert_eq!(c.reply().unwrap(), b"decline");
+    drop(c);
+
+    // Client gives up first: the server's answer fails, nothing written.
+    let c = Rendezvous::propose(&dev, key(40011, 80), b"p").unwrap();
+    let s = Rendezvous::find(&dev, key(40011, 80)).unwrap();
+    assert_eq!(c.give_up(), Ok(()));
+    assert_eq!(s.answer(b"late accept", true), Err(SlotState::Declined));
+    assert_eq!(c.reply().unwrap(), b"");
+    drop(c);
+
+    // Server gives up waiting for the Confirm; the client's confirm fails.
+    let c = Rendezvous::propose(&dev, key(40012, 80), b"p").unwrap();
+    let s = Rendezvous::find(&dev, key(40012, 80)).unwrap();
+    s.answer(b"a", true).unwrap();
+    s.cas(SlotState::Accepted, SlotState::Declined).unwrap();
+    assert_eq!(c.confirm(b"c", true), Err(SlotState::Declined));
+
+    // Illegal transitions are refused.
+    assert!(s.cas(SlotState::Declined, SlotState::Free).is_err());
+    assert!(s.cas(SlotState::Declined, SlotState::Writing).is_err());
+}
+
+#[test]
+fn client_timeout_and_server_answer_always_agree() {
+    let t = TempDir::new("rdvrace");
+    let dev = Device::open(&t.0).unwrap();
+    let (mut client_won, mut server_won) = (0, 0);
+    for i in 0..400u16 {
+        let k = key(41000 + i, 80);
+        let c = Rendezvous::propose(&dev, k, b"p").unwrap();
+        let s = Rendezvous::find(&dev, k).unwrap();
+        let b = Arc::new(Barrier::new(2));
+        let b2 = b.clone();
+        let srv = std::thread::spawn(move || {
+            b2.wait();
+            s.answer(b"accept", true)
+        });
+        b.wait();
+        let gave_up = c.give_up();
+        let answered = srv.join().unwrap();
+        match (gave_up, answered) {
+            (Ok(()), Err(SlotState::Declined)) => {
+                client_won += 1;
+                assert_eq!(c.state(), SlotState::Declined);
+            }
+            (Err(SlotState::Accepted), Ok(())) => {
+                server_won += 1;
+                assert_eq!(c.reply().unwrap(), b"accept", "reply complete when Accepted is seen");
+            }
+            other => panic!("disagreement: {other:?}"),
+        }
+    }
+    assert_eq!(client_won + server_won, 400);
+}
+
+#[test]
+fn stale_reference_cannot_touch_a_reused_slot() {
+    let t = TempDir::new("rdvstale");
+    let dev = Device::open(&t.0).unwrap();
+    let k = key(40020, 80);
+    let c1 = Rendezvous::propose(&dev, k, b"first").unwrap();
+    let stale = Rendezvous::find(&dev, k).unwrap();
+    let idx = c1.index();
+    drop(c1); // released
+    let c2 = Rendezvous::propose(&dev, k, b"second").unwrap();
+    assert_eq!(c2.index(), idx, "the freed slot is reused");
+    assert_ne!(c2.generation(), stale.generation());
+    assert_eq!(stale.state(), SlotState::Stale);
+    assert_eq!(stale.proposal(), None);
+    assert_eq!(stale.answer(b"stale accept", true), Err(SlotState::Stale));
+    assert_eq!(stale.cas(SlotState::Proposed, SlotState::Declined), Err(SlotState::Stale));
+    assert_eq!(c2.state(), SlotState::Proposed, "the new incarnation is untouched");
+    let fresh = Rendezvous::find(&dev, k).unwrap();
+    assert_eq!(fresh.proposal().unwrap(), b"second");
+    fresh.answer(b"ok", true).unwrap();
+    assert_eq!(c2.reply().unwrap(), b"ok");
+}
+
+#[test]
+fn full_window_is_an_error_and_dead_clients_slots_are_reclaimed() {
+    let t = TempDir::new("rdvfull");
+    let dev = Device::open(&t.0).unwrap();
+    let k = key(40030, 80);
+    let held: Vec<_> = (0..PROBE).map(|_| Rendezvous::propose(&dev, k, b"x").unwrap()).collect();
+    match Rendezvous::propose(&dev, k, b"x") {
+        Err(Error::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC)),
+        other => panic!("expected ENOSPC, got {other:?}"),
+    }
+    assert_eq!(Rendezvous::find_all(&dev, k).len(), PROBE);
+    drop(held);
+    assert!(Rendezvous::find_all(&dev, k).is_empty(), "released");
+
+    // A killed client's slots are taken over by the next proposal.
+    let mut c = spawn_child("fill", &t.0);
+    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0, "child exited early");
+        if l.trim() == "READY" {
+            break;
+        }
+    }
+    let k40000 = key(40000, 80);
+    assert_eq!(Rendezvous::find_all(&dev, k40000).len(), PROBE);
+    assert!(Rendezvous::propose(&dev, k40000, b"mine").is_err(), "window full of a live client");
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    let mine = Rendezvous::propose(&dev, k40000, b"mine").expect("dead client's slot reclaimed");
+    assert_eq!(mine.client().pid, std::process::id());
+    assert!(Rendezvous::find_all(&dev, k40000).iter().any(|s| s.proposal().unwrap() == b"mine"));
+}
