@@ -1,1 +1,63 @@
-fn main() {}
+//! The `smclo` command: a small dispatcher over one module per command.
+//!
+//! Every command module has `pub fn main(args: &[String]) -> i32`, where
+//! `args` are the arguments after the command name; the return value is the
+//! exit status (0 ok, 1 runtime failure, 2 usage error).
+
+mod bench;
+mod dev;
+mod stats;
+
+use smclo::device::Device;
+use std::sync::Arc;
+
+const USAGE: &str = "\
+usage: smclo <command> [arguments]
+
+commands:
+  dev [-v]                      list the loopback-ism device (like `smcd device`)
+  dev set KEY=VALUE...          set knobs: active=0|1 dmb_copy=0|1 dmb_type=4k|huge
+  stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
+  stats reset                   zero the counters
+  bench [...]                   built-in benchmarks (smclo bench --help)
+  help                          this text
+
+environment:
+  SMCLO_DEVICE_DIR              device directory (default /dev/shm/smclo-<uid>)
+";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    std::process::exit(run(&args));
+}
+
+fn run(args: &[String]) -> i32 {
+    let rest = args.get(2..).unwrap_or(&[]);
+    match args.get(1).map(String::as_str) {
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            0
+        }
+        Some("dev" | "device" | "d") => dev::main(rest),
+        Some("stats" | "s") => stats::main(rest),
+        Some("bench") => bench::main(rest),
+        Some(other) => {
+            eprintln!("smclo: unknown command {other:?}\n");
+            eprint!("{USAGE}");
+            2
+        }
+        None => {
+            eprint!("{USAGE}");
+            2
+        }
+    }
+}
+
+/// Opens the device of `SMCLO_DEVICE_DIR` (creating it if needed), or prints
+/// why not and returns the exit status to use.
+pub(crate) fn open_device() -> Result<Arc<Device>, i32> {
+    Device::open_default().map_err(|e| {
+        eprintln!("smclo: {e}");
+        1
+    })
+}
