@@ -1,1 +1,768 @@
-//! conn (being written).
+//! One SMC-D connection end: a receive DMB the peer writes, the peer's DMB
+//! we write, and the UNIX stream end that carries doorbells and is what
+//! applications poll.
+//!
+//! # Data path
+//!
+//! - **Write** copies from the caller's buffer straight into the peer's ring
+//!   at the producer position and publishes ([`doorbell::publish`]). In
+//!   [`Mode::Copy`] it first copies into a private send buffer, like the
+//!   kernel's copy mode; nothing stays in that buffer between calls.
+//! - **Read** copies out of the local ring at the consumer position, stores
+//!   the new consumer cursor and settles the doorbells.
+//! - Zero copy: [`Conn::reserve`] / [`WriteRegion::commit`] and
+//!   [`Conn::peek_region`] / [`ReadRegion::release`] hand out one slice
+//!   inside the ring (contiguous thanks to the double mapping).
+//!
+//! Every cursor word is loaded from shared memory and validated
+//! ([`smclo_wire::cursor`]) at each use; nothing about the rings is cached
+//! in process memory, so a forked child that inherits the `Conn` keeps
+//! working. An invalid word aborts the connection (`PEER_CONN_ABORT`,
+//! channel shut down) and the call fails with `EPROTO`.
+//!
+//! # Waiting
+//!
+//! Blocking calls first busy-poll the cursor word (`SMCLO_SPIN_US`
+//! microseconds at most, adaptive; the reader sets `READER_SPINNING` so the
+//! writer can skip the doorbell syscall), then sleep in `poll(2)` on the
+//! UNIX end. Whether a call blocks follows the descriptor's `O_NONBLOCK`
+//! (read at the moment a call would block) and `MSG_DONTWAIT`.
+//!
+//! # Closing (SMC semantics)
+//!
+//! - [`Conn::shutdown_write`]: `PEER_DONE_WRITING` in the peer's `prod`
+//!   word, then `shutdown(SHUT_WR)`: the peer reads what was written, then 0.
+//! - [`Conn::close`] (and drop): `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT`
+//!   when unread data remains in the local ring (the peer gets
+//!   `ECONNRESET`, like a TCP RST), then the UNIX end is shut down and
+//!   closed.
+//! - Reading: data first; then 0 after done-writing/closed, `ECONNRESET`
+//!   after abort or when the UNIX end hit end of file with no flag (the
+//!   peer died). Writing after the peer closed, aborted or died: `EPIPE`
+//!   (never a SIGPIPE: every send uses `MSG_NOSIGNAL`).
+//!
+//! # Threads
+//!
+//! One thread may read while another writes. Concurrent readers (or
+//! concurrent writers) of one `Conn` in one process are serialised by a
+//! mutex per direction. Concurrent readers or writers in *different*
+//! processes (after `fork`) on the same direction are not supported: each
+//! direction is single-producer, single-consumer.
+
+use crate::dmb::Dmb;
+use crate::doorbell::{self, BellChannel, Block, Snap};
+use crate::ring;
+use smclo_wire::cursor::{
+    self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
+};
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How writes reach the peer's ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Straight from the caller's buffer into the peer's ring (one copy).
+    NoCopy,
+    /// Through a private send buffer of `sndbuf_len` bytes (two copies), as
+    /// the kernel does without `dmb_nocopy`; kept for comparison.
+    Copy {
+        /// Send buffer size; at most this much is staged per step.
+        sndbuf_len: u32,
+    },
+}
+
+/// Default busy-poll budget, microseconds (see `SMCLO_SPIN_US`).
+pub const DEFAULT_SPIN_US: u64 = 50;
+
+/// `SMCLO_SPIN_US`, read once: the longest a blocking call busy-polls the
+/// ring before sleeping in `poll(2)`. 0 disables spinning.
+pub fn spin_budget() -> Duration {
+    static US: OnceLock<u64> = OnceLock::new();
+    Duration::from_micros(*US.get_or_init(|| {
+        match std::env::var("SMCLO_SPIN_US") {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
+                crate::debug!("SMCLO_SPIN_US={v:?} is not a number; using {DEFAULT_SPIN_US}");
+                DEFAULT_SPIN_US
+            }),
+            _ => DEFAULT_SPIN_US,
+        }
+    }))
+}
+
+/// One end of an SMC-D connection.
+pub struct Conn {
+    local: Dmb,
+    peer: Dmb,
+    chan: UnixStream,
+    mode: Mode,
+    /// Serialises readers; held across a [`ReadRegion`].
+    rx: Mutex<()>,
+    /// Serialises writers; holds the copy-mode send buffer.
+    tx: Mutex<Vec<u8>>,
+    /// Sticky errno after this end aborted (EPROTO, ECONNABORTED).
+    err: AtomicI32,
+    /// The peer's UNIX end is gone (EOF or EPIPE seen): it died or closed.
+    peer_gone: AtomicBool,
+    /// `shutdown_write` was called here.
+    shut_wr: AtomicBool,
+    /// close/abort ran (so drop does not close again).
+    closed: AtomicBool,
+    /// Stats, counted by this process.
+    sent: AtomicU64,
+    received: AtomicU64,
+    /// Consecutive spins that ended without the awaited change, per
+    /// direction; the next budget shrinks with it (adaptive spinning).
+    rx_spin_misses: AtomicU32,
+    tx_spin_misses: AtomicU32,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+impl Conn {
+    /// One end of an SMC-D connection: `local` = my receive DMB (the peer
+    /// writes it), `peer` = the peer's DMB (I write into it), `chan` = my
+    /// end of the UNIX stream pair with the peer (the readiness channel; its
+    /// fd is what applications poll).
+    pub fn new(local: Dmb, peer: Dmb, chan: UnixStream, mode: Mode) -> io::Result<Conn> {
+        doorbell::set_min_sndbuf(chan.as_raw_fd())?;
+        let sndbuf = match mode {
+            Mode::NoCopy => Vec::new(),
+            Mode::Copy { sndbuf_len } => {
+                if sndbuf_len == 0 {
+                    return Err(io::Error::new(io::ErrorKind::InvalidInput, "copy mode needs a send buffer"));
+                }
+                vec![0u8; sndbuf_len as usize]
+            }
+        };
+        Ok(Conn {
+            local,
+            peer,
+            chan,
+            mode,
+            rx: Mutex::new(()),
+            tx: Mutex::new(sndbuf),
+            err: AtomicI32::new(0),
+            peer_gone: AtomicBool::new(false),
+            shut_wr: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            rx_spin_misses: AtomicU32::new(0),
+            tx_spin_misses: AtomicU32::new(0),
+        })
+    }
+
+    /// The UNIX end: poll/epoll it (readable iff data or end of stream,
+    /// writable iff the peer's ring has room).
+    pub fn fd(&self) -> RawFd {
+        self.chan.as_raw_fd()
+    }
+
+    /// The transfer mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Sets `O_NONBLOCK` on the UNIX end, which decides whether calls block.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.chan.set_nonblocking(on)
+    }
+
+    fn nonblocking(&self) -> io::Result<bool> {
+        // SAFETY: F_GETFL on our own open descriptor.
+        let fl = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fl & libc::O_NONBLOCK != 0)
+    }
+
+    /// Bytes written by this process into the peer's ring.
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read by this process from the local ring.
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    // ----- errors ---------------------------------------------------------
+
+    fn sticky(&self) -> io::Result<()> {
+        match self.err.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            e => Err(errno(e)),
+        }
+    }
+
+    /// The peer broke the protocol: abort and report EPROTO.
+    fn violation(&self, what: &str, e: CursorError) -> io::Error {
+        crate::debug!("connection aborted: peer protocol violation ({what}): {e}");
+        self.abort_with(libc::EPROTO);
+        errno(libc::EPROTO)
+    }
+
+    fn abort_with(&self, err: i32) {
+        let _ = self.err.compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
+        doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
+        // SAFETY: shutdown on our own descriptor; the peer's end becomes
+        // readable and hung up, our blocked callers wake.
+        unsafe { libc::shutdown(self.fd(), libc::SHUT_RDWR) };
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    fn rx_snap(&self) -> io::Result<Snap> {
+        let l = &self.local;
+        doorbell::snapshot(l.prod(), l.cons(), l.ring_len()).map_err(|e| self.violation("receive ring", e))
+    }
+
+    fn tx_snap(&self) -> io::Result<Snap> {
+        let p = &self.peer;
+        doorbell::snapshot(p.prod(), p.cons(), p.ring_len()).map_err(|e| self.violation("send ring", e))
+    }
+
+    fn send_bells(&self, n: u32) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        match self.chan.send_bells(n) {
+            Ok(()) => Ok(()),
+            // The peer's end is gone: the data is in its ring, but nobody
+            // will read it; the next write reports EPIPE.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
+                self.peer_gone.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn recv_bells(&self, n: u32) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        match self.chan.recv_bells(n) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.peer_gone.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNRESET)) => {
+                self.peer_gone.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the UNIX end has reached end of file with nothing queued;
+    /// then, if the peer set no closing flag before its end went away, it
+    /// died: remember that.
+    fn chan_eof(&self) -> bool {
+        let mut b = [0u8; 1];
+        // SAFETY: peeks at most one byte into `b`.
+        let r = unsafe {
+            libc::recv(self.fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        };
+        if r == 0 || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECONNRESET)) {
+            // An honest peer sets its flag before shutting its end down, so
+            // the flag is visible now if there is one.
+            if conn_state_flags(self.local.prod().load(Ordering::SeqCst)) == 0 {
+                self.peer_gone.store(true, Ordering::Relaxed);
+            }
+            return true;
+        }
+        false
+    }
+
+    // ----- spinning -------------------------------------------------------
+
+    fn budget(misses: &AtomicU32) -> Duration {
+        let max = spin_budget();
+        // Halve per consecutive miss, down to 1/64 of the maximum: a peer
+        // that answers slowly costs little, one that answers fast is caught.
+        max / (1 << misses.load(Ordering::Relaxed).min(6))
+    }
+
+    fn note_spin(misses: &AtomicU32, hit: bool) {
+        if hit {
+            misses.store(0, Ordering::Relaxed);
+        } else {
+            let m = misses.load(Ordering::Relaxed);
+            misses.store(m.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Busy-polls `word` until it differs from `from` or the budget runs out.
+    fn spin_on(word: &AtomicU64, from: u64, budget: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            for _ in 0..32 {
+                if word.load(Ordering::Acquire) != from {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= budget {
+                return false;
+            }
+        }
+    }
+
+    /// Reader: spin until the local `prod` word changes. With `cap`, sets
+    /// `READER_SPINNING` so small writes skip their doorbell; the caller
+    /// must then consume up to `cap` bytes of whatever is there.
+    fn rx_spin(&self, cap: Option<usize>) -> io::Result<()> {
+        let budget = Self::budget(&self.rx_spin_misses);
+        if budget.is_zero() {
+            return Ok(());
+        }
+        let l = &self.local;
+        let rs = match cap {
+            Some(cap) => doorbell::spin_begin(l.prod(), l.cons(), l.ring_len(), cap)
+                .map_err(|e| self.violation("receive ring", e))?,
+            None => false,
+        };
+        let from = l.prod().load(Ordering::SeqCst);
+        let hit = Self::spin_on(l.prod(), from, budget);
+        if rs {
+            doorbell::spin_end(l.prod(), l.ring_len()).map_err(|e| self.violation("receive ring", e))?;
+        }
+        Self::note_spin(&self.rx_spin_misses, hit);
+        Ok(())
+    }
+
+    /// Writer: spin until the peer's `cons` word moves (room appears).
+    fn tx_spin(&self) -> bool {
+        let budget = Self::budget(&self.tx_spin_misses);
+        if budget.is_zero() {
+            return false;
+        }
+        let c = self.peer.cons();
+        let hit = Self::spin_on(c, c.load(Ordering::SeqCst), budget);
+        Self::note_spin(&self.tx_spin_misses, hit);
+        hit
+    }
+
+    // ----- reading --------------------------------------------------------
+
+    /// Reads into `buf`; honours blocking mode; 0 = end of stream.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, false, false, false)
+    }
+
+    /// `recv(2)` with `MSG_PEEK`, `MSG_WAITALL` and `MSG_DONTWAIT`.
+    pub fn recv(&self, buf: &mut [u8], peek: bool, waitall: bool, dontwait: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let _g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let l = &self.local;
+        let len = l.ring_len();
+        let mut done = 0usize;
+        loop {
+            if let Err(e) = self.sticky() {
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+            let s = match self.rx_snap() {
+                Ok(s) => s,
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+            };
+            let flags = conn_state_flags(s.prod);
+            // MSG_PEEK|MSG_WAITALL waits for the whole request (at most a
+            // ring) to be there, like TCP.
+            let enough = if peek && waitall { s.used as usize >= buf.len().min(len as usize) } else { s.used > 0 };
+            if enough || (s.used > 0 && (flags != 0 || self.peer_gone.load(Ordering::Relaxed))) {
+                let n = (s.used as usize).min(buf.len() - done);
+                let pos = cursor::Cursor::from_word(s.cons).position(len);
+                ring::copy_out(l, pos, &mut buf[done..done + n]);
+                if peek {
+                    return Ok(n);
+                }
+                let take = doorbell::reader_consume(l.prod(), l.cons(), len, n as u32)
+                    .map_err(|e| self.violation("receive ring", e))?;
+                self.recv_bells(take)?;
+                self.received.fetch_add(n as u64, Ordering::Relaxed);
+                done += n;
+                if !waitall || done == buf.len() {
+                    return Ok(done);
+                }
+                continue;
+            }
+            // Nothing (more) to read.
+            if flags & PEER_CONN_ABORT != 0 {
+                return if done > 0 { Ok(done) } else { Err(errno(libc::ECONNRESET)) };
+            }
+            if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
+                return Ok(done);
+            }
+            if self.peer_gone.load(Ordering::Relaxed) {
+                return if done > 0 { Ok(done) } else { Err(errno(libc::ECONNRESET)) };
+            }
+            if s.used == 0 {
+                // A bell left over (e.g. the writer's post-check rang for
+                // data we already took): take it so readiness is right.
+                let take = doorbell::reader_settle(l.prod(), l.cons(), len)
+                    .map_err(|e| self.violation("receive ring", e))?;
+                self.recv_bells(take)?;
+            }
+            if dontwait || self.nonblocking()? {
+                return if done > 0 { Ok(done) } else { Err(io::ErrorKind::WouldBlock.into()) };
+            }
+            self.wait_readable(if peek { None } else { Some(buf.len() - done) })?;
+        }
+    }
+
+    /// Blocks until something may have changed for the reader.
+    fn wait_readable(&self, cap: Option<usize>) -> io::Result<()> {
+        self.rx_spin(cap)?;
+        let s = self.rx_snap()?;
+        if s.used > 0 || conn_state_flags(s.prod) != 0 {
+            return Ok(());
+        }
+        let rev = doorbell::poll_fd(self.fd(), libc::POLLIN, -1)?;
+        if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            let s = self.rx_snap()?;
+            if s.used == 0 && cursor::bells(s.prod) == 0 && conn_state_flags(s.prod) == 0 {
+                // Readable with no bell counted: end of file (peer gone) or
+                // a bell the writer is just now counting.
+                if !self.chan_eof() {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unread bytes in the local ring (`FIONREAD`).
+    pub fn readable_len(&self) -> io::Result<usize> {
+        self.sticky()?;
+        Ok(self.rx_snap()?.used as usize)
+    }
+
+    /// Received bytes in place (contiguous thanks to the double mapping);
+    /// waits per blocking mode for at least one byte. An empty region means
+    /// end of stream. [`ReadRegion::release`] consumes.
+    pub fn peek_region(&self) -> io::Result<ReadRegion<'_>> {
+        let g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let l = &self.local;
+        loop {
+            self.sticky()?;
+            let s = self.rx_snap()?;
+            let flags = conn_state_flags(s.prod);
+            let pos = cursor::Cursor::from_word(s.cons).position(l.ring_len());
+            let eof = flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 && flags & PEER_CONN_ABORT == 0;
+            if s.used > 0 || eof {
+                return Ok(ReadRegion { conn: self, _g: g, ptr: ring::ptr_at(l, pos), len: s.used as usize });
+            }
+            if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
+                return Err(errno(libc::ECONNRESET));
+            }
+            let take = doorbell::reader_settle(l.prod(), l.cons(), l.ring_len())
+                .map_err(|e| self.violation("receive ring", e))?;
+            self.recv_bells(take)?;
+            if self.nonblocking()? {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.wait_readable(None)?;
+        }
+    }
+
+    // ----- writing --------------------------------------------------------
+
+    /// Checks that writing is still allowed.
+    fn tx_allowed(&self) -> io::Result<()> {
+        self.sticky()?;
+        if self.shut_wr.load(Ordering::Relaxed) || self.closed.load(Ordering::Relaxed) {
+            return Err(errno(libc::EPIPE));
+        }
+        // The peer's own flags (about its writing side) are in our local
+        // `prod` word; closed or aborted means it reads no more.
+        let w = self.local.prod().load(Ordering::SeqCst);
+        if conn_state_flags(w) & (PEER_CONN_CLOSED | PEER_CONN_ABORT) != 0 || self.peer_gone.load(Ordering::Relaxed) {
+            return Err(errno(libc::EPIPE));
+        }
+        Ok(())
+    }
+
+    /// Writes `buf`; a blocking write returns when all of it is in the
+    /// peer's ring, a non-blocking one writes what fits.
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, false)
+    }
+
+    /// `send(2)` with `MSG_DONTWAIT`.
+    pub fn send(&self, buf: &[u8], dontwait: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut g = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let p = &self.peer;
+        let len = p.ring_len();
+        let mut done = 0usize;
+        loop {
+            let s = match self.tx_allowed().and_then(|()| self.tx_snap()) {
+                Ok(s) => s,
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+            };
+            let free = (len - s.used) as usize;
+            if free > 0 {
+                let src = &buf[done..];
+                let mut n = free.min(src.len());
+                let pos = cursor::Cursor::from_word(s.prod).position(len);
+                match self.mode {
+                    Mode::NoCopy => ring::copy_in(p, pos, &src[..n]),
+                    Mode::Copy { .. } => {
+                        n = n.min(g.len());
+                        g[..n].copy_from_slice(&src[..n]);
+                        ring::copy_in(p, pos, &g[..n]);
+                    }
+                }
+                let bells = doorbell::publish(p.prod(), p.cons(), len, n as u32)
+                    .map_err(|e| self.violation("send ring", e))?;
+                self.send_bells(bells)?;
+                self.sent.fetch_add(n as u64, Ordering::Relaxed);
+                done += n;
+                if done == buf.len() {
+                    return Ok(done);
+                }
+                continue;
+            }
+            match self.wait_room(1, dontwait) {
+                Ok(()) => {}
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+            }
+        }
+    }
+
+    /// Waits per blocking mode until `need` bytes are free in the peer's
+    /// ring (or something changed); non-blocking: arms the doorbells so the
+    /// descriptor is unwritable, then WouldBlock.
+    fn wait_room(&self, need: u32, dontwait: bool) -> io::Result<()> {
+        let p = &self.peer;
+        let nonblocking = dontwait || self.nonblocking()?;
+        if !nonblocking && self.tx_spin() {
+            return Ok(());
+        }
+        match doorbell::writer_block(p.prod(), p.cons(), p.ring_len(), need)
+            .map_err(|e| self.violation("send ring", e))?
+        {
+            Block::Room => Ok(()),
+            Block::Wait { send } => {
+                self.send_bells(send)?;
+                if nonblocking {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let rev = doorbell::poll_fd(self.fd(), libc::POLLOUT, -1)?;
+                if rev & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    // Our end is hung up: the peer closed or died (or we
+                    // shut down both ways); tx_allowed decides.
+                    let s = self.tx_snap()?;
+                    if s.used == p.ring_len() {
+                        self.peer_gone.store(true, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A contiguous writable region inside the PEER's ring of at least
+    /// `min` bytes (all the free space; `min` at most the ring length).
+    /// Waits per blocking mode, or WouldBlock. Nothing is sent until
+    /// [`WriteRegion::commit`].
+    pub fn reserve(&self, min: usize) -> io::Result<WriteRegion<'_>> {
+        let p = &self.peer;
+        let len = p.ring_len();
+        if min > len as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("reserve({min}) exceeds the {len}-byte ring"),
+            ));
+        }
+        let need = min.max(1) as u32;
+        let g = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            self.tx_allowed()?;
+            let s = self.tx_snap()?;
+            let free = len - s.used;
+            if free >= need {
+                let pos = cursor::Cursor::from_word(s.prod).position(len);
+                return Ok(WriteRegion { conn: self, _g: g, ptr: ring::ptr_at(p, pos), len: free as usize });
+            }
+            self.wait_room(need, false)?;
+        }
+    }
+
+    // ----- closing --------------------------------------------------------
+
+    /// SHUT_WR: the peer reads what was written, then end of stream.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        self.sticky()?;
+        if self.shut_wr.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
+        // The peer's descriptor becomes readable for good (end of file on
+        // the channel), so it wakes and finds the flag.
+        // SAFETY: shutdown on our own descriptor.
+        if unsafe { libc::shutdown(self.fd(), libc::SHUT_WR) } < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes: `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT` if unread data
+    /// remains in the local ring (the peer then sees ECONNRESET).
+    pub fn close(self) -> io::Result<()> {
+        self.close_inner();
+        Ok(())
+    }
+
+    fn close_inner(&self) {
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let l = &self.local;
+        let unread = match doorbell::snapshot(l.prod(), l.cons(), l.ring_len()) {
+            Ok(s) => s.used > 0,
+            Err(_) => true,
+        };
+        let flag = if unread { PEER_CONN_ABORT } else { PEER_CONN_CLOSED };
+        doorbell::set_state_flags(self.peer.prod(), flag);
+        // SAFETY: shutdown on our own descriptor: the peer's end hangs up
+        // even if a forked child still holds a copy of ours.
+        unsafe { libc::shutdown(self.fd(), libc::SHUT_RDWR) };
+    }
+
+    /// Immediate abort (like `SO_LINGER` 0): the peer sees ECONNRESET; this
+    /// end's later calls fail with ECONNABORTED.
+    pub fn abort(&self) {
+        crate::debug!("connection aborted locally");
+        self.abort_with(libc::ECONNABORTED);
+    }
+}
+
+impl Drop for Conn {
+    /// Dropping without `close` closes.
+    fn drop(&mut self) {
+        self.close_inner();
+    }
+}
+
+impl AsRawFd for Conn {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("fd", &self.fd())
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Free space in the peer's ring, writable in place. Holds the writer lock.
+///
+/// The slice aliases shared memory. An honest peer never touches the free
+/// space (it reads only below the producer cursor); a malicious one can
+/// only scribble on bytes it will receive itself, which carry no invariant.
+pub struct WriteRegion<'a> {
+    conn: &'a Conn,
+    _g: MutexGuard<'a, Vec<u8>>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl WriteRegion<'_> {
+    /// Publishes the first `n` bytes of the region (`n <= len`).
+    pub fn commit(self, n: usize) -> io::Result<()> {
+        if n > self.len {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "commit beyond the reserved region"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let c = self.conn;
+        let p = &c.peer;
+        let bells = doorbell::publish(p.prod(), p.cons(), p.ring_len(), n as u32)
+            .map_err(|e| c.violation("send ring", e))?;
+        c.send_bells(bells)?;
+        c.sent.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Deref for WriteRegion<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies in the double-mapped ring (len <=
+        // ring_len), which outlives the borrow of the Conn; see the type
+        // docs for the aliasing argument.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl DerefMut for WriteRegion<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; the writer lock makes this the only region
+        // handed out for this ring in this process.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Received bytes in place. Holds the reader lock.
+///
+/// The slice aliases the local ring below the producer cursor, which an
+/// honest peer does not write until we release it; a malicious peer can only
+/// change bytes that it sent itself.
+pub struct ReadRegion<'a> {
+    conn: &'a Conn,
+    _g: MutexGuard<'a, ()>,
+    ptr: *const u8,
+    len: usize,
+}
+
+impl ReadRegion<'_> {
+    /// Consumes the first `n` bytes (`n <= len`).
+    pub fn release(self, n: usize) -> io::Result<()> {
+        if n > self.len {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "release beyond the received region"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let c = self.conn;
+        let l = &c.local;
+        let take = doorbell::reader_consume(l.prod(), l.cons(), l.ring_len(), n as u32)
+            .map_err(|e| c.violation("receive ring", e))?;
+        c.recv_bells(take)?;
+        c.received.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Deref for ReadRegion<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies in the double-mapped ring (len <=
+        // ring_len) and the Conn outlives the region.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}

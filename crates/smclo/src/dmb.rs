@@ -1,1 +1,306 @@
-//! dmb (being written).
+//! DMB mappings: a header page plus a ring mapped twice, back to back.
+//!
+//! ```text
+//! address  base                 header page (file offset 0)
+//!          base + 4096          ring, first copy (file offset 4096)
+//!          base + 4096 + len    ring, second copy (file offset 4096 again)
+//! ```
+//!
+//! Because the second copy follows the first, any region of up to
+//! `ring_len` bytes that starts anywhere in the first copy is contiguous in
+//! memory: wrap-around copies are one `memcpy`, and the zero-copy API hands
+//! out one slice. The whole range is first reserved with an anonymous
+//! `PROT_NONE` mapping, so that the two `MAP_FIXED` file mappings replace
+//! only address space we own.
+//!
+//! The layout of the header is [`smclo_wire::dmb_header`]. Its static fields
+//! are read with `pread`, never through the mapping, so they are validated
+//! once and then kept in the [`Dmb`] value; only the two cursor words are
+//! accessed in the shared page, as atomics.
+
+use crate::error::{Error, Result};
+use smclo_wire::dmb_header::{self, DmbHeader, CONS_OFFSET, HEADER_LEN, PROD_OFFSET};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::{AsRawFd, FromRawFd};
+use std::sync::atomic::AtomicU64;
+
+/// One mapped DMB. `Send + Sync`: all shared access goes through atomics or
+/// through [`crate::ring`], whose soundness argument does not depend on the
+/// thread. Dropping it unmaps the memory (the file may live on in the peer).
+pub struct Dmb {
+    /// Start of the reservation: header page, then the ring twice.
+    base: *mut u8,
+    /// Length of the reservation (`4096 + 2 * ring_len`).
+    map_len: usize,
+    hdr: DmbHeader,
+}
+
+// SAFETY: `Dmb` owns its mapping (nothing else unmaps it); the pointers are
+// only dereferenced as atomics (`prod`/`cons`) or by `ring`'s raw copies,
+// which are valid from any thread.
+unsafe impl Send for Dmb {}
+// SAFETY: as above; `&Dmb` exposes only atomics and raw-pointer copies.
+unsafe impl Sync for Dmb {}
+
+impl Dmb {
+    /// Initialise a new DMB in an open empty file: size it (4096 +
+    /// ring_len), write the header, map it.
+    pub fn create(
+        file: &File,
+        token: u64,
+        ring_len: u32,
+        gid: u64,
+        owner_pid: u32,
+        owner_start: u64,
+    ) -> Result<Dmb> {
+        if !dmb_header::ring_len_ok(ring_len) {
+            return Err(Error::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "DMB ring length {ring_len} is not a power of two in {}..={}",
+                    dmb_header::MIN_RING_LEN,
+                    dmb_header::MAX_RING_LEN
+                ),
+            )));
+        }
+        let hdr = DmbHeader { ring_len, token, owner_pid, owner_start, gid };
+        // set_len zero-fills: the cursor words start at 0 (empty ring, no
+        // flags) and the reserved bytes are zero.
+        file.set_len(0)?;
+        file.set_len(hdr.file_len())?;
+        file.write_all_at(&hdr.encode(), 0)?;
+        seal_size(file);
+        Dmb::map(file, hdr)
+    }
+
+    /// Map an existing DMB, validating its header (magic, version, ring_len
+    /// power of two in 16K..=1M, file size, token, gid): bad →
+    /// [`Error::InvalidDevice`] with a clear message.
+    pub fn attach(file: &File, token: u64, gid: u64) -> Result<Dmb> {
+        let mut b = [0u8; dmb_header::STATIC_LEN];
+        file.read_exact_at(&mut b, 0).map_err(|e| {
+            Error::InvalidDevice(format!("DMB {token:016x}: cannot read its header: {e}"))
+        })?;
+        let hdr = dmb_header::parse(&b)
+            .map_err(|e| Error::InvalidDevice(format!("DMB {token:016x}: {e}")))?;
+        let size = file.metadata()?.len();
+        if size != hdr.file_len() {
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: file is {size} bytes, its header says {}",
+                hdr.file_len()
+            )));
+        }
+        if hdr.token != token {
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: header names token {:016x}",
+                hdr.token
+            )));
+        }
+        if hdr.gid != gid {
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: belongs to device GID {:016x}, not {gid:016x}",
+                hdr.gid
+            )));
+        }
+        Dmb::map(file, hdr)
+    }
+
+    fn map(file: &File, hdr: DmbHeader) -> Result<Dmb> {
+        let ring = hdr.ring_len as usize;
+        let map_len = HEADER_LEN + 2 * ring;
+        let fd = file.as_raw_fd();
+        // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the
+        // kernel's choosing touches no existing memory.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error().into());
+        }
+        let unmap = |e: io::Error| {
+            // SAFETY: `base..base+map_len` is our reservation, mapped above
+            // and not yet handed to anyone.
+            unsafe { libc::munmap(base, map_len) };
+            Error::Io(e)
+        };
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED;
+        // SAFETY: MAP_FIXED replaces pages inside our own reservation only
+        // (base .. base + HEADER_LEN + ring <= base + map_len).
+        let first = unsafe { libc::mmap(base, HEADER_LEN + ring, prot, flags, fd, 0) };
+        if first == libc::MAP_FAILED {
+            return Err(unmap(io::Error::last_os_error()));
+        }
+        // SAFETY: the second copy of the ring, again inside our reservation
+        // (base + HEADER_LEN + ring .. base + map_len), file offset 4096 is
+        // page aligned.
+        let second = unsafe {
+            libc::mmap(
+                (base as *mut u8).add(HEADER_LEN + ring).cast(),
+                ring,
+                prot,
+                flags,
+                fd,
+                HEADER_LEN as libc::off_t,
+            )
+        };
+        if second == libc::MAP_FAILED {
+            return Err(unmap(io::Error::last_os_error()));
+        }
+        Ok(Dmb { base: base.cast(), map_len, hdr })
+    }
+
+    /// The DMB token.
+    pub fn token(&self) -> u64 {
+        self.hdr.token
+    }
+
+    /// Ring length in bytes (a validated power of two).
+    pub fn ring_len(&self) -> u32 {
+        self.hdr.ring_len
+    }
+
+    /// Pid of the owner (the reader of this ring).
+    pub fn owner_pid(&self) -> u32 {
+        self.hdr.owner_pid
+    }
+
+    /// Start time of the owner, in clock ticks since boot.
+    pub fn owner_start(&self) -> u64 {
+        self.hdr.owner_start
+    }
+
+    /// GID of the device this DMB belongs to.
+    pub fn gid(&self) -> u64 {
+        self.hdr.gid
+    }
+
+    /// The producer cursor word (written by the writer; the reader changes
+    /// only its doorbell and spinning bits, by compare-and-swap).
+    pub fn prod(&self) -> &AtomicU64 {
+        // SAFETY: PROD_OFFSET is 8-aligned inside the page-aligned header
+        // mapping, which lives as long as `self`; the word is only ever
+        // accessed atomically (by us and, in its own mapping, by the peer).
+        unsafe { &*(self.base.add(PROD_OFFSET) as *const AtomicU64) }
+    }
+
+    /// The consumer cursor word (written by the reader, read by the writer).
+    pub fn cons(&self) -> &AtomicU64 {
+        // SAFETY: as for `prod`, at CONS_OFFSET (its own cache line).
+        unsafe { &*(self.base.add(CONS_OFFSET) as *const AtomicU64) }
+    }
+
+    /// Start of the first copy of the ring. `ring_len * 2` bytes from here
+    /// are mapped: the ring, then the ring again. Used by [`crate::ring`].
+    pub(crate) fn ring_ptr(&self) -> *mut u8 {
+        // SAFETY: HEADER_LEN < map_len, inside the reservation.
+        unsafe { self.base.add(HEADER_LEN) }
+    }
+}
+
+impl Drop for Dmb {
+    fn drop(&mut self) {
+        // SAFETY: the reservation is ours and nothing borrowed from `self`
+        // outlives it (accessors borrow `self`).
+        unsafe { libc::munmap(self.base.cast(), self.map_len) };
+    }
+}
+
+impl std::fmt::Debug for Dmb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dmb")
+            .field("token", &format_args!("{:016x}", self.hdr.token))
+            .field("ring_len", &self.hdr.ring_len)
+            .field("owner_pid", &self.hdr.owner_pid)
+            .finish()
+    }
+}
+
+/// Forbids resizing a memfd once its size is set, where the file supports
+/// seals: a peer that truncated the file would otherwise make our accesses
+/// fault (SIGBUS). Plain tmpfs files do not support seals; that is fine.
+fn seal_size(file: &File) {
+    // SAFETY: F_ADD_SEALS on a valid fd has no memory effects; failure is
+    // ignored on purpose (files without sealing support).
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+    };
+}
+
+/// An anonymous memory file (`memfd_create`, close-on-exec, sealable) to
+/// hold a DMB without the device, e.g. in tests and benchmarks. Shared with
+/// a peer by `fork` or by passing the descriptor.
+pub fn memfd(name: &str) -> io::Result<File> {
+    let name = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of
+    // the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned to us and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn create_attach_share_memory_and_double_map() {
+        let f = memfd("dmb-test").unwrap();
+        let a = Dmb::create(&f, 0xabc, 16 * 1024, 7, 1, 2).unwrap();
+        let b = Dmb::attach(&f, 0xabc, 7).unwrap();
+        assert_eq!((b.token(), b.ring_len(), b.owner_pid(), b.owner_start()), (0xabc, 16384, 1, 2));
+        a.prod().store(0x1234, Ordering::SeqCst);
+        assert_eq!(b.prod().load(Ordering::SeqCst), 0x1234);
+        assert_eq!(b.cons().load(Ordering::SeqCst), 0);
+        // SAFETY: test-only raw access within the 2 * ring_len mapped bytes.
+        unsafe {
+            *a.ring_ptr().add(5) = 42;
+            assert_eq!(*b.ring_ptr().add(16 * 1024 + 5), 42);
+            *b.ring_ptr().add(2 * 16 * 1024 - 1) = 9;
+            assert_eq!(*a.ring_ptr().add(16 * 1024 - 1), 9);
+        }
+    }
+
+    #[test]
+    fn attach_rejects_mismatches() {
+        let f = memfd("dmb-test").unwrap();
+        drop(Dmb::create(&f, 1, 32 * 1024, 7, 1, 2).unwrap());
+        let msg = |r: Result<Dmb>| match r {
+            Err(Error::InvalidDevice(m)) => m,
+            other => panic!("expected InvalidDevice, got {other:?}"),
+        };
+        assert!(msg(Dmb::attach(&f, 2, 7)).contains("token"));
+        assert!(msg(Dmb::attach(&f, 1, 8)).contains("GID"));
+        f.write_all_at(b"X", 0).unwrap();
+        assert!(msg(Dmb::attach(&f, 1, 7)).contains("magic"));
+        let g = memfd("dmb-test").unwrap();
+        let mut hdr = DmbHeader { ring_len: 3 << 14, token: 1, owner_pid: 1, owner_start: 0, gid: 7 }.encode();
+        g.write_all_at(&hdr, 0).unwrap();
+        assert!(msg(Dmb::attach(&g, 1, 7)).contains("ring length"));
+        hdr[12..16].copy_from_slice(&(16u32 * 1024).to_ne_bytes());
+        g.write_all_at(&hdr, 0).unwrap();
+        assert!(msg(Dmb::attach(&g, 1, 7)).contains("bytes"));
+        assert!(Dmb::create(&g, 1, 1000, 7, 1, 0).is_err());
+    }
+
+    #[test]
+    fn memfd_size_is_sealed() {
+        let f = memfd("dmb-test").unwrap();
+        let _d = Dmb::create(&f, 1, 16 * 1024, 7, 1, 2).unwrap();
+        assert!(f.set_len(100).is_err());
+    }
+}
