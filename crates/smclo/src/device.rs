@@ -619,6 +619,15 @@ impl Device {
         }
     }
 
+    /// Number of DMB table entries not FREE, whatever their owner's state:
+    /// after a sweep this equals `stats().dmbs_cnt` (diagnostics and tests
+    /// use it to see that dead owners' entries were really reclaimed).
+    pub fn dmb_entries_in_use(&self) -> usize {
+        (0..layout::DMB_ENTRIES as usize)
+            .filter(|&i| word::state(self.dmb_entry(i).word.load(Ordering::Acquire)) != word::FREE)
+            .count()
+    }
+
     /// Zeroes the counters (`smclo stats reset`). Gauges (active
     /// connections, DMBs in use) are not counters and stay.
     pub fn reset_stats(&self) {
@@ -693,7 +702,7 @@ impl Device {
         e.word.store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
         self.u64_at(layout::off::DMBS_REGISTERED).fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle { dev: self.arc(), idx, gen, pid: me.pid, token, role, path, dmb })
+        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, pid: me.pid, token, role, path }, dmb })
     }
 
     /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
@@ -920,42 +929,30 @@ impl SmcdOps for Device {
 // DmbHandle.
 
 /// A registered DMB owned by this process: the mapping of its own receive
-/// ring plus its DMB table entry. Dropping it unregisters the DMB: the file
-/// is unlinked if the peer has not done so, and the table entry is freed
-/// (its byte count folded into `xfer_bytes_retired`).
-///
-/// A copy of the handle inherited through `fork` does nothing when dropped
-/// in the child: only the registering process unregisters.
+/// ring plus its [`Registration`] in the DMB table. Dropping it unregisters
+/// the DMB. A connection takes the two apart ([`DmbHandle::into_parts`]):
+/// the mapping goes to the data path, the registration stays with the
+/// connection for stats and unregistration.
 pub struct DmbHandle {
-    dev: Arc<Device>,
-    idx: usize,
-    gen: u32,
-    pid: u32,
-    token: u64,
-    role: Role,
-    path: PathBuf,
+    reg: Registration,
     dmb: Dmb,
 }
 
 impl std::fmt::Debug for DmbHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmbHandle")
-            .field("token", &format_args!("{:016x}", self.token))
-            .field("role", &self.role)
-            .field("entry", &self.idx)
-            .finish()
+        self.reg.fmt(f)
     }
 }
 
 impl DmbHandle {
     /// The DMB's token.
     pub fn token(&self) -> u64 {
-        self.token
+        self.reg.token
     }
 
     /// Which end registered it.
     pub fn role(&self) -> Role {
-        self.role
+        self.reg.role
     }
 
     /// The mapping of the DMB (this end's receive ring).
@@ -965,7 +962,56 @@ impl DmbHandle {
 
     /// The device it is registered on.
     pub fn device(&self) -> &Arc<Device> {
-        &self.dev
+        &self.reg.dev
+    }
+
+    /// See [`Registration::add_tx`].
+    pub fn add_tx(&self, n: u64) {
+        self.reg.add_tx(n)
+    }
+
+    /// See [`Registration::set_connected`].
+    pub fn set_connected(&self, peer_token: u64) {
+        self.reg.set_connected(peer_token)
+    }
+
+    /// The mapping and the registration, to be kept by different owners.
+    pub fn into_parts(self) -> (Dmb, Registration) {
+        (self.dmb, self.reg)
+    }
+}
+
+/// A DMB's entry in the device's DMB table, owned by the process that
+/// registered it. Dropping it unregisters the DMB: the file is unlinked if
+/// the peer has not done so, and the table entry is freed (its byte count
+/// folded into `xfer_bytes_retired`).
+///
+/// A copy inherited through `fork` does nothing when dropped in the child:
+/// only the registering process unregisters.
+pub struct Registration {
+    dev: Arc<Device>,
+    idx: usize,
+    gen: u32,
+    pid: u32,
+    token: u64,
+    role: Role,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("token", &format_args!("{:016x}", self.token))
+            .field("role", &self.role)
+            .field("entry", &self.idx)
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The DMB's token.
+    pub fn token(&self) -> u64 {
+        self.token
     }
 
     fn entry(&self) -> Option<&DmbEntry> {
@@ -993,7 +1039,7 @@ impl DmbHandle {
     }
 }
 
-impl Drop for DmbHandle {
+impl Drop for Registration {
     fn drop(&mut self) {
         if Owner::current().pid != self.pid {
             return; // a forked child's copy: the parent owns the DMB

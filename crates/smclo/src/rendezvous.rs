@@ -39,8 +39,8 @@
 //! the new incarnation: all its CASes fail and [`SlotRef::state`] reports
 //! [`SlotState::Stale`].
 //!
-//! A slot whose client died is taken over by the next [`propose`]
-//! (Rendezvous::propose) that needs it.
+//! A slot whose client died is taken over by the next
+//! [`propose`](Rendezvous::propose) that needs it.
 //!
 //! Message bytes come from another process: callers must validate them
 //! (lengths are clamped to [`MSG_LEN`] here, nothing more).

@@ -121,6 +121,7 @@ fn register_attach_unregister() {
     assert_eq!(md.uid(), unsafe_free_euid());
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.dmbs_registered, s.conns_active), (1, 1, 0));
+    assert_eq!(dev.dmb_entries_in_use(), 1);
 
     // The peer attaches by token: the name goes away, the memory stays
     // shared between the two mappings.
@@ -199,10 +200,13 @@ fn kill_9_leaves_nothing_behind() {
     // The next registration (once the sweep interval has passed) removes
     // the dead owner's files and table entries.
     std::thread::sleep(Duration::from_millis(SWEEP_INTERVAL_MS + 50));
+    assert_eq!(dev.dmb_entries_in_use(), 3, "nothing reclaimed before the sweep");
     let mine = dev.register_dmb(RING, Role::Client).unwrap();
+    assert_eq!(dev.dmb_entries_in_use(), 1, "the registration swept the dead owner's entries");
     assert_eq!(dmb_files(&t.0), vec![format!("dmb-{:016x}", mine.token())]);
     let s = dev.stats();
-    assert_eq!((s.dmbs_cnt, s.conns_active), (1, 0), "dead owner's entries reclaimed");
+    assert_eq!((s.dmbs_cnt, s.conns_active), (1, 0), "dead owner's DMBs not counted");
+    assert_eq!(dev.dmb_entries_in_use(), 1, "dead owner's entries reclaimed");
     assert_eq!(s.xfer_bytes, 1234, "the dead owner's bytes stay counted");
     drop(mine);
     drop(c);
@@ -220,6 +224,8 @@ fn stats_reclaim_after_kill_9_without_registering() {
     c.0.wait().unwrap();
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (0, 0, 1234));
+    assert_eq!(dev.dmb_entries_in_use(), 0, "stats reclaimed the entries");
+    assert_eq!(dmb_files(&t.0).len(), 3, "files wait for the sweep");
     dev.sweep();
     assert!(dmb_files(&t.0).is_empty());
 }
@@ -235,6 +241,7 @@ fn table_entries_are_reused() {
         drop(h);
     }
     assert_eq!(dev.stats().dmbs_cnt, 0);
+    assert_eq!(dev.dmb_entries_in_use(), 0);
 }
 
 #[test]
