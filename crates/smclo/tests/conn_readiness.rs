@@ -1,0 +1,148 @@
+//! Poll readiness of the UNIX end matches the ring: readable iff data (or
+//! end of stream), writable iff room; non-blocking paths; and the kernel
+//! fact the protocol rests on.
+
+mod conn_util;
+
+use conn_util::*;
+use std::io::{self, Read, Write};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[test]
+fn kernel_fact_0_or_1_queued_writable_2_not() {
+    let (mut w, mut r) = UnixStream::pair().unwrap();
+    smclo::doorbell::set_min_sndbuf(w.as_raw_fd()).unwrap();
+    assert!(writable(w.as_raw_fd()) && !readable(r.as_raw_fd()), "0 queued");
+    w.write_all(b"!").unwrap();
+    assert!(writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "1 queued");
+    w.write_all(b"!").unwrap();
+    assert!(!writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "2 queued");
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b).unwrap();
+    assert!(writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "back to 1");
+    r.read_exact(&mut b).unwrap();
+    assert!(writable(w.as_raw_fd()) && !readable(r.as_raw_fd()), "back to 0");
+    // Two bytes in one send are one buffer: still writable. This is why
+    // doorbells are sent one per syscall.
+    w.write_all(b"!!").unwrap();
+    assert!(writable(w.as_raw_fd()));
+}
+
+#[test]
+fn readiness_follows_the_ring() {
+    let (a, b) = pair();
+    assert!(!readable(b.fd()) && writable(a.fd()), "empty");
+    a.write(&[1u8; 10]).unwrap();
+    assert!(readable(b.fd()) && writable(a.fd()), "data and room");
+    let mut buf = vec![0u8; 2 * RING as usize];
+    assert_eq!(b.read(&mut buf[..5]).unwrap(), 5);
+    assert!(readable(b.fd()), "partial read leaves it readable");
+    assert_eq!(b.read(&mut buf).unwrap(), 5);
+    assert!(!readable(b.fd()) && writable(a.fd()), "drained");
+
+    // Fill the ring with non-blocking writes: the attempt that finds it
+    // full makes the writer unwritable.
+    a.set_nonblocking(true).unwrap();
+    let mut sent = 0;
+    loop {
+        match a.write(&buf[..3000]) {
+            Ok(n) => sent += n,
+            Err(e) => {
+                assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+                break;
+            }
+        }
+    }
+    assert_eq!(sent, RING as usize);
+    assert!(!writable(a.fd()) && readable(b.fd()), "full");
+    assert_eq!(b.read(&mut buf[..1]).unwrap(), 1);
+    assert!(writable(a.fd()) && readable(b.fd()), "one byte of room");
+    assert_eq!(a.write(&buf[..100]).unwrap(), 1);
+    assert_eq!(a.write(&buf[..100]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert!(!writable(a.fd()), "full again");
+    assert_eq!(b.read(&mut buf).unwrap(), RING as usize);
+    assert!(writable(a.fd()) && !readable(b.fd()), "drained again");
+
+    // Non-blocking reads of an empty ring.
+    b.set_nonblocking(true).unwrap();
+    assert_eq!(b.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert!(b.peek_region().err().unwrap().kind() == io::ErrorKind::WouldBlock);
+    // reserve() with a full ring: WouldBlock, and not writable.
+    assert_eq!(a.write(&buf[..RING as usize]).unwrap(), RING as usize);
+    assert_eq!(a.reserve(1).err().unwrap().kind(), io::ErrorKind::WouldBlock);
+    assert!(!writable(a.fd()));
+    assert_eq!(b.read(&mut buf[..RING as usize - 100]).unwrap(), RING as usize - 100);
+    assert!(writable(a.fd()));
+    // 100 bytes unread: RING - 100 free.
+    let free = RING as usize - 100;
+    assert_eq!(a.reserve(free + 1).err().unwrap().kind(), io::ErrorKind::WouldBlock, "not enough room");
+    assert!(!writable(a.fd()), "armed for the larger reservation");
+    assert_eq!(b.read(&mut buf[..1]).unwrap(), 1);
+    assert!(writable(a.fd()), "any consumption wakes the writer to re-check");
+    assert_eq!(a.reserve(free).unwrap().len(), free + 1);
+}
+
+/// A blocked reader with a small buffer (likely spinning, so the writer may
+/// skip the doorbell) must leave the descriptor readable when data remains:
+/// otherwise an application that polls next would sleep forever.
+#[test]
+fn small_blocking_reads_keep_readiness_right() {
+    let (a, b) = pair();
+    let b = Arc::new(b);
+    let (go, ready) = mpsc::channel::<usize>();
+    let (done_tx, done) = mpsc::channel::<usize>();
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; RING as usize];
+            while let Ok(k) = ready.recv() {
+                let n = b.read(&mut buf[..k]).unwrap();
+                done_tx.send(n).unwrap();
+            }
+        })
+    };
+    let mut rng = Rng(0x1234_5678);
+    let mut msg = vec![0u8; 4000];
+    for i in 0..3000 {
+        let k = 1 + rng.below(200) as usize;
+        let m = 1 + rng.below(400) as usize;
+        go.send(k).unwrap();
+        if rng.below(2) == 0 {
+            std::thread::sleep(Duration::from_micros(rng.below(80)));
+        }
+        for (j, x) in msg[..m].iter_mut().enumerate() {
+            *x = j as u8;
+        }
+        assert_eq!(a.write(&msg[..m]).unwrap(), m);
+        let n = done.recv_timeout(Duration::from_secs(5)).expect("reader hung");
+        assert_eq!(n, k.min(m), "iteration {i}");
+        let left = b.readable_len().unwrap();
+        assert_eq!(left, m - n);
+        assert_eq!(readable(b.fd()), left > 0, "iteration {i}: k={k} m={m} left={left}");
+        if left > 0 {
+            let mut rest = vec![0u8; left];
+            assert_eq!(b.recv(&mut rest, false, false, true).unwrap(), left);
+            assert_eq!(rest[0], n as u8);
+        }
+        assert!(!readable(b.fd()), "iteration {i}: drained");
+        assert!(writable(a.fd()));
+    }
+    drop(go);
+    reader.join().unwrap();
+}
+
+#[test]
+fn nonblocking_write_returns_partial_count() {
+    let (a, _b) = pair();
+    a.set_nonblocking(true).unwrap();
+    let big = vec![1u8; 3 * RING as usize];
+    assert_eq!(a.write(&big).unwrap(), RING as usize);
+    assert_eq!(a.write(&big).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    // MSG_DONTWAIT on a blocking descriptor does the same.
+    a.set_nonblocking(false).unwrap();
+    assert_eq!(a.send(&big, true).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+}
