@@ -1,1 +1,398 @@
-//! api (being written).
+//! The native API: TCP listener and stream types that upgrade to SMC-D when
+//! the peer runs smclo on the same device, and otherwise are plain TCP.
+//!
+//! ```no_run
+//! use smclo::api::{SmcListener, SmcStream};
+//! use std::io::{Read, Write};
+//! let l = SmcListener::bind("127.0.0.1:7000")?;
+//! let mut c = SmcStream::connect("127.0.0.1:7000")?;
+//! let (mut s, _) = l.accept()?;
+//! c.write_all(b"ping")?;
+//! let mut b = [0u8; 4];
+//! s.read_exact(&mut b)?;
+//! println!("shared memory: {}", s.is_smc());
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use crate::config::Config;
+use crate::conn;
+use crate::device::Device;
+use crate::handshake::{self, Decision, Established};
+use crate::registry::{self, ListenerGuard};
+use crate::sockaddr;
+use crate::tcp_syn;
+use smclo_wire::reason::Reason;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+/// The device named by `cfg`, opened (and created) on first use.
+fn device(cfg: &Config) -> io::Result<Arc<Device>> {
+    Device::open(&cfg.device_dir).map_err(io::Error::from)
+}
+
+fn env_config() -> io::Result<Config> {
+    Config::from_env().map_err(io::Error::from)
+}
+
+fn resolve<A: ToSocketAddrs>(addr: A) -> io::Result<Vec<SocketAddr>> {
+    let v: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    if v.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no address to use"));
+    }
+    Ok(v)
+}
+
+/// A TCP listener whose accepted connections use SMC-D when the client runs
+/// smclo, and plain TCP otherwise.
+pub struct SmcListener {
+    tcp: TcpListener,
+    dev: Arc<Device>,
+    cfg: Config,
+    _registration: ListenerGuard,
+}
+
+impl SmcListener {
+    /// Binds, listens, and announces the listener in the device; settings
+    /// from the environment (`SMCLO_*`).
+    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
+        SmcListener::bind_with(addr, &env_config()?)
+    }
+
+    /// [`bind`](Self::bind) with explicit settings.
+    pub fn bind_with<A: ToSocketAddrs>(addr: A, cfg: &Config) -> io::Result<SmcListener> {
+        let mut last = None;
+        for a in resolve(addr)? {
+            match TcpListener::bind(a) {
+                Ok(l) => return SmcListener::from_std_with(l, cfg),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("resolve returns at least one address"))
+    }
+
+    /// Takes over a listening socket. SYNs that arrived before this call
+    /// were not saved, so those connections stay TCP.
+    pub fn from_std(tcp: TcpListener) -> io::Result<SmcListener> {
+        SmcListener::from_std_with(tcp, &env_config()?)
+    }
+
+    /// [`from_std`](Self::from_std) with explicit settings.
+    pub fn from_std_with(tcp: TcpListener, cfg: &Config) -> io::Result<SmcListener> {
+        let dev = device(cfg)?;
+        tcp_syn::save_syns(tcp.as_raw_fd())?;
+        let reg = registry::register_listener(&dev, tcp.local_addr()?).map_err(io::Error::from)?;
+        Ok(SmcListener { tcp, dev, cfg: cfg.clone(), _registration: reg })
+    }
+
+    /// Accepts a connection and runs the handshake for it: the stream is
+    /// SMC-D if the client proposed, TCP otherwise.
+    pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        let (tcp, peer) = self.tcp.accept()?;
+        let d = handshake::server_accept(&self.dev, &self.cfg, tcp.as_raw_fd());
+        Ok((SmcStream::new(tcp, d), peer))
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Non-blocking `accept` (the handshake itself stays bounded-blocking).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nonblocking(on)
+    }
+}
+
+impl AsRawFd for SmcListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.tcp.as_raw_fd()
+    }
+}
+
+/// A connected stream: SMC-D through shared memory, or plain TCP.
+///
+/// It reads and writes like a `TcpStream` (`Read`/`Write`, also through
+/// `&SmcStream`), and [`as_raw_fd`](AsRawFd::as_raw_fd) is a descriptor that
+/// `poll`/`epoll` report readable and writable exactly when `read`/`write`
+/// would make progress.
+pub struct SmcStream {
+    // Field order matters: the SMC-D end closes (and delivers its close
+    // flag) before the TCP connection, which only carries identity.
+    smc: Option<Established>,
+    tcp: TcpStream,
+    fallback: Option<Reason>,
+    /// Bytes read from TCP by `peek_region` and not yet released.
+    tcp_rx: Mutex<Vec<u8>>,
+}
+
+impl SmcStream {
+    fn new(tcp: TcpStream, d: Decision) -> SmcStream {
+        let (smc, fallback) = match d {
+            Decision::Smc(e) => (Some(e), None),
+            Decision::Tcp(r) => (None, Some(r)),
+        };
+        SmcStream { smc, tcp, fallback, tcp_rx: Mutex::new(Vec::new()) }
+    }
+
+    /// Connects; upgrades to SMC-D if the server runs smclo on this
+    /// device. Settings from the environment (`SMCLO_*`).
+    pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<SmcStream> {
+        SmcStream::connect_with(addr, &env_config()?)
+    }
+
+    /// [`connect`](Self::connect) with explicit settings.
+    pub fn connect_with<A: ToSocketAddrs>(addr: A, cfg: &Config) -> io::Result<SmcStream> {
+        let dev = device(cfg)?;
+        let mut last = None;
+        for a in resolve(addr)? {
+            match connect_one(&dev, cfg, a) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("resolve returns at least one address"))
+    }
+
+    /// Whether this connection goes through shared memory.
+    pub fn is_smc(&self) -> bool {
+        self.smc.is_some()
+    }
+
+    /// Why this connection is plain TCP (`None` when it is SMC-D).
+    pub fn fallback_reason(&self) -> Option<Reason> {
+        self.fallback
+    }
+
+    /// The SMC-D connection, if any.
+    pub fn smc(&self) -> Option<&conn::Conn> {
+        self.smc.as_ref().map(|e| &e.conn)
+    }
+
+    /// The peer's address (from the TCP connection, which is kept for
+    /// identity even when the data goes through shared memory).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.peer_addr()
+    }
+
+    /// This end's address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// The TCP connection underneath (idle while SMC-D is in use).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Non-blocking mode for reads and writes.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nonblocking(on)?;
+        match &self.smc {
+            Some(e) => e.conn.set_nonblocking(on),
+            None => Ok(()),
+        }
+    }
+
+    /// `shutdown(2)`: `Write` half-closes (the peer reads everything, then
+    /// EOF); `Read` is local only, as in SMC.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match &self.smc {
+            None => self.tcp.shutdown(how),
+            Some(e) => match how {
+                Shutdown::Read => Ok(()),
+                Shutdown::Write | Shutdown::Both => e.conn.shutdown_write(),
+            },
+        }
+    }
+
+    /// Zero-copy send: a writable region of at least `min` bytes (at most
+    /// the ring size) directly inside the peer's DMB. Write into it, then
+    /// [`WriteRegion::commit`]. On a TCP connection the region is a local
+    /// buffer that `commit` sends.
+    pub fn reserve(&self, min: usize) -> io::Result<WriteRegion<'_>> {
+        match &self.smc {
+            Some(e) => Ok(WriteRegion::Smc(e.conn.reserve(min)?, &e.registration)),
+            None => Ok(WriteRegion::Tcp(vec![0; min.max(1)], &self.tcp)),
+        }
+    }
+
+    /// Zero-copy receive: the received bytes, in place in this end's DMB.
+    /// Empty means end of stream. Consume with [`ReadRegion::release`].
+    pub fn peek_region(&self) -> io::Result<ReadRegion<'_>> {
+        match &self.smc {
+            Some(e) => Ok(ReadRegion::Smc(e.conn.peek_region()?)),
+            None => {
+                let mut rx = self.tcp_rx.lock().unwrap_or_else(|p| p.into_inner());
+                if rx.is_empty() {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let n = (&self.tcp).read(&mut buf)?;
+                    buf.truncate(n);
+                    *rx = buf;
+                }
+                Ok(ReadRegion::Tcp(rx))
+            }
+        }
+    }
+
+    fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.smc {
+            Some(e) => e.conn.read(buf),
+            None => {
+                let mut rx = self.tcp_rx.lock().unwrap_or_else(|p| p.into_inner());
+                if !rx.is_empty() {
+                    let n = rx.len().min(buf.len());
+                    buf[..n].copy_from_slice(&rx[..n]);
+                    rx.drain(..n);
+                    return Ok(n);
+                }
+                drop(rx);
+                (&self.tcp).read(buf)
+            }
+        }
+    }
+
+    fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
+        match &self.smc {
+            Some(e) => {
+                let n = e.conn.write(buf)?;
+                e.registration.add_tx(n as u64);
+                Ok(n)
+            }
+            None => (&self.tcp).write(buf),
+        }
+    }
+}
+
+fn connect_one(dev: &Arc<Device>, cfg: &Config, dest: SocketAddr) -> io::Result<SmcStream> {
+    let family = if dest.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) with constant arguments; the result is checked and
+    // owned by a TcpStream right away.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket nobody else owns.
+    let tcp = unsafe { TcpStream::from_raw_fd(fd) };
+    let proposal = handshake::client_propose(dev, cfg, fd, dest);
+    let connected = sockaddr::connect(fd, dest);
+    let d = match proposal {
+        Ok(mut p) => {
+            p.syn_sent();
+            connected?;
+            p.finish()
+        }
+        Err(r) => {
+            connected?;
+            dev.count_fallback(r, crate::device::Role::Client);
+            crate::debug!("client uses TCP to {dest}: {r}");
+            Decision::Tcp(r)
+        }
+    };
+    Ok(SmcStream::new(tcp, d))
+}
+
+impl Read for SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Read for &SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for &SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRawFd for SmcStream {
+    /// The descriptor to poll: the readiness channel for SMC-D, the socket
+    /// for TCP.
+    fn as_raw_fd(&self) -> RawFd {
+        match &self.smc {
+            Some(e) => e.conn.fd(),
+            None => self.tcp.as_raw_fd(),
+        }
+    }
+}
+
+/// A region reserved for sending; see [`SmcStream::reserve`].
+pub enum WriteRegion<'a> {
+    /// Inside the peer's DMB.
+    Smc(conn::WriteRegion<'a>, &'a crate::device::Registration),
+    /// A local buffer for a TCP connection.
+    Tcp(Vec<u8>, &'a TcpStream),
+}
+
+impl WriteRegion<'_> {
+    /// The writable bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            WriteRegion::Smc(r, _) => r,
+            WriteRegion::Tcp(b, _) => b,
+        }
+    }
+
+    /// Sends the first `n` bytes of the region.
+    pub fn commit(self, n: usize) -> io::Result<()> {
+        match self {
+            WriteRegion::Smc(r, h) => {
+                r.commit(n)?;
+                h.add_tx(n as u64);
+                Ok(())
+            }
+            WriteRegion::Tcp(b, mut t) => {
+                let n = n.min(b.len());
+                t.write_all(&b[..n])
+            }
+        }
+    }
+}
+
+/// Received bytes in place; see [`SmcStream::peek_region`].
+pub enum ReadRegion<'a> {
+    /// Inside this end's DMB.
+    Smc(conn::ReadRegion<'a>),
+    /// Bytes read from a TCP connection.
+    Tcp(std::sync::MutexGuard<'a, Vec<u8>>),
+}
+
+impl ReadRegion<'_> {
+    /// The received bytes (empty at end of stream).
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ReadRegion::Smc(r) => r,
+            ReadRegion::Tcp(b) => b,
+        }
+    }
+
+    /// Consumes the first `n` bytes.
+    pub fn release(self, n: usize) -> io::Result<()> {
+        match self {
+            ReadRegion::Smc(r) => r.release(n),
+            ReadRegion::Tcp(mut b) => {
+                let n = n.min(b.len());
+                b.drain(..n);
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `smclo-testpeer`: the other process in smclo's integration tests.
+//!
+//! A connection whose two ends are in one process is never upgraded (the
+//! handshake declines self-connects), so every test of the handshake needs
+//! a second process; this is it.
+//!
+//! ```text
+//! smclo-testpeer serve ADDR WORKLOAD    listen (smclo), print "listening ADDR", serve one connection
+//! smclo-testpeer connect ADDR WORKLOAD  connect (smclo) and run WORKLOAD
+//! ```
+//! WORKLOAD is one of:
+//! - `echo`: copy everything read back until EOF;
+//! - `sink`: read until EOF, then write back the byte count and FNV-1a hash
+//!   (16 bytes) and close;
+//! - `source:N:SEED`: write N pseudo-random bytes (xorshift from SEED), then
+//!   close;
+//! - `hold`: write one byte, then wait forever (to be killed).
+//!
+//! Each side prints `smc=<0|1> reason=<NAME|->` after the handshake.
+
+use smclo::api::{SmcListener, SmcStream};
+use std::io::{self, Read, Write};
+use std::process::ExitCode;
+
+/// FNV-1a 64, for checksumming streams.
+fn fnv(h: &mut u64, data: &[u8]) {
+    for &b in data {
+        *h ^= b as u64;
+        *h = h.wrapping_mul(0x100000001b3);
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+fn report(s: &SmcStream) {
+    println!("smc={} reason={}", s.is_smc() as u8, s.fallback_reason().map_or("-".to_string(), |r| r.name().to_string()));
+    let _ = io::stdout().flush();
+}
+
+fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
+    report(&s);
+    let mut parts = workload.split(':');
+    match parts.next() {
+        Some("echo") => {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = s.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                s.write_all(&buf[..n])?;
+            }
+        }
+        Some("sink") => {
+            let mut buf = vec![0u8; 64 * 1024];
+            let (mut n, mut h) = (0u64, 0xcbf29ce484222325u64);
+            loop {
+                let k = s.read(&mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                fnv(&mut h, &buf[..k]);
+                n += k as u64;
+            }
+            let mut out = n.to_le_bytes().to_vec();
+            out.extend_from_slice(&h.to_le_bytes());
+            s.write_all(&out)
+        }
+        Some("source") => {
+            let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let mut seed: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+            let mut left = n;
+            let mut buf = vec![0u8; 61 * 1024 + 7];
+            while left > 0 {
+                let k = (left as usize).min(1 + (xorshift(&mut seed) as usize % buf.len()));
+                for b in &mut buf[..k] {
+                    *b = xorshift(&mut seed) as u8;
+                }
+                s.write_all(&buf[..k])?;
+                left -= k as u64;
+            }
+            Ok(())
+        }
+        Some("hold") => {
+            s.write_all(b"h")?;
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("unknown workload {workload:?}"))),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["serve", addr, workload] => SmcListener::bind(addr).and_then(|l| {
+            println!("listening {}", l.local_addr()?);
+            io::stdout().flush()?;
+            let (s, _) = l.accept()?;
+            run(s, workload)
+        }),
+        ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
+        _ => {
+            eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
+            return ExitCode::from(2);
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smclo-testpeer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! End-to-end tests of the handshake and the native API, across processes.
+//!
+//! The other end runs in `smclo-testpeer` (a connection inside one process is
+//! never upgraded). Every test uses its own device directory and checks the
+//! device counters, so "it went through shared memory" is proven, not assumed.
+
+use smclo::api::{SmcListener, SmcStream};
+use smclo::config::Config;
+use smclo::device::Device;
+use smclo_wire::reason::Reason;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// (client side, server side) count of fallbacks for `r`.
+fn fb(st: &smclo::device::Stats, r: Reason) -> (u64, u64) {
+    (st.fallback_client[r.index()], st.fallback_server[r.index()])
+}
+
+fn total_fallbacks(st: &smclo::device::Stats) -> u64 {
+    st.fallback_client.iter().chain(st.fallback_server.iter()).sum()
+}
+
+/// A fresh device directory, removed at the end of the test.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        let p = PathBuf::from(format!("/dev/shm/smclo-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        Dir(p)
+    }
+    fn cfg(&self) -> Config {
+        let mut c = Config::from_env().unwrap();
+        c.device_dir = self.0.clone();
+        c
+    }
+    fn dev(&self) -> std::sync::Arc<Device> {
+        Device::open(&self.0).unwrap()
+    }
+    /// Names of DMB and rendezvous files left in the directory.
+    fn leftovers(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("dmb-") || n.starts_with("u-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Peer {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Peer {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smclo-testpeer"));
+        cmd.args(args).env("SMCLO_DEVICE_DIR", dir).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn smclo-testpeer");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Peer { child, out }
+    }
+    fn serve(dir: &Path, workload: &str) -> (Peer, String) {
+        Peer::serve_env(dir, workload, &[])
+    }
+    fn serve_env(dir: &Path, workload: &str, env: &[(&str, &str)]) -> (Peer, String) {
+        let mut p = Peer::spawn(dir, &["serve", "127.0.0.1:0", workload], env);
+        let l = p.line();
+        let addr = l.strip_prefix("listening ").unwrap_or_else(|| panic!("peer said {l:?}")).to_string();
+        (p, addr)
+    }
+    fn line(&mut self) -> String {
+        let mut s = String::new();
+        self.out.read_line(&mut s).unwrap();
+        s.trim().to_string()
+    }
+    fn kill9(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+    fn wait_ok(mut self) {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "peer exited with {st}");
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fnv(h: &mut u64, data: &[u8]) {
+    for &b in data {
+        *h ^= b as u64;
+        *h = h.wrapping_mul(0x100000001b3);
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// The stream `smclo-testpeer source:N:SEED` writes, hashed.
+fn source_hash(n: u64, seed: u64) -> u64 {
+    let mut seed = seed.max(1);
+    let mut h = 0xcbf29ce484222325u64;
+    let mut left = n;
+    let max = 61 * 1024 + 7;
+    let mut buf = vec![0u8; max];
+    while left > 0 {
+        let k = (left as usize).min(1 + (xorshift(&mut seed) as usize % max));
+        for b in &mut buf[..k] {
+            *b = xorshift(&mut seed) as u8;
+        }
+        fnv(&mut h, &buf[..k]);
+        left -= k as u64;
+    }
+    h
+}
+
+fn read_to_end_hash(mut r: impl Read) -> std::io::Result<(u64, u64)> {
+    let mut buf = vec![0u8; 100_000];
+    let (mut n, mut h) = (0u64, 0xcbf29ce484222325u64);
+    loop {
+        let k = r.read(&mut buf)?;
+        if k == 0 {
+            return Ok((n, h));
+        }
+        fnv(&mut h, &buf[..k]);
+        n += k as u64;
+    }
+}
+
+#[test]
+fn upgrades_and_moves_bytes_exactly_both_ways() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+    assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
+    assert_eq!(peer.line(), "smc=1 reason=-");
+    const TOTAL: u64 = 24 << 20;
+    let (got, want) = std::thread::scope(|sc| {
+        let w = sc.spawn(|| {
+            let mut seed = 7u64;
+            let mut h = 0xcbf29ce484222325u64;
+            let mut left = TOTAL;
+            let mut buf = vec![0u8; 200_003];
+            while left > 0 {
+                let k = (left as usize).min(1 + xorshift(&mut seed) as usize % buf.len());
+                for b in &mut buf[..k] {
+                    *b = xorshift(&mut seed) as u8;
+                }
+                fnv(&mut h, &buf[..k]);
+                (&s).write_all(&buf[..k]).unwrap();
+                left -= k as u64;
+            }
+            s.shutdown(Shutdown::Write).unwrap();
+            h
+        });
+        let got = read_to_end_hash(&s).unwrap();
+        (got, w.join().unwrap())
+    });
+    assert_eq!(got, (TOTAL, want));
+    drop(s);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert!(st.conns_opened >= 1, "{st:?}");
+    // Both directions went through the rings: at least 2 × TOTAL bytes moved.
+    assert!(st.xfer_bytes >= 2 * TOTAL, "xfer_bytes {} < {}", st.xfer_bytes, 2 * TOTAL);
+    assert_eq!(total_fallbacks(&st), 0, "{st:?}");
+    assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
+}
+
+#[test]
+fn server_speaks_first_through_shared_memory() {
+    let dir = Dir::new();
+    let n = 5_000_000u64;
+    let (peer, addr) = Peer::serve(&dir.0, &format!("source:{n}:99"));
+    let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+    assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
+    assert_eq!(read_to_end_hash(&s).unwrap(), (n, source_hash(n, 99)));
+    peer.wait_ok();
+    assert!(dir.dev().stats().xfer_bytes >= n);
+}
+
+#[test]
+fn many_sequential_connections_leave_nothing_behind() {
+    let dir = Dir::new();
+    let l = {
+        // The server is the other process; run 50 connections against a
+        // fresh echo peer each time would be slow, so use one sink per
+        // connection through a loop of peers.
+        dir.dev()
+    };
+    for i in 0..20 {
+        let (peer, addr) = Peer::serve(&dir.0, "sink");
+        let mut s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+        assert!(s.is_smc(), "connection {i} fell back: {:?}", s.fallback_reason());
+        s.write_all(&[i as u8; 1000]).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut r = [0u8; 16];
+        s.read_exact(&mut r).unwrap();
+        assert_eq!(u64::from_le_bytes(r[..8].try_into().unwrap()), 1000);
+        drop(s);
+        peer.wait_ok();
+    }
+    let st = l.stats();
+    assert_eq!(st.conns_opened, 20);
+    assert_eq!(st.conns_active, 0, "{st:?}");
+    assert_eq!(st.dmbs_cnt, 0, "{st:?}");
+    assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
+}
+
+/// Runs an echo exchange over a fallen-back connection and checks the
+/// bytes, so a fallback is proven to be a working plain TCP connection.
+fn echo_check(mut s: SmcStream) {
+    let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    s.write_all(&msg).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    assert!(back == msg, "echo differs");
+}
+
+#[test]
+fn fallback_device_inactive() {
+    let dir = Dir::new();
+    dir.dev().set_active(false);
+    let (peer, addr) = Peer::serve(&dir.0, "echo");
+    let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::NoSmcdDev));
+    echo_check(s);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!(fb(&st, Reason::NoSmcdDev).0, 1, "{st:?}");
+    assert_eq!(st.conns_opened, 0);
+}
+
+#[test]
+fn fallback_different_device_directory() {
+    let a = Dir::new();
+    let b = Dir::new();
+    let (mut peer, addr) = Peer::serve(&a.0, "echo");
+    let s = SmcStream::connect_with(&addr, &b.cfg()).unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::PeerNoSmc));
+    echo_check(s);
+    assert_eq!(peer.line(), "smc=0 reason=PEERNOSMC");
+    peer.wait_ok();
+    assert_ne!(a.dev().gid(), b.dev().gid(), "two devices share a GID");
+}
+
+#[test]
+fn fallback_ueid_mismatch() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve_env(&dir.0, "echo", &[("SMCLO_UEID", "TENANT-A")]);
+    let mut cfg = dir.cfg();
+    cfg.ueid = Some(*b"TENANT-B                        ");
+    let s = SmcStream::connect_with(&addr, &cfg).unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::NoUeid));
+    echo_check(s);
+    assert_eq!(peer.line(), "smc=0 reason=NOUEID");
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!(fb(&st, Reason::NoUeid), (1, 1), "client and server each count it: {st:?}");
+}
+
+#[test]
+fn fallback_token_gone() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let dest: std::net::SocketAddr = addr.parse().unwrap();
+    let cfg = dir.cfg();
+    let dev = dir.dev();
+    // SAFETY: a fresh socket, owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    let mut p = smclo::handshake::client_propose(&dev, &cfg, fd, dest).ok().expect("proposal");
+    // The DMB named in the proposal disappears before the server attaches.
+    std::fs::remove_file(dir.0.join(format!("dmb-{:016x}", p.token()))).unwrap();
+    smclo::sockaddr::connect(fd, dest).unwrap();
+    p.syn_sent();
+    let d = p.finish();
+    assert_eq!(d.fallback_reason(), Some(Reason::ErrRtok));
+    assert_eq!(peer.line(), "smc=0 reason=ERR_RTOK");
+    let mut t = tcp;
+    t.write_all(b"plain").unwrap();
+    t.shutdown(Shutdown::Write).unwrap();
+    let mut back = String::new();
+    t.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "plain");
+    peer.wait_ok();
+}
+
+#[test]
+fn fallback_timeout_when_server_accepts_late() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[("SMCLO_CLC_WAIT_MS", "100")]);
+    // The client gives up after 100 ms; accept only later.
+    assert_eq!(peer.line(), "smc=0 reason=TIMEOUT");
+    let (mut s, _) = l.accept().unwrap();
+    assert!(!s.is_smc());
+    s.write_all(b"late but plain").unwrap();
+    let mut b = [0u8; 14];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"late but plain");
+    drop(s);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!(fb(&st, Reason::Timeout).0, 1, "{st:?}");
+}
+
+#[test]
+fn fallback_proposer_dead() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[("SMCLO_CLC_WAIT_MS", "10000")]);
+    // Wait until the client's connection is in the accept queue, then kill
+    // it before the server answers.
+    let mut p = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&l), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1);
+    peer.kill9();
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::PeerDead));
+    let st = dir.dev().stats();
+    assert_eq!(fb(&st, Reason::PeerDead).1, 1, "{st:?}");
+    drop(s);
+    drop(l);
+    // The dead client's DMB file is gone after the next registration sweeps.
+    let _ = dir.dev().stats();
+}
+
+#[test]
+fn plain_server_gets_exactly_its_bytes_client_first() {
+    let dir = Dir::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        s.write_all(&(got.len() as u64).to_le_bytes()).unwrap();
+        got
+    });
+    let mut s = SmcStream::connect_with(addr, &dir.cfg()).unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::PeerNoSmc));
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut n = [0u8; 8];
+    s.read_exact(&mut n).unwrap();
+    assert_eq!(t.join().unwrap(), b"GET / HTTP/1.0\r\n\r\n");
+    assert_eq!(u64::from_le_bytes(n), 18);
+}
+
+#[test]
+fn plain_server_speaks_first() {
+    let dir = Dir::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"220 banner\r\n").unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut s = SmcStream::connect_with(addr, &dir.cfg()).unwrap();
+    let mut banner = [0u8; 12];
+    s.read_exact(&mut banner).unwrap();
+    assert_eq!(&banner, b"220 banner\r\n");
+    s.write_all(b"QUIT\r\n").unwrap();
+    drop(s);
+    assert_eq!(t.join().unwrap(), b"QUIT\r\n");
+}
+
+#[test]
+fn plain_client_gets_exactly_its_bytes_from_smclo_server() {
+    let dir = Dir::new();
+    // Client speaks first: echo.
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.write_all(b"hello plain world").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"hello plain world");
+    assert_eq!(peer.line(), "smc=0 reason=PEERNOSMC");
+    peer.wait_ok();
+    // Server speaks first: the plain client reads exactly the stream, no
+    // byte more.
+    let n = 300_000u64;
+    let (peer, addr) = Peer::serve(&dir.0, &format!("source:{n}:5"));
+    let c = TcpStream::connect(&addr).unwrap();
+    assert_eq!(read_to_end_hash(&c).unwrap(), (n, source_hash(n, 5)));
+    peer.wait_ok();
+}
+
+fn assert_ends_within(what: &str, start: Instant, r: std::io::Result<usize>) {
+    let el = start.elapsed();
+    assert!(el < Duration::from_secs(1), "{what}: took {el:?}");
+    match r {
+        Ok(0) => {}
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
+        other => panic!("{what}: expected EOF or a reset, got {other:?}"),
+    }
+}
+
+#[test]
+fn kill9_server_mid_transfer() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "source:100000000000:3");
+    let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+    assert!(s.is_smc());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0;
+    while n < 10 << 20 {
+        n += (&s).read(&mut buf).unwrap();
+    }
+    peer.kill9();
+    let start = Instant::now();
+    // What was in the ring is still delivered; then EOF or a reset.
+    let r = loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => break Ok(0),
+            Ok(_) if start.elapsed() < Duration::from_secs(1) => continue,
+            other => break other,
+        }
+    };
+    assert_ends_within("reader after writer was killed", start, r);
+    drop(s);
+    assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
+    assert_eq!(dir.dev().stats().dmbs_cnt, 0);
+}
+
+#[test]
+fn kill9_client_while_server_blocked_writing() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    // The client reads one byte's worth of nothing: it holds.
+    let mut peer = Peer::spawn(&dir.0, &["connect", &addr, "hold"], &[]);
+    let (s, _) = l.accept().unwrap();
+    assert!(s.is_smc(), "{:?}", s.fallback_reason());
+    assert_eq!(peer.line(), "smc=1 reason=-");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let chunk = vec![1u8; 1 << 16];
+            // The peer never reads: this blocks once its ring is full.
+            let r = loop {
+                match (&s).write(&chunk) {
+                    Ok(_) => continue,
+                    Err(e) => break e,
+                }
+            };
+            tx.send((Instant::now(), r)).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let killed = Instant::now();
+        peer.kill9();
+        let (when, e) = rx.recv_timeout(Duration::from_secs(5)).expect("blocked writer never woke");
+        assert!(when.duration_since(killed) < Duration::from_secs(1));
+        assert!(matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe), "{e:?}");
+    });
+    drop(s);
+    assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
+}
+
+#[test]
+fn kill9_both_ends_leaves_no_dmb() {
+    let dir = Dir::new();
+    let (mut server, addr) = Peer::serve(&dir.0, "echo");
+    let mut client = Peer::spawn(&dir.0, &["connect", &addr, "hold"], &[]);
+    assert_eq!(client.line(), "smc=1 reason=-");
+    assert_eq!(server.line(), "smc=1 reason=-");
+    server.kill9();
+    client.kill9();
+    assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
+    let st = dir.dev().stats();
+    assert_eq!((st.dmbs_cnt, st.conns_active), (0, 0), "{st:?}");
+}
