@@ -259,6 +259,11 @@ impl Conn {
                 self.peer_gone.store(true, Ordering::Relaxed);
                 Ok(())
             }
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                crate::debug!("connection aborted: peer counted doorbells it never sent");
+                self.abort_with(libc::EPROTO);
+                Err(errno(libc::EPROTO))
+            }
             Err(e) => Err(e),
         }
     }
@@ -415,6 +420,10 @@ impl Conn {
                 self.recv_bells(take)?;
             }
             if dontwait || self.nonblocking()? {
+                if done == 0 && self.chan_eof() {
+                    // The peer's end is gone (or just closed): decide above.
+                    continue;
+                }
                 return if done > 0 { Ok(done) } else { Err(io::ErrorKind::WouldBlock.into()) };
             }
             self.wait_readable(if peek { None } else { Some(buf.len() - done) })?;
@@ -470,6 +479,9 @@ impl Conn {
                 .map_err(|e| self.violation("receive ring", e))?;
             self.recv_bells(take)?;
             if self.nonblocking()? {
+                if self.chan_eof() {
+                    continue;
+                }
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             self.wait_readable(None)?;

@@ -403,6 +403,11 @@ pub fn poll_fd(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
     }
 }
 
+/// How long [`BellChannel::recv_bells`] on a UNIX stream waits for a
+/// doorbell that the peer counted but has not sent before it reports
+/// `ETIMEDOUT` (the connection is then aborted as a protocol violation).
+pub const BELL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl BellChannel for UnixStream {
     fn send_bells(&self, n: u32) -> io::Result<()> {
         let fd = self.as_raw_fd();
@@ -433,6 +438,7 @@ impl BellChannel for UnixStream {
         let mut buf = [0u8; 4];
         let mut left = n as usize;
         let mut spins = 0u32;
+        let mut deadline: Option<std::time::Instant> = None;
         while left > 0 {
             // SAFETY: receives at most `left <= 4` bytes into `buf`.
             let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), left.min(4), libc::MSG_DONTWAIT) };
@@ -452,9 +458,17 @@ impl BellChannel for UnixStream {
                     spins += 1;
                     if spins < 100 {
                         std::hint::spin_loop();
-                    } else {
-                        poll_fd(fd, libc::POLLIN, -1)?;
+                        continue;
                     }
+                    // A peer that counts bells it never sends would hang
+                    // us here; an honest one sends within microseconds
+                    // unless stopped. Give up after a while.
+                    let now = std::time::Instant::now();
+                    let end = *deadline.get_or_insert(now + BELL_WAIT);
+                    if now >= end {
+                        return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                    }
+                    poll_fd(fd, libc::POLLIN, (end - now).as_millis() as i32 + 1)?;
                 }
                 _ => return Err(e),
             }
