@@ -1,7 +1,516 @@
-//! `smclo bench` (being written).
+//! `smclo bench`: the seeds' workloads over TCP loopback, a UNIX socket and
+//! smclo (no-copy and copy), side by side in one run.
+//!
+//! Each measurement runs the server in a separate process (this binary,
+//! re-executed with a hidden subcommand) pinned to one core and the client
+//! pinned to the other. Transports are interleaved within every round, so a
+//! noisy neighbour hurts all of them alike; the table shows the median of the
+//! rounds and the ratio to TCP.
+
+use smclo::api::{SmcListener, SmcStream};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PING_SIZE: usize = 14;
+const STREAM_SIZE: usize = 64000;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Transport {
+    Tcp,
+    Unix,
+    Smclo,
+    SmcloCopy,
+}
+
+impl Transport {
+    const ALL: [Transport; 4] = [Transport::Tcp, Transport::Unix, Transport::Smclo, Transport::SmcloCopy];
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Unix => "unix",
+            Transport::Smclo => "smclo",
+            Transport::SmcloCopy => "smclo-copy",
+        }
+    }
+    fn from_name(s: &str) -> Option<Transport> {
+        Transport::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Workload {
+    PingPong,
+    Stream,
+    Setup,
+}
+
+impl Workload {
+    const ALL: [Workload; 3] = [Workload::PingPong, Workload::Stream, Workload::Setup];
+    fn name(self) -> &'static str {
+        match self {
+            Workload::PingPong => "pingpong",
+            Workload::Stream => "stream",
+            Workload::Setup => "setup",
+        }
+    }
+    fn from_name(s: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == s)
+    }
+    /// What the table shows, and whether more is better.
+    fn metric(self) -> (&'static str, bool) {
+        match self {
+            Workload::PingPong => ("round trip, µs (14 B each way)", false),
+            Workload::Stream => ("throughput, Gbit/s (64000 B writes)", true),
+            Workload::Setup => ("connections/s (connect+accept+first byte)", true),
+        }
+    }
+}
+
+/// A byte stream that can half-close, whatever the transport.
+trait Duplex: Read + Write {
+    fn shutdown_write(&self) -> io::Result<()>;
+}
+
+impl Duplex for TcpStream {
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
+    }
+}
+
+impl Duplex for UnixStream {
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
+    }
+}
+
+impl Duplex for SmcStream {
+    fn shutdown_write(&self) -> io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
+    }
+}
+
+struct Options {
+    rounds: usize,
+    seconds: f64,
+    json: bool,
+    workloads: Vec<Workload>,
+    transports: Vec<Transport>,
+}
+
+fn usage() -> i32 {
+    eprintln!(
+        "usage: smclo bench [--rounds N] [--seconds S] [--json] [--workloads pingpong,stream,setup] [--transports tcp,unix,smclo,smclo-copy]\n\
+         Runs each workload over each transport, interleaved, N rounds (default 5) of S seconds (default 1),\n\
+         server and client in separate processes pinned to different cores; prints medians and ratios to TCP."
+    );
+    2
+}
+
+fn parse_list<T>(v: &str, f: fn(&str) -> Option<T>) -> Option<Vec<T>> {
+    v.split(',').map(|s| f(s.trim())).collect()
+}
 
 /// Entry point of `smclo bench`.
-pub fn main(_args: &[String]) -> i32 {
-    eprintln!("smclo bench: not built yet");
-    2
+pub fn main(args: &[String]) -> i32 {
+    if args.first().map(String::as_str) == Some("__peer") {
+        return match peer_main(&args[1..]) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("smclo bench peer: {e}");
+                1
+            }
+        };
+    }
+    let mut o = Options {
+        rounds: 5,
+        seconds: 1.0,
+        json: false,
+        workloads: Workload::ALL.to_vec(),
+        transports: Transport::ALL.to_vec(),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let ok = match a.as_str() {
+            "--json" => {
+                o.json = true;
+                true
+            }
+            "--rounds" => it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n >= 1).map(|n| o.rounds = n).is_some(),
+            "--seconds" => it.next().and_then(|v| v.parse().ok()).filter(|&s: &f64| s > 0.0 && s <= 60.0).map(|s| o.seconds = s).is_some(),
+            "--workloads" => it.next().and_then(|v| parse_list(v, Workload::from_name)).map(|w| o.workloads = w).is_some(),
+            "--transports" => it.next().and_then(|v| parse_list(v, Transport::from_name)).map(|t| o.transports = t).is_some(),
+            "-h" | "--help" => return usage().min(0),
+            _ => false,
+        };
+        if !ok {
+            eprintln!("smclo bench: bad argument {a:?}");
+            return usage();
+        }
+    }
+    match run(&o) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("smclo bench: {e}");
+            1
+        }
+    }
+}
+
+/// A private device directory for the benchmark, removed afterwards.
+struct BenchDevice(PathBuf);
+
+impl Drop for BenchDevice {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(o: &Options) -> io::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (client_cpu, server_cpu) = if cores >= 2 { (Some(0), Some(1)) } else { (None, None) };
+    let dev = BenchDevice(std::env::temp_dir().join(format!("smclo-bench-{}", std::process::id())));
+    // /dev/shm is where DMBs belong; use it when present.
+    let dev = if Path::new("/dev/shm").is_dir() {
+        BenchDevice(PathBuf::from(format!("/dev/shm/smclo-bench-{}", std::process::id())))
+    } else {
+        dev
+    };
+    let copy_dev = BenchDevice(PathBuf::from(format!("{}-copy", dev.0.display())));
+    smclo::device::Device::open(&copy_dev.0).map_err(io::Error::from)?.set_dmb_copy(true);
+    smclo::device::Device::open(&dev.0).map_err(io::Error::from)?;
+    // results[workload][transport] = samples
+    let mut results = vec![vec![Vec::new(); o.transports.len()]; o.workloads.len()];
+    for round in 0..o.rounds {
+        for (wi, &w) in o.workloads.iter().enumerate() {
+            for (ti, &t) in o.transports.iter().enumerate() {
+                let dir = if t == Transport::SmcloCopy { &copy_dev.0 } else { &dev.0 };
+                let v = measure(t, w, o.seconds, dir, client_cpu, server_cpu)?;
+                if !o.json {
+                    eprint!("\rround {}/{} {:>8} {:>10}: {:>10.2}   ", round + 1, o.rounds, w.name(), t.name(), v);
+                }
+                results[wi][ti].push(v);
+            }
+        }
+    }
+    if !o.json {
+        eprintln!();
+    }
+    print_results(o, &results, client_cpu, server_cpu, &dev.0);
+    Ok(())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let n = s.len();
+    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+}
+
+fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, scpu: Option<usize>, dev: &Path) {
+    let tcp_i = o.transports.iter().position(|&t| t == Transport::Tcp);
+    if o.json {
+        let mut out = String::from("{");
+        out += &format!(
+            "\"rounds\":{},\"seconds\":{},\"client_cpu\":{},\"server_cpu\":{},\"results\":{{",
+            o.rounds,
+            o.seconds,
+            ccpu.map_or("null".into(), |c| c.to_string()),
+            scpu.map_or("null".into(), |c| c.to_string())
+        );
+        for (wi, w) in o.workloads.iter().enumerate() {
+            if wi > 0 {
+                out.push(',');
+            }
+            out += &format!("\"{}\":{{\"unit\":\"{}\",", w.name(), w.metric().0);
+            for (ti, t) in o.transports.iter().enumerate() {
+                if ti > 0 {
+                    out.push(',');
+                }
+                let m = median(&results[wi][ti]);
+                let ratio = tcp_i.map(|i| m / median(&results[wi][i]));
+                let samples: Vec<String> = results[wi][ti].iter().map(|v| format!("{v:.3}")).collect();
+                out += &format!(
+                    "\"{}\":{{\"median\":{m:.3},\"vs_tcp\":{},\"samples\":[{}]}}",
+                    t.name(),
+                    ratio.map_or("null".into(), |r| format!("{r:.3}")),
+                    samples.join(",")
+                );
+            }
+            out.push('}');
+        }
+        out += "}}";
+        println!("{out}");
+        return;
+    }
+    println!(
+        "smclo bench: median of {} rounds of {} s; client on CPU {}, server on CPU {}; transports interleaved in each round",
+        o.rounds,
+        o.seconds,
+        ccpu.map_or("any".into(), |c| c.to_string()),
+        scpu.map_or("any".into(), |c| c.to_string())
+    );
+    let _ = dev;
+    println!();
+    print!("| workload | metric |");
+    for t in &o.transports {
+        print!(" {} |", t.name());
+    }
+    println!();
+    print!("| --- | --- |");
+    for _ in &o.transports {
+        print!(" --- |");
+    }
+    println!();
+    for (wi, w) in o.workloads.iter().enumerate() {
+        let (metric, _) = w.metric();
+        print!("| {} | {} |", w.name(), metric);
+        let tcp = tcp_i.map(|i| median(&results[wi][i]));
+        for ti in 0..o.transports.len() {
+            let m = median(&results[wi][ti]);
+            match tcp {
+                Some(t) if o.transports[ti] != Transport::Tcp => print!(" {} ({:.2}× TCP) |", fmt_val(m), m / t),
+                _ => print!(" {} |", fmt_val(m)),
+            }
+        }
+        println!();
+    }
+}
+
+fn fmt_val(v: f64) -> String {
+    if v >= 1000.0 { format!("{v:.0}") } else if v >= 10.0 { format!("{v:.1}") } else { format!("{v:.2}") }
+}
+
+fn pin(cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; the
+        // affinity call only reads it. Failure (e.g. in a restricted cpuset)
+        // leaves the process unpinned, which the table header would misstate,
+        // so it is reported.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(c, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                eprintln!("smclo bench: cannot pin to CPU {c}: {}", io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+struct Peer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::Result<Peer> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "__peer", t.name(), w.name(), &cpu.map_or("-1".into(), |c| c.to_string())])
+        .env("SMCLO_DEVICE_DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let addr = line.trim().to_string();
+    if addr.is_empty() {
+        let _ = child.kill();
+        return Err(io::Error::new(io::ErrorKind::Other, format!("{} server for {} did not start", t.name(), w.name())));
+    }
+    Ok(Peer { child, addr })
+}
+
+fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
+    Ok(match t {
+        Transport::Tcp => {
+            let s = TcpStream::connect(addr)?;
+            s.set_nodelay(true)?;
+            Box::new(s)
+        }
+        Transport::Unix => Box::new(UnixStream::connect(addr)?),
+        Transport::Smclo | Transport::SmcloCopy => {
+            let s = SmcStream::connect(addr)?;
+            if !s.is_smc() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Other,
+                    format!("smclo connection fell back to TCP: {:?}", s.fallback_reason()),
+                ));
+            }
+            s.tcp().set_nodelay(true)?;
+            Box::new(s)
+        }
+    })
+}
+
+/// Runs one measurement; returns the workload's metric.
+fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usize>, scpu: Option<usize>) -> io::Result<f64> {
+    let peer = spawn_peer(t, w, dir, scpu)?;
+    // The client runs in this process; SmcStream reads the device directory
+    // from the environment.
+    std::env::set_var("SMCLO_DEVICE_DIR", dir);
+    pin(ccpu);
+    let dur = Duration::from_secs_f64(seconds);
+    let v = match w {
+        Workload::PingPong => {
+            let mut s = connect(t, &peer.addr)?;
+            let mut buf = [0u8; PING_SIZE];
+            // Warm up, then measure.
+            for _ in 0..1000 {
+                s.write_all(&buf)?;
+                s.read_exact(&mut buf)?;
+            }
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < dur {
+                for _ in 0..100 {
+                    s.write_all(&buf)?;
+                    s.read_exact(&mut buf)?;
+                }
+                n += 100;
+            }
+            start.elapsed().as_secs_f64() * 1e6 / n as f64
+        }
+        Workload::Stream => {
+            let mut s = connect(t, &peer.addr)?;
+            let buf = vec![0x5au8; STREAM_SIZE];
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while start.elapsed() < dur {
+                for _ in 0..16 {
+                    s.write_all(&buf)?;
+                }
+                sent += 16 * STREAM_SIZE as u64;
+            }
+            // The server answers with its byte count once it has read
+            // everything: the clock stops when the data has arrived.
+            s.shutdown_write()?;
+            let mut ack = [0u8; 8];
+            s.read_exact(&mut ack)?;
+            let secs = start.elapsed().as_secs_f64();
+            let got = u64::from_le_bytes(ack);
+            if got != sent {
+                return Err(io::Error::new(io::ErrorKind::Other, format!("{}: sent {sent} bytes, server got {got}", t.name())));
+            }
+            sent as f64 * 8.0 / secs / 1e9
+        }
+        Workload::Setup => {
+            let start = Instant::now();
+            let mut n = 0u64;
+            let mut b = [7u8; 1];
+            while start.elapsed() < dur {
+                let mut s = connect(t, &peer.addr)?;
+                s.write_all(&b)?;
+                s.read_exact(&mut b)?;
+                n += 1;
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        }
+    };
+    drop(peer);
+    Ok(v)
+}
+
+// ---- the server side, in its own process ----
+
+fn peer_main(args: &[String]) -> io::Result<()> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "usage: smclo bench __peer TRANSPORT WORKLOAD CPU");
+    let t = args.first().and_then(|s| Transport::from_name(s)).ok_or_else(bad)?;
+    let w = args.get(1).and_then(|s| Workload::from_name(s)).ok_or_else(bad)?;
+    let cpu: i64 = args.get(2).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    pin(usize::try_from(cpu).ok());
+    let mut out = io::stdout();
+    match t {
+        Transport::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            writeln!(out, "{}", l.local_addr()?)?;
+            out.flush()?;
+            loop {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                if serve(Box::new(s), w)? {
+                    return Ok(());
+                }
+            }
+        }
+        Transport::Unix => {
+            let path = std::env::temp_dir().join(format!("smclo-bench-{}.sock", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let l = UnixListener::bind(&path)?;
+            writeln!(out, "{}", path.display())?;
+            out.flush()?;
+            let r = (|| loop {
+                let (s, _) = l.accept()?;
+                if serve(Box::new(s), w)? {
+                    return Ok(());
+                }
+            })();
+            let _ = std::fs::remove_file(&path);
+            r
+        }
+        Transport::Smclo | Transport::SmcloCopy => {
+            let l = SmcListener::bind("127.0.0.1:0")?;
+            writeln!(out, "{}", l.local_addr()?)?;
+            out.flush()?;
+            loop {
+                let (s, _) = l.accept()?;
+                if !s.is_smc() {
+                    return Err(io::Error::new(io::ErrorKind::Other, format!("server side fell back: {:?}", s.fallback_reason())));
+                }
+                s.tcp().set_nodelay(true)?;
+                if serve(Box::new(s), w)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Serves one connection; `Ok(true)` when the workload is over.
+fn serve(mut s: Box<dyn Duplex>, w: Workload) -> io::Result<bool> {
+    match w {
+        Workload::PingPong => {
+            let mut buf = [0u8; PING_SIZE];
+            loop {
+                match s.read_exact(&mut buf) {
+                    Ok(()) => s.write_all(&buf)?,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(true),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(true),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Workload::Stream => {
+            // Read until the client half-closes, then report the byte count.
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut total: u64 = 0;
+            loop {
+                match s.read(&mut buf)? {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            s.write_all(&total.to_le_bytes())?;
+            Ok(true)
+        }
+        Workload::Setup => {
+            let mut b = [0u8; 1];
+            match s.read_exact(&mut b) {
+                Ok(()) => s.write_all(&b)?,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+                Err(e) => return Err(e),
+            }
+            Ok(false)
+        }
+    }
 }

@@ -211,7 +211,8 @@ impl ClientProposal {
         let deadline = Instant::now() + self.cfg.clc_wait;
         let slot: SlotRef = SlotRef::clone(self.slot.as_ref().expect("proposal without slot"));
         loop {
-            match slot.state() {
+            let seen = slot.state();
+            match seen {
                 SlotState::Accepted => break,
                 SlotState::Declined => {
                     let r = peer_decline(slot.reply());
@@ -236,10 +237,12 @@ impl ClientProposal {
                 }
             }
             // The server connects to our rendezvous socket just before it
-            // answers; sleep in poll until then, and spin only after.
+            // answers; sleep in poll until then, and spin only after. Wait on
+            // the state seen above: waiting on a fresh read could start after
+            // the answer and sleep until the deadline.
             let listener = self.rendezvous.as_ref().expect("rendezvous socket").as_raw_fd();
             if wait_readable(listener, deadline - now) {
-                slot.wait_while(slot.state(), deadline);
+                slot.wait_while(seen, deadline);
             }
         }
         match self.confirm(&slot) {

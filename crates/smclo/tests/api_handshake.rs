@@ -216,9 +216,14 @@ fn many_sequential_connections_leave_nothing_behind() {
         // connection through a loop of peers.
         dir.dev()
     };
+    // A successful handshake never waits for the client's bound: with a
+    // 30 s bound, 20 connections must finish long before one bound passes.
+    let mut cfg = dir.cfg();
+    cfg.clc_wait = Duration::from_secs(30);
+    let start = Instant::now();
     for i in 0..20 {
         let (peer, addr) = Peer::serve(&dir.0, "sink");
-        let mut s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+        let mut s = SmcStream::connect_with(&addr, &cfg).unwrap();
         assert!(s.is_smc(), "connection {i} fell back: {:?}", s.fallback_reason());
         s.write_all(&[i as u8; 1000]).unwrap();
         s.shutdown(Shutdown::Write).unwrap();
@@ -228,6 +233,7 @@ fn many_sequential_connections_leave_nothing_behind() {
         drop(s);
         peer.wait_ok();
     }
+    assert!(start.elapsed() < Duration::from_secs(29), "handshakes waited for the timeout: {:?}", start.elapsed());
     let st = l.stats();
     assert_eq!(st.conns_opened, 20);
     assert_eq!(st.conns_active, 0, "{st:?}");
