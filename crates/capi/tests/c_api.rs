@@ -1,0 +1,210 @@
+//! The C API from C: compiles `tests/c/smoke.c` against `include/smclo.h`
+//! and the built `libsmclo.so`, and runs it against another process
+//! (`smclo-testpeer`; a connection inside one process is never upgraded) and
+//! against a plain TCP echo server.
+//!
+//! `smclo-testpeer` must already be built in the same target directory;
+//! `cargo test --release --workspace` builds it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// `target/<profile>`: the test executable lives in its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
+    dir.to_path_buf()
+}
+
+fn testpeer() -> PathBuf {
+    let p = profile_dir().join("smclo-testpeer");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first (`cargo build -p smclo --bin smclo-testpeer` with the same \
+         profile and target directory, or run `cargo test --workspace`)",
+        p.display()
+    );
+    p
+}
+
+/// Compiles smoke.c once; returns the executable.
+fn smoke() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let include = manifest.join("../../include");
+        let src = manifest.join("tests/c/smoke.c");
+        let lib_dir = profile_dir();
+        assert!(
+            lib_dir.join("libsmclo.so").is_file(),
+            "{} is missing (the smclo-capi cdylib)",
+            lib_dir.join("libsmclo.so").display()
+        );
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("smoke-{}", std::process::id()));
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+        let o = Command::new(&cc)
+            .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+            .arg("-I")
+            .arg(&include)
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .arg("-L")
+            .arg(&lib_dir)
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .arg("-lsmclo")
+            .output()
+            .unwrap_or_else(|e| panic!("run {cc}: {e}"));
+        assert!(
+            o.status.success(),
+            "compiling smoke.c failed:\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+/// A private device directory under /dev/shm, removed at the end.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        let p = PathBuf::from(format!(
+            "/dev/shm/smclo-capi-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        Dir(p)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child killed if the test ends early.
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `cmd` to completion within `limit`, or kills it and fails.
+fn run(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut child = Kill(child);
+    let mut out = child.0.stdout.take().unwrap();
+    let mut err = child.0.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.0.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.0.kill();
+            let _ = child.0.wait();
+            panic!("{cmd:?} did not finish within {limit:?}\nstderr: {}", String::from_utf8_lossy(&t_err.join().unwrap()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+}
+
+fn smoke_cmd(dir: &Dir, args: &[&str]) -> Command {
+    let mut c = Command::new(smoke());
+    c.args(args).env("SMCLO_DEVICE_DIR", &dir.0);
+    c
+}
+
+fn assert_ok(o: &Output, want: &str) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains(want),
+        "smoke failed ({}):\nstdout: {out}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn c_client_upgrades_with_a_smclo_server() {
+    let dir = Dir::new();
+    let peer = Command::new(testpeer())
+        .args(["serve", "127.0.0.1:0", "echo"])
+        .env("SMCLO_DEVICE_DIR", &dir.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn smclo-testpeer");
+    let mut peer = Kill(peer);
+    let mut out = BufReader::new(peer.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("testpeer said {line:?}"));
+    let port = addr.rsplit(':').next().unwrap().to_string();
+
+    let o = run(smoke_cmd(&dir, &["smc", &port]), Duration::from_secs(60));
+    assert_ok(&o, "ok smc");
+
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "smc=1 reason=-", "the server side of the connection");
+    let st = peer.0.wait().unwrap();
+    assert!(st.success(), "smclo-testpeer: {st}");
+}
+
+#[test]
+fn c_client_falls_back_with_a_plain_tcp_server() {
+    let dir = Dir::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0usize;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return total;
+            }
+            s.write_all(&buf[..n]).unwrap();
+            total += n;
+        }
+    });
+    let o = run(smoke_cmd(&dir, &["tcp", &port]), Duration::from_secs(60));
+    assert_ok(&o, "ok tcp");
+    assert_eq!(echo.join().unwrap(), 1024 * 1024 + 100 + 4, "bytes through the plain echo");
+}
+
+#[test]
+fn c_server_upgrades_with_a_smclo_client() {
+    let dir = Dir::new();
+    let tp = testpeer();
+    let o = run(smoke_cmd(&dir, &["listen", tp.to_str().unwrap()]), Duration::from_secs(60));
+    assert_ok(&o, "ok listen");
+}
