@@ -35,6 +35,20 @@ fn testpeer() -> PathBuf {
     p
 }
 
+/// The directory holding the `libsmclo.so` this test run built: `deps/`
+/// next to the test executable (cargo always writes it there), or
+/// `target/<profile>` (where it is copied for users).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let candidates = [exe.parent().unwrap().to_path_buf(), profile_dir()];
+    for d in &candidates {
+        if d.join("libsmclo.so").is_file() {
+            return d.clone();
+        }
+    }
+    panic!("libsmclo.so (the smclo-capi cdylib) is in none of {candidates:?}");
+}
+
 /// Compiles smoke.c once; returns the executable.
 fn smoke() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
@@ -42,12 +56,7 @@ fn smoke() -> &'static Path {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let include = manifest.join("../../include");
         let src = manifest.join("tests/c/smoke.c");
-        let lib_dir = profile_dir();
-        assert!(
-            lib_dir.join("libsmclo.so").is_file(),
-            "{} is missing (the smclo-capi cdylib)",
-            lib_dir.join("libsmclo.so").display()
-        );
+        let lib_dir = lib_dir();
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("smoke-{}", std::process::id()));
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
         let o = Command::new(&cc)
