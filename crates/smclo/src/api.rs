@@ -25,7 +25,7 @@ use smclo_wire::reason::Reason;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The device named by `cfg`, opened (and created) on first use.
 fn device(cfg: &Config) -> io::Result<Arc<Device>> {
@@ -123,8 +123,6 @@ pub struct SmcStream {
     smc: Option<Established>,
     tcp: TcpStream,
     fallback: Option<Reason>,
-    /// Bytes read from TCP by `peek_region` and not yet released.
-    tcp_rx: Mutex<Vec<u8>>,
 }
 
 impl SmcStream {
@@ -133,7 +131,7 @@ impl SmcStream {
             Decision::Smc(e) => (Some(e), None),
             Decision::Tcp(r) => (None, Some(r)),
         };
-        SmcStream { smc, tcp, fallback, tcp_rx: Mutex::new(Vec::new()) }
+        SmcStream { smc, tcp, fallback }
     }
 
     /// Connects; upgrades to SMC-D if the server runs smclo on this
@@ -223,15 +221,13 @@ impl SmcStream {
     pub fn peek_region(&self) -> io::Result<ReadRegion<'_>> {
         match &self.smc {
             Some(e) => Ok(ReadRegion::Smc(e.conn.peek_region()?)),
+            // TCP: peek, so the bytes stay in the socket (and poll keeps
+            // reporting them) until released.
             None => {
-                let mut rx = self.tcp_rx.lock().unwrap_or_else(|p| p.into_inner());
-                if rx.is_empty() {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let n = (&self.tcp).read(&mut buf)?;
-                    buf.truncate(n);
-                    *rx = buf;
-                }
-                Ok(ReadRegion::Tcp(rx))
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = self.tcp.peek(&mut buf)?;
+                buf.truncate(n);
+                Ok(ReadRegion::Tcp(buf, &self.tcp))
             }
         }
     }
@@ -239,17 +235,7 @@ impl SmcStream {
     fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
         match &self.smc {
             Some(e) => e.conn.read(buf),
-            None => {
-                let mut rx = self.tcp_rx.lock().unwrap_or_else(|p| p.into_inner());
-                if !rx.is_empty() {
-                    let n = rx.len().min(buf.len());
-                    buf[..n].copy_from_slice(&rx[..n]);
-                    rx.drain(..n);
-                    return Ok(n);
-                }
-                drop(rx);
-                (&self.tcp).read(buf)
-            }
+            None => (&self.tcp).read(buf),
         }
     }
 
@@ -371,8 +357,8 @@ impl WriteRegion<'_> {
 pub enum ReadRegion<'a> {
     /// Inside this end's DMB.
     Smc(conn::ReadRegion<'a>),
-    /// Bytes read from a TCP connection.
-    Tcp(std::sync::MutexGuard<'a, Vec<u8>>),
+    /// A copy of the bytes waiting in a TCP connection (still queued there).
+    Tcp(Vec<u8>, &'a TcpStream),
 }
 
 impl ReadRegion<'_> {
@@ -380,7 +366,7 @@ impl ReadRegion<'_> {
     pub fn as_slice(&self) -> &[u8] {
         match self {
             ReadRegion::Smc(r) => r,
-            ReadRegion::Tcp(b) => b,
+            ReadRegion::Tcp(b, _) => b,
         }
     }
 
@@ -388,10 +374,9 @@ impl ReadRegion<'_> {
     pub fn release(self, n: usize) -> io::Result<()> {
         match self {
             ReadRegion::Smc(r) => r.release(n),
-            ReadRegion::Tcp(mut b) => {
+            ReadRegion::Tcp(mut b, mut t) => {
                 let n = n.min(b.len());
-                b.drain(..n);
-                Ok(())
+                t.read_exact(&mut b[..n])
             }
         }
     }

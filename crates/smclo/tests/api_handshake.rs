@@ -512,3 +512,39 @@ fn kill9_both_ends_leaves_no_dmb() {
     let st = dir.dev().stats();
     assert_eq!((st.dmbs_cnt, st.conns_active), (0, 0), "{st:?}");
 }
+
+#[test]
+fn zero_copy_on_a_fallback_keeps_bytes_visible_to_poll() {
+    let dir = Dir::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"abcdef").unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let s = SmcStream::connect_with(addr, &dir.cfg()).unwrap();
+    assert!(!s.is_smc());
+    let mut peeked = Vec::new();
+    while peeked.len() < 6 {
+        let r = s.peek_region().unwrap();
+        peeked = r.as_slice().to_vec();
+        r.release(0).unwrap();
+    }
+    assert_eq!(peeked, b"abcdef");
+    s.peek_region().unwrap().release(2).unwrap();
+    // Unreleased bytes are still in the socket: poll says readable.
+    let mut p = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&s), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1);
+    let mut rest = [0u8; 4];
+    (&s).read_exact(&mut rest).unwrap();
+    assert_eq!(&rest, b"cdef");
+    let mut w = s.reserve(5).unwrap();
+    w.as_mut_slice()[..5].copy_from_slice(b"hello");
+    w.commit(5).unwrap();
+    drop(s);
+    assert_eq!(t.join().unwrap(), b"hello");
+}
