@@ -33,6 +33,12 @@
 //!   the writer's `cons` load sees the room, or the reader's `prod` load sees
 //!   the flag: no lost wake-up.
 //!
+//! The queue can briefly hold more bytes than `BELLS` says: the reader
+//! lowers the count by CAS before it receives, and the writer may raise it
+//! again meanwhile. At most 4 bytes are ever queued (2 counted, 2 being
+//! taken); the minimum send buffer holds 6 one-byte sends, so a doorbell
+//! send never blocks.
+//!
 //! # Spinning readers
 //!
 //! A reader about to sleep in a consuming read may busy-poll the `prod`
