@@ -111,8 +111,11 @@ fn small_blocking_reads_keep_readiness_right() {
         let k = 1 + rng.below(200) as usize;
         let m = 1 + rng.below(400) as usize;
         go.send(k).unwrap();
-        if rng.below(2) == 0 {
-            std::thread::sleep(Duration::from_micros(rng.below(80)));
+        // Land the write at a random point of the reader's read call, often
+        // inside its spin window (busy-wait: timer sleeps are too coarse).
+        let until = std::time::Instant::now() + Duration::from_micros(rng.below(40));
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
         }
         for (j, x) in msg[..m].iter_mut().enumerate() {
             *x = j as u8;
