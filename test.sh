@@ -15,6 +15,13 @@ cargo build --release --workspace
 step=test
 cargo test --release --workspace -- --test-threads=2
 
+step=loom
+# The doorbell protocol, model-checked: every interleaving of one writer and
+# one reader (crates/smclo/tests/loom_doorbell.rs). Its own target dir, since
+# --cfg loom rebuilds everything.
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
+    cargo test --release -p smclo --test loom_doorbell
+
 step=fuzz
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz is not installed; installing it (cargo install cargo-fuzz)"
@@ -29,4 +36,4 @@ mkdir -p fuzz/corpus/clc_parse
 cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
     -- -max_total_time=$fuzz_seconds
 
-echo "test.sh: PASSED: release build, workspace tests, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: release build, workspace tests, loom model of the doorbell protocol, fuzz clc_parse ${fuzz_seconds}s"
