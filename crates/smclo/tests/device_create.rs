@@ -2,6 +2,8 @@
 //! clear errors, directory checks, knobs and counters shared across
 //! processes.
 
+mod common;
+use common::{spawn_child_env, ChildGuard, TempDir};
 use smclo::device::{DmbType, Device, Role};
 use smclo::Error;
 use smclo_wire::device_layout as layout;
@@ -9,20 +11,9 @@ use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A fresh device directory path under /dev/shm, removed on drop.
-struct TempDir(PathBuf);
-
 impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
     /// Creates the directory itself (mode 0700).
     fn made(tag: &str) -> TempDir {
         let t = TempDir::new(tag);
@@ -32,33 +23,9 @@ impl TempDir {
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Kills the child on drop, so a failing test leaves no process behind.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_child(role: &str, dir: &Path, extra: &str) -> ChildGuard {
-    let c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
-        .env("SMCLO_TEST_ROLE", role)
-        .env("SMCLO_TEST_DIR", dir)
-        .env("SMCLO_TEST_ARG", extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    ChildGuard(c)
+/// A child running `role`, with `extra` in `SMCLO_TEST_ARG`.
+fn spawn_child_arg(role: &str, dir: &Path, extra: &str) -> ChildGuard {
+    spawn_child_env(role, dir, &[("SMCLO_TEST_ARG", extra)])
 }
 
 /// Lines the child printed that start with `prefix`, until it exits.
@@ -121,7 +88,7 @@ fn concurrent_creation_yields_one_gid() {
             std::fs::create_dir(&t.0).unwrap();
             std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o700)).unwrap();
         }
-        let mut kids: Vec<ChildGuard> = (0..16).map(|_| spawn_child("create", &t.0, go.to_str().unwrap())).collect();
+        let mut kids: Vec<ChildGuard> = (0..16).map(|_| spawn_child_arg("create", &t.0, go.to_str().unwrap())).collect();
         std::thread::sleep(Duration::from_millis(300));
         std::fs::write(&go, b"").unwrap();
         let gids: Vec<String> = kids.iter_mut().flat_map(|k| child_lines(k, "GID=")).collect();
@@ -223,7 +190,7 @@ fn counters_and_knobs_are_shared_across_processes() {
     let dev = Device::open(&t.0).unwrap();
     assert!(dev.active() && !dev.dmb_copy() && dev.dmb_type() == DmbType::Pages4k, "defaults");
     dev.count_fallback(Reason::PeerNoSmc, Role::Client);
-    let mut c = spawn_child("count", &t.0, "");
+    let mut c = spawn_child_arg("count", &t.0, "");
     let gid = child_lines(&mut c, "GID=");
     assert_eq!(gid, vec![format!("{:016x}", dev.gid())]);
     let s = dev.stats();

@@ -2,6 +2,8 @@
 //! from the DMB table, garbage collection after kill -9, and isolation from
 //! other users.
 
+mod common;
+use common::{spawn_child, ChildGuard, TempDir};
 use smclo::device::{is_token_gone, Device, Role, SWEEP_INTERVAL_MS};
 use smclo::owner::Owner;
 use std::ffi::CString;
@@ -9,49 +11,9 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const RING: u32 = 16 * 1024;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
-    let c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
-        .env("SMCLO_TEST_ROLE", role)
-        .env("SMCLO_TEST_DIR", dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    ChildGuard(c)
-}
 
 /// Reads the child's stdout up to the line `READY`, returning the lines
 /// before it.

@@ -1,53 +1,15 @@
 //! The listener registry: exact, wildcard, IPv6 and IPv4-mapped matching;
 //! registrations of dead processes are reclaimed.
 
+mod common;
+use common::{spawn_child, ChildGuard, TempDir};
 use smclo::device::Device;
 use smclo::owner::{netns_inode, Owner};
 use smclo::registry::{find_listener, register_listener, PROBE};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::Duration;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
-    let c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
-        .env("SMCLO_TEST_ROLE", role)
-        .env("SMCLO_TEST_DIR", dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    ChildGuard(c)
-}
 
 fn wait_ready(c: &mut ChildGuard) {
     let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());

@@ -2,41 +2,15 @@
 //! between a client that gives up and a server that answers, stale
 //! references after reuse, a full table, and slots of dead clients.
 
+mod common;
+use common::{spawn_child, TempDir};
 use smclo::device::Device;
 use smclo::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
 use smclo::Error;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn key(cport: u16, sport: u16) -> SlotKey {
     SlotKey::new(format!("127.0.0.1:{cport}").parse().unwrap(), format!("127.0.0.1:{sport}").parse().unwrap())
@@ -58,18 +32,6 @@ fn child_entry() {
         }
         other => panic!("unknown role {other}"),
     }
-}
-
-fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
-    let c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
-        .env("SMCLO_TEST_ROLE", role)
-        .env("SMCLO_TEST_DIR", dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    ChildGuard(c)
 }
 
 #[test]
