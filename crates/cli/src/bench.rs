@@ -269,10 +269,10 @@ fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, sc
         let (metric, _) = w.metric();
         print!("| {} | {} |", w.name(), metric);
         let tcp = tcp_i.map(|i| median(&results[wi][i]));
-        for ti in 0..o.transports.len() {
-            let m = median(&results[wi][ti]);
+        for (t_kind, samples) in o.transports.iter().zip(&results[wi]) {
+            let m = median(samples);
             match tcp {
-                Some(t) if o.transports[ti] != Transport::Tcp => print!(" {} ({:.2}× TCP) |", fmt_val(m), m / t),
+                Some(t) if *t_kind != Transport::Tcp => print!(" {} ({:.2}× TCP) |", fmt_val(m), m / t),
                 _ => print!(" {} |", fmt_val(m)),
             }
         }
@@ -326,7 +326,7 @@ fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::
     let addr = line.trim().to_string();
     if addr.is_empty() {
         let _ = child.kill();
-        return Err(io::Error::new(io::ErrorKind::Other, format!("{} server for {} did not start", t.name(), w.name())));
+        return Err(io::Error::other(format!("{} server for {} did not start", t.name(), w.name())));
     }
     Ok(Peer { child, addr })
 }
@@ -342,8 +342,7 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
         Transport::Smclo | Transport::SmcloCopy => {
             let s = SmcStream::connect(addr)?;
             if !s.is_smc() {
-                return Err(io::Error::new(
-                    io::ErrorKind::Other,
+                return Err(io::Error::other(
                     format!("smclo connection fell back to TCP: {:?}", s.fallback_reason()),
                 ));
             }
@@ -400,7 +399,7 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
             let secs = start.elapsed().as_secs_f64();
             let got = u64::from_le_bytes(ack);
             if got != sent {
-                return Err(io::Error::new(io::ErrorKind::Other, format!("{}: sent {sent} bytes, server got {got}", t.name())));
+                return Err(io::Error::other(format!("{}: sent {sent} bytes, server got {got}", t.name())));
             }
             sent as f64 * 8.0 / secs / 1e9
         }
@@ -465,7 +464,7 @@ fn peer_main(args: &[String]) -> io::Result<()> {
             loop {
                 let (s, _) = l.accept()?;
                 if !s.is_smc() {
-                    return Err(io::Error::new(io::ErrorKind::Other, format!("server side fell back: {:?}", s.fallback_reason())));
+                    return Err(io::Error::other(format!("server side fell back: {:?}", s.fallback_reason())));
                 }
                 s.tcp().set_nodelay(true)?;
                 if serve(Box::new(s), w)? {

@@ -39,8 +39,8 @@ fn show(verbose: bool) -> i32 {
     let in_use = if s.dmbs_cnt > 0 || s.conns_active > 0 { "Yes" } else { "No" };
     // Columns as `smcd d`; loopback-ism is not a PCI device, so its PCI-ID
     // column carries its name (as in the loopback-ism RFC's listing).
-    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  {}", "FID", "Type", "PCI-ID", "PCHID", "InUse", "#LGs", "PNET-ID");
-    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  {}", "0000", "ISM", "loopback-ism", "ffff", in_use, s.conns_active, "");
+    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  PNET-ID", "FID", "Type", "PCI-ID", "PCHID", "InUse", "#LGs");
+    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  ", "0000", "ISM", "loopback-ism", "ffff", in_use, s.conns_active);
     if verbose {
         println!();
         println!("GID       {:016x}", dev.gid());

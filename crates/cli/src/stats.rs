@@ -71,7 +71,7 @@ fn to_table(s: &Stats, all: bool) -> String {
     let _ = writeln!(o, "Fallbacks to TCP           {total:>12}");
     let rows: Vec<Reason> = Reason::ALL.iter().copied().filter(|&r| all || counts(s, r) != (0, 0)).collect();
     if !rows.is_empty() {
-        let _ = writeln!(o, "  {:<14} {:<10} {:>8} {:>8}  {}", "Reason", "Code", "Client", "Server", "Description");
+        let _ = writeln!(o, "  {:<14} {:<10} {:>8} {:>8}  Description", "Reason", "Code", "Client", "Server");
         for r in rows {
             let (c, sv) = counts(s, r);
             let _ = writeln!(o, "  {:<14} 0x{:08x} {:>8} {:>8}  {}", r.name(), r.code(), c, sv, r.description());

@@ -56,25 +56,16 @@ impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Io(e) => e,
-            Error::Protocol(m) => io::Error::new(io::ErrorKind::Other, Error::Protocol(m))
-                .raw_errno_hint(libc::EPROTO),
+            // io::Error cannot carry both a message and an errno: the errno
+            // goes to the caller, the message to the debug log.
+            Error::Protocol(m) => {
+                crate::debug::log(format_args!("{}", Error::Protocol(m)));
+                io::Error::from_raw_os_error(libc::EPROTO)
+            }
             Error::InvalidDevice(m) => {
                 io::Error::new(io::ErrorKind::InvalidData, Error::InvalidDevice(m))
             }
             Error::Config(m) => io::Error::new(io::ErrorKind::InvalidInput, Error::Config(m)),
         }
-    }
-}
-
-/// `io::Error` cannot carry both a message and an errno; protocol errors are
-/// reported as plain `EPROTO` (the message goes to the debug log instead).
-trait ErrnoHint {
-    fn raw_errno_hint(self, errno: i32) -> io::Error;
-}
-
-impl ErrnoHint for io::Error {
-    fn raw_errno_hint(self, errno: i32) -> io::Error {
-        crate::debug::log(format_args!("{self}"));
-        io::Error::from_raw_os_error(errno)
     }
 }
