@@ -112,6 +112,11 @@ pub struct Conn {
     shut_wr: AtomicBool,
     /// close/abort ran (so drop does not close again).
     closed: AtomicBool,
+    /// Last known `O_NONBLOCK` of the descriptor. Only a hint, to keep
+    /// `fcntl` off the fast path: it is checked against the descriptor
+    /// before any call sleeps or returns WouldBlock (another process
+    /// sharing the descriptor may change the flag).
+    nb_hint: AtomicBool,
     /// Stats, counted by this process.
     sent: AtomicU64,
     received: AtomicU64,
@@ -141,7 +146,13 @@ impl Conn {
                 vec![0u8; sndbuf_len as usize]
             }
         };
+        // SAFETY: F_GETFL on the descriptor we own.
+        let fl = unsafe { libc::fcntl(chan.as_raw_fd(), libc::F_GETFL) };
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok(Conn {
+            nb_hint: AtomicBool::new(fl & libc::O_NONBLOCK != 0),
             local,
             peer,
             chan,
@@ -172,16 +183,27 @@ impl Conn {
 
     /// Sets `O_NONBLOCK` on the UNIX end, which decides whether calls block.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        self.chan.set_nonblocking(on)
+        self.chan.set_nonblocking(on)?;
+        self.nb_hint.store(on, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn nonblocking(&self) -> io::Result<bool> {
+    /// The descriptor's `O_NONBLOCK` now (a syscall; refreshes the hint).
+    fn nonblocking_now(&self) -> io::Result<bool> {
         // SAFETY: F_GETFL on our own open descriptor.
         let fl = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
         if fl < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(fl & libc::O_NONBLOCK != 0)
+        let nb = fl & libc::O_NONBLOCK != 0;
+        self.nb_hint.store(nb, Ordering::Relaxed);
+        Ok(nb)
+    }
+
+    /// Whether a call that cannot proceed must not wait: `MSG_DONTWAIT`,
+    /// or the descriptor is non-blocking (syscall only if the hint says so).
+    fn must_not_wait(&self, dontwait: bool) -> io::Result<bool> {
+        Ok(dontwait || (self.nb_hint.load(Ordering::Relaxed) && self.nonblocking_now()?))
     }
 
     /// Bytes written by this process into the peer's ring.
@@ -419,23 +441,29 @@ impl Conn {
                     .map_err(|e| self.violation("receive ring", e))?;
                 self.recv_bells(take)?;
             }
-            if dontwait || self.nonblocking()? {
-                if done == 0 && self.chan_eof() {
-                    // The peer's end is gone (or just closed): decide above.
-                    continue;
-                }
-                return if done > 0 { Ok(done) } else { Err(io::ErrorKind::WouldBlock.into()) };
+            if !self.must_not_wait(dontwait)?
+                && self.wait_readable(if peek { None } else { Some(buf.len() - done) })?
+            {
+                continue;
             }
-            self.wait_readable(if peek { None } else { Some(buf.len() - done) })?;
+            if done == 0 && self.chan_eof() {
+                // The peer's end is gone (or just closed): decide above.
+                continue;
+            }
+            return if done > 0 { Ok(done) } else { Err(io::ErrorKind::WouldBlock.into()) };
         }
     }
 
-    /// Blocks until something may have changed for the reader.
-    fn wait_readable(&self, cap: Option<usize>) -> io::Result<()> {
+    /// Waits until something may have changed for the reader: `Ok(true)`;
+    /// `Ok(false)` if the descriptor turned out to be non-blocking.
+    fn wait_readable(&self, cap: Option<usize>) -> io::Result<bool> {
         self.rx_spin(cap)?;
         let s = self.rx_snap()?;
         if s.used > 0 || conn_state_flags(s.prod) != 0 {
-            return Ok(());
+            return Ok(true);
+        }
+        if self.nonblocking_now()? {
+            return Ok(false);
         }
         let rev = doorbell::poll_fd(self.fd(), libc::POLLIN, -1)?;
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
@@ -448,7 +476,7 @@ impl Conn {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Unread bytes in the local ring (`FIONREAD`).
@@ -478,13 +506,13 @@ impl Conn {
             let take = doorbell::reader_settle(l.prod(), l.cons(), l.ring_len())
                 .map_err(|e| self.violation("receive ring", e))?;
             self.recv_bells(take)?;
-            if self.nonblocking()? {
-                if self.chan_eof() {
-                    continue;
-                }
-                return Err(io::ErrorKind::WouldBlock.into());
+            if !self.must_not_wait(false)? && self.wait_readable(None)? {
+                continue;
             }
-            self.wait_readable(None)?;
+            if self.chan_eof() {
+                continue;
+            }
+            return Err(io::ErrorKind::WouldBlock.into());
         }
     }
 
@@ -560,10 +588,12 @@ impl Conn {
     /// descriptor is unwritable, then WouldBlock.
     fn wait_room(&self, need: u32, dontwait: bool) -> io::Result<()> {
         let p = &self.peer;
-        let nonblocking = dontwait || self.nonblocking()?;
+        let mut nonblocking = self.must_not_wait(dontwait)?;
         if !nonblocking && self.tx_spin() {
             return Ok(());
         }
+        // About to arm the doorbells and sleep: check the real flag.
+        nonblocking = nonblocking || self.nonblocking_now()?;
         match doorbell::writer_block(p.prod(), p.cons(), p.ring_len(), need)
             .map_err(|e| self.violation("send ring", e))?
         {
