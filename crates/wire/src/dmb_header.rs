@@ -40,7 +40,7 @@ pub const MAX_RING_LEN: u32 = 1024 * 1024;
 
 // The cursor words follow the static fields, are 8-aligned and sit on
 // separate cache lines (checked at compile time).
-const _: () = assert!(PROD_OFFSET >= STATIC_LEN && PROD_OFFSET % 8 == 0 && CONS_OFFSET % 8 == 0);
+const _: () = assert!(PROD_OFFSET >= STATIC_LEN && PROD_OFFSET & 7 == 0 && CONS_OFFSET & 7 == 0);
 const _: () = assert!(CONS_OFFSET - PROD_OFFSET >= 64 && CONS_OFFSET + 8 <= HEADER_LEN);
 
 /// The static fields of a DMB header.
