@@ -27,9 +27,30 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::Arc;
 
-/// The device named by `cfg`, opened (and created) on first use.
+/// How long [`device`] reuses a device without re-validating its directory.
+const DEVICE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The device named by `cfg`, opened (and created) on first use. Kept per
+/// directory for [`DEVICE_TTL`], so a connect costs no `mkdir`/`statx`
+/// re-validation; after that, [`Device::open`] checks the directory and the
+/// device file again (and maps a replaced file).
 fn device(cfg: &Config) -> io::Result<Arc<Device>> {
-    Device::open(&cfg.device_dir).map_err(io::Error::from)
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static CACHE: Mutex<Vec<(std::path::PathBuf, Instant, Arc<Device>)>> = Mutex::new(Vec::new());
+    // try_lock: a fork child must not wait for a lock held by a lost thread.
+    if let Ok(c) = CACHE.try_lock() {
+        if let Some((_, _, d)) = c.iter().find(|(p, at, _)| *p == cfg.device_dir && at.elapsed() < DEVICE_TTL) {
+            return Ok(d.clone());
+        }
+    }
+    let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
+    if let Ok(mut c) = CACHE.try_lock() {
+        let now = Instant::now();
+        c.retain(|(p, at, _)| *p != cfg.device_dir && now.duration_since(*at) < DEVICE_TTL);
+        c.push((cfg.device_dir.clone(), now, dev.clone()));
+    }
+    Ok(dev)
 }
 
 fn env_config() -> io::Result<Config> {

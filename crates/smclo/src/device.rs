@@ -134,9 +134,15 @@ pub(crate) mod word {
 /// Memoised liveness checks for one sweep over a table: many entries share
 /// an owner, and each check reads `/proc`.
 #[derive(Default)]
-pub(crate) struct Liveness(HashMap<(u32, u64), bool>);
+pub(crate) struct Liveness(HashMap<(u32, u64), bool>, bool);
 
 impl Liveness {
+    /// Memo for a lookup on the connection hot path: uses
+    /// [`Owner::is_alive_fast`] (a wrong "alive" only costs a fallback).
+    pub(crate) fn fast() -> Liveness {
+        Liveness(HashMap::new(), true)
+    }
+
     /// Whether the owner of an entry whose word is `w` and whose recorded
     /// start time is `start` is alive. During WRITING the start time may not
     /// be written yet, so only the pid (which is in the word) is checked.
@@ -147,7 +153,8 @@ impl Liveness {
         } else {
             Owner { pid, start }
         };
-        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| owner.is_alive())
+        let fast = self.1;
+        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| if fast { owner.is_alive_fast() } else { owner.is_alive() })
     }
 }
 
@@ -238,24 +245,10 @@ fn errno_err(errno: i32) -> Error {
     Error::Io(io::Error::from_raw_os_error(errno))
 }
 
-/// Eight random bytes from getrandom(2), never zero.
+/// A random 64-bit value, never zero, unique within the process
+/// ([`crate::rng`]: one getrandom per process, not per call).
 pub(crate) fn random_u64() -> Result<u64> {
-    loop {
-        let mut v = 0u64;
-        // SAFETY: the buffer is the 8 bytes of `v`, valid for writes.
-        let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
-        if n == 8 {
-            if v != 0 {
-                return Ok(v);
-            }
-            continue;
-        }
-        let e = io::Error::last_os_error();
-        if n < 0 && e.raw_os_error() == Some(libc::EINTR) {
-            continue;
-        }
-        return Err(Error::Io(e));
-    }
+    Ok(crate::rng::next_u64())
 }
 
 /// Milliseconds of CLOCK_MONOTONIC, which all processes of the host share.

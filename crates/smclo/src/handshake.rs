@@ -12,7 +12,7 @@ use crate::conn::{Conn, Mode};
 use crate::device::{self as device, Device, Registration, Role};
 use crate::owner::{self, Owner};
 use crate::registry;
-use crate::rendezvous::{OwnedSlot, Rendezvous, SlotKey, SlotRef, SlotState};
+use crate::rendezvous::{OwnedSlot, Rendezvous, SlotKey, SlotRef, SlotState, REPLY_GRACE};
 use crate::tcp_syn::{self, SavedMark};
 use crate::debug;
 use smclo_wire::clc::{self, Accept, ClcMsg, Confirm, Decline, Proposal};
@@ -71,18 +71,7 @@ pub struct ClientProposal {
 }
 
 fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // getrandom(2) with no flags only fails for invalid arguments or
-    // interruption; fall back to the clock, which is only used when the
-    // kernel refuses (the value is a nonce, not a secret).
-    // SAFETY: we pass a writable 8-byte buffer and its length.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == 8 {
-        u64::from_ne_bytes(b)
-    } else {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-            ^ (std::process::id() as u64) << 32
-    }
+    crate::rng::next_u64()
 }
 
 fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
@@ -111,7 +100,7 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
     let src = match local_addr(fd) {
         Ok(a) if a.port() != 0 => a,
         _ => {
-            let ip = tcp_syn::route_source(dest).map_err(|_| Reason::IntErr)?;
+            let ip = tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?;
             crate::sockaddr::bind(fd, SocketAddr::new(ip, 0)).map_err(|e| {
                 debug!("bind before proposal failed: {e}");
                 Reason::IntErr
@@ -294,6 +283,11 @@ impl ClientProposal {
             debug!("server gave up before our Confirm (slot {st:?})");
             return Err(Reason::Timeout);
         }
+        // Wake the server, which sleeps on the channel: one byte, which it
+        // takes before the channel starts carrying doorbells. A failure means
+        // the server is gone, which the connection reports on first use.
+        // SAFETY: send of one byte from a live buffer on our own socket.
+        unsafe { libc::send(chan.as_raw_fd(), [CONFIRM_BYTE].as_ptr().cast(), 1, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         self.withdraw();
         let (local, registration) = self.dmb.take().expect("client DMB").into_parts();
         registration.set_connected(accept.token);
@@ -347,20 +341,16 @@ fn peer_decline(bytes: Option<Vec<u8>>) -> Reason {
     }
 }
 
+/// What the client sends on the channel after its Confirm (and before any
+/// doorbell).
+const CONFIRM_BYTE: u8 = 0xC5;
+
 /// Blocks until `fd` is readable or `timeout` passes; true if readable.
 fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd, count 1.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
-
-/// Whether the peer closed its end of a (non-blocking or idle) channel.
-fn channel_closed(chan: &UnixStream) -> bool {
-    let mut b = [0u8; 1];
-    // SAFETY: recv into a 1-byte buffer we own; MSG_PEEK leaves the queue as is.
-    let n = unsafe { libc::recv(chan.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    n == 0 || (n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN))
 }
 
 /// Server, in `accept`: answers the proposal (if any) of the client behind
@@ -429,7 +419,7 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
         (dev.active(), Reason::NoSmcdDev),
         (proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID, Reason::NoSmcd2Dev),
         (ueid_match(proposal, cfg), Reason::NoUeid),
-        (Owner { pid: proposal.pid, start: proposal.start_time }.is_alive(), Reason::PeerDead),
+        (Owner { pid: proposal.pid, start: proposal.start_time }.is_alive_fast(), Reason::PeerDead),
     ];
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
         return decline(dev, slot, *r, Some(&wake));
@@ -464,24 +454,39 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
         debug!("client withdrew before our Accept (slot {st:?})");
         return Decision::Tcp(Reason::Timeout);
     }
-    // Wait for the client's Confirm; it is running, so this is short.
-    let deadline = Instant::now() + cfg.clc_wait;
+    // Wait for the client's Confirm: it sends CONFIRM_BYTE on the channel
+    // after its CAS to CONFIRMED, and closes the channel when it declines,
+    // so the server sleeps in poll instead of spinning on the slot.
+    let mut deadline = Instant::now() + cfg.clc_wait;
+    let mut granted_grace = false;
     let confirmed = loop {
-        match slot.wait_while(SlotState::Accepted, deadline) {
-            SlotState::Confirmed => break true,
-            SlotState::Declined => {
-                let r = peer_decline(slot.confirm_msg());
-                return Decision::Tcp(r);
+        let now = Instant::now();
+        if now < deadline && wait_readable(chan.as_raw_fd(), deadline - now) {
+            let mut b = [0u8; 1];
+            // SAFETY: recv of at most one byte into a buffer we own.
+            let n = unsafe { libc::recv(chan.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+            if n == 1 && b[0] == CONFIRM_BYTE {
+                break true;
             }
-            // The client freed the slot: after confirming (channel open) or
-            // after declining (it closes the channel first).
-            SlotState::Stale => break !channel_closed(&chan),
-            SlotState::Accepted => {
-                if slot.cas(SlotState::Accepted, SlotState::Declined).is_ok() {
-                    return Decision::Tcp(Reason::Timeout);
+            if n == 1 || n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+                // Closed (the client declined or died) or garbage.
+                if slot.state() == SlotState::Declined {
+                    return Decision::Tcp(peer_decline(slot.confirm_msg()));
                 }
+                break false;
             }
-            other => {
+            continue;
+        }
+        match slot.cas(SlotState::Accepted, SlotState::Declined) {
+            Ok(()) => return Decision::Tcp(Reason::Timeout),
+            Err(SlotState::Declined) => return Decision::Tcp(peer_decline(slot.confirm_msg())),
+            // The client confirmed just now (and may have freed the slot
+            // since): its byte is on the way.
+            Err(SlotState::Confirmed | SlotState::Stale) if !granted_grace => {
+                granted_grace = true;
+                deadline = Instant::now() + REPLY_GRACE;
+            }
+            Err(other) => {
                 debug!("rendezvous slot in state {other:?} after our Accept");
                 return Decision::Tcp(Reason::SyncErr);
             }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod debug;
 pub mod error;
 pub mod owner;
+mod rng;
 pub mod device;
 pub mod dmb;
 pub mod registry;

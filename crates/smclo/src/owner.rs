@@ -10,7 +10,9 @@
 //! Liveness is judged in the caller's pid namespace: processes sharing one
 //! device directory must share a pid namespace (and `/proc`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// A process: its pid and its start time in clock ticks since boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,22 +25,71 @@ pub struct Owner {
 
 // Per-process cache of our own identity. Atomics rather than a lock: a child
 // of fork() must never find a lock held by a thread that does not exist in it.
+// A pid of 0 means "not cached"; the fork hook resets it in the child, so the
+// hot path needs no getpid(2).
 static CACHED_PID: AtomicU32 = AtomicU32::new(0);
 static CACHED_START: AtomicU64 = AtomicU64::new(0);
+static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 fn getpid() -> u32 {
     // SAFETY: getpid has no preconditions and cannot fail.
     unsafe { libc::getpid() as u32 }
 }
 
+/// Runs in the child after `fork`: forget everything cached per process.
+extern "C" fn after_fork_in_child() {
+    CACHED_PID.store(0, Ordering::Relaxed);
+    CACHED_NS_PID.store(0, Ordering::Relaxed);
+    crate::rng::forget_seed();
+}
+
+/// Registers [`after_fork_in_child`] once per process (and its children,
+/// which inherit the registration).
+pub(crate) fn ensure_fork_hook() {
+    if FORK_HOOK.load(Ordering::Acquire) || FORK_HOOK.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: registers a handler that only stores to atomics (async-signal
+    // safe, as a fork child handler must be); no prepare/parent handlers.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+}
+
+/// How long a positive full liveness check (with the start time) is trusted:
+/// within it, `kill(pid, 0)` alone decides. A zombie passes `kill(pid, 0)`,
+/// so a process that died unreaped may look alive for at most this long.
+pub const VERIFIED_TTL: Duration = Duration::from_secs(1);
+
+/// Owners recently verified alive by a full check, with when.
+static VERIFIED: Mutex<Vec<(Owner, Instant)>> = Mutex::new(Vec::new());
+const VERIFIED_MAX: usize = 64;
+
+fn recently_verified(o: &Owner) -> bool {
+    // try_lock: a child of fork must never wait for a lock held by a thread
+    // that does not exist in it; contention only costs a full check.
+    let Ok(v) = VERIFIED.try_lock() else { return false };
+    v.iter().any(|(x, at)| x == o && at.elapsed() < VERIFIED_TTL)
+}
+
+fn note_verified(o: Owner) {
+    let Ok(mut v) = VERIFIED.try_lock() else { return };
+    let now = Instant::now();
+    v.retain(|(x, at)| x.pid != o.pid && now.duration_since(*at) < VERIFIED_TTL);
+    if v.len() >= VERIFIED_MAX {
+        v.remove(0);
+    }
+    v.push((o, now));
+}
+
 impl Owner {
-    /// The calling process. Cached, and re-read after `fork` (the cache is
-    /// keyed by `getpid()`, which changes in the child).
+    /// The calling process. Cached, and re-read after `fork` (a
+    /// `pthread_atfork` child handler clears the cache).
     pub fn current() -> Owner {
-        let pid = getpid();
-        if CACHED_PID.load(Ordering::Acquire) == pid {
+        let pid = CACHED_PID.load(Ordering::Acquire);
+        if pid != 0 {
             return Owner { pid, start: CACHED_START.load(Ordering::Relaxed) };
         }
+        ensure_fork_hook();
+        let pid = getpid();
         // Our own stat file always exists; 0 only if /proc is not mounted, in
         // which case liveness checks degrade to "pid exists".
         let start = read_stat(pid).map(|s| s.start).unwrap_or(0);
@@ -50,18 +101,39 @@ impl Owner {
     /// Whether this process still exists (and is not a zombie).
     ///
     /// A pid of 0 is never alive. When the recorded start time is 0 (unknown)
-    /// only the pid is checked.
+    /// only the pid is checked. Reads `/proc/<pid>/stat`.
     pub fn is_alive(&self) -> bool {
+        self.check_alive(false)
+    }
+
+    /// [`is_alive`](Self::is_alive) for the connection hot path: once a full
+    /// check has found this owner alive, checks within [`VERIFIED_TTL`] use
+    /// `kill(pid, 0)` only, so an owner that died unreaped (a zombie) may
+    /// look alive that long. Use it only where a wrong "alive" costs a
+    /// fallback, never where it would keep garbage (sweeps use `is_alive`).
+    pub fn is_alive_fast(&self) -> bool {
+        self.check_alive(true)
+    }
+
+    fn check_alive(&self, fast: bool) -> bool {
         if self.pid == 0 || self.pid > i32::MAX as u32 {
             return false;
         }
-        if self.pid == getpid() {
-            return self.start == Owner::current().start;
+        let me = Owner::current();
+        if self.pid == me.pid {
+            return self.start == me.start;
         }
-        match read_stat(self.pid) {
+        if fast && self.start != 0 && recently_verified(self) {
+            return pid_exists(self.pid);
+        }
+        let alive = match read_stat(self.pid) {
             Some(s) => !s.zombie && (self.start == 0 || s.start == self.start),
             None => pid_exists(self.pid) && !proc_mounted(),
+        };
+        if alive && self.start != 0 {
+            note_verified(*self);
         }
+        alive
     }
 
     /// Only the pid, without reading `/proc`: `false` means certainly dead,
@@ -108,9 +180,7 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
 /// Inode number of the calling process's network namespace
 /// (`/proc/self/ns/net`); 0 if it cannot be read. Cached per process.
 pub fn netns_inode() -> u64 {
-    static CACHED_NS_PID: AtomicU32 = AtomicU32::new(0);
-    static CACHED_NS: AtomicU64 = AtomicU64::new(0);
-    let pid = getpid();
+    let pid = Owner::current().pid;
     if CACHED_NS_PID.load(Ordering::Acquire) == pid {
         return CACHED_NS.load(Ordering::Relaxed);
     }
@@ -120,6 +190,9 @@ pub fn netns_inode() -> u64 {
     CACHED_NS_PID.store(pid, Ordering::Release);
     ino
 }
+
+static CACHED_NS_PID: AtomicU32 = AtomicU32::new(0);
+static CACHED_NS: AtomicU64 = AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {

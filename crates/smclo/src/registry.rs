@@ -204,7 +204,7 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let (dfam, dbytes) = canon(dest.ip());
     let port = dest.port();
     let my_ns = netns_inode();
-    let mut live = Liveness::default();
+    let mut live = Liveness::fast();
     let mut best: Option<(u32, ListenerInfo)> = None;
     let h = home(port);
     for k in 0..PROBE {

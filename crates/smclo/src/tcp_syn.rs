@@ -141,6 +141,34 @@ pub fn route_source(dest: SocketAddr) -> io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
+/// How long [`route_source_cached`] trusts a looked-up source address.
+pub const ROUTE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// [`route_source`], remembered per destination address for [`ROUTE_TTL`]:
+/// the probe costs four syscalls, and a client connects to the same few
+/// addresses again and again. A stale answer (routes changed within the TTL)
+/// only makes the bind fail or the key differ, which falls back to TCP.
+pub fn route_source_cached(dest: SocketAddr) -> io::Result<IpAddr> {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static CACHE: Mutex<Vec<(IpAddr, IpAddr, Instant)>> = Mutex::new(Vec::new());
+    // try_lock: never wait for a lock that a thread lost in fork holds.
+    if let Ok(c) = CACHE.try_lock() {
+        if let Some((_, src, _)) = c.iter().find(|(d, _, at)| *d == dest.ip() && at.elapsed() < ROUTE_TTL) {
+            return Ok(*src);
+        }
+    }
+    let src = route_source(dest)?;
+    if let Ok(mut c) = CACHE.try_lock() {
+        let now = Instant::now();
+        c.retain(|(d, _, at)| *d != dest.ip() && now.duration_since(*at) < ROUTE_TTL);
+        if c.len() < 64 {
+            c.push((dest.ip(), src, now));
+        }
+    }
+    Ok(src)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
