@@ -1,0 +1,683 @@
+//! Harness for the application acceptance tests in `tests/`: real programs
+//! from Debian's packages run under `smclo run` (or plain), each test with its
+//! own device directory under /dev/shm, its own temp dir, free ports on
+//! 127.0.0.1 and a time bound on everything it starts. Every process a test
+//! starts is the leader of its own process group and is killed with its whole
+//! group (nginx workers, redis's BGSAVE child) when its guard drops.
+//!
+//! Programs that are missing make the test FAIL with the Debian package to
+//! install (`.ci/run` installs them); nothing is skipped silently.
+
+use smclo::device::{Device, Stats};
+use smclo_wire::reason::Reason;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// How a program is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `smclo run -- PROGRAM ARGS`
+    Smclo,
+    /// `PROGRAM ARGS`, no preload.
+    Plain,
+}
+
+/// `target/<profile>`: the parent of the `deps/` directory that holds the
+/// test executable.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a parent dir");
+    deps.parent().expect("deps/ has a parent dir").to_path_buf()
+}
+
+/// The `smclo` binary next to the test executable's parent dir; panics with
+/// a clear message if it has not been built.
+pub fn smclo_bin() -> PathBuf {
+    let p = profile_dir().join("smclo");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first (cargo build --release --workspace; `cargo test --workspace` builds it too)",
+        p.display()
+    );
+    p
+}
+
+/// Debian package that provides each program the tests use.
+fn package_of(prog: &str) -> &'static str {
+    match prog {
+        "redis-server" => "redis-server",
+        "redis-cli" | "redis-benchmark" => "redis-tools",
+        "nginx" => "nginx-light",
+        "sockperf" => "sockperf",
+        "iperf3" => "iperf3",
+        "wrk" => "wrk",
+        "curl" => "curl",
+        "python3" => "python3",
+        "ip" => "iproute2",
+        "taskset" => "util-linux",
+        _ => "(unknown package)",
+    }
+}
+
+/// Absolute path of `prog`, found in PATH (and the sbin dirs, for nginx);
+/// panics naming the Debian package when it is missing. Prefers Debian's
+/// /usr/bin/python3 over shims earlier in PATH.
+pub fn require(prog: &str) -> PathBuf {
+    if prog == "python3" && Path::new("/usr/bin/python3").is_file() {
+        return PathBuf::from("/usr/bin/python3");
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    let extra = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+    for d in path.split(':').chain(extra) {
+        if d.is_empty() {
+            continue;
+        }
+        let p = Path::new(d).join(prog);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "required program `{prog}` is not installed: apt-get install {} (.ci/run installs it)",
+        package_of(prog)
+    );
+}
+
+/// A port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().unwrap().port()
+}
+
+/// A process (group) that is killed when dropped.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub out: PathBuf,
+    pub err: PathBuf,
+    done: Option<ExitStatus>,
+}
+
+fn kill_group(pid: u32) {
+    // SAFETY: kill has no memory-safety preconditions; the negative pid is
+    // the process group this harness created for the child.
+    unsafe {
+        libc::kill(-(pid as i32), libc::SIGKILL);
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    pub fn stdout(&self) -> Vec<u8> {
+        fs::read(&self.out).unwrap_or_default()
+    }
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout()).into_owned()
+    }
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.err).unwrap_or_default()).into_owned()
+    }
+    /// Stdout and stderr, for failure messages (stderr truncated to its end).
+    pub fn logs(&self) -> String {
+        let mut e = self.stderr_str();
+        if e.len() > 6000 {
+            e = format!("...{}", &e[e.len() - 6000..]);
+        }
+        let mut o = self.stdout_str();
+        if o.len() > 3000 {
+            o = format!("{}...", &o[..3000]);
+        }
+        format!("--- {} stdout:\n{o}\n--- {} stderr:\n{e}", self.name, self.name)
+    }
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        if self.done.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => {
+                self.done = Some(st);
+                false
+            }
+            _ => true,
+        }
+    }
+    /// Waits up to `timeout` for the process to exit; kills its group and
+    /// panics (with its logs) if it does not.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.done {
+                return st;
+            }
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                self.done = Some(st);
+                return st;
+            }
+            if t0.elapsed() > timeout {
+                kill_group(self.pid());
+                let _ = self.child.wait();
+                panic!("{} did not finish within {timeout:?}; killed\n{}", self.name, self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    /// Waits, then panics unless it exited with status 0.
+    pub fn wait_ok(&mut self, timeout: Duration) {
+        let st = self.wait(timeout);
+        assert!(st.success(), "{} failed: {st}\n{}", self.name, self.logs());
+    }
+    /// SIGTERM to the leader, a grace period, then SIGKILL to the group.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.alive() {
+            // SAFETY: as in kill_group.
+            unsafe {
+                libc::kill(self.pid() as i32, libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while self.alive() && t0.elapsed() < grace {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        kill_group(self.pid());
+        if self.done.is_none() {
+            if let Ok(st) = self.child.wait() {
+                self.done = Some(st);
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        kill_group(self.pid());
+        if self.done.is_none() {
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A network namespace that is deleted when dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Kill whatever still runs in it, then delete it.
+        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                if let Ok(p) = pid.parse::<i32>() {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe {
+                        libc::kill(p, libc::SIGKILL);
+                    }
+                }
+            }
+        });
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// One test's world: a device dir, a temp dir, and the processes it started.
+pub struct Env {
+    pub name: String,
+    pub dev_dir: PathBuf,
+    pub tmp: PathBuf,
+    seq: u32,
+}
+
+impl Env {
+    pub fn new(name: &str) -> Env {
+        smclo_bin();
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("{name}-{}-{n}", std::process::id());
+        let dev_dir = PathBuf::from(format!("/dev/shm/smclo-apptest-{tag}"));
+        let tmp = std::env::temp_dir().join(format!("smclo-apptest-{tag}"));
+        let _ = fs::remove_dir_all(&dev_dir);
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir_all(&tmp).expect("create temp dir");
+        // The device file exists before any program starts, so that the
+        // first program does not race the test's own open.
+        Device::open(&dev_dir).expect("create the test's smclo device");
+        Env { name: name.to_string(), dev_dir, tmp, seq: 0 }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.join(rel)
+    }
+
+    /// A command for `prog args` in `mode`, optionally inside a netns; the
+    /// device dir is set in its environment either way.
+    pub fn command(&self, mode: Mode, netns: Option<&str>, prog: &str, args: &[&str]) -> Command {
+        let prog_path = require(prog);
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(ns) = netns {
+            argv.extend(["ip", "netns", "exec", ns].map(String::from));
+        }
+        if mode == Mode::Smclo {
+            argv.push(smclo_bin().display().to_string());
+            argv.extend(["run", "--"].map(String::from));
+        }
+        argv.push(prog_path.display().to_string());
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let mut c = Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        c.env("SMCLO_DEVICE_DIR", &self.dev_dir);
+        c.env_remove("LD_PRELOAD");
+        c.env_remove("SMCLO_DEBUG");
+        c.current_dir(&self.tmp);
+        c.stdin(Stdio::null());
+        c.process_group(0);
+        c
+    }
+
+    /// Starts `cmd` with stdout/stderr in files of the temp dir.
+    pub fn spawn_cmd(&mut self, name: &str, mut cmd: Command) -> Proc {
+        self.seq += 1;
+        let out = self.tmp.join(format!("{}-{name}.out", self.seq));
+        let err = self.tmp.join(format!("{}-{name}.err", self.seq));
+        cmd.stdout(fs::File::create(&out).unwrap());
+        cmd.stderr(fs::File::create(&err).unwrap());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc { name: name.to_string(), child, out, err, done: None }
+    }
+
+    pub fn spawn(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str]) -> Proc {
+        let c = self.command(mode, None, prog, args);
+        self.spawn_cmd(name, c)
+    }
+
+    /// Runs to completion (bounded), panics unless it exits 0; returns it
+    /// for its output.
+    pub fn run(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str], timeout: Duration) -> Proc {
+        let mut p = self.spawn(mode, name, prog, args);
+        p.wait_ok(timeout);
+        p
+    }
+
+    /// Like [`Env::run`], with bytes on stdin.
+    pub fn run_stdin(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str], stdin: &[u8], timeout: Duration) -> Proc {
+        let input = self.tmp.join(format!("{name}.stdin"));
+        fs::write(&input, stdin).unwrap();
+        let mut c = self.command(mode, None, prog, args);
+        c.stdin(fs::File::open(&input).unwrap());
+        let mut p = self.spawn_cmd(name, c);
+        p.wait_ok(timeout);
+        p
+    }
+
+    pub fn stats(&self) -> Stats {
+        Device::open(&self.dev_dir).expect("open the test's smclo device").stats()
+    }
+
+    /// Creates a network namespace with a unique name (deleted on drop).
+    pub fn netns(&mut self, label: &str) -> Netns {
+        require("ip");
+        self.seq += 1;
+        let name = format!("smclo-t{}-{}-{label}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
+        let st = Command::new("ip").args(["netns", "add", &name]).status().expect("ip netns add");
+        assert!(st.success(), "ip netns add {name} failed (the netns tests need root)");
+        Netns { name }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dev_dir);
+        if std::env::var_os("SMCLO_APPTEST_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Runs `ip args`, panicking on failure.
+pub fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("run ip");
+    assert!(o.status.success(), "ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Joins two namespaces with a veth pair: `a` gets `addr_a`/30, `b` gets
+/// `addr_b`/30. Interface names are derived from a unique id (<= 15 chars).
+pub fn veth(a: &Netns, b: &Netns, addr_a: &str, addr_b: &str) {
+    let id = SEQ.fetch_add(1, Ordering::SeqCst);
+    let ia = format!("svA{}x{id}", std::process::id() % 100000);
+    let ib = format!("svB{}x{id}", std::process::id() % 100000);
+    ip(&["link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ib, "netns", &b.name]);
+    ip(&["-n", &a.name, "addr", "add", &format!("{addr_a}/30"), "dev", &ia]);
+    ip(&["-n", &b.name, "addr", "add", &format!("{addr_b}/30"), "dev", &ib]);
+    for (ns, i) in [(&a.name, &ia), (&b.name, &ib)] {
+        ip(&["-n", ns, "link", "set", i, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+}
+
+/// True if a socket listens on `port` in the network namespace of `pid`
+/// (or of this process), per /proc/<pid>/net/tcp{,6}. Reading the table
+/// instead of connecting keeps probe connections out of the counters.
+pub fn listening(port: u16, pid: Option<u32>) -> bool {
+    let base = match pid {
+        Some(p) => format!("/proc/{p}/net"),
+        None => "/proc/self/net".to_string(),
+    };
+    for f in ["tcp", "tcp6"] {
+        let Ok(t) = fs::read_to_string(format!("{base}/{f}")) else { continue };
+        for line in t.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 3 && cols[3] == "0A" {
+                if let Some(p) = cols[1].rsplit(':').next() {
+                    if u16::from_str_radix(p, 16).ok() == Some(port) {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Waits until `proc` listens on `port` (in its own netns); panics with its
+/// logs if it dies or takes longer than 10 s.
+pub fn wait_listen(p: &mut Proc, port: u16) {
+    let t0 = Instant::now();
+    while !listening(port, Some(p.pid())) {
+        assert!(p.alive(), "{} exited before listening on {port}\n{}", p.name, p.logs());
+        assert!(t0.elapsed() < Duration::from_secs(10), "{} not listening on {port} after 10 s\n{}", p.name, p.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn fallbacks_total(s: &Stats) -> u64 {
+    s.fallback_client.iter().sum::<u64>() + s.fallback_server.iter().sum::<u64>()
+}
+
+/// Human-readable non-zero fallback counters.
+pub fn fallbacks_desc(s: &Stats) -> String {
+    let mut v = Vec::new();
+    for r in Reason::ALL {
+        let (c, sv) = (s.fallback_client[r.index()], s.fallback_server[r.index()]);
+        if c + sv > 0 {
+            v.push(format!("{r:?}: client {c}, server {sv}"));
+        }
+    }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join("; ")
+    }
+}
+
+/// Counters moved between two snapshots.
+#[derive(Debug, Clone)]
+pub struct Delta {
+    pub conns_opened: u64,
+    pub xfer_bytes: u64,
+    pub fallback_client: Vec<u64>,
+    pub fallback_server: Vec<u64>,
+}
+
+pub fn delta(before: &Stats, after: &Stats) -> Delta {
+    Delta {
+        conns_opened: after.conns_opened - before.conns_opened,
+        xfer_bytes: after.xfer_bytes - before.xfer_bytes,
+        fallback_client: (0..Reason::COUNT).map(|i| after.fallback_client[i] - before.fallback_client[i]).collect(),
+        fallback_server: (0..Reason::COUNT).map(|i| after.fallback_server[i] - before.fallback_server[i]).collect(),
+    }
+}
+
+impl Delta {
+    pub fn fallbacks(&self) -> u64 {
+        self.fallback_client.iter().sum::<u64>() + self.fallback_server.iter().sum::<u64>()
+    }
+    pub fn fallbacks_desc(&self) -> String {
+        let mut v = Vec::new();
+        for r in Reason::ALL {
+            let (c, sv) = (self.fallback_client[r.index()], self.fallback_server[r.index()]);
+            if c + sv > 0 {
+                v.push(format!("{r:?}: client {c}, server {sv}"));
+            }
+        }
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join("; ")
+        }
+    }
+}
+
+/// Asserts that traffic went through shared memory: at least `min_conns`
+/// SMC-D connections, xfer_bytes within `[lo, hi]`, and no fallback at all.
+pub fn assert_smc(what: &str, d: &Delta, min_conns: u64, lo: u64, hi: u64, logs: &str) {
+    assert!(
+        d.fallbacks() == 0,
+        "{what}: fallbacks to TCP: {} (counters {d:?})\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert!(d.conns_opened >= min_conns, "{what}: only {} SMC-D connections, want >= {min_conns} (counters {d:?})\n{logs}", d.conns_opened);
+    assert!(
+        d.xfer_bytes >= lo && d.xfer_bytes <= hi,
+        "{what}: xfer_bytes {} outside [{lo}, {hi}] (counters {d:?})\n{logs}",
+        d.xfer_bytes
+    );
+}
+
+/// Asserts that nothing went through shared memory, and that the smclo side
+/// counted exactly `conns` PEERNOSMC fallbacks on `side` ("client" or
+/// "server") and nothing else.
+pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
+    assert_eq!(d.conns_opened, 0, "{what}: SMC-D connections with a plain peer (counters {d:?})\n{logs}");
+    assert_eq!(d.xfer_bytes, 0, "{what}: bytes over SMC-D with a plain peer (counters {d:?})\n{logs}");
+    let i = Reason::PeerNoSmc.index();
+    let (mine, other) = if side == "client" { (&d.fallback_client, &d.fallback_server) } else { (&d.fallback_server, &d.fallback_client) };
+    assert_eq!(mine[i], conns, "{what}: want {conns} {side} PEERNOSMC fallbacks: {}\n{logs}", d.fallbacks_desc());
+    assert_eq!(d.fallbacks(), conns, "{what}: unexpected fallbacks: {} ({other:?})\n{logs}", d.fallbacks_desc());
+}
+
+/// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Lowercase hex SHA-256 of a file, via coreutils' sha256sum.
+pub fn sha256_file(p: &Path) -> String {
+    let o = Command::new("sha256sum").arg(p).output().expect("sha256sum");
+    assert!(o.status.success(), "sha256sum {} failed", p.display());
+    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or("").to_string()
+}
+
+/// Lowercase hex SHA-256 of bytes (written to a temp file first).
+pub fn sha256_bytes(env: &Env, name: &str, b: &[u8]) -> String {
+    let p = env.path(&format!("{name}.sha-input"));
+    fs::write(&p, b).unwrap();
+    sha256_file(&p)
+}
+
+/// A plain HTTP/1.0 GET over std TcpStream (used for control probes only).
+pub fn http_get_plain(addr: &str, path: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).unwrap();
+    v
+}
+
+/// Extracts `key:value` from redis INFO output.
+pub fn info_field(info: &str, key: &str) -> Option<String> {
+    info.lines().find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
+}
+
+/// `user root;` when running as root (nginx's default user may not exist).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Starts redis-server in `mode` on a free port with a config file in the
+/// test's temp dir (no persistence unless BGSAVE is asked for).
+pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
+    let port = free_port();
+    let conf = env.path("redis.conf");
+    fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\nsave \"\"\nappendonly no\n\
+             dir {}\ndbfilename dump.rdb\nlogfile {}\nrdbcompression no\n",
+            env.tmp.display(),
+            env.path("redis.log").display()
+        ),
+    )
+    .unwrap();
+    let mut p = env.spawn(mode, "redis-server", "redis-server", &[conf.to_str().unwrap()]);
+    wait_listen(&mut p, port);
+    (p, port)
+}
+
+/// Writes an nginx config (master + 2 workers, sendfile, keepalive, `daemon
+/// off`, every path in the temp dir) serving `root` on `listen`, and starts
+/// nginx in `mode`, optionally inside `netns`. Access log lines are
+/// `$request_length $bytes_sent $status $request`, so tests can add up the
+/// bytes nginx moved.
+pub fn start_nginx(env: &mut Env, mode: Mode, netns: Option<&str>, listen: &str, root: &Path, tag: &str) -> Proc {
+    let dir = env.path(&format!("nginx-{tag}"));
+    fs::create_dir_all(dir.join("body")).unwrap();
+    fs::create_dir_all(dir.join("proxy")).unwrap();
+    let user = if is_root() { "user root;\n" } else { "" };
+    let conf = format!(
+        "{user}worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+         events {{ worker_connections 512; }}\n\
+         http {{\n  log_format counts '$request_length $bytes_sent $status \"$request\"';\n  access_log {d}/access.log counts;\n\
+           client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+           sendfile on;\n  tcp_nopush on;\n  keepalive_timeout 30s;\n  keepalive_requests 1000000;\n\
+           types {{ text/plain txt; application/octet-stream bin; }}\n  default_type application/octet-stream;\n\
+           server {{\n    listen {listen};\n    root {root};\n  }}\n}}\n",
+        d = dir.display(),
+        root = root.display()
+    );
+    let cf = dir.join("nginx.conf");
+    fs::write(&cf, conf).unwrap();
+    let (c, p, e) = (cf.display().to_string(), dir.display().to_string(), dir.join("error.log").display().to_string());
+    let cmd = env.command(mode, netns, "nginx", &["-c", &c, "-p", &p, "-e", &e]);
+    let port: u16 = listen.rsplit(':').next().unwrap().parse().unwrap();
+    let mut proc_ = env.spawn_cmd(&format!("nginx-{tag}"), cmd);
+    wait_listen(&mut proc_, port);
+    // master + 2 workers
+    let t0 = Instant::now();
+    loop {
+        let kids = fs::read_to_string(format!("/proc/{0}/task/{0}/children", proc_.pid())).unwrap_or_default();
+        if kids.split_whitespace().count() >= 2 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "nginx did not start 2 workers\n{}", proc_.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proc_
+}
+
+/// Sum of `$request_length + $bytes_sent` and the number of lines of an
+/// nginx access log written by [`start_nginx`].
+pub fn nginx_log_bytes(env: &Env, tag: &str) -> (u64, u64, Vec<String>) {
+    let log = fs::read_to_string(env.path(&format!("nginx-{tag}/access.log"))).unwrap_or_default();
+    let mut sum = 0;
+    let mut n = 0;
+    let mut lines = Vec::new();
+    for l in log.lines() {
+        let mut it = l.split_whitespace();
+        let a: u64 = it.next().unwrap().parse().unwrap();
+        let b: u64 = it.next().unwrap().parse().unwrap();
+        sum += a + b;
+        n += 1;
+        lines.push(l.to_string());
+    }
+    (sum, n, lines)
+}
+
+/// Runs curl in `mode` (optionally in `netns`) fetching `urls` over one
+/// keep-alive connection into files; returns the bodies and the bytes curl
+/// sent plus received (`size_request + size_header + size_download`).
+pub fn curl(env: &mut Env, mode: Mode, netns: Option<&str>, name: &str, urls: &[String]) -> (Vec<Vec<u8>>, u64) {
+    let mut args: Vec<String> = vec!["-sS".into(), "--fail".into(), "--http1.1".into(), "--max-time".into(), "30".into()];
+    args.push("-w".into());
+    args.push("%{size_request} %{size_header} %{size_download}\\n".into());
+    let mut outs = Vec::new();
+    for (i, u) in urls.iter().enumerate() {
+        let o = env.path(&format!("{name}-body{i}"));
+        args.push("-o".into());
+        args.push(o.display().to_string());
+        args.push(u.clone());
+        outs.push(o);
+    }
+    let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let cmd = env.command(mode, netns, "curl", &a);
+    let mut p = env.spawn_cmd(name, cmd);
+    p.wait_ok(Duration::from_secs(60));
+    let mut bytes = 0;
+    for l in p.stdout_str().lines() {
+        bytes += l.split_whitespace().map(|x| x.parse::<u64>().unwrap()).sum::<u64>();
+    }
+    (outs.iter().map(|o| fs::read(o).unwrap()).collect(), bytes)
+}
+
+/// A wrk Lua script that checks every response body against `body_len`
+/// bytes and status 200, and prints `checked=<n> bad=<n>` at the end.
+pub fn wrk_check_script(env: &Env, body_len: usize) -> PathBuf {
+    let p = env.path("check.lua");
+    fs::write(
+        &p,
+        format!(
+            r#"local threads = {{}}
+function setup(thread) table.insert(threads, thread) end
+function init(args) checked = 0; bad = 0 end
+function response(status, headers, body)
+  checked = checked + 1
+  if status ~= 200 or #body ~= {body_len} then bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local c, b = 0, 0
+  for _, t in ipairs(threads) do c = c + t:get("checked"); b = b + t:get("bad") end
+  io.write(string.format("checked=%d bad=%d\n", c, b))
+end
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Parses wrk's output: (requests completed, checked, bad, socket errors
+/// line if any).
+pub fn parse_wrk(out: &str) -> (u64, u64, u64, Option<String>) {
+    let reqs = out
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no request count in wrk output:\n{out}"));
+    let kv = |k: &str| -> u64 {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k}= in wrk output:\n{out}"))
+    };
+    let errs = out.lines().find(|l| l.contains("Socket errors") || l.contains("Non-2xx")).map(|s| s.to_string());
+    (reqs, kv("checked"), kv("bad"), errs)
+}

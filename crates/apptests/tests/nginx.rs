@@ -1,0 +1,67 @@
+//! nginx (master + 2 workers, sendfile, keepalive) with curl and wrk, all
+//! under `smclo run`.
+
+use smclo_apptests::*;
+use std::fs;
+use std::time::Duration;
+
+fn www(env: &Env) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
+    let root = env.path("www");
+    fs::create_dir_all(&root).unwrap();
+    let small = b"smclo nginx small file: 0123456789 abcdefghijklmnopqrstuvwxyz\n".repeat(3);
+    let big = pseudo_random(1 << 20, 0xb16_f11e);
+    fs::write(root.join("small.txt"), &small).unwrap();
+    fs::write(root.join("big.bin"), &big).unwrap();
+    (root, small, big)
+}
+
+#[test]
+fn nginx_curl_small_and_1mib() {
+    let mut env = Env::new("nginx-curl");
+    let (root, small, big) = www(&env);
+    let port = free_port();
+    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let s0 = env.stats();
+    let base = format!("http://127.0.0.1:{port}");
+    // Both files over one keep-alive connection, then each on its own.
+    let (bodies, curl_bytes) = curl(&mut env, Mode::Smclo, None, "curl-both", &[format!("{base}/small.txt"), format!("{base}/big.bin")]);
+    assert_eq!(sha256_bytes(&env, "s", &bodies[0]), sha256_bytes(&env, "s0", &small), "small body differs");
+    assert_eq!(sha256_bytes(&env, "b", &bodies[1]), sha256_bytes(&env, "b0", &big), "1 MiB body differs");
+    let (b1, c1) = curl(&mut env, Mode::Smclo, None, "curl-big", &[format!("{base}/big.bin")]);
+    assert_eq!(sha256_bytes(&env, "b1", &b1[0]), sha256_bytes(&env, "b0", &big), "1 MiB body differs (2nd)");
+    let d = delta(&s0, &env.stats());
+    // Exact: curl counts every byte it sent (request) and received (headers
+    // and body) on its connections, which are all of the traffic.
+    let want = curl_bytes + c1;
+    assert_smc("nginx + curl", &d, 2, want, want, &nginx.logs());
+    // nginx agrees: $request_length + $bytes_sent over its log.
+    let (logged, n, lines) = nginx_log_bytes(&env, "a");
+    assert_eq!(n, 3, "access log: {lines:?}");
+    assert_eq!(logged, want, "nginx logged {logged} bytes, curl moved {want}: {lines:?}");
+}
+
+#[test]
+fn nginx_wrk() {
+    let mut env = Env::new("nginx-wrk");
+    let (root, small, _) = www(&env);
+    let port = free_port();
+    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let script = wrk_check_script(&env, small.len());
+    let s0 = env.stats();
+    let url = format!("http://127.0.0.1:{port}/small.txt");
+    let wrk = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url], Duration::from_secs(30));
+    let out = wrk.stdout_str();
+    let (reqs, checked, bad, errs) = parse_wrk(&out);
+    assert!(errs.is_none(), "wrk: {errs:?}\n{}\n{}", wrk.logs(), nginx.logs());
+    assert!(reqs > 1000, "only {reqs} requests\n{out}");
+    assert_eq!(bad, 0, "{bad} responses with a wrong status or body length\n{out}");
+    assert_eq!(checked, reqs, "{out}");
+    // nginx logs a request once it has sent the response. wrk stops with
+    // up to one request in flight per connection (8): those may have been
+    // read (and answered) but not counted by wrk, or be in the ring unread.
+    let (logged, n, _) = nginx_log_bytes(&env, "a");
+    assert!(n >= reqs && n <= reqs + 8, "nginx logged {n} requests, wrk completed {reqs}");
+    let per_req = logged / n;
+    let d = delta(&s0, &env.stats());
+    assert_smc("nginx + wrk", &d, 8, logged, logged + 8 * per_req, &nginx.logs());
+}
