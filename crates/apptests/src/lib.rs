@@ -639,8 +639,8 @@ pub fn curl(env: &mut Env, mode: Mode, netns: Option<&str>, name: &str, urls: &[
 
 /// A wrk Lua script that checks every response body against `body_len`
 /// bytes and status 200, and prints `checked=<n> bad=<n>` at the end.
-pub fn wrk_check_script(env: &Env, body_len: usize) -> PathBuf {
-    let p = env.path("check.lua");
+pub fn wrk_check_script(env: &Env, name: &str, body_len: usize) -> PathBuf {
+    let p = env.path(&format!("{name}.lua"));
     fs::write(
         &p,
         format!(

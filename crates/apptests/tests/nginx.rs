@@ -46,7 +46,7 @@ fn nginx_wrk() {
     let (root, small, _) = www(&env);
     let port = free_port();
     let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
-    let script = wrk_check_script(&env, small.len());
+    let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
     let wrk = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url], Duration::from_secs(30));

@@ -1,0 +1,56 @@
+//! sockperf server with sockperf ping-pong and throughput over TCP, both
+//! under `smclo run`.
+
+use smclo_apptests::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+/// `key=value` from sockperf's output (value up to ';' or whitespace).
+fn field(out: &str, key: &str) -> u64 {
+    out.split(|c: char| c.is_whitespace() || c == ';')
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in sockperf output:\n{out}"))
+}
+
+// sockperf's warm-up sends "a few dummy messages" of the test's size before
+// the measured run and does not count them; allow up to 1000 of them.
+const WARMUP_MSGS: u64 = 1000;
+
+#[test]
+fn sockperf_ping_pong_and_throughput() {
+    let mut env = Env::new("sockperf");
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(Mode::Smclo, "sockperf-server", "sockperf", &["server", "--tcp", "-i", "127.0.0.1", "-p", &ps]);
+    wait_listen(&mut server, port);
+
+    // ping-pong, 64-byte messages: every message the client sent is echoed.
+    let m = 64u64;
+    let s0 = env.stats();
+    let pp = env.run(Mode::Smclo, "sockperf-pp", "sockperf", &["ping-pong", "--tcp", "-i", "127.0.0.1", "-p", &ps, "-t", "2", "-m", &m.to_string()], T);
+    let out = pp.stderr_str() + &pp.stdout_str();
+    let total = out.lines().find(|l| l.contains("[Total Run]")).unwrap_or_else(|| panic!("no [Total Run] line:\n{out}"));
+    let (sent, recv) = (field(total, "SentMessages"), field(total, "ReceivedMessages"));
+    assert!(out.contains("Summary: Latency is"), "{out}");
+    assert!(out.contains("# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"), "{out}");
+    assert!(recv > 1000 && recv <= sent && sent - recv <= 1, "sent {sent}, received {recv}\n{out}");
+    let d = delta(&s0, &env.stats());
+    // The client's messages and the server's echoes; the server may have
+    // echoed the last message after the client stopped counting.
+    assert_smc("sockperf ping-pong", &d, 1, (sent + recv) * m, (2 * sent + 2 * WARMUP_MSGS) * m, &server.logs());
+
+    // throughput, 1400-byte messages, no replies.
+    let m = 1400u64;
+    let s0 = env.stats();
+    let tp = env.run(Mode::Smclo, "sockperf-tp", "sockperf", &["throughput", "--tcp", "-i", "127.0.0.1", "-p", &ps, "-t", "2", "-m", &m.to_string()], T);
+    let out = tp.stderr_str() + &tp.stdout_str();
+    let line = out.lines().find(|l| l.contains("Total of ") && l.contains("messages sent")).unwrap_or_else(|| panic!("no total:\n{out}"));
+    let sent: u64 = line.split("Total of ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(out.contains("Summary: BandWidth is"), "{out}");
+    assert!(sent > 10000, "only {sent} messages\n{out}");
+    let d = delta(&s0, &env.stats());
+    assert_smc("sockperf throughput", &d, 1, sent * m, (sent + WARMUP_MSGS) * m, &server.logs());
+    assert!(server.alive(), "sockperf server died\n{}", server.logs());
+}
