@@ -458,6 +458,7 @@ impl Delta {
 /// Asserts that traffic went through shared memory: at least `min_conns`
 /// SMC-D connections, xfer_bytes within `[lo, hi]`, and no fallback at all.
 pub fn assert_smc(what: &str, d: &Delta, min_conns: u64, lo: u64, hi: u64, logs: &str) {
+    eprintln!("{what}: {} SMC-D connections, xfer_bytes {} (want [{lo}, {hi}]), fallbacks: {}", d.conns_opened, d.xfer_bytes, d.fallbacks_desc());
     assert!(
         d.fallbacks() == 0,
         "{what}: fallbacks to TCP: {} (counters {d:?})\n{logs}",
@@ -475,6 +476,7 @@ pub fn assert_smc(what: &str, d: &Delta, min_conns: u64, lo: u64, hi: u64, logs:
 /// counted exactly `conns` PEERNOSMC fallbacks on `side` ("client" or
 /// "server") and nothing else.
 pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
+    eprintln!("{what}: {} SMC-D connections, xfer_bytes {}, fallbacks: {}", d.conns_opened, d.xfer_bytes, d.fallbacks_desc());
     assert_eq!(d.conns_opened, 0, "{what}: SMC-D connections with a plain peer (counters {d:?})\n{logs}");
     assert_eq!(d.xfer_bytes, 0, "{what}: bytes over SMC-D with a plain peer (counters {d:?})\n{logs}");
     let i = Reason::PeerNoSmc.index();

@@ -3,15 +3,16 @@
 use smclo_apptests::*;
 use std::time::Duration;
 
-/// A number at `"key":` after the first occurrence of `"section":` in
-/// iperf3's JSON (enough for end.sum_sent / end.sum_received).
-fn json_num(json: &str, section: &str, key: &str) -> f64 {
-    let end = json.rfind("\"end\":").unwrap_or_else(|| panic!("no end section:\n{json}"));
-    let s = &json[end..];
-    let at = s.find(&format!("\"{section}\":")).unwrap_or_else(|| panic!("no {section}:\n{s}"));
-    let s = &s[at..];
-    let k = s.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
-    s[k..].trim_start().split(|c: char| c == ',' || c == '}' || c.is_whitespace()).next().unwrap().parse().unwrap()
+/// `end.<section>.<key>` of iperf3's JSON output (parsed by python3).
+fn json_num(env: &Env, json: &str, section: &str, key: &str) -> f64 {
+    let f = env.path("iperf3.json");
+    std::fs::write(&f, json).unwrap();
+    let o = std::process::Command::new(require("python3"))
+        .args(["-c", &format!("import json,sys; print(json.load(open(sys.argv[1]))['end']['{section}']['{key}'])"), f.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&o.stdout);
+    v.trim().parse().unwrap_or_else(|_| panic!("no end.{section}.{key} in iperf3 output: {}\n{json}", String::from_utf8_lossy(&o.stderr)))
 }
 
 #[test]
@@ -31,12 +32,16 @@ fn iperf3_both_directions() {
         let c = env.run(Mode::Smclo, name, "iperf3", &args, Duration::from_secs(30));
         let json = c.stdout_str();
         assert!(!json.contains("\"error\""), "iperf3 error:\n{json}\n{}", server.logs());
-        let sent = json_num(&json, "sum_sent", "bytes") as u64;
-        let received = json_num(&json, "sum_received", "bytes") as u64;
+        let sent = json_num(&env, &json, "sum_sent", "bytes") as u64;
+        let received = json_num(&env, &json, "sum_received", "bytes") as u64;
         assert!(sent > 100 << 20, "{name}: only {sent} bytes in 2 s");
-        assert_eq!(sent, received, "{name}: sent {sent} != received {received}");
+        // The receiver stops reading when the test time is up: the last
+        // blocks the sender wrote may stay unread (in the ring, or in TCP's
+        // buffers without smclo), at most a few MiB.
+        assert!(received <= sent && sent - received <= 4 << 20, "{name}: sent {sent}, received {received}");
         let d = delta(&s0, &env.stats());
-        // Data connection: exactly `sent`. Control connection: the cookie,
+        // Data connection: exactly `sent` (written into the peer's ring,
+        // read or not). Control connection: the cookie,
         // parameters and both JSON result exchanges, a few tens of KiB with
         // --json (bounded here at 256 KiB).
         assert_smc(name, &d, 2, sent, sent + (256 << 10), &format!("{}\n{}", c.logs(), server.logs()));

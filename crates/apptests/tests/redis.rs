@@ -62,10 +62,10 @@ fn redis_benchmark_set_get() {
     // Every byte the server read or wrote went through the device: redis
     // counts them itself (total_net_{input,output}_bytes), and every client
     // byte is a server byte. The only bytes redis has not counted when it
-    // reports are those of that INFO reply, which redis_bytes adds. Allow
-    // 0.1% for redis's own counting granularity (it counts per read()/
-    // write() call, which can race the INFO by one in-flight reply).
-    let (lo, hi) = (moved - moved / 1000, moved + moved / 1000);
+    // reports are those of that INFO reply, which redis_bytes adds from
+    // redis-cli's printout of it; that reconstruction may be off by a few
+    // bytes (line endings), hence +-64 bytes.
+    let (lo, hi) = (moved - 64, moved + 64);
     // 8 benchmark clients (its CONFIG GET probes reuse or add connections)
     // plus the three redis-cli runs.
     assert_smc("redis-benchmark", &d, 8 + 3, lo, hi, &format!("{}\n{}", bench.logs(), server.logs()));
@@ -146,6 +146,6 @@ fn redis_bgsave_during_load() {
     cli_runs += 1;
     let d = delta(&s0, &env.stats());
     // As in redis_benchmark_set_get.
-    let (lo, hi) = (moved - moved / 1000, moved + moved / 1000);
+    let (lo, hi) = (moved - 64, moved + 64);
     assert_smc("redis BGSAVE under load", &d, 8 + cli_runs, lo, hi, &format!("{}\n{}", bench.logs(), server.logs()));
 }
