@@ -6,6 +6,7 @@
 
 mod bench;
 mod dev;
+mod run;
 mod stats;
 
 use smclo::device::Device;
@@ -20,6 +21,8 @@ commands:
   stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
   stats reset                   zero the counters
   bench [...]                   built-in benchmarks (smclo bench --help)
+  run [-d] [-r SIZE] [-t SIZE] [--] PROGRAM [ARGS]
+                                run PROGRAM with SMC-D acceleration (alias: smc_run)
   help                          this text
 
 environment:
@@ -32,6 +35,10 @@ fn main() {
 }
 
 fn run(args: &[String]) -> i32 {
+    // Called as `smc_run` (smc-tools' name): the whole command line is run's.
+    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == "smc_run") {
+        return run::main(args.get(1..).unwrap_or(&[]));
+    }
     let rest = args.get(2..).unwrap_or(&[]);
     match args.get(1).map(String::as_str) {
         Some("-h" | "--help" | "help") => {
@@ -41,6 +48,7 @@ fn run(args: &[String]) -> i32 {
         Some("dev" | "device" | "d") => dev::main(rest),
         Some("stats" | "s") => stats::main(rest),
         Some("bench") => bench::main(rest),
+        Some("run") => run::main(rest),
         Some(other) => {
             eprintln!("smclo: unknown command {other:?}\n");
             eprint!("{USAGE}");

@@ -688,6 +688,22 @@ impl Conn {
         unsafe { libc::shutdown(self.fd(), libc::SHUT_RDWR) };
     }
 
+    /// [`Conn::close`] through a shared reference, for a caller that cannot
+    /// take the `Conn` back while other threads may still hold it (the
+    /// preload closes the last descriptor of a connection this way): sets
+    /// `PEER_CONN_CLOSED` (or `PEER_CONN_ABORT`) and shuts the channel down
+    /// now; drop later only unmaps and closes the descriptor.
+    pub fn close_shared(&self) {
+        self.close_inner();
+    }
+
+    /// Gives up this process's share of the connection without telling the
+    /// peer: another process that inherited it through `fork` still uses it.
+    /// Drop then unmaps and closes the descriptor and sets no flag.
+    pub fn disown(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
     /// Immediate abort (like `SO_LINGER` 0): the peer sees ECONNRESET; this
     /// end's later calls fail with ECONNABORTED.
     pub fn abort(&self) {

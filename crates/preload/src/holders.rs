@@ -1,0 +1,173 @@
+//! Which processes hold a connection after `fork` (the close rule).
+//!
+//! A forked child inherits the application's descriptors and the table. The
+//! connection must end (close flags to the peer) only when the *last*
+//! process holding it lets go, as with a kernel socket. Each connection has
+//! a slot in a `MAP_SHARED` anonymous region created before the first fork
+//! and therefore shared by the whole process family: up to [`PER_SLOT`] pids
+//! that may hold it. `fork` (interposed) adds the child's pid, in the parent,
+//! before any thread of the parent can close the connection.
+//!
+//! A listed pid is only a candidate: at close time each is verified with
+//! `kcmp(KCMP_FILE)` on the channel descriptor number (inherited numbers stay
+//! the same), so a child that exited (even with `_exit`, or unreaped), exec'd
+//! (the channel is close-on-exec) or closed its copy does not count, and a
+//! recycled pid never matches. Where `kcmp` is unavailable (no
+//! CONFIG_CHECKPOINT_RESTORE, or refused by ptrace policy) a live
+//! non-zombie pid counts as a holder: the connection then closes without a
+//! flag when the last of them exits, which the peer reads as a reset.
+//!
+//! Limits: more than [`PER_SLOT`]` - 1` simultaneous forked holders of one
+//! connection are not tracked (logged); the extra ones are invisible to the
+//! close rule.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+/// Pids per slot.
+pub const PER_SLOT: usize = 16;
+const SLOTS: usize = 1 << 16;
+
+#[repr(C, align(64))]
+struct Slot {
+    pids: [AtomicU32; PER_SLOT],
+}
+
+static REGION: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+static HINT: AtomicUsize = AtomicUsize::new(0);
+
+fn region() -> Option<&'static [Slot]> {
+    let mut p = REGION.load(Ordering::Acquire);
+    if p.is_null() {
+        let len = SLOTS * std::mem::size_of::<Slot>();
+        // SAFETY: a fresh anonymous shared mapping; no existing memory is
+        // touched. NORESERVE: pages are only committed when used.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return None;
+        }
+        match REGION.compare_exchange(std::ptr::null_mut(), m.cast(), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => p = m.cast(),
+            Err(other) => {
+                // SAFETY: our own mapping, unused by anyone.
+                unsafe { libc::munmap(m, len) };
+                p = other;
+            }
+        }
+    }
+    // SAFETY: the region is SLOTS slots of atomics, mapped for the life of
+    // the process (never unmapped), zero-initialised (a valid value).
+    Some(unsafe { std::slice::from_raw_parts(p, SLOTS) })
+}
+
+fn me() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// Claims a slot with this process as its only holder; `None` if the
+/// region cannot be mapped or is full (the connection then stays TCP).
+pub fn claim() -> Option<usize> {
+    let r = region()?;
+    let me = me();
+    let start = HINT.load(Ordering::Relaxed);
+    for k in 0..SLOTS {
+        let i = (start + k) % SLOTS;
+        let s = &r[i];
+        if s.pids.iter().any(|p| p.load(Ordering::Relaxed) != 0) {
+            continue;
+        }
+        // Only members add to a slot that has members, so an empty slot can
+        // only race with another claimer: the CAS decides.
+        if s.pids[0].compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            HINT.store(i + 1, Ordering::Relaxed);
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Adds `pid` (a fresh fork child) as a holder of `slot`.
+pub fn add(slot: usize, pid: u32) {
+    let Some(r) = region() else { return };
+    let s = &r[slot];
+    if s.pids.iter().any(|p| p.load(Ordering::Relaxed) == pid) {
+        return;
+    }
+    for p in &s.pids {
+        if p.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return;
+        }
+    }
+    smclo::debug!("more than {PER_SLOT} processes share a connection; child {pid} is not tracked");
+}
+
+/// Removes this process from `slot`; returns whether another process still
+/// holds the connection (see the module docs). `chan` is the channel
+/// descriptor, the same number in every process of the family.
+pub fn leave(slot: usize, chan: RawFd) -> bool {
+    let Some(r) = region() else { return false };
+    let s = &r[slot];
+    let me = me();
+    for p in &s.pids {
+        let _ = p.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    let mut others = false;
+    for p in &s.pids {
+        let pid = p.load(Ordering::Acquire);
+        if pid == 0 {
+            continue;
+        }
+        if holds(pid, chan) {
+            others = true;
+        } else {
+            let _ = p.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+    others
+}
+
+/// Removes this process from `slot` without asking about the others (exec).
+pub fn forget(slot: usize) {
+    let Some(r) = region() else { return };
+    let me = me();
+    for p in &r[slot].pids {
+        let _ = p.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+const KCMP_FILE: libc::c_long = 0;
+
+/// Whether process `pid` still has our channel open at descriptor `chan`.
+fn holds(pid: u32, chan: RawFd) -> bool {
+    // SAFETY: kcmp only compares kernel objects; all arguments are plain
+    // integers.
+    let r = unsafe {
+        libc::syscall(libc::SYS_kcmp, me() as libc::pid_t, pid as libc::pid_t, KCMP_FILE, chan as libc::c_long, chan as libc::c_long)
+    };
+    if r == 0 {
+        return true;
+    }
+    if r > 0 {
+        return false; // a different file at that number
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESRCH) | Some(libc::EBADF) => false,
+        _ => alive_not_zombie(pid),
+    }
+}
+
+fn alive_not_zombie(pid: u32) -> bool {
+    let Ok(text) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
+    let Some(close) = text.iter().rposition(|&b| b == b')') else { return false };
+    !matches!(text.get(close + 2), Some(b'Z' | b'X' | b'x'))
+}

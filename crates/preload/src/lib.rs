@@ -1,0 +1,22 @@
+//! `libsmclo_preload.so`: run an unmodified, dynamically linked program with
+//! `LD_PRELOAD=libsmclo_preload.so` (or `smclo run -- program`) and its TCP
+//! connections to other smclo processes on this host go through shared
+//! memory (SMC-D loopback), while all others stay plain TCP.
+//!
+//! This is a thin translation layer: the decision and the data path are the
+//! core's ([`smclo::handshake`], [`smclo::conn::Conn`]). What lives here:
+//!
+//! - [`hooks`]: the interposed libc functions.
+//! - [`table`]: which application descriptors are SMC-D connections.
+//! - [`holders`]: which processes of a `fork` family hold a connection.
+//! - [`real`]: the real libc functions behind ours.
+//!
+//! After an upgrade the application's descriptor is swapped (`dup3`) for a
+//! duplicate of the connection's UNIX channel, so poll/epoll/select work
+//! natively; the TCP socket stays open at a hidden descriptor for identity
+//! and options. See `crates/preload/README.md` for fork, exec and the gaps.
+
+pub mod holders;
+pub mod hooks;
+pub mod real;
+pub mod table;

@@ -1,0 +1,262 @@
+//! Which application descriptors are SMC-D connections, and what they share.
+//!
+//! [`TABLE`] has one atomic pointer per descriptor below [`MAX_FD`]; a
+//! non-null entry is a counted reference to the connection ([`Sock`]) that
+//! the descriptor is a second name of (after the swap, the descriptor is a
+//! duplicate of the connection's UNIX channel). Bit 0 of the pointer is the
+//! application's view of `FD_CLOEXEC` being *off* (the real descriptor
+//! always has it on, see [`crate::hooks`] on exec).
+//!
+//! A descriptor that is not in the table costs one atomic load. Using an
+//! entry takes [`LOCK`] for reading just long enough to count a reference;
+//! removing or adding entries takes it for writing, so a reference is never
+//! counted on a `Sock` that is being freed.
+
+use smclo::conn::Conn;
+use smclo::device::Registration;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Descriptors at or above this are never upgraded (they stay plain TCP).
+pub const MAX_FD: usize = 65536;
+
+/// Tag bit in a table pointer: the application asked for no `FD_CLOEXEC`.
+pub const TAG_NO_CLOEXEC: usize = 1;
+
+#[allow(clippy::declare_interior_mutable_const)]
+const NULL_SOCK: AtomicPtr<Sock> = AtomicPtr::new(std::ptr::null_mut());
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU8 = AtomicU8::new(0);
+
+/// Application descriptor → connection.
+pub static TABLE: [AtomicPtr<Sock>; MAX_FD] = [NULL_SOCK; MAX_FD];
+
+/// Per-descriptor flags that are not table entries (see the `F_*` bits).
+pub static FLAGS: [AtomicU8; MAX_FD] = [ZERO; MAX_FD];
+/// A listening TCP socket registered in the device.
+pub const F_LISTENER: u8 = 1;
+/// A descriptor the preload itself uses (a hidden TCP socket or a
+/// connection's channel): the application cannot close it by accident.
+pub const F_INTERNAL: u8 = 2;
+/// A TCP socket that may be swapped later (created, not yet connected):
+/// its epoll registrations are recorded.
+pub const F_CANDIDATE: u8 = 4;
+
+/// Sets or clears flag bits of `fd` (ignored beyond the table).
+pub fn set_flag(fd: RawFd, f: u8, on: bool) {
+    if let Some(a) = FLAGS.get(fd as usize) {
+        if on {
+            a.fetch_or(f, Ordering::Relaxed);
+        } else {
+            a.fetch_and(!f, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `fd` has any of the flag bits `f`.
+#[inline]
+pub fn has_flag(fd: RawFd, f: u8) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD && FLAGS[fd as usize].load(Ordering::Relaxed) & f != 0
+}
+
+/// A reader/writer lock made of one atomic word, so that a `fork` child can
+/// reset it (no thread of the parent exists there to release it) and so
+/// readers pay one atomic add each way.
+pub struct Lock(AtomicU32);
+
+const WRITER: u32 = 1 << 31;
+
+/// Guards [`TABLE`] updates against reference counting in progress.
+pub static LOCK: Lock = Lock(AtomicU32::new(0));
+
+impl Lock {
+    /// Shared access for a few instructions.
+    #[inline]
+    pub fn read(&self) -> ReadGuard<'_> {
+        loop {
+            if self.0.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
+                return ReadGuard(self);
+            }
+            self.0.fetch_sub(1, Ordering::Relaxed);
+            while self.0.load(Ordering::Relaxed) & WRITER != 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Exclusive access (table changes, fork).
+    pub fn write(&self) -> WriteGuard<'_> {
+        loop {
+            let v = self.0.load(Ordering::Relaxed);
+            if v & WRITER == 0
+                && self.0.compare_exchange_weak(v, v | WRITER, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        while self.0.load(Ordering::Acquire) & !WRITER != 0 {
+            std::hint::spin_loop();
+        }
+        WriteGuard(self)
+    }
+
+    /// In a `fork` child: only the forking thread exists, and it held the
+    /// lock for writing across the fork; start from a clean word.
+    pub fn reset_in_child(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+/// See [`Lock::read`].
+pub struct ReadGuard<'a>(&'a Lock);
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// See [`Lock::write`].
+pub struct WriteGuard<'a>(&'a Lock);
+impl WriteGuard<'_> {
+    /// Leaves the lock held (the fork child resets it instead).
+    pub fn forget(self) {
+        std::mem::forget(self);
+    }
+}
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_and(!WRITER, Ordering::Release);
+    }
+}
+
+/// One SMC-D connection as this process sees it.
+pub struct Sock {
+    /// The data path.
+    pub conn: Conn,
+    /// This end's DMB registration (stats: bytes sent).
+    pub reg: Registration,
+    /// The TCP socket, hidden at a high descriptor (`FD_CLOEXEC`): identity
+    /// for getsockname/getpeername/options, and its close ends the TCP
+    /// connection.
+    pub tcp: RawFd,
+    /// Application descriptors naming this connection in this process.
+    pub fds: AtomicUsize,
+    /// `shutdown(SHUT_RD)` was called: reads return end of stream.
+    pub shut_rd: AtomicBool,
+    /// `SO_LINGER` with a zero timeout is set: the last close aborts.
+    pub linger0: AtomicBool,
+    /// `SO_RCVTIMEO` / `SO_SNDTIMEO` in milliseconds (0 = none).
+    pub rcv_timeo_ms: AtomicU32,
+    /// See `rcv_timeo_ms`.
+    pub snd_timeo_ms: AtomicU32,
+    /// Index of this connection's holder slot ([`crate::holders`]).
+    pub slot: usize,
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        set_flag(self.tcp, F_INTERNAL, false);
+        set_flag(self.conn.fd(), F_INTERNAL, false);
+        // SAFETY: the hidden socket is ours alone (nobody else has its number).
+        unsafe { crate::real::close(self.tcp) };
+        // The Conn closes its channel descriptor when it drops after this.
+    }
+}
+
+/// The entry of `fd`, counted, or `None` (the common case: one load).
+#[inline]
+pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return None;
+    }
+    if TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+        return None;
+    }
+    get_slow(fd)
+}
+
+#[cold]
+fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
+    let _g = LOCK.read();
+    let p = TABLE[fd as usize].load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    let p = (p as usize & !TAG_NO_CLOEXEC) as *const Sock;
+    // SAFETY: a non-null entry owns one strong count of an Arc<Sock>; the
+    // read lock keeps writers (who release that count) out until we hold
+    // our own count.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Some(Arc::from_raw(p))
+    }
+}
+
+/// Whether the application asked for `FD_CLOEXEC` on `fd` (a table fd).
+pub fn app_cloexec(fd: RawFd) -> bool {
+    TABLE[fd as usize].load(Ordering::Acquire) as usize & TAG_NO_CLOEXEC == 0
+}
+
+/// Records the application's `FD_CLOEXEC` view of table fd `fd`.
+pub fn set_app_cloexec(fd: RawFd, on: bool) {
+    let _g = LOCK.write();
+    let a = &TABLE[fd as usize];
+    let p = a.load(Ordering::Acquire) as usize;
+    if p == 0 {
+        return;
+    }
+    let np = if on { p & !TAG_NO_CLOEXEC } else { p | TAG_NO_CLOEXEC };
+    a.store(np as *mut Sock, Ordering::Release);
+}
+
+/// Installs `sock` as the entry of `fd` (which must be free). Call with the
+/// write lock held.
+pub fn install_locked(fd: RawFd, sock: &Arc<Sock>, cloexec: bool) {
+    sock.fds.fetch_add(1, Ordering::AcqRel);
+    let p = Arc::into_raw(sock.clone()) as usize | if cloexec { 0 } else { TAG_NO_CLOEXEC };
+    set_flag(fd, F_CANDIDATE, false);
+    TABLE[fd as usize].store(p as *mut Sock, Ordering::Release);
+}
+
+/// Removes the entry of `fd` (write lock held) and returns its reference;
+/// the caller must pass it to [`release`] after unlocking.
+pub fn take_locked(fd: RawFd) -> Option<Arc<Sock>> {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return None;
+    }
+    let p = TABLE[fd as usize].swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the entry owned this strong count; it is now ours.
+    Some(unsafe { Arc::from_raw((p as usize & !TAG_NO_CLOEXEC) as *const Sock) })
+}
+
+/// One application descriptor of `sock` is gone: when it was the last one
+/// in this process, this process's share of the connection ends.
+pub fn release(sock: Arc<Sock>) {
+    if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
+        crate::hooks::last_close(&sock);
+    }
+}
+
+/// Every table entry with its descriptor, counted (for fork and exec).
+/// Call with the write lock held.
+pub fn all_locked() -> Vec<(RawFd, Arc<Sock>)> {
+    let mut v = Vec::new();
+    for (fd, a) in TABLE.iter().enumerate() {
+        let p = a.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        let p = (p as usize & !TAG_NO_CLOEXEC) as *const Sock;
+        // SAFETY: as in get_slow; the write lock keeps every entry alive.
+        unsafe {
+            Arc::increment_strong_count(p);
+            v.push((fd as RawFd, Arc::from_raw(p)));
+        }
+    }
+    v
+}

@@ -1,0 +1,312 @@
+//! The preload library under real programs: `tests/c/peer.c` (plain POSIX
+//! socket code) runs as server and client in two processes, each with
+//! `LD_PRELOAD=libsmclo_preload.so` (or without, for the mixed cases), on a
+//! device directory of its own. Every test checks the bytes (the peers
+//! verify a known pattern) and the device counters: SMC-D connections were
+//! opened and carried the bytes, or, for a plain peer, a fallback happened.
+
+use smclo::device::{Device, Stats};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// `libsmclo_preload.so` from this build: `deps/` next to the test
+/// executable (always written there by cargo) or `target/<profile>`.
+fn lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory").to_path_buf();
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap().to_path_buf() } else { deps.clone() };
+    for d in [&deps, &profile] {
+        let p = d.join("libsmclo_preload.so");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "libsmclo_preload.so is in neither {} nor {}: build the smclo-preload cdylib with the same profile \
+         and target directory (cargo test --workspace builds it)",
+        deps.display(),
+        profile.display()
+    );
+}
+
+/// Compiles peer.c once.
+fn peer() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/peer.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("preload-peer-{}", std::process::id()));
+        let st = Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-D_FORTIFY_SOURCE=2", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "compiling {} failed", src.display());
+        out
+    })
+}
+
+/// A device directory for one test, removed when dropped.
+struct DevDir(PathBuf);
+
+impl DevDir {
+    fn new(tag: &str) -> DevDir {
+        let p = PathBuf::from(format!("/dev/shm/smclo-preload-test-{}-{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        DevDir(p)
+    }
+    fn stats(&self) -> Stats {
+        Device::open(&self.0).expect("open the test device").stats()
+    }
+}
+
+impl Drop for DevDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Smc,
+    Plain,
+}
+
+fn spawn(dev: &DevDir, side: Side, args: &[&str]) -> Child {
+    let mut c = Command::new(peer());
+    c.args(args)
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_DEBUG", "1")
+        .env_remove("SMCLO_DISABLE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if side == Side::Smc {
+        c.env("LD_PRELOAD", lib());
+    } else {
+        c.env_remove("LD_PRELOAD");
+    }
+    c.spawn().expect("spawn peer")
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits (bounded) for a child and collects its output.
+fn finish(mut c: Child, first: String, what: &str) -> Out {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(st) = c.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = first;
+    c.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    if st.is_none() {
+        stdout.push_str(&format!("\n{what}: TIMED OUT (killed)\n"));
+    }
+    Out { ok: st.is_some_and(|s| s.success()), stdout, stderr }
+}
+
+struct Run {
+    server: Out,
+    client: Out,
+    stats: Stats,
+}
+
+impl Run {
+    fn report(&self) -> String {
+        format!(
+            "server stdout:\n{}\nserver stderr:\n{}\nclient stdout:\n{}\nclient stderr:\n{}\nstats: {:?}",
+            self.server.stdout, self.server.stderr, self.client.stdout, self.client.stderr, self.stats
+        )
+    }
+    fn assert_ok(&self) {
+        assert!(self.server.ok && self.client.ok, "a peer failed\n{}", self.report());
+    }
+    fn fallbacks(&self) -> u64 {
+        self.stats.fallback_client.iter().sum::<u64>() + self.stats.fallback_server.iter().sum::<u64>()
+    }
+    /// Upgraded, exactly `conns` SMC-D connections, no fallback, and the
+    /// device counted at least `bytes` bytes (and not wildly more).
+    fn assert_smc(&self, conns: u64, bytes: u64) {
+        self.assert_ok();
+        assert_eq!(self.stats.conns_opened, conns, "SMC-D connections\n{}", self.report());
+        assert_eq!(self.fallbacks(), 0, "fallbacks\n{}", self.report());
+        let x = self.stats.xfer_bytes;
+        assert!(x >= bytes && x <= bytes + bytes / 100 + 4096, "xfer_bytes {x}, expected about {bytes}\n{}", self.report());
+    }
+}
+
+fn run(mode: &str, server: Side, client: Side, extra: &[&str]) -> Run {
+    let dev = DevDir::new(mode);
+    let mut sargs = vec!["server", mode];
+    sargs.extend_from_slice(extra);
+    let mut s = spawn(&dev, server, &sargs);
+    let mut out = BufReader::new(s.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).expect("server output");
+    let port = line.strip_prefix("READY ").map(|p| p.trim().to_string());
+    let Some(port) = port else {
+        let _ = s.kill();
+        let mut rest = String::new();
+        let _ = out.read_to_string(&mut rest);
+        let mut err = String::new();
+        let _ = s.stderr.take().unwrap().read_to_string(&mut err);
+        panic!("server did not start: {line}{rest}\n{err}");
+    };
+    s.stdout = None;
+    let mut cargs = vec!["client", mode, port.as_str()];
+    cargs.extend_from_slice(extra);
+    let c = spawn(&dev, client, &cargs);
+    let client = finish(c, String::new(), "client");
+    // Put the reader back for finish().
+    let mut rest = String::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = out.read_to_string(&mut rest);
+        let _ = tx.send(rest);
+    });
+    let server = finish_detached(s, rx);
+    let stats = dev.stats();
+    Run { server, client, stats }
+}
+
+/// `finish` for a child whose stdout is read by another thread.
+fn finish_detached(mut c: Child, rx: std::sync::mpsc::Receiver<String>) -> Out {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(st) = c.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    if st.is_none() {
+        stdout.push_str("\nserver: TIMED OUT (killed)\n");
+    }
+    let mut stderr = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    Out { ok: st.is_some_and(|s| s.success()), stdout, stderr }
+}
+
+const BIG: u64 = 3 << 20;
+
+#[test]
+fn blocking_echo() {
+    let r = run("echo", Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 2 * BIG);
+    assert!(r.server.stderr.contains("SMC-D"), "no upgrade line in the debug output\n{}", r.report());
+}
+
+#[test]
+fn poll_echo() {
+    run("poll", Side::Smc, Side::Smc, &[]).assert_smc(1, 2 * BIG);
+}
+
+#[test]
+fn epoll_level_triggered() {
+    run("epoll", Side::Smc, Side::Smc, &[]).assert_smc(1, 2 * BIG);
+}
+
+#[test]
+fn epoll_edge_oneshot_rdhup() {
+    run("epollet", Side::Smc, Side::Smc, &[]).assert_smc(1, 2 * BIG);
+}
+
+#[test]
+fn two_threads_one_socket() {
+    run("threads", Side::Smc, Side::Smc, &[]).assert_smc(1, 2 * (BIG + 12345));
+}
+
+#[test]
+fn flags_vectors_fionread() {
+    run("flags", Side::Smc, Side::Smc, &[]).assert_smc(1, 3300 + 1 + 300);
+}
+
+#[test]
+fn shutdown_write_half_close() {
+    run("shut", Side::Smc, Side::Smc, &[]).assert_smc(1, 100000 + 777777);
+}
+
+#[test]
+fn so_linger_zero_resets() {
+    run("linger", Side::Smc, Side::Smc, &[]).assert_smc(1, 1000);
+}
+
+#[test]
+fn ipv6_loopback() {
+    run("echo", Side::Smc, Side::Smc, &["v6"]).assert_smc(1, 2 * BIG);
+}
+
+#[test]
+fn nonblocking_connect_with_epoll() {
+    run("nbconnect", Side::Smc, Side::Smc, &[]).assert_smc(1, 200);
+}
+
+#[test]
+fn fork_child_keeps_connection() {
+    let r = run("fork", Side::Smc, Side::Smc, &[]);
+    // The server's bytes are sent by the child after the parent closed its
+    // copy, which retires the parent's DMB registration (it owns the stats
+    // entry): only the client's BIG bytes are certain to be counted.
+    r.assert_ok();
+    assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
+    assert_eq!(r.fallbacks(), 0, "{}", r.report());
+    assert!(r.stats.xfer_bytes >= BIG && r.stats.xfer_bytes <= 2 * BIG, "{}", r.report());
+    assert!(r.server.stdout.contains(&format!("CHILD {BIG}")), "{}", r.report());
+}
+
+#[test]
+fn exec_falls_back_cleanly() {
+    let r = run("exec", Side::Smc, Side::Smc, &[]);
+    r.assert_ok();
+    assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
+    assert!(r.server.stderr.contains("exec: fd"), "no exec line in the debug output\n{}", r.report());
+}
+
+#[test]
+fn msg_oob_fails_loudly() {
+    let r = run("oob", Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 10);
+    assert!(r.client.stderr.contains("not supported on an SMC-D connection"), "{}", r.report());
+}
+
+#[test]
+fn plain_client_smc_server() {
+    let r = run("echo", Side::Smc, Side::Plain, &[]);
+    r.assert_ok();
+    assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
+    assert_eq!(r.stats.xfer_bytes, 0, "{}", r.report());
+    assert!(r.fallbacks() >= 1, "the server should count a fallback\n{}", r.report());
+}
+
+#[test]
+fn smc_client_plain_server() {
+    let r = run("shut", Side::Plain, Side::Smc, &[]);
+    r.assert_ok();
+    assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
+    assert!(r.fallbacks() >= 1, "the client should count a fallback\n{}", r.report());
+}
