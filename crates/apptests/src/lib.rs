@@ -234,6 +234,8 @@ pub struct Env {
     pub name: String,
     pub dev_dir: PathBuf,
     pub tmp: PathBuf,
+    /// Options for `smclo run` (e.g. `-r 16k`), before the `--`.
+    pub run_opts: Vec<String>,
     seq: u32,
 }
 
@@ -250,7 +252,7 @@ impl Env {
         // The device file exists before any program starts, so that the
         // first program does not race the test's own open.
         Device::open(&dev_dir).expect("create the test's smclo device");
-        Env { name: name.to_string(), dev_dir, tmp, seq: 0 }
+        Env { name: name.to_string(), dev_dir, tmp, run_opts: Vec::new(), seq: 0 }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -267,7 +269,9 @@ impl Env {
         }
         if mode == Mode::Smclo {
             argv.push(smclo_bin().display().to_string());
-            argv.extend(["run", "--"].map(String::from));
+            argv.push("run".into());
+            argv.extend(self.run_opts.iter().cloned());
+            argv.push("--".into());
         }
         argv.push(prog_path.display().to_string());
         argv.extend(args.iter().map(|s| s.to_string()));
