@@ -155,8 +155,15 @@ fn is_tcp_stream(fd: RawFd) -> bool {
 /// reads end of stream) and `fd` stays the TCP socket.
 fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, cloexec: bool) -> bool {
     let Established { conn, registration } = est;
+    // High numbers keep the hidden socket out of the application's way
+    // (select's FD_SETSIZE, programs that expect small numbers); under a
+    // low RLIMIT_NOFILE any free number will do (it is F_INTERNAL).
     // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller owns.
-    let tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+    let mut tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+    if tcp < 0 {
+        // SAFETY: as above.
+        tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    }
     if tcp < 0 {
         debug!("fd {fd}: cannot hide the TCP socket ({}); SMC-D connection dropped", io::Error::last_os_error());
         holders::forget(slot);
@@ -394,20 +401,23 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
     let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-    let Some(slot) = holders::claim() else {
-        // SAFETY: forwarded unchanged.
-        return unsafe { real::connect(fd, addr, len) };
-    };
     let mut p = match handshake::client_propose(&c.dev, &c.cfg, fd, dest) {
         Ok(p) => p,
         Err(r) => {
-            holders::forget(slot);
             c.dev.count_fallback(r, Role::Client);
             debug!("fd {fd}: connect to {dest} stays TCP ({r})");
             table::set_flag(fd, F_CANDIDATE, false);
             // SAFETY: forwarded unchanged.
             return unsafe { real::connect(fd, addr, len) };
         }
+    };
+    let Some(slot) = holders::claim() else {
+        drop(p);
+        c.dev.count_fallback(Reason::Mem, Role::Client);
+        debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
+        table::set_flag(fd, F_CANDIDATE, false);
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
     };
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };

@@ -310,3 +310,35 @@ fn smc_client_plain_server() {
     assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
     assert!(r.fallbacks() >= 1, "the client should count a fallback\n{}", r.report());
 }
+
+/// `smclo run` and `smc_run` set up the environment and exec the program.
+#[test]
+fn smclo_run_sets_up_the_preload() {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
+    for (bin, pre) in [("smclo", &["run", "-d", "-r", "64k", "-t", "1m", "--"][..]), ("smc_run", &["-d", "-r", "64k", "-t", "1m"][..])] {
+        let path = profile.join(bin);
+        assert!(path.is_file(), "{} is missing: build the smclo-cli binaries (cargo test --workspace does)", path.display());
+        let out = Command::new(&path)
+            .args(pre)
+            .args(["sh", "-c", "echo \"$LD_PRELOAD|$SMCLO_DEBUG|$SMCLO_RMEM|$SMCLO_WMEM\""])
+            .env("LD_PRELOAD", "")
+            .env("SMCLO_PRELOAD_LIB", lib())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{bin}: {out:?}");
+        assert!(text.contains("libsmclo_preload.so|1|64k|1m"), "{bin}: {text}");
+        // A missing library is a clear error.
+        let missing = Command::new(&path)
+            .args(if bin == "smclo" { &["run", "--", "true"][..] } else { &["true"][..] })
+            .env("SMCLO_PRELOAD_LIB", "/nonexistent/libsmclo_preload.so")
+            .output()
+            .unwrap();
+        assert_eq!(missing.status.code(), Some(1), "{bin}: {missing:?}");
+        assert!(String::from_utf8_lossy(&missing.stderr).contains("SMCLO_PRELOAD_LIB"), "{bin}: {missing:?}");
+    }
+    let bad = Command::new(profile.join("smclo")).args(["run", "-r", "lots", "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}
