@@ -687,3 +687,39 @@ pub fn parse_wrk(out: &str) -> (u64, u64, u64, Option<String>) {
     let errs = out.lines().find(|l| l.contains("Socket errors") || l.contains("Non-2xx")).map(|s| s.to_string());
     (reqs, kv("checked"), kv("bad"), errs)
 }
+
+/// After every program of the test has exited: no DMB, connection or
+/// listener left in the device, and no file but `device` in its directory.
+/// `orderly`: the programs exited through exit() (not a fatal signal), so
+/// their ends must already be released without the device's sweep of dead
+/// owners; otherwise the sweep (which the next smclo process would run) must
+/// reclaim everything.
+pub fn assert_clean(env: &Env, orderly: bool) {
+    let dev = Device::open(&env.dev_dir).expect("open device");
+    let check = |when: &str| {
+        let s = dev.stats();
+        let files: Vec<String> = fs::read_dir(&env.dev_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "device")
+            .collect();
+        eprintln!("{} {when}: dmbs_cnt {}, conns_active {}, listeners {}, files {files:?}", env.name, s.dmbs_cnt, s.conns_active, s.listeners);
+        (s.dmbs_cnt, s.conns_active, s.listeners, files)
+    };
+    if orderly {
+        let (d, c, l, f) = check("after orderly exit");
+        assert!(
+            d == 0 && c == 0 && l == 0 && f.is_empty(),
+            "{}: left behind after every program exited normally: {d} DMBs, {c} active connections, {l} listeners, files {f:?}",
+            env.name
+        );
+    }
+    dev.sweep();
+    let (d, c, l, f) = check("after sweep");
+    assert!(
+        d == 0 && c == 0 && l == 0 && f.is_empty(),
+        "{}: left behind after the sweep of dead owners: {d} DMBs, {c} active connections, {l} listeners, files {f:?}",
+        env.name
+    );
+}

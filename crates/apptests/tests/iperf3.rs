@@ -47,4 +47,7 @@ fn iperf3_both_directions() {
         assert_smc(name, &d, 2, sent, sent + (256 << 10), &format!("{}\n{}", c.logs(), server.logs()));
     }
     assert!(server.alive(), "iperf3 server died\n{}", server.logs());
+    let mut server = server;
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
 }

@@ -234,4 +234,5 @@ fn server_first_both_smclo() {
     let reply = cc[0].split("reply '").nth(1).unwrap().len() - "\\n'\n".len() + 1;
     let want = CONNS * (BLEN + PLEN + reply) as u64;
     assert_smc("smclo client -> smclo banner server", &d, CONNS, want, want, "");
+    assert_clean(&env, true);
 }

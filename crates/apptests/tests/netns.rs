@@ -51,6 +51,9 @@ fn netns_veth_nginx_wrk_curl() {
     // flight per wrk connection when wrk stopped.
     let per = (small.len() + 400) as u64;
     assert_smc("nginx/wrk across namespaces", &d, 9, logged, logged + 8 * per, &nginx.logs());
+    let mut nginx = nginx;
+    nginx.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
 }
 
 #[test]

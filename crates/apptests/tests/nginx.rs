@@ -38,6 +38,9 @@ fn nginx_curl_small_and_1mib() {
     let (logged, n, lines) = nginx_log_bytes(&env, "a");
     assert_eq!(n, 3, "access log: {lines:?}");
     assert_eq!(logged, want, "nginx logged {logged} bytes, curl moved {want}: {lines:?}");
+    let mut nginx = nginx;
+    nginx.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
 }
 
 #[test]
@@ -64,4 +67,6 @@ fn nginx_wrk() {
     let per_req = logged / n;
     let d = delta(&s0, &env.stats());
     assert_smc("nginx + wrk", &d, 8, logged, logged + 8 * per_req, &nginx.logs());
+    drop(nginx); // SIGKILL to master and workers
+    assert_clean(&env, false);
 }

@@ -3,6 +3,7 @@
 
 use smclo_apptests::*;
 use std::fs;
+use std::time::Duration;
 
 #[test]
 fn python_http_server_curl() {
@@ -27,4 +28,9 @@ fn python_http_server_curl() {
     let d = delta(&s0, &env.stats());
     // Exact: curl counts every byte it sent and received.
     assert_smc("python http.server + curl", &d, 3, bytes, bytes, &server.logs());
+    // SIGINT: KeyboardInterrupt, the interpreter exits normally.
+    // SAFETY: kill has no memory-safety preconditions; server is our child.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGINT) };
+    server.wait(Duration::from_secs(10));
+    assert_clean(&env, true);
 }

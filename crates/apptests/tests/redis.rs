@@ -95,6 +95,9 @@ fn redis_cli_1mib_value() {
     let get_rep = format!("${len}\r\n").len() + len + 2;
     let want = (set_req + 5 + get_req + get_rep) as u64;
     assert_smc("redis-cli 1 MiB SET/GET", &d, 2, want, want, &server.logs());
+    let mut server = server;
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
 }
 
 #[test]
@@ -159,4 +162,7 @@ fn redis_bgsave_during_load() {
     // As in redis_benchmark_set_get.
     let (lo, hi) = (moved - 64, moved + 64);
     assert_smc("redis BGSAVE under load", &d, 8 + cli_runs, lo, hi, &format!("{}\n{}", bench.logs(), server.logs()));
+    let mut server = server;
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
 }

@@ -57,4 +57,7 @@ fn sockperf_ping_pong_and_throughput() {
     let d = delta(&s0, &env.stats());
     assert_smc("sockperf throughput", &d, 1, sent * m, (sent + WARMUP_MSGS) * m, &server.logs());
     assert!(server.alive(), "sockperf server died\n{}", server.logs());
+    let mut server = server;
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, false);
 }
