@@ -24,8 +24,10 @@
 //! detected through [`Owner::is_alive`] and its entries reclaimed by CAS.
 //!
 //! # DMBs
-//! A DMB is the file `dmb-<token:016x>` plus an entry in the DMB table. The
-//! table is what the stats are computed from: `dmbs_cnt`, `conns_active` and
+//! A DMB is a sealed memfd (never named in the directory: its descriptor
+//! goes to the peer over the handshake's UNIX channel, see
+//! [`crate::handshake`]) plus an entry in the DMB table, found by token.
+//! The table is what the stats are computed from: `dmbs_cnt`, `conns_active` and
 //! `xfer_bytes` remain right after kill -9 because dead owners' entries are
 //! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
 
@@ -84,9 +86,10 @@ pub trait SmcdOps: Send + Sync {
     fn support_dmb_nocopy(&self) -> bool;
     /// Creates a DMB with a ring of `ring_len` bytes (`register_dmb`).
     fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle>;
-    /// Maps the peer's DMB by token (`attach_dmb`). A token that no longer
+    /// Maps the peer's DMB `token` from the descriptor it passed
+    /// (`attach_dmb`). A descriptor holding another token
     /// exists gives an error for which [`is_token_gone`] is true.
-    fn attach_dmb(&self, token: u64) -> Result<Dmb>;
+    fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb>;
     /// Removes a DMB (`unregister_dmb`); dropping the handle does the same.
     fn unregister_dmb(&self, dmb: DmbHandle) {
         drop(dmb)
@@ -646,18 +649,14 @@ impl Device {
 
     // --- DMBs --------------------------------------------------------------
 
-    /// The path of the DMB file for `token`.
-    pub fn dmb_path(&self, token: u64) -> PathBuf {
-        self.dir.join(format!("dmb-{token:016x}"))
-    }
-
     /// Registers a DMB with a ring of `ring_len` bytes for this process.
     ///
     /// Claims a DMB table entry (`ENOSPC` when all are in use by live
-    /// processes: the handshake reports `MAX_DMB`), creates
-    /// `dmb-<token>` (mode 0600, exclusive) and initialises it with
-    /// [`Dmb::create`]. Removes what dead processes left behind first (at most
-    /// every [`SWEEP_INTERVAL_MS`], and always when the table is full).
+    /// processes: the handshake reports `MAX_DMB`) under a fresh token, and
+    /// fills it with a DMB from this process's pool ([`crate::pool`]) or a
+    /// new sealed memfd ([`Dmb::create_own`]). Reclaims the table entries of
+    /// dead processes first (at most every [`SWEEP_INTERVAL_MS`], and always
+    /// when the table is full).
     pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
         self.maybe_sweep();
         let me = Owner::current();
@@ -670,21 +669,16 @@ impl Device {
         };
         let e = self.dmb_entry(idx);
         let gen = word::gen(e.word.load(Ordering::Relaxed));
-        let release = |e: &DmbEntry| e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
-        let (token, path, file) = match self.create_dmb_file() {
-            Ok(t) => t,
-            Err(err) => {
-                release(e);
-                return Err(err);
-            }
-        };
-        let dmb = match Dmb::create(&file, token, ring_len, self.gid, me.pid, me.start) {
-            Ok(d) => d,
-            Err(err) => {
-                let _ = std::fs::remove_file(&path);
-                release(e);
-                return Err(err);
-            }
+        let token = random_u64()?;
+        let dmb = match crate::pool::take(ring_len, self.gid, token) {
+            Some(d) => d,
+            None => match Dmb::create_own(token, ring_len, self.gid, me.pid, me.start) {
+                Ok(d) => d,
+                Err(err) => {
+                    e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
+                    return Err(err);
+                }
+            },
         };
         e.start.store(me.start, Ordering::Relaxed);
         e.token.store(token, Ordering::Relaxed);
@@ -695,7 +689,7 @@ impl Device {
         e.word.store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
         self.u64_at(layout::off::DMBS_REGISTERED).fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, pid: me.pid, token, role, path }, dmb })
+        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, pid: me.pid, token, role }, dmb })
     }
 
     /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
@@ -718,58 +712,13 @@ impl Device {
         Ok(None)
     }
 
-    /// Creates `dmb-<token>` for a fresh random token.
-    fn create_dmb_file(&self) -> Result<(u64, PathBuf, File)> {
-        for _ in 0..16 {
-            let token = random_u64()?;
-            let path = self.dmb_path(token);
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(open_flags())
-                .open(&path)
-            {
-                Ok(f) => return Ok((token, path, f)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::Io(e)),
-            }
-        }
-        Err(errno_err(libc::EEXIST))
-    }
-
-    /// Maps the DMB named by `token` (the peer's), then removes its name:
-    /// from then on only the two mappings keep the memory, and the kernel
-    /// frees it when both ends are gone.
-    ///
-    /// A token whose file does not exist gives an error for which
-    /// [`is_token_gone`] is true. A file that is not a regular file owned by
-    /// us is refused (`InvalidDevice`).
-    pub fn attach_dmb(&self, token: u64) -> Result<Dmb> {
-        let path = self.dmb_path(token);
-        let file = match std::fs::OpenOptions::new().read(true).write(true).custom_flags(open_flags()).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(Error::InvalidDevice(format!("{} is a symbolic link", path.display())))
-            }
-            Err(e) => return Err(Error::Io(e)),
-        };
-        let md = file.metadata()?;
-        if !md.file_type().is_file() || md.uid() != euid() {
-            return Err(Error::InvalidDevice(format!(
-                "{} is not a regular file owned by uid {}",
-                path.display(),
-                euid()
-            )));
-        }
-        let dmb = Dmb::attach(&file, token, self.gid)?;
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => crate::debug!("cannot unlink {}: {e}", path.display()),
-        }
-        Ok(dmb)
+    /// Maps the peer's DMB `token` from the memfd `fd` it passed over the
+    /// handshake channel ([`Dmb::attach_peer`] checks seals, owner, size,
+    /// header, token and GID). A descriptor whose header names another
+    /// token gives an error for which [`is_token_gone`] is true; other
+    /// invalid descriptors give `InvalidDevice`.
+    pub fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb> {
+        Dmb::attach_peer(fd, token, self.gid)
     }
 
     // --- garbage collection ------------------------------------------------
@@ -788,8 +737,9 @@ impl Device {
         }
     }
 
-    /// Removes what dead processes left: DMB files whose owner is gone,
-    /// their DMB table entries, and temporary device files of dead creators.
+    /// Removes what dead processes left: their DMB table entries, `dmb-*`
+    /// files that older versions (which named DMBs in the directory) left
+    /// behind, and temporary device files of dead creators.
     /// Runs on its own schedule inside [`Device::register_dmb`] and
     /// [`Device::stats`]; public so tools and tests can force it.
     pub fn sweep(&self) {
@@ -913,8 +863,8 @@ impl SmcdOps for Device {
     fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
         Device::register_dmb(self, ring_len, role)
     }
-    fn attach_dmb(&self, token: u64) -> Result<Dmb> {
-        Device::attach_dmb(self, token)
+    fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb> {
+        Device::attach_dmb(self, token, fd)
     }
 }
 
@@ -923,7 +873,7 @@ impl SmcdOps for Device {
 
 /// A registered DMB owned by this process: the mapping of its own receive
 /// ring plus its [`Registration`] in the DMB table. Dropping it unregisters
-/// the DMB. A connection takes the two apart ([`DmbHandle::into_parts`]):
+/// the DMB (the mapping goes back to the process's pool, [`crate::pool`]). A connection takes the two apart ([`DmbHandle::into_parts`]):
 /// the mapping goes to the data path, the registration stays with the
 /// connection for stats and unregistration.
 pub struct DmbHandle {
@@ -968,6 +918,11 @@ impl DmbHandle {
         self.reg.set_connected(peer_token)
     }
 
+    /// The memfd holding the DMB, to pass to the peer (`SCM_RIGHTS`).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.dmb.own_fd().expect("a registered DMB has its memfd")
+    }
+
     /// The mapping and the registration, to be kept by different owners.
     pub fn into_parts(self) -> (Dmb, Registration) {
         (self.dmb, self.reg)
@@ -975,9 +930,11 @@ impl DmbHandle {
 }
 
 /// A DMB's entry in the device's DMB table, owned by the process that
-/// registered it. Dropping it unregisters the DMB: the file is unlinked if
-/// the peer has not done so, and the table entry is freed (its byte count
-/// folded into `xfer_bytes_retired`).
+/// registered it. Dropping it unregisters the DMB: the table entry is freed
+/// (its byte count folded into `xfer_bytes_retired`). The memory is the
+/// mapping's business ([`Dmb`], [`crate::pool`]); a pooled DMB has no table
+/// entry, so `dmbs_cnt` counts DMBs registered for handshakes and
+/// connections, never pooled ones.
 ///
 /// A copy inherited through `fork` does nothing when dropped in the child:
 /// only the registering process unregisters.
@@ -988,7 +945,6 @@ pub struct Registration {
     pid: u32,
     token: u64,
     role: Role,
-    path: PathBuf,
 }
 
 impl std::fmt::Debug for Registration {
@@ -1036,11 +992,6 @@ impl Drop for Registration {
     fn drop(&mut self) {
         if Owner::current().pid != self.pid {
             return; // a forked child's copy: the parent owns the DMB
-        }
-        match std::fs::remove_file(&self.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => crate::debug!("cannot unlink {}: {e}", self.path.display()),
         }
         let e = self.dev.dmb_entry(self.idx);
         for st in [DMB_REGISTERED, DMB_CONNECTED] {

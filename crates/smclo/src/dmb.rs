@@ -23,7 +23,7 @@ use smclo_wire::dmb_header::{self, DmbHeader, CONS_OFFSET, HEADER_LEN, PROD_OFFS
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::{AsRawFd, FromRawFd};
+use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::AtomicU64;
 
 /// One mapped DMB. `Send + Sync`: all shared access goes through atomics or
@@ -35,6 +35,26 @@ pub struct Dmb {
     /// Length of the reservation (`4096 + 2 * ring_len`).
     map_len: usize,
     hdr: DmbHeader,
+    /// Our own DMB (from [`Dmb::create_own`]): its memfd, kept to pass to
+    /// peers and to reuse the DMB ([`crate::pool`]).
+    own: Option<Own>,
+    /// A peer's DMB attached with [`Dmb::attach_peer`]: the attach record we
+    /// wrote into its header, and the fork generation we did it in; the
+    /// record is cleared on drop unless a fork happened since (a child may
+    /// still use the mapping).
+    attach: Option<(u64, u64)>,
+}
+
+/// The parts of a [`Dmb`] that only its owner has.
+pub(crate) struct Own {
+    /// The sealed memfd.
+    pub(crate) file: File,
+    /// Fork generation in which this mapping was made or taken from the
+    /// pool; a mapping from before a `fork` is never reused.
+    pub(crate) fork_gen: u64,
+    /// Whether dropping the mapping hands it to the pool (true for DMBs in
+    /// use; false for the pool's own copies, which really unmap).
+    pub(crate) reuse: bool,
 }
 
 // SAFETY: `Dmb` owns its mapping (nothing else unmaps it); the pointers are
@@ -75,10 +95,100 @@ impl Dmb {
         Dmb::map(file, hdr)
     }
 
+    /// A new DMB of our own in a fresh memfd (close-on-exec), sized, with
+    /// its header written and sealed against any size change
+    /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a peer holding the
+    /// descriptor can never truncate it under our mapping. The descriptor
+    /// is kept ([`Dmb::own_fd`]) to pass to the peer.
+    pub(crate) fn create_own(token: u64, ring_len: u32, gid: u64, owner_pid: u32, owner_start: u64) -> Result<Dmb> {
+        let file = memfd("smclo-dmb")?;
+        let mut d = Dmb::create(&file, token, ring_len, gid, owner_pid, owner_start)?;
+        // SAFETY: F_ADD_SEALS on our own valid descriptor; no memory effects.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) } != 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        d.own = Some(Own { file, fork_gen: crate::owner::fork_gen(), reuse: true });
+        Ok(d)
+    }
+
+    /// The memfd of our own DMB (None for a peer's).
+    pub(crate) fn own_fd(&self) -> Option<RawFd> {
+        self.own.as_ref().map(|o| o.file.as_raw_fd())
+    }
+
+    pub(crate) fn own_mut(&mut self) -> Option<&mut Own> {
+        self.own.as_mut()
+    }
+
+    /// Gives this pooled DMB a new token (so that a stale holder of its
+    /// descriptor, validating against an old CLC token, refuses it) and an
+    /// empty ring. Only for our own DMB while no peer maps it.
+    pub(crate) fn renew(&mut self, token: u64) {
+        use std::sync::atomic::Ordering;
+        self.prod().store(0, Ordering::SeqCst);
+        self.cons().store(0, Ordering::SeqCst);
+        // SAFETY: offset 16 (the token) is 8-aligned inside the header page
+        // of our mapping; the peer reads the static fields with pread, never
+        // concurrently with a reuse (the attach record is 0 here).
+        unsafe { std::ptr::write_volatile(self.base.add(16) as *mut u64, token) };
+        self.hdr.token = token;
+    }
+
+    /// The attach record word of this DMB (see [`dmb_header::ATTACH_OFFSET`]).
+    pub(crate) fn attach_word(&self) -> &AtomicU64 {
+        // SAFETY: as for `prod`, at ATTACH_OFFSET (8-aligned, own cache line).
+        unsafe { &*(self.base.add(dmb_header::ATTACH_OFFSET) as *const AtomicU64) }
+    }
+
+    /// Maps a peer's DMB from the descriptor it passed us, after checking
+    /// everything a peer could get wrong: the descriptor is a sealed memfd
+    /// (`F_GET_SEALS` has [`REQUIRED_SEALS`], so its size can never change
+    /// under our mapping) owned by our uid, its size and header are those
+    /// of a DMB of `gid` named `token`. Then writes a fresh attach record
+    /// into its header (compare-and-swap from 0; a DMB someone else still
+    /// maps is refused), which the drop clears.
+    ///
+    /// A header naming another token is an `io::ErrorKind::NotFound` error
+    /// ([`crate::device::is_token_gone`]: the DMB for `token` is not there);
+    /// anything else invalid is [`Error::InvalidDevice`].
+    pub(crate) fn attach_peer(file: File, token: u64, gid: u64) -> Result<Dmb> {
+        // SAFETY: F_GET_SEALS on a valid descriptor we own; no memory effects.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: the descriptor is not a memfd sealed against resizing (seals {seals:#x})"
+            )));
+        }
+        use std::os::unix::fs::MetadataExt;
+        let md = file.metadata()?;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if !md.file_type().is_file() || md.uid() != euid {
+            return Err(Error::InvalidDevice(format!("DMB {token:016x}: not a regular file owned by uid {euid}")));
+        }
+        let mut d = Dmb::attach_inner(&file, token, gid)?;
+        drop(file);
+        let rec = crate::rng::next_u64();
+        use std::sync::atomic::Ordering;
+        if d.attach_word().compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return Err(Error::InvalidDevice(format!("DMB {token:016x}: already attached by another peer")));
+        }
+        d.attach = Some((rec, crate::owner::fork_gen()));
+        Ok(d)
+    }
+
     /// Map an existing DMB, validating its header (magic, version, ring_len
     /// power of two in 16K..=1M, file size, token, gid): bad →
     /// [`Error::InvalidDevice`] with a clear message.
     pub fn attach(file: &File, token: u64, gid: u64) -> Result<Dmb> {
+        Dmb::attach_inner(file, token, gid).map_err(|e| match e {
+            Error::Io(e) if e.kind() == io::ErrorKind::NotFound => Error::InvalidDevice(e.to_string()),
+            e => e,
+        })
+    }
+
+    /// [`Dmb::attach`], with a token mismatch as `NotFound`.
+    fn attach_inner(file: &File, token: u64, gid: u64) -> Result<Dmb> {
         let mut b = [0u8; dmb_header::STATIC_LEN];
         file.read_exact_at(&mut b, 0).map_err(|e| {
             Error::InvalidDevice(format!("DMB {token:016x}: cannot read its header: {e}"))
@@ -93,9 +203,9 @@ impl Dmb {
             )));
         }
         if hdr.token != token {
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: header names token {:016x}",
-                hdr.token
+            return Err(Error::Io(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("DMB {token:016x}: header names token {:016x}", hdr.token),
             )));
         }
         if hdr.gid != gid {
@@ -156,7 +266,7 @@ impl Dmb {
         if second == libc::MAP_FAILED {
             return Err(unmap(io::Error::last_os_error()));
         }
-        Ok(Dmb { base: base.cast(), map_len, hdr })
+        Ok(Dmb { base: base.cast(), map_len, hdr, own: None, attach: None })
     }
 
     /// The DMB token.
@@ -209,6 +319,29 @@ impl Dmb {
 
 impl Drop for Dmb {
     fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if let Some((rec, gen)) = self.attach {
+            // Detach: the owner may reuse its DMB once the record is 0. Not
+            // after a fork (a child may still write through the mapping),
+            // and only our own record (compare-and-swap).
+            if gen == crate::owner::fork_gen() {
+                let _ = self.attach_word().compare_exchange(rec, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+        if let Some(own) = self.own.take() {
+            if own.reuse && own.fork_gen == crate::owner::fork_gen() {
+                let pooled = Dmb {
+                    base: self.base,
+                    map_len: self.map_len,
+                    hdr: self.hdr,
+                    own: Some(Own { reuse: false, ..own }),
+                    attach: None,
+                };
+                self.base = std::ptr::null_mut();
+                crate::pool::put(pooled);
+                return;
+            }
+        }
         // SAFETY: the reservation is ours and nothing borrowed from `self`
         // outlives it (accessors borrow `self`).
         unsafe { libc::munmap(self.base.cast(), self.map_len) };
@@ -224,6 +357,10 @@ impl std::fmt::Debug for Dmb {
             .finish()
     }
 }
+
+/// The seals a DMB's memfd must carry: no shrinking (a peer would make our
+/// accesses fault, SIGBUS), no growing, and no changing the seals.
+pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// Forbids resizing a memfd once its size is set, where the file supports
 /// seals: a peer that truncated the file would otherwise make our accesses

@@ -20,7 +20,8 @@ use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -199,18 +200,26 @@ impl ClientProposal {
     fn run(&mut self) -> Decision {
         let deadline = Instant::now() + self.cfg.clc_wait;
         let slot: SlotRef = SlotRef::clone(self.slot.as_ref().expect("proposal without slot"));
+        // The UNIX channel, once the server has connected, and the server's
+        // message on it (its DMB descriptor), once received: `Some(None)`
+        // when the channel closed or the message carried no descriptor.
+        let mut chan: Option<UnixStream> = None;
+        let mut server_dmb: Option<Option<File>> = None;
         loop {
             let seen = slot.state();
             match seen {
-                SlotState::Accepted => break,
+                // The server sends its DMB right after its CAS to ACCEPTED.
+                SlotState::Accepted if server_dmb.is_some() => break,
                 SlotState::Declined => {
                     let r = peer_decline(slot.reply());
+                    drop(chan);
                     self.withdraw();
                     return Decision::Tcp(r);
                 }
-                SlotState::Proposed | SlotState::Replying => {}
+                SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
                 other => {
                     debug!("rendezvous slot in state {other:?} while waiting for the server");
+                    drop(chan);
                     self.withdraw();
                     return Decision::Tcp(Reason::SyncErr);
                 }
@@ -219,27 +228,69 @@ impl ClientProposal {
             if now >= deadline {
                 match slot.give_up() {
                     Ok(()) => {
+                        drop(chan);
                         self.withdraw();
                         return Decision::Tcp(Reason::Timeout);
                     }
                     Err(_) => continue, // the server decided first: follow it
                 }
             }
-            // The server connects to our rendezvous socket just before it
-            // answers; sleep in poll until then, and spin only after. Wait on
-            // the state seen above: waiting on a fresh read could start after
-            // the answer and sleep until the deadline.
-            let listener = self.rendezvous.as_ref().expect("rendezvous socket").as_raw_fd();
-            if wait_readable(listener, deadline - now) {
-                slot.wait_while(seen, deadline);
+            // Sleep in poll: first until the server connects to our
+            // rendezvous socket (it does so before it answers, also to wake
+            // us when it declines), then until its message or end of file.
+            match &chan {
+                None => {
+                    let listener = self.rendezvous.as_ref().expect("rendezvous socket");
+                    if !wait_readable(listener.as_raw_fd(), deadline - now) {
+                        continue;
+                    }
+                    let _ = listener.set_nonblocking(true);
+                    match listener.accept() {
+                        Ok((c, _)) => {
+                            // Our DMB goes to the server now: it checks it
+                            // before it accepts. A failed send shows on the
+                            // server's side (end of file, or no descriptor).
+                            let fd = self.dmb.as_ref().map(|d| d.fd());
+                            if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
+                                debug!("sending our DMB to the server failed: {e}");
+                            }
+                            chan = Some(c);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => debug!("accepting the server's connection failed: {e}"),
+                    }
+                }
+                Some(c) if server_dmb.is_none() => {
+                    if !wait_readable(c.as_raw_fd(), deadline - now) {
+                        continue;
+                    }
+                    match recv_msg(c.as_raw_fd()) {
+                        Ok(Some((SERVER_DMB_BYTE, fd))) => server_dmb = Some(fd),
+                        Ok(Some((b, _))) => {
+                            debug!("unexpected byte {b:#x} from the server during the handshake");
+                            server_dmb = Some(None);
+                        }
+                        Ok(None) => server_dmb = Some(None),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            debug!("receiving the server's DMB failed: {e}");
+                            server_dmb = Some(None);
+                        }
+                    }
+                }
+                // The channel has said all it will; the slot decides.
+                Some(_) => {
+                    slot.wait_while(seen, deadline);
+                }
             }
         }
-        match self.confirm(&slot) {
+        let chan = chan.expect("a server message implies a channel");
+        match self.confirm(&slot, chan, server_dmb.flatten()) {
             Ok(e) => Decision::Smc(e),
             Err(r) => {
-                // Close the channel first: a server that finds the slot gone
-                // then sees a closed channel and knows we declined.
-                self.rendezvous = None;
+                // The channel is closed by now (confirm consumed it): a
+                // server that finds the slot gone sees end of file and knows
+                // we declined.
                 let _ = slot.confirm(&ClcMsg::Decline(Decline::new(self.dev.gid(), r)).to_bytes(), false);
                 self.withdraw();
                 Decision::Tcp(r)
@@ -247,7 +298,7 @@ impl ClientProposal {
         }
     }
 
-    fn confirm(&mut self, slot: &SlotRef) -> Result<Established, Reason> {
+    fn confirm(&mut self, slot: &SlotRef, chan: UnixStream, server_dmb: Option<File>) -> Result<Established, Reason> {
         let accept = match slot.reply().map(|b| ClcMsg::parse(&b)) {
             Some(Ok(ClcMsg::Accept(a))) => a,
             Some(Ok(other)) => {
@@ -263,14 +314,12 @@ impl ClientProposal {
         if accept.gid != self.dev.gid() || accept.chid != LOOPBACK_CHID {
             return Err(Reason::NoSmcd2Dev);
         }
-        let peer = self.dev.attach_dmb(accept.token).map_err(|e| attach_reason(&e))?;
-        let listener = self.rendezvous.as_ref().expect("rendezvous socket");
-        listener.set_nonblocking(true).map_err(|_| Reason::IntErr)?;
-        let (chan, _) = listener.accept().map_err(|e| {
-            debug!("server answered but did not connect to the rendezvous socket: {e}");
-            Reason::SyncErr
-        })?;
-        let dmb = self.dmb.as_ref().expect("client DMB");
+        let Some(fd) = server_dmb else {
+            debug!("the server accepted but passed no DMB for token {:016x}", accept.token);
+            return Err(Reason::ErrRtok);
+        };
+        let peer = self.dev.attach_dmb(accept.token, fd).map_err(|e| attach_reason(&e))?;
+        let dmb = self.dmb.as_ref().ok_or(Reason::ErrRtok)?;
         let confirm = Confirm {
             gid: self.dev.gid(),
             token: dmb.token(),
@@ -286,8 +335,7 @@ impl ClientProposal {
         // Wake the server, which sleeps on the channel: one byte, which it
         // takes before the channel starts carrying doorbells. A failure means
         // the server is gone, which the connection reports on first use.
-        // SAFETY: send of one byte from a live buffer on our own socket.
-        unsafe { libc::send(chan.as_raw_fd(), [CONFIRM_BYTE].as_ptr().cast(), 1, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        let _ = send_msg(chan.as_raw_fd(), CONFIRM_BYTE, None);
         self.withdraw();
         let (local, registration) = self.dmb.take().expect("client DMB").into_parts();
         registration.set_connected(accept.token);
@@ -300,6 +348,14 @@ impl ClientProposal {
                 Err(Reason::IntErr)
             }
         }
+    }
+
+    /// Unregisters the DMB offered in the Proposal while the Proposal
+    /// stands, as if it had vanished: the client then passes no DMB, and the
+    /// server declines with ERR_RTOK (the token names no DMB it was given).
+    /// For exercising that path; a normal client never calls it.
+    pub fn unregister_dmb(&mut self) {
+        self.dmb = None;
     }
 }
 
@@ -344,6 +400,91 @@ fn peer_decline(bytes: Option<Vec<u8>>) -> Reason {
 /// What the client sends on the channel after its Confirm (and before any
 /// doorbell).
 const CONFIRM_BYTE: u8 = 0xC5;
+/// The client's first message on the channel, carrying its DMB descriptor.
+const CLIENT_DMB_BYTE: u8 = 0xD1;
+/// The server's message on the channel after its Accept, carrying its DMB
+/// descriptor.
+const SERVER_DMB_BYTE: u8 = 0xD2;
+
+/// Sends `byte`, and `fd` (if any) as `SCM_RIGHTS`, on the UNIX stream
+/// socket `sock`, without blocking and without SIGPIPE.
+fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<()> {
+    let mut data = [byte];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 1 };
+    // u64 elements: aligned for cmsghdr.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        debug_assert!(space <= std::mem::size_of_val(&cbuf));
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points to `space` zeroed, aligned bytes, enough
+        // for one cmsghdr with one descriptor, so CMSG_FIRSTHDR is non-null
+        // and CMSG_DATA has room for the descriptor.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+        }
+    }
+    // SAFETY: msg points to live buffers (data, cbuf) for the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n == 1 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Receives one byte and at most one descriptor (close-on-exec) from the
+/// UNIX stream socket `sock` without blocking. `Ok(None)` is end of file.
+/// Extra descriptors are closed; a truncated control message is an error.
+fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
+    let mut data = [0u8];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 1 };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: msg points to live buffers (data, cbuf) for the call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds: Vec<File> = Vec::new();
+    // SAFETY: the kernel filled msg_control up to msg_controllen; the CMSG
+    // macros stay inside it, and every SCM_RIGHTS payload is whole
+    // descriptors that are now ours (wrapped in File, closed if unused).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(File::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated control message"));
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    if fds.len() > 1 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "more than one descriptor"));
+    }
+    Ok(Some((data[0], fds.pop())))
+}
 
 /// Blocks until `fd` is readable or `timeout` passes; true if readable.
 fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
@@ -424,10 +565,6 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
         return decline(dev, slot, *r, Some(&wake));
     }
-    let peer = match dev.attach_dmb(proposal.token) {
-        Ok(p) => p,
-        Err(e) => return decline(dev, slot, attach_reason(&e), Some(&wake)),
-    };
     let dmb = match dev.register_dmb(cfg.rmem, Role::Server) {
         Ok(d) => d,
         Err(e) => {
@@ -442,6 +579,39 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             return decline(dev, slot, Reason::PeerDead, None);
         }
     };
+    // The client passes its DMB as soon as it has accepted our connection;
+    // check it before accepting. Declining closes the channel (drop), which
+    // wakes the client.
+    let deadline = Instant::now() + cfg.clc_wait;
+    let client_dmb = loop {
+        let now = Instant::now();
+        if now >= deadline || !wait_readable(chan.as_raw_fd(), deadline - now) {
+            debug!("the client passed no DMB in time");
+            return decline(dev, slot, Reason::Timeout, None);
+        }
+        match recv_msg(chan.as_raw_fd()) {
+            Ok(Some((CLIENT_DMB_BYTE, fd))) => break fd,
+            Ok(Some((b, _))) => {
+                debug!("unexpected byte {b:#x} from the client during the handshake");
+                return decline(dev, slot, Reason::Protocol, None);
+            }
+            // Closed: the client withdrew (or died) before we answered.
+            Ok(None) => return decline(dev, slot, Reason::Timeout, None),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                debug!("receiving the client's DMB failed: {e}");
+                return decline(dev, slot, Reason::Protocol, None);
+            }
+        }
+    };
+    let Some(client_dmb) = client_dmb else {
+        debug!("the client passed no DMB for token {:016x}", proposal.token);
+        return decline(dev, slot, Reason::ErrRtok, None);
+    };
+    let peer = match dev.attach_dmb(proposal.token, client_dmb) {
+        Ok(p) => p,
+        Err(e) => return decline(dev, slot, attach_reason(&e), None),
+    };
     let accept = Accept {
         gid: dev.gid(),
         token: dmb.token(),
@@ -453,6 +623,11 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
         // The client gave up first (timeout): its decision is TCP.
         debug!("client withdrew before our Accept (slot {st:?})");
         return Decision::Tcp(Reason::Timeout);
+    }
+    // Our DMB, which also wakes the client. A failed send shows on the
+    // client's side (no descriptor: it declines with ERR_RTOK).
+    if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, Some(dmb.fd())) {
+        debug!("sending our DMB to the client failed: {e}");
     }
     // Wait for the client's Confirm: it sends CONFIRM_BYTE on the channel
     // after its CAS to CONFIRMED, and closes the channel when it declines,

@@ -15,6 +15,7 @@ pub mod owner;
 mod rng;
 pub mod device;
 pub mod dmb;
+pub mod pool;
 pub mod registry;
 pub mod rendezvous;
 pub mod ring;

@@ -36,6 +36,23 @@ fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// Incremented in the parent just before every `fork` (so parent and child
+/// both see a new value): a DMB mapping made under an older generation may
+/// be shared with a fork child and must never be reused ([`crate::pool`]).
+static FORK_GEN: AtomicU64 = AtomicU64::new(1);
+
+/// The current fork generation (see [`FORK_GEN`]). Only meaningful once
+/// the fork hook is registered, which [`Owner::current`] does.
+pub(crate) fn fork_gen() -> u64 {
+    ensure_fork_hook();
+    FORK_GEN.load(Ordering::Acquire)
+}
+
+/// Runs in the parent before `fork`: a new fork generation.
+extern "C" fn before_fork() {
+    FORK_GEN.fetch_add(1, Ordering::AcqRel);
+}
+
 /// Runs in the child after `fork`: forget everything cached per process.
 extern "C" fn after_fork_in_child() {
     CACHED_PID.store(0, Ordering::Relaxed);
@@ -49,9 +66,9 @@ pub(crate) fn ensure_fork_hook() {
     if FORK_HOOK.load(Ordering::Acquire) || FORK_HOOK.swap(true, Ordering::AcqRel) {
         return;
     }
-    // SAFETY: registers a handler that only stores to atomics (async-signal
-    // safe, as a fork child handler must be); no prepare/parent handlers.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    // SAFETY: registers handlers that only touch atomics (async-signal safe,
+    // as a fork child handler must be); no parent handler.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_in_child)) };
 }
 
 /// How long a positive full liveness check (with the start time) is trusted:

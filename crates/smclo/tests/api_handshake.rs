@@ -305,8 +305,10 @@ fn fallback_token_gone() {
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
     let mut p = smclo::handshake::client_propose(&dev, &cfg, fd, dest).ok().expect("proposal");
-    // The DMB named in the proposal disappears before the server attaches.
-    std::fs::remove_file(dir.0.join(format!("dmb-{:016x}", p.token()))).unwrap();
+    // The DMB named in the proposal is unregistered before the client
+    // passes it: the server gets no DMB for the token.
+    assert_ne!(p.token(), 0);
+    p.unregister_dmb();
     smclo::sockaddr::connect(fd, dest).unwrap();
     p.syn_sent();
     let d = p.finish();

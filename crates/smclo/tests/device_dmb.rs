@@ -1,15 +1,17 @@
-//! DMBs by token: register, attach (and unlink), unregister, stats derived
-//! from the DMB table, garbage collection after kill -9, and isolation from
-//! other users.
+//! DMBs by token: register, attach (from the passed memfd), unregister,
+//! reuse through the pool, stats derived from the DMB table, garbage
+//! collection after kill -9, and isolation from other users.
 
 mod common;
 use common::{spawn_child, ChildGuard, TempDir};
 use smclo::device::{is_token_gone, Device, Role, SWEEP_INTERVAL_MS};
 use smclo::owner::Owner;
 use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -39,6 +41,17 @@ fn dmb_files(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// A descriptor of its own for `fd`, as a peer gets it through SCM_RIGHTS.
+fn dup(fd: RawFd) -> File {
+    // SAFETY: `fd` is open for the duration of the call (the caller holds it).
+    File::from(unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().unwrap())
+}
+
+fn seals(f: &File) -> i32 {
+    // SAFETY: F_GET_SEALS on an open descriptor; no memory effects.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(f), libc::F_GET_SEALS) }
 }
 
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
@@ -77,27 +90,29 @@ fn register_attach_unregister() {
     assert_eq!(h.dmb().ring_len(), RING);
     assert_eq!(h.dmb().owner_pid(), std::process::id());
     assert_eq!(h.dmb().owner_start(), Owner::current().start);
-    let path = dev.dmb_path(h.token());
-    let md = std::fs::symlink_metadata(&path).unwrap();
-    assert_eq!(md.permissions().mode() & 0o777, 0o600);
-    assert_eq!(md.uid(), unsafe_free_euid());
+    // A sealed memfd of our uid, named nowhere in the directory.
+    let f = dup(h.fd());
+    assert_eq!(seals(&f) & smclo::dmb::REQUIRED_SEALS, smclo::dmb::REQUIRED_SEALS);
+    assert_eq!(f.metadata().unwrap().uid(), unsafe_free_euid());
+    assert!(f.set_len(100).is_err(), "sealed against shrinking");
+    assert!(dmb_files(&t.0).is_empty());
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.dmbs_registered, s.conns_active), (1, 1, 0));
     assert_eq!(dev.dmb_entries_in_use(), 1);
 
-    // The peer attaches by token: the name goes away, the memory stays
-    // shared between the two mappings.
-    let peer = dev.attach_dmb(h.token()).unwrap();
+    // The peer attaches the descriptor it was passed, by token.
+    let peer = dev.attach_dmb(h.token(), f).unwrap();
     assert_eq!(peer.token(), h.token());
-    assert!(!path.exists(), "attach unlinks the DMB file");
     h.dmb().prod().store(0xabcdef, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(peer.prod().load(std::sync::atomic::Ordering::SeqCst), 0xabcdef);
 
-    // The token is gone for a second attacher.
-    let e = dev.attach_dmb(h.token()).unwrap_err();
+    // A descriptor holding another token: the token is gone.
+    let e = dev.attach_dmb(0x1234, dup(h.fd())).unwrap_err();
     assert!(is_token_gone(&e), "{e}");
-    let e = dev.attach_dmb(0x1234).unwrap_err();
-    assert!(is_token_gone(&e), "{e}");
+    // A second attacher while the first maps it is refused.
+    let e = dev.attach_dmb(h.token(), dup(h.fd())).unwrap_err();
+    assert!(!is_token_gone(&e) && e.to_string().contains("attached"), "{e}");
+    drop(peer);
 
     // A connected pair with traffic.
     let c = dev.register_dmb(RING, Role::Client).unwrap();
@@ -123,20 +138,68 @@ fn unsafe_free_euid() -> u32 {
 }
 
 #[test]
-fn a_foreign_file_is_not_attached() {
+fn a_foreign_descriptor_is_not_attached() {
     let t = TempDir::new("foreign");
     let dev = Device::open(&t.0).unwrap();
-    // A garbage file under a DMB name: Dmb::attach must refuse it cleanly.
+    let gid = dev.stats().gid;
     let token = 0x0123_4567_89ab_cdefu64;
-    std::fs::write(dev.dmb_path(token), vec![0x5au8; 8192]).unwrap();
-    let e = dev.attach_dmb(token).unwrap_err();
-    assert!(!is_token_gone(&e));
-    // A symlink under a DMB name is refused, not followed.
-    let token2 = 0x1111_2222_3333_4444u64;
-    std::os::unix::fs::symlink("/etc/hostname", dev.dmb_path(token2)).unwrap();
-    let e = dev.attach_dmb(token2).unwrap_err();
-    assert!(!is_token_gone(&e));
-    assert!(e.to_string().contains("symbolic link"), "{e}");
+    // A regular file with a valid DMB in it: not sealable, refused.
+    let path = t.0.join("plain");
+    let plain = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&path).unwrap();
+    drop(smclo::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
+    let e = dev.attach_dmb(token, plain).unwrap_err();
+    assert!(!is_token_gone(&e) && e.to_string().contains("sealed"), "{e}");
+    // A memfd that can still change its seals (no F_SEAL_SEAL): refused.
+    let m = smclo::dmb::memfd("t").unwrap();
+    drop(smclo::dmb::Dmb::create(&m, token, RING, gid, 1, 1).unwrap());
+    let e = dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))).unwrap_err();
+    assert!(e.to_string().contains("sealed"), "{e}");
+    // Fully sealed: accepted; with another GID or garbage: refused.
+    // SAFETY: F_ADD_SEALS on our own descriptor.
+    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&m), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) }, 0);
+    drop(dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))).unwrap());
+    let other = smclo::dmb::memfd("t").unwrap();
+    drop(smclo::dmb::Dmb::create(&other, token, RING, gid ^ 1, 1, 1).unwrap());
+    // SAFETY: as above.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&other), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) };
+    let e = dev.attach_dmb(token, other).unwrap_err();
+    assert!(!is_token_gone(&e) && e.to_string().contains("GID"), "{e}");
+    let g = smclo::dmb::memfd("t").unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&g, &[0x5au8; 8192], 0).unwrap();
+    // SAFETY: as above.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&g), libc::F_ADD_SEALS, smclo::dmb::REQUIRED_SEALS) };
+    let e = dev.attach_dmb(token, g).unwrap_err();
+    assert!(!is_token_gone(&e), "{e}");
+}
+
+#[test]
+fn dropped_dmbs_are_reused_once_the_peer_detached() {
+    let t = TempDir::new("pool");
+    let dev = Device::open(&t.0).unwrap();
+    let ring = 32 * 1024; // a size no other test in this process uses
+    let a = dev.register_dmb(ring, Role::Client).unwrap();
+    let ino = dup(a.fd()).metadata().unwrap().ino();
+    let peer = dev.attach_dmb(a.token(), dup(a.fd())).unwrap();
+    a.dmb().cons().store(77, std::sync::atomic::Ordering::SeqCst);
+    let old = a.token();
+    drop(a);
+    assert_eq!(dev.stats().dmbs_cnt, 0, "a pooled DMB has no table entry");
+    // The peer still maps it: a new registration gets another memfd.
+    let b = dev.register_dmb(ring, Role::Client).unwrap();
+    assert_ne!(dup(b.fd()).metadata().unwrap().ino(), ino);
+    drop(peer);
+    // Detached: the next registration reuses it, renewed.
+    let c = dev.register_dmb(ring, Role::Server).unwrap();
+    assert_eq!(dup(c.fd()).metadata().unwrap().ino(), ino);
+    assert_ne!(c.token(), old);
+    assert_eq!(c.dmb().cons().load(std::sync::atomic::Ordering::SeqCst), 0);
+    // The old token no longer matches the descriptor's header.
+    assert!(is_token_gone(&dev.attach_dmb(old, dup(c.fd())).unwrap_err()));
+    drop(dev.attach_dmb(c.token(), dup(c.fd())).unwrap());
+    let s = dev.stats();
+    assert_eq!((s.dmbs_cnt, s.dmbs_registered), (2, 3));
+    drop((b, c));
+    assert_eq!(dev.stats().dmbs_cnt, 0);
 }
 
 #[test]
@@ -146,7 +209,7 @@ fn kill_9_leaves_nothing_behind() {
     let mut c = spawn_child("hold", &t.0);
     let lines = wait_ready(&mut c);
     let pid: u32 = lines.iter().find_map(|l| l.strip_prefix("PID=")).unwrap().parse().unwrap();
-    assert_eq!(dmb_files(&t.0).len(), 3);
+    assert!(dmb_files(&t.0).is_empty(), "DMBs are never named in the directory");
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (3, 1, 1234));
 
@@ -165,7 +228,7 @@ fn kill_9_leaves_nothing_behind() {
     assert_eq!(dev.dmb_entries_in_use(), 3, "nothing reclaimed before the sweep");
     let mine = dev.register_dmb(RING, Role::Client).unwrap();
     assert_eq!(dev.dmb_entries_in_use(), 1, "the registration swept the dead owner's entries");
-    assert_eq!(dmb_files(&t.0), vec![format!("dmb-{:016x}", mine.token())]);
+    assert!(dmb_files(&t.0).is_empty());
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.conns_active), (1, 0), "dead owner's DMBs not counted");
     assert_eq!(dev.dmb_entries_in_use(), 1, "dead owner's entries reclaimed");
@@ -187,7 +250,6 @@ fn stats_reclaim_after_kill_9_without_registering() {
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (0, 0, 1234));
     assert_eq!(dev.dmb_entries_in_use(), 0, "stats reclaimed the entries");
-    assert_eq!(dmb_files(&t.0).len(), 3, "files wait for the sweep");
     dev.sweep();
     assert!(dmb_files(&t.0).is_empty());
 }
@@ -208,6 +270,9 @@ fn table_entries_are_reused() {
 
 #[test]
 fn other_users_cannot_open_the_device_or_a_dmb() {
+    // A DMB has no name: the only ways to it are the owner's descriptor
+    // (over /proc/<pid>/fd) and its mappings (/proc/<pid>/map_files), and
+    // another uid may open neither.
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root to switch to uid 65534");
@@ -216,8 +281,20 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     let t = TempDir::new("uid");
     let dev = Device::open(&t.0).unwrap();
     let h = dev.register_dmb(RING, Role::Server).unwrap();
-    let paths: Vec<CString> = [dev.dmb_path(h.token()), t.0.join("device"), t.0.join("probe")]
-        .iter()
+    assert!(dmb_files(&t.0).is_empty());
+    let me = std::process::id();
+    let map_file = std::fs::read_dir(format!("/proc/{me}/map_files"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| std::fs::read_link(p).is_ok_and(|l| l.to_string_lossy().contains("smclo-dmb")))
+        .expect("our DMB mapping in map_files");
+    let paths: Vec<CString> = [
+        PathBuf::from(format!("/proc/{me}/fd/{}", h.fd())),
+        map_file,
+        t.0.join("device"),
+        t.0.join("probe"),
+    ]
+    .iter()
         .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap())
         .collect();
     // fork, drop privileges, try to open: only raw system calls in the child.
@@ -233,12 +310,15 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
                 libc::_exit(10);
             }
             for (i, p) in paths.iter().enumerate() {
-                let flags = if i == 2 { libc::O_RDWR | libc::O_CREAT } else { libc::O_RDWR };
-                let fd = libc::open(p.as_ptr(), flags | libc::O_NOFOLLOW, 0o600);
+                let flags = if i == 3 { libc::O_RDWR | libc::O_CREAT } else { libc::O_RDWR };
+                // /proc links are followed on purpose: they are the way in.
+                let nofollow = if i >= 2 { libc::O_NOFOLLOW } else { 0 };
+                let fd = libc::open(p.as_ptr(), flags | nofollow, 0o600);
                 if fd >= 0 {
                     libc::_exit(20 + i as i32);
                 }
-                if *libc::__errno_location() != libc::EACCES {
+                let errno = *libc::__errno_location();
+                if errno != libc::EACCES && !(i < 2 && errno == libc::EPERM) {
                     libc::_exit(30 + i as i32);
                 }
             }
@@ -249,6 +329,6 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "child crashed: {status}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "20+i: opened path i, 30+i: not EACCES, 10: setuid failed");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "20+i: opened path i, 30+i: not EACCES (or EPERM for /proc), 10: setuid failed");
     drop(h);
 }

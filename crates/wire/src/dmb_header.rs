@@ -10,7 +10,8 @@
 //!   40  device gid u64
 //!   64  prod  AtomicU64           CDC producer word (written by the peer)
 //!   128 cons  AtomicU64           CDC consumer word (written by the owner)
-//!   192 reserved to 4096
+//!   192 attach AtomicU64          attach record: non-zero while a peer maps it
+//!   200 reserved to 4096
 //! ```
 //!
 //! The static fields (0..48) are written once by the owner before the peer
@@ -33,6 +34,10 @@ pub const STATIC_LEN: usize = 48;
 pub const PROD_OFFSET: usize = 64;
 /// Offset of the `cons` cursor word (its own cache line, away from `prod`).
 pub const CONS_OFFSET: usize = 128;
+/// Offset of the attach record: a non-zero value chosen by the attacher,
+/// set (by compare-and-swap from 0) when it maps the DMB and cleared when
+/// it unmaps it. The owner reuses a DMB only while the record is 0.
+pub const ATTACH_OFFSET: usize = 192;
 /// Smallest ring.
 pub const MIN_RING_LEN: u32 = 16 * 1024;
 /// Largest ring.
@@ -42,13 +47,14 @@ pub const MAX_RING_LEN: u32 = 1024 * 1024;
 // separate cache lines (checked at compile time).
 const _: () = assert!(PROD_OFFSET >= STATIC_LEN && PROD_OFFSET & 7 == 0 && CONS_OFFSET & 7 == 0);
 const _: () = assert!(CONS_OFFSET - PROD_OFFSET >= 64 && CONS_OFFSET + 8 <= HEADER_LEN);
+const _: () = assert!(ATTACH_OFFSET - CONS_OFFSET >= 64 && ATTACH_OFFSET & 7 == 0 && ATTACH_OFFSET + 8 <= HEADER_LEN);
 
 /// The static fields of a DMB header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DmbHeader {
     /// Ring length in bytes.
     pub ring_len: u32,
-    /// The DMB token (names the file while it is registered).
+    /// The DMB token (the identity the CLC messages carry).
     pub token: u64,
     /// Pid of the owner, the process that reads this ring.
     pub owner_pid: u32,
