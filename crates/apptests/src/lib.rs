@@ -44,7 +44,7 @@ pub fn smclo_bin() -> PathBuf {
     let p = profile_dir().join("smclo");
     assert!(
         p.is_file(),
-        "{} is missing: build it first (cargo build --release --workspace; `cargo test --workspace` builds it too)",
+        "{} is missing: build it first with `cargo build --release --workspace` (test.sh does; `cargo test` alone does not build the smclo binary)",
         p.display()
     );
     p
