@@ -39,10 +39,12 @@ pub struct Dmb {
     /// peers and to reuse the DMB ([`crate::pool`]).
     own: Option<Own>,
     /// A peer's DMB attached with [`Dmb::attach_peer`]: the attach record we
-    /// wrote into its header, and the fork generation we did it in; the
-    /// record is cleared on drop unless a fork happened since (a child may
-    /// still use the mapping).
-    attach: Option<(u64, u64)>,
+    /// wrote into its header, the fork generation we did it in, and the
+    /// file's identity (device, inode). On drop the record is cleared and
+    /// the mapping cached for the next time the peer passes the same memfd
+    /// ([`crate::pool`]), unless a fork happened since (a child may still
+    /// use the mapping).
+    attach: Option<(u64, u64, (u64, u64))>,
 }
 
 /// The parts of a [`Dmb`] that only its owner has.
@@ -166,36 +168,66 @@ impl Dmb {
         if !md.file_type().is_file() || md.uid() != euid {
             return Err(Error::InvalidDevice(format!("DMB {token:016x}: not a regular file owned by uid {euid}")));
         }
-        let mut d = Dmb::attach_inner(&file, token, gid)?;
+        let id = (md.dev(), md.ino());
+        let mut d = match crate::pool::take_peer(id) {
+            // The same file as a mapping we made and validated before (our
+            // cached mapping keeps the inode alive, so the identity cannot
+            // have been reused). Its static fields are those we validated
+            // then; only the token changes when the owner reuses the DMB.
+            Some(d) => {
+                let named = d.token_in_header();
+                if named != token || d.gid() != gid {
+                    let msg = format!("DMB {token:016x}: header names token {named:016x} of device GID {:016x}", d.gid());
+                    drop(d);
+                    return Err(if named != token {
+                        Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+                    } else {
+                        Error::InvalidDevice(msg)
+                    });
+                }
+                d
+            }
+            None => Dmb::attach_inner(&file, token, gid, md.len())?,
+        };
         drop(file);
+        d.hdr.token = token;
         let rec = crate::rng::next_u64();
         use std::sync::atomic::Ordering;
         if d.attach_word().compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            crate::pool::put_peer(id, d);
             return Err(Error::InvalidDevice(format!("DMB {token:016x}: already attached by another peer")));
         }
-        d.attach = Some((rec, crate::owner::fork_gen()));
+        d.attach = Some((rec, crate::owner::fork_gen(), id));
         Ok(d)
+    }
+
+    /// The token in the header, read through the mapping (the owner writes
+    /// it there when it reuses the DMB, see [`Dmb::renew`]).
+    fn token_in_header(&self) -> u64 {
+        // SAFETY: offset 16 is 8-aligned inside our header mapping.
+        unsafe { std::ptr::read_volatile(self.base.add(16) as *const u64) }
     }
 
     /// Map an existing DMB, validating its header (magic, version, ring_len
     /// power of two in 16K..=1M, file size, token, gid): bad →
     /// [`Error::InvalidDevice`] with a clear message.
     pub fn attach(file: &File, token: u64, gid: u64) -> Result<Dmb> {
-        Dmb::attach_inner(file, token, gid).map_err(|e| match e {
+        let size = file.metadata()?.len();
+        Dmb::attach_inner(file, token, gid, size).map_err(|e| match e {
             Error::Io(e) if e.kind() == io::ErrorKind::NotFound => Error::InvalidDevice(e.to_string()),
             e => e,
         })
     }
 
-    /// [`Dmb::attach`], with a token mismatch as `NotFound`.
-    fn attach_inner(file: &File, token: u64, gid: u64) -> Result<Dmb> {
+    /// [`Dmb::attach`] of a file of `size` bytes, with a token mismatch as
+    /// `NotFound`.
+    fn attach_inner(file: &File, token: u64, gid: u64, size: u64) -> Result<Dmb> {
         let mut b = [0u8; dmb_header::STATIC_LEN];
         file.read_exact_at(&mut b, 0).map_err(|e| {
             Error::InvalidDevice(format!("DMB {token:016x}: cannot read its header: {e}"))
         })?;
         let hdr = dmb_header::parse(&b)
             .map_err(|e| Error::InvalidDevice(format!("DMB {token:016x}: {e}")))?;
-        let size = file.metadata()?.len();
         if size != hdr.file_len() {
             return Err(Error::InvalidDevice(format!(
                 "DMB {token:016x}: file is {size} bytes, its header says {}",
@@ -320,12 +352,17 @@ impl Dmb {
 impl Drop for Dmb {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
-        if let Some((rec, gen)) = self.attach {
+        if let Some((rec, gen, id)) = self.attach.take() {
             // Detach: the owner may reuse its DMB once the record is 0. Not
             // after a fork (a child may still write through the mapping),
-            // and only our own record (compare-and-swap).
+            // and only our own record (compare-and-swap). The idle mapping
+            // is kept for the next time the peer passes this memfd.
             if gen == crate::owner::fork_gen() {
                 let _ = self.attach_word().compare_exchange(rec, 0, Ordering::SeqCst, Ordering::SeqCst);
+                let cached = Dmb { base: self.base, map_len: self.map_len, hdr: self.hdr, own: None, attach: None };
+                self.base = std::ptr::null_mut();
+                crate::pool::put_peer(id, cached);
+                return;
             }
         }
         if let Some(own) = self.own.take() {

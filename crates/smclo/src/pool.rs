@@ -18,6 +18,15 @@
 //! full. A dead attacher is deliberately not taken as detached: its fork
 //! children may still map the DMB.
 //!
+//! The other side of the same reuse: the peer's DMBs that we mapped. When a
+//! connection ends, the attacher clears its attach record but keeps the
+//! idle mapping, keyed by the memfd's identity (device, inode), for the next
+//! time the peer passes the same memfd (its pool hands it out again): then
+//! attaching costs no `mmap`, no header read and no page faults. The cached
+//! mapping keeps the file alive, so the identity cannot be reused by another
+//! file meanwhile. At most [`PEER_MAX`] are kept; when full, mappings of
+//! owners that are gone are dropped first, then the oldest.
+//!
 //! Bounds: [`FREE_MAX`] free DMBs per ring size, [`PENDING_MAX`] pending
 //! ones; beyond them, the oldest is unmapped. A `fork` empties the pool in
 //! both processes (the fork generation changes; mappings from before a
@@ -33,14 +42,18 @@ use std::sync::Mutex;
 pub const FREE_MAX: usize = 64;
 /// DMBs kept while their peer still maps them.
 pub const PENDING_MAX: usize = 128;
+/// Idle mappings of peers' DMBs kept.
+pub const PEER_MAX: usize = 64;
 
 struct Pool {
     fork_gen: u64,
     free: Vec<Dmb>,
     pending: Vec<Dmb>,
+    /// Idle mappings of peers' DMBs by (device, inode), oldest first.
+    peers: Vec<((u64, u64), Dmb)>,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool { fork_gen: 0, free: Vec::new(), pending: Vec::new() });
+static POOL: Mutex<Pool> = Mutex::new(Pool { fork_gen: 0, free: Vec::new(), pending: Vec::new(), peers: Vec::new() });
 
 fn detached(d: &Dmb) -> bool {
     d.attach_word().load(Ordering::SeqCst) == 0
@@ -53,6 +66,7 @@ impl Pool {
         if self.fork_gen != gen {
             self.free.clear();
             self.pending.clear();
+            self.peers.clear();
             self.fork_gen = gen;
         }
     }
@@ -115,10 +129,36 @@ pub(crate) fn put(d: Dmb) {
     }
 }
 
-/// How many DMBs the pool holds (free, pending): for tests and diagnostics.
-pub fn held() -> (usize, usize) {
+/// Takes the idle mapping of the peer DMB whose memfd is `id` (device,
+/// inode), if we keep one.
+pub(crate) fn take_peer(id: (u64, u64)) -> Option<Dmb> {
+    let gen = crate::owner::fork_gen();
+    let mut p = POOL.try_lock().ok()?;
+    p.check_gen(gen);
+    let i = p.peers.iter().position(|(x, _)| *x == id)?;
+    Some(p.peers.remove(i).1)
+}
+
+/// Keeps an idle mapping of a peer's DMB (called by `Dmb`'s drop, with a
+/// copy that really unmaps when dropped).
+pub(crate) fn put_peer(id: (u64, u64), d: Dmb) {
+    let gen = crate::owner::fork_gen();
+    let Ok(mut p) = POOL.try_lock() else { return };
+    p.check_gen(gen);
+    if p.peers.len() >= PEER_MAX {
+        p.peers.retain(|(_, d)| crate::owner::Owner { pid: d.owner_pid(), start: 0 }.pid_exists());
+    }
+    if p.peers.len() >= PEER_MAX {
+        p.peers.remove(0);
+    }
+    p.peers.push((id, d));
+}
+
+/// How many DMBs the pool holds (free, pending, idle peer mappings): for
+/// tests and diagnostics.
+pub fn held() -> (usize, usize, usize) {
     match POOL.try_lock() {
-        Ok(p) => (p.free.len(), p.pending.len()),
-        Err(_) => (0, 0),
+        Ok(p) => (p.free.len(), p.pending.len(), p.peers.len()),
+        Err(_) => (0, 0, 0),
     }
 }
