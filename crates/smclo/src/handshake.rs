@@ -67,7 +67,8 @@ pub struct ClientProposal {
     dmb: Option<device::DmbHandle>,
     dev: Arc<Device>,
     cfg: Config,
-    rendezvous_path: PathBuf,
+    /// Unlinked (once) when the proposal is withdrawn.
+    rendezvous_path: Option<PathBuf>,
     saved_mark: Option<SavedMark>,
 }
 
@@ -141,7 +142,7 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         dmb: Some(dmb),
         dev: dev.clone(),
         cfg: cfg.clone(),
-        rendezvous_path,
+        rendezvous_path: Some(rendezvous_path),
         saved_mark: None,
     };
     let key = SlotKey::new(src, dest);
@@ -193,7 +194,9 @@ impl ClientProposal {
     /// order note on [`ClientProposal`]).
     fn withdraw(&mut self) {
         self.rendezvous = None;
-        let _ = std::fs::remove_file(&self.rendezvous_path);
+        if let Some(p) = self.rendezvous_path.take() {
+            let _ = std::fs::remove_file(p);
+        }
         self.slot = None;
     }
 
@@ -487,9 +490,29 @@ fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
 }
 
 /// Blocks until `fd` is readable or `timeout` passes; true if readable.
+///
+/// Busy-polls first, for the data path's spin budget (`SMCLO_SPIN_US`): each
+/// step of the handshake answers the previous one within microseconds, and
+/// sleeping for it would add a wake-up (a scheduler round trip on another
+/// CPU) per step.
 fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let spin = crate::conn::spin_budget().min(timeout);
+    let start = Instant::now();
+    if !spin.is_zero() {
+        loop {
+            // SAFETY: one valid pollfd, count 1, no waiting.
+            if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+                return true;
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    let left = timeout.saturating_sub(start.elapsed());
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd, count 1.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
