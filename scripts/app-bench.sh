@@ -5,8 +5,9 @@
 # Every measurement is a client/server pair, the server pinned to CPU $SRV_CPU
 # and the client to CPU $CLI_CPU (taskset -c; default server on CPU 1, client
 # on CPU 0). In each round the variants run back to back (interleaved), so
-# drift hits all of them alike; the table shows the median of $ROUNDS rounds
-# (default 3) and the ratio smclo/plain. The seeds' kernel workloads, scaled
+# drift hits all of them alike (which variant goes first alternates); the table
+# shows the median of $ROUNDS rounds (default 3) for each side, their ratio,
+# and the median of the per-round ratios (robust against a noisy machine). The seeds' kernel workloads, scaled
 # to a 2-core machine (seeds: redis-benchmark -n 400000 -c 200, wrk -t 8 -c 500
 # -d 30):
 #
@@ -66,6 +67,7 @@ stat() { "$SMCLO" stats --json | python3 -c "import json,sys; s=json.load(sys.st
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2}'; }
 
 "$SMCLO" stats >/dev/null   # creates the device
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- servers -------------------------------------------------------------
 declare -A RPORT NPORT
@@ -110,53 +112,55 @@ check() {  # check LABEL MODE WANT(smc|plain) BEFORE: the device agrees with the
     if [ "$want" = plain ] && [ "$c1" -ne "$c0" ]; then
         echo "app-bench: $label ($mode) opened SMC-D connections to a plain server" >&2; exit 1; fi
 }
+order() { if [ $(($1 % 2)) -eq 1 ]; then echo plain smclo; else echo smclo plain; fi; }
 for r in $(seq "$ROUNDS"); do
-    for mode in plain smclo; do
+    for mode in $(order "$r"); do
         b=$(stat)
         out=$(client "$mode" redis-benchmark -h 127.0.0.1 -p "${RPORT[$mode]}" -q -t set,get -n "$REDIS_N" -c 50 -d 1024 2>&1 | tr '\r' '\n')
         [ "$mode" = smclo ] && check redis "$mode" smc "$b"
         for t in SET GET; do
             v=$(grep -E "^ *$t: [0-9.]+ requests per second" <<<"$out" | tail -1 | awk '{print $2}')
             [ -n "$v" ] || { echo "app-bench: no $t result: $out" >&2; exit 1; }
-            echo "redis_$t $mode $v" >>"$WORK/results"
+            echo "redis_$t $mode $v $r" >>"$WORK/results"
         done
         b=$(stat)
         out=$(client "$mode" wrk -t 1 -c 50 -d "${SECS}s" "http://127.0.0.1:${NPORT[$mode]}/index.html")
         [ "$mode" = smclo ] && check nginx "$mode" smc "$b"
         grep -q "Socket errors\|Non-2xx" <<<"$out" && { echo "app-bench: wrk errors: $out" >&2; exit 1; }
-        echo "nginx $mode $(awk '/Requests\/sec/ {print $2}' <<<"$out")" >>"$WORK/results"
+        echo "nginx $mode $(awk '/Requests\/sec/ {print $2}' <<<"$out") $r" >>"$WORK/results"
     done
-    for mode in plain smclo; do
+    for mode in $(order "$r"); do
         b=$(stat)
         out=$(client "$mode" wrk -t 1 -c 10 -d "${SECS}s" -H 'Connection: close' "http://127.0.0.1:${NPORT[plain]}/index.html")
         check conn-rate "$mode" plain "$b"
-        echo "connrate $mode $(awk '/Requests\/sec/ {print $2}' <<<"$out")" >>"$WORK/results"
+        echo "connrate $mode $(awk '/Requests\/sec/ {print $2}' <<<"$out") $r" >>"$WORK/results"
         out=$(client "$mode" iperf3 -c 127.0.0.1 -p "$IPORT" -t "$SECS" --json)
         check iperf3 "$mode" plain "$b"
-        echo "iperf3 $mode $(python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)' <<<"$out")" >>"$WORK/results"
+        echo "iperf3 $mode $(python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)' <<<"$out") $r" >>"$WORK/results"
     done
     echo "app-bench: round $r of $ROUNDS done" >&2
 done
 
 # --- table -------------------------------------------------------------------
 med() { awk -v k="$1" -v m="$2" '$1==k && $2==m {print $3}' "$WORK/results" | median; }
-row() {  # row KEY LABEL UNIT
-    local p s; p=$(med "$1" plain); s=$(med "$1" smclo)
-    python3 -c 'import sys; l,u,p,s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]); f = "%.2f" if p < 1000 else "%.0f"; print("| %s | %s | %s | %s | %.3f× |" % (l, u, f % p, f % s, s / p))' "$2" "$3" "$p" "$s"
+row() {  # row KEY LABEL UNIT: medians of each side, and the median of the per-round ratios
+    local p s q; p=$(med "$1" plain); s=$(med "$1" smclo)
+    q=$(awk -v k="$1" '$1==k && $2=="plain" {p[$4]=$3} $1==k && $2=="smclo" {s[$4]=$3} END {for (r in p) if (r in s) print s[r]/p[r]}' "$WORK/results" | median)
+    python3 -c 'import sys; l,u,p,s,q = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]); f = "%.2f" if p < 1000 else "%.0f"; print("| %s | %s | %s | %s | %.3f× | %.3f× |" % (l, u, f % p, f % s, s / p, q))' "$2" "$3" "$p" "$s" "$q"
 }
 echo
-echo "app-bench: median of $ROUNDS rounds; server on CPU $SRV_CPU, client on CPU $CLI_CPU (taskset); plain and smclo interleaved in each round; $(nproc) cores, kernel $(uname -r)"
+echo "app-bench: median of $ROUNDS rounds; server on CPU $SRV_CPU, client on CPU $CLI_CPU (taskset); plain and smclo back to back in each round, alternating which goes first; $(nproc) cores, kernel $(uname -r); load average before: $LOAD0"
 echo
-echo "| workload | unit | plain TCP | smclo run | smclo / plain |"
-echo "| --- | --- | --- | --- | --- |"
+echo "| workload | unit | plain TCP | smclo run | ratio of medians | median of per-round ratios |"
+echo "| --- | --- | --- | --- | --- | --- |"
 row redis_SET "redis-benchmark SET (-n $REDIS_N -c 50 -d 1024)" "requests/s"
 row redis_GET "redis-benchmark GET (-n $REDIS_N -c 50 -d 1024)" "requests/s"
 row nginx "nginx + wrk (-t 1 -c 50, 612 B)" "requests/s"
 echo
 echo "Cost for plain peers (server plain; only the client runs under smclo run, so every connection falls back):"
 echo
-echo "| workload | unit | client plain | client under smclo run | ratio |"
-echo "| --- | --- | --- | --- | --- |"
+echo "| workload | unit | client plain | client under smclo run | ratio of medians | median of per-round ratios |"
+echo "| --- | --- | --- | --- | --- | --- |"
 row connrate "connection rate: wrk -c 10 'Connection: close' to plain nginx" "connections/s"
 row iperf3 "throughput: iperf3 -c to plain iperf3 -s" "Gbit/s"
 echo
