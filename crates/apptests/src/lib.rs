@@ -236,6 +236,8 @@ pub struct Env {
     pub tmp: PathBuf,
     /// Options for `smclo run` (e.g. `-r 16k`), before the `--`.
     pub run_opts: Vec<String>,
+    /// Extra environment for every program started from now on.
+    pub extra_env: Vec<(String, String)>,
     seq: u32,
 }
 
@@ -252,7 +254,7 @@ impl Env {
         // The device file exists before any program starts, so that the
         // first program does not race the test's own open.
         Device::open(&dev_dir).expect("create the test's smclo device");
-        Env { name: name.to_string(), dev_dir, tmp, run_opts: Vec::new(), seq: 0 }
+        Env { name: name.to_string(), dev_dir, tmp, run_opts: Vec::new(), extra_env: Vec::new(), seq: 0 }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -280,6 +282,10 @@ impl Env {
         c.env("SMCLO_DEVICE_DIR", &self.dev_dir);
         c.env_remove("LD_PRELOAD");
         c.env_remove("SMCLO_DEBUG");
+        c.env_remove("SMCLO_UEID");
+        for (k, v) in &self.extra_env {
+            c.env(k, v);
+        }
         c.current_dir(&self.tmp);
         c.stdin(Stdio::null());
         c.process_group(0);
