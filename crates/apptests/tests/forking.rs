@@ -158,3 +158,49 @@ fn redis_cli_pipe_mass_insert() {
     let o = env.run(Mode::Smclo, "get", "redis-cli", &["-p", &ps, "GET", "key:12345"], T).stdout_str();
     assert_eq!(o.trim(), format!("value-12345-{}", 12345 * 7919 % 100_003));
 }
+
+const HANDOFF_SERVER: &str = r#"
+import os, socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(4)
+c, _ = ls.accept()
+if os.fork() != 0:
+    c.close()
+    ls.close()
+    os._exit(0)          # the accepting process is gone; the child serves
+ls.close()
+c.sendall(b"hello from pid\n")
+import hashlib
+total, h = 0, hashlib.sha256()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    total += len(b)
+    h.update(b)
+    c.sendall(b)
+c.sendall(("done %d %s\n" % (total, h.hexdigest())).encode())
+c.close()
+"#;
+
+/// The accepting process forks and exits at once; its child serves the
+/// connection to the end. The client must not see the connection die with
+/// the process that set it up.
+#[test]
+fn accepting_process_exits_child_serves() {
+    let mut env = Env::new("handoff");
+    fs::write(env.path("server.py"), HANDOFF_SERVER).unwrap();
+    fs::write(env.path("client.py"), ECHO_CLIENT).unwrap();
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(Mode::Smclo, "handoff-server", "python3", &["server.py", &ps]);
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let c = env.run(Mode::Smclo, "client", "python3", &["client.py", &ps, "2000000"], T);
+    assert!(c.stdout_str().starts_with("ok "), "{}", c.logs());
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());
+    assert_eq!(d.conns_opened, 1, "{d:?}");
+}
