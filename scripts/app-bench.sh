@@ -47,7 +47,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port below the ephemeral range, found without bind(port 0), which
+# fails once the connection-rate run leaves the ephemeral range in TIME_WAIT.
+free_port() {
+    python3 -c '
+import random, socket
+for _ in range(2000):
+    p = random.randrange(20000, 32000)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", p)); s.listen(1); print(p); break
+    except OSError:
+        pass
+    finally:
+        s.close()
+else:
+    raise SystemExit("no free port")'
+}
 listening() { grep -q "^ *[0-9]*: [0-9A-F]*:$(printf '%04X' "$1") [0-9A-F:]* 0A" /proc/net/tcp; }
 wait_listen() { for _ in $(seq 200); do listening "$1" && return 0; sleep 0.05; done; echo "app-bench: nothing listens on $1" >&2; exit 1; }
 # start NAME MODE CMD...: a server in its own process group, pinned to SRV_CPU.

@@ -91,10 +91,29 @@ pub fn require(prog: &str) -> PathBuf {
     );
 }
 
-/// A port that was free on 127.0.0.1 a moment ago.
+/// A port that was free on 127.0.0.1 and ::1 a moment ago, below the
+/// ephemeral range (32768..) so that no client's source port takes it, and
+/// found without bind(port 0), which fails once tens of thousands of
+/// TIME_WAIT sockets (a connection-rate benchmark) hold the ephemeral range.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ time_seed();
+    for _ in 0..2000 {
+        let i = NEXT.fetch_add(1, Ordering::SeqCst) as u64;
+        let port = 20000 + ((seed.wrapping_add(i * 7919)) % 12000) as u16;
+        if listening(port, None) {
+            continue;
+        }
+        // std's TcpListener sets SO_REUSEADDR, as the servers do.
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && TcpListener::bind(("::1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000 on 127.0.0.1");
+}
+
+fn time_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// A process (group) that is killed when dropped.
