@@ -29,7 +29,7 @@ fn nginx_curl_ipv6() {
     let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("[::1]:{port}"), &root, "a");
     let s0 = env.stats();
     let url = format!("http://[::1]:{port}/big.bin");
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl6", &[url.clone()]);
+    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl6", std::slice::from_ref(&url));
     assert_eq!(sha256_bytes(&env, "b", &b[0]), sha256_bytes(&env, "b0", &big), "1 MiB body over ::1 differs");
     let d = delta(&s0, &env.stats());
     assert_smc("nginx + curl over ::1", &d, 1, bytes, bytes, &nginx.logs());
@@ -89,7 +89,7 @@ fn nginx_client_killed_mid_transfer() {
         drop(c); // SIGKILL
     }
     let s0 = env.stats();
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", &[url.clone()]);
+    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", std::slice::from_ref(&url));
     assert_eq!(b[0], big, "body after killed clients differs");
     let d = delta(&s0, &env.stats());
     assert_smc("nginx after killed clients", &d, 1, bytes, bytes, &nginx.logs());

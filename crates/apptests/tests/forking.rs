@@ -97,7 +97,7 @@ fn redis_pubsub_push_to_idle_subscriber() {
     let ps = port.to_string();
     let s0 = env.stats();
     let sub_cmd = env.command(Mode::Smclo, None, "redis-cli", &["-p", &ps, "--raw", "SUBSCRIBE", "news"]);
-    let mut sub = env.spawn_cmd("subscriber", sub_cmd);
+    let sub = env.spawn_cmd("subscriber", sub_cmd);
     // Wait until the subscription is live.
     let t0 = Instant::now();
     loop {

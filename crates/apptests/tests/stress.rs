@@ -121,7 +121,7 @@ fn nginx_reload_under_load() {
     let d = delta(&s0, &env.stats());
     assert_eq!(d.fallbacks(), 0, "fallbacks across the reload: {}\n{}", d.fallbacks_desc(), nginx.logs());
     let s1 = env.stats();
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", &[url.clone()]);
+    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", std::slice::from_ref(&url));
     assert_eq!(b[0], small);
     let d = delta(&s1, &env.stats());
     assert_smc("curl after nginx reload", &d, 1, bytes, bytes, &nginx.logs());
