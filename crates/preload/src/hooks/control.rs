@@ -1,0 +1,374 @@
+//! Everything about an SMC-D descriptor except its data: shutdown, close
+//! and the dup family (which must keep the table in step with the kernel's
+//! descriptors), fcntl and ioctl (answered for the connection where they
+//! concern it), socket names and options (answered by the hidden TCP
+//! socket), and epoll_ctl (recording candidates' registrations for the
+//! swap).
+
+use super::records::{forget_fd_locked, lock, EPOLL, LISTENERS};
+use super::{errno, fail, in_table_range, os_err, set_errno};
+use crate::real;
+use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, F_LISTENER, LOCK};
+use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+use smclo::debug;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Interposed `shutdown(2)`: SHUT_WR half-closes (the peer reads what was
+/// sent, then end of stream); SHUT_RD is local, as in SMC.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::shutdown(fd, how) };
+    };
+    match how {
+        libc::SHUT_RD => {
+            s.shut_rd.store(true, Ordering::Relaxed);
+            0
+        }
+        libc::SHUT_WR | libc::SHUT_RDWR => {
+            if how == libc::SHUT_RDWR {
+                s.shut_rd.store(true, Ordering::Relaxed);
+            }
+            match s.conn.shutdown_write() {
+                Ok(()) => 0,
+                Err(e) => fail(os_err(&e)),
+            }
+        }
+        _ => fail(libc::EINVAL),
+    }
+}
+
+/// Interposed `close(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !in_table_range(fd) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::close(fd) };
+    }
+    let flags = table::FLAGS[fd as usize].load(Ordering::Relaxed);
+    if flags == 0 && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::close(fd) };
+    }
+    if flags & F_INTERNAL != 0 {
+        debug!("close({fd}) ignored: the descriptor belongs to an SMC-D connection");
+        return 0;
+    }
+    close_slow(fd)
+}
+
+#[cold]
+fn close_slow(fd: RawFd) -> c_int {
+    let g = LOCK.write();
+    let s = table::take_locked(fd);
+    forget_fd_locked(fd);
+    // SAFETY: closing the application's descriptor, as it asked.
+    let r = unsafe { real::close(fd) };
+    let e = errno();
+    drop(g);
+    if let Some(s) = s {
+        table::release(s);
+    }
+    set_errno(e);
+    r
+}
+
+fn dup_into(s: Option<Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
+    if let Some(s) = s {
+        if in_table_range(new) {
+            table::install_locked(new, &s, cloexec);
+        }
+    } else if table::has_flag(old, F_LISTENER) && in_table_range(new) {
+        if let Some(m) = lock(&LISTENERS).as_mut() {
+            if let Some(gd) = m.get(&old).cloned() {
+                m.insert(new, gd);
+                table::set_flag(new, F_LISTENER, true);
+            }
+        }
+    }
+}
+
+/// Interposed `dup(2)`: the new descriptor names the same connection.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let s = table::get(fd);
+    if s.is_none() && !table::has_flag(fd, F_LISTENER) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::dup(fd) };
+    }
+    // SAFETY: F_DUPFD(_CLOEXEC) from 0 is dup(2) (plus close-on-exec for a
+    // connection, whose application view is kept in the table).
+    unsafe { fcntl_dup(fd, s, libc::F_DUPFD, 0, false) }
+}
+
+unsafe fn fcntl_dup(fd: RawFd, s: Option<Arc<Sock>>, cmd: c_int, min: c_ulong, cloexec: bool) -> c_int {
+    let g = LOCK.write();
+    let real_cmd = if s.is_some() { libc::F_DUPFD_CLOEXEC } else { cmd };
+    // SAFETY: duplicating the application's descriptor.
+    let n = unsafe { real::fcntl(fd, real_cmd, min) };
+    let e = errno();
+    if n >= 0 {
+        if s.is_some() && !in_table_range(n) {
+            // A duplicate the table cannot name would read doorbells.
+            // SAFETY: our fresh duplicate.
+            unsafe { real::close(n) };
+            drop(g);
+            debug!("dup of fd {fd} above the table: EMFILE");
+            return fail(libc::EMFILE);
+        }
+        forget_fd_locked(n);
+        dup_into(s, fd, n, cloexec);
+    }
+    drop(g);
+    set_errno(e);
+    n
+}
+
+/// Interposed `dup2(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { dup_over(old, new, 0, true) }
+}
+
+/// Interposed `dup3(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { dup_over(old, new, flags, false) }
+}
+
+unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int {
+    let s = table::get(old);
+    let interesting = s.is_some()
+        || table::has_flag(old, F_LISTENER)
+        || (in_table_range(new)
+            && (table::FLAGS[new as usize].load(Ordering::Relaxed) != 0 || !table::TABLE[new as usize].load(Ordering::Relaxed).is_null()));
+    if !interesting || old == new {
+        // SAFETY: forwarded unchanged.
+        return unsafe { if is_dup2 { real::dup2(old, new) } else { real::dup3(old, new, flags) } };
+    }
+    if table::has_flag(new, F_INTERNAL) {
+        debug!("dup2 onto fd {new} refused: it belongs to an SMC-D connection");
+        return fail(libc::EBUSY);
+    }
+    if s.is_some() && !in_table_range(new) {
+        debug!("dup2 of an SMC-D connection onto fd {new} (above the table) refused");
+        return fail(libc::EBADF);
+    }
+    let g = LOCK.write();
+    let real_flags = if s.is_some() { libc::O_CLOEXEC } else { flags };
+    // SAFETY: the application's descriptors.
+    let r = unsafe { real::dup3(old, new, real_flags) };
+    let e = errno();
+    let mut prev = None;
+    if r >= 0 {
+        prev = table::take_locked(new);
+        forget_fd_locked(new);
+        dup_into(s, old, new, flags & libc::O_CLOEXEC != 0);
+    }
+    drop(g);
+    if let Some(p) = prev {
+        table::release(p);
+    }
+    set_errno(e);
+    r
+}
+
+unsafe fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong, f: unsafe fn(c_int, c_int, c_ulong) -> c_int) -> c_int {
+    let s = table::get(fd);
+    if s.is_none() {
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_LISTENER) {
+            // SAFETY: forwarded.
+            return unsafe { fcntl_dup(fd, None, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) };
+        }
+        // SAFETY: forwarded unchanged.
+        return unsafe { f(fd, cmd, arg) };
+    }
+    match cmd {
+        // SAFETY: forwarded.
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => unsafe { fcntl_dup(fd, s, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) },
+        libc::F_GETFD => {
+            if table::app_cloexec(fd) {
+                libc::FD_CLOEXEC
+            } else {
+                0
+            }
+        }
+        libc::F_SETFD => {
+            table::set_app_cloexec(fd, arg as c_int & libc::FD_CLOEXEC != 0);
+            0
+        }
+        libc::F_SETFL => {
+            // SAFETY: the flags live in the shared open file; set them there.
+            let r = unsafe { f(fd, cmd, arg) };
+            if r == 0 {
+                let s = s.expect("table entry");
+                let _ = s.conn.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+            }
+            r
+        }
+        // SAFETY: forwarded unchanged (F_GETFL, F_SETOWN, ... work on the
+        // channel descriptor natively).
+        _ => unsafe { f(fd, cmd, arg) },
+    }
+}
+
+/// Interposed `fcntl(2)` (the variadic argument read as one word).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fcntl_impl(fd, cmd, arg, real::fcntl) }
+}
+
+/// Interposed `fcntl64` (what glibc ≥ 2.28 headers may call).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fcntl_impl(fd, cmd, arg, real::fcntl64) }
+}
+
+/// `SIOCOUTQ` (= `TIOCOUTQ`) and `SIOCATMARK` from <linux/sockios.h>.
+const SIOCOUTQ: c_ulong = 0x5411;
+const SIOCATMARK: c_ulong = 0x8905;
+
+/// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::ioctl(fd, req, arg) };
+    };
+    match req {
+        libc::FIONREAD => match s.conn.readable_len() {
+            Ok(n) => {
+                // SAFETY: FIONREAD's argument is an int pointer.
+                unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+                0
+            }
+            Err(e) => fail(os_err(&e)),
+        },
+        libc::FIONBIO => {
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            match s.conn.set_nonblocking(on) {
+                Ok(()) => 0,
+                Err(e) => fail(os_err(&e)),
+            }
+        }
+        SIOCOUTQ | SIOCATMARK => {
+            // SAFETY: both take an int pointer.
+            unsafe { *(arg as *mut c_int) = 0 };
+            0
+        }
+        // SAFETY: other requests go to the hidden TCP socket.
+        _ => unsafe { real::ioctl(s.tcp, req, arg) },
+    }
+}
+
+/// Interposed `getsockname(2)`: answered by the hidden TCP socket.
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let fd = table::get(fd).map_or(fd, |s| s.tcp);
+    // SAFETY: forwarded.
+    unsafe { real::getsockname(fd, addr, len) }
+}
+
+/// Interposed `getpeername(2)`: answered by the hidden TCP socket.
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let fd = table::get(fd).map_or(fd, |s| s.tcp);
+    // SAFETY: forwarded.
+    unsafe { real::getpeername(fd, addr, len) }
+}
+
+/// Interposed `getsockopt(2)`: options of the hidden TCP socket;
+/// SO_ERROR is 0 (errors of the SMC-D connection surface on the calls).
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::getsockopt(fd, level, name, val, len) };
+    };
+    if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
+        // SAFETY: the application's buffer of *len bytes.
+        unsafe {
+            if (*len as usize) >= std::mem::size_of::<c_int>() {
+                *(val as *mut c_int) = 0;
+                *len = std::mem::size_of::<c_int>() as socklen_t;
+            }
+        }
+        return 0;
+    }
+    // SAFETY: forwarded to the hidden socket.
+    unsafe { real::getsockopt(s.tcp, level, name, val, len) }
+}
+
+fn timeval_ms(val: *const c_void, len: socklen_t) -> Option<u32> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return None;
+    }
+    // SAFETY: checked length; read_unaligned for application buffers.
+    let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
+    let ms = tv.tv_sec as u64 * 1000 + (tv.tv_usec as u64).div_ceil(1000);
+    Some(ms.min(u32::MAX as u64) as u32)
+}
+
+/// Interposed `setsockopt(2)`: options go to the hidden TCP socket; the
+/// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO) are also
+/// noted for the connection.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::setsockopt(fd, level, name, val, len) };
+    };
+    // SAFETY: forwarded to the hidden socket (which validates the arguments).
+    let r = unsafe { real::setsockopt(s.tcp, level, name, val, len) };
+    if r != 0 || level != libc::SOL_SOCKET {
+        return r;
+    }
+    match name {
+        libc::SO_LINGER if !val.is_null() && (len as usize) >= std::mem::size_of::<libc::linger>() => {
+            // SAFETY: checked length.
+            let l = unsafe { std::ptr::read_unaligned(val as *const libc::linger) };
+            s.linger0.store(l.l_onoff != 0 && l.l_linger == 0, Ordering::Relaxed);
+        }
+        libc::SO_RCVTIMEO => {
+            if let Some(ms) = timeval_ms(val, len) {
+                s.rcv_timeo_ms.store(ms, Ordering::Relaxed);
+            }
+        }
+        libc::SO_SNDTIMEO => {
+            if let Some(ms) = timeval_ms(val, len) {
+                s.snd_timeo_ms.store(ms, Ordering::Relaxed);
+                if ms != 0 {
+                    debug!("fd {fd}: SO_SNDTIMEO is not applied to SMC-D writes (a full ring blocks)");
+                }
+            }
+        }
+        _ => {}
+    }
+    0
+}
+
+/// Interposed `epoll_ctl(2)`: registrations of not-yet-connected TCP
+/// sockets are recorded, so the swap in `connect` can move them.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if r == 0 && table::has_flag(fd, F_CANDIDATE) {
+        let _g = LOCK.write();
+        let mut e = lock(&EPOLL);
+        e.retain(|(x, p, _)| !(*x == fd && *p == ep));
+        if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+            // SAFETY: the application's event, valid for ADD and MOD.
+            e.push((fd, ep, unsafe { *ev }));
+        }
+    }
+    r
+}

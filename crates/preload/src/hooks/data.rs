@@ -1,0 +1,496 @@
+//! The data path: read, write, recv, send and their fortified, vectored,
+//! message and multi-message forms, and sendfile, all on an SMC-D
+//! connection's rings through the core's connection. Flags the rings cannot
+//! honour, and ancillary data, fail loudly instead of being ignored.
+
+use super::{errno, fail, os_err, unsupported};
+use crate::real;
+use crate::table::{self, Sock};
+use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const RECV_OK: c_int = libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_CMSG_CLOEXEC;
+const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
+
+fn fd_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL on an open descriptor.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// Receive into `buf` with recv(2) flags; -1 with errno on error.
+fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
+    if flags & !RECV_OK != 0 {
+        return unsupported(fd, format_args!("recv flags {:#x}", flags & !RECV_OK));
+    }
+    if s.shut_rd.load(Ordering::Relaxed) {
+        return 0;
+    }
+    let peek = flags & libc::MSG_PEEK != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0;
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    let timeo = s.rcv_timeo_ms.load(Ordering::Relaxed);
+    let r = if timeo == 0 || dontwait {
+        s.conn.recv(buf, peek, waitall, dontwait)
+    } else {
+        // SO_RCVTIMEO: wait ourselves, bounded.
+        let deadline = Instant::now() + Duration::from_millis(timeo as u64);
+        loop {
+            match s.conn.recv(buf, peek, false, true) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !fd_nonblocking(fd) => {
+                    let left = deadline.saturating_duration_since(Instant::now()).as_millis() as c_int;
+                    if left == 0 {
+                        break Err(e);
+                    }
+                    let mut p = libc::pollfd { fd: s.conn.fd(), events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd.
+                    unsafe { real::poll(&mut p, 1, left) };
+                }
+                other => break other,
+            }
+        }
+    };
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(os_err(&e)),
+    }
+}
+
+/// Send `buf` with send(2) flags; -1 with errno on error (SIGPIPE on
+/// EPIPE unless MSG_NOSIGNAL, as TCP).
+fn do_send(fd: RawFd, s: &Sock, buf: &[u8], flags: c_int) -> ssize_t {
+    if flags & !SEND_OK != 0 {
+        return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
+    }
+    match s.conn.send(buf, flags & libc::MSG_DONTWAIT != 0) {
+        Ok(n) => {
+            s.reg.add_tx(n as u64);
+            n as ssize_t
+        }
+        Err(e) => {
+            let en = os_err(&e);
+            if en == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                // SAFETY: raising SIGPIPE in this thread, as the kernel would.
+                unsafe { libc::raise(libc::SIGPIPE) };
+            }
+            fail(en)
+        }
+    }
+}
+
+fn iovs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
+    if iov.is_null() || cnt <= 0 {
+        return &[];
+    }
+    // SAFETY: the caller (the application) passes `cnt` iovecs.
+    unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+}
+
+/// Gathers small vectors into one send (one doorbell); large ones go one by
+/// one.
+fn do_sendv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+    const GATHER: usize = 64 * 1024;
+    let total: usize = v.iter().map(|i| i.iov_len).sum();
+    if v.len() == 1 || total <= GATHER {
+        if v.len() == 1 {
+            // SAFETY: the application's buffer of iov_len bytes.
+            let b = unsafe { std::slice::from_raw_parts(v[0].iov_base as *const u8, v[0].iov_len) };
+            return do_send(fd, s, b, flags);
+        }
+        let mut buf = Vec::with_capacity(total);
+        for i in v {
+            if i.iov_len > 0 {
+                // SAFETY: as above.
+                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len) });
+            }
+        }
+        return do_send(fd, s, &buf, flags);
+    }
+    let mut done = 0usize;
+    for i in v {
+        if i.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: as above.
+        let b = unsafe { std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len) };
+        let n = do_send(fd, s, b, if done > 0 { flags | libc::MSG_NOSIGNAL } else { flags });
+        if n < 0 {
+            return if done > 0 { done as ssize_t } else { n };
+        }
+        done += n as usize;
+        if (n as usize) < b.len() {
+            break;
+        }
+    }
+    done as ssize_t
+}
+
+/// Scatters into vectors: the first waits per mode, the rest take only what
+/// is there (unless MSG_WAITALL).
+fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+    if v.len() == 1 {
+        // SAFETY: the application's writable buffer of iov_len bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(v[0].iov_base as *mut u8, v[0].iov_len) };
+        return do_recv(fd, s, b, flags);
+    }
+    if flags & libc::MSG_PEEK != 0 {
+        let total: usize = v.iter().map(|i| i.iov_len).sum();
+        let mut tmp = vec![0u8; total.min(4 << 20)];
+        let n = do_recv(fd, s, &mut tmp, flags);
+        if n <= 0 {
+            return n;
+        }
+        let mut off = 0usize;
+        for i in v {
+            let k = i.iov_len.min(n as usize - off);
+            // SAFETY: k <= iov_len bytes into the application's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr().add(off), i.iov_base as *mut u8, k) };
+            off += k;
+            if off == n as usize {
+                break;
+            }
+        }
+        return n;
+    }
+    let mut done = 0usize;
+    for i in v {
+        if i.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: as above.
+        let b = unsafe { std::slice::from_raw_parts_mut(i.iov_base as *mut u8, i.iov_len) };
+        let f = if done > 0 && flags & libc::MSG_WAITALL == 0 { flags | libc::MSG_DONTWAIT } else { flags };
+        let n = do_recv(fd, s, b, f);
+        if n < 0 {
+            return if done > 0 { done as ssize_t } else { n };
+        }
+        done += n as usize;
+        if n == 0 || (n as usize) < b.len() {
+            break;
+        }
+    }
+    done as ssize_t
+}
+
+/// Interposed `read(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::read(fd, buf, n) };
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's writable buffer of `n` bytes.
+    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, 0)
+}
+
+/// Fortified `read` (`_FORTIFY_SOURCE`).
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a detected overflow.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { read(fd, buf, n) }
+}
+
+/// Interposed `write(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::write(fd, buf, n) };
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's buffer of `n` bytes.
+    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, 0)
+}
+
+/// Interposed `recv(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::recv(fd, buf, n, flags) };
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's writable buffer of `n` bytes.
+    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, flags)
+}
+
+/// Fortified `recv`.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a detected overflow.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+/// Interposed `send(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::send(fd, buf, n, flags) };
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's buffer of `n` bytes.
+    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, flags)
+}
+
+/// Interposed `recvfrom(2)`: a connected stream reports no address.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    };
+    if !addr.is_null() && !len.is_null() {
+        // SAFETY: the application passed a valid length pointer.
+        unsafe { *len = 0 };
+    }
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's writable buffer of `n` bytes.
+    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, flags)
+}
+
+/// Fortified `recvfrom`.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a detected overflow.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { recvfrom(fd, buf, n, flags, addr, len) }
+}
+
+/// Interposed `sendto(2)`: on a connected stream the address is ignored,
+/// as TCP does.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the application's buffer of `n` bytes.
+    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, flags)
+}
+
+/// Interposed `readv(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::readv(fd, iov, cnt) };
+    };
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return fail(libc::EINVAL);
+    }
+    do_recvv(fd, &s, iovs(iov, cnt), 0)
+}
+
+/// Interposed `writev(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::writev(fd, iov, cnt) };
+    };
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return fail(libc::EINVAL);
+    }
+    do_sendv(fd, &s, iovs(iov, cnt), 0)
+}
+
+/// Interposed `recvmsg(2)`: no ancillary data, no address.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    };
+    if msg.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the application's msghdr.
+    let m = unsafe { &mut *msg };
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        return unsupported(fd, format_args!("recvmsg(MSG_ERRQUEUE)"));
+    }
+    let n = do_recvv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
+    if n >= 0 {
+        m.msg_namelen = 0;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+    }
+    n
+}
+
+/// Interposed `sendmsg(2)`: ancillary data (SCM_RIGHTS and the like)
+/// cannot travel through shared memory and fails loudly.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    let Some(s) = table::get(fd) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    };
+    if msg.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the application's msghdr.
+    let m = unsafe { &*msg };
+    if !m.msg_control.is_null() && m.msg_controllen > 0 {
+        return unsupported(fd, format_args!("sendmsg with ancillary data ({} bytes)", m.msg_controllen));
+    }
+    do_sendv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
+}
+
+/// Interposed `recvmmsg(2)`: one message after another; only the first may
+/// wait.
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut libc::timespec) -> c_int {
+    if table::get(fd).is_none() {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::recvmmsg(fd, v, n, flags, t) };
+    }
+    let mut done = 0;
+    for i in 0..n as usize {
+        let f = if done > 0 { flags | libc::MSG_DONTWAIT } else { flags & !libc::MSG_WAITFORONE };
+        // SAFETY: the application passes `n` mmsghdrs.
+        let h = unsafe { &mut *v.add(i) };
+        // SAFETY: forwarded to our recvmsg with the application's msghdr.
+        let r = unsafe { recvmsg(fd, &mut h.msg_hdr, f & !libc::MSG_WAITFORONE) };
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        h.msg_len = r as c_uint;
+        done += 1;
+        if r == 0 {
+            break;
+        }
+    }
+    done
+}
+
+/// Interposed `sendmmsg(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    if table::get(fd).is_none() {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::sendmmsg(fd, v, n, flags) };
+    }
+    let mut done = 0;
+    for i in 0..n as usize {
+        // SAFETY: the application passes `n` mmsghdrs.
+        let h = unsafe { &mut *v.add(i) };
+        // SAFETY: forwarded to our sendmsg.
+        let r = unsafe { sendmsg(fd, &h.msg_hdr, flags) };
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        h.msg_len = r as c_uint;
+        done += 1;
+    }
+    done
+}
+
+fn do_sendfile( s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
+    if table::get(inp).is_some() {
+        return unsupported(inp, format_args!("sendfile from an SMC-D connection"));
+    }
+    let mut done = 0usize;
+    while done < count {
+        let mut region = match s.conn.reserve(1) {
+            Ok(r) => r,
+            Err(e) => {
+                if done > 0 {
+                    break;
+                }
+                let en = os_err(&e);
+                if en == libc::EPIPE {
+                    // SAFETY: SIGPIPE as TCP's sendfile raises it.
+                    unsafe { libc::raise(libc::SIGPIPE) };
+                }
+                return fail(en);
+            }
+        };
+        let want = region.len().min(count - done);
+        let dst = region.as_mut_ptr().cast::<c_void>();
+        // SAFETY: `dst` has `want` writable bytes (inside the reserved ring
+        // region); `off` is the application's offset pointer or null.
+        let n = unsafe {
+            if off.is_null() {
+                real::read(inp, dst, want)
+            } else {
+                libc::pread(inp, dst, want, *off)
+            }
+        };
+        if n <= 0 {
+            let e = errno();
+            drop(region);
+            if n < 0 && done == 0 {
+                return fail(e);
+            }
+            break;
+        }
+        if let Err(e) = region.commit(n as usize) {
+            if done == 0 {
+                return fail(os_err(&e));
+            }
+            break;
+        }
+        s.reg.add_tx(n as u64);
+        if !off.is_null() {
+            // SAFETY: the application's offset.
+            unsafe { *off += n as off_t };
+        }
+        done += n as usize;
+        if (n as usize) < want {
+            break; // end of the input file (or a short read)
+        }
+    }
+    done as ssize_t
+}
+
+/// Interposed `sendfile(2)`: file bytes go straight into the peer's ring.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    match table::get(out) {
+        Some(s) => do_sendfile(&s, inp, off, count),
+        None if table::get(inp).is_some() => unsupported(inp, format_args!("sendfile from an SMC-D connection")),
+        // SAFETY: forwarded unchanged.
+        None => unsafe { real::sendfile(out, inp, off, count) },
+    }
+}
+
+/// Interposed `sendfile64` (the same call on 64-bit).
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    match table::get(out) {
+        Some(s) => do_sendfile(&s, inp, off, count),
+        None if table::get(inp).is_some() => unsupported(inp, format_args!("sendfile from an SMC-D connection")),
+        // SAFETY: forwarded unchanged.
+        None => unsafe { real::sendfile64(out, inp, off, count) },
+    }
+}

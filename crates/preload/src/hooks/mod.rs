@@ -1,0 +1,119 @@
+//! The interposed libc functions.
+//!
+//! Every function first asks the table whether the descriptor is an SMC-D
+//! connection (one atomic load); if not, it calls the real function. The
+//! core itself calls libc (poll, recv, fcntl, close, ...) on its own
+//! descriptors, which are never table descriptors, so those calls pass
+//! straight through and nothing recurses.
+//!
+//! One file per concept: `setup` makes connections (socket, listen, accept,
+//! connect) and `swap` turns a TCP descriptor into an SMC-D one; `data`
+//! moves bytes; `control` covers the rest of a descriptor's life (close,
+//! dup, fcntl, ioctl, options, epoll); `process` handles fork, exec and
+//! exit; `unsupported` refuses what shared memory cannot do. `records`
+//! holds what the hooks remember besides the table. This file keeps only
+//! the small functions they all share.
+
+mod control;
+mod data;
+mod process;
+mod records;
+mod setup;
+mod swap;
+mod unsupported;
+
+pub use control::*;
+pub use data::*;
+pub use process::*;
+pub use setup::*;
+pub(crate) use swap::last_close;
+pub use unsupported::*;
+
+use crate::table::MAX_FD;
+use libc::c_int;
+use smclo::config::Config;
+use smclo::debug;
+use smclo::device::Device;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+
+struct Ctx {
+    dev: Arc<Device>,
+    cfg: Config,
+}
+
+/// `SMCLO_DISABLE=1`: every function passes through.
+fn disabled() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| std::env::var_os("SMCLO_DISABLE").is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// The configuration and the device, once per process. A bad configuration
+/// or an unusable device is reported once and leaves every connection
+/// plain TCP; the program never fails because of smclo.
+fn ctx() -> Option<&'static Ctx> {
+    static C: OnceLock<Option<Ctx>> = OnceLock::new();
+    C.get_or_init(|| {
+        if disabled() {
+            return None;
+        }
+        let cfg = match Config::from_env() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("smclo[{}]: {e}; connections stay plain TCP", std::process::id());
+                return None;
+            }
+        };
+        match Device::open(&cfg.device_dir) {
+            Ok(dev) => Some(Ctx { dev, cfg }),
+            Err(e) => {
+                eprintln!(
+                    "smclo[{}]: device {} unusable ({e}); connections stay plain TCP",
+                    std::process::id(),
+                    cfg.device_dir.display()
+                );
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// Live SMC-D connections in this process (fork and exec skip work at 0).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn errno() -> c_int {
+    // SAFETY: as in set_errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn os_err(e: &io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        io::ErrorKind::Interrupted => libc::EINTR,
+        _ => libc::EIO,
+    })
+}
+
+fn fail<T: From<i8>>(e: c_int) -> T {
+    set_errno(e);
+    T::from(-1)
+}
+
+/// Something an SMC-D descriptor cannot do faithfully: fail loudly.
+fn unsupported<T: From<i8>>(fd: RawFd, what: std::fmt::Arguments<'_>) -> T {
+    debug!("fd {fd}: {what} is not supported on an SMC-D connection: EOPNOTSUPP");
+    fail(libc::EOPNOTSUPP)
+}
+
+fn in_table_range(fd: RawFd) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD
+}

@@ -1,0 +1,236 @@
+//! The process around the connections: `fork` records the child as a
+//! holder of every connection, exec (all seven forms) keeps a channel from
+//! reaching a program that has no table, and exit (`_exit`, `_Exit` and
+//! the end of the program) closes each connection as the kernel closes a
+//! socket, unless another process of the family still holds it.
+
+use super::records::{lock, LISTENERS};
+use super::{fail, LIVE};
+use crate::holders;
+use crate::real;
+use crate::table::{self, LOCK};
+use libc::{c_char, c_int, pid_t};
+use smclo::debug;
+use std::sync::atomic::Ordering;
+
+/// Interposed `fork(2)`: the child is recorded as a holder of every
+/// connection before any thread of the parent can close one.
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> pid_t {
+    let g = LOCK.write();
+    let socks = if LIVE.load(Ordering::Relaxed) > 0 { table::all_locked() } else { Vec::new() };
+    // SAFETY: plain fork; the lock is held so no table change is half done.
+    let pid = unsafe { real::fork() };
+    if pid == 0 {
+        g.forget();
+        LOCK.reset_in_child();
+        drop(socks);
+        return 0;
+    }
+    if pid > 0 {
+        let mut seen = Vec::new();
+        for (_, s) in &socks {
+            if !seen.contains(&s.slot) {
+                seen.push(s.slot);
+                holders::add(s.slot, pid as u32);
+            }
+        }
+        if !seen.is_empty() {
+            debug!("fork: child {pid} shares {} SMC-D connection(s)", seen.len());
+        }
+    }
+    drop(g);
+    drop(socks);
+    pid
+}
+
+/// Interposed `vfork(2)`: a full fork, so that the child's exec handling
+/// cannot touch the parent's memory.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    // SAFETY: fork is a valid implementation of vfork.
+    unsafe { fork() }
+}
+
+/// Before exec: the new image has no table, so it must not inherit a
+/// channel. Every real table descriptor is close-on-exec; one the
+/// application wanted to pass (no FD_CLOEXEC in its view) is replaced by the
+/// hidden TCP socket, and the SMC-D connection is aborted if no other
+/// process holds it (the peer sees a reset; the new program sees end of
+/// stream once the peer closes). Never does the new program read doorbell
+/// bytes as data.
+fn before_exec() {
+    {
+        let g = LOCK.write();
+        if let Some(m) = lock(&LISTENERS).as_mut() {
+            // The new image does not know these listeners; unregister them
+            // so clients do not wait for an answer that never comes.
+            m.clear();
+        }
+        drop(g);
+    }
+    if LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let g = LOCK.write();
+    let all = table::all_locked();
+    let mut taken = Vec::new();
+    for (fd, s) in &all {
+        let keep = !table::app_cloexec(*fd);
+        if let Some(t) = table::take_locked(*fd) {
+            taken.push(t);
+        }
+        if keep {
+            s.linger0.store(true, Ordering::Relaxed);
+            // SAFETY: replaces the channel duplicate with the TCP socket.
+            unsafe { real::dup3(s.tcp, *fd, 0) };
+            debug!("exec: fd {fd} (SMC-D) cannot follow into the new program; it gets the TCP socket and the connection is reset");
+        }
+    }
+    drop(g);
+    drop(all);
+    for t in taken {
+        table::release(t);
+    }
+}
+
+/// At exit: every connection this process holds is closed as the kernel
+/// closes a socket at exit (orderly, or a reset if unread data remains),
+/// unless another process of the family still holds it. Without this the
+/// peer would see the channel vanish with no flag and report a reset.
+pub(crate) fn close_all() {
+    if LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let g = LOCK.write();
+    let all = table::all_locked();
+    let mut taken = Vec::new();
+    for (fd, _) in &all {
+        if let Some(t) = table::take_locked(*fd) {
+            taken.push(t);
+        }
+    }
+    drop(g);
+    drop(all);
+    for t in taken {
+        table::release(t);
+    }
+}
+
+extern "C" fn at_exit() {
+    close_all();
+}
+
+/// Runs after the program's own exit handlers (this library is initialised
+/// first, so it is finalised last).
+#[used]
+#[link_section = ".fini_array"]
+static AT_EXIT: extern "C" fn() = at_exit;
+
+/// Interposed `_exit(2)`: closes connections as [`close_all`], then exits.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    close_all();
+    // SAFETY: forwarded; it does not return.
+    unsafe { real::_exit(status) };
+    std::process::abort()
+}
+
+/// Interposed `_Exit(2)`.
+#[allow(non_snake_case)]
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    close_all();
+    // SAFETY: forwarded; it does not return.
+    unsafe { real::_Exit(status) };
+    std::process::abort()
+}
+
+/// Interposed `execve(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// Interposed `execv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::execv(path, argv) }
+}
+
+/// Interposed `execvp(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// Interposed `execvpe(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+/// Interposed `fexecve(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::fexecve(fd, argv, envp) }
+}
+
+// ----- the variadic exec functions ------------------------------------------------
+//
+// Stable Rust cannot define a C-variadic function. On the ABIs below a
+// variadic pointer argument is passed exactly like a fixed one (registers,
+// then the caller's stack), so these read up to 64 arguments as fixed
+// parameters and stop at the terminating NULL; slots past it are never
+// used. They build the vector and go through the wrappers above.
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const MAX_L_ARGS: usize = 64;
+
+/// The NULL-terminated list `a0, a1, ...` as a vector (with its NULL), and
+/// the argument after the NULL (execle's envp).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn l_args(list: &[*const c_char; MAX_L_ARGS]) -> Option<(Vec<*const c_char>, *const *const c_char)> {
+    let end = list.iter().position(|p| p.is_null())?;
+    let mut v = list[..end].to_vec();
+    v.push(std::ptr::null());
+    let env = list.get(end + 1).map_or(std::ptr::null(), |p| *p as *const *const c_char);
+    Some((v, env))
+}
+
+/// Interposed `execl(3)` (see the section comment).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn execl(path: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
+    let Some((v, _)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+    // SAFETY: a NULL-terminated vector of the caller's strings.
+    unsafe { execv(path, v.as_ptr()) }
+}
+
+/// Interposed `execlp(3)`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn execlp(file: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
+    let Some((v, _)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+    // SAFETY: a NULL-terminated vector of the caller's strings.
+    unsafe { execvp(file, v.as_ptr()) }
+}
+
+/// Interposed `execle(3)`: the environment follows the NULL.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn execle(path: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
+    let Some((v, env)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+    // SAFETY: a NULL-terminated vector of the caller's strings and its envp.
+    unsafe { execve(path, v.as_ptr(), env) }
+}

@@ -1,0 +1,42 @@
+//! What the hooks remember about descriptors besides the table: which
+//! listeners are registered in the device (shared by their `dup`s) and the
+//! epoll registrations of not-yet-connected TCP sockets, which the swap
+//! moves to the channel. Both are only touched with the table's lock held
+//! for writing, so a closed or reused descriptor number is forgotten here
+//! in the same step as in the table.
+
+use super::in_table_range;
+use crate::table::{self, F_CANDIDATE, F_LISTENER};
+use smclo::registry::ListenerGuard;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// Registered listeners: descriptor → its registration, shared by `dup`s.
+/// Only touched with [`LOCK`](crate::table::LOCK) held for writing (so never held across fork).
+pub(super) static LISTENERS: Mutex<Option<HashMap<RawFd, Arc<ListenerGuard>>>> = Mutex::new(None);
+
+/// epoll registrations of candidate descriptors: (fd, epfd, event).
+/// Same locking as [`LISTENERS`].
+pub(super) static EPOLL: Mutex<Vec<(RawFd, RawFd, libc::epoll_event)>> = Mutex::new(Vec::new());
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Forgets what we knew about descriptor number `fd` (it was closed).
+pub(super) fn forget_fd_locked(fd: RawFd) {
+    if !in_table_range(fd) {
+        return;
+    }
+    let f = table::FLAGS[fd as usize].swap(0, Ordering::Relaxed);
+    if f & F_LISTENER != 0 {
+        if let Some(m) = lock(&LISTENERS).as_mut() {
+            m.remove(&fd);
+        }
+    }
+    if f & F_CANDIDATE != 0 {
+        lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    }
+}

@@ -1,0 +1,256 @@
+//! Setting connections up: `socket` marks TCP sockets as candidates,
+//! `listen` registers TCP listeners in the device, and `accept`/`accept4`
+//! and `connect` run the SMC-D handshake and, when both sides agree, swap
+//! the descriptor in. Anything that is not a TCP stream, or a peer that is
+//! not smclo, stays plain TCP.
+
+use super::records::{forget_fd_locked, lock, LISTENERS};
+use super::swap::swap_in;
+use super::{ctx, disabled, errno, in_table_range, set_errno};
+use crate::holders;
+use crate::real;
+use crate::table::{self, F_CANDIDATE, F_LISTENER, LOCK};
+use libc::{c_int, sockaddr, socklen_t};
+use smclo::debug;
+use smclo::device::Role;
+use smclo::handshake::{self, Decision};
+use smclo::registry;
+use smclo_wire::reason::Reason;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn is_tcp_stream(fd: RawFd) -> bool {
+    let get = |name| {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: the kernel writes at most `l` bytes into `v`.
+        let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&mut v as *mut c_int).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+        && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// Interposed `socket(2)`: marks TCP sockets as candidates (their epoll
+/// registrations are recorded until they are connected).
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: forwarded unchanged.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 && in_table_range(fd) && !disabled() {
+        let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
+            && ty & 0xf == libc::SOCK_STREAM
+            && (proto == 0 || proto == libc::IPPROTO_TCP);
+        clear_stale(fd);
+        if tcp {
+            table::set_flag(fd, F_CANDIDATE, true);
+        }
+    }
+    fd
+}
+
+/// A fresh descriptor number from the kernel: whatever we remembered about
+/// that number belongs to a descriptor closed behind our back.
+fn clear_stale(fd: RawFd) {
+    if !in_table_range(fd) {
+        return;
+    }
+    if table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0 && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let g = LOCK.write();
+    let old = table::take_locked(fd);
+    forget_fd_locked(fd);
+    drop(g);
+    if let Some(s) = old {
+        debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
+        table::release(s);
+    }
+}
+
+/// Interposed `listen(2)`: TCP listeners save SYNs and are registered in
+/// the device, so smclo clients propose to them.
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    if disabled() || !in_table_range(fd) || table::has_flag(fd, F_LISTENER) || table::get(fd).is_some() || !is_tcp_stream(fd) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::listen(fd, backlog) };
+    }
+    let Some(c) = ctx() else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::listen(fd, backlog) };
+    };
+    let saved = smclo::tcp_syn::save_syns(fd);
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 {
+        return r;
+    }
+    let e = errno();
+    if let Err(err) = saved {
+        debug!("fd {fd}: TCP_SAVE_SYN failed ({err}); its connections stay TCP");
+        return 0;
+    }
+    match smclo::sockaddr::local(fd).map_err(smclo::Error::from).and_then(|a| registry::register_listener(&c.dev, a)) {
+        Ok(guard) => {
+            let _g = LOCK.write();
+            lock(&LISTENERS).get_or_insert_with(HashMap::new).insert(fd, Arc::new(guard));
+            table::set_flag(fd, F_CANDIDATE, false);
+            table::set_flag(fd, F_LISTENER, true);
+            debug!("fd {fd}: listening, registered for SMC-D");
+        }
+        Err(err) => debug!("fd {fd}: listener not registered ({err}); its connections stay TCP"),
+    }
+    set_errno(e);
+    0
+}
+
+/// Interposed `accept(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if !table::has_flag(fd, F_LISTENER) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::accept(fd, addr, len) };
+    }
+    // SAFETY: same arguments, flags 0 is what accept means.
+    unsafe { accept_smc(fd, addr, len, 0) }
+}
+
+/// Interposed `accept4(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    if !table::has_flag(fd, F_LISTENER) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    }
+    // SAFETY: forwarded.
+    unsafe { accept_smc(fd, addr, len, flags) }
+}
+
+unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, forwarded.
+    let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+    if nfd < 0 {
+        return nfd;
+    }
+    let e = errno();
+    clear_stale(nfd);
+    let Some(c) = ctx() else { return nfd };
+    if !in_table_range(nfd) {
+        // Not upgradable: the client falls back after its bounded wait.
+        debug!("fd {nfd}: above the table, stays TCP");
+        return nfd;
+    }
+    let Some(slot) = holders::claim() else {
+        debug!("fd {nfd}: no holder slot, stays TCP");
+        return nfd;
+    };
+    match handshake::server_accept(&c.dev, &c.cfg, nfd) {
+        Decision::Smc(est) => {
+            swap_in(nfd, est, slot, flags & libc::SOCK_NONBLOCK != 0, flags & libc::SOCK_CLOEXEC != 0);
+        }
+        Decision::Tcp(r) => {
+            holders::forget(slot);
+            debug!("fd {nfd}: accepted as TCP ({r})");
+        }
+    }
+    set_errno(e);
+    nfd
+}
+
+/// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
+/// and completes the handshake before returning (also for a non-blocking
+/// socket, which then returns 0 at once, as DESIGN §3 allows).
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if disabled() || !table::has_flag(fd, F_CANDIDATE) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    // SAFETY: the caller passes `len` readable bytes at `addr`.
+    let dest = unsafe { smclo::sockaddr::from_raw(addr, len) };
+    let (Some(dest), Some(c)) = (dest, ctx()) else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
+    };
+    if !is_tcp_stream(fd) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    // SAFETY: F_GETFL / F_GETFD on the caller's descriptor.
+    let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
+    let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+    let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
+    let mut p = match handshake::client_propose(&c.dev, &c.cfg, fd, dest) {
+        Ok(p) => p,
+        Err(r) => {
+            c.dev.count_fallback(r, Role::Client);
+            debug!("fd {fd}: connect to {dest} stays TCP ({r})");
+            table::set_flag(fd, F_CANDIDATE, false);
+            // SAFETY: forwarded unchanged.
+            return unsafe { real::connect(fd, addr, len) };
+        }
+    };
+    let Some(slot) = holders::claim() else {
+        drop(p);
+        c.dev.count_fallback(Reason::Mem, Role::Client);
+        debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
+        table::set_flag(fd, F_CANDIDATE, false);
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { real::connect(fd, addr, len) };
+    let e = errno();
+    p.syn_sent();
+    if r != 0 {
+        if e != libc::EINPROGRESS {
+            // The TCP connect failed: report exactly its error.
+            holders::forget(slot);
+            drop(p);
+            set_errno(e);
+            return -1;
+        }
+        // Non-blocking: wait (bounded) for the TCP connection, leaving any
+        // error pending for the application to read.
+        let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        let ms = c.cfg.clc_wait.as_millis().clamp(1, i32::MAX as u128) as c_int;
+        let deadline = Instant::now() + Duration::from_millis(ms as u64);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now()).as_millis() as c_int;
+            // SAFETY: one valid pollfd.
+            let n = unsafe { real::poll(&mut pfd, 1, left) };
+            if n < 0 && errno() == libc::EINTR && left > 0 {
+                continue;
+            }
+            break;
+        }
+        let connected = pfd.revents & libc::POLLOUT != 0
+            && pfd.revents & (libc::POLLERR | libc::POLLHUP) == 0
+            && smclo::sockaddr::peer(fd).is_ok();
+        if !connected {
+            holders::forget(slot);
+            drop(p);
+            c.dev.count_fallback(Reason::Timeout, Role::Client);
+            debug!("fd {fd}: non-blocking connect to {dest} not done in time; stays TCP");
+            table::set_flag(fd, F_CANDIDATE, false);
+            set_errno(libc::EINPROGRESS);
+            return -1;
+        }
+    }
+    match p.finish() {
+        Decision::Smc(est) => {
+            swap_in(fd, est, slot, nonblock, cloexec);
+        }
+        Decision::Tcp(r) => {
+            holders::forget(slot);
+            debug!("fd {fd}: connected to {dest} as TCP ({r})");
+        }
+    }
+    table::set_flag(fd, F_CANDIDATE, false);
+    0
+}

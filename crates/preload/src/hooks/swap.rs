@@ -1,0 +1,118 @@
+//! The swap: once the handshake says SMC-D, the application's descriptor
+//! becomes a duplicate of the connection's UNIX channel, so poll, epoll and
+//! select work natively, while the TCP socket stays open at a hidden
+//! descriptor for identity and options. Also the other end of that life:
+//! what happens when the last descriptor of a connection in this process
+//! is gone.
+
+use super::records::{lock, EPOLL};
+use super::LIVE;
+use crate::holders;
+use crate::real;
+use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, LOCK};
+use smclo::debug;
+use smclo::handshake::Established;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Makes `fd` a second descriptor of the connection's channel (DESIGN §4):
+/// the TCP socket moves to a hidden descriptor, epoll registrations move
+/// with the number. On failure the SMC-D connection is closed (the peer
+/// reads end of stream) and `fd` stays the TCP socket.
+pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, cloexec: bool) -> bool {
+    let Established { conn, registration } = est;
+    // High numbers keep the hidden socket out of the application's way
+    // (select's FD_SETSIZE, programs that expect small numbers); under a
+    // low RLIMIT_NOFILE any free number will do (it is F_INTERNAL).
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller owns.
+    let mut tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
+    if tcp < 0 {
+        // SAFETY: as above.
+        tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    }
+    if tcp < 0 {
+        debug!("fd {fd}: cannot hide the TCP socket ({}); SMC-D connection dropped", io::Error::last_os_error());
+        holders::forget(slot);
+        return false;
+    }
+    if let Err(e) = conn.set_nonblocking(nonblock) {
+        debug!("fd {fd}: O_NONBLOCK on the channel failed ({e}); SMC-D connection dropped");
+        // SAFETY: our own duplicate.
+        unsafe { real::close(tcp) };
+        holders::forget(slot);
+        return false;
+    }
+    let chan = conn.fd();
+    let sock = Arc::new(Sock {
+        conn,
+        reg: registration,
+        tcp,
+        fds: AtomicUsize::new(0),
+        shut_rd: Default::default(),
+        linger0: Default::default(),
+        rcv_timeo_ms: Default::default(),
+        snd_timeo_ms: Default::default(),
+        slot,
+    });
+    table::set_flag(tcp, F_INTERNAL, true);
+    table::set_flag(chan, F_INTERNAL, true);
+    let g = LOCK.write();
+    let recs: Vec<_> = {
+        let mut e = lock(&EPOLL);
+        let (mine, rest): (Vec<_>, Vec<_>) = e.drain(..).partition(|(x, _, _)| *x == fd);
+        *e = rest;
+        mine
+    };
+    // Remove the registrations while `fd` still names the TCP file: after
+    // dup3 they could no longer be named, and the hidden duplicate keeps
+    // that file (and so its registrations) alive.
+    for (_, ep, _) in &recs {
+        // SAFETY: plain epoll_ctl DEL with valid descriptors.
+        unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+    // The real descriptor is always close-on-exec; the application's view
+    // is kept in the table (see exec below).
+    // SAFETY: both descriptors are open; dup3 atomically replaces `fd`.
+    let r = unsafe { real::dup3(chan, fd, libc::O_CLOEXEC) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        drop(g);
+        for (_, ep, mut ev) in recs {
+            // SAFETY: re-adds the registration we removed.
+            unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        }
+        debug!("fd {fd}: dup3 failed ({e}); SMC-D connection dropped");
+        holders::forget(slot);
+        return false; // dropping `sock` closes the connection and `tcp`
+    }
+    table::install_locked(fd, &sock, cloexec);
+    table::set_flag(fd, F_CANDIDATE, false);
+    drop(g);
+    LIVE.fetch_add(1, Ordering::Relaxed);
+    for (_, ep, mut ev) in recs {
+        // SAFETY: `fd` is now the channel duplicate; same events and data.
+        if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            debug!("fd {fd}: moving an epoll registration failed: {}", io::Error::last_os_error());
+        } else {
+            debug!("fd {fd}: epoll registration in epfd {ep} moved to the SMC-D channel");
+        }
+    }
+    debug!("fd {fd}: SMC-D (channel fd {chan}, hidden TCP fd {tcp}, {})", if nonblock { "non-blocking" } else { "blocking" });
+    true
+}
+
+/// The last descriptor of a connection in this process is gone.
+pub(crate) fn last_close(s: &Sock) {
+    LIVE.fetch_sub(1, Ordering::Relaxed);
+    if holders::leave(s.slot, s.conn.fd()) {
+        debug!("SMC-D connection (channel fd {}) stays open: another process still holds it", s.conn.fd());
+        s.conn.disown();
+    } else if s.linger0.load(Ordering::Relaxed) {
+        debug!("SMC-D connection (channel fd {}) aborted (SO_LINGER 0)", s.conn.fd());
+        s.conn.abort();
+    } else {
+        s.conn.close_shared();
+    }
+}
