@@ -70,6 +70,23 @@ pub struct ClientProposal {
     /// Unlinked (once) when the proposal is withdrawn.
     rendezvous_path: Option<PathBuf>,
     saved_mark: Option<SavedMark>,
+    /// The caller's socket, and the source address of the slot key (whose
+    /// port position holds the mark, see [`key_for`]).
+    fd: RawFd,
+    src_ip: std::net::IpAddr,
+    port_published: bool,
+}
+
+/// The rendezvous key for a connection from `src_ip` to `dest` whose SYN
+/// carries `mark`. The client's port is not known before `connect` (the
+/// kernel picks it then, which on loopback may reuse a port whose earlier
+/// connection is in TIME_WAIT; an explicit `bind` to port 0 may not, and
+/// ran out of ports at high connection rates). So the key carries the mark
+/// where the client's port would be, and the client publishes its real port
+/// in the slot right after `connect` ([`ClientProposal::syn_sent`]); the
+/// server compares it with the SYN's.
+fn key_for(src_ip: std::net::IpAddr, mark: Mark, dest: SocketAddr) -> SlotKey {
+    SlotKey::new(SocketAddr::new(src_ip, (mark.ttl as u16) << 8 | mark.dscp as u16), dest)
 }
 
 fn random_u64() -> u64 {
@@ -97,20 +114,13 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         // for it could deadlock, so decline up front (DESIGN §3).
         return Err(Reason::SelfConnect);
     }
-    // The key needs the source address before the SYN: bind it now, to the
-    // address routing would choose anyway.
-    let src = match local_addr(fd) {
-        Ok(a) if a.port() != 0 => a,
-        _ => {
-            let ip = tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?;
-            crate::sockaddr::bind(fd, SocketAddr::new(ip, 0)).map_err(|e| {
-                debug!("bind before proposal failed: {e}");
-                Reason::IntErr
-            })?;
-            local_addr(fd).map_err(|_| Reason::IntErr)?
-        }
+    // The key needs the source address before the SYN: the bound one, or
+    // the one routing will choose. The port stays the kernel's choice at
+    // `connect` (see `key_for`).
+    let src_ip = match local_addr(fd) {
+        Ok(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
+        _ => tcp_syn::canonical(SocketAddr::new(tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?, 0)).ip(),
     };
-    let src = tcp_syn::canonical(src);
     let dmb = dev.register_dmb(cfg.rmem, Role::Client).map_err(|e| {
         debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
         Reason::Mem
@@ -144,10 +154,13 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         cfg: cfg.clone(),
         rendezvous_path: Some(rendezvous_path),
         saved_mark: None,
+        fd,
+        src_ip,
+        port_published: false,
     };
-    let key = SlotKey::new(src, dest);
+    let key = key_for(src_ip, mark, dest);
     let slot = Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
-        debug!("no rendezvous slot for {src} -> {dest}: {e}");
+        debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
         Reason::MaxDmb
     })?;
     p.slot = Some(slot);
@@ -155,7 +168,7 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         debug!("cannot mark the SYN: {e}");
         Reason::IntErr
     })?);
-    debug!("proposed {src} -> {dest} (mark ttl {} dscp {})", mark.ttl, mark.dscp);
+    debug!("proposed {src_ip} -> {dest} (mark ttl {} dscp {})", mark.ttl, mark.dscp);
     Ok(p)
 }
 
@@ -165,13 +178,31 @@ impl ClientProposal {
         self.dmb.as_ref().map_or(0, |d| d.token())
     }
 
-    /// Puts the socket options back; call right after `connect` returned
-    /// (0 or `EINPROGRESS`): the SYN has left by then.
+    /// Puts the socket options back and publishes the source port the
+    /// kernel chose in the rendezvous slot (the server matches it against
+    /// the SYN); call right after `connect` returned (0 or `EINPROGRESS`):
+    /// the SYN has left by then.
     pub fn syn_sent(&mut self) {
         if let Some(s) = self.saved_mark.take() {
             if let Err(e) = tcp_syn::restore_mark(s) {
                 debug!("restoring TTL/TOS after the SYN failed: {e}");
             }
+        }
+        if self.port_published {
+            return;
+        }
+        self.port_published = true;
+        let Some(slot) = &self.slot else { return };
+        match local_addr(self.fd).map(tcp_syn::canonical) {
+            Ok(a) if a.port() != 0 && a.ip() == self.src_ip => slot.set_client_port(a.port()),
+            Ok(a) if a.port() != 0 => {
+                // Routing chose another source than the key names: no
+                // server can match it. Withdraw; the server keeps TCP.
+                debug!("source {a} differs from the proposed {}; withdrawing", self.src_ip);
+                let _ = slot.give_up();
+            }
+            // connect failed before choosing a port: the caller drops us.
+            _ => {}
         }
     }
 
@@ -541,7 +572,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
             return Decision::Tcp(Reason::NoSavedSyn);
         }
     };
-    let key = SlotKey::new(syn.src, syn.dst);
+    let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
     // Proposals for this 4-tuple; more than one only when clients in other
     // network namespaces use the same addresses. The mark picks ours.
     let candidates = Rendezvous::find_all(dev, key);
@@ -566,6 +597,12 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
         if syn.mark != (Mark { ttl: proposal.mark_ttl, dscp: proposal.mark_tos >> 2 }) {
             // Someone else's connection with the same 4-tuple: not ours to
             // answer; its own server will.
+            mismatched = true;
+            continue;
+        }
+        // Same source address, server and mark: ours only if the client's
+        // port (published right after its connect) is the SYN's.
+        if wait_client_port(&slot, Instant::now() + cfg.clc_wait) != Some(syn.src.port()) {
             mismatched = true;
             continue;
         }
@@ -700,6 +737,27 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
         Err(e) => {
             debug!("building the connection failed: {e}");
             Decision::Tcp(Reason::IntErr)
+        }
+    }
+}
+
+/// The client's source port once it has published it (right after its
+/// `connect`, which on loopback may return a moment after our `accept`);
+/// `None` when the proposal is withdrawn or `deadline` passes first.
+fn wait_client_port(slot: &SlotRef, deadline: Instant) -> Option<u16> {
+    let mut round = 0u32;
+    loop {
+        if let Some(p) = slot.client_port() {
+            return Some(p);
+        }
+        if slot.state() != SlotState::Proposed || Instant::now() >= deadline {
+            return None;
+        }
+        round += 1;
+        if round < 256 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }

@@ -175,14 +175,21 @@ pub(crate) struct SlotEntry {
     start: AtomicU64,
     key: [AtomicU64; 5],
     lens: [AtomicU64; 3],
-    _r0: [AtomicU64; 6],
+    /// The client's TCP source port once known (`PORT_KNOWN | port`), 0
+    /// before: see [`SlotRef::set_client_port`].
+    client_port: AtomicU64,
+    _r0: [AtomicU64; 5],
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
     _r1: [AtomicU64; 48],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
-// word + start + key + lens + reserved = 128 bytes before the message areas.
-const _: () = assert!(8 + 8 + 5 * 8 + 3 * 8 + 6 * 8 == layout::MSG_AREA_OFF[0] as usize);
+// word + start + key + lens + client_port + reserved = 128 bytes before the
+// message areas.
+const _: () = assert!(8 + 8 + 5 * 8 + 3 * 8 + 8 + 5 * 8 == layout::MSG_AREA_OFF[0] as usize);
+
+/// Flag in `client_port`: the port is known.
+const PORT_KNOWN: u64 = 1 << 16;
 
 const PROPOSAL: usize = 0;
 const REPLY: usize = 1;
@@ -267,6 +274,7 @@ impl Rendezvous {
                 }
                 s.lens[REPLY].store(0, Ordering::Relaxed);
                 s.lens[CONFIRM].store(0, Ordering::Relaxed);
+                s.client_port.store(0, Ordering::Relaxed);
                 s.write_msg(PROPOSAL, proposal);
                 s.word.store(word::pack(gen, me.pid, STATE_PROPOSED), Ordering::Release);
                 crate::debug!("proposed in rendezvous slot {i} for {} -> {}", key.client, key.server);
@@ -348,6 +356,32 @@ impl SlotRef {
     /// The client that proposed (pid and start time), for liveness checks.
     pub fn client(&self) -> Owner {
         Owner { pid: self.pid, start: self.entry().start.load(Ordering::Relaxed) }
+    }
+
+    /// Client: publishes its TCP source port, known once `connect` has
+    /// been called (the kernel picks it then). The key's client half may
+    /// carry something else in its port position (the handshake puts the
+    /// SYN mark there), so the server matches the SYN's source port against
+    /// this. Changes nothing once the slot is reused.
+    pub fn set_client_port(&self, port: u16) {
+        let e = self.entry();
+        if self.mine(e.word.load(Ordering::Acquire)) {
+            e.client_port.store(PORT_KNOWN | port as u64, Ordering::Release);
+        }
+    }
+
+    /// Server: the client's TCP source port, once published
+    /// ([`set_client_port`](Self::set_client_port)); `None` before, or when
+    /// the slot has been reused.
+    pub fn client_port(&self) -> Option<u16> {
+        let e = self.entry();
+        let v = e.client_port.load(Ordering::Acquire);
+        // The word after the port: if this reference is still current, the
+        // port belongs to this incarnation (it is reset while WRITING).
+        if v & PORT_KNOWN == 0 || !self.mine(e.word.load(Ordering::Acquire)) {
+            return None;
+        }
+        Some(v as u16)
     }
 
     /// Current state (Acquire: the message areas written before the state
