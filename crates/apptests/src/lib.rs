@@ -589,6 +589,13 @@ pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
 /// `$request_length $bytes_sent $status $request`, so tests can add up the
 /// bytes nginx moved.
 pub fn start_nginx(env: &mut Env, mode: Mode, netns: Option<&str>, listen: &str, root: &Path, tag: &str) -> Proc {
+    let port: u16 = listen.rsplit(':').next().unwrap().parse().unwrap();
+    let servers = format!("server {{\n    listen {listen};\n    root {};\n  }}", root.display());
+    start_nginx_servers(env, mode, netns, &servers, port, tag)
+}
+
+/// [`start_nginx`] with the given `server { }` blocks; waits for `port`.
+pub fn start_nginx_servers(env: &mut Env, mode: Mode, netns: Option<&str>, servers: &str, port: u16, tag: &str) -> Proc {
     let dir = env.path(&format!("nginx-{tag}"));
     fs::create_dir_all(dir.join("body")).unwrap();
     fs::create_dir_all(dir.join("proxy")).unwrap();
@@ -600,15 +607,13 @@ pub fn start_nginx(env: &mut Env, mode: Mode, netns: Option<&str>, listen: &str,
            client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
            sendfile on;\n  tcp_nopush on;\n  keepalive_timeout 30s;\n  keepalive_requests 1000000;\n\
            types {{ text/plain txt; application/octet-stream bin; }}\n  default_type application/octet-stream;\n\
-           server {{\n    listen {listen};\n    root {root};\n  }}\n}}\n",
+           {servers}\n}}\n",
         d = dir.display(),
-        root = root.display()
     );
     let cf = dir.join("nginx.conf");
     fs::write(&cf, conf).unwrap();
     let (c, p, e) = (cf.display().to_string(), dir.display().to_string(), dir.join("error.log").display().to_string());
     let cmd = env.command(mode, netns, "nginx", &["-c", &c, "-p", &p, "-e", &e]);
-    let port: u16 = listen.rsplit(':').next().unwrap().parse().unwrap();
     let mut proc_ = env.spawn_cmd(&format!("nginx-{tag}"), cmd);
     wait_listen(&mut proc_, port);
     // master + 2 workers

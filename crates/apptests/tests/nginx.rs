@@ -70,3 +70,42 @@ fn nginx_wrk() {
     drop(nginx); // SIGKILL to master and workers
     assert_clean(&env, false);
 }
+
+/// nginx as a client too: a reverse proxy (keep-alive upstream) to another
+/// server block of the same nginx, whose workers then connect to their own
+/// listener, and to a python http.server backend.
+#[test]
+fn nginx_reverse_proxy() {
+    let mut env = Env::new("nginx-proxy");
+    let (root, small, big) = www(&env);
+    let (front, back) = (free_port(), free_port());
+    let py = free_port();
+    let mut backend = env.spawn(Mode::Smclo, "py-backend", "python3", &["-m", "http.server", &py.to_string(), "--bind", "127.0.0.1", "--directory", root.to_str().unwrap()]);
+    wait_listen(&mut backend, py);
+    let servers = format!(
+        "upstream self_back {{ server 127.0.0.1:{back}; keepalive 4; }}\n\
+         server {{ listen 127.0.0.1:{front};\n\
+           location /py/ {{ proxy_pass http://127.0.0.1:{py}/; }}\n\
+           location / {{ proxy_pass http://self_back; proxy_http_version 1.1; proxy_set_header Connection \"\"; }} }}\n\
+         server {{ listen 127.0.0.1:{back}; root {}; }}",
+        root.display()
+    );
+    let nginx = start_nginx_servers(&mut env, Mode::Smclo, None, &servers, front, "a");
+    assert!(listening(back, Some(nginx.pid())));
+    let s0 = env.stats();
+    let base = format!("http://127.0.0.1:{front}");
+    let (b, _) = curl(&mut env, Mode::Smclo, None, "curl", &[format!("{base}/small.txt"), format!("{base}/big.bin"), format!("{base}/py/big.bin"), format!("{base}/big.bin")]);
+    assert_eq!(b[0], small);
+    for (i, body) in b.iter().enumerate().skip(1) {
+        assert_eq!(sha256_bytes(&env, "b", body), sha256_bytes(&env, "b0", &big), "body {i} through the proxy differs");
+    }
+    let d = delta(&s0, &env.stats());
+    // curl -> front (1 connection), front -> back (keep-alive: >= 1),
+    // front -> python (1 per request, HTTP/1.0).
+    eprintln!("reverse proxy: {d:?}");
+    assert_eq!(d.fallbacks(), 0, "fallbacks: {}\n{}", d.fallbacks_desc(), nginx.logs());
+    assert!(d.conns_opened >= 3, "{d:?}");
+    // At least the bodies twice (backend -> nginx -> curl) each.
+    let min = 2 * (small.len() + 3 * big.len()) as u64;
+    assert!(d.xfer_bytes >= min && d.xfer_bytes < min + 64 * 1024, "xfer_bytes {} for {min} bytes of bodies moved twice", d.xfer_bytes);
+}
