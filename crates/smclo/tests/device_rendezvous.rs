@@ -35,6 +35,28 @@ fn child_entry() {
 }
 
 #[test]
+fn published_port_belongs_to_one_incarnation() {
+    let t = TempDir::new("rdvport");
+    let dev = Device::open(&t.0).unwrap();
+    let k = key(40009, 80);
+    let first = Rendezvous::propose(&dev, k, b"p1").unwrap();
+    let stale = Rendezvous::find(&dev, k).unwrap();
+    first.set_client_port(1111);
+    assert_eq!(stale.client_port(), Some(1111));
+    drop(first);
+    // The slot is reused: the old reference sees nothing, and the new
+    // incarnation starts without a port.
+    let second = Rendezvous::propose(&dev, k, b"p2").unwrap();
+    let fresh = Rendezvous::find(&dev, k).unwrap();
+    assert_eq!(stale.client_port(), None);
+    assert_eq!(fresh.client_port(), None);
+    stale.set_client_port(2222);
+    assert_eq!(fresh.client_port(), None, "a stale reference changes nothing");
+    second.set_client_port(3333);
+    assert_eq!(fresh.client_port(), Some(3333));
+}
+
+#[test]
 fn full_handshake_path() {
     let t = TempDir::new("rdv");
     let dev = Device::open(&t.0).unwrap();
@@ -53,6 +75,10 @@ fn full_handshake_path() {
     assert_eq!(server.index(), client.index());
     assert_eq!(server.client().pid, std::process::id());
     assert_eq!(server.proposal().unwrap(), b"proposal bytes");
+    // The client's port, published after its connect.
+    assert_eq!(server.client_port(), None);
+    client.set_client_port(51234);
+    assert_eq!(server.client_port(), Some(51234));
 
     server.answer(b"accept!", true).unwrap();
     assert_eq!(client.state(), SlotState::Accepted);
