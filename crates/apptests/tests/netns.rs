@@ -95,11 +95,14 @@ fn netns_identical_addresses_no_crosstalk() {
     // 10.199.2.1:8080 (pair one's), but this client's server is pair two's
     // plain nginx. It must get pair two's content over plain TCP.
     let s0 = env.stats();
+    let t0 = std::time::Instant::now();
     let (b, _) = curl(&mut env, Mode::Smclo, Some(&b2.name), "curl-two-smclo", &[url.to_string()]);
+    let took = t0.elapsed();
     assert_eq!(b[0], c2, "smclo client in pair two got pair one's content");
     let d = delta(&s0, &env.stats());
     assert_eq!(d.conns_opened, 0, "an SMC-D connection for pair two's plain server: {d:?}");
     assert_eq!(d.xfer_bytes, 0, "bytes over SMC-D for pair two's plain server: {d:?}");
+    eprintln!("smclo client in the plain pair: {} in {took:?}", d.fallbacks_desc());
     assert_eq!(d.fallbacks(), 1, "want one client fallback: {}", d.fallbacks_desc());
     assert_eq!(d.fallback_client.iter().sum::<u64>(), 1, "the fallback is the client's: {}", d.fallbacks_desc());
     drop((n1, n2));
