@@ -18,6 +18,9 @@
 #   cost for plain peers (server always plain, only the client changes):
 #     connection rate: taskset -c 1 nginx (plain), taskset -c 0 [smclo run --] wrk -t 1 -c 10 -d ${SECS}s -H 'Connection: close' URL
 #     throughput:      taskset -c 1 iperf3 -s (plain), taskset -c 0 [smclo run --] iperf3 -c 127.0.0.1 -t $SECS --json
+#     and the client's CPU time (getrusage) per connection and per GB sent in
+#     those two runs, which load from other processes on the machine moves
+#     much less than rates do.
 #
 # Environment: ROUNDS (3), SECS (5), REDIS_N (100000), SRV_CPU (1), CLI_CPU (0),
 # SMCLO (path of the smclo binary; default target/release/smclo).
@@ -76,9 +79,18 @@ start() {
     disown $!
 }
 # client MODE CMD...: pinned to CLI_CPU, under smclo run or not.
+# client MODE CMD...: pinned to CLI_CPU, under smclo run or not; the client's
+# CPU time (user + sys, seconds, from getrusage of its children) goes to
+# $WORK/cpu, a measure that other load on the machine barely moves.
 client() {
     local mode=$1; shift
-    if [ "$mode" = smclo ]; then taskset -c "$CLI_CPU" "$SMCLO" run -- "$@"; else taskset -c "$CLI_CPU" "$@"; fi
+    local pre=(); [ "$mode" = smclo ] && pre=("$SMCLO" run --)
+    taskset -c "$CLI_CPU" python3 -c '
+import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write("%f\n" % (r.ru_utime + r.ru_stime))
+sys.exit(rc)' "$WORK/cpu" "${pre[@]}" "$@"
 }
 stat() { "$SMCLO" stats --json | python3 -c "import json,sys; s=json.load(sys.stdin); print(s['conns_opened'], s['xfer_bytes'], sum(v['client']+v['server'] for v in s['fallbacks'].values()))"; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2}'; }
@@ -151,9 +163,12 @@ for r in $(seq "$ROUNDS"); do
         out=$(client "$mode" wrk -t 1 -c 10 -d "${SECS}s" -H 'Connection: close' "http://127.0.0.1:${NPORT[plain]}/index.html")
         check conn-rate "$mode" plain "$b"
         echo "connrate $mode $(awk '/Requests\/sec/ {print $2}' <<<"$out") $r" >>"$WORK/results"
+        n=$(awk '/ requests in / {print $1}' <<<"$out")
+        echo "conncpu $mode $(python3 -c "print($(cat "$WORK/cpu") / $n * 1e6)") $r" >>"$WORK/results"
         out=$(client "$mode" iperf3 -c 127.0.0.1 -p "$IPORT" -t "$SECS" --json)
         check iperf3 "$mode" plain "$b"
         echo "iperf3 $mode $(python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)' <<<"$out") $r" >>"$WORK/results"
+        echo "iperf3cpu $mode $(python3 -c 'import json,sys; print(float(sys.argv[1]) / (json.load(sys.stdin)["end"]["sum_sent"]["bytes"] / 1e9))' "$(cat "$WORK/cpu")" <<<"$out") $r" >>"$WORK/results"
     done
     echo "app-bench: round $r of $ROUNDS done" >&2
 done
@@ -163,7 +178,7 @@ med() { awk -v k="$1" -v m="$2" '$1==k && $2==m {print $3}' "$WORK/results" | me
 row() {  # row KEY LABEL UNIT: medians of each side, and the median of the per-round ratios
     local p s q; p=$(med "$1" plain); s=$(med "$1" smclo)
     q=$(awk -v k="$1" '$1==k && $2=="plain" {p[$4]=$3} $1==k && $2=="smclo" {s[$4]=$3} END {for (r in p) if (r in s) print s[r]/p[r]}' "$WORK/results" | median)
-    python3 -c 'import sys; l,u,p,s,q = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]); f = "%.2f" if p < 1000 else "%.0f"; print("| %s | %s | %s | %s | %.3f× | %.3f× |" % (l, u, f % p, f % s, s / p, q))' "$2" "$3" "$p" "$s" "$q"
+    python3 -c 'import sys; l,u,p,s,q = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]); f = "%.4g" if p < 1000 else "%.0f"; print("| %s | %s | %s | %s | %.3f× | %.3f× |" % (l, u, f % p, f % s, s / p, q))' "$2" "$3" "$p" "$s" "$q"
 }
 echo
 echo "app-bench: median of $ROUNDS rounds; server on CPU $SRV_CPU, client on CPU $CLI_CPU (taskset); plain and smclo back to back in each round, alternating which goes first; $(nproc) cores, kernel $(uname -r); load average before: $LOAD0"
@@ -180,10 +195,12 @@ echo "| workload | unit | client plain | client under smclo run | ratio of media
 echo "| --- | --- | --- | --- | --- | --- |"
 row connrate "connection rate: wrk -c 10 'Connection: close' to plain nginx" "connections/s"
 row iperf3 "throughput: iperf3 -c to plain iperf3 -s" "Gbit/s"
+row conncpu "client CPU per connection (the wrk run above)" "µs (lower is better)"
+row iperf3cpu "client CPU per GB sent (the iperf3 run above)" "s/GB (lower is better)"
 echo
 echo "Every round (in order):"
 echo
-for k in redis_SET redis_GET nginx connrate iperf3; do
+for k in redis_SET redis_GET nginx connrate iperf3 conncpu iperf3cpu; do
     for m in plain smclo; do
         printf -- '- %s %s: %s\n' "$k" "$m" "$(awk -v k="$k" -v m="$m" '$1==k && $2==m {printf "%s ", $3}' "$WORK/results")"
     done
