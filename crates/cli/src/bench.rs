@@ -24,17 +24,27 @@ enum Transport {
     Unix,
     Smclo,
     SmcloCopy,
+    /// The `tcp` code, unchanged, with both processes started under
+    /// `smclo run`: what an unmodified program gets.
+    SmcloRun,
 }
 
 impl Transport {
-    const ALL: [Transport; 4] = [Transport::Tcp, Transport::Unix, Transport::Smclo, Transport::SmcloCopy];
+    const ALL: [Transport; 5] =
+        [Transport::Tcp, Transport::Unix, Transport::Smclo, Transport::SmcloCopy, Transport::SmcloRun];
     fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
             Transport::Unix => "unix",
             Transport::Smclo => "smclo",
             Transport::SmcloCopy => "smclo-copy",
+            Transport::SmcloRun => "tcp+smclo-run",
         }
+    }
+
+    /// The code the processes run: `tcp+smclo-run` runs the TCP code.
+    fn code(self) -> Transport {
+        if self == Transport::SmcloRun { Transport::Tcp } else { self }
     }
     fn from_name(s: &str) -> Option<Transport> {
         Transport::ALL.into_iter().find(|t| t.name() == s)
@@ -121,6 +131,15 @@ pub fn main(args: &[String]) -> i32 {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("smclo bench peer: {e}");
+                1
+            }
+        };
+    }
+    if args.first().map(String::as_str) == Some("__client") {
+        return match client_main(&args[1..]) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("smclo bench client: {e}");
                 1
             }
         };
@@ -312,11 +331,25 @@ impl Drop for Peer {
     }
 }
 
+/// This binary, re-executed with `args`, under `smclo run` for
+/// `tcp+smclo-run`.
+fn bench_command(t: Transport, args: &[&str], dir: &Path) -> io::Result<Command> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("bench").args(args).env("SMCLO_DEVICE_DIR", dir);
+    if t == Transport::SmcloRun {
+        let lib = crate::run::find_lib().map_err(io::Error::other)?;
+        cmd.env("LD_PRELOAD", lib);
+    }
+    Ok(cmd)
+}
+
+fn cpu_arg(cpu: Option<usize>) -> String {
+    cpu.map_or("-1".into(), |c| c.to_string())
+}
+
 fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::Result<Peer> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["bench", "__peer", t.name(), w.name(), &cpu.map_or("-1".into(), |c| c.to_string())])
-        .env("SMCLO_DEVICE_DIR", dir)
+    let mut cmd = bench_command(t, &["__peer", t.code().name(), w.name(), &cpu_arg(cpu)], dir)?;
+    cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -333,7 +366,7 @@ fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::
 
 fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
     Ok(match t {
-        Transport::Tcp => {
+        Transport::Tcp | Transport::SmcloRun => {
             let s = TcpStream::connect(addr)?;
             s.set_nodelay(true)?;
             Box::new(s)
@@ -355,14 +388,60 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
 /// Runs one measurement; returns the workload's metric.
 fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usize>, scpu: Option<usize>) -> io::Result<f64> {
     let peer = spawn_peer(t, w, dir, scpu)?;
-    // The client runs in this process; SmcStream reads the device directory
-    // from the environment.
-    std::env::set_var("SMCLO_DEVICE_DIR", dir);
-    pin(ccpu);
+    if t != Transport::SmcloRun {
+        // The client runs in this process; SmcStream reads the device
+        // directory from the environment.
+        std::env::set_var("SMCLO_DEVICE_DIR", dir);
+        pin(ccpu);
+        let v = client(t, w, &peer.addr, seconds)?;
+        drop(peer);
+        return Ok(v);
+    }
+    // Under smclo run the client is a process of its own, like the server.
+    // The device counters prove that its connections were accelerated.
+    let dev = smclo::device::Device::open(dir).map_err(io::Error::from)?;
+    let before = dev.stats();
+    let secs = seconds.to_string();
+    let out = bench_command(t, &["__client", t.code().name(), w.name(), &peer.addr, &secs, &cpu_arg(ccpu)], dir)?
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    drop(peer);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: f64 = text.trim().parse().map_err(|_| io::Error::other(format!("{} client said {text:?} ({})", t.name(), out.status)))?;
+    let after = dev.stats();
+    let fallbacks = |s: &smclo::device::Stats| -> u64 { s.fallback_client.iter().chain(&s.fallback_server).sum() };
+    if after.conns_opened == before.conns_opened || fallbacks(&after) != fallbacks(&before) {
+        return Err(io::Error::other(format!(
+            "{}: the device shows {} new connections and {} new fallbacks: not accelerated",
+            t.name(),
+            after.conns_opened - before.conns_opened,
+            fallbacks(&after) - fallbacks(&before)
+        )));
+    }
+    Ok(v)
+}
+
+/// `smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU`: the client
+/// side in a process of its own; prints the metric.
+fn client_main(args: &[String]) -> io::Result<()> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "usage: smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU");
+    let t = args.first().and_then(|s| Transport::from_name(s)).ok_or_else(bad)?;
+    let w = args.get(1).and_then(|s| Workload::from_name(s)).ok_or_else(bad)?;
+    let addr = args.get(2).ok_or_else(bad)?;
+    let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    let cpu: i64 = args.get(4).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    pin(usize::try_from(cpu).ok());
+    println!("{}", client(t, w, addr, seconds)?);
+    Ok(())
+}
+
+/// The client side of workload `w` over transport `t`; returns the metric.
+fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<f64> {
     let dur = Duration::from_secs_f64(seconds);
     let v = match w {
         Workload::PingPong => {
-            let mut s = connect(t, &peer.addr)?;
+            let mut s = connect(t, addr)?;
             let mut buf = [0u8; PING_SIZE];
             // Warm up, then measure.
             for _ in 0..1000 {
@@ -381,7 +460,7 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
             start.elapsed().as_secs_f64() * 1e6 / n as f64
         }
         Workload::Stream => {
-            let mut s = connect(t, &peer.addr)?;
+            let mut s = connect(t, addr)?;
             let buf = vec![0x5au8; STREAM_SIZE];
             let start = Instant::now();
             let mut sent = 0u64;
@@ -408,7 +487,7 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
             let mut n = 0u64;
             let mut b = [7u8; 1];
             while start.elapsed() < dur {
-                let mut s = connect(t, &peer.addr)?;
+                let mut s = connect(t, addr)?;
                 s.write_all(&b)?;
                 s.read_exact(&mut b)?;
                 n += 1;
@@ -416,7 +495,6 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
             n as f64 / start.elapsed().as_secs_f64()
         }
     };
-    drop(peer);
     Ok(v)
 }
 
@@ -430,7 +508,7 @@ fn peer_main(args: &[String]) -> io::Result<()> {
     pin(usize::try_from(cpu).ok());
     let mut out = io::stdout();
     match t {
-        Transport::Tcp => {
+        Transport::Tcp | Transport::SmcloRun => {
             let l = TcpListener::bind("127.0.0.1:0")?;
             writeln!(out, "{}", l.local_addr()?)?;
             out.flush()?;

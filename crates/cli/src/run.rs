@@ -25,7 +25,7 @@ named by SMCLO_PRELOAD_LIB.
 ";
 
 /// Where the preload library is: `SMCLO_PRELOAD_LIB`, or next to us.
-fn find_lib() -> Result<PathBuf, String> {
+pub fn find_lib() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("SMCLO_PRELOAD_LIB").filter(|v| !v.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() { Ok(p) } else { Err(format!("SMCLO_PRELOAD_LIB={} is not a file", p.display())) };
