@@ -179,3 +179,49 @@ fn ueid_mismatch_falls_back() {
     let i = Reason::NoUeid.index();
     assert_eq!((d.fallback_client[i], d.fallback_server[i]), (1, 1), "NOUEID on both sides (the server declines, the client counts the Decline's reason): {}", d.fallbacks_desc());
 }
+
+const FD_CLIENT: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET /small.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+    socks.append(s)
+for s in socks:
+    b = b""
+    while not b.endswith(b"edge\n"):
+        d = s.recv(4096)
+        if not d:
+            sys.exit("EOF")
+        b += d
+print(max(s.fileno() for s in socks))
+"#;
+
+/// A program's descriptor numbers must grow as with TCP: one per
+/// connection. Event loops sized by the number of connections (wrk:
+/// 10 + 3 x connections; redis: maxclients + 128) and select()'s
+/// FD_SETSIZE depend on it. 64 connections held open at once by python,
+/// plain and under smclo run; the highest descriptor may differ by a few
+/// (the preload's own descriptors), not by one per connection.
+#[test]
+fn descriptor_numbers_stay_dense() {
+    let mut env = Env::new("edge-fds");
+    let (root, _) = www(&env);
+    fs::write(env.path("fdclient.py"), FD_CLIENT).unwrap();
+    let port = free_port();
+    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let n = 64;
+    let mut max = Vec::new();
+    for mode in [Mode::Plain, Mode::Smclo] {
+        let p = env.run(mode, "fdclient", "python3", &["fdclient.py", &port.to_string(), &n.to_string()], T);
+        max.push(p.stdout_str().trim().parse::<i64>().unwrap_or_else(|_| panic!("{}\n{}", p.logs(), nginx.logs())));
+    }
+    eprintln!("highest descriptor with {n} connections: plain {}, smclo {}", max[0], max[1]);
+    assert!(
+        max[1] <= max[0] + 8,
+        "with {n} connections the highest descriptor is {} under smclo run but {} over TCP: the preload keeps descriptors of its own at low numbers for every connection",
+        max[1],
+        max[0]
+    );
+}
