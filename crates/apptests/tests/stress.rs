@@ -127,3 +127,30 @@ fn nginx_reload_under_load() {
     assert_smc("curl after nginx reload", &d, 1, bytes, bytes, &nginx.logs());
     nginx.stop(Duration::from_secs(2));
 }
+
+/// Connection churn: wrk with `Connection: close`, a new SMC-D handshake
+/// for every request (thousands in 2 s), over both nginx workers.
+#[test]
+fn nginx_connection_churn() {
+    let mut env = Env::new("stress-churn");
+    let (root, small, _) = www(&env);
+    let port = free_port();
+    let mut nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let script = wrk_check_script(&env, "check", small.len());
+    let s0 = env.stats();
+    let url = format!("http://127.0.0.1:{port}/small.txt");
+    let w = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-H", "Connection: close", "-s", script.to_str().unwrap(), &url], T);
+    let out = w.stdout_str();
+    let (reqs, checked, bad, errs) = parse_wrk(&out);
+    eprintln!("churn: {reqs} requests, {errs:?}");
+    assert!(reqs > 500, "only {reqs} requests\n{out}");
+    assert_eq!((bad, checked), (0, reqs), "{out}");
+    let d = delta(&s0, &env.stats());
+    // One connection per request (plus those cut off when wrk stopped).
+    assert!(d.conns_opened >= reqs && d.conns_opened <= reqs + 16, "{} connections for {reqs} requests", d.conns_opened);
+    let (logged, _, _) = nginx_log_bytes(&env, "a");
+    let per = logged / reqs.max(1);
+    assert_smc("nginx connection churn", &d, reqs, logged, logged + 16 * per, &nginx.logs());
+    nginx.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
+}
