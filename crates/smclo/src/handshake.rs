@@ -125,10 +125,23 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
         Reason::Mem
     })?;
-    let nonce = random_u64();
-    let rendezvous_path = dev.dir().join(format!("u-{nonce:016x}"));
-    let rendezvous = UnixListener::bind(&rendezvous_path).map_err(|e| {
-        debug!("cannot create {}: {e}", rendezvous_path.display());
+    // In the listener's network namespace the rendezvous socket needs no
+    // file (see `ABSTRACT_NONCE`); across namespaces only a path reaches it.
+    let mut nonce = random_u64() | ABSTRACT_NONCE;
+    if !listener.same_netns() {
+        nonce &= !ABSTRACT_NONCE;
+    }
+    let (rendezvous, rendezvous_path) = match bind_rendezvous(dev, nonce) {
+        Ok(r) => Ok(r),
+        Err(e) if nonce & ABSTRACT_NONCE != 0 => {
+            debug!("abstract rendezvous socket failed ({e}); using a path");
+            nonce &= !ABSTRACT_NONCE;
+            bind_rendezvous(dev, nonce)
+        }
+        Err(e) => Err(e),
+    }
+    .map_err(|e| {
+        debug!("cannot create the rendezvous socket {}: {e}", RendezvousAddr::new(dev, nonce));
         Reason::IntErr
     })?;
     let mark = Mark::from_random(random_u64() as u32);
@@ -152,7 +165,7 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         dmb: Some(dmb),
         dev: dev.clone(),
         cfg: cfg.clone(),
-        rendezvous_path: Some(rendezvous_path),
+        rendezvous_path,
         saved_mark: None,
         fd,
         src_ip,
@@ -280,6 +293,12 @@ impl ClientProposal {
                     }
                     let _ = listener.set_nonblocking(true);
                     match listener.accept() {
+                        Ok((c, _)) if !same_uid(c.as_raw_fd()) => {
+                            // Only possible for an abstract socket, which
+                            // any uid in the namespace can reach: our DMB
+                            // goes to no one but our own uid.
+                            debug!("refused a rendezvous connection from another uid");
+                        }
                         Ok((c, _)) => {
                             // Our DMB goes to the server now: it checks it
                             // before it accepts. A failed send shows on the
@@ -428,6 +447,78 @@ fn peer_decline(bytes: Option<Vec<u8>>) -> Reason {
     match bytes.map(|b| ClcMsg::parse(&b)) {
         Some(Ok(ClcMsg::Decline(d))) => d.reason().unwrap_or(Reason::PeerDecl),
         _ => Reason::PeerDecl,
+    }
+}
+
+/// Bit of the rendezvous nonce saying "abstract socket". The client's
+/// rendezvous socket is a path in the device directory (`u-<nonce>`) when
+/// the listener is in another network namespace: pathname sockets are
+/// reachable from any namespace that sees the directory. In the listener's
+/// own namespace it is an abstract socket (`\0smclo-<gid>-u-<nonce>`),
+/// which costs no file creation and removal per connection. An abstract
+/// socket, unlike the 0700 directory, is reachable by every uid in the
+/// namespace, so both ends check the other's uid (`SO_PEERCRED`) before
+/// passing a descriptor; its name is taken before the nonce is published.
+const ABSTRACT_NONCE: u64 = 1 << 63;
+
+/// Where the client's rendezvous socket is, from the nonce.
+enum RendezvousAddr {
+    Path(PathBuf),
+    Abstract(Vec<u8>),
+}
+
+impl RendezvousAddr {
+    fn new(dev: &Device, nonce: u64) -> RendezvousAddr {
+        if nonce & ABSTRACT_NONCE != 0 {
+            RendezvousAddr::Abstract(format!("smclo-{:016x}-u-{nonce:016x}", dev.gid()).into_bytes())
+        } else {
+            RendezvousAddr::Path(dev.dir().join(format!("u-{nonce:016x}")))
+        }
+    }
+
+    fn connect(&self) -> io::Result<UnixStream> {
+        match self {
+            RendezvousAddr::Path(p) => UnixStream::connect(p),
+            RendezvousAddr::Abstract(n) => {
+                use std::os::linux::net::SocketAddrExt;
+                UnixStream::connect_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for RendezvousAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RendezvousAddr::Path(p) => write!(f, "{}", p.display()),
+            RendezvousAddr::Abstract(n) => write!(f, "@{}", String::from_utf8_lossy(n)),
+        }
+    }
+}
+
+/// The client's rendezvous socket for `nonce`, and its path if it has one
+/// (to unlink).
+fn bind_rendezvous(dev: &Device, nonce: u64) -> io::Result<(UnixListener, Option<PathBuf>)> {
+    match RendezvousAddr::new(dev, nonce) {
+        RendezvousAddr::Path(p) => Ok((UnixListener::bind(&p)?, Some(p))),
+        RendezvousAddr::Abstract(n) => {
+            use std::os::linux::net::SocketAddrExt;
+            Ok((UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)?, None))
+        }
+    }
+}
+
+/// Whether the process at the other end of the UNIX socket `fd` (its
+/// creator, for a listening peer) runs as our effective uid.
+fn same_uid(fd: RawFd) -> bool {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, which we
+    // own; geteuid has no preconditions.
+    unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) == 0
+            && len as usize == std::mem::size_of::<libc::ucred>()
+            && cred.uid == libc::geteuid()
     }
 }
 
@@ -615,7 +706,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
 }
 
 fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Proposal) -> Decision {
-    let wake = dev.dir().join(format!("u-{:016x}", proposal.nonce));
+    let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
         (dev.active(), Reason::NoSmcdDev),
         (proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID, Reason::NoSmcd2Dev),
@@ -632,7 +723,11 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             return decline(dev, slot, Reason::Mem, Some(&wake));
         }
     };
-    let chan = match UnixStream::connect(&wake) {
+    let chan = match wake.connect() {
+        Ok(c) if !same_uid(c.as_raw_fd()) => {
+            debug!("the rendezvous socket {wake} belongs to another uid");
+            return decline(dev, slot, Reason::PeerDead, None);
+        }
         Ok(c) => c,
         Err(e) => {
             debug!("cannot reach the client's rendezvous socket: {e}");
@@ -771,10 +866,10 @@ fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
 
 /// Declines the proposal in `slot` with reason `r` and wakes the client (by
 /// connecting to its rendezvous socket) so it does not wait for the timeout.
-fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&std::path::Path>) -> Decision {
+fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr>) -> Decision {
     if slot.answer(&ClcMsg::Decline(Decline::new(dev.gid(), r)).to_bytes(), false).is_ok() {
         if let Some(w) = wake {
-            let _ = UnixStream::connect(w);
+            let _ = w.connect();
         }
     }
     Decision::Tcp(r)
