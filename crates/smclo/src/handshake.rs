@@ -874,3 +874,36 @@ fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr
     }
     Decision::Tcp(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_sockets_by_path_and_abstract() {
+        let dir = std::env::temp_dir().join(format!("smclo-hs-{}", std::process::id()));
+        let dev = Device::open(&dir).unwrap();
+        for nonce in [0x1234u64, 0x1234 | ABSTRACT_NONCE] {
+            let (l, path) = bind_rendezvous(&dev, nonce).unwrap();
+            assert_eq!(path.is_some(), nonce & ABSTRACT_NONCE == 0);
+            if let Some(p) = &path {
+                assert!(p.exists());
+            }
+            let c = RendezvousAddr::new(&dev, nonce).connect().unwrap();
+            let (a, _) = l.accept().unwrap();
+            assert!(same_uid(c.as_raw_fd()) && same_uid(a.as_raw_fd()));
+            // A descriptor goes through, with its byte.
+            let f = crate::dmb::memfd("t").unwrap();
+            send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, Some(f.as_raw_fd())).unwrap();
+            let (b, got) = recv_msg(a.as_raw_fd()).unwrap().unwrap();
+            assert_eq!(b, CLIENT_DMB_BYTE);
+            assert!(got.is_some());
+            drop(c);
+            assert!(recv_msg(a.as_raw_fd()).unwrap().is_none(), "end of file");
+            if let Some(p) = path {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
