@@ -42,6 +42,13 @@ pub const F_INTERNAL: u8 = 2;
 /// A TCP socket that may be swapped later (created, not yet connected):
 /// its epoll registrations are recorded.
 pub const F_CANDIDATE: u8 = 4;
+/// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
+/// `SOCK_STREAM` TCP socket: its domain, type and protocol are known
+/// without asking the kernel (three `getsockopt` calls). Like every flag it
+/// is forgotten when the number is closed or reused through our functions;
+/// a descriptor without it (inherited, dup'ed, made by a raw system call)
+/// is asked with `getsockopt` instead.
+pub const F_TCP: u8 = 8;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u8, on: bool) {
@@ -216,7 +223,8 @@ pub fn set_app_cloexec(fd: RawFd, on: bool) {
 pub fn install_locked(fd: RawFd, sock: &Arc<Sock>, cloexec: bool) {
     sock.fds.fetch_add(1, Ordering::AcqRel);
     let p = Arc::into_raw(sock.clone()) as usize | if cloexec { 0 } else { TAG_NO_CLOEXEC };
-    set_flag(fd, F_CANDIDATE, false);
+    // The descriptor now names the connection's channel, not a TCP socket.
+    set_flag(fd, F_CANDIDATE | F_TCP, false);
     TABLE[fd as usize].store(p as *mut Sock, Ordering::Release);
 }
 

@@ -9,7 +9,7 @@ use super::swap::swap_in;
 use super::{ctx, disabled, errno, in_table_range, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_LISTENER, LOCK};
+use crate::table::{self, F_CANDIDATE, F_LISTENER, F_TCP, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
@@ -22,7 +22,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
+/// system call for sockets made by our `socket()` ([`F_TCP`]), asked with
+/// `getsockopt` for any other descriptor (inherited, duplicated, ...).
 fn is_tcp_stream(fd: RawFd) -> bool {
+    table::has_flag(fd, F_TCP) || kernel_says_tcp_stream(fd)
+}
+
+fn kernel_says_tcp_stream(fd: RawFd) -> bool {
     let get = |name| {
         let mut v: c_int = 0;
         let mut l = std::mem::size_of::<c_int>() as socklen_t;
@@ -36,7 +43,8 @@ fn is_tcp_stream(fd: RawFd) -> bool {
 }
 
 /// Interposed `socket(2)`: marks TCP sockets as candidates (their epoll
-/// registrations are recorded until they are connected).
+/// registrations are recorded until they are connected) and records that
+/// they are TCP streams ([`F_TCP`]), so `connect` and `listen` need not ask.
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwarded unchanged.
@@ -47,7 +55,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         clear_stale(fd);
         if tcp {
-            table::set_flag(fd, F_CANDIDATE, true);
+            table::set_flag(fd, F_CANDIDATE | F_TCP, true);
         }
     }
     fd
@@ -165,6 +173,12 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
 /// and completes the handshake before returning (also for a non-blocking
 /// socket, which then returns 0 at once, as DESIGN §3 allows).
+///
+/// A destination without a live smclo listener costs no system call
+/// besides the real `connect`: the candidate was recorded as a TCP stream
+/// by `socket()`, and the proposal first looks the destination up in the
+/// device's listener registry (shared memory); the descriptor flags are
+/// read only when the connection is about to be swapped.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if disabled() || !table::has_flag(fd, F_CANDIDATE) {
@@ -181,10 +195,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };
     }
-    // SAFETY: F_GETFL / F_GETFD on the caller's descriptor.
-    let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
-    let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
-    let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
     let mut p = match handshake::client_propose(&c.dev, &c.cfg, fd, dest) {
         Ok(p) => p,
         Err(r) => {
@@ -244,6 +254,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
     match p.finish() {
         Decision::Smc(est) => {
+            // SAFETY: F_GETFL / F_GETFD on the caller's descriptor.
+            let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
+            let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+            let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
             swap_in(fd, est, slot, nonblock, cloexec);
         }
         Decision::Tcp(r) => {
