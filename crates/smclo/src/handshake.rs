@@ -692,10 +692,16 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
             continue;
         }
         // Same source address, server and mark: ours only if the client's
-        // port (published right after its connect) is the SYN's.
-        if wait_client_port(&slot, Instant::now() + cfg.clc_wait) != Some(syn.src.port()) {
-            mismatched = true;
-            continue;
+        // port (published right after its connect) is the SYN's. A client
+        // that died before publishing it is the dead proposer.
+        let proposer = Owner { pid: proposal.pid, start: proposal.start_time };
+        match wait_client_port(&slot, Instant::now() + cfg.clc_wait, proposer) {
+            Some(p) if p == syn.src.port() => {}
+            None if !proposer.is_alive_fast() => return decline(dev, &slot, Reason::PeerDead, None),
+            _ => {
+                mismatched = true;
+                continue;
+            }
         }
         return server_answer(dev, cfg, &slot, &proposal);
     }
@@ -838,8 +844,9 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
 
 /// The client's source port once it has published it (right after its
 /// `connect`, which on loopback may return a moment after our `accept`);
-/// `None` when the proposal is withdrawn or `deadline` passes first.
-fn wait_client_port(slot: &SlotRef, deadline: Instant) -> Option<u16> {
+/// `None` when the proposal is withdrawn, its client is gone, or `deadline`
+/// passes first.
+fn wait_client_port(slot: &SlotRef, deadline: Instant, proposer: Owner) -> Option<u16> {
     let mut round = 0u32;
     loop {
         if let Some(p) = slot.client_port() {
@@ -851,6 +858,8 @@ fn wait_client_port(slot: &SlotRef, deadline: Instant) -> Option<u16> {
         round += 1;
         if round < 256 {
             std::hint::spin_loop();
+        } else if !proposer.is_alive_fast() {
+            return None;
         } else {
             std::thread::sleep(Duration::from_micros(50));
         }
