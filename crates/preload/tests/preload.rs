@@ -342,3 +342,88 @@ fn smclo_run_sets_up_the_preload() {
     let bad = Command::new(profile.join("smclo")).args(["run", "-r", "lots", "--", "true"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
+
+/// System calls of `peer client churn PORT n` (name → calls), counted by
+/// `strace -f -c`; `None` when strace is missing or may not trace here.
+fn traced_churn(dev: &DevDir, preload: bool, port: u16, n: u32) -> Option<std::collections::HashMap<String, u64>> {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("preload-churn-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let mut c = Command::new("strace");
+    c.arg("-f").arg("-c").arg("-o").arg(&out).arg(peer()).args(["client", "churn", &port.to_string(), &n.to_string()]);
+    // No SMCLO_DEBUG: its messages would be system calls of their own.
+    c.env("SMCLO_DEVICE_DIR", &dev.0).env_remove("SMCLO_DEBUG").env_remove("SMCLO_DISABLE").stdin(Stdio::null());
+    if preload {
+        c.env("LD_PRELOAD", lib());
+    } else {
+        c.env_remove("LD_PRELOAD");
+    }
+    let r = match c.output() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("strace not usable ({e}): syscall budget not checked");
+            return None;
+        }
+    };
+    let report = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    if !r.status.success() {
+        let err = String::from_utf8_lossy(&r.stderr);
+        if err.contains("ptrace") || err.contains("Operation not permitted") {
+            eprintln!("strace may not trace here ({}): syscall budget not checked", err.trim());
+            return None;
+        }
+        panic!("peer client churn under strace failed: {r:?}\n{report}");
+    }
+    // Rows: % time, seconds, usecs/call, calls, [errors,] syscall.
+    let mut m = std::collections::HashMap::new();
+    for line in report.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 5 && f[0].starts_with(|c: char| c.is_ascii_digit()) {
+            if let Ok(calls) = f[3].parse::<u64>() {
+                m.insert(f[f.len() - 1].to_string(), calls);
+            }
+        }
+    }
+    assert!(m.contains_key("connect"), "no strace summary:\n{report}");
+    Some(m)
+}
+
+/// A connect under the preload to a server with no smclo listener costs no
+/// system call besides the ones the program makes: in particular no
+/// getsockopt (the socket type is recorded by socket()) and no fcntl (the
+/// descriptor flags matter only for a swap). Counted with strace over two
+/// run lengths, so the preload's one-time start-up cancels out.
+#[test]
+fn plain_connect_syscall_budget() {
+    if !Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("strace is not installed: syscall budget not checked");
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            drop(c);
+        }
+    });
+    let dev = DevDir::new("budget");
+    let (short, long) = (20u32, 120u32);
+    let mut per = Vec::new();
+    for preload in [false, true] {
+        let (Some(a), Some(b)) = (traced_churn(&dev, preload, port, short), traced_churn(&dev, preload, port, long)) else {
+            return;
+        };
+        let calls = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
+        assert_eq!(grow("connect"), (long - short) as i64, "connects counted");
+        per.push((grow("getsockopt"), grow("fcntl"), grow("total")));
+    }
+    let (base, pre) = (per[0], per[1]);
+    let n = (long - short) as i64;
+    assert_eq!(pre.0 - base.0, 0, "getsockopt calls added by the preload over {n} plain connects");
+    assert_eq!(pre.1 - base.1, 0, "fcntl calls added by the preload over {n} plain connects");
+    // All system calls: none per connect (a few slack for anything the
+    // runtime does once in a while, far below one per connect).
+    assert!(pre.2 - base.2 <= n / 20, "system calls added by the preload over {n} plain connects: {}", pre.2 - base.2);
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, 0, "a plain server gets no SMC-D connection: {st:?}");
+}

@@ -2,6 +2,7 @@
  * unmodified program would write it. Usage:
  *   peer server MODE [v6]      listens on an ephemeral port, prints "READY <port>"
  *   peer client MODE PORT [v6]
+ *   peer client churn PORT N   N plain connects (socket, connect, close)
  *   peer execchild             (the program an inetd-style server execs)
  * Exit status 0 and a last line "OK <bytes>" mean success; anything wrong
  * prints "FAIL ..." and exits 1. Every stream carries a known pattern, so
@@ -552,6 +553,23 @@ static void client_oob(int port) {
     close(fd);
 }
 
+/* ---- connection churn to a server that is not smclo: N times socket,
+ * connect, close and nothing else, so a tracer can count what the preload
+ * adds per connect ---- */
+static void client_churn(int port, int n) {
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < n; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) fail("socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fail("connect %d: %s", i, strerror(errno));
+        close(fd);
+    }
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
@@ -590,6 +608,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "nbconnect")) client_nbconnect(port);
         else if (!strcmp(mode, "exec")) client_exec(port);
         else if (!strcmp(mode, "oob")) client_oob(port);
+        else if (!strcmp(mode, "churn")) client_churn(port, argc > 4 ? atoi(argv[4]) : 1);
         else fail("unknown mode");
     }
     printf("OK %llu\n", (unsigned long long)moved);
