@@ -101,9 +101,12 @@ impl Dmb {
     /// its header written and sealed against any size change
     /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a peer holding the
     /// descriptor can never truncate it under our mapping. The descriptor
-    /// is kept ([`Dmb::own_fd`]) to pass to the peer.
+    /// is kept ([`Dmb::own_fd`]) to pass to the peer, at a high number
+    /// ([`crate::fdnum`]).
     pub(crate) fn create_own(token: u64, ring_len: u32, gid: u64, owner_pid: u32, owner_start: u64) -> Result<Dmb> {
-        let file = memfd("smclo-dmb")?;
+        // Kept open for the DMB's life (and in the pool): out of the
+        // application's range of numbers (crate::fdnum).
+        let file = crate::fdnum::move_high(memfd("smclo-dmb")?);
         let mut d = Dmb::create(&file, token, ring_len, gid, owner_pid, owner_start)?;
         // SAFETY: F_ADD_SEALS on our own valid descriptor; no memory effects.
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) } != 0 {

@@ -300,6 +300,10 @@ impl ClientProposal {
                             debug!("refused a rendezvous connection from another uid");
                         }
                         Ok((c, _)) => {
+                            // The connection's channel if the handshake
+                            // succeeds: out of the application's range of
+                            // numbers (crate::fdnum).
+                            let c = crate::fdnum::move_high(c);
                             // Our DMB goes to the server now: it checks it
                             // before it accepts. A failed send shows on the
                             // server's side (end of file, or no descriptor).
@@ -734,7 +738,9 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             debug!("the rendezvous socket {wake} belongs to another uid");
             return decline(dev, slot, Reason::PeerDead, None);
         }
-        Ok(c) => c,
+        // The connection's channel if the handshake succeeds: out of the
+        // application's range of numbers (crate::fdnum).
+        Ok(c) => crate::fdnum::move_high(c),
         Err(e) => {
             debug!("cannot reach the client's rendezvous socket: {e}");
             return decline(dev, slot, Reason::PeerDead, None);

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod debug;
 pub mod error;
+pub mod fdnum;
 pub mod owner;
 mod rng;
 pub mod device;

@@ -13,7 +13,7 @@ use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, LOCK};
 use smclo::debug;
 use smclo::handshake::Established;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -23,20 +23,17 @@ use std::sync::Arc;
 /// reads end of stream) and `fd` stays the TCP socket.
 pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, cloexec: bool) -> bool {
     let Established { conn, registration } = est;
-    // High numbers keep the hidden socket out of the application's way
-    // (select's FD_SETSIZE, programs that expect small numbers); under a
-    // low RLIMIT_NOFILE any free number will do (it is F_INTERNAL).
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller owns.
-    let mut tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1000) };
-    if tcp < 0 {
-        // SAFETY: as above.
-        tcp = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    }
-    if tcp < 0 {
-        debug!("fd {fd}: cannot hide the TCP socket ({}); SMC-D connection dropped", io::Error::last_os_error());
-        holders::forget(slot);
-        return false;
-    }
+    // A high number keeps the hidden socket out of the application's way
+    // (smclo::fdnum, like the channel and the DMB memfd); where there is
+    // none, any free number will do (it is F_INTERNAL).
+    let tcp = match smclo::fdnum::dup_high(fd) {
+        Ok(t) => t.into_raw_fd(),
+        Err(e) => {
+            debug!("fd {fd}: cannot hide the TCP socket ({e}); SMC-D connection dropped");
+            holders::forget(slot);
+            return false;
+        }
+    };
     if let Err(e) = conn.set_nonblocking(nonblock) {
         debug!("fd {fd}: O_NONBLOCK on the channel failed ({e}); SMC-D connection dropped");
         // SAFETY: our own duplicate.
