@@ -111,24 +111,24 @@ pub fn add(slot: usize, pid: u32) {
     smclo::debug!("more than {PER_SLOT} processes share a connection; child {pid} is not tracked");
 }
 
-/// Removes this process from `slot`; returns whether another process still
-/// holds the connection (see the module docs). `chan` is the channel
-/// descriptor, the same number in every process of the family.
-pub fn leave(slot: usize, chan: RawFd) -> bool {
-    let Some(r) = region() else { return false };
+/// Removes this process from `slot`; returns another process that still
+/// holds the connection, if any (see the module docs). `chan` is the
+/// channel descriptor, the same number in every process of the family.
+pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
+    let Some(r) = region() else { return None };
     let s = &r[slot];
     let me = me();
     for p in &s.pids {
         let _ = p.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
     }
-    let mut others = false;
+    let mut others = None;
     for p in &s.pids {
         let pid = p.load(Ordering::Acquire);
         if pid == 0 {
             continue;
         }
         if holds(pid, chan) {
-            others = true;
+            others = others.or(Some(pid));
         } else {
             let _ = p.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
         }

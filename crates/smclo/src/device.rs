@@ -689,7 +689,7 @@ impl Device {
         e.word.store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
         self.u64_at(layout::off::DMBS_REGISTERED).fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, pid: me.pid, token, role }, dmb })
+        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, token, role }, dmb })
     }
 
     /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
@@ -929,20 +929,25 @@ impl DmbHandle {
     }
 }
 
-/// A DMB's entry in the device's DMB table, owned by the process that
-/// registered it. Dropping it unregisters the DMB: the table entry is freed
-/// (its byte count folded into `xfer_bytes_retired`). The memory is the
-/// mapping's business ([`Dmb`], [`crate::pool`]); a pooled DMB has no table
-/// entry, so `dmbs_cnt` counts DMBs registered for handshakes and
-/// connections, never pooled ones.
+/// A DMB's entry in the device's DMB table, owned by the process named in
+/// the entry's word: the one that registered it, until it hands the entry
+/// over ([`Registration::hand_over`]). Dropping it in the owning process
+/// unregisters the DMB: the table entry is freed (its byte count folded
+/// into `xfer_bytes_retired`). The memory is the mapping's business
+/// ([`Dmb`], [`crate::pool`]); a pooled DMB has no table entry, so
+/// `dmbs_cnt` counts DMBs registered for handshakes and connections, never
+/// pooled ones.
 ///
-/// A copy inherited through `fork` does nothing when dropped in the child:
-/// only the registering process unregisters.
+/// Copies inherited through `fork` share the entry: each counts the bytes
+/// its process sends ([`add_tx`](Self::add_tx)) while the entry exists.
+/// [`set_connected`](Self::set_connected) and the drop act only in the
+/// process that owns the entry at the time of the call (never a pid cached
+/// at creation), so after a hand-over the new owner unregisters and every
+/// other copy's drop does nothing.
 pub struct Registration {
     dev: Arc<Device>,
     idx: usize,
     gen: u32,
-    pid: u32,
     token: u64,
     role: Role,
 }
@@ -963,16 +968,23 @@ impl Registration {
         self.token
     }
 
-    fn entry(&self) -> Option<&DmbEntry> {
+    /// The entry, if it is still this registration's (same generation, not
+    /// freed) and, with `own`, the calling process owns it.
+    fn entry(&self, own: bool) -> Option<&DmbEntry> {
         let e = self.dev.dmb_entry(self.idx);
         let w = e.word.load(Ordering::Relaxed);
-        (word::gen(w) == self.gen && word::pid(w) == self.pid).then_some(e)
+        let ok = word::gen(w) == self.gen
+            && word::state(w) != word::FREE
+            && (!own || word::pid(w) == Owner::current().pid);
+        ok.then_some(e)
     }
 
     /// Adds `n` bytes sent by this end (the API layer calls it after each
-    /// write into the peer's DMB); summed into `xfer_bytes`.
+    /// write into the peer's DMB); summed into `xfer_bytes`. Every process
+    /// holding the connection counts into the entry while it exists,
+    /// whichever of them owns it.
     pub fn add_tx(&self, n: u64) {
-        if let Some(e) = self.entry() {
+        if let Some(e) = self.entry(false) {
             e.tx_bytes.fetch_add(n, Ordering::Relaxed);
         }
     }
@@ -980,23 +992,60 @@ impl Registration {
     /// Marks the DMB as part of an established connection with the DMB
     /// `peer_token`; from now on the pair counts in `conns_active`.
     pub fn set_connected(&self, peer_token: u64) {
-        let Some(e) = self.entry() else { return };
+        let Some(e) = self.entry(true) else { return };
+        let me = Owner::current().pid;
         e.peer_token.store(peer_token, Ordering::Relaxed);
-        let from = word::pack(self.gen, self.pid, DMB_REGISTERED);
-        let to = word::pack(self.gen, self.pid, DMB_CONNECTED);
+        let from = word::pack(self.gen, me, DMB_REGISTERED);
+        let to = word::pack(self.gen, me, DMB_CONNECTED);
         let _ = e.word.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Makes process `to` (a fork child that still holds the connection)
+    /// the owner of the table entry, when the calling process owns it and
+    /// is letting the connection go: the entry, its byte count and its
+    /// state stay, and from now on `to` unregisters it.
+    /// Returns whether the entry was handed over (false when the calling
+    /// process does not own it).
+    ///
+    /// The word goes through WRITING under `to`'s pid while the start time
+    /// changes, so no sweep judges `to` by our start time; if `to` dies
+    /// (even by SIGKILL) the entry is reclaimed as any dead owner's.
+    pub fn hand_over(&self, to: Owner) -> bool {
+        let me = Owner::current().pid;
+        if to.pid == 0 || to.pid == me {
+            return false;
+        }
+        let e = self.dev.dmb_entry(self.idx);
+        for st in [DMB_REGISTERED, DMB_CONNECTED] {
+            let from = word::pack(self.gen, me, st);
+            let mid = word::pack(self.gen, to.pid, word::WRITING);
+            if e.word.compare_exchange(from, mid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                e.start.store(to.start, Ordering::Relaxed);
+                e.word.store(word::pack(self.gen, to.pid, st), Ordering::Release);
+                crate::debug!("DMB {:016x} (entry {}) handed over to pid {}", self.token, self.idx, to.pid);
+                return true;
+            }
+        }
+        false
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if Owner::current().pid != self.pid {
-            return; // a forked child's copy: the parent owns the DMB
-        }
+        let me = Owner::current().pid;
         let e = self.dev.dmb_entry(self.idx);
+        // A hand-over to us may be finishing (WRITING under our pid, two
+        // stores long): wait for it, briefly.
+        for _ in 0..10_000 {
+            if e.word.load(Ordering::Acquire) != word::pack(self.gen, me, word::WRITING) {
+                break;
+            }
+            std::thread::yield_now();
+        }
         for st in [DMB_REGISTERED, DMB_CONNECTED] {
-            let from = word::pack(self.gen, self.pid, st);
-            let to = word::pack(self.gen, self.pid, word::WRITING);
+            // Only the current owner's copy unregisters (the CAS names it).
+            let from = word::pack(self.gen, me, st);
+            let to = word::pack(self.gen, me, word::WRITING);
             if e.word.compare_exchange(from, to, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 self.dev.retire_entry(e, self.gen);
                 return;

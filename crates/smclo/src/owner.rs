@@ -115,6 +115,19 @@ impl Owner {
         Owner { pid, start }
     }
 
+    /// Process `pid` with its start time read from `/proc` (0 if `/proc`
+    /// is not mounted); `None` if it does not exist.
+    pub fn of(pid: u32) -> Option<Owner> {
+        if pid == Owner::current().pid {
+            return Some(Owner::current());
+        }
+        match read_stat(pid) {
+            Some(s) => Some(Owner { pid, start: s.start }),
+            None if !proc_mounted() && (Owner { pid, start: 0 }).pid_exists() => Some(Owner { pid, start: 0 }),
+            None => None,
+        }
+    }
+
     /// Whether this process still exists (and is not a zombie).
     ///
     /// A pid of 0 is never alive. When the recorded start time is 0 (unknown)

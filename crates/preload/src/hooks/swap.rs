@@ -103,8 +103,14 @@ pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, 
 /// The last descriptor of a connection in this process is gone.
 pub(crate) fn last_close(s: &Sock) {
     LIVE.fetch_sub(1, Ordering::Relaxed);
-    if holders::leave(s.slot, s.conn.fd()) {
-        debug!("SMC-D connection (channel fd {}) stays open: another process still holds it", s.conn.fd());
+    if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
+        debug!("SMC-D connection (channel fd {}) stays open: process {pid} still holds it", s.conn.fd());
+        // The DMB's table entry (and so the stats: dmbs_cnt, the bytes
+        // this end sends) goes with the connection to the holder that
+        // stays, if it is ours to give.
+        if let Some(to) = smclo::owner::Owner::of(pid) {
+            s.reg.hand_over(to);
+        }
         s.conn.disown();
     } else if s.linger0.load(Ordering::Relaxed) {
         debug!("SMC-D connection (channel fd {}) aborted (SO_LINGER 0)", s.conn.fd());
