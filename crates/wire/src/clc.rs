@@ -619,69 +619,46 @@ fn encode_accept_confirm(
     ACCEPT_CONFIRM_LEN
 }
 
-impl Accept {
-    /// Encoded size: [`ACCEPT_CONFIRM_LEN`].
-    pub fn encoded_len(&self) -> usize {
-        ACCEPT_CONFIRM_LEN
-    }
+/// Accept and Confirm have one layout and differ only in their type, so
+/// their encoders are one piece of code.
+macro_rules! accept_confirm_encoding {
+    ($ty:ident) => {
+        impl $ty {
+            /// Encoded size: [`ACCEPT_CONFIRM_LEN`].
+            pub fn encoded_len(&self) -> usize {
+                ACCEPT_CONFIRM_LEN
+            }
 
-    /// Writes the message into `out[..78]` and returns 78.
-    ///
-    /// # Panics
-    ///
-    /// If `out` is shorter than 78 bytes. A `dmbe_size_comp` above 15 loses
-    /// its high bits; above 6 it encodes but does not parse.
-    pub fn encode(&self, out: &mut [u8]) -> usize {
-        encode_accept_confirm(
-            out,
-            MsgType::Accept,
-            self.gid,
-            self.token,
-            self.dmbe_size_comp,
-            self.linkid,
-            self.chid,
-        )
-    }
+            /// Writes the message into `out[..78]` and returns 78.
+            ///
+            /// # Panics
+            ///
+            /// If `out` is shorter than 78 bytes. A `dmbe_size_comp` above 15
+            /// loses its high bits; above 6 it encodes but does not parse.
+            pub fn encode(&self, out: &mut [u8]) -> usize {
+                encode_accept_confirm(
+                    out,
+                    MsgType::$ty,
+                    self.gid,
+                    self.token,
+                    self.dmbe_size_comp,
+                    self.linkid,
+                    self.chid,
+                )
+            }
 
-    /// The encoded message.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = vec![0; ACCEPT_CONFIRM_LEN];
-        self.encode(&mut v);
-        v
-    }
+            /// The encoded message.
+            pub fn to_bytes(&self) -> Vec<u8> {
+                let mut v = vec![0; ACCEPT_CONFIRM_LEN];
+                self.encode(&mut v);
+                v
+            }
+        }
+    };
 }
 
-impl Confirm {
-    /// Encoded size: [`ACCEPT_CONFIRM_LEN`].
-    pub fn encoded_len(&self) -> usize {
-        ACCEPT_CONFIRM_LEN
-    }
-
-    /// Writes the message into `out[..78]` and returns 78.
-    ///
-    /// # Panics
-    ///
-    /// If `out` is shorter than 78 bytes. A `dmbe_size_comp` above 15 loses
-    /// its high bits; above 6 it encodes but does not parse.
-    pub fn encode(&self, out: &mut [u8]) -> usize {
-        encode_accept_confirm(
-            out,
-            MsgType::Confirm,
-            self.gid,
-            self.token,
-            self.dmbe_size_comp,
-            self.linkid,
-            self.chid,
-        )
-    }
-
-    /// The encoded message.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = vec![0; ACCEPT_CONFIRM_LEN];
-        self.encode(&mut v);
-        v
-    }
-}
+accept_confirm_encoding!(Accept);
+accept_confirm_encoding!(Confirm);
 
 impl Decline {
     /// Encoded size: [`DECLINE_LEN`].
