@@ -345,7 +345,11 @@ static void serve_flags(int lfd) {
     k = recvmsg(fd, &m, MSG_WAITALL);
     if (k != 100) fail("recvmsg got %zd", k);
     check(b, 100, 3200);
-    /* 5. answer with writev and sendmsg, then sendto with an address (ignored). */
+    /* 5. MSG_DONTWAIT on an empty ring. Before the answer: the client waits
+     * for it, so it cannot have closed yet (after, EOF would be right). */
+    k = recv(fd, b, 10, MSG_DONTWAIT);
+    if (k != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) fail("MSG_DONTWAIT on empty: %zd", k);
+    /* 6. answer with writev and sendmsg, then sendto with an address (ignored). */
     fill(b, 300, 0);
     struct iovec wv[3] = {{b, 1}, {b + 1, 99}, {b + 100, 100}};
     if (writev(fd, wv, 3) != 200) fail("writev");
@@ -356,9 +360,6 @@ static void serve_flags(int lfd) {
     if (sendmsg(fd, &m, MSG_NOSIGNAL) != 50) fail("sendmsg");
     struct sockaddr_in bogus = {.sin_family = AF_INET};
     if (sendto(fd, b + 250, 50, 0, (struct sockaddr *)&bogus, sizeof bogus) != 50) fail("sendto");
-    /* 6. MSG_DONTWAIT on an empty ring. */
-    k = recv(fd, b, 10, MSG_DONTWAIT);
-    if (k != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) fail("MSG_DONTWAIT on empty: %zd", k);
     /* 7. getpeername/getsockname/SO_TYPE/SO_ERROR answer like TCP. */
     struct sockaddr_storage ss;
     socklen_t l = sizeof ss;
