@@ -529,7 +529,19 @@ static void client_exec(int port) {
      * ECONNRESET: never a wrong byte. */
     unsigned char b[4096];
     fill(b, 4096, 0);
-    write_all(fd, b, 4096);
+    /* The server may exec (and reset the connection) before we write: a
+     * reset here is the clean fallback too. */
+    size_t sent = 0;
+    while (sent < sizeof b) {
+        ssize_t k = send(fd, b + sent, sizeof b - sent, MSG_NOSIGNAL);
+        if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+            printf("EXEC reset before writing %zu\n", sent);
+            close(fd);
+            return;
+        }
+        if (k <= 0) fail("exec write");
+        sent += (size_t)k;
+    }
     shutdown(fd, SHUT_WR);
     uint64_t got = 0;
     for (;;) {
