@@ -410,13 +410,12 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
     let text = String::from_utf8_lossy(&out.stdout);
     let v: f64 = text.trim().parse().map_err(|_| io::Error::other(format!("{} client said {text:?} ({})", t.name(), out.status)))?;
     let after = dev.stats();
-    let fallbacks = |s: &smclo::device::Stats| -> u64 { s.fallback_client.iter().chain(&s.fallback_server).sum() };
-    if after.conns_opened == before.conns_opened || fallbacks(&after) != fallbacks(&before) {
+    if after.conns_opened == before.conns_opened || after.fallbacks_total() != before.fallbacks_total() {
         return Err(io::Error::other(format!(
             "{}: the device shows {} new connections and {} new fallbacks: not accelerated",
             t.name(),
             after.conns_opened - before.conns_opened,
-            fallbacks(&after) - fallbacks(&before)
+            after.fallbacks_total() - before.fallbacks_total()
         )));
     }
     Ok(v)

@@ -142,7 +142,7 @@ impl Run {
         assert!(self.server.ok && self.client.ok, "a peer failed\n{}", self.report());
     }
     fn fallbacks(&self) -> u64 {
-        self.stats.fallback_client.iter().sum::<u64>() + self.stats.fallback_server.iter().sum::<u64>()
+        self.stats.fallbacks_total()
     }
     /// Upgraded, exactly `conns` SMC-D connections, no fallback, and the
     /// device counted at least `bytes` bytes (and not wildly more).

@@ -231,6 +231,18 @@ pub struct Stats {
     pub fallback_server: [u64; layout::REASON_SLOTS as usize],
 }
 
+impl Stats {
+    /// (client side, server side) fallbacks for `r`.
+    pub fn fallback(&self, r: Reason) -> (u64, u64) {
+        (self.fallback_client[r.index()], self.fallback_server[r.index()])
+    }
+
+    /// All fallbacks, both sides, every reason.
+    pub fn fallbacks_total(&self) -> u64 {
+        self.fallback_client.iter().chain(&self.fallback_server).sum()
+    }
+}
+
 struct CacheEntry {
     dir: PathBuf,
     ino: u64,

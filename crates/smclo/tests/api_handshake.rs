@@ -17,14 +17,6 @@ use std::time::{Duration, Instant};
 
 static N: AtomicU32 = AtomicU32::new(0);
 
-/// (client side, server side) count of fallbacks for `r`.
-fn fb(st: &smclo::device::Stats, r: Reason) -> (u64, u64) {
-    (st.fallback_client[r.index()], st.fallback_server[r.index()])
-}
-
-fn total_fallbacks(st: &smclo::device::Stats) -> u64 {
-    st.fallback_client.iter().chain(st.fallback_server.iter()).sum()
-}
 
 /// A fresh device directory, removed at the end of the test.
 struct Dir(PathBuf);
@@ -191,7 +183,7 @@ fn upgrades_and_moves_bytes_exactly_both_ways() {
     assert!(st.conns_opened >= 1, "{st:?}");
     // Both directions went through the rings: at least 2 × TOTAL bytes moved.
     assert!(st.xfer_bytes >= 2 * TOTAL, "xfer_bytes {} < {}", st.xfer_bytes, 2 * TOTAL);
-    assert_eq!(total_fallbacks(&st), 0, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
     assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
 }
 
@@ -262,7 +254,7 @@ fn fallback_device_inactive() {
     echo_check(s);
     peer.wait_ok();
     let st = dir.dev().stats();
-    assert_eq!(fb(&st, Reason::NoSmcdDev).0, 1, "{st:?}");
+    assert_eq!(st.fallback(Reason::NoSmcdDev).0, 1, "{st:?}");
     assert_eq!(st.conns_opened, 0);
 }
 
@@ -291,7 +283,7 @@ fn fallback_ueid_mismatch() {
     assert_eq!(peer.line(), "smc=0 reason=NOUEID");
     peer.wait_ok();
     let st = dir.dev().stats();
-    assert_eq!(fb(&st, Reason::NoUeid), (1, 1), "client and server each count it: {st:?}");
+    assert_eq!(st.fallback(Reason::NoUeid), (1, 1), "client and server each count it: {st:?}");
 }
 
 #[test]
@@ -340,7 +332,7 @@ fn fallback_timeout_when_server_accepts_late() {
     drop(s);
     peer.wait_ok();
     let st = dir.dev().stats();
-    assert_eq!(fb(&st, Reason::Timeout).0, 1, "{st:?}");
+    assert_eq!(st.fallback(Reason::Timeout).0, 1, "{st:?}");
 }
 
 #[test]
@@ -358,7 +350,7 @@ fn fallback_proposer_dead() {
     let (s, _) = l.accept().unwrap();
     assert_eq!(s.fallback_reason(), Some(Reason::PeerDead));
     let st = dir.dev().stats();
-    assert_eq!(fb(&st, Reason::PeerDead).1, 1, "{st:?}");
+    assert_eq!(st.fallback(Reason::PeerDead).1, 1, "{st:?}");
     drop(s);
     drop(l);
     // The dead client's DMB file is gone after the next registration sweeps.
