@@ -426,15 +426,17 @@ pub fn wait_listen(p: &mut Proc, port: u16) {
     }
 }
 
-pub fn fallbacks_total(s: &Stats) -> u64 {
-    s.fallback_client.iter().sum::<u64>() + s.fallback_server.iter().sum::<u64>()
-}
 
 /// Human-readable non-zero fallback counters.
 pub fn fallbacks_desc(s: &Stats) -> String {
+    describe_fallbacks(&s.fallback_client, &s.fallback_server)
+}
+
+/// Non-zero per-reason counters (client side, server side), readable.
+fn describe_fallbacks(client: &[u64], server: &[u64]) -> String {
     let mut v = Vec::new();
     for r in Reason::ALL {
-        let (c, sv) = (s.fallback_client[r.index()], s.fallback_server[r.index()]);
+        let (c, sv) = (client[r.index()], server[r.index()]);
         if c + sv > 0 {
             v.push(format!("{r:?}: client {c}, server {sv}"));
         }
@@ -469,18 +471,7 @@ impl Delta {
         self.fallback_client.iter().sum::<u64>() + self.fallback_server.iter().sum::<u64>()
     }
     pub fn fallbacks_desc(&self) -> String {
-        let mut v = Vec::new();
-        for r in Reason::ALL {
-            let (c, sv) = (self.fallback_client[r.index()], self.fallback_server[r.index()]);
-            if c + sv > 0 {
-                v.push(format!("{r:?}: client {c}, server {sv}"));
-            }
-        }
-        if v.is_empty() {
-            "none".into()
-        } else {
-            v.join("; ")
-        }
+        describe_fallbacks(&self.fallback_client, &self.fallback_server)
     }
 }
 
@@ -515,6 +506,17 @@ pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
 }
 
 /// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
+/// A document root for web servers: `small.txt` with `small`, and
+/// `big.bin`, 1 MiB of `pseudo_random` bytes from `seed` (returned).
+pub fn web_root(env: &Env, small: &[u8], seed: u64) -> (PathBuf, Vec<u8>) {
+    let root = env.path("www");
+    fs::create_dir_all(&root).unwrap();
+    let big = pseudo_random(1 << 20, seed);
+    fs::write(root.join("small.txt"), small).unwrap();
+    fs::write(root.join("big.bin"), &big).unwrap();
+    (root, big)
+}
+
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(len + 8);

@@ -13,12 +13,7 @@ use std::time::{Duration, Instant};
 const T: Duration = Duration::from_secs(60);
 
 fn www(env: &Env) -> (std::path::PathBuf, Vec<u8>) {
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
-    let big = pseudo_random(1 << 20, 0x1234_5678);
-    fs::write(root.join("big.bin"), &big).unwrap();
-    fs::write(root.join("small.txt"), b"edge\n").unwrap();
-    (root, big)
+    web_root(env, b"edge\n", 0x1234_5678)
 }
 
 #[test]

@@ -2,16 +2,11 @@
 //! under `smclo run`.
 
 use smclo_apptests::*;
-use std::fs;
 use std::time::Duration;
 
 fn www(env: &Env) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
     let small = b"smclo nginx small file: 0123456789 abcdefghijklmnopqrstuvwxyz\n".repeat(3);
-    let big = pseudo_random(1 << 20, 0xb16_f11e);
-    fs::write(root.join("small.txt"), &small).unwrap();
-    fs::write(root.join("big.bin"), &big).unwrap();
+    let (root, big) = web_root(env, &small, 0xb16_f11e);
     (root, small, big)
 }
 

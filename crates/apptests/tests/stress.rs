@@ -9,12 +9,8 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(60);
 
 fn www(env: &Env) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
     let small = b"stress small file\n".repeat(7);
-    let big = pseudo_random(1 << 20, 0xabcdef);
-    fs::write(root.join("small.txt"), &small).unwrap();
-    fs::write(root.join("big.bin"), &big).unwrap();
+    let (root, big) = web_root(env, &small, 0xabcdef);
     (root, small, big)
 }
 
