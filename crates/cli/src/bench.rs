@@ -1,5 +1,10 @@
-//! `smclo bench`: the seeds' workloads over TCP loopback, a UNIX socket and
-//! smclo (no-copy and copy), side by side in one run.
+//! `smclo bench`: the seeds' workloads over TCP loopback, a UNIX socket,
+//! smclo (no-copy and copy) and, where the kernel has it, the kernel's own
+//! SMC-D loopback, side by side in one run.
+//!
+//! The hidden `__peer` and `__client` subcommands are also the workload
+//! programs of `scripts/bench-suite`, which runs them under `smclo run`
+//! beside the real programs of the seeds (sockperf, iperf3, nginx, redis).
 //!
 //! Each measurement runs the server in a separate process (this binary,
 //! re-executed with a hidden subcommand) pinned to one core and the client
@@ -17,6 +22,8 @@ use std::time::{Duration, Instant};
 
 const PING_SIZE: usize = 14;
 const STREAM_SIZE: usize = 64000;
+/// ipc-bench's message size in the seeds (`-s 100`).
+const MSG_SIZE: usize = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Transport {
@@ -27,11 +34,20 @@ enum Transport {
     /// The `tcp` code, unchanged, with both processes started under
     /// `smclo run`: what an unmodified program gets.
     SmcloRun,
+    /// The kernel's SMC (`socket(AF_SMC)`), which uses its loopback-ism
+    /// device between local processes.
+    KernelSmc,
 }
 
 impl Transport {
-    const ALL: [Transport; 5] =
-        [Transport::Tcp, Transport::Unix, Transport::Smclo, Transport::SmcloCopy, Transport::SmcloRun];
+    const ALL: [Transport; 6] = [
+        Transport::Tcp,
+        Transport::Unix,
+        Transport::Smclo,
+        Transport::SmcloCopy,
+        Transport::SmcloRun,
+        Transport::KernelSmc,
+    ];
     fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
@@ -39,6 +55,7 @@ impl Transport {
             Transport::Smclo => "smclo",
             Transport::SmcloCopy => "smclo-copy",
             Transport::SmcloRun => "tcp+smclo-run",
+            Transport::KernelSmc => "kernel-smc",
         }
     }
 
@@ -54,30 +71,52 @@ impl Transport {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Workload {
     PingPong,
+    /// ipc-bench's message rate: 100-byte ping-pong messages.
+    MsgRate,
     Stream,
     Setup,
+    /// Many idle connections held open; the memory they cost is read from
+    /// outside the processes (`scripts/bench-suite`), so it is not a
+    /// workload of `smclo bench`'s own table.
+    Idle,
 }
 
 impl Workload {
-    const ALL: [Workload; 3] = [Workload::PingPong, Workload::Stream, Workload::Setup];
+    const ALL: [Workload; 5] = [Workload::PingPong, Workload::MsgRate, Workload::Stream, Workload::Setup, Workload::Idle];
+    /// The workloads of `smclo bench`'s own table.
+    const TABLE: [Workload; 4] = [Workload::PingPong, Workload::MsgRate, Workload::Stream, Workload::Setup];
     fn name(self) -> &'static str {
         match self {
             Workload::PingPong => "pingpong",
+            Workload::MsgRate => "msgrate",
             Workload::Stream => "stream",
             Workload::Setup => "setup",
+            Workload::Idle => "idle",
         }
     }
     fn from_name(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name() == s)
     }
+    fn from_table_name(s: &str) -> Option<Workload> {
+        Workload::TABLE.into_iter().find(|w| w.name() == s)
+    }
     /// What the table shows, and whether more is better.
     fn metric(self) -> (&'static str, bool) {
         match self {
             Workload::PingPong => ("round trip, µs (14 B each way)", false),
+            Workload::MsgRate => ("messages/s (100 B ping-pong)", true),
             Workload::Stream => ("throughput, Gbit/s (64000 B writes)", true),
             Workload::Setup => ("connections/s (connect+accept+first byte)", true),
+            Workload::Idle => ("idle connections held", true),
         }
     }
+}
+
+/// One measurement: the workload's metric, plus what the suite also reports
+/// (`ops`: round trips, bytes or connections; latency percentiles).
+struct Sample {
+    value: f64,
+    extra: Vec<(&'static str, f64)>,
 }
 
 /// A byte stream that can half-close, whatever the transport.
@@ -113,9 +152,12 @@ struct Options {
 
 fn usage() -> i32 {
     eprintln!(
-        "usage: smclo bench [--rounds N] [--seconds S] [--json] [--workloads pingpong,stream,setup] [--transports tcp,unix,smclo,smclo-copy]\n\
+        "usage: smclo bench [--rounds N] [--seconds S] [--json] [--workloads pingpong,msgrate,stream,setup]\n\
+         \x20                  [--transports tcp,unix,smclo,smclo-copy,tcp+smclo-run,kernel-smc]\n\
          Runs each workload over each transport, interleaved, N rounds (default 5) of S seconds (default 1),\n\
-         server and client in separate processes pinned to different cores; prints medians and ratios to TCP."
+         server and client in separate processes pinned to different cores; prints medians and ratios to TCP.\n\
+         kernel-smc (the kernel's SMC-D loopback, socket(AF_SMC)) is included when the kernel offers it.\n\
+         The seeds' full suite with real programs (sockperf, iperf3, nginx, redis): scripts/bench-suite"
     );
     2
 }
@@ -148,8 +190,11 @@ pub fn main(args: &[String]) -> i32 {
         rounds: 5,
         seconds: 1.0,
         json: false,
-        workloads: Workload::ALL.to_vec(),
-        transports: Transport::ALL.to_vec(),
+        workloads: Workload::TABLE.to_vec(),
+        transports: Transport::ALL
+            .into_iter()
+            .filter(|&t| t != Transport::KernelSmc || crate::kernel_smc::availability().is_ok())
+            .collect(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -160,7 +205,7 @@ pub fn main(args: &[String]) -> i32 {
             }
             "--rounds" => it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n >= 1).map(|n| o.rounds = n).is_some(),
             "--seconds" => it.next().and_then(|v| v.parse().ok()).filter(|&s: &f64| s > 0.0 && s <= 60.0).map(|s| o.seconds = s).is_some(),
-            "--workloads" => it.next().and_then(|v| parse_list(v, Workload::from_name)).map(|w| o.workloads = w).is_some(),
+            "--workloads" => it.next().and_then(|v| parse_list(v, Workload::from_table_name)).map(|w| o.workloads = w).is_some(),
             "--transports" => it.next().and_then(|v| parse_list(v, Transport::from_name)).map(|t| o.transports = t).is_some(),
             "-h" | "--help" => return usage().min(0),
             _ => false,
@@ -168,6 +213,12 @@ pub fn main(args: &[String]) -> i32 {
         if !ok {
             eprintln!("smclo bench: bad argument {a:?}");
             return usage();
+        }
+    }
+    if o.transports.contains(&Transport::KernelSmc) {
+        if let Err(why) = crate::kernel_smc::availability() {
+            eprintln!("smclo bench: kernel-smc is unavailable: {why}");
+            return 1;
         }
     }
     match run(&o) {
@@ -382,6 +433,14 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
             s.tcp().set_nodelay(true)?;
             Box::new(s)
         }
+        Transport::KernelSmc => {
+            let a = addr.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+            let s = crate::kernel_smc::connect(a)?;
+            // SMC passes TCP options to its TCP socket; without SMC-D it
+            // would matter, with it it is harmless.
+            let _ = s.set_nodelay(true);
+            Box::new(s)
+        }
     })
 }
 
@@ -393,7 +452,7 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
         // directory from the environment.
         std::env::set_var("SMCLO_DEVICE_DIR", dir);
         pin(ccpu);
-        let v = client(t, w, &peer.addr, seconds)?;
+        let v = client(t, w, &peer.addr, seconds)?.value;
         drop(peer);
         return Ok(v);
     }
@@ -408,7 +467,8 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
         .output()?;
     drop(peer);
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: f64 = text.trim().parse().map_err(|_| io::Error::other(format!("{} client said {text:?} ({})", t.name(), out.status)))?;
+    let first = text.lines().next().unwrap_or("");
+    let v: f64 = first.trim().parse().map_err(|_| io::Error::other(format!("{} client said {text:?} ({})", t.name(), out.status)))?;
     let after = dev.stats();
     if after.conns_opened == before.conns_opened || after.fallbacks_total() != before.fallbacks_total() {
         return Err(io::Error::other(format!(
@@ -422,7 +482,15 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
 }
 
 /// `smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU`: the client
-/// side in a process of its own; prints the metric.
+/// side in a process of its own. Prints the metric on the first line, then
+/// one `name value` line for each extra (`ops`, latency percentiles).
+///
+/// For `idle`, SECONDS is the number of connections, and the client talks
+/// with whoever started it: it opens one connection and prints `base`, waits
+/// for a line on standard input, opens the others (one byte each way on
+/// every one, so that each is fully set up), prints `ready N`, and holds
+/// them until standard input ends. The caller reads the processes' memory
+/// at `base` and at `ready`.
 fn client_main(args: &[String]) -> io::Result<()> {
     let bad = || io::Error::new(io::ErrorKind::InvalidInput, "usage: smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU");
     let t = args.first().and_then(|s| Transport::from_name(s)).ok_or_else(bad)?;
@@ -431,32 +499,116 @@ fn client_main(args: &[String]) -> io::Result<()> {
     let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let cpu: i64 = args.get(4).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     pin(usize::try_from(cpu).ok());
-    println!("{}", client(t, w, addr, seconds)?);
+    if w == Workload::Idle {
+        return idle_client(t, addr, seconds as usize);
+    }
+    let sample = client(t, w, addr, seconds)?;
+    let mut out = format!("{}\n", sample.value);
+    for (name, v) in &sample.extra {
+        out += &format!("{name} {v}\n");
+    }
+    io::stdout().write_all(out.as_bytes())
+}
+
+/// Raises the soft limit on open descriptors to the hard limit, for the
+/// idle workload's many connections (each smclo connection also holds a
+/// few descriptors of its own).
+fn raise_nofile_limit() {
+    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+fn idle_client(t: Transport, addr: &str, n: usize) -> io::Result<()> {
+    raise_nofile_limit();
+    let open = || -> io::Result<Box<dyn Duplex>> {
+        let mut s = connect(t, addr)?;
+        let mut b = [1u8; 1];
+        s.write_all(&b)?;
+        s.read_exact(&mut b)?;
+        Ok(s)
+    };
+    let first = open()?;
+    let mut out = io::stdout();
+    let mut line = String::new();
+    writeln!(out, "base")?;
+    out.flush()?;
+    io::stdin().read_line(&mut line)?;
+    let mut held = Vec::with_capacity(n + 1);
+    held.push(first);
+    for _ in 0..n {
+        held.push(open()?);
+    }
+    writeln!(out, "ready {n}")?;
+    out.flush()?;
+    io::copy(&mut io::stdin(), &mut io::sink())?;
     Ok(())
 }
 
-/// The client side of workload `w` over transport `t`; returns the metric.
-fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<f64> {
+/// Exact percentile (nearest rank) of sorted nanosecond samples, in µs.
+fn percentile_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
+}
+
+/// Ping-pong of `size`-byte messages for `dur`; returns the round-trip times
+/// in nanoseconds.
+fn ping_pong(s: &mut dyn Duplex, size: usize, dur: Duration) -> io::Result<Vec<u64>> {
+    let mut buf = vec![0u8; size];
+    // Warm up, then measure.
+    for _ in 0..1000 {
+        s.write_all(&buf)?;
+        s.read_exact(&mut buf)?;
+    }
+    let mut rtts = Vec::with_capacity(1 << 20);
+    let start = Instant::now();
+    let mut last = start;
+    while last.duration_since(start) < dur {
+        for _ in 0..100 {
+            s.write_all(&buf)?;
+            s.read_exact(&mut buf)?;
+            let now = Instant::now();
+            rtts.push(now.duration_since(last).as_nanos() as u64);
+            last = now;
+        }
+    }
+    Ok(rtts)
+}
+
+/// The client side of workload `w` over transport `t`.
+fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<Sample> {
     let dur = Duration::from_secs_f64(seconds);
-    let v = match w {
+    let sample = match w {
         Workload::PingPong => {
             let mut s = connect(t, addr)?;
-            let mut buf = [0u8; PING_SIZE];
-            // Warm up, then measure.
-            for _ in 0..1000 {
-                s.write_all(&buf)?;
-                s.read_exact(&mut buf)?;
+            let mut rtts = ping_pong(&mut *s, PING_SIZE, dur)?;
+            let n = rtts.len();
+            let mean = rtts.iter().sum::<u64>() as f64 / n as f64 / 1000.0;
+            rtts.sort_unstable();
+            Sample {
+                value: mean,
+                extra: vec![
+                    ("ops", n as f64),
+                    ("rtt_p50_us", percentile_us(&rtts, 50.0)),
+                    ("rtt_p99_us", percentile_us(&rtts, 99.0)),
+                    ("rtt_p999_us", percentile_us(&rtts, 99.9)),
+                ],
             }
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < dur {
-                for _ in 0..100 {
-                    s.write_all(&buf)?;
-                    s.read_exact(&mut buf)?;
-                }
-                n += 100;
-            }
-            start.elapsed().as_secs_f64() * 1e6 / n as f64
+        }
+        Workload::MsgRate => {
+            let mut s = connect(t, addr)?;
+            let rtts = ping_pong(&mut *s, MSG_SIZE, dur)?;
+            let n = rtts.len();
+            let secs = rtts.iter().sum::<u64>() as f64 / 1e9;
+            Sample { value: n as f64 / secs, extra: vec![("ops", n as f64)] }
         }
         Workload::Stream => {
             let mut s = connect(t, addr)?;
@@ -479,7 +631,7 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<f64
             if got != sent {
                 return Err(io::Error::other(format!("{}: sent {sent} bytes, server got {got}", t.name())));
             }
-            sent as f64 * 8.0 / secs / 1e9
+            Sample { value: sent as f64 * 8.0 / secs / 1e9, extra: vec![("ops", sent as f64)] }
         }
         Workload::Setup => {
             let start = Instant::now();
@@ -491,10 +643,13 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<f64
                 s.read_exact(&mut b)?;
                 n += 1;
             }
-            n as f64 / start.elapsed().as_secs_f64()
+            Sample { value: n as f64 / start.elapsed().as_secs_f64(), extra: vec![("ops", n as f64)] }
+        }
+        Workload::Idle => {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "idle is measured by scripts/bench-suite"));
         }
     };
-    Ok(v)
+    Ok(sample)
 }
 
 // ---- the server side, in its own process ----
@@ -505,49 +660,70 @@ fn peer_main(args: &[String]) -> io::Result<()> {
     let w = args.get(1).and_then(|s| Workload::from_name(s)).ok_or_else(bad)?;
     let cpu: i64 = args.get(2).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     pin(usize::try_from(cpu).ok());
-    let mut out = io::stdout();
+    if w == Workload::Idle {
+        raise_nofile_limit();
+    }
+    let announce = |addr: &dyn std::fmt::Display| -> io::Result<()> {
+        let mut out = io::stdout();
+        writeln!(out, "{addr}")?;
+        out.flush()
+    };
     match t {
         Transport::Tcp | Transport::SmcloRun => {
             let l = TcpListener::bind("127.0.0.1:0")?;
-            writeln!(out, "{}", l.local_addr()?)?;
-            out.flush()?;
-            loop {
+            announce(&l.local_addr()?)?;
+            serve_all(w, || {
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
-                if serve(Box::new(s), w)? {
-                    return Ok(());
-                }
-            }
+                Ok(Box::new(s))
+            })
+        }
+        Transport::KernelSmc => {
+            let l = crate::kernel_smc::listen("127.0.0.1:0".parse().expect("literal address"))?;
+            announce(&l.local_addr()?)?;
+            serve_all(w, || {
+                let (s, _) = l.accept()?;
+                let _ = s.set_nodelay(true);
+                Ok(Box::new(s))
+            })
         }
         Transport::Unix => {
             let path = std::env::temp_dir().join(format!("smclo-bench-{}.sock", std::process::id()));
             let _ = std::fs::remove_file(&path);
             let l = UnixListener::bind(&path)?;
-            writeln!(out, "{}", path.display())?;
-            out.flush()?;
-            let r = (|| loop {
-                let (s, _) = l.accept()?;
-                if serve(Box::new(s), w)? {
-                    return Ok(());
-                }
-            })();
+            announce(&path.display())?;
+            let r = serve_all(w, || Ok(Box::new(l.accept()?.0)));
             let _ = std::fs::remove_file(&path);
             r
         }
         Transport::Smclo | Transport::SmcloCopy => {
             let l = SmcListener::bind("127.0.0.1:0")?;
-            writeln!(out, "{}", l.local_addr()?)?;
-            out.flush()?;
-            loop {
+            announce(&l.local_addr()?)?;
+            serve_all(w, || {
                 let (s, _) = l.accept()?;
                 if !s.is_smc() {
                     return Err(io::Error::other(format!("server side fell back: {:?}", s.fallback_reason())));
                 }
                 s.tcp().set_nodelay(true)?;
-                if serve(Box::new(s), w)? {
-                    return Ok(());
-                }
-            }
+                Ok(Box::new(s))
+            })
+        }
+    }
+}
+
+/// Accepts and serves connections until the workload is over; `idle`
+/// connections are held until the process is killed.
+fn serve_all(w: Workload, mut accept: impl FnMut() -> io::Result<Box<dyn Duplex>>) -> io::Result<()> {
+    let mut held = Vec::new();
+    loop {
+        let mut s = accept()?;
+        if w == Workload::Idle {
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b)?;
+            s.write_all(&b)?;
+            held.push(s);
+        } else if serve(s, w)? {
+            return Ok(());
         }
     }
 }
@@ -555,8 +731,8 @@ fn peer_main(args: &[String]) -> io::Result<()> {
 /// Serves one connection; `Ok(true)` when the workload is over.
 fn serve(mut s: Box<dyn Duplex>, w: Workload) -> io::Result<bool> {
     match w {
-        Workload::PingPong => {
-            let mut buf = [0u8; PING_SIZE];
+        Workload::PingPong | Workload::MsgRate => {
+            let mut buf = vec![0u8; if w == Workload::PingPong { PING_SIZE } else { MSG_SIZE }];
             loop {
                 match s.read_exact(&mut buf) {
                     Ok(()) => s.write_all(&buf)?,
@@ -588,5 +764,6 @@ fn serve(mut s: Box<dyn Duplex>, w: Workload) -> io::Result<bool> {
             }
             Ok(false)
         }
+        Workload::Idle => Ok(false),
     }
 }

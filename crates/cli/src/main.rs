@@ -6,6 +6,7 @@
 
 mod bench;
 mod dev;
+mod kernel_smc;
 mod run;
 mod stats;
 
