@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs all of smclo's tests: release build, unit and cross-process tests
-# (some fork and kill, hence two test threads), then a short libFuzzer run of
-# the CLC parser (needs the nightly toolchain and cargo-fuzz).
+# (some fork and kill, hence two test threads), the benchmark suite's tests
+# and one short run of every suite workload over every transport (checked,
+# not timed), then a short libFuzzer run of the CLC parser (needs the
+# nightly toolchain and cargo-fuzz). The real programs the tests run come
+# from scripts/install-packages.sh (.ci/run calls it).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -22,6 +25,15 @@ step=loom
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test --release -p smclo --test loom_doorbell
 
+step=bench-suite
+# The suite's parsers, tables and chart; then every workload over every
+# transport once, briefly: each must succeed, and each smclo run must be
+# proven by the device counters (scripts/benchsuite/tests/smoke_check.py).
+scripts/bench-suite --unit-tests
+rm -rf target/bench-suite-smoke
+scripts/bench-suite --smoke --out target/bench-suite-smoke >/dev/null
+scripts/bench-suite --check-smoke target/bench-suite-smoke
+
 step=fuzz
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz is not installed; installing it (cargo install cargo-fuzz)"
@@ -36,4 +48,4 @@ mkdir -p fuzz/corpus/clc_parse
 cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
     -- -max_total_time=$fuzz_seconds
 
-echo "test.sh: PASSED: release build, workspace tests, loom model of the doorbell protocol, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: release build, workspace tests, loom model of the doorbell protocol, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"

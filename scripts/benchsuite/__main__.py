@@ -1,0 +1,202 @@
+"""scripts/bench-suite: see __init__.py and --help."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+from . import chart, report
+from .procs import BenchError
+from .transports import DeviceCounters, make_transports
+from .workloads import all_workloads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Context:
+    """What every measurement needs: programs, pinning, durations, logs."""
+
+    def __init__(self, args, work):
+        self.smclo = os.path.abspath(args.smclo)
+        self.seconds = args.seconds
+        self.server_cpu = args.server_cpu
+        self.client_cpu = args.client_cpu
+        self.work = work
+        self.nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        self._counters = {}
+
+    def counters(self, t):
+        return self._counters.setdefault(t.device_dir, DeviceCounters(self.smclo, t.device_dir))
+
+    def log(self, name, t):
+        return os.path.join(self.work, "%s-%s.log" % (name, t.name))
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^model name\s*:\s*(.*)$", f.read(), re.M)
+            cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "memory_gib": round(mem_kib / 2**20, 1),
+            "loadavg_before": open("/proc/loadavg").read().split()[:3]}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="scripts/bench-suite",
+        description="The seeds' benchmarks (ipc-bench message rate, sockperf, iperf3, nginx + wrk, redis-benchmark), "
+                    "connection setup and idle-connection memory, over TCP, a UNIX socket, smclo (no-copy and copy) "
+                    "and the kernel's SMC-D loopback when the kernel offers it; transports alternate in every round; "
+                    "medians, ratios to TCP, the kernel's published ratios, CPU time. Writes suite.md, suite.json "
+                    "and suite.png to --out.")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (default 3); the median is reported")
+    p.add_argument("--seconds", type=float, default=2.0, help="length of each timed run (default 2)")
+    p.add_argument("--out", default=os.path.join(ROOT, "target", "bench-suite"), help="output directory")
+    p.add_argument("--only", help="comma-separated workloads: " + ",".join(w.name for w in all_workloads()))
+    p.add_argument("--idle-conns", type=int, default=1000, help="idle connections for the memory row (default 1000)")
+    p.add_argument("--redis-requests", type=int, default=100000, help="redis-benchmark -n (default 100000)")
+    p.add_argument("--server-cpu", type=int, default=1)
+    p.add_argument("--client-cpu", type=int, default=0)
+    p.add_argument("--smclo", default=os.path.join(ROOT, "target", "release", "smclo"), help="the smclo binary")
+    p.add_argument("--readme", action="store_true",
+                   help="also write the tables into README.md (between the SUITE markers) and the chart and JSON to docs/bench/")
+    p.add_argument("--render", metavar="JSON", help="do not measure: redraw the outputs from a suite.json")
+    p.add_argument("--smoke", action="store_true",
+                   help="a quick check that every workload runs over every transport (1 round, short runs)")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.rounds, a.seconds, a.idle_conns, a.redis_requests = 1, 0.5, 50, 2000
+    if a.rounds < 1 or not 0 < a.seconds <= 60 or a.idle_conns < 1 or a.redis_requests < 1:
+        p.error("--rounds, --idle-conns and --redis-requests must be positive and --seconds in (0, 60]")
+    cores = os.cpu_count() or 1
+    if max(a.server_cpu, a.client_cpu) >= cores or a.server_cpu == a.client_cpu:
+        p.error("--server-cpu and --client-cpu must be two different CPUs below %d" % cores)
+    return a
+
+
+def check_programs(workloads, smclo):
+    missing = sorted({n for w in workloads for n in w.needs if not shutil.which(n) and not os.path.exists("/usr/sbin/" + n)})
+    if not os.access(smclo, os.X_OK):
+        sys.exit("bench-suite: %s is missing: build first (cargo build --release --workspace, or ./demo.sh)" % smclo)
+    if missing:
+        sys.exit("bench-suite: missing programs: %s. On Debian: sudo scripts/install-packages.sh "
+                 "(or apt-get install sockperf iperf3 nginx-light wrk redis-server redis-tools)" % " ".join(missing))
+    if not shutil.which("taskset"):
+        sys.exit("bench-suite: taskset is missing (util-linux)")
+
+
+def measure(args):
+    workloads = all_workloads(args.idle_conns, args.redis_requests)
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in [w.name for w in workloads]]
+        if unknown:
+            sys.exit("bench-suite: unknown workload(s) %s; known: %s" % (",".join(unknown), ",".join(w.name for w in workloads)))
+        workloads = [w for w in workloads if w.name in names]
+    check_programs(workloads, args.smclo)
+    work = tempfile.mkdtemp(prefix="smclo-suite-")
+    transports, device_dirs = make_transports(os.path.abspath(args.smclo), work)
+    ctx = Context(args, work)
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "config": {"rounds": args.rounds, "seconds": args.seconds, "server_cpu": args.server_cpu,
+                   "client_cpu": args.client_cpu, "idle_conns": args.idle_conns,
+                   "redis_requests": args.redis_requests,
+                   "pinning": "server: taskset -c %d; client: taskset -c %d" % (args.server_cpu, args.client_cpu)},
+        "transports": [{"name": t.name, "label": t.label, "available": t.available,
+                        "why_unavailable": t.why_unavailable, "prefix": t.prefix} for t in transports],
+        "workloads": [{"name": w.name, "transports": list(w.transports), "third_party": w.third_party,
+                       "cpu_unit": w.cpu_unit[0] if w.cpu_unit else None,
+                       "rows": [vars(r) for r in w.rows()]} for w in workloads],
+        "runs": [],
+    }
+    try:
+        for rnd in range(1, args.rounds + 1):
+            for w in workloads:
+                usable = [t for t in transports if t.name in w.transports and t.available
+                          and not (w.third_party and t.name == "kernel-smc" and not t.prefix)]
+                # Alternate who goes first, so that drift hits all alike.
+                k = (rnd - 1) % len(usable)
+                for t in usable[k:] + usable[:k]:
+                    run = {"round": rnd, "workload": w.name, "transport": t.name}
+                    try:
+                        run.update(w.run(ctx, t))
+                    except BenchError as e:
+                        run["error"] = str(e)
+                    doc["runs"].append(run)
+                    shown = "error: " + run["error"] if "error" in run else " ".join(
+                        "%s=%s" % (k2, report.fmt(v)) for k2, v in run["values"].items())
+                    print("round %d/%d %-12s %-11s %s" % (rnd, args.rounds, w.name, t.name, shown), file=sys.stderr)
+                    time.sleep(0.2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        for d in device_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    doc["machine"]["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
+    return doc
+
+
+def write_outputs(doc, out, readme, draw_chart=True):
+    os.makedirs(out, exist_ok=True)
+    report.summarize(doc)
+    md = report.markdown(doc)
+    with open(os.path.join(out, "suite.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(out, "suite.md"), "w") as f:
+        f.write(md)
+    if draw_chart:
+        chart.draw(doc, os.path.join(out, "suite.png"))
+    print(md)
+    if readme:
+        docs = os.path.join(ROOT, "docs", "bench")
+        os.makedirs(docs, exist_ok=True)
+        shutil.copy(os.path.join(out, "suite.json"), os.path.join(docs, "suite.json"))
+        shutil.copy(os.path.join(out, "suite.png"), os.path.join(docs, "suite.png"))
+        block = ("<!-- SUITE:BEGIN (generated by scripts/bench-suite --readme; do not edit) -->\n"
+                 "```\n$ scripts/bench-suite %s\n```\n\n%s\n![smclo against TCP, per workload](docs/bench/suite.png)\n\n"
+                 "Raw runs, machine and pinning: [docs/bench/suite.json](docs/bench/suite.json).\n"
+                 "<!-- SUITE:END -->\n" % (doc["config"].get("command_line", ""), md))
+        path = os.path.join(ROOT, "README.md")
+        text = open(path).read()
+        new, n = re.subn(r"<!-- SUITE:BEGIN.*?<!-- SUITE:END -->\n?", lambda m: block, text, flags=re.S)
+        if n != 1:
+            sys.exit("bench-suite: README.md must contain exactly one SUITE:BEGIN/SUITE:END block")
+        with open(path, "w") as f:
+            f.write(new)
+        print("bench-suite: README.md, docs/bench/suite.png and docs/bench/suite.json updated", file=sys.stderr)
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401  (fail before a long run, not after)
+    except ImportError:
+        sys.exit("bench-suite: the chart needs matplotlib: apt-get install python3-matplotlib (or pip install matplotlib)")
+    if args.render:
+        with open(args.render) as f:
+            doc = json.load(f)
+    else:
+        doc = measure(args)
+        doc["config"]["command_line"] = " ".join(argv)
+    write_outputs(doc, args.out, args.readme)
+    failed = [r for r in doc["runs"] if r.get("error")]
+    if failed:
+        print("bench-suite: %d run(s) failed (listed under the tables)" % len(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

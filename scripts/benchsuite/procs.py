@@ -1,0 +1,192 @@
+"""Processes of one measurement: pinned servers and clients, their CPU time."""
+
+import os
+import random
+import resource
+import signal
+import socket
+import subprocess
+import time
+
+
+class BenchError(Exception):
+    """A measurement that could not be made; its message says why."""
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1 in 20000..32000.
+
+    Not bind(port 0): the setup-rate workload leaves much of the ephemeral
+    range in TIME_WAIT, where the kernel then fails to find a port.
+    """
+    for _ in range(2000):
+        p = random.randrange(20000, 32000)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", p))
+            return p
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise BenchError("no free port in 20000..32000")
+
+
+def _listening(port):
+    want = ":%04X " % port
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    # local_address ends with :PORT; state 0A is LISTEN.
+                    if (fields[1] + " ").endswith(want) and fields[3] == "0A":
+                        return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def wait_listening(port=None, path=None, proc=None, what="server", timeout=10.0):
+    """Waits until something listens on TCP `port` (read from /proc, so that
+    no connection is made, which would count as a fallback) or UNIX `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port is not None and _listening(port):
+            return
+        if path is not None and os.path.exists(path):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise BenchError("%s exited with status %s before listening" % (what, proc.returncode))
+        time.sleep(0.02)
+    raise BenchError("%s does not listen after %.0f s" % (what, timeout))
+
+
+def _pids_of_session(sid):
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the command (which may contain spaces): the 6th
+        # field of the whole line is the session id.
+        rest = stat.rsplit(")", 1)[1].split()
+        if int(rest[3]) == sid:
+            pids.append(int(d))
+    return pids
+
+
+def session_cpu_seconds(sid):
+    """CPU time (user + system) of every thread of every process in session
+    `sid`, from schedstat (nanoseconds, unlike the 10 ms ticks of stat)."""
+    total = 0
+    for pid in _pids_of_session(sid):
+        try:
+            tasks = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
+
+
+def process_memory_kib(pid):
+    """(VmRSS, RssShmem) of process `pid` in KiB; (0, 0) if it is gone."""
+    rss = shm = 0
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("RssShmem:"):
+                    shm = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, shm
+
+
+def session_memory_kib(sid):
+    """(VmRSS, RssShmem) in KiB summed over the processes of session `sid`."""
+    pairs = [process_memory_kib(pid) for pid in _pids_of_session(sid)]
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def meminfo_kib(*keys):
+    """Values of /proc/meminfo in KiB."""
+    vals = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            vals[k] = int(v.split()[0])
+    return [vals.get(k, 0) for k in keys]
+
+
+def pinned(cpu, argv, prefix=()):
+    """argv run on CPU `cpu` (taskset) behind `prefix` (e.g. smclo run --)."""
+    return ["taskset", "-c", str(cpu), *prefix, *argv]
+
+
+class Server:
+    """A server in a session of its own (so that all its processes, such as
+    nginx's workers, are found and killed together)."""
+
+    def __init__(self, argv, env, log_path, stdout=None):
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL,
+            stdout=stdout if stdout is not None else self.log,
+            stderr=self.log, start_new_session=True)
+        self.argv = argv
+
+    def cpu_seconds(self):
+        return session_cpu_seconds(self.proc.pid)
+
+    def memory_kib(self):
+        return session_memory_kib(self.proc.pid)
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def _children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_client(argv, env, timeout):
+    """Runs a client to its end; returns (exit status, stdout, stderr, CPU
+    seconds, wall seconds).
+
+    CPU time is the growth of RUSAGE_CHILDREN across the run: the client is
+    the only child reaped meanwhile (servers are reaped after it), and the
+    count includes the client's own children.
+    """
+    cpu0 = _children_cpu()
+    start = time.monotonic()
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise BenchError("%s did not finish within %.0f s" % (" ".join(argv), timeout))
+    wall = time.monotonic() - start
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), _children_cpu() - cpu0, wall

@@ -1,0 +1,170 @@
+"""From the raw runs to medians, ratios and markdown tables (pure: reads
+only the suite's JSON document, so a table can be redrawn from any run)."""
+
+import statistics
+
+NA = "—"
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(doc):
+    """Adds doc["summary"]: for every row and transport the samples, their
+    median, the ratio to TCP's median, and the median CPU cost."""
+    runs = doc["runs"]
+    summary = {"rows": {}, "cpu": {}}
+    for w in doc["workloads"]:
+        for row in w["rows"]:
+            cells = {}
+            for t in doc["transports"]:
+                mine = [r for r in runs if r["workload"] == w["name"] and r["transport"] == t["name"]]
+                samples = [r["values"][row["key"]] for r in mine if r.get("values")]
+                errors = [r["error"] for r in mine if r.get("error")]
+                cells[t["name"]] = {"samples": samples, "median": _median(samples), "errors": errors}
+            tcp = cells.get("tcp", {}).get("median")
+            for c in cells.values():
+                c["vs_tcp"] = c["median"] / tcp if c["median"] is not None and tcp else None
+            summary["rows"][row["key"]] = cells
+        cpu = {}
+        for t in doc["transports"]:
+            mine = [r for r in runs if r["workload"] == w["name"] and r["transport"] == t["name"] and r.get("values")]
+            per_op = _median([r.get("cpu_per_op") for r in mine])
+            cores = _median([(r["cpu_s"]["client"] + r["cpu_s"]["server"]) / r["wall_s"]
+                             for r in mine if r.get("cpu_s") and r.get("wall_s")])
+            cpu[t["name"]] = {"per_op": per_op, "cores": cores}
+        tcp = cpu.get("tcp", {}).get("per_op")
+        for c in cpu.values():
+            c["vs_tcp"] = c["per_op"] / tcp if c["per_op"] is not None and tcp else None
+        summary["cpu"][w["name"]] = cpu
+    doc["summary"] = summary
+    return doc
+
+
+def fmt(v):
+    if v is None:
+        return NA
+    a = abs(v)
+    if a >= 1000:
+        return "%.0f" % v
+    if a >= 100:
+        return "%.1f" % v
+    if a >= 10:
+        return "%.2f" % v
+    return "%.3g" % v
+
+
+def pct(ratio):
+    """A ratio to TCP the way the seeds write it: +66.68% → +67%."""
+    d = (ratio - 1) * 100
+    if abs(d) >= 1000:
+        return "%+.0f%%, %.0f×" % (d, ratio)
+    return "%+.0f%%" % d
+
+
+def verdict(row, ratio):
+    """smclo against the kernel's published ratio for this row."""
+    lo, hi = row["published"]
+    better = (lambda a, b: a > b) if row["higher_better"] else (lambda a, b: a < b)
+    best, worst = (hi, lo) if row["higher_better"] else (lo, hi)
+    if ratio is None:
+        return NA
+    if better(ratio, best):
+        return "**ahead** (%.2f× vs %s)" % (ratio, _published(row))
+    if better(ratio, worst) or ratio == worst:
+        return "within (%.2f× vs %s)" % (ratio, _published(row))
+    return "**behind** (%.2f× vs %s)" % (ratio, _published(row))
+
+
+def _published(row):
+    lo, hi = row["published"]
+    return "%.2f×" % lo if lo == hi else "%.2f–%.2f×" % (lo, hi)
+
+
+def _cell(doc, w, t, cell, is_tcp):
+    if t["name"] not in w["transports"]:
+        return NA
+    if not t["available"] or (w["third_party"] and t["name"] == "kernel-smc" and not t["prefix"]):
+        return "unavailable"
+    if cell["median"] is None:
+        return "failed" if cell["errors"] else NA
+    s = fmt(cell["median"])
+    if not is_tcp and cell["vs_tcp"] is not None:
+        s += " (%s)" % pct(cell["vs_tcp"])
+    if cell["errors"]:
+        s += " ¹"
+    return s
+
+
+def markdown(doc):
+    """The suite's tables: results in the seeds' layout (value, ±% against
+    TCP) with the kernel's published ratios beside, then CPU cost."""
+    ts = doc["transports"]
+    m = doc["machine"]
+    c = doc["config"]
+    out = []
+    out.append("Median of %d rounds (%g s per timed run); server pinned to CPU %d, client to CPU %d "
+               "(taskset); transports alternate within every round. %s, %d cores, kernel %s, %s."
+               % (c["rounds"], c["seconds"], c["server_cpu"], c["client_cpu"], m["cpu"], m["cores"],
+                  m["kernel"], doc["date"]))
+    out.append("")
+    out.append("smclo runs the programs unchanged under `smclo run` (no-copy, and copy with `dmb_copy=1`); "
+               "every smclo run is checked against the device's counters (new SMC-D connections, bytes moved, "
+               "no fallback). “kernel, published” is the kernel's own SMC-D loopback against TCP as published "
+               "in the patch series' cover letters, measured on an 8-vCPU VM, not on this machine.")
+    out.append("")
+    head = ["workload (seeds' command, scaled to 2 cores)", "unit"] + [t["label"] for t in ts] + \
+        ["kernel, published (8-vCPU VM)", "smclo vs published"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("| --- | --- |" + " ---: |" * len(ts) + " ---: | --- |")
+    for w in doc["workloads"]:
+        for row in w["rows"]:
+            cells = doc["summary"]["rows"][row["key"]]
+            line = [row["label"], row["unit"]]
+            for t in ts:
+                line.append(_cell(doc, w, t, cells[t["name"]], t["name"] == "tcp"))
+            if row["published"]:
+                lo, hi = row["published"]
+                line.append(_published(row) + (" (%s)" % pct(lo) if lo == hi else ""))
+                line.append(verdict(row, cells.get("smclo", {}).get("vs_tcp")))
+            else:
+                line += [NA, NA]
+            out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    out.append("CPU time of client and server together (user + system), per unit of work, with ±% against TCP, "
+               "and how many of the 2 cores the pair kept busy: a gain bought by spinning shows here.")
+    out.append("")
+    out.append("| workload | CPU per | " + " | ".join(t["label"] for t in ts) + " |")
+    out.append("| --- | --- |" + " ---: |" * len(ts))
+    for w in doc["workloads"]:
+        if not w["cpu_unit"]:
+            continue
+        cpu = doc["summary"]["cpu"][w["name"]]
+        line = [w["name"], w["cpu_unit"]]
+        for t in ts:
+            cc = cpu[t["name"]]
+            if t["name"] not in w["transports"] or cc["per_op"] is None:
+                line.append(_cell(doc, w, t, {"median": None, "errors": []}, True))
+                continue
+            s = fmt(cc["per_op"])
+            if t["name"] != "tcp" and cc["vs_tcp"] is not None:
+                s += " (%s)" % pct(cc["vs_tcp"])
+            s += ", %.2f cores" % cc["cores"] if cc["cores"] is not None else ""
+            line.append(s)
+        out.append("| " + " | ".join(line) + " |")
+    notes = []
+    for t in ts:
+        if not t["available"]:
+            notes.append("%s unavailable: %s." % (t["label"], t["why_unavailable"]))
+    failures = [r for r in doc["runs"] if r.get("error")]
+    if failures:
+        notes.append("¹ %d run(s) failed and are left out of the medians: %s" % (
+            len(failures), "; ".join("%s/%s round %d: %s" % (r["workload"], r["transport"], r["round"], r["error"])
+                                     for r in failures[:5])))
+    notes.append("— : the tool has no such mode (wrk, sockperf and iperf3 cannot use a UNIX socket), "
+                 "or the seeds have no published figure for the row.")
+    out.append("")
+    out += notes
+    return "\n".join(out) + "\n"

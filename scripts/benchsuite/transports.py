@@ -1,0 +1,105 @@
+"""The transports compared, and how each proves what it carried."""
+
+import json
+import os
+import shutil
+import subprocess
+
+from .procs import BenchError
+
+
+class Transport:
+    """One way for a client and a server on this host to talk.
+
+    `prefix` goes before a real program's command (``smclo run --`` for
+    smclo, smc-tools' ``smc_run`` for the kernel's SMC); `code` is the
+    transport that smclo's own benchmark programs are told to use (under
+    ``smclo run`` they run their unchanged TCP code).
+    """
+
+    def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None):
+        self.name = name
+        self.label = label
+        self.code = code
+        self.prefix = list(prefix)
+        self.device_dir = device_dir
+        self.why_unavailable = why_unavailable
+
+    @property
+    def available(self):
+        return self.why_unavailable is None
+
+    def env(self):
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        env.pop("SMCLO_DEBUG", None)
+        if self.device_dir:
+            env["SMCLO_DEVICE_DIR"] = self.device_dir
+        return env
+
+
+class DeviceCounters:
+    """Reads an smclo device's counters (``smclo stats --json``), which prove
+    that a measurement really went through shared memory."""
+
+    def __init__(self, smclo, device_dir):
+        self.smclo = smclo
+        self.device_dir = device_dir
+
+    def read(self):
+        env = dict(os.environ, SMCLO_DEVICE_DIR=self.device_dir)
+        env.pop("LD_PRELOAD", None)
+        out = subprocess.run([self.smclo, "stats", "--json"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        s = json.loads(out)
+        return {
+            "conns_opened": s["conns_opened"],
+            "xfer_bytes": s["xfer_bytes"],
+            "dmbs_cnt": s["dmbs_cnt"],
+            "fallbacks": {k: v["client"] + v["server"] for k, v in s["fallbacks"].items()
+                          if v["client"] + v["server"]},
+        }
+
+    @staticmethod
+    def proof(before, after, min_conns=1):
+        """What the device saw during one measurement; raises BenchError
+        unless it shows at least `min_conns` new shared-memory connections,
+        bytes moved, and no fallback."""
+        p = {
+            "conns_opened": after["conns_opened"] - before["conns_opened"],
+            "xfer_bytes": after["xfer_bytes"] - before["xfer_bytes"],
+            "fallbacks": {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()
+                          if v != before["fallbacks"].get(k, 0)},
+        }
+        if p["conns_opened"] < min_conns or p["xfer_bytes"] <= 0 or p["fallbacks"]:
+            raise BenchError("not accelerated: the device shows %d new connections (wanted %d), %d bytes moved, fallbacks %s"
+                             % (p["conns_opened"], min_conns, p["xfer_bytes"], p["fallbacks"] or "none"))
+        return p
+
+
+def kernel_smc_status(smclo):
+    """None if the kernel's SMC-D loopback can be used, else why not."""
+    r = subprocess.run([smclo, "bench", "__kernel-smc"], capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stdout.strip() or r.stderr.strip())
+
+
+def make_transports(smclo, run_dir):
+    """The five transports; smclo's two get device directories of their own
+    (copy mode is a device knob, ``dmb_copy=1``)."""
+    no_copy = os.path.join("/dev/shm", "smclo-suite-%d" % os.getpid())
+    copy = no_copy + "-copy"
+    for d, knob in ((no_copy, "dmb_copy=0"), (copy, "dmb_copy=1")):
+        env = dict(os.environ, SMCLO_DEVICE_DIR=d)
+        subprocess.run([smclo, "dev", "set", knob], env=env, check=True, stdout=subprocess.DEVNULL)
+    why = kernel_smc_status(smclo)
+    smc_run = shutil.which("smc_run")
+    # smclo ships its own command named smc_run; the kernel's is smc-tools'.
+    if smc_run and os.path.realpath(smc_run).startswith(os.path.realpath(os.path.dirname(smclo))):
+        smc_run = None
+    return [
+        Transport("tcp", "TCP", "tcp"),
+        Transport("unix", "UNIX", "unix"),
+        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy),
+        Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy),
+        Transport("kernel-smc", "kernel SMC-D lo", "kernel-smc", [smc_run] if smc_run else [], None, why),
+    ], [no_copy, copy]

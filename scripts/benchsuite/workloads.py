@@ -1,0 +1,391 @@
+"""The workloads: the seeds' commands, scaled to a 2-core machine.
+
+A workload starts its server, runs its client once, and parses what the
+client printed. Each yields one or more table rows (redis-benchmark gives
+SET and GET from one run; ping-pong gives an average and percentiles).
+"""
+
+import os
+import select
+import subprocess
+import time
+
+from . import parse
+from .procs import BenchError, Server, free_port, meminfo_kib, pinned, process_memory_kib, run_client, wait_listening
+
+
+class Row:
+    """One line of the table.
+
+    `published` is the kernel's ratio to TCP from the seeds' cover letters
+    (a (low, high) range), measured on an 8-vCPU VM; None where they did
+    not measure this.
+    """
+
+    def __init__(self, key, label, unit, field="value", higher_better=True, published=None):
+        self.key = key
+        self.label = label
+        self.unit = unit
+        self.field = field
+        self.higher_better = higher_better
+        self.published = published
+
+
+class Workload:
+    """Base: a timed client against a server, both pinned, both behind the
+    transport's prefix. Subclasses say what to run and how to read it."""
+
+    name = ""
+    #: transports this workload can use (the tool's limits: wrk, sockperf
+    #: and iperf3 have no UNIX-socket mode).
+    transports = ("tcp", "smclo", "smclo-copy", "kernel-smc")
+    #: True for third-party programs, which need smc-tools' smc_run to use
+    #: the kernel's SMC; smclo's own programs open AF_SMC sockets themselves.
+    third_party = True
+    #: programs that must be installed
+    needs = ()
+    #: how CPU time is shown: ("µs per request", 1e6) divides by ops;
+    #: ("s per GB", 1e9) divides by ops/1e9 (ops in bytes).
+    cpu_unit = ("µs per request", 1e6)
+
+    def rows(self):
+        raise NotImplementedError
+
+    def cpu_per_op(self, cpu_s, parsed):
+        unit, scale = self.cpu_unit
+        ops = parsed.get("cpu_ops", parsed.get("ops"))
+        if not ops:
+            return None
+        return cpu_s * scale / ops if scale == 1e6 else cpu_s / (ops / scale)
+
+    # A run: start(ctx, t) -> (Server, address), client(ctx, t, address) ->
+    # argv, read(text) -> dict.
+    def run(self, ctx, t):
+        srv, addr = self.start(ctx, t)
+        try:
+            before = ctx.counters(t).read() if t.device_dir else None
+            s0 = srv.cpu_seconds()
+            argv = pinned(ctx.client_cpu, self.client(ctx, t, addr), t.prefix)
+            rc, out, err, ccpu, wall = run_client(argv, t.env(), timeout=ctx.seconds * 10 + 60)
+            scpu = srv.cpu_seconds() - s0
+            if srv.proc.poll() is not None and self.server_stays:
+                raise BenchError("server exited with status %s during the run" % srv.proc.returncode)
+            if rc != 0:
+                raise BenchError("client exited with status %d: %s" % (rc, (err.strip() or out.strip())[-400:]))
+            try:
+                parsed = self.read(out)
+            except ValueError as e:
+                raise BenchError(str(e))
+            proof = ctx.counters(t).proof(before, ctx.counters(t).read()) if t.device_dir else None
+        finally:
+            srv.stop()
+        return {"values": {r.key: parsed[r.field] for r in self.rows()},
+                "cpu_s": {"client": ccpu, "server": scpu}, "wall_s": wall,
+                "cpu_per_op": self.cpu_per_op(ccpu + scpu, parsed),
+                "parsed": parsed, "device": proof}
+
+    server_stays = True
+
+
+class Own(Workload):
+    """smclo's own benchmark programs (``smclo bench __peer``/``__client``),
+    which also speak UNIX sockets and the kernel's AF_SMC."""
+
+    transports = ("tcp", "unix", "smclo", "smclo-copy", "kernel-smc")
+    third_party = False
+    program = ""
+
+    def start(self, ctx, t):
+        argv = pinned(ctx.server_cpu, [ctx.smclo, "bench", "__peer", t.code, self.program, "-1"], t.prefix)
+        srv = Server(argv, t.env(), ctx.log(self.name, t), stdout=subprocess.PIPE)
+        ready, _, _ = select.select([srv.proc.stdout], [], [], 10)
+        addr = srv.proc.stdout.readline().decode().strip() if ready else ""
+        if not addr:
+            srv.stop()
+            raise BenchError("smclo bench __peer did not start (see %s)" % ctx.log(self.name, t))
+        return srv, addr
+
+    def client(self, ctx, t, addr):
+        return [ctx.smclo, "bench", "__client", t.code, self.program, addr, str(ctx.seconds), "-1"]
+
+    def read(self, text):
+        return parse.own_client(text)
+
+    # The ping-pong servers exit when their one client is done.
+    server_stays = False
+
+
+class MsgRate(Own):
+    name = program = "msgrate"
+    cpu_unit = ("µs per message", 1e6)
+
+    def rows(self):
+        return [Row("msgrate", "message rate (ipc-bench -s 100: 100 B ping-pong)", "msg/s", published=(1.86, 1.86))]
+
+
+class PingPong(Own):
+    name = program = "pingpong"
+    cpu_unit = ("µs per round trip", 1e6)
+
+    def read(self, text):
+        p = parse.own_client(text)
+        # One-way latency, half the round trip, as sockperf reports it.
+        return dict(p, value=p["value"] / 2, p50=p["rtt_p50_us"] / 2, p99=p["rtt_p99_us"] / 2, p999=p["rtt_p999_us"] / 2)
+
+    def rows(self):
+        return [Row("pingpong", "own ping-pong latency, average (14 B, RTT/2)", "µs", higher_better=False),
+                Row("pingpong_p99", "own ping-pong latency, p99", "µs", "p99", higher_better=False)]
+
+
+class Stream(Own):
+    name = program = "stream"
+    cpu_unit = ("s per GB", 1e9)
+
+    def rows(self):
+        return [Row("stream", "own stream throughput (64000 B writes)", "Gbit/s")]
+
+
+class Setup(Own):
+    name = program = "setup"
+    cpu_unit = ("µs per connection", 1e6)
+    server_stays = True
+
+    def rows(self):
+        return [Row("setup", "connection setup (connect, accept, 1 B each way, close)", "conn/s")]
+
+
+class Idle(Own):
+    """Memory of idle connections: the client opens one connection, the
+    suite reads memory, the client opens N more and holds them."""
+
+    name = program = "idle"
+    cpu_unit = None
+
+    def rows(self):
+        return [Row("idle_rss", "memory at %d idle connections: RSS of both processes" % self.conns,
+                    "KiB/conn", "rss", higher_better=False),
+                Row("idle_shm", "… shared memory (system Shmem)", "KiB/conn", "shm", higher_better=False),
+                Row("idle_kernel", "… kernel memory (slab)", "KiB/conn", "slab", higher_better=False)]
+
+    def __init__(self, conns):
+        self.conns = conns
+
+    def run(self, ctx, t):
+        srv, addr = self.start(ctx, t)
+        cli = None
+        try:
+            argv = pinned(ctx.client_cpu, [ctx.smclo, "bench", "__client", t.code, "idle", addr, str(self.conns), "-1"], t.prefix)
+            cli = subprocess.Popen(argv, env=t.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=open(ctx.log("idle-client", t), "wb"))
+
+            def expect(word):
+                ready, _, _ = select.select([cli.stdout], [], [], 60)
+                line = cli.stdout.readline().decode().strip() if ready else ""
+                if not line.startswith(word):
+                    raise BenchError("idle client said %r instead of %r (see %s)" % (line, word, ctx.log("idle-client", t)))
+
+            def memory():
+                crss, _ = process_memory_kib(cli.pid)
+                srss, _ = srv.memory_kib()
+                shmem, slab = meminfo_kib("Shmem", "Slab")
+                return crss + srss, shmem, slab
+
+            expect("base")
+            before = ctx.counters(t).read() if t.device_dir else None
+            m0 = memory()
+            cli.stdin.write(b"go\n")
+            cli.stdin.flush()
+            expect("ready")
+            m1 = memory()
+            proof = ctx.counters(t).proof(before, ctx.counters(t).read(), self.conns) if t.device_dir else None
+        finally:
+            if cli is not None:
+                cli.kill()
+                cli.wait()
+            srv.stop()
+        n = self.conns
+        parsed = {"rss": (m1[0] - m0[0]) / n, "shm": (m1[1] - m0[1]) / n, "slab": (m1[2] - m0[2]) / n}
+        return {"values": {r.key: parsed[r.field] for r in self.rows()}, "cpu_s": None, "wall_s": None,
+                "cpu_per_op": None, "parsed": parsed, "device": proof}
+
+
+class Tool(Workload):
+    """A third-party server on a port of our choosing."""
+
+    def server(self, ctx, t, port):
+        raise NotImplementedError
+
+    def start(self, ctx, t):
+        port = free_port()
+        srv = Server(pinned(ctx.server_cpu, self.server(ctx, t, port), t.prefix), t.env(), ctx.log(self.name, t))
+        try:
+            wait_listening(port=port, proc=srv.proc, what=self.name)
+        except BenchError:
+            srv.stop()
+            raise
+        return srv, port
+
+
+class SockperfPingPong(Tool):
+    name = "sockperf-pp"
+    needs = ("sockperf",)
+    cpu_unit = ("µs per message", 1e6)
+
+    def server(self, ctx, t, port):
+        return ["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", str(port)]
+
+    def client(self, ctx, t, port):
+        # sockperf spends its first 0.4 s warming up; give it time to measure.
+        return ["sockperf", "pp", "--tcp", "-i", "127.0.0.1", "-p", str(port), "--msg-size=14",
+                "-t", str(max(2, round(ctx.seconds)))]
+
+    def read(self, text):
+        return parse.sockperf_pp(text)
+
+    def rows(self):
+        return [Row("sockperf_lat", "sockperf pp --msg-size=14: latency, average", "µs", higher_better=False,
+                    published=(0.56, 0.56)),
+                Row("sockperf_p50", "… p50", "µs", "p50", higher_better=False),
+                Row("sockperf_p99", "… p99", "µs", "p99", higher_better=False),
+                Row("sockperf_p999", "… p99.9", "µs", "p999", higher_better=False)]
+
+
+class SockperfThroughput(SockperfPingPong):
+    name = "sockperf-tp"
+    cpu_unit = ("s per GB", 1e9)
+
+    def client(self, ctx, t, port):
+        return ["sockperf", "tp", "--tcp", "-i", "127.0.0.1", "-p", str(port), "--msg-size=64000",
+                "-t", str(max(1, round(ctx.seconds)))]
+
+    def read(self, text):
+        p = parse.sockperf_tp(text)
+        return dict(p, ops=p["ops"] * 64000)
+
+    def rows(self):
+        return [Row("sockperf_tp", "sockperf tp --msg-size=64000: throughput", "MB/s", published=(1.67, 1.67))]
+
+
+class Iperf3(Tool):
+    name = "iperf3"
+    needs = ("iperf3",)
+    cpu_unit = ("s per GB", 1e9)
+
+    def server(self, ctx, t, port):
+        return ["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)]
+
+    def client(self, ctx, t, port):
+        return ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(max(1, round(ctx.seconds))), "--json"]
+
+    def read(self, text):
+        return parse.iperf3(text)
+
+    def rows(self):
+        return [Row("iperf3", "iperf3 -c 127.0.0.1: throughput", "Gbit/s", published=(1.78, 1.89))]
+
+
+class Nginx(Tool):
+    """nginx (one worker, sendfile, keep-alive) and wrk, one thread."""
+
+    needs = ("nginx", "wrk")
+
+    def __init__(self, name, size, conns, published=None):
+        self.name = name
+        self.size = size
+        self.conns = conns
+        self.published = published
+
+    def server(self, ctx, t, port):
+        d = os.path.join(ctx.work, "%s-%s" % (self.name, t.name))
+        os.makedirs(os.path.join(d, "www"), exist_ok=True)
+        with open(os.path.join(d, "www", "f"), "wb") as f:
+            f.write(b"x" * self.size)
+        with open(os.path.join(d, "nginx.conf"), "w") as f:
+            f.write(("user root;\n" if os.geteuid() == 0 else "") + """worker_processes 1;
+daemon off;
+pid %(d)s/nginx.pid;
+error_log %(d)s/error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path %(d)s/body;
+  proxy_temp_path %(d)s/proxy;
+  sendfile on; tcp_nopush on; keepalive_timeout 65; keepalive_requests 1000000;
+  default_type application/octet-stream;
+  server { listen 127.0.0.1:%(port)d; root %(d)s/www; }
+}
+""" % {"d": d, "port": port})
+        return [ctx.nginx, "-c", os.path.join(d, "nginx.conf"), "-p", d, "-e", os.path.join(d, "error.log")]
+
+    def client(self, ctx, t, port):
+        # wrk takes whole seconds.
+        return ["wrk", "-t", "1", "-c", str(self.conns), "-d", "%ds" % max(1, round(ctx.seconds)), "http://127.0.0.1:%d/f" % port]
+
+    def read(self, text):
+        return parse.wrk(text)
+
+    def rows(self):
+        return [Row(self.name, "nginx + wrk -t 1 -c %d, %s file: requests" % (self.conns, _size(self.size)),
+                    "req/s", published=self.published)]
+
+
+def _size(n):
+    return "%d MiB" % (n >> 20) if n >= 1 << 20 else "%d B" % n
+
+
+class Redis(Tool):
+    """redis-server (no persistence) and redis-benchmark -t set,get -d 1024;
+    over a UNIX socket too (redis-benchmark -s)."""
+
+    name = "redis"
+    needs = ("redis-server", "redis-benchmark")
+    transports = ("tcp", "unix", "smclo", "smclo-copy", "kernel-smc")
+
+    def __init__(self, requests):
+        self.requests = requests
+
+    def _sock(self, ctx, t):
+        return os.path.join(ctx.work, "redis-%s.sock" % t.name)
+
+    def server(self, ctx, t, port):
+        conf = os.path.join(ctx.work, "redis-%s.conf" % t.name)
+        with open(conf, "w") as f:
+            f.write('port %d\nbind 127.0.0.1\nsave ""\nappendonly no\nprotected-mode no\ndir %s\n' % (port, ctx.work))
+            if t.name == "unix":
+                f.write("unixsocket %s\nunixsocketperm 700\n" % self._sock(ctx, t))
+        return ["redis-server", conf]
+
+    def start(self, ctx, t):
+        srv, port = Tool.start(self, ctx, t)
+        if t.name == "unix":
+            wait_listening(path=self._sock(ctx, t), proc=srv.proc, what="redis unix socket")
+        return srv, port
+
+    def client(self, ctx, t, port):
+        where = ["-s", self._sock(ctx, t)] if t.name == "unix" else ["-h", "127.0.0.1", "-p", str(port)]
+        return ["redis-benchmark", *where, "-q", "-t", "set,get", "-n", str(self.requests), "-c", "50", "-d", "1024"]
+
+    def read(self, text):
+        p = parse.redis_benchmark(text)
+        return dict(p, ops=2.0 * self.requests)
+
+    def rows(self):
+        return [Row("redis_set", "redis-benchmark -t set -d 1024 -c 50: SET", "req/s", "SET", published=(1.35, 1.40)),
+                Row("redis_get", "redis-benchmark -t get -d 1024 -c 50: GET", "req/s", "GET", published=(1.35, 1.40))]
+
+
+def all_workloads(idle_conns=1000, redis_requests=100000):
+    """The suite, in the seeds' order, then what the seeds did not measure."""
+    return [
+        MsgRate(),
+        SockperfPingPong(),
+        PingPong(),
+        SockperfThroughput(),
+        Stream(),
+        Iperf3(),
+        Nginx("nginx-small", 612, 50, published=(1.34, 1.42)),
+        Nginx("nginx-1mib", 1 << 20, 10),
+        Redis(redis_requests),
+        Setup(),
+        Idle(idle_conns),
+    ]

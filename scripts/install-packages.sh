@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs (as root, on Debian) the programs that the tests and the benchmark
+# suite run: redis, nginx, sockperf, iperf3, wrk, curl, strace, and
+# matplotlib for the suite's chart. Packaged daemons are kept from starting
+# and from holding the ports the tests use.
+set -euo pipefail
+
+APT_PACKAGES="build-essential pkg-config iproute2 procps util-linux redis-server redis-tools nginx-light sockperf iperf3 wrk curl python3 python3-matplotlib strace"
+# Packaged daemons that the install would start as system services.
+SERVICES="redis-server nginx iperf3"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-packages.sh: run as root (sudo scripts/install-packages.sh)" >&2
+    exit 1
+fi
+missing=()
+for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+export DEBIAN_FRONTEND=noninteractive
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update
+    # Keep the packages' services from starting at install time
+    # (invoke-rc.d honours policy-rc.d; 101 = action not allowed).
+    own_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
+    rc=0
+    apt-get install -y --no-install-recommends "${missing[@]}" || rc=$?
+    if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+    [ $rc -eq 0 ] || exit $rc
+fi
+# Whatever started anyway (or was installed earlier) must not hold ports or
+# start at boot: stop and disable the packaged services.
+for s in $SERVICES; do
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        systemctl disable --now "$s" >/dev/null 2>&1 || true
+    elif [ -x "/etc/init.d/$s" ]; then
+        "/etc/init.d/$s" stop >/dev/null 2>&1 || true
+    fi
+done
