@@ -158,6 +158,12 @@ def markdown(doc):
     for t in ts:
         if not t["available"]:
             notes.append("%s unavailable: %s." % (t["label"], t["why_unavailable"]))
+        elif t["name"] == "kernel-smc":
+            # The kernel does not say per socket whether SMC fell back to
+            # TCP (smc-tools' smcss and smcd stats do, via netlink).
+            notes.append("%s: measured with socket(AF_SMC)%s; not checked for fallback to TCP."
+                         % (t["label"], " and smc-tools' smc_run" if t["prefix"] else
+                            "; third-party programs need smc-tools' smc_run, which is not installed"))
     failures = [r for r in doc["runs"] if r.get("error")]
     if failures:
         notes.append("¹ %d run(s) failed and are left out of the medians: %s" % (

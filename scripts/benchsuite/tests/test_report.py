@@ -60,6 +60,14 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("within (1.39×", row[7])
         self.assertIn("kernel SMC-D lo unavailable: no AF_SMC here.", md)
 
+    def test_kernel_without_smc_run(self):
+        d = doc([run("tcp", 100, 1), run("smclo", 139, 1)])
+        d["transports"][3].update(available=True, why_unavailable=None)
+        md = report.markdown(report.summarize(d))
+        row = [l for l in md.splitlines() if l.startswith("| a row")][0].split(" | ")
+        self.assertEqual(row[5], "unavailable")
+        self.assertIn("third-party programs need smc-tools' smc_run", md)
+
     def test_lower_is_better(self):
         d = doc([run("tcp", 10.0, 1), run("smclo", 6.0, 1)], published=(0.56, 0.56), higher_better=False)
         d = report.summarize(d)
