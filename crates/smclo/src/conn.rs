@@ -419,9 +419,10 @@ impl Conn {
                 self.recv_bells(take)?;
                 self.received.fetch_add(n as u64, Ordering::Relaxed);
                 done += n;
-                if !waitall || done == buf.len() {
+                if done == buf.len() {
                     return Ok(done);
                 }
+                // Short so far: take whatever arrived meanwhile (see below).
                 continue;
             }
             // Nothing (more) to read.
@@ -433,6 +434,17 @@ impl Conn {
             }
             if self.peer_gone.load(Ordering::Relaxed) {
                 return if done > 0 { Ok(done) } else { Err(errno(libc::ECONNRESET)) };
+            }
+            if done > 0 && !waitall {
+                // A short read returns only here, with the ring empty: the
+                // settle after the last copy found it empty too (only we
+                // consume) and took the bell, so any later data rings anew
+                // and wakes an edge-triggered poller. Data published while
+                // we copied brings no bell of its own (one is queued); had
+                // we returned short with it unread, a caller that waits for
+                // the next edge after a short read (nginx does) would sleep
+                // on a readable descriptor that never changes.
+                return Ok(done);
             }
             if s.used == 0 {
                 // A bell left over (e.g. the writer's post-check rang for

@@ -33,6 +33,13 @@
 //!   the writer's `cons` load sees the room, or the reader's `prod` load sees
 //!   the flag: no lost wake-up.
 //!
+//! Edge-triggered pollers are woken by a doorbell *send*, and data written
+//! while a bell is queued sends none. So a read returns fewer bytes than
+//! asked only after a settle that found the ring empty and took the bell
+//! (the next write rings again): data published while it copied is taken
+//! by the same call. Otherwise a caller that waits for the next edge after
+//! a short read (nginx does) sleeps on a readable descriptor for good.
+//!
 //! The queue can briefly hold more bytes than `BELLS` says: the reader
 //! lowers the count by CAS before it receives, and the writer may raise it
 //! again meanwhile. At most 4 bytes are ever queued (2 counted, 2 being

@@ -149,3 +149,83 @@ fn nonblocking_write_returns_partial_count() {
     a.set_nonblocking(false).unwrap();
     assert_eq!(a.send(&big, true).unwrap_err().kind(), io::ErrorKind::WouldBlock);
 }
+
+/// An edge-triggered poller (non-blocking reads, EPOLLET, and like nginx it
+/// waits for the next edge after any read that returns less than asked)
+/// must be woken for every byte. A write that lands while a read copies the
+/// previous one brings no doorbell of its own (one is already queued), so
+/// no edge: the read must take it before returning short.
+#[test]
+fn edge_triggered_reader_after_short_reads() {
+    const BIG: u32 = 256 * 1024;
+    let p = pair_with(BIG, BIG, smclo::conn::Mode::NoCopy, smclo::conn::Mode::NoCopy);
+    let (a, b) = (p.a, p.b);
+    b.set_nonblocking(true).unwrap();
+    // SAFETY: plain epoll calls on descriptors we own; `ev` lives across
+    // the call that reads it.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 0 };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.fd(), &mut ev) }, 0);
+    let (sizes, rounds) = mpsc::channel::<usize>();
+    let (ack, acks) = mpsc::channel::<()>();
+    const ROUNDS: usize = 4000;
+    let writer = std::thread::spawn(move || {
+        let mut rng = Rng(0x9e37_79b9);
+        let msg = vec![7u8; BIG as usize];
+        for _ in 0..ROUNDS {
+            // A large write the reader is woken for and copies for a while,
+            // then a small one at a random point of that copy.
+            let first = 32 * 1024 + rng.below(160 * 1024) as usize;
+            let second = 1 + rng.below(4000) as usize;
+            sizes.send(first + second).unwrap();
+            assert_eq!(a.write(&msg[..first]).unwrap(), first);
+            let until = std::time::Instant::now() + Duration::from_micros(rng.below(120));
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            assert_eq!(a.write(&msg[..second]).unwrap(), second);
+            if acks.recv().is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 2 * BIG as usize];
+    for round in 0..ROUNDS {
+        let want = rounds.recv().unwrap();
+        let mut got = 0;
+        while got < want {
+            let mut out = libc::epoll_event { events: 0, u64: 0 };
+            // SAFETY: one event slot.
+            let r = unsafe { libc::epoll_wait(ep, &mut out, 1, 3000) };
+            assert!(r >= 0);
+            if r == 0 {
+                panic!(
+                    "round {round}: no edge for 3 s with {} of {want} bytes read, {} unread in the ring, descriptor {}",
+                    got,
+                    b.readable_len().unwrap(),
+                    if readable(b.fd()) { "readable" } else { "not readable" }
+                );
+            }
+            // Read until a short read or WouldBlock, then wait again.
+            loop {
+                match b.read(&mut buf) {
+                    Ok(n) => {
+                        got += n;
+                        if n < buf.len() {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("round {round}: {e}"),
+                }
+            }
+        }
+        assert_eq!(got, want, "round {round}");
+        ack.send(()).unwrap();
+    }
+    writer.join().unwrap();
+    // SAFETY: closing our epoll descriptor.
+    unsafe { libc::close(ep) };
+}

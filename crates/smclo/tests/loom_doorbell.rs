@@ -11,7 +11,9 @@
 //!
 //! Properties: no lost wake-up (a thread that waits for readiness is always
 //! woken: loom reports a deadlock otherwise, including at the end, when the
-//! writer is done and the reader still waits for the last bytes); `BELLS`
+//! writer is done and the reader still waits for the last bytes), also for
+//! applications that use non-blocking calls and edge-triggered epoll and
+//! wait after a short read or write, as nginx does; `BELLS`
 //! never above 2 (every load is validated) nor negative (the queue count
 //! would underflow); at most 4 bytes ever queued (2 counted plus 2 the
 //! reader took by CAS and is about to receive); every byte delivered once
@@ -26,44 +28,88 @@ use smclo::doorbell::{self, BellChannel, Block, Word};
 use smclo_wire::cursor::{self, bells, Cursor};
 use std::io;
 
-/// The bell queue of one direction (what the UNIX socket does).
+/// The bell queue of one direction (what the UNIX socket does), and its
+/// edges: how many times the kernel woke the reader's wait queue for input
+/// (every send) and the writer's for output (every receive that leaves the
+/// writer writable), which is what edge-triggered epoll reports.
 struct Chan {
-    queued: Mutex<u32>,
+    q: Mutex<Queue>,
     cv: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    queued: u32,
+    rx_edges: u32,
+    tx_edges: u32,
 }
 
 impl Chan {
     fn wait_readable(&self) {
-        let mut q = self.queued.lock().unwrap();
-        while *q == 0 {
+        let mut q = self.q.lock().unwrap();
+        while q.queued == 0 {
             q = self.cv.wait(q).unwrap();
         }
     }
     fn wait_writable(&self) {
-        let mut q = self.queued.lock().unwrap();
-        while *q >= 2 {
+        let mut q = self.q.lock().unwrap();
+        while q.queued >= 2 {
             q = self.cv.wait(q).unwrap();
+        }
+    }
+    /// `epoll_wait` for EPOLLIN|EPOLLET: sleeps until an edge newer than
+    /// `seen` finds the descriptor readable (an edge that finds it not
+    /// readable is dropped, as the kernel drops the ready-list entry).
+    fn wait_rx_edge(&self, seen: &mut u32) {
+        let mut q = self.q.lock().unwrap();
+        loop {
+            while q.rx_edges == *seen {
+                q = self.cv.wait(q).unwrap();
+            }
+            *seen = q.rx_edges;
+            if q.queued > 0 {
+                return;
+            }
+        }
+    }
+    /// `epoll_wait` for EPOLLOUT|EPOLLET, likewise.
+    fn wait_tx_edge(&self, seen: &mut u32) {
+        let mut q = self.q.lock().unwrap();
+        loop {
+            while q.tx_edges == *seen {
+                q = self.cv.wait(q).unwrap();
+            }
+            *seen = q.tx_edges;
+            if q.queued < 2 {
+                return;
+            }
         }
     }
 }
 
 impl BellChannel for Chan {
     fn send_bells(&self, n: u32) -> io::Result<()> {
-        let mut q = self.queued.lock().unwrap();
-        *q += n;
+        let mut q = self.q.lock().unwrap();
+        q.queued += n;
         // BELLS (<= 2, checked on every load) plus at most 2 the reader has
         // un-counted but not yet received; the minimum send buffer holds 6.
-        assert!(*q <= 4, "{} bells queued", *q);
+        assert!(q.queued <= 4, "{} bells queued", q.queued);
+        if n > 0 {
+            q.rx_edges += 1;
+        }
         self.cv.notify_all();
         Ok(())
     }
     fn recv_bells(&self, n: u32) -> io::Result<bool> {
-        let mut q = self.queued.lock().unwrap();
+        let mut q = self.q.lock().unwrap();
         // Counted bells may not be sent yet: wait for them.
-        while *q < n {
+        while q.queued < n {
             q = self.cv.wait(q).unwrap();
         }
-        *q -= n;
+        q.queued -= n;
+        if n > 0 && q.queued < 2 {
+            q.tx_edges += 1;
+        }
         self.cv.notify_all();
         Ok(true)
     }
@@ -81,9 +127,12 @@ fn pos(w: u64, len: u32) -> usize {
 }
 
 /// Writer: `chunks` writes of consecutive byte values, waiting for room as
-/// `Conn::send` does (block protocol, then wait until writable).
-fn writer(s: &Shared, len: u32, chunks: &[u32]) {
+/// `Conn::send` does (block protocol, then wait until writable); with
+/// `app.et_write`, as a non-blocking `Conn::send` whose caller waits for an
+/// EPOLLOUT edge after every short write.
+fn writer(s: &Shared, len: u32, chunks: &[u32], app: App) {
     let mut next = 0u8;
+    let mut seen = 0;
     for &n in chunks {
         let mut left = n;
         while left > 0 {
@@ -94,7 +143,12 @@ fn writer(s: &Shared, len: u32, chunks: &[u32]) {
                     Block::Room => {}
                     Block::Wait { send } => {
                         s.chan.send_bells(send).unwrap();
-                        s.chan.wait_writable();
+                        if app.et_write {
+                            // WouldBlock, or a short write: wait for the edge.
+                            s.chan.wait_tx_edge(&mut seen);
+                        } else {
+                            s.chan.wait_writable();
+                        }
                     }
                 }
                 continue;
@@ -129,30 +183,61 @@ struct App {
     /// Stop after all but this many bytes, leaving them unread: a writer
     /// still waiting for room it actually has then hangs.
     leftover: u32,
+    /// The reader uses non-blocking reads and edge-triggered epoll, and
+    /// waits for the next EPOLLIN edge after any read that returned less
+    /// than it asked for (nginx does so when the kernel has EPOLLRDHUP):
+    /// a short read must leave no data behind that no future edge covers.
+    et_read: bool,
+    /// The writer uses non-blocking writes and waits for an EPOLLOUT edge
+    /// when the ring is full.
+    et_write: bool,
 }
 
-/// One blocking read call of at most `app.cap` bytes, as `Conn::recv` does
-/// it: read if there is data; otherwise settle, maybe spin, sleep until
-/// readable. Checks the bytes against `expect`; returns how many it read.
-fn read_call(s: &Shared, len: u32, app: App, expect: &mut u8) -> u32 {
+/// Takes up to `want` bytes from the ring if there are any, as `Conn::recv`
+/// does: copy, consume, receive the bells the settle took. Checks the bytes
+/// against `expect`; returns how many it took.
+fn take(s: &Shared, len: u32, want: u32, expect: &mut u8) -> u32 {
+    let snap = doorbell::snapshot(&s.prod, &s.cons, len).unwrap();
+    let k = snap.used.min(want);
+    if k == 0 {
+        return 0;
+    }
+    let p = pos(snap.cons, len);
+    for i in 0..k as usize {
+        // SAFETY: as in the writer.
+        let v = s.ring[(p + i) % len as usize].with(|c| unsafe { *c });
+        assert_eq!(v, *expect, "bytes out of order");
+        *expect += 1;
+    }
+    let take = doorbell::reader_consume(&s.prod, &s.cons, len, k).unwrap();
+    s.chan.recv_bells(take).unwrap();
+    k
+}
+
+/// One read call of at most `cap` bytes, as `Conn::recv` does it: take
+/// what is there, and keep taking while there is more and room for it (so
+/// the call returns short only after a settle that found the ring empty);
+/// if there was nothing, settle, and (blocking) maybe spin, then sleep
+/// until readable and look again, or (non-blocking) report `None`.
+fn read_call(s: &Shared, len: u32, app: App, cap: u32, expect: &mut u8) -> Option<u32> {
     loop {
-        let snap = doorbell::snapshot(&s.prod, &s.cons, len).unwrap();
-        if snap.used > 0 {
-            let k = snap.used.min(app.cap);
-            let p = pos(snap.cons, len);
-            for i in 0..k as usize {
-                // SAFETY: as in the writer.
-                let v = s.ring[(p + i) % len as usize].with(|c| unsafe { *c });
-                assert_eq!(v, *expect, "bytes out of order");
-                *expect += 1;
+        let mut got = 0;
+        loop {
+            let k = take(s, len, cap - got, expect);
+            got += k;
+            if k == 0 || got == cap {
+                break;
             }
-            let take = doorbell::reader_consume(&s.prod, &s.cons, len, k).unwrap();
-            s.chan.recv_bells(take).unwrap();
-            return k;
+        }
+        if got > 0 {
+            return Some(got);
         }
         let take = doorbell::reader_settle(&s.prod, &s.cons, len).unwrap();
         s.chan.recv_bells(take).unwrap();
-        if app.spin && doorbell::spin_begin(&s.prod, &s.cons, len, app.cap as usize).unwrap() {
+        if app.et_read {
+            return None;
+        }
+        if app.spin && doorbell::spin_begin(&s.prod, &s.cons, len, cap as usize).unwrap() {
             // One look at the word while "spinning", then stop.
             let _ = Word::load(&s.prod);
             loom::thread::yield_now();
@@ -171,12 +256,21 @@ fn reader(s: &Shared, len: u32, total: u32, app: App) {
     let mut expect = 0u8;
     let mut got = 0;
     let mut call = 0;
+    let mut seen = 0;
+    // Edge-triggered: wait for the first edge before reading at all.
+    let mut wait_edge = app.et_read;
     while got < total - app.leftover {
+        if wait_edge {
+            s.chan.wait_rx_edge(&mut seen);
+        }
         call += 1;
         if app.poll_first && call % 2 == 0 {
             s.chan.wait_readable();
         }
-        got += read_call(s, len, App { cap: app.cap.min(total - app.leftover - got), ..app }, &mut expect);
+        let cap = app.cap.min(total - app.leftover - got);
+        let r = read_call(s, len, app, cap, &mut expect);
+        got += r.unwrap_or(0);
+        wait_edge = app.et_read && r.map_or(true, |n| n < cap);
     }
 }
 
@@ -188,18 +282,18 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
             prod: AtomicU64::new(0),
             cons: AtomicU64::new(0),
             ring: (0..len).map(|_| UnsafeCell::new(0)).collect(),
-            chan: Chan { queued: Mutex::new(0), cv: Condvar::new() },
+            chan: Chan { q: Mutex::new(Queue::default()), cv: Condvar::new() },
         });
         let total: u32 = chunks.iter().sum();
         assert!(app.leftover <= len);
         let w = {
             let s = s.clone();
-            loom::thread::spawn(move || writer(&s, len, chunks))
+            loom::thread::spawn(move || writer(&s, len, chunks, app))
         };
         reader(&s, len, total, app);
         w.join().unwrap();
         let p = Word::load(&s.prod);
-        let q = *s.chan.queued.lock().unwrap();
+        let q = s.chan.q.lock().unwrap().queued;
         assert_eq!(bells(p) as u32, q, "bell count {p:#x} vs {q} queued");
         let used = cursor::distance(p, Word::load(&s.cons), len).unwrap();
         assert_eq!(used, app.leftover);
@@ -209,7 +303,8 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
     });
 }
 
-const PLAIN: App = App { cap: 8, spin: false, poll_first: true, leftover: 0 };
+const PLAIN: App = App { cap: 8, spin: false, poll_first: true, leftover: 0, et_read: false, et_write: false };
+const EDGE: App = App { cap: 8, spin: false, poll_first: false, leftover: 0, et_read: true, et_write: true };
 
 /// Ring fills: the WRITE_BLOCKED Dekker handshake and the second bell.
 #[test]
@@ -248,4 +343,19 @@ fn spinning_reader_full_ring() {
 #[test]
 fn spinning_reader_stops_after_making_room() {
     model(2, &[1, 3], App { cap: 1, spin: true, leftover: 2, ..PLAIN }, 3);
+}
+
+/// Edge-triggered applications, the reader's buffer larger than each
+/// write: a write that lands while a read is copying the previous one must
+/// be taken by that read (it brings no new bell, so no new edge).
+#[test]
+fn edge_triggered_short_reads() {
+    model(4, &[1, 1, 1], EDGE, 3);
+}
+
+/// Edge-triggered applications and a full ring: the writer waits for an
+/// EPOLLOUT edge, the reader for EPOLLIN edges after short reads.
+#[test]
+fn edge_triggered_full_ring() {
+    model(2, &[3, 2], App { cap: 1, ..EDGE }, 3);
 }
