@@ -491,10 +491,16 @@ impl Conn {
         Ok(true)
     }
 
-    /// Unread bytes in the local ring (`FIONREAD`).
+    /// Unread bytes in the local ring (`FIONREAD`). Like TCP, data that
+    /// arrives after this wakes an edge-triggered poller even though the
+    /// descriptor was readable already ([`doorbell::reader_report`]).
     pub fn readable_len(&self) -> io::Result<usize> {
         self.sticky()?;
-        Ok(self.rx_snap()?.used as usize)
+        let l = &self.local;
+        let (used, take) = doorbell::reader_report(l.prod(), l.cons(), l.ring_len())
+            .map_err(|e| self.violation("receive ring", e))?;
+        self.recv_bells(take)?;
+        Ok(used as usize)
     }
 
     /// Received bytes in place (contiguous thanks to the double mapping);

@@ -40,11 +40,20 @@
 //! by the same call. Otherwise a caller that waits for the next edge after
 //! a short read (nginx does) sleeps on a readable descriptor for good.
 //!
-//! The queue can briefly hold more bytes than `BELLS` says: the reader
-//! lowers the count by CAS before it receives, and the writer may raise it
-//! again meanwhile. At most 4 bytes are ever queued (2 counted, 2 being
-//! taken); the minimum send buffer holds 6 one-byte sends, so a doorbell
-//! send never blocks.
+//! FIONREAD ([`reader_report`]) is an edge promise too: nginx, told N
+//! bytes, reads N and then waits for an edge, which TCP would raise for
+//! anything that arrived since. So if a bell is queued the report sets
+//! `EDGE_WANTED`, and the next publish, finding a bell queued, sends one
+//! *loose* byte beyond the count (`LOOSE_BELL`) as that edge; any settle
+//! or report takes it. While it is queued the writer's descriptor may say
+//! unwritable with room in the ring (two bytes queued) until the reader's
+//! next call; writes themselves go by the ring, not by the descriptor.
+//!
+//! The queue can briefly hold more bytes than it counts: the reader lowers
+//! the count by CAS before it receives, and the writer may raise it again
+//! meanwhile. At most 6 bytes are ever queued (`BELLS` 2 and a loose bell
+//! counted, as many being taken); the minimum send buffer holds 6 one-byte
+//! sends, so a doorbell send does not block (it would be retried).
 //!
 //! # Spinning readers
 //!
@@ -81,8 +90,8 @@
 
 use smclo_wire::cursor::{
     self, advance, bells, conn_state_flags, distance, prod_flags, spin_cap, spin_cap_encode,
-    with_bells, with_prod_flags, without_prod_flags, CursorError, CLOSING, READER_SPINNING,
-    WRITE_BLOCKED,
+    with_bells, with_prod_flags, without_prod_flags, CursorError, CLOSING, EDGE_WANTED, LOOSE_BELL,
+    READER_SPINNING, WRITE_BLOCKED,
 };
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -190,6 +199,9 @@ pub fn publish<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32, n: u32) -> R
         }
         let mut ring = 0;
         let mut skipped = false;
+        // The edge the reader asked for is this publish's bell, or else
+        // one loose byte beyond the count (a bell is queued already).
+        new = without_prod_flags(new, EDGE_WANTED);
         if b == 0 {
             if prod_flags(w) & READER_SPINNING != 0 && used + n <= spin_cap(c) {
                 skipped = true;
@@ -197,6 +209,9 @@ pub fn publish<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32, n: u32) -> R
                 new = with_bells(new, 1);
                 ring = 1;
             }
+        } else if prod_flags(w) & (EDGE_WANTED | LOOSE_BELL) == EDGE_WANTED {
+            new = with_prod_flags(new, LOOSE_BELL);
+            ring = 1;
         }
         match prod.cas(w, new) {
             Ok(_) if skipped => return post_check(prod, cons, ring_len),
@@ -287,6 +302,10 @@ pub fn reader_settle<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Res
         let mut b = bells(w);
         let mut new = w;
         let mut take = 0;
+        if prod_flags(w) & LOOSE_BELL != 0 {
+            new = without_prod_flags(new, LOOSE_BELL);
+            take += 1;
+        }
         if prod_flags(w) & WRITE_BLOCKED != 0 && s.used < ring_len {
             new = without_prod_flags(new, WRITE_BLOCKED);
             if b == 2 {
@@ -297,6 +316,8 @@ pub fn reader_settle<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Res
         if s.used == 0 && b == 1 && conn_state_flags(w) & CLOSING == 0 {
             b = 0;
             take += 1;
+            // The next write rings anyway.
+            new = without_prod_flags(new, EDGE_WANTED);
         }
         new = with_bells(new, b);
         if new == w {
@@ -304,6 +325,31 @@ pub fn reader_settle<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Res
         }
         if prod.cas(w, new).is_ok() {
             return Ok(take);
+        }
+    }
+}
+
+/// Reader: the application is about to be told how many bytes are unread
+/// (FIONREAD). Returns that count and how many doorbells the caller must
+/// now receive. If a bell is queued, the next write will wake an
+/// edge-triggered poller again ([`EDGE_WANTED`]): nginx, told N bytes,
+/// reads N and then waits for an edge, as TCP wakes it for every arrival.
+/// A loose bell queued earlier woke it before this report; it is taken.
+pub fn reader_report<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<(u32, u32), CursorError> {
+    loop {
+        let s = snapshot(prod, cons, ring_len)?;
+        let w = s.prod;
+        let mut new = w;
+        let mut take = 0;
+        if prod_flags(w) & LOOSE_BELL != 0 {
+            new = without_prod_flags(new, LOOSE_BELL);
+            take = 1;
+        }
+        if bells(w) > 0 {
+            new = with_prod_flags(new, EDGE_WANTED);
+        }
+        if new == w || prod.cas(w, new).is_ok() {
+            return Ok((s.used, take));
         }
     }
 }
@@ -557,6 +603,40 @@ mod tests {
         Word::store(&p, with_prod_flags(advance(0, 50, L), READER_SPINNING));
         Word::store(&c, cons_with_cap(0, 10));
         assert_eq!(post_check(&p, &c, L).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_report_makes_the_next_write_ring_a_loose_bell() {
+        let (p, c) = words();
+        // Nothing queued: no promise needed, the next write rings anyway.
+        assert_eq!(reader_report(&p, &c, L).unwrap(), (0, 0));
+        assert_eq!(prod_flags(Word::load(&p)) & EDGE_WANTED, 0);
+        assert_eq!(publish(&p, &c, L, 10).unwrap(), 1);
+        assert_eq!(reader_report(&p, &c, L).unwrap(), (10, 0));
+        // One loose bell for the first write after the report, not more.
+        assert_eq!(publish(&p, &c, L, 5).unwrap(), 1);
+        assert_eq!(publish(&p, &c, L, 5).unwrap(), 0);
+        let w = Word::load(&p);
+        assert_eq!((bells(w), prod_flags(w) & (EDGE_WANTED | LOOSE_BELL)), (1, LOOSE_BELL));
+        // The next report takes it and asks again.
+        assert_eq!(reader_report(&p, &c, L).unwrap(), (20, 1));
+        assert_eq!(prod_flags(Word::load(&p)) & (EDGE_WANTED | LOOSE_BELL), EDGE_WANTED);
+        assert_eq!(publish(&p, &c, L, 1).unwrap(), 1);
+        // A partial read takes the loose bell, keeps the counted one.
+        assert_eq!(reader_consume(&p, &c, L, 1).unwrap(), 1);
+        assert_eq!(bells(Word::load(&p)), 1);
+        // Draining takes the bell and drops a pending request.
+        assert_eq!(reader_report(&p, &c, L).unwrap(), (20, 0));
+        assert_eq!(reader_consume(&p, &c, L, 20).unwrap(), 1);
+        assert_eq!(prod_flags(Word::load(&p)), 0);
+        // With a full ring: the loose bell next to two counted ones.
+        assert_eq!(publish(&p, &c, L, L).unwrap(), 1);
+        assert_eq!(reader_report(&p, &c, L).unwrap(), (L, 0));
+        assert_eq!(writer_block(&p, &c, L, 1).unwrap(), Block::Wait { send: 1 });
+        assert_eq!(reader_consume(&p, &c, L, 1).unwrap(), 1);
+        assert_eq!(publish(&p, &c, L, 1).unwrap(), 1);
+        assert_eq!(reader_consume(&p, &c, L, L).unwrap(), 2);
+        assert_eq!(prod_flags(Word::load(&p)), 0);
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn consumer_ahead_or_too_far_behind_is_eproto() {
 
 #[test]
 fn unknown_flags_and_three_bells_are_eproto() {
-    for w in [0x0008u64 << 48, 0x01u64 << 56, 0x03u64 << 48, 0x02u64 << 48] {
+    for w in [0x0020u64 << 48, 0x01u64 << 56, 0x03u64 << 48, 0x02u64 << 48] {
         let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
         Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap().prod().store(w, Ordering::SeqCst);
         assert_eq!(errno(p.a.readable_len()), Some(libc::EPROTO), "{w:#x}");

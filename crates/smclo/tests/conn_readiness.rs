@@ -157,6 +157,23 @@ fn nonblocking_write_returns_partial_count() {
 /// no edge: the read must take it before returning short.
 #[test]
 fn edge_triggered_reader_after_short_reads() {
+    edge_triggered(2 * 256 * 1024, false, 4000);
+}
+
+/// nginx's accounting on top: after an edge, a read that fills its buffer
+/// is followed by FIONREAD, and the reader reads exactly that many bytes
+/// more before it waits for the next edge. A write after the FIONREAD must
+/// still bring an edge, as it does over TCP.
+#[test]
+fn edge_triggered_reader_counting_fionread() {
+    edge_triggered(36 * 1024, true, 10_000);
+}
+
+/// Rounds of a large write the reader is woken for and copies for a
+/// while, then a small one at a random point of that copy; the reader
+/// reads with a `buf_len` buffer and fails if it sleeps 3 s with data
+/// unread.
+fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
     const BIG: u32 = 256 * 1024;
     let p = pair_with(BIG, BIG, smclo::conn::Mode::NoCopy, smclo::conn::Mode::NoCopy);
     let (a, b) = (p.a, p.b);
@@ -170,13 +187,10 @@ fn edge_triggered_reader_after_short_reads() {
     assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.fd(), &mut ev) }, 0);
     let (sizes, rounds) = mpsc::channel::<usize>();
     let (ack, acks) = mpsc::channel::<()>();
-    const ROUNDS: usize = 4000;
     let writer = std::thread::spawn(move || {
         let mut rng = Rng(0x9e37_79b9);
         let msg = vec![7u8; BIG as usize];
-        for _ in 0..ROUNDS {
-            // A large write the reader is woken for and copies for a while,
-            // then a small one at a random point of that copy.
+        for _ in 0..rounds_n {
             let first = 32 * 1024 + rng.below(160 * 1024) as usize;
             let second = 1 + rng.below(4000) as usize;
             sizes.send(first + second).unwrap();
@@ -191,8 +205,8 @@ fn edge_triggered_reader_after_short_reads() {
             }
         }
     });
-    let mut buf = vec![0u8; 2 * BIG as usize];
-    for round in 0..ROUNDS {
+    let mut buf = vec![0u8; buf_len];
+    for round in 0..rounds_n {
         let want = rounds.recv().unwrap();
         let mut got = 0;
         while got < want {
@@ -202,19 +216,29 @@ fn edge_triggered_reader_after_short_reads() {
             assert!(r >= 0);
             if r == 0 {
                 panic!(
-                    "round {round}: no edge for 3 s with {} of {want} bytes read, {} unread in the ring, descriptor {}",
-                    got,
-                    b.readable_len().unwrap(),
+                    "round {round}: no edge for 3 s with {got} of {want} bytes read, descriptor {}",
                     if readable(b.fd()) { "readable" } else { "not readable" }
                 );
             }
-            // Read until a short read or WouldBlock, then wait again.
+            // Read until a short read, WouldBlock, or (counting) exactly
+            // as much as FIONREAD said; then wait again.
+            let mut avail: Option<usize> = None;
             loop {
-                match b.read(&mut buf) {
+                let ask = avail.map_or(buf.len(), |a| a.min(buf.len()));
+                if ask == 0 {
+                    break;
+                }
+                match b.read(&mut buf[..ask]) {
                     Ok(n) => {
                         got += n;
-                        if n < buf.len() {
+                        if n < ask {
                             break;
+                        }
+                        if fionread {
+                            avail = Some(match avail {
+                                Some(a) => a - n,
+                                None => b.readable_len().unwrap(),
+                            });
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

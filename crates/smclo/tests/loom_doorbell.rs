@@ -13,11 +13,12 @@
 //! woken: loom reports a deadlock otherwise, including at the end, when the
 //! writer is done and the reader still waits for the last bytes), also for
 //! applications that use non-blocking calls and edge-triggered epoll and
-//! wait after a short read or write, as nginx does; `BELLS`
-//! never above 2 (every load is validated) nor negative (the queue count
-//! would underflow); at most 4 bytes ever queued (2 counted plus 2 the
-//! reader took by CAS and is about to receive); every byte delivered once
-//! and in order; and at the end the bell count in the word equals the
+//! wait after a short read or write, or after reading what FIONREAD said,
+//! as nginx does; `BELLS` never above 2 (every load is validated) nor
+//! negative (the queue count would underflow); at most 6 bytes ever queued
+//! (2 counted and a loose bell, plus as many the reader took by CAS and is
+//! about to receive); every byte delivered once and in order; and at the
+//! end the bells counted in the word (`BELLS` and a loose bell) equal the
 //! bells queued.
 #![cfg(loom)]
 
@@ -91,9 +92,10 @@ impl BellChannel for Chan {
     fn send_bells(&self, n: u32) -> io::Result<()> {
         let mut q = self.q.lock().unwrap();
         q.queued += n;
-        // BELLS (<= 2, checked on every load) plus at most 2 the reader has
-        // un-counted but not yet received; the minimum send buffer holds 6.
-        assert!(q.queued <= 4, "{} bells queued", q.queued);
+        // BELLS (<= 2, checked on every load) and a loose bell, plus as
+        // many the reader has un-counted but not yet received; the minimum
+        // send buffer holds 6.
+        assert!(q.queued <= 6, "{} bells queued", q.queued);
         if n > 0 {
             q.rx_edges += 1;
         }
@@ -191,6 +193,12 @@ struct App {
     /// The writer uses non-blocking writes and waits for an EPOLLOUT edge
     /// when the ring is full.
     et_write: bool,
+    /// With `et_read`, also nginx's accounting: after an edge, a read that
+    /// fills the buffer is followed by FIONREAD, and the reader then reads
+    /// that many bytes more before it waits for the next edge (it also
+    /// waits if it read more than FIONREAD said: for TCP, the extra bytes
+    /// brought an edge of their own).
+    fionread: bool,
 }
 
 /// Takes up to `want` bytes from the ring if there are any, as `Conn::recv`
@@ -251,17 +259,32 @@ fn read_call(s: &Shared, len: u32, app: App, cap: u32, expect: &mut u8) -> Optio
     }
 }
 
+/// FIONREAD, as `Conn::readable_len`.
+fn fionread(s: &Shared, len: u32) -> u32 {
+    let (used, take) = doorbell::reader_report(&s.prod, &s.cons, len).unwrap();
+    s.chan.recv_bells(take).unwrap();
+    used
+}
+
 /// Reader: the application reads `total - leftover` bytes in read calls.
 fn reader(s: &Shared, len: u32, total: u32, app: App) {
     let mut expect = 0u8;
     let mut got = 0;
     let mut call = 0;
     let mut seen = 0;
-    // Edge-triggered: wait for the first edge before reading at all.
-    let mut wait_edge = app.et_read;
+    // Edge-triggered: ready after an edge (none yet), until a read says
+    // otherwise; `avail` is what FIONREAD said, minus what was read since.
+    let mut ready = !app.et_read;
+    let mut avail: Option<u32> = None;
     while got < total - app.leftover {
-        if wait_edge {
+        if !ready {
             s.chan.wait_rx_edge(&mut seen);
+            ready = true;
+            avail = None;
+        }
+        if avail == Some(0) {
+            ready = false;
+            continue;
         }
         call += 1;
         if app.poll_first && call % 2 == 0 {
@@ -269,8 +292,23 @@ fn reader(s: &Shared, len: u32, total: u32, app: App) {
         }
         let cap = app.cap.min(total - app.leftover - got);
         let r = read_call(s, len, app, cap, &mut expect);
-        got += r.unwrap_or(0);
-        wait_edge = app.et_read && r.map_or(true, |n| n < cap);
+        let n = r.unwrap_or(0);
+        got += n;
+        if !app.et_read {
+            continue;
+        }
+        if r.is_none() || n < cap {
+            ready = false;
+        } else if app.fionread {
+            avail = match avail {
+                Some(a) if n > a => {
+                    ready = false;
+                    Some(0)
+                }
+                Some(a) => Some(a - n),
+                None => Some(fionread(s, len)),
+            };
+        }
     }
 }
 
@@ -294,7 +332,8 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
         w.join().unwrap();
         let p = Word::load(&s.prod);
         let q = s.chan.q.lock().unwrap().queued;
-        assert_eq!(bells(p) as u32, q, "bell count {p:#x} vs {q} queued");
+        let loose = (cursor::prod_flags(p) & cursor::LOOSE_BELL != 0) as u32;
+        assert_eq!(bells(p) as u32 + loose, q, "bell count {p:#x} vs {q} queued");
         let used = cursor::distance(p, Word::load(&s.cons), len).unwrap();
         assert_eq!(used, app.leftover);
         if used > 0 {
@@ -303,8 +342,8 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
     });
 }
 
-const PLAIN: App = App { cap: 8, spin: false, poll_first: true, leftover: 0, et_read: false, et_write: false };
-const EDGE: App = App { cap: 8, spin: false, poll_first: false, leftover: 0, et_read: true, et_write: true };
+const PLAIN: App = App { cap: 8, spin: false, poll_first: true, leftover: 0, et_read: false, et_write: false, fionread: false };
+const EDGE: App = App { cap: 8, spin: false, poll_first: false, leftover: 0, et_read: true, et_write: true, fionread: false };
 
 /// Ring fills: the WRITE_BLOCKED Dekker handshake and the second bell.
 #[test]
@@ -358,4 +397,19 @@ fn edge_triggered_short_reads() {
 #[test]
 fn edge_triggered_full_ring() {
     model(2, &[3, 2], App { cap: 1, ..EDGE }, 3);
+}
+
+/// nginx's FIONREAD accounting: a write after the FIONREAD (a bell already
+/// queued) must still bring an edge, or the reader, having read what
+/// FIONREAD said, sleeps with the rest in the ring.
+#[test]
+fn edge_triggered_fionread() {
+    model(4, &[1, 1, 1], App { cap: 1, fionread: true, ..EDGE }, 3);
+}
+
+/// FIONREAD accounting with a full ring: the loose bell next to two
+/// counted ones, and the reader taking them while making room.
+#[test]
+fn edge_triggered_fionread_full_ring() {
+    model(2, &[2, 2, 1], App { cap: 1, fionread: true, ..EDGE }, 3);
 }

@@ -36,8 +36,16 @@ pub const BELLS: u8 = 0x03;
 /// `prod_flags`: the reader is busy-polling the cursor; the writer may skip
 /// the doorbell (see `smclo::doorbell` for the exact condition).
 pub const READER_SPINNING: u8 = 0x04;
+/// `prod_flags`: the reader told its application how much is unread
+/// (FIONREAD) while a doorbell was queued; the next write must wake an
+/// edge-triggered poller again, with a [`LOOSE_BELL`]. Only with `BELLS > 0`.
+pub const EDGE_WANTED: u8 = 0x08;
+/// `prod_flags`: one doorbell byte queued beyond `BELLS`, sent for
+/// [`EDGE_WANTED`]; the reader takes it at its next settle. Only with
+/// `BELLS > 0`.
+pub const LOOSE_BELL: u8 = 0x10;
 /// Every `prod_flags` bit this version knows.
-pub const PROD_FLAGS_KNOWN: u8 = WRITE_BLOCKED | BELLS | READER_SPINNING;
+pub const PROD_FLAGS_KNOWN: u8 = WRITE_BLOCKED | BELLS | READER_SPINNING | EDGE_WANTED | LOOSE_BELL;
 
 /// `conn_state_flags`: the writer will write no more (SHUT_WR).
 pub const PEER_DONE_WRITING: u8 = 0x80;
@@ -60,7 +68,8 @@ pub struct Cursor {
     pub count: u32,
     /// Number of wraps, modulo 2^16.
     pub wrap: u16,
-    /// `WRITE_BLOCKED`, `BELLS`, `READER_SPINNING` (in `prod`); low byte of
+    /// `WRITE_BLOCKED`, `BELLS`, `READER_SPINNING`, `EDGE_WANTED`,
+    /// `LOOSE_BELL` (in `prod`); low byte of
     /// the spin capacity (in `cons`).
     pub prod_flags: u8,
     /// `PEER_*` (in `prod`); high byte of the spin capacity (in `cons`).
@@ -369,7 +378,7 @@ mod tests {
         let far = advance(advance(0, L, L), 1, L);
         assert!(matches!(distance(far, 0, L), Err(CursorError::BadDistance { .. })));
         // Unknown flags, too many bells.
-        assert!(matches!(distance(with_prod_flags(0, 0x08), 0, L), Err(CursorError::UnknownFlags { .. })));
+        assert!(matches!(distance(with_prod_flags(0, 0x20), 0, L), Err(CursorError::UnknownFlags { .. })));
         assert!(matches!(distance(with_conn_state_flags(0, 0x01), 0, L), Err(CursorError::UnknownFlags { .. })));
         assert!(matches!(distance(with_bells(0, 3), 0, L), Err(CursorError::TooManyBells { .. })));
         assert_eq!(distance(with_bells(with_prod_flags(0, WRITE_BLOCKED | READER_SPINNING), 2), 0, L), Ok(0));
