@@ -96,7 +96,14 @@ pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, 
             debug!("fd {fd}: epoll registration in epfd {ep} moved to the SMC-D channel");
         }
     }
-    debug!("fd {fd}: SMC-D (channel fd {chan}, hidden TCP fd {tcp}, {})", if nonblock { "non-blocking" } else { "blocking" });
+    debug!(
+        "fd {fd}: SMC-D (channel fd {chan}, hidden TCP fd {tcp}, {}, {})",
+        if nonblock { "non-blocking" } else { "blocking" },
+        match sock.conn.mode() {
+            smclo::conn::Mode::NoCopy => "no-copy",
+            smclo::conn::Mode::Copy { .. } => "copy mode",
+        }
+    );
     true
 }
 
