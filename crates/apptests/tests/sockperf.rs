@@ -1,6 +1,7 @@
-//! sockperf server with sockperf ping-pong and throughput over TCP, both
-//! under `smclo run`.
+//! sockperf server with sockperf ping-pong (no-copy and copy mode) and
+//! throughput over TCP, both under `smclo run`.
 
+use smclo::device::Device;
 use smclo_apptests::*;
 use std::time::Duration;
 
@@ -18,23 +19,31 @@ fn field(out: &str, key: &str) -> u64 {
 // the measured run and does not count them; allow up to 1000 of them.
 const WARMUP_MSGS: u64 = 1000;
 
-#[test]
-fn sockperf_ping_pong_and_throughput() {
-    let mut env = Env::new("sockperf");
-    let port = free_port();
-    let ps = port.to_string();
-    let mut server = env.spawn(Mode::Smclo, "sockperf-server", "sockperf", &["server", "--tcp", "-i", "127.0.0.1", "-p", &ps]);
-    wait_listen(&mut server, port);
-
-    // ping-pong, 64-byte messages: every message the client sent is echoed.
-    // --mps 5000000 (a rate limit it does not reach): with the default
-    // (max) sockperf sizes its sequence table for at most 600k messages/s
-    // and aborts ("_seqN > m_maxSequenceNo") when the round trip is faster
-    // than that, as it is over shared memory.
+/// One `sockperf ping-pong` run of 64-byte messages against `server`, with
+/// the device's `dmb_copy` knob set to `copy` for its connection: every
+/// message the client sent is echoed, byte-checked (`--data-integrity`) and
+/// in order.
+fn ping_pong(env: &mut Env, server: &Proc, ps: &str, copy: bool) {
+    let what = if copy { "sockperf ping-pong, copy mode" } else { "sockperf ping-pong, no-copy" };
+    // Both ends read the knob when their connection is set up.
+    Device::open(&env.dev_dir).unwrap().set_dmb_copy(copy);
     let m = 64u64;
     let s0 = env.stats();
-    let pp = env.run(Mode::Smclo, "sockperf-pp", "sockperf", &["ping-pong", "--tcp", "-i", "127.0.0.1", "-p", &ps, "-t", "2", "--mps", "5000000", "-m", &m.to_string()], T);
+    // --mps 5000000 (a rate limit it does not reach): with the default
+    // (max) sockperf sizes its sequence table for at most 600k messages/s
+    // (1 800 011 messages for -t 2) and aborts ("_seqN > m_maxSequenceNo")
+    // when the round trip is faster than that, as it is over shared memory.
+    let pp = env.run(
+        Mode::Smclo,
+        if copy { "sockperf-pp-copy" } else { "sockperf-pp" },
+        "sockperf",
+        &["ping-pong", "--tcp", "-i", "127.0.0.1", "-p", ps, "-t", "2", "--mps", "5000000", "--data-integrity", "-m", &m.to_string()],
+        T,
+    );
     let out = pp.stderr_str() + &pp.stdout_str();
+    // The debug log (SMCLO_DEBUG) names the mode of the client's end.
+    let mode = if copy { "copy mode)" } else { "no-copy)" };
+    assert!(out.lines().any(|l| l.contains(": SMC-D (") && l.ends_with(mode)), "{what}: no SMC-D connection in {mode}\n{out}");
     let total = out.lines().find(|l| l.contains("[Total Run]")).unwrap_or_else(|| panic!("no [Total Run] line:\n{out}"));
     let (sent, recv) = (field(total, "SentMessages"), field(total, "ReceivedMessages"));
     assert!(out.contains("Summary: Latency is"), "{out}");
@@ -43,7 +52,23 @@ fn sockperf_ping_pong_and_throughput() {
     let d = delta(&s0, &env.stats());
     // The client's messages and the server's echoes; the server may have
     // echoed the last message after the client stopped counting.
-    assert_smc("sockperf ping-pong", &d, 1, (sent + recv) * m, (2 * sent + 2 * WARMUP_MSGS) * m, &server.logs());
+    assert_smc(what, &d, 1, (sent + recv) * m, (2 * sent + 2 * WARMUP_MSGS) * m, &server.logs());
+    Device::open(&env.dev_dir).unwrap().set_dmb_copy(false);
+}
+
+#[test]
+fn sockperf_ping_pong_and_throughput() {
+    let mut env = Env::new("sockperf");
+    env.extra_env.push(("SMCLO_DEBUG".into(), "1".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(Mode::Smclo, "sockperf-server", "sockperf", &["server", "--tcp", "-i", "127.0.0.1", "-p", &ps]);
+    wait_listen(&mut server, port);
+
+    ping_pong(&mut env, &server, &ps, false);
+    ping_pong(&mut env, &server, &ps, true);
+    let srv = server.stderr_str();
+    assert!(srv.lines().any(|l| l.ends_with("copy mode)")), "the server's end was never in copy mode\n{}", server.logs());
 
     // throughput, 1400-byte messages, no replies.
     let m = 1400u64;
