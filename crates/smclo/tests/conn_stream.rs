@@ -1,5 +1,6 @@
 //! Byte-exact streams through connection pairs: random sizes, many ring
-//! wraps, both directions at once, both modes, slow readers, recv flags.
+//! wraps, both directions at once, both modes, slow readers, recv flags,
+//! ping-pong with exact-size reads.
 
 mod conn_util;
 
@@ -172,4 +173,52 @@ fn waitall_larger_than_the_ring() {
         }
         w.join().unwrap();
     });
+}
+
+/// sockperf's ping-pong pattern: the client writes a 14-byte message that
+/// carries its sequence number and reads exactly 14 bytes back (so a
+/// spinning read's capacity is one message and the echo skips the
+/// doorbell); the server reads up to 65507 bytes and echoes what it got.
+/// Every reply must be the message just sent, whole.
+fn ping_pong(mode: Mode, rounds: u64) {
+    let p = pair_with(256 * 1024, 256 * 1024, mode, mode);
+    let (a, b) = (p.a, p.b);
+    within(Duration::from_secs(60), move || {
+        let echo = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65507];
+            loop {
+                let n = b.read(&mut buf).unwrap();
+                if n == 0 {
+                    return;
+                }
+                assert_eq!(b.write(&buf[..n]).unwrap(), n);
+            }
+        });
+        let mut reply = [0u8; 14];
+        for seq in 1..=rounds {
+            let mut m = [0u8; 14];
+            m[..8].copy_from_slice(&seq.to_be_bytes());
+            m[8..].copy_from_slice(&[0, 3, 0, 0, 0, 14]);
+            assert_eq!(a.write(&m).unwrap(), 14);
+            let mut got = 0;
+            while got < 14 {
+                let n = a.read(&mut reply[got..]).unwrap();
+                assert!(n > 0, "end of stream after {got} bytes of reply {seq}");
+                got += n;
+            }
+            assert_eq!(reply, m, "reply {seq}");
+        }
+        a.shutdown_write().unwrap();
+        echo.join().unwrap();
+    });
+}
+
+#[test]
+fn ping_pong_exact_reads_no_copy() {
+    ping_pong(Mode::NoCopy, 100_000);
+}
+
+#[test]
+fn ping_pong_exact_reads_copy_mode() {
+    ping_pong(Mode::Copy { sndbuf_len: 256 * 1024 }, 100_000);
 }
