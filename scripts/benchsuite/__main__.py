@@ -185,8 +185,11 @@ def main(argv):
     except ImportError:
         sys.exit("bench-suite: the chart needs matplotlib: apt-get install python3-matplotlib (or pip install matplotlib)")
     if args.render:
-        with open(args.render) as f:
-            doc = json.load(f)
+        try:
+            with open(args.render) as f:
+                doc = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit("bench-suite: cannot read %s: %s" % (args.render, e))
     else:
         doc = measure(args)
         doc["config"]["command_line"] = " ".join(argv)

@@ -9,7 +9,7 @@ def draw(doc, path):
     import matplotlib.pyplot as plt
 
     ts = [t for t in doc["transports"] if t["name"] != "tcp"]
-    rows = [(w, r) for w in doc["workloads"] for r in w["rows"]]
+    rows = [(w, r) for w in doc["workloads"] for r in w["rows"] if r.get("chart", True)]
     colors = {"unix": "#8c8c8c", "smclo": "#1f77b4", "smclo-copy": "#9ecae1", "kernel-smc": "#d62728"}
     fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 2))
     band = 0.8 / len(ts)
@@ -30,11 +30,15 @@ def draw(doc, path):
             ax.plot([lo, hi], [y, y], color="black", linewidth=3)
             ax.plot([hi], [y], marker="D", color="black", markersize=6)
     ax.plot([], [], marker="D", color="black", linestyle="none", label="kernel SMC-D lo, published (8-vCPU VM)")
+    for t in ts:
+        if not t["available"]:
+            ax.plot([], [], linestyle="none", label="%s on this machine: unavailable" % t["label"])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(["%s (%s)" % (r["label"][:60], r["unit"]) for _, r in reversed(rows)], fontsize=8)
-    ax.set_xlabel("better than TCP loopback by (×, log scale; right is better; for latency, memory: TCP's value ÷ ours)")
+    ax.set_xlabel("better than TCP loopback by (×, log scale; right is better; for latency: TCP's value ÷ ours)\n"
+                  "memory per connection: see the table")
     c = doc["config"]
     ax.set_title("smclo vs TCP loopback, UNIX socket and the kernel's SMC-D loopback\n"
                  "median of %d rounds; server on CPU %d, client on CPU %d; %d cores, kernel %s"

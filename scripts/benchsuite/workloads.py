@@ -22,8 +22,10 @@ class Row:
     not measure this.
     """
 
-    def __init__(self, key, label, unit, field="value", higher_better=True, published=None):
+    def __init__(self, key, label, unit, field="value", higher_better=True, published=None, chart=True):
         self.key = key
+        # Memory is not a speed: the chart of speed-ups leaves it out.
+        self.chart = chart
         self.label = label
         self.unit = unit
         self.field = field
@@ -163,9 +165,9 @@ class Idle(Own):
 
     def rows(self):
         return [Row("idle_rss", "memory at %d idle connections: RSS of both processes" % self.conns,
-                    "KiB/conn", "rss", higher_better=False),
-                Row("idle_shm", "… shared memory (system Shmem)", "KiB/conn", "shm", higher_better=False),
-                Row("idle_kernel", "… kernel memory (slab)", "KiB/conn", "slab", higher_better=False)]
+                    "KiB/conn", "rss", higher_better=False, chart=False),
+                Row("idle_shm", "… shared memory (system Shmem)", "KiB/conn", "shm", higher_better=False, chart=False),
+                Row("idle_kernel", "… kernel memory (slab)", "KiB/conn", "slab", higher_better=False, chart=False)]
 
     def __init__(self, conns):
         self.conns = conns
