@@ -9,9 +9,18 @@ use smclo::conn::Conn;
 use std::io;
 use std::time::{Duration, Instant};
 
-/// Forks; the child runs `f` with its end and exits without running any
-/// destructor of the parent's state. Returns the child's pid.
-fn fork_child(mine: Conn, theirs: Conn, f: impl FnOnce(Conn)) -> (Conn, libc::pid_t) {
+/// Held from creating a pair until the parent has closed the child's end,
+/// and across every fork: a child forked meanwhile by a test on another
+/// thread would inherit that end and keep the channel open after its owner
+/// died, and the survivor would see no end of file.
+static FORKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A pair whose second end goes to a forked child, which runs `f` with it
+/// and exits without running any destructor of the parent's state. Returns
+/// the parent's end and the child's pid.
+fn fork_pair(f: impl FnOnce(Conn)) -> (Conn, libc::pid_t) {
+    let _g = FORKING.lock().unwrap_or_else(|p| p.into_inner());
+    let (mine, theirs) = pair();
     // SAFETY: the child only uses its own Conn and then _exits; the test
     // harness threads are not touched.
     let pid = unsafe { libc::fork() };
@@ -52,8 +61,7 @@ fn kill9(pid: libc::pid_t) {
 
 #[test]
 fn forked_child_uses_the_connection() {
-    let (a, b) = pair();
-    let (a, pid) = fork_child(a, b, |b| {
+    let (a, pid) = fork_pair(|b| {
         let mut buf = vec![0u8; 100_000];
         let mut off = 0u64;
         // Echo a checked stream back, then close.
@@ -109,8 +117,7 @@ fn forked_child_uses_the_connection() {
 fn killed_peer_never_hangs_the_survivor() {
     for survivor_reads in [true, false] {
         for round in 0..3 {
-            let (a, b) = pair();
-            let (a, pid) = fork_child(a, b, move |b| {
+            let (a, pid) = fork_pair(move |b| {
                 let mut buf = vec![9u8; 30_000];
                 loop {
                     if survivor_reads {
@@ -149,8 +156,7 @@ fn killed_peer_never_hangs_the_survivor() {
 
 #[test]
 fn killed_peer_with_nonblocking_survivor() {
-    let (a, b) = pair();
-    let (a, pid) = fork_child(a, b, |b| loop {
+    let (a, pid) = fork_pair(|b| loop {
         let _ = b.write(b"tick");
         std::thread::sleep(Duration::from_micros(100));
     });
