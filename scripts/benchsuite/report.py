@@ -71,6 +71,9 @@ def verdict(row, ratio):
     best, worst = (hi, lo) if row["higher_better"] else (lo, hi)
     if ratio is None:
         return NA
+    # Equal at the precision shown is a draw, not a win.
+    if round(ratio, 2) == round(best, 2):
+        return "level (%.2f× vs %s)" % (ratio, _published(row))
     if better(ratio, best):
         return "**ahead** (%.2f× vs %s)" % (ratio, _published(row))
     if better(ratio, worst) or ratio == worst:

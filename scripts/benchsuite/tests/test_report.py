@@ -75,6 +75,7 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("-40%", report.markdown(d))
         self.assertTrue(report.verdict(row, 0.6).startswith("**behind**"))
         self.assertTrue(report.verdict(row, 0.5).startswith("**ahead**"))
+        self.assertEqual(report.verdict(row, 0.5649), "level (0.56× vs 0.56×)")
 
     def test_cpu_table(self):
         d = report.summarize(doc([run("tcp", 100, 1, (1.0, 1.0), 20.0), run("smclo", 200, 1, (2.0, 1.6), 18.0)]))
