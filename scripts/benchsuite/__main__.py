@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,8 +67,8 @@ def parse_args(argv):
     p.add_argument("--only", help="comma-separated workloads: " + ",".join(w.name for w in all_workloads()))
     p.add_argument("--idle-conns", type=int, default=1000, help="idle connections for the memory row (default 1000)")
     p.add_argument("--redis-requests", type=int, default=100000, help="redis-benchmark -n (default 100000)")
-    p.add_argument("--server-cpu", type=int, default=1)
-    p.add_argument("--client-cpu", type=int, default=0)
+    p.add_argument("--server-cpu", type=int, default=1, help="CPU the servers are pinned to (default 1)")
+    p.add_argument("--client-cpu", type=int, default=0, help="CPU the clients are pinned to (default 0)")
     p.add_argument("--smclo", default=os.path.join(ROOT, "target", "release", "smclo"), help="the smclo binary")
     p.add_argument("--readme", action="store_true",
                    help="also write the tables into README.md (between the SUITE markers) and the chart and JSON to docs/bench/")
@@ -133,7 +134,8 @@ def measure(args):
                     run = {"round": rnd, "workload": w.name, "transport": t.name}
                     try:
                         run.update(w.run(ctx, t))
-                    except BenchError as e:
+                    except (BenchError, OSError, subprocess.SubprocessError) as e:
+                        # One failed measurement is reported, not fatal.
                         run["error"] = str(e)
                     doc["runs"].append(run)
                     shown = "error: " + run["error"] if "error" in run else " ".join(
