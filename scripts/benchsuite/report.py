@@ -27,6 +27,17 @@ def summarize(doc):
             tcp = cells.get("tcp", {}).get("median")
             for c in cells.values():
                 c["vs_tcp"] = c["median"] / tcp if c["median"] is not None and tcp else None
+            # Transports run back to back within a round, so the ratio of
+            # one round is less moved by a noisy neighbour than the ratio
+            # of medians; the JSON keeps both.
+            for name, c in cells.items():
+                tcp_by_round = {r["round"]: r["values"][row["key"]] for r in runs
+                                if r["workload"] == w["name"] and r["transport"] == "tcp" and r.get("values")}
+                ratios = [r["values"][row["key"]] / tcp_by_round[r["round"]] for r in runs
+                          if r["workload"] == w["name"] and r["transport"] == name and r.get("values")
+                          and tcp_by_round.get(r["round"])]
+                c["round_ratios"] = ratios
+                c["median_round_ratio"] = _median(ratios)
             summary["rows"][row["key"]] = cells
         cpu = {}
         for t in doc["transports"]:

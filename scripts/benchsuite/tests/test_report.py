@@ -41,6 +41,8 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(cells["tcp"]["median"], 200)
         self.assertEqual(cells["smclo"]["median"], 300)
         self.assertEqual(cells["smclo"]["vs_tcp"], 1.5)
+        self.assertEqual(cells["smclo"]["round_ratios"], [1.5, 3.0, 1.5])
+        self.assertEqual(cells["smclo"]["median_round_ratio"], 1.5)
         self.assertEqual(report.verdict(d["workloads"][0]["rows"][0], 1.5), "**ahead** (1.50× vs 1.35–1.40×)")
 
     def test_failed_runs_left_out_and_listed(self):
