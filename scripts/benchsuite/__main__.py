@@ -115,7 +115,11 @@ def measure(args):
         "config": {"rounds": args.rounds, "seconds": args.seconds, "server_cpu": args.server_cpu,
                    "client_cpu": args.client_cpu, "idle_conns": args.idle_conns,
                    "redis_requests": args.redis_requests,
-                   "pinning": "server: taskset -c %d; client: taskset -c %d" % (args.server_cpu, args.client_cpu)},
+                   "pinning": "server: taskset -c %d; client: taskset -c %d" % (args.server_cpu, args.client_cpu),
+                   # Knobs such as SMCLO_RMEM change the results: a run says
+                   # which were set.
+                   "smclo_env": {k: v for k, v in sorted(os.environ.items())
+                                 if k.startswith("SMCLO_") and k != "SMCLO_DEVICE_DIR"}},
         "transports": [{"name": t.name, "label": t.label, "available": t.available,
                         "why_unavailable": t.why_unavailable, "prefix": t.prefix} for t in transports],
         "workloads": [{"name": w.name, "transports": list(w.transports), "third_party": w.third_party,

@@ -123,6 +123,10 @@ def markdown(doc):
                "(taskset); transports alternate within every round. %s, %d cores, kernel %s, %s."
                % (c["rounds"], c["seconds"], c["server_cpu"], c["client_cpu"], m["cpu"], m["cores"],
                   m["kernel"], doc["date"]))
+    env = c.get("smclo_env") or {}
+    out.append("")
+    out.append("smclo settings: %s." % (", ".join("`%s=%s`" % kv for kv in sorted(env.items())) if env
+                                         else "defaults (256 KiB DMBs and copy-mode send buffers)"))
     out.append("")
     out.append("smclo runs the programs unchanged under `smclo run` (no-copy, and copy with `dmb_copy=1`); "
                "every smclo run is checked against the device's counters (new SMC-D connections, bytes moved, "

@@ -62,6 +62,12 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("within (1.39×", row[7])
         self.assertIn("kernel SMC-D lo unavailable: no AF_SMC here.", md)
 
+    def test_smclo_settings_named(self):
+        d = doc([run("tcp", 100, 1), run("smclo", 139, 1)])
+        self.assertIn("smclo settings: defaults", report.markdown(report.summarize(d)))
+        d["config"]["smclo_env"] = {"SMCLO_RMEM": "1m"}
+        self.assertIn("smclo settings: `SMCLO_RMEM=1m`.", report.markdown(d))
+
     def test_kernel_without_smc_run(self):
         d = doc([run("tcp", 100, 1), run("smclo", 139, 1)])
         d["transports"][3].update(available=True, why_unavailable=None)
