@@ -14,7 +14,7 @@ import time
 
 from . import chart, report
 from .procs import BenchError
-from .transports import DeviceCounters, make_transports
+from .transports import DeviceCounters, make_transports, smclo_knobs
 from .workloads import all_workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,6 +67,9 @@ def parse_args(argv):
     p.add_argument("--only", help="comma-separated workloads: " + ",".join(w.name for w in all_workloads()))
     p.add_argument("--idle-conns", type=int, default=1000, help="idle connections for the memory row (default 1000)")
     p.add_argument("--redis-requests", type=int, default=100000, help="redis-benchmark -n (default 100000)")
+    p.add_argument("--dmb-size", default="1m",
+                   help="smclo's DMB and copy-mode send buffer size (SMCLO_RMEM/SMCLO_WMEM) unless the environment "
+                        "sets them; default 1m, the seeds' 'SMC sndbuf/DMB size 1MB'; 'default' for smclo's own 256k")
     p.add_argument("--server-cpu", type=int, default=1, help="CPU the servers are pinned to (default 1)")
     p.add_argument("--client-cpu", type=int, default=0, help="CPU the clients are pinned to (default 0)")
     p.add_argument("--smclo", default=os.path.join(ROOT, "target", "release", "smclo"), help="the smclo binary")
@@ -107,7 +110,8 @@ def measure(args):
         workloads = [w for w in workloads if w.name in names]
     check_programs(workloads, args.smclo)
     work = tempfile.mkdtemp(prefix="smclo-suite-")
-    transports, device_dirs = make_transports(os.path.abspath(args.smclo), work)
+    knobs = smclo_knobs(args.dmb_size)
+    transports, device_dirs = make_transports(os.path.abspath(args.smclo), work, knobs)
     ctx = Context(args, work)
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -118,8 +122,7 @@ def measure(args):
                    "pinning": "server: taskset -c %d; client: taskset -c %d" % (args.server_cpu, args.client_cpu),
                    # Knobs such as SMCLO_RMEM change the results: a run says
                    # which were set.
-                   "smclo_env": {k: v for k, v in sorted(os.environ.items())
-                                 if k.startswith("SMCLO_") and k != "SMCLO_DEVICE_DIR"}},
+                   "smclo_env": dict(sorted(knobs.items()))},
         "transports": [{"name": t.name, "label": t.label, "available": t.available,
                         "why_unavailable": t.why_unavailable, "prefix": t.prefix} for t in transports],
         "workloads": [{"name": w.name, "transports": list(w.transports), "third_party": w.third_party,

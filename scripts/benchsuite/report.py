@@ -125,8 +125,12 @@ def markdown(doc):
                   m["kernel"], doc["date"]))
     env = c.get("smclo_env") or {}
     out.append("")
-    out.append("smclo settings: %s." % (", ".join("`%s=%s`" % kv for kv in sorted(env.items())) if env
-                                         else "defaults (256 KiB DMBs and copy-mode send buffers)"))
+    seeds = env.get("SMCLO_RMEM") == env.get("SMCLO_WMEM") == "1m"
+    out.append("smclo settings: %s%s." % (
+        ", ".join("`%s=%s`" % kv for kv in sorted(env.items())) if env
+        else "defaults (256 KiB DMBs and copy-mode send buffers)",
+        " (1 MiB DMBs and send buffers, as the seeds' runs had: “SMC sndbuf/DMB size 1MB”; "
+        "smclo's default is 256 KiB)" if seeds else ""))
     out.append("")
     out.append("smclo runs the programs unchanged under `smclo run` (no-copy, and copy with `dmb_copy=1`); "
                "every smclo run is checked against the device's counters (new SMC-D connections, bytes moved, "

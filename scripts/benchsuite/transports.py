@@ -17,8 +17,10 @@ class Transport:
     ``smclo run`` they run their unchanged TCP code).
     """
 
-    def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None):
+    def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None, knobs=None):
         self.name = name
+        # SMCLO_* settings for this transport's processes.
+        self.knobs = dict(knobs or {})
         self.label = label
         self.code = code
         self.prefix = list(prefix)
@@ -35,6 +37,7 @@ class Transport:
         env.pop("SMCLO_DEBUG", None)
         if self.device_dir:
             env["SMCLO_DEVICE_DIR"] = self.device_dir
+        env.update(self.knobs)
         return env
 
 
@@ -83,9 +86,20 @@ def kernel_smc_status(smclo):
     return None if r.returncode == 0 else (r.stdout.strip() or r.stderr.strip())
 
 
-def make_transports(smclo, run_dir):
+def smclo_knobs(dmb_size):
+    """The SMCLO_* settings of smclo's runs: the environment's, with the DMB
+    and copy-mode send buffer size set to `dmb_size` unless the environment
+    sets them ("default" keeps smclo's own default)."""
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("SMCLO_") and k != "SMCLO_DEVICE_DIR"}
+    if dmb_size != "default":
+        knobs.setdefault("SMCLO_RMEM", dmb_size)
+        knobs.setdefault("SMCLO_WMEM", dmb_size)
+    return knobs
+
+
+def make_transports(smclo, run_dir, knobs):
     """The five transports; smclo's two get device directories of their own
-    (copy mode is a device knob, ``dmb_copy=1``)."""
+    (copy mode is a device knob, ``dmb_copy=1``) and the SMCLO_* `knobs`."""
     no_copy = os.path.join("/dev/shm", "smclo-suite-%d" % os.getpid())
     copy = no_copy + "-copy"
     for d, knob in ((no_copy, "dmb_copy=0"), (copy, "dmb_copy=1")):
@@ -99,7 +113,7 @@ def make_transports(smclo, run_dir):
     return [
         Transport("tcp", "TCP", "tcp"),
         Transport("unix", "UNIX", "unix"),
-        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy),
-        Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy),
+        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy, knobs=knobs),
+        Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy, knobs=knobs),
         Transport("kernel-smc", "kernel SMC-D lo", "kernel-smc", [smc_run] if smc_run else [], None, why),
     ], [no_copy, copy]
