@@ -132,9 +132,8 @@ def measure(args):
     }
     try:
         for rnd in range(1, args.rounds + 1):
-            for w in workloads:
-                usable = [t for t in transports if t.name in w.transports and t.available
-                          and not (w.third_party and t.name == "kernel-smc" and not t.prefix)]
+            for w, wd in zip(workloads, doc["workloads"]):
+                usable = [t for t, td in zip(transports, doc["transports"]) if report.usable(wd, td)]
                 # Alternate who goes first, so that drift hits all alike.
                 k = (rnd - 1) % len(usable)
                 for t in usable[k:] + usable[:k]:

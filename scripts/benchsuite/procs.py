@@ -100,25 +100,16 @@ def session_cpu_seconds(sid):
     return total / 1e9
 
 
-def process_memory_kib(pid):
-    """(VmRSS, RssShmem) of process `pid` in KiB; (0, 0) if it is gone."""
-    rss = shm = 0
+def process_rss_kib(pid):
+    """VmRSS of process `pid` in KiB; 0 if it is gone."""
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("RssShmem:"):
-                    shm = int(line.split()[1])
+                    return int(line.split()[1])
     except OSError:
         pass
-    return rss, shm
-
-
-def session_memory_kib(sid):
-    """(VmRSS, RssShmem) in KiB summed over the processes of session `sid`."""
-    pairs = [process_memory_kib(pid) for pid in _pids_of_session(sid)]
-    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    return 0
 
 
 def meminfo_kib(*keys):
@@ -146,13 +137,12 @@ class Server:
             argv, env=env, stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else self.log,
             stderr=self.log, start_new_session=True)
-        self.argv = argv
 
     def cpu_seconds(self):
         return session_cpu_seconds(self.proc.pid)
 
-    def memory_kib(self):
-        return session_memory_kib(self.proc.pid)
+    def rss_kib(self):
+        return sum(process_rss_kib(pid) for pid in _pids_of_session(self.proc.pid))
 
     def stop(self):
         try:

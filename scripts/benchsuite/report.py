@@ -6,6 +6,14 @@ import statistics
 NA = "—"
 
 
+def usable(w, t):
+    """Whether workload `w` runs over transport `t` (both in the suite's JSON
+    form): the tool can use it, and it is available here. Third-party
+    programs reach the kernel's SMC only through smc-tools' smc_run."""
+    return (t["name"] in w["transports"] and t["available"]
+            and not (w["third_party"] and t["name"] == "kernel-smc" and not t["prefix"]))
+
+
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -30,9 +38,9 @@ def summarize(doc):
             # Transports run back to back within a round, so the ratio of
             # one round is less moved by a noisy neighbour than the ratio
             # of medians; the JSON keeps both.
+            tcp_by_round = {r["round"]: r["values"][row["key"]] for r in runs
+                            if r["workload"] == w["name"] and r["transport"] == "tcp" and r.get("values")}
             for name, c in cells.items():
-                tcp_by_round = {r["round"]: r["values"][row["key"]] for r in runs
-                                if r["workload"] == w["name"] and r["transport"] == "tcp" and r.get("values")}
                 ratios = [r["values"][row["key"]] / tcp_by_round[r["round"]] for r in runs
                           if r["workload"] == w["name"] and r["transport"] == name and r.get("values")
                           and tcp_by_round.get(r["round"])]
@@ -100,7 +108,7 @@ def _published(row):
 def _cell(doc, w, t, cell, is_tcp):
     if t["name"] not in w["transports"]:
         return NA
-    if not t["available"] or (w["third_party"] and t["name"] == "kernel-smc" and not t["prefix"]):
+    if not usable(w, t):
         return "unavailable"
     if cell["median"] is None:
         return "failed" if cell["errors"] else NA

@@ -8,10 +8,9 @@ SET and GET from one run; ping-pong gives an average and percentiles).
 import os
 import select
 import subprocess
-import time
 
 from . import parse
-from .procs import BenchError, Server, free_port, meminfo_kib, pinned, process_memory_kib, run_client, wait_listening
+from .procs import BenchError, Server, free_port, meminfo_kib, pinned, process_rss_kib, run_client, wait_listening
 
 
 class Row:
@@ -46,19 +45,17 @@ class Workload:
     third_party = True
     #: programs that must be installed
     needs = ()
-    #: how CPU time is shown: ("µs per request", 1e6) divides by ops;
-    #: ("s per GB", 1e9) divides by ops/1e9 (ops in bytes).
+    #: how CPU time is shown: (unit, scale), CPU seconds × scale ÷ ops:
+    #: ("µs per request", 1e6) with ops in requests, ("s per GB", 1e9)
+    #: with ops in bytes.
     cpu_unit = ("µs per request", 1e6)
 
     def rows(self):
         raise NotImplementedError
 
     def cpu_per_op(self, cpu_s, parsed):
-        unit, scale = self.cpu_unit
         ops = parsed.get("cpu_ops", parsed.get("ops"))
-        if not ops:
-            return None
-        return cpu_s * scale / ops if scale == 1e6 else cpu_s / (ops / scale)
+        return cpu_s * self.cpu_unit[1] / ops if ops else None
 
     # A run: start(ctx, t) -> (Server, address), client(ctx, t, address) ->
     # argv, read(text) -> dict.
@@ -177,8 +174,8 @@ class Idle(Own):
         cli = None
         try:
             argv = pinned(ctx.client_cpu, [ctx.smclo, "bench", "__client", t.code, "idle", addr, str(self.conns), "-1"], t.prefix)
-            cli = subprocess.Popen(argv, env=t.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=open(ctx.log("idle-client", t), "wb"))
+            with open(ctx.log("idle-client", t), "wb") as log:
+                cli = subprocess.Popen(argv, env=t.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
 
             def expect(word):
                 ready, _, _ = select.select([cli.stdout], [], [], 60)
@@ -187,8 +184,8 @@ class Idle(Own):
                     raise BenchError("idle client said %r instead of %r (see %s)" % (line, word, ctx.log("idle-client", t)))
 
             def memory():
-                crss, _ = process_memory_kib(cli.pid)
-                srss, _ = srv.memory_kib()
+                crss = process_rss_kib(cli.pid)
+                srss = srv.rss_kib()
                 shmem, slab = meminfo_kib("Shmem", "Slab")
                 return crss + srss, shmem, slab
 

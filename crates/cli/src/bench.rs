@@ -199,15 +199,13 @@ pub fn main(args: &[String]) -> i32 {
             }
         };
     }
+    let kernel_smc = crate::kernel_smc::availability();
     let mut o = Options {
         rounds: 5,
         seconds: 1.0,
         json: false,
         workloads: Workload::TABLE.to_vec(),
-        transports: Transport::ALL
-            .into_iter()
-            .filter(|&t| t != Transport::KernelSmc || crate::kernel_smc::availability().is_ok())
-            .collect(),
+        transports: Transport::ALL.into_iter().filter(|&t| t != Transport::KernelSmc || kernel_smc.is_ok()).collect(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -229,7 +227,7 @@ pub fn main(args: &[String]) -> i32 {
         }
     }
     if o.transports.contains(&Transport::KernelSmc) {
-        if let Err(why) = crate::kernel_smc::availability() {
+        if let Err(why) = &kernel_smc {
             eprintln!("smclo bench: kernel-smc is unavailable: {why}");
             return 1;
         }

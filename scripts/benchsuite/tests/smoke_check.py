@@ -14,6 +14,8 @@ import os
 import socket
 import sys
 
+from benchsuite import report
+
 
 def kernel_has_af_smc():
     try:
@@ -37,7 +39,7 @@ def check(out):
     for w in doc["workloads"]:
         for name in w["transports"]:
             t = ts[name]
-            if not t["available"] or (w["third_party"] and name == "kernel-smc" and not t["prefix"]):
+            if not report.usable(w, t):
                 continue
             runs = [r for r in doc["runs"] if r["workload"] == w["name"] and r["transport"] == name]
             if len(runs) != rounds:

@@ -62,6 +62,15 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("within (1.39×", row[7])
         self.assertIn("kernel SMC-D lo unavailable: no AF_SMC here.", md)
 
+    def test_unavailable_for_own_programs_too(self):
+        # smclo's own programs open AF_SMC themselves: no smc_run needed, but
+        # a kernel without SMC still makes the cell unavailable.
+        d = doc([run("tcp", 100, 1), run("smclo", 139, 1)])
+        d["workloads"][0]["third_party"] = False
+        self.assertFalse(report.usable(d["workloads"][0], d["transports"][3]))
+        d["transports"][3].update(available=True, why_unavailable=None)
+        self.assertTrue(report.usable(d["workloads"][0], d["transports"][3]))
+
     def test_smclo_settings_named(self):
         d = doc([run("tcp", 100, 1), run("smclo", 139, 1)])
         self.assertIn("smclo settings: defaults", report.markdown(report.summarize(d)))
