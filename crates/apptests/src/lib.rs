@@ -105,7 +105,9 @@ pub fn free_port() -> u16 {
             continue;
         }
         // std's TcpListener sets SO_REUSEADDR, as the servers do.
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() && TcpListener::bind(("::1", port)).is_ok() {
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("::1", port)).is_ok()
+        {
             return port;
         }
     }
@@ -113,7 +115,10 @@ pub fn free_port() -> u16 {
 }
 
 fn time_seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// A process (group) that is killed when dropped.
@@ -156,7 +161,10 @@ impl Proc {
         if o.len() > 3000 {
             o = format!("{}...", &o[..3000]);
         }
-        format!("--- {} stdout:\n{o}\n--- {} stderr:\n{e}", self.name, self.name)
+        format!(
+            "--- {} stdout:\n{o}\n--- {} stderr:\n{e}",
+            self.name, self.name
+        )
     }
     /// Still running?
     pub fn alive(&mut self) -> bool {
@@ -186,7 +194,11 @@ impl Proc {
             if t0.elapsed() > timeout {
                 kill_group(self.pid());
                 let _ = self.child.wait();
-                panic!("{} did not finish within {timeout:?}; killed\n{}", self.name, self.logs());
+                panic!(
+                    "{} did not finish within {timeout:?}; killed\n{}",
+                    self.name,
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -234,17 +246,22 @@ pub struct Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill whatever still runs in it, then delete it.
-        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
-            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                if let Ok(p) = pid.parse::<i32>() {
-                    // SAFETY: kill has no memory-safety preconditions.
-                    unsafe {
-                        libc::kill(p, libc::SIGKILL);
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    if let Ok(p) = pid.parse::<i32>() {
+                        // SAFETY: kill has no memory-safety preconditions.
+                        unsafe {
+                            libc::kill(p, libc::SIGKILL);
+                        }
                     }
                 }
-            }
-        });
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+            });
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -273,7 +290,14 @@ impl Env {
         // The device file exists before any program starts, so that the
         // first program does not race the test's own open.
         Device::open(&dev_dir).expect("create the test's smclo device");
-        Env { name: name.to_string(), dev_dir, tmp, run_opts: Vec::new(), extra_env: Vec::new(), seq: 0 }
+        Env {
+            name: name.to_string(),
+            dev_dir,
+            tmp,
+            run_opts: Vec::new(),
+            extra_env: Vec::new(),
+            seq: 0,
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -318,8 +342,16 @@ impl Env {
         let err = self.tmp.join(format!("{}-{name}.err", self.seq));
         cmd.stdout(fs::File::create(&out).unwrap());
         cmd.stderr(fs::File::create(&err).unwrap());
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Proc { name: name.to_string(), child, out, err, done: None }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc {
+            name: name.to_string(),
+            child,
+            out,
+            err,
+            done: None,
+        }
     }
 
     pub fn spawn(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str]) -> Proc {
@@ -329,14 +361,29 @@ impl Env {
 
     /// Runs to completion (bounded), panics unless it exits 0; returns it
     /// for its output.
-    pub fn run(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str], timeout: Duration) -> Proc {
+    pub fn run(
+        &mut self,
+        mode: Mode,
+        name: &str,
+        prog: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Proc {
         let mut p = self.spawn(mode, name, prog, args);
         p.wait_ok(timeout);
         p
     }
 
     /// Like [`Env::run`], with bytes on stdin.
-    pub fn run_stdin(&mut self, mode: Mode, name: &str, prog: &str, args: &[&str], stdin: &[u8], timeout: Duration) -> Proc {
+    pub fn run_stdin(
+        &mut self,
+        mode: Mode,
+        name: &str,
+        prog: &str,
+        args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Proc {
         let input = self.tmp.join(format!("{name}.stdin"));
         fs::write(&input, stdin).unwrap();
         let mut c = self.command(mode, None, prog, args);
@@ -347,16 +394,28 @@ impl Env {
     }
 
     pub fn stats(&self) -> Stats {
-        Device::open(&self.dev_dir).expect("open the test's smclo device").stats()
+        Device::open(&self.dev_dir)
+            .expect("open the test's smclo device")
+            .stats()
     }
 
     /// Creates a network namespace with a unique name (deleted on drop).
     pub fn netns(&mut self, label: &str) -> Netns {
         require("ip");
         self.seq += 1;
-        let name = format!("smclo-t{}-{}-{label}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
-        let st = Command::new("ip").args(["netns", "add", &name]).status().expect("ip netns add");
-        assert!(st.success(), "ip netns add {name} failed (the netns tests need root)");
+        let name = format!(
+            "smclo-t{}-{}-{label}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("ip netns add");
+        assert!(
+            st.success(),
+            "ip netns add {name} failed (the netns tests need root)"
+        );
         Netns { name }
     }
 }
@@ -373,7 +432,12 @@ impl Drop for Env {
 /// Runs `ip args`, panicking on failure.
 pub fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("run ip");
-    assert!(o.status.success(), "ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Joins two namespaces with a veth pair: `a` gets `addr_a`/30, `b` gets
@@ -382,9 +446,27 @@ pub fn veth(a: &Netns, b: &Netns, addr_a: &str, addr_b: &str) {
     let id = SEQ.fetch_add(1, Ordering::SeqCst);
     let ia = format!("svA{}x{id}", std::process::id() % 100000);
     let ib = format!("svB{}x{id}", std::process::id() % 100000);
-    ip(&["link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ib, "netns", &b.name]);
-    ip(&["-n", &a.name, "addr", "add", &format!("{addr_a}/30"), "dev", &ia]);
-    ip(&["-n", &b.name, "addr", "add", &format!("{addr_b}/30"), "dev", &ib]);
+    ip(&[
+        "link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ib, "netns", &b.name,
+    ]);
+    ip(&[
+        "-n",
+        &a.name,
+        "addr",
+        "add",
+        &format!("{addr_a}/30"),
+        "dev",
+        &ia,
+    ]);
+    ip(&[
+        "-n",
+        &b.name,
+        "addr",
+        "add",
+        &format!("{addr_b}/30"),
+        "dev",
+        &ib,
+    ]);
     for (ns, i) in [(&a.name, &ia), (&b.name, &ib)] {
         ip(&["-n", ns, "link", "set", i, "up"]);
         ip(&["-n", ns, "link", "set", "lo", "up"]);
@@ -400,7 +482,9 @@ pub fn listening(port: u16, pid: Option<u32>) -> bool {
         None => "/proc/self/net".to_string(),
     };
     for f in ["tcp", "tcp6"] {
-        let Ok(t) = fs::read_to_string(format!("{base}/{f}")) else { continue };
+        let Ok(t) = fs::read_to_string(format!("{base}/{f}")) else {
+            continue;
+        };
         for line in t.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
             if cols.len() > 3 && cols[3] == "0A" {
@@ -420,12 +504,21 @@ pub fn listening(port: u16, pid: Option<u32>) -> bool {
 pub fn wait_listen(p: &mut Proc, port: u16) {
     let t0 = Instant::now();
     while !listening(port, Some(p.pid())) {
-        assert!(p.alive(), "{} exited before listening on {port}\n{}", p.name, p.logs());
-        assert!(t0.elapsed() < Duration::from_secs(10), "{} not listening on {port} after 10 s\n{}", p.name, p.logs());
+        assert!(
+            p.alive(),
+            "{} exited before listening on {port}\n{}",
+            p.name,
+            p.logs()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{} not listening on {port} after 10 s\n{}",
+            p.name,
+            p.logs()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
-
 
 /// Human-readable non-zero fallback counters.
 pub fn fallbacks_desc(s: &Stats) -> String {
@@ -461,8 +554,12 @@ pub fn delta(before: &Stats, after: &Stats) -> Delta {
     Delta {
         conns_opened: after.conns_opened - before.conns_opened,
         xfer_bytes: after.xfer_bytes - before.xfer_bytes,
-        fallback_client: (0..Reason::COUNT).map(|i| after.fallback_client[i] - before.fallback_client[i]).collect(),
-        fallback_server: (0..Reason::COUNT).map(|i| after.fallback_server[i] - before.fallback_server[i]).collect(),
+        fallback_client: (0..Reason::COUNT)
+            .map(|i| after.fallback_client[i] - before.fallback_client[i])
+            .collect(),
+        fallback_server: (0..Reason::COUNT)
+            .map(|i| after.fallback_server[i] - before.fallback_server[i])
+            .collect(),
     }
 }
 
@@ -478,13 +575,22 @@ impl Delta {
 /// Asserts that traffic went through shared memory: at least `min_conns`
 /// SMC-D connections, xfer_bytes within `[lo, hi]`, and no fallback at all.
 pub fn assert_smc(what: &str, d: &Delta, min_conns: u64, lo: u64, hi: u64, logs: &str) {
-    eprintln!("{what}: {} SMC-D connections, xfer_bytes {} (want [{lo}, {hi}]), fallbacks: {}", d.conns_opened, d.xfer_bytes, d.fallbacks_desc());
+    eprintln!(
+        "{what}: {} SMC-D connections, xfer_bytes {} (want [{lo}, {hi}]), fallbacks: {}",
+        d.conns_opened,
+        d.xfer_bytes,
+        d.fallbacks_desc()
+    );
     assert!(
         d.fallbacks() == 0,
         "{what}: fallbacks to TCP: {} (counters {d:?})\n{logs}",
         d.fallbacks_desc()
     );
-    assert!(d.conns_opened >= min_conns, "{what}: only {} SMC-D connections, want >= {min_conns} (counters {d:?})\n{logs}", d.conns_opened);
+    assert!(
+        d.conns_opened >= min_conns,
+        "{what}: only {} SMC-D connections, want >= {min_conns} (counters {d:?})\n{logs}",
+        d.conns_opened
+    );
     assert!(
         d.xfer_bytes >= lo && d.xfer_bytes <= hi,
         "{what}: xfer_bytes {} outside [{lo}, {hi}] (counters {d:?})\n{logs}",
@@ -496,13 +602,38 @@ pub fn assert_smc(what: &str, d: &Delta, min_conns: u64, lo: u64, hi: u64, logs:
 /// counted exactly `conns` PEERNOSMC fallbacks on `side` ("client" or
 /// "server") and nothing else.
 pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
-    eprintln!("{what}: {} SMC-D connections, xfer_bytes {}, fallbacks: {}", d.conns_opened, d.xfer_bytes, d.fallbacks_desc());
-    assert_eq!(d.conns_opened, 0, "{what}: SMC-D connections with a plain peer (counters {d:?})\n{logs}");
-    assert_eq!(d.xfer_bytes, 0, "{what}: bytes over SMC-D with a plain peer (counters {d:?})\n{logs}");
+    eprintln!(
+        "{what}: {} SMC-D connections, xfer_bytes {}, fallbacks: {}",
+        d.conns_opened,
+        d.xfer_bytes,
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.conns_opened, 0,
+        "{what}: SMC-D connections with a plain peer (counters {d:?})\n{logs}"
+    );
+    assert_eq!(
+        d.xfer_bytes, 0,
+        "{what}: bytes over SMC-D with a plain peer (counters {d:?})\n{logs}"
+    );
     let i = Reason::PeerNoSmc.index();
-    let (mine, other) = if side == "client" { (&d.fallback_client, &d.fallback_server) } else { (&d.fallback_server, &d.fallback_client) };
-    assert_eq!(mine[i], conns, "{what}: want {conns} {side} PEERNOSMC fallbacks: {}\n{logs}", d.fallbacks_desc());
-    assert_eq!(d.fallbacks(), conns, "{what}: unexpected fallbacks: {} ({other:?})\n{logs}", d.fallbacks_desc());
+    let (mine, other) = if side == "client" {
+        (&d.fallback_client, &d.fallback_server)
+    } else {
+        (&d.fallback_server, &d.fallback_client)
+    };
+    assert_eq!(
+        mine[i],
+        conns,
+        "{what}: want {conns} {side} PEERNOSMC fallbacks: {}\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallbacks(),
+        conns,
+        "{what}: unexpected fallbacks: {} ({other:?})\n{logs}",
+        d.fallbacks_desc()
+    );
 }
 
 /// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
@@ -532,9 +663,16 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 
 /// Lowercase hex SHA-256 of a file, via coreutils' sha256sum.
 pub fn sha256_file(p: &Path) -> String {
-    let o = Command::new("sha256sum").arg(p).output().expect("sha256sum");
+    let o = Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .expect("sha256sum");
     assert!(o.status.success(), "sha256sum {} failed", p.display());
-    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or("").to_string()
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Lowercase hex SHA-256 of bytes (written to a temp file first).
@@ -556,7 +694,10 @@ pub fn http_get_plain(addr: &str, path: &str) -> Vec<u8> {
 
 /// Extracts `key:value` from redis INFO output.
 pub fn info_field(info: &str, key: &str) -> Option<String> {
-    info.lines().find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
+    info.lines().find_map(|l| {
+        l.strip_prefix(&format!("{key}:"))
+            .map(|v| v.trim().to_string())
+    })
 }
 
 /// `user root;` when running as root (nginx's default user may not exist).
@@ -580,7 +721,12 @@ pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
         ),
     )
     .unwrap();
-    let mut p = env.spawn(mode, "redis-server", "redis-server", &[conf.to_str().unwrap()]);
+    let mut p = env.spawn(
+        mode,
+        "redis-server",
+        "redis-server",
+        &[conf.to_str().unwrap()],
+    );
     wait_listen(&mut p, port);
     (p, port)
 }
@@ -590,14 +736,31 @@ pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
 /// nginx in `mode`, optionally inside `netns`. Access log lines are
 /// `$request_length $bytes_sent $status $request`, so tests can add up the
 /// bytes nginx moved.
-pub fn start_nginx(env: &mut Env, mode: Mode, netns: Option<&str>, listen: &str, root: &Path, tag: &str) -> Proc {
+pub fn start_nginx(
+    env: &mut Env,
+    mode: Mode,
+    netns: Option<&str>,
+    listen: &str,
+    root: &Path,
+    tag: &str,
+) -> Proc {
     let port: u16 = listen.rsplit(':').next().unwrap().parse().unwrap();
-    let servers = format!("server {{\n    listen {listen};\n    root {};\n  }}", root.display());
+    let servers = format!(
+        "server {{\n    listen {listen};\n    root {};\n  }}",
+        root.display()
+    );
     start_nginx_servers(env, mode, netns, &servers, port, tag)
 }
 
 /// [`start_nginx`] with the given `server { }` blocks; waits for `port`.
-pub fn start_nginx_servers(env: &mut Env, mode: Mode, netns: Option<&str>, servers: &str, port: u16, tag: &str) -> Proc {
+pub fn start_nginx_servers(
+    env: &mut Env,
+    mode: Mode,
+    netns: Option<&str>,
+    servers: &str,
+    port: u16,
+    tag: &str,
+) -> Proc {
     let dir = env.path(&format!("nginx-{tag}"));
     fs::create_dir_all(dir.join("body")).unwrap();
     fs::create_dir_all(dir.join("proxy")).unwrap();
@@ -614,18 +777,27 @@ pub fn start_nginx_servers(env: &mut Env, mode: Mode, netns: Option<&str>, serve
     );
     let cf = dir.join("nginx.conf");
     fs::write(&cf, conf).unwrap();
-    let (c, p, e) = (cf.display().to_string(), dir.display().to_string(), dir.join("error.log").display().to_string());
+    let (c, p, e) = (
+        cf.display().to_string(),
+        dir.display().to_string(),
+        dir.join("error.log").display().to_string(),
+    );
     let cmd = env.command(mode, netns, "nginx", &["-c", &c, "-p", &p, "-e", &e]);
     let mut proc_ = env.spawn_cmd(&format!("nginx-{tag}"), cmd);
     wait_listen(&mut proc_, port);
     // master + 2 workers
     let t0 = Instant::now();
     loop {
-        let kids = fs::read_to_string(format!("/proc/{0}/task/{0}/children", proc_.pid())).unwrap_or_default();
+        let kids = fs::read_to_string(format!("/proc/{0}/task/{0}/children", proc_.pid()))
+            .unwrap_or_default();
         if kids.split_whitespace().count() >= 2 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "nginx did not start 2 workers\n{}", proc_.logs());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "nginx did not start 2 workers\n{}",
+            proc_.logs()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     proc_
@@ -652,8 +824,20 @@ pub fn nginx_log_bytes(env: &Env, tag: &str) -> (u64, u64, Vec<String>) {
 /// Runs curl in `mode` (optionally in `netns`) fetching `urls` over one
 /// keep-alive connection into files; returns the bodies and the bytes curl
 /// sent plus received (`size_request + size_header + size_download`).
-pub fn curl(env: &mut Env, mode: Mode, netns: Option<&str>, name: &str, urls: &[String]) -> (Vec<Vec<u8>>, u64) {
-    let mut args: Vec<String> = vec!["-sS".into(), "--fail".into(), "--http1.1".into(), "--max-time".into(), "30".into()];
+pub fn curl(
+    env: &mut Env,
+    mode: Mode,
+    netns: Option<&str>,
+    name: &str,
+    urls: &[String],
+) -> (Vec<Vec<u8>>, u64) {
+    let mut args: Vec<String> = vec![
+        "-sS".into(),
+        "--fail".into(),
+        "--http1.1".into(),
+        "--max-time".into(),
+        "30".into(),
+    ];
     args.push("-w".into());
     args.push("%{size_request} %{size_header} %{size_download}\\n".into());
     let mut outs = Vec::new();
@@ -670,7 +854,10 @@ pub fn curl(env: &mut Env, mode: Mode, netns: Option<&str>, name: &str, urls: &[
     p.wait_ok(Duration::from_secs(60));
     let mut bytes = 0;
     for l in p.stdout_str().lines() {
-        bytes += l.split_whitespace().map(|x| x.parse::<u64>().unwrap()).sum::<u64>();
+        bytes += l
+            .split_whitespace()
+            .map(|x| x.parse::<u64>().unwrap())
+            .sum::<u64>();
     }
     (outs.iter().map(|o| fs::read(o).unwrap()).collect(), bytes)
 }
@@ -716,7 +903,10 @@ pub fn parse_wrk(out: &str) -> (u64, u64, u64, Option<String>) {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {k}= in wrk output:\n{out}"))
     };
-    let errs = out.lines().find(|l| l.contains("Socket errors") || l.contains("Non-2xx")).map(|s| s.to_string());
+    let errs = out
+        .lines()
+        .find(|l| l.contains("Socket errors") || l.contains("Non-2xx"))
+        .map(|s| s.to_string());
     (reqs, kv("checked"), kv("bad"), errs)
 }
 
@@ -736,7 +926,10 @@ pub fn assert_clean(env: &Env, orderly: bool) {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n != "device")
             .collect();
-        eprintln!("{} {when}: dmbs_cnt {}, conns_active {}, listeners {}, files {files:?}", env.name, s.dmbs_cnt, s.conns_active, s.listeners);
+        eprintln!(
+            "{} {when}: dmbs_cnt {}, conns_active {}, listeners {}, files {files:?}",
+            env.name, s.dmbs_cnt, s.conns_active, s.listeners
+        );
         (s.dmbs_cnt, s.conns_active, s.listeners, files)
     };
     if orderly {

@@ -21,11 +21,28 @@ fn nginx_curl_ipv6() {
     let mut env = Env::new("edge-ipv6");
     let (root, big) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("[::1]:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("[::1]:{port}"),
+        &root,
+        "a",
+    );
     let s0 = env.stats();
     let url = format!("http://[::1]:{port}/big.bin");
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl6", std::slice::from_ref(&url));
-    assert_eq!(sha256_bytes(&env, "b", &b[0]), sha256_bytes(&env, "b0", &big), "1 MiB body over ::1 differs");
+    let (b, bytes) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl6",
+        std::slice::from_ref(&url),
+    );
+    assert_eq!(
+        sha256_bytes(&env, "b", &b[0]),
+        sha256_bytes(&env, "b0", &big),
+        "1 MiB body over ::1 differs"
+    );
     let d = delta(&s0, &env.stats());
     assert_smc("nginx + curl over ::1", &d, 1, bytes, bytes, &nginx.logs());
 }
@@ -34,10 +51,17 @@ fn iperf3_json(env: &Env, json: &str, expr: &str) -> f64 {
     let f = env.path("iperf3.json");
     fs::write(&f, json).unwrap();
     let o = std::process::Command::new(require("python3"))
-        .args(["-c", &format!("import json,sys; d=json.load(open(sys.argv[1])); print({expr})"), f.to_str().unwrap()])
+        .args([
+            "-c",
+            &format!("import json,sys; d=json.load(open(sys.argv[1])); print({expr})"),
+            f.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or_else(|_| panic!("{expr}: {}\n{json}", String::from_utf8_lossy(&o.stderr)))
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{expr}: {}\n{json}", String::from_utf8_lossy(&o.stderr)))
 }
 
 /// 4 parallel streams, sendfile from a file (-Z), both directions at once.
@@ -46,20 +70,65 @@ fn iperf3_parallel_zerocopy_bidir() {
     let mut env = Env::new("edge-iperf3");
     let port = free_port();
     let ps = port.to_string();
-    let mut server = env.spawn(Mode::Smclo, "iperf3-server", "iperf3", &["-s", "-B", "127.0.0.1", "-p", &ps]);
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "iperf3-server",
+        "iperf3",
+        &["-s", "-B", "127.0.0.1", "-p", &ps],
+    );
     wait_listen(&mut server, port);
     let s0 = env.stats();
-    let c = env.run(Mode::Smclo, "iperf3", "iperf3", &["-c", "127.0.0.1", "-p", &ps, "-t", "2", "-P", "4", "-Z", "--bidir", "--json"], T);
+    let c = env.run(
+        Mode::Smclo,
+        "iperf3",
+        "iperf3",
+        &[
+            "-c",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-t",
+            "2",
+            "-P",
+            "4",
+            "-Z",
+            "--bidir",
+            "--json",
+        ],
+        T,
+    );
     let json = c.stdout_str();
-    assert!(!json.contains("\"error\""), "iperf3 error:\n{json}\n{}", server.logs());
-    let sent = iperf3_json(&env, &json, "d['end']['sum_sent']['bytes'] + d['end']['sum_sent_bidir_reverse']['bytes']") as u64;
-    let received = iperf3_json(&env, &json, "d['end']['sum_received']['bytes'] + d['end']['sum_received_bidir_reverse']['bytes']") as u64;
+    assert!(
+        !json.contains("\"error\""),
+        "iperf3 error:\n{json}\n{}",
+        server.logs()
+    );
+    let sent = iperf3_json(
+        &env,
+        &json,
+        "d['end']['sum_sent']['bytes'] + d['end']['sum_sent_bidir_reverse']['bytes']",
+    ) as u64;
+    let received = iperf3_json(
+        &env,
+        &json,
+        "d['end']['sum_received']['bytes'] + d['end']['sum_received_bidir_reverse']['bytes']",
+    ) as u64;
     let streams = iperf3_json(&env, &json, "len(d['end']['streams'])") as u64;
     assert_eq!(streams, 8, "4 streams each way");
-    assert!(received <= sent && sent - received <= 8 * (4 << 20), "sent {sent}, received {received}");
+    assert!(
+        received <= sent && sent - received <= 8 * (4 << 20),
+        "sent {sent}, received {received}"
+    );
     let d = delta(&s0, &env.stats());
     // 8 data connections + control; as in iperf3_both_directions.
-    assert_smc("iperf3 -P 4 -Z --bidir", &d, 9, sent, sent + (256 << 10), &server.logs());
+    assert_smc(
+        "iperf3 -P 4 -Z --bidir",
+        &d,
+        9,
+        sent,
+        sent + (256 << 10),
+        &server.logs(),
+    );
     server.stop(Duration::from_secs(5));
     assert_clean(&env, true);
 }
@@ -73,7 +142,14 @@ fn nginx_client_killed_mid_transfer() {
     env.run_opts = ["-r", "16k"].map(String::from).to_vec();
     let (root, big) = www(&env);
     let port = free_port();
-    let mut nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let mut nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let url = format!("http://127.0.0.1:{port}/big.bin");
     // --limit-rate keeps curl reading slowly, the ring full.
     // On a busy machine a curl can be descheduled past the 300 ms and find
@@ -83,8 +159,16 @@ fn nginx_client_killed_mid_transfer() {
     let mut tries = 0;
     while killed < 3 {
         tries += 1;
-        assert!(tries <= 15, "no curl could be caught in the middle of a 1 MiB body at 64 KiB/s");
-        let cmd = env.command(Mode::Smclo, None, "curl", &["-sS", "--limit-rate", "64k", "-o", "/dev/null", &url]);
+        assert!(
+            tries <= 15,
+            "no curl could be caught in the middle of a 1 MiB body at 64 KiB/s"
+        );
+        let cmd = env.command(
+            Mode::Smclo,
+            None,
+            "curl",
+            &["-sS", "--limit-rate", "64k", "-o", "/dev/null", &url],
+        );
         let mut c = env.spawn_cmd(&format!("slow-curl{tries}"), cmd);
         std::thread::sleep(Duration::from_millis(300));
         if c.alive() {
@@ -96,10 +180,23 @@ fn nginx_client_killed_mid_transfer() {
         }
     }
     let s0 = env.stats();
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", std::slice::from_ref(&url));
+    let (b, bytes) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl-after",
+        std::slice::from_ref(&url),
+    );
     assert_eq!(b[0], big, "body after killed clients differs");
     let d = delta(&s0, &env.stats());
-    assert_smc("nginx after killed clients", &d, 1, bytes, bytes, &nginx.logs());
+    assert_smc(
+        "nginx after killed clients",
+        &d,
+        1,
+        bytes,
+        bytes,
+        &nginx.logs(),
+    );
     // nginx logged the aborted transfers (status 200, fewer bytes than the file).
     let t0 = Instant::now();
     loop {
@@ -108,7 +205,11 @@ fn nginx_client_killed_mid_transfer() {
         if n >= tries + 1 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "nginx did not finish the killed clients' requests: {lines:?}\n{}", nginx.logs());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "nginx did not finish the killed clients' requests: {lines:?}\n{}",
+            nginx.logs()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     nginx.stop(Duration::from_secs(5));
@@ -123,17 +224,39 @@ fn nginx_server_killed_mid_transfer() {
     env.run_opts = ["-r", "16k"].map(String::from).to_vec();
     let (root, _) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let url = format!("http://127.0.0.1:{port}/big.bin");
-    let cmd = env.command(Mode::Smclo, None, "curl", &["-sS", "--limit-rate", "64k", "-o", "/dev/null", &url]);
+    let cmd = env.command(
+        Mode::Smclo,
+        None,
+        "curl",
+        &["-sS", "--limit-rate", "64k", "-o", "/dev/null", &url],
+    );
     let mut c = env.spawn_cmd("slow-curl", cmd);
     std::thread::sleep(Duration::from_millis(500));
     assert!(c.alive(), "slow curl finished too early");
     drop(nginx); // SIGKILL to master and workers
     let st = c.wait(Duration::from_secs(20));
-    assert!(!st.success(), "curl reported success although the server died mid-body\n{}", c.logs());
+    assert!(
+        !st.success(),
+        "curl reported success although the server died mid-body\n{}",
+        c.logs()
+    );
     let e = c.stderr_str();
-    assert!(e.contains("(18)") || e.contains("(56)") || e.contains("transfer closed") || e.contains("Recv failure"), "curl's error: {e}");
+    assert!(
+        e.contains("(18)")
+            || e.contains("(56)")
+            || e.contains("transfer closed")
+            || e.contains("Recv failure"),
+        "curl's error: {e}"
+    );
     assert_clean(&env, false);
 }
 
@@ -146,13 +269,41 @@ fn device_inactive_redis_and_nginx_fall_back() {
     let (root, big) = www(&env);
     let (_redis, rport) = start_redis(&mut env, Mode::Smclo);
     let port = free_port();
-    let _nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let _nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let s0 = env.stats();
-    let (b, _) = curl(&mut env, Mode::Smclo, None, "curl", &[format!("http://127.0.0.1:{port}/big.bin")]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl",
+        &[format!("http://127.0.0.1:{port}/big.bin")],
+    );
     assert_eq!(b[0], big);
     let v = pseudo_random(100_000, 5);
-    env.run_stdin(Mode::Smclo, "cli-set", "redis-cli", &["-p", &rport.to_string(), "-x", "SET", "k"], &v, T);
-    let mut g = env.run(Mode::Smclo, "cli-get", "redis-cli", &["-p", &rport.to_string(), "--raw", "GET", "k"], T).stdout();
+    env.run_stdin(
+        Mode::Smclo,
+        "cli-set",
+        "redis-cli",
+        &["-p", &rport.to_string(), "-x", "SET", "k"],
+        &v,
+        T,
+    );
+    let mut g = env
+        .run(
+            Mode::Smclo,
+            "cli-get",
+            "redis-cli",
+            &["-p", &rport.to_string(), "--raw", "GET", "k"],
+            T,
+        )
+        .stdout();
     g.pop();
     assert!(g == v, "redis value differs over the fallback");
     let d = delta(&s0, &env.stats());
@@ -160,8 +311,18 @@ fn device_inactive_redis_and_nginx_fall_back() {
     // The 3 clients do not propose (NOSMCDDEV); so their servers see no
     // proposal (PEERNOSMC).
     eprintln!("device inactive: {}", d.fallbacks_desc());
-    assert_eq!(d.fallback_client[Reason::NoSmcdDev.index()], 3, "{}", d.fallbacks_desc());
-    assert_eq!(d.fallback_server[Reason::PeerNoSmc.index()], 3, "{}", d.fallbacks_desc());
+    assert_eq!(
+        d.fallback_client[Reason::NoSmcdDev.index()],
+        3,
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback_server[Reason::PeerNoSmc.index()],
+        3,
+        "{}",
+        d.fallbacks_desc()
+    );
     assert_eq!(d.fallbacks(), 6, "nothing else: {}", d.fallbacks_desc());
 }
 
@@ -178,14 +339,35 @@ fn ueid_mismatch_falls_back() {
     let nginx = start_nginx(&mut env, Mode::Smclo, None, &listen, &root, "a");
     env.extra_env = vec![("SMCLO_UEID".into(), "SMCLO-TEST-UEID-B".into())];
     let s0 = env.stats();
-    let (b, _) = curl(&mut env, Mode::Smclo, None, "curl", &[format!("http://{listen}/big.bin")]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl",
+        &[format!("http://{listen}/big.bin")],
+    );
     assert_eq!(b[0], big, "body differs after a declined handshake");
     let d = delta(&s0, &env.stats());
-    assert_eq!((d.conns_opened, d.xfer_bytes), (0, 0), "{d:?}\n{}", nginx.logs());
+    assert_eq!(
+        (d.conns_opened, d.xfer_bytes),
+        (0, 0),
+        "{d:?}\n{}",
+        nginx.logs()
+    );
     eprintln!("UEID mismatch: {}", d.fallbacks_desc());
-    assert_eq!(d.fallbacks(), 2, "one fallback on each side: {}", d.fallbacks_desc());
+    assert_eq!(
+        d.fallbacks(),
+        2,
+        "one fallback on each side: {}",
+        d.fallbacks_desc()
+    );
     let i = Reason::NoUeid.index();
-    assert_eq!((d.fallback_client[i], d.fallback_server[i]), (1, 1), "NOUEID on both sides (the server declines, the client counts the Decline's reason): {}", d.fallbacks_desc());
+    assert_eq!(
+        (d.fallback_client[i], d.fallback_server[i]),
+        (1, 1),
+        "NOUEID on both sides (the server declines, the client counts the Decline's reason): {}",
+        d.fallbacks_desc()
+    );
 }
 
 const FD_CLIENT: &str = r#"
@@ -218,14 +400,35 @@ fn descriptor_numbers_stay_dense() {
     let (root, _) = www(&env);
     fs::write(env.path("fdclient.py"), FD_CLIENT).unwrap();
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let n = 64;
     let mut max = Vec::new();
     for mode in [Mode::Plain, Mode::Smclo] {
-        let p = env.run(mode, "fdclient", "python3", &["fdclient.py", &port.to_string(), &n.to_string()], T);
-        max.push(p.stdout_str().trim().parse::<i64>().unwrap_or_else(|_| panic!("{}\n{}", p.logs(), nginx.logs())));
+        let p = env.run(
+            mode,
+            "fdclient",
+            "python3",
+            &["fdclient.py", &port.to_string(), &n.to_string()],
+            T,
+        );
+        max.push(
+            p.stdout_str()
+                .trim()
+                .parse::<i64>()
+                .unwrap_or_else(|_| panic!("{}\n{}", p.logs(), nginx.logs())),
+        );
     }
-    eprintln!("highest descriptor with {n} connections: plain {}, smclo {}", max[0], max[1]);
+    eprintln!(
+        "highest descriptor with {n} connections: plain {}, smclo {}",
+        max[0], max[1]
+    );
     assert!(
         max[1] <= max[0] + 8,
         "with {n} connections the highest descriptor is {} under smclo run but {} over TCP: the preload keeps descriptors of its own at low numbers for every connection",

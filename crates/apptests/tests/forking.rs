@@ -65,14 +65,24 @@ fn python_forking_server_echo() {
     fs::write(env.path("client.py"), ECHO_CLIENT).unwrap();
     let port = free_port();
     let ps = port.to_string();
-    let mut server = env.spawn(Mode::Smclo, "forking-server", "python3", &["server.py", &ps]);
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "forking-server",
+        "python3",
+        &["server.py", &ps],
+    );
     wait_listen(&mut server, port);
     let s0 = env.stats();
     let n = 3_000_000usize;
     // 4 clients at once, each served by its own forked child.
     let mut clients: Vec<Proc> = (0..4)
         .map(|i| {
-            let c = env.command(Mode::Smclo, None, "python3", &["client.py", &ps, &n.to_string()]);
+            let c = env.command(
+                Mode::Smclo,
+                None,
+                "python3",
+                &["client.py", &ps, &n.to_string()],
+            );
             env.spawn_cmd(&format!("client{i}"), c)
         })
         .collect();
@@ -81,7 +91,12 @@ fn python_forking_server_echo() {
         let st = c.wait(T);
         assert!(st.success(), "{}\n{}", c.logs(), server.logs());
         let out = c.stdout_str();
-        total += out.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
+        total += out
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
     }
     let d = delta(&s0, &env.stats());
     // Exact: the payloads (n each) plus everything the clients received,
@@ -96,23 +111,48 @@ fn redis_pubsub_push_to_idle_subscriber() {
     let (server, port) = start_redis(&mut env, Mode::Smclo);
     let ps = port.to_string();
     let s0 = env.stats();
-    let sub_cmd = env.command(Mode::Smclo, None, "redis-cli", &["-p", &ps, "--raw", "SUBSCRIBE", "news"]);
+    let sub_cmd = env.command(
+        Mode::Smclo,
+        None,
+        "redis-cli",
+        &["-p", &ps, "--raw", "SUBSCRIBE", "news"],
+    );
     let sub = env.spawn_cmd("subscriber", sub_cmd);
     // Wait until the subscription is live.
     let t0 = Instant::now();
     loop {
-        let o = env.run(Mode::Smclo, "numsub", "redis-cli", &["-p", &ps, "--raw", "PUBSUB", "NUMSUB", "news"], T).stdout_str();
+        let o = env
+            .run(
+                Mode::Smclo,
+                "numsub",
+                "redis-cli",
+                &["-p", &ps, "--raw", "PUBSUB", "NUMSUB", "news"],
+                T,
+            )
+            .stdout_str();
         if o.lines().nth(1) == Some("1") {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "subscriber not seen: {o}\n{}", sub.logs());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "subscriber not seen: {o}\n{}",
+            sub.logs()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // Messages with pauses, so that the subscriber sleeps between them.
     let mut want = String::from("subscribe\nnews\n1\n");
     for i in 0..20 {
         let msg = format!("message-{i}-{}", "x".repeat(i * 500));
-        let o = env.run(Mode::Smclo, "publish", "redis-cli", &["-p", &ps, "PUBLISH", "news", &msg], T).stdout_str();
+        let o = env
+            .run(
+                Mode::Smclo,
+                "publish",
+                "redis-cli",
+                &["-p", &ps, "PUBLISH", "news", &msg],
+                T,
+            )
+            .stdout_str();
         assert_eq!(o.trim(), "1", "PUBLISH reached {o} subscribers");
         want.push_str(&format!("message\nnews\n{msg}\n"));
         if i % 5 == 0 {
@@ -141,21 +181,55 @@ fn redis_cli_pipe_mass_insert() {
     for i in 0..n {
         let k = format!("key:{i}");
         let v = format!("value-{i}-{}", i * 7919 % 100_003);
-        input.extend_from_slice(format!("*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n${}\r\n{v}\r\n", k.len(), v.len()).as_bytes());
+        input.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{k}\r\n${}\r\n{v}\r\n",
+                k.len(),
+                v.len()
+            )
+            .as_bytes(),
+        );
     }
     let s0 = env.stats();
-    let p = env.run_stdin(Mode::Smclo, "redis-pipe", "redis-cli", &["-p", &ps, "--pipe"], &input, T);
+    let p = env.run_stdin(
+        Mode::Smclo,
+        "redis-pipe",
+        "redis-cli",
+        &["-p", &ps, "--pipe"],
+        &input,
+        T,
+    );
     let out = p.stdout_str();
-    assert!(out.contains(&format!("errors: 0, replies: {n}")), "redis-cli --pipe: {out}\n{}", server.logs());
+    assert!(
+        out.contains(&format!("errors: 0, replies: {n}")),
+        "redis-cli --pipe: {out}\n{}",
+        server.logs()
+    );
     let d = delta(&s0, &env.stats());
     // The input, n "+OK\r\n" replies, and --pipe's closing ECHO of a
     // 20-byte random marker: "\r\n*2\r\n$4\r\nECHO\r\n$20\r\n<20>\r\n"
     // (43 bytes) and its reply "$20\r\n<20>\r\n" (27).
     let want = (input.len() + 5 * n + 43 + 27) as u64;
     assert_smc("redis-cli --pipe", &d, 1, want, want, &server.logs());
-    let o = env.run(Mode::Smclo, "dbsize", "redis-cli", &["-p", &ps, "DBSIZE"], T).stdout_str();
+    let o = env
+        .run(
+            Mode::Smclo,
+            "dbsize",
+            "redis-cli",
+            &["-p", &ps, "DBSIZE"],
+            T,
+        )
+        .stdout_str();
     assert_eq!(o.trim(), n.to_string());
-    let o = env.run(Mode::Smclo, "get", "redis-cli", &["-p", &ps, "GET", "key:12345"], T).stdout_str();
+    let o = env
+        .run(
+            Mode::Smclo,
+            "get",
+            "redis-cli",
+            &["-p", &ps, "GET", "key:12345"],
+            T,
+        )
+        .stdout_str();
     assert_eq!(o.trim(), format!("value-12345-{}", 12345 * 7919 % 100_003));
 }
 
@@ -195,10 +269,21 @@ fn accepting_process_exits_child_serves() {
     fs::write(env.path("client.py"), ECHO_CLIENT).unwrap();
     let port = free_port();
     let ps = port.to_string();
-    let mut server = env.spawn(Mode::Smclo, "handoff-server", "python3", &["server.py", &ps]);
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "handoff-server",
+        "python3",
+        &["server.py", &ps],
+    );
     wait_listen(&mut server, port);
     let s0 = env.stats();
-    let c = env.run(Mode::Smclo, "client", "python3", &["client.py", &ps, "2000000"], T);
+    let c = env.run(
+        Mode::Smclo,
+        "client",
+        "python3",
+        &["client.py", &ps, "2000000"],
+        T,
+    );
     assert!(c.stdout_str().starts_with("ok "), "{}", c.logs());
     let d = delta(&s0, &env.stats());
     assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());

@@ -8,11 +8,22 @@ fn json_num(env: &Env, json: &str, section: &str, key: &str) -> f64 {
     let f = env.path("iperf3.json");
     std::fs::write(&f, json).unwrap();
     let o = std::process::Command::new(require("python3"))
-        .args(["-c", &format!("import json,sys; print(json.load(open(sys.argv[1]))['end']['{section}']['{key}'])"), f.to_str().unwrap()])
+        .args([
+            "-c",
+            &format!(
+                "import json,sys; print(json.load(open(sys.argv[1]))['end']['{section}']['{key}'])"
+            ),
+            f.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let v = String::from_utf8_lossy(&o.stdout);
-    v.trim().parse().unwrap_or_else(|_| panic!("no end.{section}.{key} in iperf3 output: {}\n{json}", String::from_utf8_lossy(&o.stderr)))
+    v.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "no end.{section}.{key} in iperf3 output: {}\n{json}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
 }
 
 #[test]
@@ -20,7 +31,12 @@ fn iperf3_both_directions() {
     let mut env = Env::new("iperf3");
     let port = free_port();
     let ps = port.to_string();
-    let mut server = env.spawn(Mode::Smclo, "iperf3-server", "iperf3", &["-s", "-B", "127.0.0.1", "-p", &ps]);
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "iperf3-server",
+        "iperf3",
+        &["-s", "-B", "127.0.0.1", "-p", &ps],
+    );
     wait_listen(&mut server, port);
     for reverse in [false, true] {
         let s0 = env.stats();
@@ -28,23 +44,41 @@ fn iperf3_both_directions() {
         if reverse {
             args.push("-R");
         }
-        let name = if reverse { "iperf3-client-R" } else { "iperf3-client" };
+        let name = if reverse {
+            "iperf3-client-R"
+        } else {
+            "iperf3-client"
+        };
         let c = env.run(Mode::Smclo, name, "iperf3", &args, Duration::from_secs(30));
         let json = c.stdout_str();
-        assert!(!json.contains("\"error\""), "iperf3 error:\n{json}\n{}", server.logs());
+        assert!(
+            !json.contains("\"error\""),
+            "iperf3 error:\n{json}\n{}",
+            server.logs()
+        );
         let sent = json_num(&env, &json, "sum_sent", "bytes") as u64;
         let received = json_num(&env, &json, "sum_received", "bytes") as u64;
         assert!(sent > 100 << 20, "{name}: only {sent} bytes in 2 s");
         // The receiver stops reading when the test time is up: the last
         // blocks the sender wrote may stay unread (in the ring, or in TCP's
         // buffers without smclo), at most a few MiB.
-        assert!(received <= sent && sent - received <= 4 << 20, "{name}: sent {sent}, received {received}");
+        assert!(
+            received <= sent && sent - received <= 4 << 20,
+            "{name}: sent {sent}, received {received}"
+        );
         let d = delta(&s0, &env.stats());
         // Data connection: exactly `sent` (written into the peer's ring,
         // read or not). Control connection: the cookie,
         // parameters and both JSON result exchanges, a few tens of KiB with
         // --json (bounded here at 256 KiB).
-        assert_smc(name, &d, 2, sent, sent + (256 << 10), &format!("{}\n{}", c.logs(), server.logs()));
+        assert_smc(
+            name,
+            &d,
+            2,
+            sent,
+            sent + (256 << 10),
+            &format!("{}\n{}", c.logs(), server.logs()),
+        );
     }
     assert!(server.alive(), "iperf3 server died\n{}", server.logs());
     let mut server = server;

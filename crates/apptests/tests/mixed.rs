@@ -30,22 +30,68 @@ fn redis_session(env: &mut Env, server_mode: Mode, client_mode: Mode) -> (RedisR
     let value = pseudo_random(256 << 10, 77);
     let s0 = env.stats();
     let mut outputs = Vec::new();
-    let set = env.run_stdin(client_mode, "cli-set", "redis-cli", &["-p", &ps, "-x", "SET", "big"], &value, T);
+    let set = env.run_stdin(
+        client_mode,
+        "cli-set",
+        "redis-cli",
+        &["-p", &ps, "-x", "SET", "big"],
+        &value,
+        T,
+    );
     outputs.push(set.stdout());
-    let get = env.run(client_mode, "cli-get", "redis-cli", &["-p", &ps, "--raw", "GET", "big"], T);
+    let get = env.run(
+        client_mode,
+        "cli-get",
+        "redis-cli",
+        &["-p", &ps, "--raw", "GET", "big"],
+        T,
+    );
     let mut g = get.stdout();
     g.pop();
-    assert!(g == value, "GET returned a different value ({} bytes)", g.len());
+    assert!(
+        g == value,
+        "GET returned a different value ({} bytes)",
+        g.len()
+    );
     outputs.push(get.stdout());
     let batch = b"INCRBY counter 5\nRPUSH list a b c d\nLRANGE list 0 -1\nSTRLEN big\nGETRANGE big 1000 1031\nDEL list\n".to_vec();
-    let b = env.run_stdin(client_mode, "cli-batch", "redis-cli", &["-p", &ps], &batch, T);
+    let b = env.run_stdin(
+        client_mode,
+        "cli-batch",
+        "redis-cli",
+        &["-p", &ps],
+        &batch,
+        T,
+    );
     outputs.push(b.stdout());
     let d = delta(&s0, &env.stats());
-    let info = env.run(Mode::Plain, "cli-info", "redis-cli", &["-p", &ps, "INFO", "stats"], T).stdout_str();
-    let server_in = info_field(&info, "total_net_input_bytes").unwrap().parse().unwrap();
-    let server_out = info_field(&info, "total_net_output_bytes").unwrap().parse().unwrap();
+    let info = env
+        .run(
+            Mode::Plain,
+            "cli-info",
+            "redis-cli",
+            &["-p", &ps, "INFO", "stats"],
+            T,
+        )
+        .stdout_str();
+    let server_in = info_field(&info, "total_net_input_bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let server_out = info_field(&info, "total_net_output_bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
     drop(server);
-    (RedisRun { outputs, server_in, server_out, conns: 3 }, d)
+    (
+        RedisRun {
+            outputs,
+            server_in,
+            server_out,
+            conns: 3,
+        },
+        d,
+    )
 }
 
 #[test]
@@ -53,10 +99,25 @@ fn redis_smclo_client_plain_server() {
     let mut env = Env::new("mixed-redis-c");
     let (ctl, _) = redis_session(&mut env, Mode::Plain, Mode::Plain);
     let (run, d) = redis_session(&mut env, Mode::Plain, Mode::Smclo);
-    assert!(run.outputs == ctl.outputs, "client output differs from the plain control");
-    assert_eq!(run.server_in, ctl.server_in, "plain redis-server read a different number of bytes than from a plain client");
-    assert_eq!(run.server_out, ctl.server_out, "plain redis-server wrote a different number of bytes");
-    assert_plain("smclo redis-cli -> plain redis-server", &d, run.conns, "client", "");
+    assert!(
+        run.outputs == ctl.outputs,
+        "client output differs from the plain control"
+    );
+    assert_eq!(
+        run.server_in, ctl.server_in,
+        "plain redis-server read a different number of bytes than from a plain client"
+    );
+    assert_eq!(
+        run.server_out, ctl.server_out,
+        "plain redis-server wrote a different number of bytes"
+    );
+    assert_plain(
+        "smclo redis-cli -> plain redis-server",
+        &d,
+        run.conns,
+        "client",
+        "",
+    );
 }
 
 #[test]
@@ -64,24 +125,57 @@ fn redis_plain_client_smclo_server() {
     let mut env = Env::new("mixed-redis-s");
     let (ctl, _) = redis_session(&mut env, Mode::Plain, Mode::Plain);
     let (run, d) = redis_session(&mut env, Mode::Smclo, Mode::Plain);
-    assert!(run.outputs == ctl.outputs, "plain client's output differs from the plain control");
-    assert_eq!(run.server_in, ctl.server_in, "smclo redis-server read a different number of bytes than plain");
-    assert_eq!(run.server_out, ctl.server_out, "smclo redis-server wrote a different number of bytes than plain");
-    assert_plain("plain redis-cli -> smclo redis-server", &d, run.conns, "server", "");
+    assert!(
+        run.outputs == ctl.outputs,
+        "plain client's output differs from the plain control"
+    );
+    assert_eq!(
+        run.server_in, ctl.server_in,
+        "smclo redis-server read a different number of bytes than plain"
+    );
+    assert_eq!(
+        run.server_out, ctl.server_out,
+        "smclo redis-server wrote a different number of bytes than plain"
+    );
+    assert_plain(
+        "plain redis-cli -> smclo redis-server",
+        &d,
+        run.conns,
+        "server",
+        "",
+    );
 }
 
 // ---------------------------------------------------------------- nginx
 
-fn nginx_session(env: &mut Env, tag: &str, server_mode: Mode, client_mode: Mode) -> (Vec<Vec<u8>>, u64, Vec<String>, Delta) {
+fn nginx_session(
+    env: &mut Env,
+    tag: &str,
+    server_mode: Mode,
+    client_mode: Mode,
+) -> (Vec<Vec<u8>>, u64, Vec<String>, Delta) {
     let root = env.path("www");
     fs::create_dir_all(&root).unwrap();
     fs::write(root.join("small.txt"), b"mixed small file\n").unwrap();
     fs::write(root.join("big.bin"), pseudo_random(1 << 20, 99)).unwrap();
     let port = free_port();
-    let nginx = start_nginx(env, server_mode, None, &format!("127.0.0.1:{port}"), &root, tag);
+    let nginx = start_nginx(
+        env,
+        server_mode,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        tag,
+    );
     let s0 = env.stats();
     let base = format!("http://127.0.0.1:{port}");
-    let (bodies, curl_bytes) = curl(env, client_mode, None, &format!("curl-{tag}"), &[format!("{base}/small.txt"), format!("{base}/big.bin")]);
+    let (bodies, curl_bytes) = curl(
+        env,
+        client_mode,
+        None,
+        &format!("curl-{tag}"),
+        &[format!("{base}/small.txt"), format!("{base}/big.bin")],
+    );
     let d = delta(&s0, &env.stats());
     drop(nginx);
     let (_, _, lines) = nginx_log_bytes(env, tag);
@@ -96,8 +190,14 @@ fn nginx_smclo_client_plain_server() {
     let (cb, cbytes, clog, _) = nginx_session(&mut env, "ctl", Mode::Plain, Mode::Plain);
     let (b, bytes, log, d) = nginx_session(&mut env, "run", Mode::Plain, Mode::Smclo);
     assert!(b == cb, "bodies differ from the plain control");
-    assert_eq!(bytes, cbytes, "curl moved a different number of bytes than plain");
-    assert_eq!(log, clog, "plain nginx logged different request/response sizes than with a plain client");
+    assert_eq!(
+        bytes, cbytes,
+        "curl moved a different number of bytes than plain"
+    );
+    assert_eq!(
+        log, clog,
+        "plain nginx logged different request/response sizes than with a plain client"
+    );
     assert_plain("smclo curl -> plain nginx", &d, 1, "client", "");
 }
 
@@ -107,7 +207,10 @@ fn nginx_plain_client_smclo_server() {
     let (cb, cbytes, clog, _) = nginx_session(&mut env, "ctl", Mode::Plain, Mode::Plain);
     let (b, bytes, log, d) = nginx_session(&mut env, "run", Mode::Smclo, Mode::Plain);
     assert!(b == cb, "bodies differ from the plain control");
-    assert_eq!(bytes, cbytes, "plain curl sent/received a different number of bytes than from a plain nginx");
+    assert_eq!(
+        bytes, cbytes,
+        "plain curl sent/received a different number of bytes than from a plain nginx"
+    );
     assert_eq!(log, clog, "smclo nginx logged different sizes than plain");
     assert_plain("plain curl -> smclo nginx", &d, 1, "server", "");
 }
@@ -163,17 +266,32 @@ const BLEN: usize = 300_000;
 const PLEN: usize = 200_000;
 const CONNS: u64 = 3;
 
-fn banner_session(env: &mut Env, server_mode: Mode, client_mode: Mode) -> (Vec<String>, String, Delta) {
+fn banner_session(
+    env: &mut Env,
+    server_mode: Mode,
+    client_mode: Mode,
+) -> (Vec<String>, String, Delta) {
     fs::write(env.path("banner_server.py"), BANNER_SERVER).unwrap();
     fs::write(env.path("banner_client.py"), BANNER_CLIENT).unwrap();
     let port = free_port();
     let (ps, bl, pl) = (port.to_string(), BLEN.to_string(), PLEN.to_string());
-    let mut server = env.spawn(server_mode, "banner-server", "python3", &["banner_server.py", &ps, &CONNS.to_string(), &bl]);
+    let mut server = env.spawn(
+        server_mode,
+        "banner-server",
+        "python3",
+        &["banner_server.py", &ps, &CONNS.to_string(), &bl],
+    );
     wait_listen(&mut server, port);
     let s0 = env.stats();
     let mut outs = Vec::new();
     for i in 0..CONNS {
-        let c = env.run(client_mode, &format!("banner-client{i}"), "python3", &["banner_client.py", &ps, &bl, &pl], T);
+        let c = env.run(
+            client_mode,
+            &format!("banner-client{i}"),
+            "python3",
+            &["banner_client.py", &ps, &bl, &pl],
+            T,
+        );
         outs.push(c.stdout_str());
     }
     server.wait_ok(T);
@@ -204,9 +322,21 @@ fn server_first_smclo_client_plain_server() {
     check_banner_counts(&cc, &cs);
     let (c, s, d) = banner_session(&mut env, Mode::Plain, Mode::Smclo);
     check_banner_counts(&c, &s);
-    assert_eq!(c, cc, "smclo client's results differ from the plain control");
-    assert_eq!(s, cs, "plain server's results differ from the plain control");
-    assert_plain("smclo client -> plain banner server", &d, CONNS, "client", "");
+    assert_eq!(
+        c, cc,
+        "smclo client's results differ from the plain control"
+    );
+    assert_eq!(
+        s, cs,
+        "plain server's results differ from the plain control"
+    );
+    assert_plain(
+        "smclo client -> plain banner server",
+        &d,
+        CONNS,
+        "client",
+        "",
+    );
 }
 
 #[test]
@@ -216,9 +346,21 @@ fn server_first_plain_client_smclo_server() {
     check_banner_counts(&cc, &cs);
     let (c, s, d) = banner_session(&mut env, Mode::Smclo, Mode::Plain);
     check_banner_counts(&c, &s);
-    assert_eq!(c, cc, "plain client's results differ from the plain control");
-    assert_eq!(s, cs, "smclo server's results differ from the plain control");
-    assert_plain("plain client -> smclo banner server", &d, CONNS, "server", "");
+    assert_eq!(
+        c, cc,
+        "plain client's results differ from the plain control"
+    );
+    assert_eq!(
+        s, cs,
+        "smclo server's results differ from the plain control"
+    );
+    assert_plain(
+        "plain client -> smclo banner server",
+        &d,
+        CONNS,
+        "server",
+        "",
+    );
 }
 
 /// Both ends under smclo, server speaking first: accelerated, same results.
@@ -233,6 +375,13 @@ fn server_first_both_smclo() {
     // Exact: banner + payload + reply line per connection.
     let reply = cc[0].split("reply '").nth(1).unwrap().len() - "\\n'\n".len() + 1;
     let want = CONNS * (BLEN + PLEN + reply) as u64;
-    assert_smc("smclo client -> smclo banner server", &d, CONNS, want, want, "");
+    assert_smc(
+        "smclo client -> smclo banner server",
+        &d,
+        CONNS,
+        want,
+        want,
+        "",
+    );
     assert_clean(&env, true);
 }

@@ -11,8 +11,20 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
 
-fn wrk_in(env: &mut Env, mode: Mode, ns: &str, name: &str, script: &std::path::Path, url: &str) -> Proc {
-    let cmd = env.command(mode, Some(ns), "wrk", &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), url]);
+fn wrk_in(
+    env: &mut Env,
+    mode: Mode,
+    ns: &str,
+    name: &str,
+    script: &std::path::Path,
+    url: &str,
+) -> Proc {
+    let cmd = env.command(
+        mode,
+        Some(ns),
+        "wrk",
+        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), url],
+    );
     env.spawn_cmd(name, cmd)
 }
 
@@ -22,7 +34,10 @@ fn check_wrk(p: &mut Proc, what: &str) -> u64 {
     let (reqs, checked, bad, errs) = parse_wrk(&out);
     assert!(errs.is_none(), "{what}: {errs:?}\n{}", p.logs());
     assert!(reqs > 200, "{what}: only {reqs} requests\n{out}");
-    assert_eq!(bad, 0, "{what}: {bad} responses with a wrong status or body (cross-talk?)\n{out}");
+    assert_eq!(
+        bad, 0,
+        "{what}: {bad} responses with a wrong status or body (cross-talk?)\n{out}"
+    );
     assert_eq!(checked, reqs, "{what}\n{out}");
     reqs
 }
@@ -38,19 +53,50 @@ fn netns_veth_nginx_wrk_curl() {
     let big = pseudo_random(1 << 20, 0xfeed);
     fs::write(root.join("small.txt"), &small).unwrap();
     fs::write(root.join("big.bin"), &big).unwrap();
-    let nginx = start_nginx(&mut env, Mode::Smclo, Some(&a.name), "10.199.1.1:8080", &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        Some(&a.name),
+        "10.199.1.1:8080",
+        &root,
+        "a",
+    );
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
-    let mut w = wrk_in(&mut env, Mode::Smclo, &b.name, "wrk", &script, "http://10.199.1.1:8080/small.txt");
+    let mut w = wrk_in(
+        &mut env,
+        Mode::Smclo,
+        &b.name,
+        "wrk",
+        &script,
+        "http://10.199.1.1:8080/small.txt",
+    );
     check_wrk(&mut w, "wrk across namespaces");
-    let (bodies, _) = curl(&mut env, Mode::Smclo, Some(&b.name), "curl", &["http://10.199.1.1:8080/big.bin".to_string()]);
-    assert_eq!(sha256_bytes(&env, "b", &bodies[0]), sha256_bytes(&env, "b0", &big), "1 MiB body differs across namespaces");
+    let (bodies, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        Some(&b.name),
+        "curl",
+        &["http://10.199.1.1:8080/big.bin".to_string()],
+    );
+    assert_eq!(
+        sha256_bytes(&env, "b", &bodies[0]),
+        sha256_bytes(&env, "b0", &big),
+        "1 MiB body differs across namespaces"
+    );
     let (logged, _, _) = nginx_log_bytes(&env, "a");
     let d = delta(&s0, &env.stats());
     // As in nginx_wrk: nginx's log, plus up to one request/response in
     // flight per wrk connection when wrk stopped.
     let per = (small.len() + 400) as u64;
-    assert_smc("nginx/wrk across namespaces", &d, 9, logged, logged + 8 * per, &nginx.logs());
+    assert_smc(
+        "nginx/wrk across namespaces",
+        &d,
+        9,
+        logged,
+        logged + 8 * per,
+        &nginx.logs(),
+    );
     let mut nginx = nginx;
     nginx.stop(Duration::from_secs(5));
     assert_clean(&env, true);
@@ -59,7 +105,12 @@ fn netns_veth_nginx_wrk_curl() {
 #[test]
 fn netns_identical_addresses_no_crosstalk() {
     let mut env = Env::new("netns-twins");
-    let (a1, b1, a2, b2) = (env.netns("a1"), env.netns("b1"), env.netns("a2"), env.netns("b2"));
+    let (a1, b1, a2, b2) = (
+        env.netns("a1"),
+        env.netns("b1"),
+        env.netns("a2"),
+        env.netns("b2"),
+    );
     // The same addresses and port in both pairs.
     veth(&a1, &b1, "10.199.2.1", "10.199.2.2");
     veth(&a2, &b2, "10.199.2.1", "10.199.2.2");
@@ -71,10 +122,27 @@ fn netns_identical_addresses_no_crosstalk() {
     assert_ne!(c1.len(), c2.len());
     fs::write(r1.join("f.txt"), &c1).unwrap();
     fs::write(r2.join("f.txt"), &c2).unwrap();
-    let n1 = start_nginx(&mut env, Mode::Smclo, Some(&a1.name), "10.199.2.1:8080", &r1, "one");
-    let n2 = start_nginx(&mut env, Mode::Plain, Some(&a2.name), "10.199.2.1:8080", &r2, "two");
+    let n1 = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        Some(&a1.name),
+        "10.199.2.1:8080",
+        &r1,
+        "one",
+    );
+    let n2 = start_nginx(
+        &mut env,
+        Mode::Plain,
+        Some(&a2.name),
+        "10.199.2.1:8080",
+        &r2,
+        "two",
+    );
     let url = "http://10.199.2.1:8080/f.txt";
-    let (s1, s2) = (wrk_check_script(&env, "one", c1.len()), wrk_check_script(&env, "two", c2.len()));
+    let (s1, s2) = (
+        wrk_check_script(&env, "one", c1.len()),
+        wrk_check_script(&env, "two", c2.len()),
+    );
 
     // Both pairs under load at the same time.
     let s0 = env.stats();
@@ -82,9 +150,21 @@ fn netns_identical_addresses_no_crosstalk() {
     let mut w2 = wrk_in(&mut env, Mode::Plain, &b2.name, "wrk-two", &s2, url);
     check_wrk(&mut w1, "pair one (smclo)");
     check_wrk(&mut w2, "pair two (plain)");
-    let (b, _) = curl(&mut env, Mode::Smclo, Some(&b1.name), "curl-one", &[url.to_string()]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        Some(&b1.name),
+        "curl-one",
+        &[url.to_string()],
+    );
     assert_eq!(b[0], c1, "pair one's client got someone else's content");
-    let (b, _) = curl(&mut env, Mode::Plain, Some(&b2.name), "curl-two", &[url.to_string()]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Plain,
+        Some(&b2.name),
+        "curl-two",
+        &[url.to_string()],
+    );
     assert_eq!(b[0], c2, "pair two's client got someone else's content");
     let d = delta(&s0, &env.stats());
     let (logged1, _, _) = nginx_log_bytes(&env, "one");
@@ -96,14 +176,39 @@ fn netns_identical_addresses_no_crosstalk() {
     // plain nginx. It must get pair two's content over plain TCP.
     let s0 = env.stats();
     let t0 = std::time::Instant::now();
-    let (b, _) = curl(&mut env, Mode::Smclo, Some(&b2.name), "curl-two-smclo", &[url.to_string()]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        Some(&b2.name),
+        "curl-two-smclo",
+        &[url.to_string()],
+    );
     let took = t0.elapsed();
     assert_eq!(b[0], c2, "smclo client in pair two got pair one's content");
     let d = delta(&s0, &env.stats());
-    assert_eq!(d.conns_opened, 0, "an SMC-D connection for pair two's plain server: {d:?}");
-    assert_eq!(d.xfer_bytes, 0, "bytes over SMC-D for pair two's plain server: {d:?}");
-    eprintln!("smclo client in the plain pair: {} in {took:?}", d.fallbacks_desc());
-    assert_eq!(d.fallbacks(), 1, "want one client fallback: {}", d.fallbacks_desc());
-    assert_eq!(d.fallback_client.iter().sum::<u64>(), 1, "the fallback is the client's: {}", d.fallbacks_desc());
+    assert_eq!(
+        d.conns_opened, 0,
+        "an SMC-D connection for pair two's plain server: {d:?}"
+    );
+    assert_eq!(
+        d.xfer_bytes, 0,
+        "bytes over SMC-D for pair two's plain server: {d:?}"
+    );
+    eprintln!(
+        "smclo client in the plain pair: {} in {took:?}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallbacks(),
+        1,
+        "want one client fallback: {}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback_client.iter().sum::<u64>(),
+        1,
+        "the fallback is the client's: {}",
+        d.fallbacks_desc()
+    );
     drop((n1, n2));
 }

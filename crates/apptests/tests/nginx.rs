@@ -15,15 +15,46 @@ fn nginx_curl_small_and_1mib() {
     let mut env = Env::new("nginx-curl");
     let (root, small, big) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let s0 = env.stats();
     let base = format!("http://127.0.0.1:{port}");
     // Both files over one keep-alive connection, then each on its own.
-    let (bodies, curl_bytes) = curl(&mut env, Mode::Smclo, None, "curl-both", &[format!("{base}/small.txt"), format!("{base}/big.bin")]);
-    assert_eq!(sha256_bytes(&env, "s", &bodies[0]), sha256_bytes(&env, "s0", &small), "small body differs");
-    assert_eq!(sha256_bytes(&env, "b", &bodies[1]), sha256_bytes(&env, "b0", &big), "1 MiB body differs");
-    let (b1, c1) = curl(&mut env, Mode::Smclo, None, "curl-big", &[format!("{base}/big.bin")]);
-    assert_eq!(sha256_bytes(&env, "b1", &b1[0]), sha256_bytes(&env, "b0", &big), "1 MiB body differs (2nd)");
+    let (bodies, curl_bytes) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl-both",
+        &[format!("{base}/small.txt"), format!("{base}/big.bin")],
+    );
+    assert_eq!(
+        sha256_bytes(&env, "s", &bodies[0]),
+        sha256_bytes(&env, "s0", &small),
+        "small body differs"
+    );
+    assert_eq!(
+        sha256_bytes(&env, "b", &bodies[1]),
+        sha256_bytes(&env, "b0", &big),
+        "1 MiB body differs"
+    );
+    let (b1, c1) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl-big",
+        &[format!("{base}/big.bin")],
+    );
+    assert_eq!(
+        sha256_bytes(&env, "b1", &b1[0]),
+        sha256_bytes(&env, "b0", &big),
+        "1 MiB body differs (2nd)"
+    );
     let d = delta(&s0, &env.stats());
     // Exact: curl counts every byte it sent (request) and received (headers
     // and body) on its connections, which are all of the traffic.
@@ -32,7 +63,10 @@ fn nginx_curl_small_and_1mib() {
     // nginx agrees: $request_length + $bytes_sent over its log.
     let (logged, n, lines) = nginx_log_bytes(&env, "a");
     assert_eq!(n, 3, "access log: {lines:?}");
-    assert_eq!(logged, want, "nginx logged {logged} bytes, curl moved {want}: {lines:?}");
+    assert_eq!(
+        logged, want,
+        "nginx logged {logged} bytes, curl moved {want}: {lines:?}"
+    );
     let mut nginx = nginx;
     nginx.stop(Duration::from_secs(5));
     assert_clean(&env, true);
@@ -43,25 +77,56 @@ fn nginx_wrk() {
     let mut env = Env::new("nginx-wrk");
     let (root, small, _) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let wrk = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url], Duration::from_secs(30));
+    let wrk = env.run(
+        Mode::Smclo,
+        "wrk",
+        "wrk",
+        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url],
+        Duration::from_secs(30),
+    );
     let out = wrk.stdout_str();
     let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(errs.is_none(), "wrk: {errs:?}\n{}\n{}", wrk.logs(), nginx.logs());
+    assert!(
+        errs.is_none(),
+        "wrk: {errs:?}\n{}\n{}",
+        wrk.logs(),
+        nginx.logs()
+    );
     assert!(reqs > 1000, "only {reqs} requests\n{out}");
-    assert_eq!(bad, 0, "{bad} responses with a wrong status or body length\n{out}");
+    assert_eq!(
+        bad, 0,
+        "{bad} responses with a wrong status or body length\n{out}"
+    );
     assert_eq!(checked, reqs, "{out}");
     // nginx logs a request once it has sent the response. wrk stops with
     // up to one request in flight per connection (8): those may have been
     // read (and answered) but not counted by wrk, or be in the ring unread.
     let (logged, n, _) = nginx_log_bytes(&env, "a");
-    assert!(n >= reqs && n <= reqs + 8, "nginx logged {n} requests, wrk completed {reqs}");
+    assert!(
+        n >= reqs && n <= reqs + 8,
+        "nginx logged {n} requests, wrk completed {reqs}"
+    );
     let per_req = logged / n;
     let d = delta(&s0, &env.stats());
-    assert_smc("nginx + wrk", &d, 8, logged, logged + 8 * per_req, &nginx.logs());
+    assert_smc(
+        "nginx + wrk",
+        &d,
+        8,
+        logged,
+        logged + 8 * per_req,
+        &nginx.logs(),
+    );
     drop(nginx); // SIGKILL to master and workers
     assert_clean(&env, false);
 }
@@ -75,7 +140,20 @@ fn nginx_reverse_proxy() {
     let (root, small, big) = www(&env);
     let (front, back) = (free_port(), free_port());
     let py = free_port();
-    let mut backend = env.spawn(Mode::Smclo, "py-backend", "python3", &["-m", "http.server", &py.to_string(), "--bind", "127.0.0.1", "--directory", root.to_str().unwrap()]);
+    let mut backend = env.spawn(
+        Mode::Smclo,
+        "py-backend",
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            &py.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            root.to_str().unwrap(),
+        ],
+    );
     wait_listen(&mut backend, py);
     let servers = format!(
         "upstream self_back {{ server 127.0.0.1:{back}; keepalive 4; }}\n\
@@ -89,18 +167,43 @@ fn nginx_reverse_proxy() {
     assert!(listening(back, Some(nginx.pid())));
     let s0 = env.stats();
     let base = format!("http://127.0.0.1:{front}");
-    let (b, _) = curl(&mut env, Mode::Smclo, None, "curl", &[format!("{base}/small.txt"), format!("{base}/big.bin"), format!("{base}/py/big.bin"), format!("{base}/big.bin")]);
+    let (b, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl",
+        &[
+            format!("{base}/small.txt"),
+            format!("{base}/big.bin"),
+            format!("{base}/py/big.bin"),
+            format!("{base}/big.bin"),
+        ],
+    );
     assert_eq!(b[0], small);
     for (i, body) in b.iter().enumerate().skip(1) {
-        assert_eq!(sha256_bytes(&env, "b", body), sha256_bytes(&env, "b0", &big), "body {i} through the proxy differs");
+        assert_eq!(
+            sha256_bytes(&env, "b", body),
+            sha256_bytes(&env, "b0", &big),
+            "body {i} through the proxy differs"
+        );
     }
     let d = delta(&s0, &env.stats());
     // curl -> front (1 connection), front -> back (keep-alive: >= 1),
     // front -> python (1 per request, HTTP/1.0).
     eprintln!("reverse proxy: {d:?}");
-    assert_eq!(d.fallbacks(), 0, "fallbacks: {}\n{}", d.fallbacks_desc(), nginx.logs());
+    assert_eq!(
+        d.fallbacks(),
+        0,
+        "fallbacks: {}\n{}",
+        d.fallbacks_desc(),
+        nginx.logs()
+    );
     assert!(d.conns_opened >= 3, "{d:?}");
     // At least the bodies twice (backend -> nginx -> curl) each.
     let min = 2 * (small.len() + 3 * big.len()) as u64;
-    assert!(d.xfer_bytes >= min && d.xfer_bytes < min + 64 * 1024, "xfer_bytes {} for {min} bytes of bodies moved twice", d.xfer_bytes);
+    assert!(
+        d.xfer_bytes >= min && d.xfer_bytes < min + 64 * 1024,
+        "xfer_bytes {} for {min} bytes of bodies moved twice",
+        d.xfer_bytes
+    );
 }

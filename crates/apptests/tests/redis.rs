@@ -7,7 +7,13 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(60);
 
 fn info(env: &mut Env, mode: Mode, port: u16, section: &str) -> (String, usize) {
-    let p = env.run(mode, "redis-cli-info", "redis-cli", &["-p", &port.to_string(), "INFO", section], T);
+    let p = env.run(
+        mode,
+        "redis-cli-info",
+        "redis-cli",
+        &["-p", &port.to_string(), "INFO", section],
+        T,
+    );
     let out = p.stdout_str();
     // The reply as sent: "$<len>\r\n<body>\r\n"; redis-cli prints the body
     // and a newline.
@@ -19,14 +25,25 @@ fn info(env: &mut Env, mode: Mode, port: u16, section: &str) -> (String, usize) 
 /// that INFO reply itself, which it sends after taking the numbers.
 fn redis_bytes(env: &mut Env, mode: Mode, port: u16) -> u64 {
     let (out, reply_len) = info(env, mode, port, "stats");
-    let i: u64 = info_field(&out, "total_net_input_bytes").unwrap().parse().unwrap();
-    let o: u64 = info_field(&out, "total_net_output_bytes").unwrap().parse().unwrap();
+    let i: u64 = info_field(&out, "total_net_input_bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let o: u64 = info_field(&out, "total_net_output_bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
     i + o + reply_len as u64
 }
 
 fn calls(cmdstats: &str, cmd: &str) -> u64 {
-    let line = info_field(cmdstats, &format!("cmdstat_{cmd}")).unwrap_or_else(|| panic!("no cmdstat_{cmd} in\n{cmdstats}"));
-    line.split(',').find_map(|kv| kv.strip_prefix("calls=")).unwrap().parse().unwrap()
+    let line = info_field(cmdstats, &format!("cmdstat_{cmd}"))
+        .unwrap_or_else(|| panic!("no cmdstat_{cmd} in\n{cmdstats}"));
+    line.split(',')
+        .find_map(|kv| kv.strip_prefix("calls="))
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -39,13 +56,29 @@ fn redis_benchmark_set_get() {
         Mode::Smclo,
         "redis-benchmark",
         "redis-benchmark",
-        &["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "set,get", "-d", "1024", "-c", "8", "-n", &n.to_string(), "-q"],
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "set,get",
+            "-d",
+            "1024",
+            "-c",
+            "8",
+            "-n",
+            &n.to_string(),
+            "-q",
+        ],
         T,
     );
     let out = bench.stdout_str();
     for t in ["SET", "GET"] {
         assert!(
-            out.lines().any(|l| l.trim_start().starts_with(&format!("{t}: ")) && l.contains("requests per second")),
+            out.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{t}: "))
+                    && l.contains("requests per second")),
             "redis-benchmark printed no {t} result:\n{}\n{}",
             bench.logs(),
             server.logs()
@@ -55,7 +88,13 @@ fn redis_benchmark_set_get() {
     let (cs, _) = info(&mut env, Mode::Smclo, port, "commandstats");
     assert_eq!(calls(&cs, "set"), n, "SET calls\n{cs}");
     assert_eq!(calls(&cs, "get"), n, "GET calls\n{cs}");
-    let v = env.run(Mode::Smclo, "redis-cli-strlen", "redis-cli", &["-p", &port.to_string(), "STRLEN", "key:__rand_int__"], T);
+    let v = env.run(
+        Mode::Smclo,
+        "redis-cli-strlen",
+        "redis-cli",
+        &["-p", &port.to_string(), "STRLEN", "key:__rand_int__"],
+        T,
+    );
     assert_eq!(v.stdout_str().trim(), "1024");
     let moved = redis_bytes(&mut env, Mode::Smclo, port);
     let d = delta(&s0, &env.stats());
@@ -68,7 +107,14 @@ fn redis_benchmark_set_get() {
     let (lo, hi) = (moved - 64, moved + 64);
     // 8 benchmark clients (its CONFIG GET probes reuse or add connections)
     // plus the three redis-cli runs.
-    assert_smc("redis-benchmark", &d, 8 + 3, lo, hi, &format!("{}\n{}", bench.logs(), server.logs()));
+    assert_smc(
+        "redis-benchmark",
+        &d,
+        8 + 3,
+        lo,
+        hi,
+        &format!("{}\n{}", bench.logs(), server.logs()),
+    );
     assert!(moved > 2 * n * 1024, "redis moved only {moved} bytes");
 }
 
@@ -78,13 +124,34 @@ fn redis_cli_1mib_value() {
     let (server, port) = start_redis(&mut env, Mode::Smclo);
     let value = pseudo_random(1 << 20, 0x5eed_1234);
     let s0 = env.stats();
-    let set = env.run_stdin(Mode::Smclo, "redis-cli-set", "redis-cli", &["-p", &port.to_string(), "-x", "SET", "big"], &value, T);
+    let set = env.run_stdin(
+        Mode::Smclo,
+        "redis-cli-set",
+        "redis-cli",
+        &["-p", &port.to_string(), "-x", "SET", "big"],
+        &value,
+        T,
+    );
     assert_eq!(set.stdout_str(), "OK\n", "{}", set.logs());
-    let get = env.run(Mode::Smclo, "redis-cli-get", "redis-cli", &["-p", &port.to_string(), "--raw", "GET", "big"], T);
+    let get = env.run(
+        Mode::Smclo,
+        "redis-cli-get",
+        "redis-cli",
+        &["-p", &port.to_string(), "--raw", "GET", "big"],
+        T,
+    );
     let mut got = get.stdout();
-    assert_eq!(got.pop(), Some(b'\n'), "redis-cli output ends with a newline");
+    assert_eq!(
+        got.pop(),
+        Some(b'\n'),
+        "redis-cli output ends with a newline"
+    );
     assert_eq!(got.len(), value.len(), "GET returned {} bytes", got.len());
-    assert_eq!(sha256_bytes(&env, "got", &got), sha256_bytes(&env, "want", &value), "1 MiB value differs after SET/GET");
+    assert_eq!(
+        sha256_bytes(&env, "got", &got),
+        sha256_bytes(&env, "want", &value),
+        "1 MiB value differs after SET/GET"
+    );
     let d = delta(&s0, &env.stats());
     // Exactly the RESP bytes of the two commands and their replies: the
     // protocol is deterministic, and redis-cli sends nothing else in
@@ -111,7 +178,23 @@ fn redis_bgsave_during_load() {
         Mode::Smclo,
         "redis-benchmark",
         "redis-benchmark",
-        &["-h", "127.0.0.1", "-p", &ps, "-t", "set", "-r", "5000", "-d", "1024", "-c", "8", "-n", &n.to_string(), "-q"],
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-t",
+            "set",
+            "-r",
+            "5000",
+            "-d",
+            "1024",
+            "-c",
+            "8",
+            "-n",
+            &n.to_string(),
+            "-q",
+        ],
     );
     // BGSAVE forks redis-server while the 8 clients keep going; the child
     // inherits every smclo descriptor. First wait until all 8 are connected,
@@ -121,39 +204,76 @@ fn redis_bgsave_during_load() {
     loop {
         let (c, _) = info(&mut env, Mode::Smclo, port, "clients");
         cli_runs += 1;
-        let n: u64 = info_field(&c, "connected_clients").unwrap().parse().unwrap();
+        let n: u64 = info_field(&c, "connected_clients")
+            .unwrap()
+            .parse()
+            .unwrap();
         if n >= 9 {
             break;
         }
-        assert!(bench.alive(), "redis-benchmark ended before its 8 clients were seen\n{}", bench.logs());
+        assert!(
+            bench.alive(),
+            "redis-benchmark ended before its 8 clients were seen\n{}",
+            bench.logs()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut saves = 0;
     while bench.alive() && saves < 3 {
-        let r = env.run(Mode::Smclo, "redis-cli-bgsave", "redis-cli", &["-p", &ps, "BGSAVE"], T);
+        let r = env.run(
+            Mode::Smclo,
+            "redis-cli-bgsave",
+            "redis-cli",
+            &["-p", &ps, "BGSAVE"],
+            T,
+        );
         cli_runs += 1;
         let o = r.stdout_str();
-        assert!(o.contains("Background saving started"), "BGSAVE: {o}\n{}", server.logs());
+        assert!(
+            o.contains("Background saving started"),
+            "BGSAVE: {o}\n{}",
+            server.logs()
+        );
         saves += 1;
         loop {
             let (p, _) = info(&mut env, Mode::Smclo, port, "persistence");
             cli_runs += 1;
             if info_field(&p, "rdb_bgsave_in_progress").as_deref() == Some("0") {
-                assert_eq!(info_field(&p, "rdb_last_bgsave_status").as_deref(), Some("ok"), "{p}\n{}", server.logs());
+                assert_eq!(
+                    info_field(&p, "rdb_last_bgsave_status").as_deref(),
+                    Some("ok"),
+                    "{p}\n{}",
+                    server.logs()
+                );
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
     bench.wait_ok(T);
-    assert!(saves >= 1, "the benchmark ended before a BGSAVE could run; raise n");
+    assert!(
+        saves >= 1,
+        "the benchmark ended before a BGSAVE could run; raise n"
+    );
     eprintln!("{saves} BGSAVEs during the benchmark");
     let (cs, _) = info(&mut env, Mode::Smclo, port, "commandstats");
     cli_runs += 1;
     assert_eq!(calls(&cs, "set"), n, "SET calls\n{cs}\n{}", server.logs());
-    assert!(fs::metadata(env.path("dump.rdb")).map(|m| m.len() > 0).unwrap_or(false), "no dump.rdb\n{}", server.logs());
+    assert!(
+        fs::metadata(env.path("dump.rdb"))
+            .map(|m| m.len() > 0)
+            .unwrap_or(false),
+        "no dump.rdb\n{}",
+        server.logs()
+    );
     // After the forks, new connections are still accelerated.
-    let ping = env.run(Mode::Smclo, "redis-cli-ping", "redis-cli", &["-p", &ps, "PING"], T);
+    let ping = env.run(
+        Mode::Smclo,
+        "redis-cli-ping",
+        "redis-cli",
+        &["-p", &ps, "PING"],
+        T,
+    );
     cli_runs += 1;
     assert_eq!(ping.stdout_str(), "PONG\n");
     let moved = redis_bytes(&mut env, Mode::Smclo, port);
@@ -161,7 +281,14 @@ fn redis_bgsave_during_load() {
     let d = delta(&s0, &env.stats());
     // As in redis_benchmark_set_get.
     let (lo, hi) = (moved - 64, moved + 64);
-    assert_smc("redis BGSAVE under load", &d, 8 + cli_runs, lo, hi, &format!("{}\n{}", bench.logs(), server.logs()));
+    assert_smc(
+        "redis BGSAVE under load",
+        &d,
+        8 + cli_runs,
+        lo,
+        hi,
+        &format!("{}\n{}", bench.logs(), server.logs()),
+    );
     let mut server = server;
     server.stop(Duration::from_secs(5));
     assert_clean(&env, true);

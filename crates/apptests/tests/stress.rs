@@ -22,21 +22,56 @@ fn nginx_sendfile_small_rings() {
     env.run_opts = ["-r", "16k", "-t", "16k"].map(String::from).to_vec();
     let (root, _, big) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let url = format!("http://127.0.0.1:{port}/big.bin");
     let s0 = env.stats();
-    let (bodies, bytes) = curl(&mut env, Mode::Smclo, None, "curl", &[url.clone(), url.clone(), url.clone()]);
+    let (bodies, bytes) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl",
+        &[url.clone(), url.clone(), url.clone()],
+    );
     for b in &bodies {
-        assert_eq!(sha256_bytes(&env, "b", b), sha256_bytes(&env, "b0", &big), "1 MiB body differs with 16 KiB rings");
+        assert_eq!(
+            sha256_bytes(&env, "b", b),
+            sha256_bytes(&env, "b0", &big),
+            "1 MiB body differs with 16 KiB rings"
+        );
     }
     let d = delta(&s0, &env.stats());
-    assert_smc("nginx 1 MiB x3, 16 KiB rings", &d, 1, bytes, bytes, &nginx.logs());
+    assert_smc(
+        "nginx 1 MiB x3, 16 KiB rings",
+        &d,
+        1,
+        bytes,
+        bytes,
+        &nginx.logs(),
+    );
     // wrk on the 1 MiB file, every body length checked.
     let script = wrk_check_script(&env, "check", big.len());
-    let w = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url], T);
+    let w = env.run(
+        Mode::Smclo,
+        "wrk",
+        "wrk",
+        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url],
+        T,
+    );
     let out = w.stdout_str();
     let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(errs.is_none(), "wrk: {errs:?}\n{}\n{}", w.logs(), nginx.logs());
+    assert!(
+        errs.is_none(),
+        "wrk: {errs:?}\n{}\n{}",
+        w.logs(),
+        nginx.logs()
+    );
     assert!(reqs > 20, "only {reqs} requests of 1 MiB\n{out}");
     assert_eq!((bad, checked), (0, reqs), "{out}");
     let d = delta(&s0, &env.stats());
@@ -49,20 +84,48 @@ fn nginx_wrk_200_connections() {
     let mut env = Env::new("stress-conns");
     let (root, small, _) = www(&env);
     let port = free_port();
-    let nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let w = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c200", "-d2s", "-s", script.to_str().unwrap(), &url], T);
+    let w = env.run(
+        Mode::Smclo,
+        "wrk",
+        "wrk",
+        &["-t2", "-c200", "-d2s", "-s", script.to_str().unwrap(), &url],
+        T,
+    );
     let out = w.stdout_str();
     let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(errs.is_none(), "wrk: {errs:?}\n{}\n{}", w.logs(), nginx.logs());
+    assert!(
+        errs.is_none(),
+        "wrk: {errs:?}\n{}\n{}",
+        w.logs(),
+        nginx.logs()
+    );
     assert_eq!((bad, checked), (0, reqs), "{out}");
     let (logged, n, _) = nginx_log_bytes(&env, "a");
-    assert!(n >= reqs && n <= reqs + 200, "nginx logged {n}, wrk completed {reqs}");
+    assert!(
+        n >= reqs && n <= reqs + 200,
+        "nginx logged {n}, wrk completed {reqs}"
+    );
     let per = logged / n;
     let d = delta(&s0, &env.stats());
-    assert_smc("nginx + wrk -c200", &d, 200, logged, logged + 200 * per, &nginx.logs());
+    assert_smc(
+        "nginx + wrk -c200",
+        &d,
+        200,
+        logged,
+        logged + 200 * per,
+        &nginx.logs(),
+    );
 }
 
 /// redis-benchmark with 16-deep pipelines from 50 clients, 16 KiB rings.
@@ -74,18 +137,72 @@ fn redis_pipelined_small_rings() {
     let ps = port.to_string();
     let n = 100000u64;
     let s0 = env.stats();
-    let b = env.run(Mode::Smclo, "redis-benchmark", "redis-benchmark", &["-h", "127.0.0.1", "-p", &ps, "-t", "set,get", "-d", "1024", "-c", "50", "-P", "16", "-n", &n.to_string(), "-q"], T);
+    let b = env.run(
+        Mode::Smclo,
+        "redis-benchmark",
+        "redis-benchmark",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-t",
+            "set,get",
+            "-d",
+            "1024",
+            "-c",
+            "50",
+            "-P",
+            "16",
+            "-n",
+            &n.to_string(),
+            "-q",
+        ],
+        T,
+    );
     assert!(b.stdout_str().contains("GET: "), "{}", b.logs());
-    let cs = env.run(Mode::Smclo, "cli-cmdstats", "redis-cli", &["-p", &ps, "INFO", "commandstats"], T).stdout_str();
+    let cs = env
+        .run(
+            Mode::Smclo,
+            "cli-cmdstats",
+            "redis-cli",
+            &["-p", &ps, "INFO", "commandstats"],
+            T,
+        )
+        .stdout_str();
     for cmd in ["set", "get"] {
-        let calls: u64 = info_field(&cs, &format!("cmdstat_{cmd}")).unwrap().split(',').find_map(|kv| kv.strip_prefix("calls=")).unwrap().parse().unwrap();
+        let calls: u64 = info_field(&cs, &format!("cmdstat_{cmd}"))
+            .unwrap()
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(calls, n, "{cmd} calls\n{cs}");
     }
-    let info = env.run(Mode::Smclo, "cli-info", "redis-cli", &["-p", &ps, "INFO", "stats"], T).stdout_str();
-    let moved: u64 = ["total_net_input_bytes", "total_net_output_bytes"].iter().map(|k| info_field(&info, k).unwrap().parse::<u64>().unwrap()).sum();
+    let info = env
+        .run(
+            Mode::Smclo,
+            "cli-info",
+            "redis-cli",
+            &["-p", &ps, "INFO", "stats"],
+            T,
+        )
+        .stdout_str();
+    let moved: u64 = ["total_net_input_bytes", "total_net_output_bytes"]
+        .iter()
+        .map(|k| info_field(&info, k).unwrap().parse::<u64>().unwrap())
+        .sum();
     let d = delta(&s0, &env.stats());
     // As in redis_benchmark_set_get, plus the INFO reply (a few KiB).
-    assert_smc("redis-benchmark -P 16, 16 KiB rings", &d, 50, moved, moved + 16384, &server.logs());
+    assert_smc(
+        "redis-benchmark -P 16, 16 KiB rings",
+        &d,
+        50,
+        moved,
+        moved + 16384,
+        &server.logs(),
+    );
 }
 
 /// nginx reloads (SIGHUP: new workers, old ones finish gracefully) while
@@ -95,11 +212,23 @@ fn nginx_reload_under_load() {
     let mut env = Env::new("stress-reload");
     let (root, small, _) = www(&env);
     let port = free_port();
-    let mut nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let mut nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let script = wrk_check_script(&env, "check", small.len());
     let url = format!("http://127.0.0.1:{port}/small.txt");
     let s0 = env.stats();
-    let cmd = env.command(Mode::Smclo, None, "wrk", &["-t2", "-c8", "-d3s", "-s", script.to_str().unwrap(), &url]);
+    let cmd = env.command(
+        Mode::Smclo,
+        None,
+        "wrk",
+        &["-t2", "-c8", "-d3s", "-s", script.to_str().unwrap(), &url],
+    );
     let mut w = env.spawn_cmd("wrk", cmd);
     std::thread::sleep(Duration::from_millis(1000));
     let old = fs::read_to_string(format!("/proc/{0}/task/{0}/children", nginx.pid())).unwrap();
@@ -108,19 +237,42 @@ fn nginx_reload_under_load() {
     w.wait_ok(T);
     assert!(nginx.alive(), "nginx died on reload\n{}", nginx.logs());
     let new = fs::read_to_string(format!("/proc/{0}/task/{0}/children", nginx.pid())).unwrap();
-    assert!(old.split_whitespace().all(|p| !new.split_whitespace().any(|q| q == p)), "workers not replaced: {old} -> {new}");
+    assert!(
+        old.split_whitespace()
+            .all(|p| !new.split_whitespace().any(|q| q == p)),
+        "workers not replaced: {old} -> {new}"
+    );
     let out = w.stdout_str();
     let (reqs, checked, bad, _errs) = parse_wrk(&out);
     // Old workers close idle keep-alive connections when they exit, which
     // wrk may count as read errors, as with plain TCP; no body may be wrong.
     assert_eq!((bad, checked), (0, reqs), "{out}");
     let d = delta(&s0, &env.stats());
-    assert_eq!(d.fallbacks(), 0, "fallbacks across the reload: {}\n{}", d.fallbacks_desc(), nginx.logs());
+    assert_eq!(
+        d.fallbacks(),
+        0,
+        "fallbacks across the reload: {}\n{}",
+        d.fallbacks_desc(),
+        nginx.logs()
+    );
     let s1 = env.stats();
-    let (b, bytes) = curl(&mut env, Mode::Smclo, None, "curl-after", std::slice::from_ref(&url));
+    let (b, bytes) = curl(
+        &mut env,
+        Mode::Smclo,
+        None,
+        "curl-after",
+        std::slice::from_ref(&url),
+    );
     assert_eq!(b[0], small);
     let d = delta(&s1, &env.stats());
-    assert_smc("curl after nginx reload", &d, 1, bytes, bytes, &nginx.logs());
+    assert_smc(
+        "curl after nginx reload",
+        &d,
+        1,
+        bytes,
+        bytes,
+        &nginx.logs(),
+    );
     nginx.stop(Duration::from_secs(2));
 }
 
@@ -131,11 +283,33 @@ fn nginx_connection_churn() {
     let mut env = Env::new("stress-churn");
     let (root, small, _) = www(&env);
     let port = free_port();
-    let mut nginx = start_nginx(&mut env, Mode::Smclo, None, &format!("127.0.0.1:{port}"), &root, "a");
+    let mut nginx = start_nginx(
+        &mut env,
+        Mode::Smclo,
+        None,
+        &format!("127.0.0.1:{port}"),
+        &root,
+        "a",
+    );
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let w = env.run(Mode::Smclo, "wrk", "wrk", &["-t2", "-c8", "-d2s", "-H", "Connection: close", "-s", script.to_str().unwrap(), &url], T);
+    let w = env.run(
+        Mode::Smclo,
+        "wrk",
+        "wrk",
+        &[
+            "-t2",
+            "-c8",
+            "-d2s",
+            "-H",
+            "Connection: close",
+            "-s",
+            script.to_str().unwrap(),
+            &url,
+        ],
+        T,
+    );
     let out = w.stdout_str();
     let (reqs, checked, bad, errs) = parse_wrk(&out);
     eprintln!("churn: {reqs} requests, {errs:?}");
@@ -143,10 +317,21 @@ fn nginx_connection_churn() {
     assert_eq!((bad, checked), (0, reqs), "{out}");
     let d = delta(&s0, &env.stats());
     // One connection per request (plus those cut off when wrk stopped).
-    assert!(d.conns_opened >= reqs && d.conns_opened <= reqs + 16, "{} connections for {reqs} requests", d.conns_opened);
+    assert!(
+        d.conns_opened >= reqs && d.conns_opened <= reqs + 16,
+        "{} connections for {reqs} requests",
+        d.conns_opened
+    );
     let (logged, _, _) = nginx_log_bytes(&env, "a");
     let per = logged / reqs.max(1);
-    assert_smc("nginx connection churn", &d, reqs, logged, logged + 16 * per, &nginx.logs());
+    assert_smc(
+        "nginx connection churn",
+        &d,
+        reqs,
+        logged,
+        logged + 16 * per,
+        &nginx.logs(),
+    );
     nginx.stop(Duration::from_secs(5));
     assert_clean(&env, true);
 }

@@ -170,7 +170,9 @@ unsafe fn host_str<'a>(host: *const c_char) -> io::Result<&'a str> {
         return Err(einval("NULL host"));
     }
     // SAFETY: non-NULL and NUL-terminated per the caller's contract.
-    unsafe { CStr::from_ptr(host) }.to_str().map_err(|_| einval("host is not UTF-8"))
+    unsafe { CStr::from_ptr(host) }
+        .to_str()
+        .map_err(|_| einval("host is not UTF-8"))
 }
 
 // ----- listener -----------------------------------------------------------
@@ -235,7 +237,10 @@ pub unsafe extern "C" fn smclo_listener_port(l: *const smclo_listener) -> u16 {
 /// # Safety
 /// `l` is NULL or a live listener.
 #[no_mangle]
-pub unsafe extern "C" fn smclo_listener_set_nonblocking(l: *mut smclo_listener, on: c_int) -> c_int {
+pub unsafe extern "C" fn smclo_listener_set_nonblocking(
+    l: *mut smclo_listener,
+    on: c_int,
+) -> c_int {
     guard(-1, || {
         // SAFETY: NULL or a live listener, per the contract.
         unsafe { obj(l) }?.l.set_nonblocking(on != 0)?;
@@ -314,7 +319,10 @@ pub unsafe extern "C" fn smclo_is_smc(s: *const smclo_stream) -> c_int {
 pub unsafe extern "C" fn smclo_fallback_reason(s: *const smclo_stream) -> u32 {
     guard(0, || {
         // SAFETY: NULL or a live stream, per the contract.
-        Ok(unsafe { obj(s) }?.s().fallback_reason().map_or(0, |r| r.code()))
+        Ok(unsafe { obj(s) }?
+            .s()
+            .fallback_reason()
+            .map_or(0, |r| r.code()))
     })
 }
 
@@ -322,7 +330,10 @@ pub unsafe extern "C" fn smclo_fallback_reason(s: *const smclo_stream) -> u32 {
 fn reason_names() -> &'static [CString] {
     static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
     NAMES.get_or_init(|| {
-        Reason::ALL.iter().map(|r| CString::new(r.name()).expect("reason names have no NUL")).collect()
+        Reason::ALL
+            .iter()
+            .map(|r| CString::new(r.name()).expect("reason names have no NUL"))
+            .collect()
     })
 }
 
@@ -388,7 +399,11 @@ pub unsafe extern "C" fn smclo_read(s: *mut smclo_stream, buf: *mut c_void, len:
 /// # Safety
 /// `s` is NULL or a live stream; `buf` is NULL or valid for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn smclo_write(s: *mut smclo_stream, buf: *const c_void, len: usize) -> isize {
+pub unsafe extern "C" fn smclo_write(
+    s: *mut smclo_stream,
+    buf: *const c_void,
+    len: usize,
+) -> isize {
     guard(-1, || {
         // SAFETY: NULL or a live stream, per the contract.
         let s = unsafe { obj(s) }?;
@@ -461,7 +476,11 @@ pub unsafe extern "C" fn smclo_close(s: *mut smclo_stream) {
 /// # Safety
 /// `s` is NULL or a live stream; `len` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn smclo_reserve(s: *mut smclo_stream, min: usize, len: *mut usize) -> *mut c_void {
+pub unsafe extern "C" fn smclo_reserve(
+    s: *mut smclo_stream,
+    min: usize,
+    len: *mut usize,
+) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         // SAFETY: NULL or a live stream, per the contract.
         let s = unsafe { obj(s) }?;

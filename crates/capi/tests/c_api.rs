@@ -20,7 +20,11 @@ static N: AtomicU32 = AtomicU32::new(0);
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test executable has a directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap()
+    } else {
+        deps
+    };
     dir.to_path_buf()
 }
 
@@ -57,7 +61,8 @@ fn smoke() -> &'static Path {
         let include = manifest.join("../../include");
         let src = manifest.join("tests/c/smoke.c");
         let lib_dir = lib_dir();
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("smoke-{}", std::process::id()));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("smoke-{}", std::process::id()));
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
         let o = Command::new(&cc)
             .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
@@ -115,7 +120,11 @@ impl Drop for Kill {
 
 /// Runs `cmd` to completion within `limit`, or kills it and fails.
 fn run(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
     let mut child = Kill(child);
     let mut out = child.0.stdout.take().unwrap();
     let mut err = child.0.stderr.take().unwrap();
@@ -137,11 +146,18 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
         if Instant::now() > deadline {
             let _ = child.0.kill();
             let _ = child.0.wait();
-            panic!("{cmd:?} did not finish within {limit:?}\nstderr: {}", String::from_utf8_lossy(&t_err.join().unwrap()));
+            panic!(
+                "{cmd:?} did not finish within {limit:?}\nstderr: {}",
+                String::from_utf8_lossy(&t_err.join().unwrap())
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
 }
 
 fn smoke_cmd(dir: &Dir, args: &[&str]) -> Command {
@@ -174,7 +190,10 @@ fn c_client_upgrades_with_a_smclo_server() {
     let mut out = BufReader::new(peer.0.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("testpeer said {line:?}"));
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("testpeer said {line:?}"));
     let port = addr.rsplit(':').next().unwrap().to_string();
 
     let o = run(smoke_cmd(&dir, &["smc", &port]), Duration::from_secs(60));
@@ -182,7 +201,11 @@ fn c_client_upgrades_with_a_smclo_server() {
 
     line.clear();
     out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "smc=1 reason=-", "the server side of the connection");
+    assert_eq!(
+        line.trim(),
+        "smc=1 reason=-",
+        "the server side of the connection"
+    );
     let st = peer.0.wait().unwrap();
     assert!(st.success(), "smclo-testpeer: {st}");
 }
@@ -207,13 +230,20 @@ fn c_client_falls_back_with_a_plain_tcp_server() {
     });
     let o = run(smoke_cmd(&dir, &["tcp", &port]), Duration::from_secs(60));
     assert_ok(&o, "ok tcp");
-    assert_eq!(echo.join().unwrap(), 1024 * 1024 + 100 + 4, "bytes through the plain echo");
+    assert_eq!(
+        echo.join().unwrap(),
+        1024 * 1024 + 100 + 4,
+        "bytes through the plain echo"
+    );
 }
 
 #[test]
 fn c_server_upgrades_with_a_smclo_client() {
     let dir = Dir::new();
     let tp = testpeer();
-    let o = run(smoke_cmd(&dir, &["listen", tp.to_str().unwrap()]), Duration::from_secs(60));
+    let o = run(
+        smoke_cmd(&dir, &["listen", tp.to_str().unwrap()]),
+        Duration::from_secs(60),
+    );
     assert_ok(&o, "ok listen");
 }

@@ -61,7 +61,11 @@ impl Transport {
 
     /// The code the processes run: `tcp+smclo-run` runs the TCP code.
     fn code(self) -> Transport {
-        if self == Transport::SmcloRun { Transport::Tcp } else { self }
+        if self == Transport::SmcloRun {
+            Transport::Tcp
+        } else {
+            self
+        }
     }
     fn from_name(s: &str) -> Option<Transport> {
         Transport::ALL.into_iter().find(|t| t.name() == s)
@@ -82,9 +86,20 @@ enum Workload {
 }
 
 impl Workload {
-    const ALL: [Workload; 5] = [Workload::PingPong, Workload::MsgRate, Workload::Stream, Workload::Setup, Workload::Idle];
+    const ALL: [Workload; 5] = [
+        Workload::PingPong,
+        Workload::MsgRate,
+        Workload::Stream,
+        Workload::Setup,
+        Workload::Idle,
+    ];
     /// The workloads of `smclo bench`'s own table.
-    const TABLE: [Workload; 4] = [Workload::PingPong, Workload::MsgRate, Workload::Stream, Workload::Setup];
+    const TABLE: [Workload; 4] = [
+        Workload::PingPong,
+        Workload::MsgRate,
+        Workload::Stream,
+        Workload::Setup,
+    ];
     fn name(self) -> &'static str {
         match self {
             Workload::PingPong => "pingpong",
@@ -205,7 +220,10 @@ pub fn main(args: &[String]) -> i32 {
         seconds: 1.0,
         json: false,
         workloads: Workload::TABLE.to_vec(),
-        transports: Transport::ALL.into_iter().filter(|&t| t != Transport::KernelSmc || kernel_smc.is_ok()).collect(),
+        transports: Transport::ALL
+            .into_iter()
+            .filter(|&t| t != Transport::KernelSmc || kernel_smc.is_ok())
+            .collect(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -214,10 +232,28 @@ pub fn main(args: &[String]) -> i32 {
                 o.json = true;
                 true
             }
-            "--rounds" => it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n >= 1).map(|n| o.rounds = n).is_some(),
-            "--seconds" => it.next().and_then(|v| v.parse().ok()).filter(|&s: &f64| s > 0.0 && s <= 60.0).map(|s| o.seconds = s).is_some(),
-            "--workloads" => it.next().and_then(|v| parse_list(v, Workload::from_table_name)).map(|w| o.workloads = w).is_some(),
-            "--transports" => it.next().and_then(|v| parse_list(v, Transport::from_name)).map(|t| o.transports = t).is_some(),
+            "--rounds" => it
+                .next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n: &usize| n >= 1)
+                .map(|n| o.rounds = n)
+                .is_some(),
+            "--seconds" => it
+                .next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&s: &f64| s > 0.0 && s <= 60.0)
+                .map(|s| o.seconds = s)
+                .is_some(),
+            "--workloads" => it
+                .next()
+                .and_then(|v| parse_list(v, Workload::from_table_name))
+                .map(|w| o.workloads = w)
+                .is_some(),
+            "--transports" => it
+                .next()
+                .and_then(|v| parse_list(v, Transport::from_name))
+                .map(|t| o.transports = t)
+                .is_some(),
             "-h" | "--help" => return usage().min(0),
             _ => false,
         };
@@ -252,26 +288,46 @@ impl Drop for BenchDevice {
 
 fn run(o: &Options) -> io::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (client_cpu, server_cpu) = if cores >= 2 { (Some(0), Some(1)) } else { (None, None) };
+    let (client_cpu, server_cpu) = if cores >= 2 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
     let dev = BenchDevice(std::env::temp_dir().join(format!("smclo-bench-{}", std::process::id())));
     // /dev/shm is where DMBs belong; use it when present.
     let dev = if Path::new("/dev/shm").is_dir() {
-        BenchDevice(PathBuf::from(format!("/dev/shm/smclo-bench-{}", std::process::id())))
+        BenchDevice(PathBuf::from(format!(
+            "/dev/shm/smclo-bench-{}",
+            std::process::id()
+        )))
     } else {
         dev
     };
     let copy_dev = BenchDevice(PathBuf::from(format!("{}-copy", dev.0.display())));
-    smclo::device::Device::open(&copy_dev.0).map_err(io::Error::from)?.set_dmb_copy(true);
+    smclo::device::Device::open(&copy_dev.0)
+        .map_err(io::Error::from)?
+        .set_dmb_copy(true);
     smclo::device::Device::open(&dev.0).map_err(io::Error::from)?;
     // results[workload][transport] = samples
     let mut results = vec![vec![Vec::new(); o.transports.len()]; o.workloads.len()];
     for round in 0..o.rounds {
         for (wi, &w) in o.workloads.iter().enumerate() {
             for (ti, &t) in o.transports.iter().enumerate() {
-                let dir = if t == Transport::SmcloCopy { &copy_dev.0 } else { &dev.0 };
+                let dir = if t == Transport::SmcloCopy {
+                    &copy_dev.0
+                } else {
+                    &dev.0
+                };
                 let v = measure(t, w, o.seconds, dir, client_cpu, server_cpu)?;
                 if !o.json {
-                    eprint!("\rround {}/{} {:>8} {:>10}: {:>10.2}   ", round + 1, o.rounds, w.name(), t.name(), v);
+                    eprint!(
+                        "\rround {}/{} {:>8} {:>10}: {:>10.2}   ",
+                        round + 1,
+                        o.rounds,
+                        w.name(),
+                        t.name(),
+                        v
+                    );
                 }
                 results[wi][ti].push(v);
             }
@@ -288,10 +344,20 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
-fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, scpu: Option<usize>, dev: &Path) {
+fn print_results(
+    o: &Options,
+    results: &[Vec<Vec<f64>>],
+    ccpu: Option<usize>,
+    scpu: Option<usize>,
+    dev: &Path,
+) {
     let tcp_i = o.transports.iter().position(|&t| t == Transport::Tcp);
     if o.json {
         let mut out = String::from("{");
@@ -313,7 +379,8 @@ fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, sc
                 }
                 let m = median(&results[wi][ti]);
                 let ratio = tcp_i.map(|i| m / median(&results[wi][i]));
-                let samples: Vec<String> = results[wi][ti].iter().map(|v| format!("{v:.3}")).collect();
+                let samples: Vec<String> =
+                    results[wi][ti].iter().map(|v| format!("{v:.3}")).collect();
                 out += &format!(
                     "\"{}\":{{\"median\":{m:.3},\"vs_tcp\":{},\"samples\":[{}]}}",
                     t.name(),
@@ -353,7 +420,9 @@ fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, sc
         for (t_kind, samples) in o.transports.iter().zip(&results[wi]) {
             let m = median(samples);
             match tcp {
-                Some(t) if *t_kind != Transport::Tcp => print!(" {} ({:.2}× TCP) |", fmt_val(m), m / t),
+                Some(t) if *t_kind != Transport::Tcp => {
+                    print!(" {} ({:.2}× TCP) |", fmt_val(m), m / t)
+                }
                 _ => print!(" {} |", fmt_val(m)),
             }
         }
@@ -362,7 +431,13 @@ fn print_results(o: &Options, results: &[Vec<Vec<f64>>], ccpu: Option<usize>, sc
 }
 
 fn fmt_val(v: f64) -> String {
-    if v >= 1000.0 { format!("{v:.0}") } else if v >= 10.0 { format!("{v:.1}") } else { format!("{v:.2}") }
+    if v >= 1000.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 fn pin(cpu: Option<usize>) {
@@ -375,7 +450,10 @@ fn pin(cpu: Option<usize>) {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(c, &mut set);
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                eprintln!("smclo bench: cannot pin to CPU {c}: {}", io::Error::last_os_error());
+                eprintln!(
+                    "smclo bench: cannot pin to CPU {c}: {}",
+                    io::Error::last_os_error()
+                );
             }
         }
     }
@@ -410,9 +488,12 @@ fn cpu_arg(cpu: Option<usize>) -> String {
 }
 
 fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::Result<Peer> {
-    let mut cmd = bench_command(t, &["__peer", t.code().name(), w.name(), &cpu_arg(cpu)], dir)?;
-    cmd
-        .stdin(Stdio::null())
+    let mut cmd = bench_command(
+        t,
+        &["__peer", t.code().name(), w.name(), &cpu_arg(cpu)],
+        dir,
+    )?;
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     let mut child = cmd.spawn()?;
@@ -421,7 +502,11 @@ fn spawn_peer(t: Transport, w: Workload, dir: &Path, cpu: Option<usize>) -> io::
     let addr = line.trim().to_string();
     if addr.is_empty() {
         let _ = child.kill();
-        return Err(io::Error::other(format!("{} server for {} did not start", t.name(), w.name())));
+        return Err(io::Error::other(format!(
+            "{} server for {} did not start",
+            t.name(),
+            w.name()
+        )));
     }
     Ok(Peer { child, addr })
 }
@@ -437,15 +522,18 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
         Transport::Smclo | Transport::SmcloCopy => {
             let s = SmcStream::connect(addr)?;
             if !s.is_smc() {
-                return Err(io::Error::other(
-                    format!("smclo connection fell back to TCP: {:?}", s.fallback_reason()),
-                ));
+                return Err(io::Error::other(format!(
+                    "smclo connection fell back to TCP: {:?}",
+                    s.fallback_reason()
+                )));
             }
             s.tcp().set_nodelay(true)?;
             Box::new(s)
         }
         Transport::KernelSmc => {
-            let a = addr.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+            let a = addr
+                .parse()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
             let s = crate::kernel_smc::connect(a)?;
             // SMC passes TCP options to its TCP socket; without SMC-D it
             // would matter, with it it is harmless.
@@ -456,7 +544,14 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
 }
 
 /// Runs one measurement; returns the workload's metric.
-fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usize>, scpu: Option<usize>) -> io::Result<f64> {
+fn measure(
+    t: Transport,
+    w: Workload,
+    seconds: f64,
+    dir: &Path,
+    ccpu: Option<usize>,
+    scpu: Option<usize>,
+) -> io::Result<f64> {
     let peer = spawn_peer(t, w, dir, scpu)?;
     if t != Transport::SmcloRun {
         // The client runs in this process; SmcStream reads the device
@@ -472,16 +567,35 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
     let dev = smclo::device::Device::open(dir).map_err(io::Error::from)?;
     let before = dev.stats();
     let secs = seconds.to_string();
-    let out = bench_command(t, &["__client", t.code().name(), w.name(), &peer.addr, &secs, &cpu_arg(ccpu)], dir)?
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()?;
+    let out = bench_command(
+        t,
+        &[
+            "__client",
+            t.code().name(),
+            w.name(),
+            &peer.addr,
+            &secs,
+            &cpu_arg(ccpu),
+        ],
+        dir,
+    )?
+    .stdin(Stdio::null())
+    .stderr(Stdio::inherit())
+    .output()?;
     drop(peer);
     let text = String::from_utf8_lossy(&out.stdout);
     let first = text.lines().next().unwrap_or("");
-    let v: f64 = first.trim().parse().map_err(|_| io::Error::other(format!("{} client said {text:?} ({})", t.name(), out.status)))?;
+    let v: f64 = first.trim().parse().map_err(|_| {
+        io::Error::other(format!(
+            "{} client said {text:?} ({})",
+            t.name(),
+            out.status
+        ))
+    })?;
     let after = dev.stats();
-    if after.conns_opened == before.conns_opened || after.fallbacks_total() != before.fallbacks_total() {
+    if after.conns_opened == before.conns_opened
+        || after.fallbacks_total() != before.fallbacks_total()
+    {
         return Err(io::Error::other(format!(
             "{}: the device shows {} new connections and {} new fallbacks: not accelerated",
             t.name(),
@@ -503,9 +617,20 @@ fn measure(t: Transport, w: Workload, seconds: f64, dir: &Path, ccpu: Option<usi
 /// them until standard input ends. The caller reads the processes' memory
 /// at `base` and at `ready`.
 fn client_main(args: &[String]) -> io::Result<()> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "usage: smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU");
-    let t = args.first().and_then(|s| Transport::from_name(s)).ok_or_else(bad)?;
-    let w = args.get(1).and_then(|s| Workload::from_name(s)).ok_or_else(bad)?;
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "usage: smclo bench __client TRANSPORT WORKLOAD ADDR SECONDS CPU",
+        )
+    };
+    let t = args
+        .first()
+        .and_then(|s| Transport::from_name(s))
+        .ok_or_else(bad)?;
+    let w = args
+        .get(1)
+        .and_then(|s| Workload::from_name(s))
+        .ok_or_else(bad)?;
     let addr = args.get(2).ok_or_else(bad)?;
     let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let cpu: i64 = args.get(4).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
@@ -619,7 +744,10 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<Sam
             let rtts = ping_pong(&mut *s, MSG_SIZE, dur)?;
             let n = rtts.len();
             let secs = rtts.iter().sum::<u64>() as f64 / 1e9;
-            Sample { value: n as f64 / secs, extra: vec![("ops", n as f64)] }
+            Sample {
+                value: n as f64 / secs,
+                extra: vec![("ops", n as f64)],
+            }
         }
         Workload::Stream => {
             let mut s = connect(t, addr)?;
@@ -640,9 +768,15 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<Sam
             let secs = start.elapsed().as_secs_f64();
             let got = u64::from_le_bytes(ack);
             if got != sent {
-                return Err(io::Error::other(format!("{}: sent {sent} bytes, server got {got}", t.name())));
+                return Err(io::Error::other(format!(
+                    "{}: sent {sent} bytes, server got {got}",
+                    t.name()
+                )));
             }
-            Sample { value: sent as f64 * 8.0 / secs / 1e9, extra: vec![("ops", sent as f64)] }
+            Sample {
+                value: sent as f64 * 8.0 / secs / 1e9,
+                extra: vec![("ops", sent as f64)],
+            }
         }
         Workload::Setup => {
             let start = Instant::now();
@@ -654,10 +788,16 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<Sam
                 s.read_exact(&mut b)?;
                 n += 1;
             }
-            Sample { value: n as f64 / start.elapsed().as_secs_f64(), extra: vec![("ops", n as f64)] }
+            Sample {
+                value: n as f64 / start.elapsed().as_secs_f64(),
+                extra: vec![("ops", n as f64)],
+            }
         }
         Workload::Idle => {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "idle is measured by scripts/bench-suite"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "idle is measured by scripts/bench-suite",
+            ));
         }
     };
     Ok(sample)
@@ -666,9 +806,20 @@ fn client(t: Transport, w: Workload, addr: &str, seconds: f64) -> io::Result<Sam
 // ---- the server side, in its own process ----
 
 fn peer_main(args: &[String]) -> io::Result<()> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "usage: smclo bench __peer TRANSPORT WORKLOAD CPU");
-    let t = args.first().and_then(|s| Transport::from_name(s)).ok_or_else(bad)?;
-    let w = args.get(1).and_then(|s| Workload::from_name(s)).ok_or_else(bad)?;
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "usage: smclo bench __peer TRANSPORT WORKLOAD CPU",
+        )
+    };
+    let t = args
+        .first()
+        .and_then(|s| Transport::from_name(s))
+        .ok_or_else(bad)?;
+    let w = args
+        .get(1)
+        .and_then(|s| Workload::from_name(s))
+        .ok_or_else(bad)?;
     let cpu: i64 = args.get(2).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     pin(usize::try_from(cpu).ok());
     if w == Workload::Idle {
@@ -699,7 +850,8 @@ fn peer_main(args: &[String]) -> io::Result<()> {
             })
         }
         Transport::Unix => {
-            let path = std::env::temp_dir().join(format!("smclo-bench-{}.sock", std::process::id()));
+            let path =
+                std::env::temp_dir().join(format!("smclo-bench-{}.sock", std::process::id()));
             let _ = std::fs::remove_file(&path);
             let l = UnixListener::bind(&path)?;
             announce(&path.display())?;
@@ -713,7 +865,10 @@ fn peer_main(args: &[String]) -> io::Result<()> {
             serve_all(w, || {
                 let (s, _) = l.accept()?;
                 if !s.is_smc() {
-                    return Err(io::Error::other(format!("server side fell back: {:?}", s.fallback_reason())));
+                    return Err(io::Error::other(format!(
+                        "server side fell back: {:?}",
+                        s.fallback_reason()
+                    )));
                 }
                 s.tcp().set_nodelay(true)?;
                 Ok(Box::new(s))
@@ -724,7 +879,10 @@ fn peer_main(args: &[String]) -> io::Result<()> {
 
 /// Accepts and serves connections until the workload is over; `idle`
 /// connections are held until the process is killed.
-fn serve_all(w: Workload, mut accept: impl FnMut() -> io::Result<Box<dyn Duplex>>) -> io::Result<()> {
+fn serve_all(
+    w: Workload,
+    mut accept: impl FnMut() -> io::Result<Box<dyn Duplex>>,
+) -> io::Result<()> {
     let mut held = Vec::new();
     loop {
         let mut s = accept()?;
@@ -743,7 +901,14 @@ fn serve_all(w: Workload, mut accept: impl FnMut() -> io::Result<Box<dyn Duplex>
 fn serve(mut s: Box<dyn Duplex>, w: Workload) -> io::Result<bool> {
     match w {
         Workload::PingPong | Workload::MsgRate => {
-            let mut buf = vec![0u8; if w == Workload::PingPong { PING_SIZE } else { MSG_SIZE }];
+            let mut buf = vec![
+                0u8;
+                if w == Workload::PingPong {
+                    PING_SIZE
+                } else {
+                    MSG_SIZE
+                }
+            ];
             loop {
                 match s.read_exact(&mut buf) {
                     Ok(()) => s.write_all(&buf)?,

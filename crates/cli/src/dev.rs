@@ -36,16 +36,29 @@ fn show(verbose: bool) -> i32 {
         Err(code) => return code,
     };
     let s = dev.stats();
-    let in_use = if s.dmbs_cnt > 0 || s.conns_active > 0 { "Yes" } else { "No" };
+    let in_use = if s.dmbs_cnt > 0 || s.conns_active > 0 {
+        "Yes"
+    } else {
+        "No"
+    };
     // Columns as `smcd d`; loopback-ism is not a PCI device, so its PCI-ID
     // column carries its name (as in the loopback-ism RFC's listing).
-    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  PNET-ID", "FID", "Type", "PCI-ID", "PCHID", "InUse", "#LGs");
-    println!("{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  ", "0000", "ISM", "loopback-ism", "ffff", in_use, s.conns_active);
+    println!(
+        "{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  PNET-ID",
+        "FID", "Type", "PCI-ID", "PCHID", "InUse", "#LGs"
+    );
+    println!(
+        "{:<4} {:<5} {:<13} {:<6} {:<6} {:>4}  ",
+        "0000", "ISM", "loopback-ism", "ffff", in_use, s.conns_active
+    );
     if verbose {
         println!();
         println!("GID       {:016x}", dev.gid());
         println!("CHID      {:04x}", dev.chid());
-        println!("SEID      {}", String::from_utf8_lossy(&dev.seid()).trim_end());
+        println!(
+            "SEID      {}",
+            String::from_utf8_lossy(&dev.seid()).trim_end()
+        );
         println!("directory {}", dev.dir().display());
         print_knobs(&dev);
     }
@@ -72,7 +85,9 @@ enum Knob {
 }
 
 fn parse_knob(arg: &str) -> Result<Knob, String> {
-    let (k, v) = arg.split_once('=').ok_or_else(|| format!("{arg:?} is not KEY=VALUE"))?;
+    let (k, v) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("{arg:?} is not KEY=VALUE"))?;
     let bool01 = |v: &str| match v {
         "0" => Ok(false),
         "1" => Ok(true),
@@ -86,7 +101,9 @@ fn parse_knob(arg: &str) -> Result<Knob, String> {
             "huge" | "1" => Ok(Knob::DmbType(DmbType::Huge)),
             _ => Err(format!("dmb_type={v:?}: the value must be 4k or huge")),
         },
-        _ => Err(format!("unknown knob {k:?} (known: active, dmb_copy, dmb_type)")),
+        _ => Err(format!(
+            "unknown knob {k:?} (known: active, dmb_copy, dmb_type)"
+        )),
     }
 }
 

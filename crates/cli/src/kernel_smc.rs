@@ -32,7 +32,9 @@ pub fn availability() -> Result<(), String> {
     // configuration tells, where it is readable.
     match kernel_config_option("CONFIG_SMC_LO") {
         Some(v) if v == "y" => Ok(()),
-        Some(v) => Err(format!("AF_SMC exists but CONFIG_SMC_LO={v}: no loopback-ism device")),
+        Some(v) => Err(format!(
+            "AF_SMC exists but CONFIG_SMC_LO={v}: no loopback-ism device"
+        )),
         None => Ok(()),
     }
 }
@@ -44,7 +46,8 @@ fn kernel_config_option(name: &str) -> Option<String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
     let text = std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()?;
     let prefix = format!("{name}=");
-    text.lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
 }
 
 fn socket() -> io::Result<OwnedFd> {
@@ -62,7 +65,9 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: addr.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*addr.ip()).to_be(),
+        },
         sin_zero: [0; 8],
     }
 }
@@ -70,7 +75,10 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
 fn v4(addr: SocketAddr) -> io::Result<SocketAddrV4> {
     match addr {
         SocketAddr::V4(a) => Ok(a),
-        SocketAddr::V6(_) => Err(io::Error::new(io::ErrorKind::InvalidInput, "AF_SMC benchmark sockets are IPv4")),
+        SocketAddr::V6(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "AF_SMC benchmark sockets are IPv4",
+        )),
     }
 }
 
@@ -81,7 +89,13 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     let fdn = std::os::fd::AsRawFd::as_raw_fd(&fd);
     // SAFETY: sa is a valid sockaddr_in that outlives the call, and its
     // size is passed with it.
-    let rc = unsafe { libc::bind(fdn, (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&sa) as u32) };
+    let rc = unsafe {
+        libc::bind(
+            fdn,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of_val(&sa) as u32,
+        )
+    };
     // SAFETY: listen(2) takes no pointers.
     if rc != 0 || unsafe { libc::listen(fdn, 1024) } != 0 {
         return Err(io::Error::last_os_error());
@@ -96,7 +110,11 @@ pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     let sa = sockaddr(v4(addr)?);
     // SAFETY: as in `listen`.
     let rc = unsafe {
-        libc::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&sa) as u32)
+        libc::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of_val(&sa) as u32,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());

@@ -37,7 +37,11 @@ fn main() {
 
 fn run(args: &[String]) -> i32 {
     // Called as `smc_run` (smc-tools' name): the whole command line is run's.
-    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == "smc_run") {
+    if args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "smc_run")
+    {
         return run::main(args.get(1..).unwrap_or(&[]));
     }
     let rest = args.get(2..).unwrap_or(&[]);

@@ -28,13 +28,22 @@ named by SMCLO_PRELOAD_LIB.
 pub fn find_lib() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("SMCLO_PRELOAD_LIB").filter(|v| !v.is_empty()) {
         let p = PathBuf::from(p);
-        return if p.is_file() { Ok(p) } else { Err(format!("SMCLO_PRELOAD_LIB={} is not a file", p.display())) };
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("SMCLO_PRELOAD_LIB={} is not a file", p.display()))
+        };
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let mut tried = Vec::new();
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for d in [dir.clone(), dir.join("deps"), dir.join("../lib"), dir.join("../lib/smclo")] {
+    for d in [
+        dir.clone(),
+        dir.join("deps"),
+        dir.join("../lib"),
+        dir.join("../lib/smclo"),
+    ] {
         let p = d.join("libsmclo_preload.so");
         if let Ok(m) = std::fs::metadata(&p).and_then(|m| m.modified()) {
             // In a cargo target directory the copy next to the executable
@@ -114,7 +123,10 @@ pub fn main(args: &[String]) -> i32 {
     };
     // Append to LD_PRELOAD, keeping what the user preloads already.
     let mut preload: OsString = std::env::var_os("LD_PRELOAD").unwrap_or_default();
-    let already = preload.as_bytes().split(|b| *b == b':' || *b == b' ').any(|p| p == lib.as_os_str().as_bytes());
+    let already = preload
+        .as_bytes()
+        .split(|b| *b == b':' || *b == b' ')
+        .any(|p| p == lib.as_os_str().as_bytes());
     if !already {
         if !preload.is_empty() {
             preload.push(":");
@@ -131,7 +143,11 @@ pub fn main(args: &[String]) -> i32 {
     if let Some(w) = wmem {
         std::env::set_var("SMCLO_WMEM", w);
     }
-    let cargs: Vec<CString> = match prog.iter().map(|a| CString::new(OsString::from(a.clone()).into_vec())).collect() {
+    let cargs: Vec<CString> = match prog
+        .iter()
+        .map(|a| CString::new(OsString::from(a.clone()).into_vec()))
+        .collect()
+    {
         Ok(v) => v,
         Err(_) => {
             eprintln!("smclo run: an argument contains a NUL byte");
@@ -145,5 +161,9 @@ pub fn main(args: &[String]) -> i32 {
     unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
     let e = std::io::Error::last_os_error();
     eprintln!("smclo run: cannot run {}: {e}", prog[0]);
-    if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 }
+    if e.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
 }

@@ -54,7 +54,10 @@ pub fn main(args: &[String]) -> i32 {
 
 fn counts(s: &Stats, r: Reason) -> (u64, u64) {
     let i = r.index();
-    (s.fallback_client.get(i).copied().unwrap_or(0), s.fallback_server.get(i).copied().unwrap_or(0))
+    (
+        s.fallback_client.get(i).copied().unwrap_or(0),
+        s.fallback_server.get(i).copied().unwrap_or(0),
+    )
 }
 
 /// The human-readable table.
@@ -67,14 +70,33 @@ fn to_table(s: &Stats, all: bool) -> String {
     let _ = writeln!(o, "              in use       {:>12}", s.dmbs_cnt);
     let _ = writeln!(o, "Listeners                  {:>12}", s.listeners);
     let _ = writeln!(o, "Xfer bytes                 {:>12}", s.xfer_bytes);
-    let total: u64 = Reason::ALL.iter().map(|&r| counts(s, r).0 + counts(s, r).1).sum();
+    let total: u64 = Reason::ALL
+        .iter()
+        .map(|&r| counts(s, r).0 + counts(s, r).1)
+        .sum();
     let _ = writeln!(o, "Fallbacks to TCP           {total:>12}");
-    let rows: Vec<Reason> = Reason::ALL.iter().copied().filter(|&r| all || counts(s, r) != (0, 0)).collect();
+    let rows: Vec<Reason> = Reason::ALL
+        .iter()
+        .copied()
+        .filter(|&r| all || counts(s, r) != (0, 0))
+        .collect();
     if !rows.is_empty() {
-        let _ = writeln!(o, "  {:<14} {:<10} {:>8} {:>8}  Description", "Reason", "Code", "Client", "Server");
+        let _ = writeln!(
+            o,
+            "  {:<14} {:<10} {:>8} {:>8}  Description",
+            "Reason", "Code", "Client", "Server"
+        );
         for r in rows {
             let (c, sv) = counts(s, r);
-            let _ = writeln!(o, "  {:<14} 0x{:08x} {:>8} {:>8}  {}", r.name(), r.code(), c, sv, r.description());
+            let _ = writeln!(
+                o,
+                "  {:<14} 0x{:08x} {:>8} {:>8}  {}",
+                r.name(),
+                r.code(),
+                c,
+                sv,
+                r.description()
+            );
         }
     }
     o
@@ -156,7 +178,9 @@ mod tests {
     #[test]
     fn json_has_stable_keys() {
         let j = to_json(&sample());
-        assert!(j.starts_with("{\"gid\":\"00000000000000ab\",\"conns_opened\":3,\"conns_active\":1,"));
+        assert!(
+            j.starts_with("{\"gid\":\"00000000000000ab\",\"conns_opened\":3,\"conns_active\":1,")
+        );
         assert!(j.contains("\"PEERNOSMC\":{\"code\":\"0x03010000\",\"client\":5,\"server\":0,"));
         assert!(j.contains("\"TIMEOUT\":{\"code\":\"0x02010000\",\"client\":0,\"server\":2,"));
         assert_eq!(j.matches("\"code\"").count(), Reason::COUNT);

@@ -55,7 +55,12 @@ fn region() -> Option<&'static [Slot]> {
         if m == libc::MAP_FAILED {
             return None;
         }
-        match REGION.compare_exchange(std::ptr::null_mut(), m.cast(), Ordering::AcqRel, Ordering::Acquire) {
+        match REGION.compare_exchange(
+            std::ptr::null_mut(),
+            m.cast(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => p = m.cast(),
             Err(other) => {
                 // SAFETY: our own mapping, unused by anyone.
@@ -88,7 +93,10 @@ pub fn claim() -> Option<usize> {
         }
         // Only members add to a slot that has members, so an empty slot can
         // only race with another claimer: the CAS decides.
-        if s.pids[0].compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if s.pids[0]
+            .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             HINT.store(i + 1, Ordering::Relaxed);
             return Some(i);
         }
@@ -104,7 +112,9 @@ pub fn add(slot: usize, pid: u32) {
         return;
     }
     for p in &s.pids {
-        if p.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if p.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             return;
         }
     }
@@ -152,7 +162,14 @@ fn holds(pid: u32, chan: RawFd) -> bool {
     // SAFETY: kcmp only compares kernel objects; all arguments are plain
     // integers.
     let r = unsafe {
-        libc::syscall(libc::SYS_kcmp, me() as libc::pid_t, pid as libc::pid_t, KCMP_FILE, chan as libc::c_long, chan as libc::c_long)
+        libc::syscall(
+            libc::SYS_kcmp,
+            me() as libc::pid_t,
+            pid as libc::pid_t,
+            KCMP_FILE,
+            chan as libc::c_long,
+            chan as libc::c_long,
+        )
     };
     if r == 0 {
         return true;
@@ -167,7 +184,11 @@ fn holds(pid: u32, chan: RawFd) -> bool {
 }
 
 fn alive_not_zombie(pid: u32) -> bool {
-    let Ok(text) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
-    let Some(close) = text.iter().rposition(|&b| b == b')') else { return false };
+    let Ok(text) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(close) = text.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
     !matches!(text.get(close + 2), Some(b'Z' | b'X' | b'x'))
 }

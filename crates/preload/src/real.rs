@@ -5,7 +5,10 @@
 //! `c_ulong` argument: on the Linux ABIs we build for (x86_64, aarch64) a
 //! variadic integer or pointer argument travels exactly like a fixed one.
 
-use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, msghdr, off_t, pid_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{
+    c_char, c_int, c_uint, c_ulong, c_void, iovec, msghdr, off_t, pid_t, size_t, sockaddr,
+    socklen_t, ssize_t,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Resolves `name` (NUL-terminated) in the libraries after this one. A

@@ -97,7 +97,10 @@ impl Lock {
         loop {
             let v = self.0.load(Ordering::Relaxed);
             if v & WRITER == 0
-                && self.0.compare_exchange_weak(v, v | WRITER, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && self
+                    .0
+                    .compare_exchange_weak(v, v | WRITER, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
             {
                 break;
             }
@@ -214,7 +217,11 @@ pub fn set_app_cloexec(fd: RawFd, on: bool) {
     if p == 0 {
         return;
     }
-    let np = if on { p & !TAG_NO_CLOEXEC } else { p | TAG_NO_CLOEXEC };
+    let np = if on {
+        p & !TAG_NO_CLOEXEC
+    } else {
+        p | TAG_NO_CLOEXEC
+    };
     a.store(np as *mut Sock, Ordering::Release);
 }
 

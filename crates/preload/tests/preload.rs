@@ -19,8 +19,15 @@ static N: AtomicU32 = AtomicU32::new(0);
 /// executable (always written there by cargo) or `target/<profile>`.
 fn lib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory").to_path_buf();
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap().to_path_buf() } else { deps.clone() };
+    let deps = exe
+        .parent()
+        .expect("test executable has a directory")
+        .to_path_buf();
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap().to_path_buf()
+    } else {
+        deps.clone()
+    };
     for d in [&deps, &profile] {
         let p = d.join("libsmclo_preload.so");
         if p.is_file() {
@@ -40,9 +47,17 @@ fn peer() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/peer.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("preload-peer-{}", std::process::id()));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("preload-peer-{}", std::process::id()));
         let st = Command::new("cc")
-            .args(["-O2", "-g", "-Wall", "-D_FORTIFY_SOURCE=2", "-pthread", "-o"])
+            .args([
+                "-O2",
+                "-g",
+                "-Wall",
+                "-D_FORTIFY_SOURCE=2",
+                "-pthread",
+                "-o",
+            ])
             .arg(&out)
             .arg(&src)
             .status()
@@ -57,7 +72,11 @@ struct DevDir(PathBuf);
 
 impl DevDir {
     fn new(tag: &str) -> DevDir {
-        let p = PathBuf::from(format!("/dev/shm/smclo-preload-test-{}-{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let p = PathBuf::from(format!(
+            "/dev/shm/smclo-preload-test-{}-{}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&p);
         DevDir(p)
     }
@@ -116,13 +135,25 @@ fn finish(mut c: Child, first: String, what: &str) -> Out {
         std::thread::sleep(Duration::from_millis(10));
     };
     let mut stdout = first;
-    c.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    c.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
     let mut stderr = String::new();
-    c.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    c.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     if st.is_none() {
         stdout.push_str(&format!("\n{what}: TIMED OUT (killed)\n"));
     }
-    Out { ok: st.is_some_and(|s| s.success()), stdout, stderr }
+    Out {
+        ok: st.is_some_and(|s| s.success()),
+        stdout,
+        stderr,
+    }
 }
 
 struct Run {
@@ -139,7 +170,11 @@ impl Run {
         )
     }
     fn assert_ok(&self) {
-        assert!(self.server.ok && self.client.ok, "a peer failed\n{}", self.report());
+        assert!(
+            self.server.ok && self.client.ok,
+            "a peer failed\n{}",
+            self.report()
+        );
     }
     fn fallbacks(&self) -> u64 {
         self.stats.fallbacks_total()
@@ -148,10 +183,19 @@ impl Run {
     /// device counted at least `bytes` bytes (and not wildly more).
     fn assert_smc(&self, conns: u64, bytes: u64) {
         self.assert_ok();
-        assert_eq!(self.stats.conns_opened, conns, "SMC-D connections\n{}", self.report());
+        assert_eq!(
+            self.stats.conns_opened,
+            conns,
+            "SMC-D connections\n{}",
+            self.report()
+        );
         assert_eq!(self.fallbacks(), 0, "fallbacks\n{}", self.report());
         let x = self.stats.xfer_bytes;
-        assert!(x >= bytes && x <= bytes + bytes / 100 + 4096, "xfer_bytes {x}, expected about {bytes}\n{}", self.report());
+        assert!(
+            x >= bytes && x <= bytes + bytes / 100 + 4096,
+            "xfer_bytes {x}, expected about {bytes}\n{}",
+            self.report()
+        );
     }
 }
 
@@ -186,7 +230,11 @@ fn run(mode: &str, server: Side, client: Side, extra: &[&str]) -> Run {
     });
     let server = finish_detached(s, rx);
     let stats = dev.stats();
-    Run { server, client, stats }
+    Run {
+        server,
+        client,
+        stats,
+    }
 }
 
 /// `finish` for a child whose stdout is read by another thread.
@@ -208,8 +256,16 @@ fn finish_detached(mut c: Child, rx: std::sync::mpsc::Receiver<String>) -> Out {
         stdout.push_str("\nserver: TIMED OUT (killed)\n");
     }
     let mut stderr = String::new();
-    c.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    Out { ok: st.is_some_and(|s| s.success()), stdout, stderr }
+    c.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Out {
+        ok: st.is_some_and(|s| s.success()),
+        stdout,
+        stderr,
+    }
 }
 
 const BIG: u64 = 3 << 20;
@@ -218,7 +274,11 @@ const BIG: u64 = 3 << 20;
 fn blocking_echo() {
     let r = run("echo", Side::Smc, Side::Smc, &[]);
     r.assert_smc(1, 2 * BIG);
-    assert!(r.server.stderr.contains("SMC-D"), "no upgrade line in the debug output\n{}", r.report());
+    assert!(
+        r.server.stderr.contains("SMC-D"),
+        "no upgrade line in the debug output\n{}",
+        r.report()
+    );
 }
 
 #[test]
@@ -275,8 +335,16 @@ fn fork_child_keeps_connection() {
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
     assert_eq!(r.fallbacks(), 0, "{}", r.report());
-    assert!(r.stats.xfer_bytes >= BIG && r.stats.xfer_bytes <= 2 * BIG, "{}", r.report());
-    assert!(r.server.stdout.contains(&format!("CHILD {BIG}")), "{}", r.report());
+    assert!(
+        r.stats.xfer_bytes >= BIG && r.stats.xfer_bytes <= 2 * BIG,
+        "{}",
+        r.report()
+    );
+    assert!(
+        r.server.stdout.contains(&format!("CHILD {BIG}")),
+        "{}",
+        r.report()
+    );
 }
 
 #[test]
@@ -284,14 +352,24 @@ fn exec_falls_back_cleanly() {
     let r = run("exec", Side::Smc, Side::Smc, &[]);
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
-    assert!(r.server.stderr.contains("exec: fd"), "no exec line in the debug output\n{}", r.report());
+    assert!(
+        r.server.stderr.contains("exec: fd"),
+        "no exec line in the debug output\n{}",
+        r.report()
+    );
 }
 
 #[test]
 fn msg_oob_fails_loudly() {
     let r = run("oob", Side::Smc, Side::Smc, &[]);
     r.assert_smc(1, 10);
-    assert!(r.client.stderr.contains("not supported on an SMC-D connection"), "{}", r.report());
+    assert!(
+        r.client
+            .stderr
+            .contains("not supported on an SMC-D connection"),
+        "{}",
+        r.report()
+    );
 }
 
 #[test]
@@ -300,7 +378,11 @@ fn plain_client_smc_server() {
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
     assert_eq!(r.stats.xfer_bytes, 0, "{}", r.report());
-    assert!(r.fallbacks() >= 1, "the server should count a fallback\n{}", r.report());
+    assert!(
+        r.fallbacks() >= 1,
+        "the server should count a fallback\n{}",
+        r.report()
+    );
 }
 
 #[test]
@@ -308,7 +390,11 @@ fn smc_client_plain_server() {
     let r = run("shut", Side::Plain, Side::Smc, &[]);
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
-    assert!(r.fallbacks() >= 1, "the client should count a fallback\n{}", r.report());
+    assert!(
+        r.fallbacks() >= 1,
+        "the client should count a fallback\n{}",
+        r.report()
+    );
 }
 
 /// `smclo run` and `smc_run` set up the environment and exec the program.
@@ -316,30 +402,58 @@ fn smc_client_plain_server() {
 fn smclo_run_sets_up_the_preload() {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") { deps.parent().unwrap() } else { deps };
-    for (bin, pre) in [("smclo", &["run", "-d", "-r", "64k", "-t", "1m", "--"][..]), ("smc_run", &["-d", "-r", "64k", "-t", "1m"][..])] {
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap()
+    } else {
+        deps
+    };
+    for (bin, pre) in [
+        ("smclo", &["run", "-d", "-r", "64k", "-t", "1m", "--"][..]),
+        ("smc_run", &["-d", "-r", "64k", "-t", "1m"][..]),
+    ] {
         let path = profile.join(bin);
-        assert!(path.is_file(), "{} is missing: build the smclo-cli binaries (cargo test --workspace does)", path.display());
+        assert!(
+            path.is_file(),
+            "{} is missing: build the smclo-cli binaries (cargo test --workspace does)",
+            path.display()
+        );
         let out = Command::new(&path)
             .args(pre)
-            .args(["sh", "-c", "echo \"$LD_PRELOAD|$SMCLO_DEBUG|$SMCLO_RMEM|$SMCLO_WMEM\""])
+            .args([
+                "sh",
+                "-c",
+                "echo \"$LD_PRELOAD|$SMCLO_DEBUG|$SMCLO_RMEM|$SMCLO_WMEM\"",
+            ])
             .env("LD_PRELOAD", "")
             .env("SMCLO_PRELOAD_LIB", lib())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{bin}: {out:?}");
-        assert!(text.contains("libsmclo_preload.so|1|64k|1m"), "{bin}: {text}");
+        assert!(
+            text.contains("libsmclo_preload.so|1|64k|1m"),
+            "{bin}: {text}"
+        );
         // A missing library is a clear error.
         let missing = Command::new(&path)
-            .args(if bin == "smclo" { &["run", "--", "true"][..] } else { &["true"][..] })
+            .args(if bin == "smclo" {
+                &["run", "--", "true"][..]
+            } else {
+                &["true"][..]
+            })
             .env("SMCLO_PRELOAD_LIB", "/nonexistent/libsmclo_preload.so")
             .output()
             .unwrap();
         assert_eq!(missing.status.code(), Some(1), "{bin}: {missing:?}");
-        assert!(String::from_utf8_lossy(&missing.stderr).contains("SMCLO_PRELOAD_LIB"), "{bin}: {missing:?}");
+        assert!(
+            String::from_utf8_lossy(&missing.stderr).contains("SMCLO_PRELOAD_LIB"),
+            "{bin}: {missing:?}"
+        );
     }
-    let bad = Command::new(profile.join("smclo")).args(["run", "-r", "lots", "--", "true"]).output().unwrap();
+    let bad = Command::new(profile.join("smclo"))
+        .args(["run", "-r", "lots", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
@@ -355,12 +469,29 @@ fn budget_unchecked(why: &str) {
 }
 
 /// `strace -f -c`; `None` when strace is missing or may not trace here.
-fn traced_churn(dev: &DevDir, preload: bool, port: u16, n: u32) -> Option<std::collections::HashMap<String, u64>> {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("preload-churn-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+fn traced_churn(
+    dev: &DevDir,
+    preload: bool,
+    port: u16,
+    n: u32,
+) -> Option<std::collections::HashMap<String, u64>> {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "preload-churn-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let mut c = Command::new("strace");
-    c.arg("-f").arg("-c").arg("-o").arg(&out).arg(peer()).args(["client", "churn", &port.to_string(), &n.to_string()]);
+    c.arg("-f").arg("-c").arg("-o").arg(&out).arg(peer()).args([
+        "client",
+        "churn",
+        &port.to_string(),
+        &n.to_string(),
+    ]);
     // No SMCLO_DEBUG: its messages would be system calls of their own.
-    c.env("SMCLO_DEVICE_DIR", &dev.0).env_remove("SMCLO_DEBUG").env_remove("SMCLO_DISABLE").stdin(Stdio::null());
+    c.env("SMCLO_DEVICE_DIR", &dev.0)
+        .env_remove("SMCLO_DEBUG")
+        .env_remove("SMCLO_DISABLE")
+        .stdin(Stdio::null());
     if preload {
         c.env("LD_PRELOAD", lib());
     } else {
@@ -404,7 +535,11 @@ fn traced_churn(dev: &DevDir, preload: bool, port: u16, n: u32) -> Option<std::c
 /// run lengths, so the preload's one-time start-up cancels out.
 #[test]
 fn plain_connect_syscall_budget() {
-    if !Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()) {
+    if !Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         budget_unchecked("strace is not installed");
         return;
     }
@@ -419,21 +554,40 @@ fn plain_connect_syscall_budget() {
     let (short, long) = (20u32, 120u32);
     let mut per = Vec::new();
     for preload in [false, true] {
-        let (Some(a), Some(b)) = (traced_churn(&dev, preload, port, short), traced_churn(&dev, preload, port, long)) else {
+        let (Some(a), Some(b)) = (
+            traced_churn(&dev, preload, port, short),
+            traced_churn(&dev, preload, port, long),
+        ) else {
             return;
         };
-        let calls = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        let calls =
+            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
         let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
         assert_eq!(grow("connect"), (long - short) as i64, "connects counted");
         per.push((grow("getsockopt"), grow("fcntl"), grow("total")));
     }
     let (base, pre) = (per[0], per[1]);
     let n = (long - short) as i64;
-    assert_eq!(pre.0 - base.0, 0, "getsockopt calls added by the preload over {n} plain connects");
-    assert_eq!(pre.1 - base.1, 0, "fcntl calls added by the preload over {n} plain connects");
+    assert_eq!(
+        pre.0 - base.0,
+        0,
+        "getsockopt calls added by the preload over {n} plain connects"
+    );
+    assert_eq!(
+        pre.1 - base.1,
+        0,
+        "fcntl calls added by the preload over {n} plain connects"
+    );
     // All system calls: none per connect (a few slack for anything the
     // runtime does once in a while, far below one per connect).
-    assert!(pre.2 - base.2 <= n / 20, "system calls added by the preload over {n} plain connects: {}", pre.2 - base.2);
+    assert!(
+        pre.2 - base.2 <= n / 20,
+        "system calls added by the preload over {n} plain connects: {}",
+        pre.2 - base.2
+    );
     let st = dev.stats();
-    assert_eq!(st.conns_opened, 0, "a plain server gets no SMC-D connection: {st:?}");
+    assert_eq!(
+        st.conns_opened, 0,
+        "a plain server gets no SMC-D connection: {st:?}"
+    );
 }

@@ -172,7 +172,10 @@ fn conn_pair(ring: u32, mode: Mode) -> (Conn, Conn) {
     let pa = Dmb::attach(&fa, 1, 0).unwrap();
     let pb = Dmb::attach(&fb, 2, 0).unwrap();
     let (ua, ub) = UnixStream::pair().unwrap();
-    (Conn::new(da, pb, ua, mode).unwrap(), Conn::new(db, pa, ub, mode).unwrap())
+    (
+        Conn::new(da, pb, ua, mode).unwrap(),
+        Conn::new(db, pa, ub, mode).unwrap(),
+    )
 }
 
 fn tcp_pair() -> (TcpStream, TcpStream) {
@@ -188,9 +191,19 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let rounds: u32 = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(100_000);
     let secs: f64 = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(2.0);
-    let ring: u32 = std::env::var("BENCH_RING").ok().and_then(|v| v.parse().ok()).unwrap_or(256 * 1024);
-    println!("spin budget {:?}, ring {} KiB, {rounds} ping-pongs, {secs} s streams", smclo::conn::spin_budget(), ring / 1024);
-    println!("{:<22} {:>14} {:>16}", "transport", "14 B RTT (us)", "64000 B (Gbit/s)");
+    let ring: u32 = std::env::var("BENCH_RING")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256 * 1024);
+    println!(
+        "spin budget {:?}, ring {} KiB, {rounds} ping-pongs, {secs} s streams",
+        smclo::conn::spin_budget(),
+        ring / 1024
+    );
+    println!(
+        "{:<22} {:>14} {:>16}",
+        "transport", "14 B RTT (us)", "64000 B (Gbit/s)"
+    );
     let row = |name: &str, rtt: f64, gbps: f64| println!("{name:<22} {rtt:>14.2} {gbps:>16.2}");
     // BENCH_ONLY=smclo skips the kernel transports (e.g. under strace).
     let only_smclo = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "smclo");

@@ -40,7 +40,10 @@ fn device(cfg: &Config) -> io::Result<Arc<Device>> {
     static CACHE: Mutex<Vec<(std::path::PathBuf, Instant, Arc<Device>)>> = Mutex::new(Vec::new());
     // try_lock: a fork child must not wait for a lock held by a lost thread.
     if let Ok(c) = CACHE.try_lock() {
-        if let Some((_, _, d)) = c.iter().find(|(p, at, _)| *p == cfg.device_dir && at.elapsed() < DEVICE_TTL) {
+        if let Some((_, _, d)) = c
+            .iter()
+            .find(|(p, at, _)| *p == cfg.device_dir && at.elapsed() < DEVICE_TTL)
+        {
             return Ok(d.clone());
         }
     }
@@ -60,7 +63,10 @@ fn env_config() -> io::Result<Config> {
 fn resolve<A: ToSocketAddrs>(addr: A) -> io::Result<Vec<SocketAddr>> {
     let v: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     if v.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no address to use"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no address to use",
+        ));
     }
     Ok(v)
 }
@@ -104,7 +110,12 @@ impl SmcListener {
         let dev = device(cfg)?;
         tcp_syn::save_syns(tcp.as_raw_fd())?;
         let reg = registry::register_listener(&dev, tcp.local_addr()?).map_err(io::Error::from)?;
-        Ok(SmcListener { tcp, dev, cfg: cfg.clone(), _registration: reg })
+        Ok(SmcListener {
+            tcp,
+            dev,
+            cfg: cfg.clone(),
+            _registration: reg,
+        })
     }
 
     /// Accepts a connection and runs the handshake for it: the stream is
@@ -273,7 +284,11 @@ impl SmcStream {
 }
 
 fn connect_one(dev: &Arc<Device>, cfg: &Config, dest: SocketAddr) -> io::Result<SmcStream> {
-    let family = if dest.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let family = if dest.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: socket(2) with constant arguments; the result is checked and
     // owned by a TcpStream right away.
     let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };

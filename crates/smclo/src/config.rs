@@ -53,7 +53,9 @@ impl Config {
         };
         let clc_wait = match var("SMCLO_CLC_WAIT_MS") {
             Some(v) => Duration::from_millis(v.parse::<u64>().map_err(|_| {
-                Error::Config(format!("SMCLO_CLC_WAIT_MS={v:?} is not a number of milliseconds"))
+                Error::Config(format!(
+                    "SMCLO_CLC_WAIT_MS={v:?} is not a number of milliseconds"
+                ))
             })?),
             None => Duration::from_millis(1000),
         };
@@ -61,7 +63,13 @@ impl Config {
             Some(v) => Some(ueid(&v)?),
             None => None,
         };
-        Ok(Config { device_dir, rmem, wmem, clc_wait, ueid })
+        Ok(Config {
+            device_dir,
+            rmem,
+            wmem,
+            clc_wait,
+            ueid,
+        })
     }
 }
 
@@ -92,9 +100,11 @@ pub fn round_dmb_size(bytes: u64) -> u32 {
 }
 
 fn dmb_size(name: &str, v: &str) -> Result<u32> {
-    parse_size(v)
-        .map(round_dmb_size)
-        .ok_or_else(|| Error::Config(format!("{name}={v:?} is not a size (digits with optional k or m)")))
+    parse_size(v).map(round_dmb_size).ok_or_else(|| {
+        Error::Config(format!(
+            "{name}={v:?} is not a size (digits with optional k or m)"
+        ))
+    })
 }
 
 fn ueid(v: &str) -> Result<[u8; 32]> {

@@ -83,14 +83,12 @@ pub const DEFAULT_SPIN_US: u64 = 50;
 /// ring before sleeping in `poll(2)`. 0 disables spinning.
 pub fn spin_budget() -> Duration {
     static US: OnceLock<u64> = OnceLock::new();
-    Duration::from_micros(*US.get_or_init(|| {
-        match std::env::var("SMCLO_SPIN_US") {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
-                crate::debug!("SMCLO_SPIN_US={v:?} is not a number; using {DEFAULT_SPIN_US}");
-                DEFAULT_SPIN_US
-            }),
-            _ => DEFAULT_SPIN_US,
-        }
+    Duration::from_micros(*US.get_or_init(|| match std::env::var("SMCLO_SPIN_US") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
+            crate::debug!("SMCLO_SPIN_US={v:?} is not a number; using {DEFAULT_SPIN_US}");
+            DEFAULT_SPIN_US
+        }),
+        _ => DEFAULT_SPIN_US,
     }))
 }
 
@@ -141,7 +139,10 @@ impl Conn {
             Mode::NoCopy => Vec::new(),
             Mode::Copy { sndbuf_len } => {
                 if sndbuf_len == 0 {
-                    return Err(io::Error::new(io::ErrorKind::InvalidInput, "copy mode needs a send buffer"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "copy mode needs a send buffer",
+                    ));
                 }
                 vec![0u8; sndbuf_len as usize]
             }
@@ -233,7 +234,9 @@ impl Conn {
     }
 
     fn abort_with(&self, err: i32) {
-        let _ = self.err.compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self
+            .err
+            .compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
         doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
         // SAFETY: shutdown on our own descriptor; the peer's end becomes
         // readable and hung up, our blocked callers wake.
@@ -243,12 +246,14 @@ impl Conn {
 
     fn rx_snap(&self) -> io::Result<Snap> {
         let l = &self.local;
-        doorbell::snapshot(l.prod(), l.cons(), l.ring_len()).map_err(|e| self.violation("receive ring", e))
+        doorbell::snapshot(l.prod(), l.cons(), l.ring_len())
+            .map_err(|e| self.violation("receive ring", e))
     }
 
     fn tx_snap(&self) -> io::Result<Snap> {
         let p = &self.peer;
-        doorbell::snapshot(p.prod(), p.cons(), p.ring_len()).map_err(|e| self.violation("send ring", e))
+        doorbell::snapshot(p.prod(), p.cons(), p.ring_len())
+            .map_err(|e| self.violation("send ring", e))
     }
 
     fn send_bells(&self, n: u32) -> io::Result<()> {
@@ -297,9 +302,15 @@ impl Conn {
         let mut b = [0u8; 1];
         // SAFETY: peeks at most one byte into `b`.
         let r = unsafe {
-            libc::recv(self.fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            libc::recv(
+                self.fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
         };
-        if r == 0 || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECONNRESET)) {
+        if r == 0 || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECONNRESET))
+        {
             // An honest peer sets its flag before shutting its end down, so
             // the flag is visible now if there is one.
             if conn_state_flags(self.local.prod().load(Ordering::SeqCst)) == 0 {
@@ -361,7 +372,8 @@ impl Conn {
         let from = l.prod().load(Ordering::SeqCst);
         let hit = Self::spin_on(l.prod(), from, budget);
         if rs {
-            doorbell::spin_end(l.prod(), l.ring_len()).map_err(|e| self.violation("receive ring", e))?;
+            doorbell::spin_end(l.prod(), l.ring_len())
+                .map_err(|e| self.violation("receive ring", e))?;
         }
         Self::note_spin(&self.rx_spin_misses, hit);
         Ok(())
@@ -387,7 +399,13 @@ impl Conn {
     }
 
     /// `recv(2)` with `MSG_PEEK`, `MSG_WAITALL` and `MSG_DONTWAIT`.
-    pub fn recv(&self, buf: &mut [u8], peek: bool, waitall: bool, dontwait: bool) -> io::Result<usize> {
+    pub fn recv(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+        waitall: bool,
+        dontwait: bool,
+    ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -406,7 +424,11 @@ impl Conn {
             let flags = conn_state_flags(s.prod);
             // MSG_PEEK|MSG_WAITALL waits for the whole request (at most a
             // ring) to be there, like TCP.
-            let enough = if peek && waitall { s.used as usize >= buf.len().min(len as usize) } else { s.used > 0 };
+            let enough = if peek && waitall {
+                s.used as usize >= buf.len().min(len as usize)
+            } else {
+                s.used > 0
+            };
             if enough || (s.used > 0 && (flags != 0 || self.peer_gone.load(Ordering::Relaxed))) {
                 let n = (s.used as usize).min(buf.len() - done);
                 let pos = cursor::Cursor::from_word(s.cons).position(len);
@@ -427,13 +449,21 @@ impl Conn {
             }
             // Nothing (more) to read.
             if flags & PEER_CONN_ABORT != 0 {
-                return if done > 0 { Ok(done) } else { Err(errno(libc::ECONNRESET)) };
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(errno(libc::ECONNRESET))
+                };
             }
             if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
                 return Ok(done);
             }
             if self.peer_gone.load(Ordering::Relaxed) {
-                return if done > 0 { Ok(done) } else { Err(errno(libc::ECONNRESET)) };
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(errno(libc::ECONNRESET))
+                };
             }
             if done > 0 && !waitall {
                 // A short read returns only here, with the ring empty: the
@@ -462,7 +492,11 @@ impl Conn {
                 // The peer's end is gone (or just closed): decide above.
                 continue;
             }
-            return if done > 0 { Ok(done) } else { Err(io::ErrorKind::WouldBlock.into()) };
+            return if done > 0 {
+                Ok(done)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            };
         }
     }
 
@@ -514,9 +548,15 @@ impl Conn {
             let s = self.rx_snap()?;
             let flags = conn_state_flags(s.prod);
             let pos = cursor::Cursor::from_word(s.cons).position(l.ring_len());
-            let eof = flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 && flags & PEER_CONN_ABORT == 0;
+            let eof =
+                flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 && flags & PEER_CONN_ABORT == 0;
             if s.used > 0 || eof {
-                return Ok(ReadRegion { conn: self, _g: g, ptr: ring::ptr_at(l, pos), len: s.used as usize });
+                return Ok(ReadRegion {
+                    conn: self,
+                    _g: g,
+                    ptr: ring::ptr_at(l, pos),
+                    len: s.used as usize,
+                });
             }
             if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
                 return Err(errno(libc::ECONNRESET));
@@ -545,7 +585,9 @@ impl Conn {
         // The peer's own flags (about its writing side) are in our local
         // `prod` word; closed or aborted means it reads no more.
         let w = self.local.prod().load(Ordering::SeqCst);
-        if conn_state_flags(w) & (PEER_CONN_CLOSED | PEER_CONN_ABORT) != 0 || self.peer_gone.load(Ordering::Relaxed) {
+        if conn_state_flags(w) & (PEER_CONN_CLOSED | PEER_CONN_ABORT) != 0
+            || self.peer_gone.load(Ordering::Relaxed)
+        {
             return Err(errno(libc::EPIPE));
         }
         Ok(())
@@ -656,7 +698,12 @@ impl Conn {
             let free = len - s.used;
             if free >= need {
                 let pos = cursor::Cursor::from_word(s.prod).position(len);
-                return Ok(WriteRegion { conn: self, _g: g, ptr: ring::ptr_at(p, pos), len: free as usize });
+                return Ok(WriteRegion {
+                    conn: self,
+                    _g: g,
+                    ptr: ring::ptr_at(p, pos),
+                    len: free as usize,
+                });
             }
             self.wait_room(need, false)?;
         }
@@ -699,7 +746,11 @@ impl Conn {
             Ok(s) => s.used > 0,
             Err(_) => true,
         };
-        let flag = if unread { PEER_CONN_ABORT } else { PEER_CONN_CLOSED };
+        let flag = if unread {
+            PEER_CONN_ABORT
+        } else {
+            PEER_CONN_CLOSED
+        };
         doorbell::set_state_flags(self.peer.prod(), flag);
         // SAFETY: shutdown on our own descriptor: the peer's end hangs up
         // even if a forked child still holds a copy of ours.
@@ -770,7 +821,10 @@ impl WriteRegion<'_> {
     /// Publishes the first `n` bytes of the region (`n <= len`).
     pub fn commit(self, n: usize) -> io::Result<()> {
         if n > self.len {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "commit beyond the reserved region"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "commit beyond the reserved region",
+            ));
         }
         if n == 0 {
             return Ok(());
@@ -819,7 +873,10 @@ impl ReadRegion<'_> {
     /// Consumes the first `n` bytes (`n <= len`).
     pub fn release(self, n: usize) -> io::Result<()> {
         if n > self.len {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "release beyond the received region"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "release beyond the received region",
+            ));
         }
         if n == 0 {
             return Ok(());

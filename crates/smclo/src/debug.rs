@@ -8,9 +8,7 @@ use std::sync::OnceLock;
 /// Whether `SMCLO_DEBUG` is set to something other than `0` or empty.
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var_os("SMCLO_DEBUG").is_some_and(|v| !v.is_empty() && v != "0")
-    })
+    *ON.get_or_init(|| std::env::var_os("SMCLO_DEBUG").is_some_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// Writes `smclo[pid]: <message>` to standard error when debugging is on.

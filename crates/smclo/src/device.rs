@@ -157,7 +157,13 @@ impl Liveness {
             Owner { pid, start }
         };
         let fast = self.1;
-        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| if fast { owner.is_alive_fast() } else { owner.is_alive() })
+        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| {
+            if fast {
+                owner.is_alive_fast()
+            } else {
+                owner.is_alive()
+            }
+        })
     }
 }
 
@@ -204,7 +210,10 @@ unsafe impl Sync for Device {}
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("dir", &self.dir).field("gid", &format_args!("{:016x}", self.gid)).finish()
+        f.debug_struct("Device")
+            .field("dir", &self.dir)
+            .field("gid", &format_args!("{:016x}", self.gid))
+            .finish()
     }
 }
 
@@ -234,12 +243,18 @@ pub struct Stats {
 impl Stats {
     /// (client side, server side) fallbacks for `r`.
     pub fn fallback(&self, r: Reason) -> (u64, u64) {
-        (self.fallback_client[r.index()], self.fallback_server[r.index()])
+        (
+            self.fallback_client[r.index()],
+            self.fallback_server[r.index()],
+        )
     }
 
     /// All fallbacks, both sides, every reason.
     pub fn fallbacks_total(&self) -> u64 {
-        self.fallback_client.iter().chain(&self.fallback_server).sum()
+        self.fallback_client
+            .iter()
+            .chain(&self.fallback_server)
+            .sum()
     }
 }
 
@@ -268,7 +283,10 @@ pub(crate) fn random_u64() -> Result<u64> {
 
 /// Milliseconds of CLOCK_MONOTONIC, which all processes of the host share.
 fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid timespec to write into; CLOCK_MONOTONIC exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
@@ -281,7 +299,11 @@ pub fn derive_seid() -> [u8; 32] {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_default();
     // FNV-1a 64: stable across builds, unlike std's hasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -311,7 +333,10 @@ fn ensure_dir(dir: &Path) -> Result<()> {
     }
     let md = std::fs::symlink_metadata(dir)?;
     if !md.file_type().is_dir() {
-        return Err(Error::InvalidDevice(format!("{} is not a directory", dir.display())));
+        return Err(Error::InvalidDevice(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
     }
     if md.uid() != euid() {
         return Err(Error::InvalidDevice(format!(
@@ -338,7 +363,11 @@ fn open_flags() -> i32 {
 /// Builds a device file under a temporary name and links it to `device`.
 /// Losing the race (EEXIST) is success: the winner's file is used.
 fn create_device_file(dir: &Path) -> Result<()> {
-    let tmp = dir.join(format!(".device-{}-{:016x}", std::process::id(), random_u64()?));
+    let tmp = dir.join(format!(
+        ".device-{}-{:016x}",
+        std::process::id(),
+        random_u64()?
+    ));
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -347,7 +376,11 @@ fn create_device_file(dir: &Path) -> Result<()> {
         .custom_flags(open_flags())
         .open(&tmp)?;
     let result = (|| -> Result<()> {
-        let header = layout::DeviceHeader { gid: random_u64()?, chid: LOOPBACK_CHID, seid: derive_seid() };
+        let header = layout::DeviceHeader {
+            gid: random_u64()?,
+            chid: LOOPBACK_CHID,
+            seid: derive_seid(),
+        };
         f.set_len(layout::TOTAL_SIZE)?;
         f.write_all_at(&layout::encode_header(&header), 0)?;
         match std::fs::hard_link(&tmp, dir.join("device")) {
@@ -381,7 +414,11 @@ impl Device {
             return Ok(c.dev.clone());
         }
         cache.retain(|c| c.dir != dir);
-        cache.push(CacheEntry { dir: dir.to_path_buf(), ino: dev.ino, dev: dev.clone() });
+        cache.push(CacheEntry {
+            dir: dir.to_path_buf(),
+            ino: dev.ino,
+            dev: dev.clone(),
+        });
         Ok(dev)
     }
 
@@ -394,14 +431,22 @@ impl Device {
         let path = dir.join("device");
         let mut created = false;
         let file = loop {
-            match std::fs::OpenOptions::new().read(true).write(true).custom_flags(open_flags()).open(&path) {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(open_flags())
+                .open(&path)
+            {
                 Ok(f) => break f,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && !created => {
                     create_device_file(dir)?;
                     created = true;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                    return Err(Error::InvalidDevice(format!("{} is a symbolic link", path.display())))
+                    return Err(Error::InvalidDevice(format!(
+                        "{} is a symbolic link",
+                        path.display()
+                    )))
                 }
                 Err(e) => return Err(Error::Io(e)),
             }
@@ -419,10 +464,17 @@ impl Device {
             return Err(bad("not a regular file".into()));
         }
         if md.uid() != euid() {
-            return Err(bad(format!("belongs to uid {}, not to us (uid {})", md.uid(), euid())));
+            return Err(bad(format!(
+                "belongs to uid {}, not to us (uid {})",
+                md.uid(),
+                euid()
+            )));
         }
         if md.mode() & 0o077 != 0 {
-            return Err(bad(format!("mode {:o} gives access to group or others", md.mode() & 0o7777)));
+            return Err(bad(format!(
+                "mode {:o} gives access to group or others",
+                md.mode() & 0o7777
+            )));
         }
         let mut head = vec![0u8; layout::HEADER_LEN as usize];
         let mut have = 0;
@@ -437,7 +489,10 @@ impl Device {
         head.truncate(have);
         let hdr = layout::validate_header(&head, md.len()).map_err(|e| bad(e.to_string()))?;
         if hdr.chid != LOOPBACK_CHID {
-            return Err(bad(format!("CHID {:#06x} is not loopback-ism's 0xffff", hdr.chid)));
+            return Err(bad(format!(
+                "CHID {:#06x} is not loopback-ism's 0xffff",
+                hdr.chid
+            )));
         }
         use std::os::fd::AsRawFd;
         let len = layout::TOTAL_SIZE as usize;
@@ -512,12 +567,15 @@ impl Device {
 
     pub(crate) fn dmb_entry(&self, i: usize) -> &DmbEntry {
         debug_assert!(i < layout::DMB_ENTRIES as usize);
-        self.at(layout::DMB_TABLE_OFF as usize + (i % layout::DMB_ENTRIES as usize) * layout::DMB_ENTRY_LEN as usize)
+        self.at(layout::DMB_TABLE_OFF as usize
+            + (i % layout::DMB_ENTRIES as usize) * layout::DMB_ENTRY_LEN as usize)
     }
 
     /// An `Arc` of this device (every `Device` lives in an `Arc`).
     pub(crate) fn arc(&self) -> Arc<Device> {
-        self.me.upgrade().expect("a Device is only reachable through its Arc")
+        self.me
+            .upgrade()
+            .expect("a Device is only reachable through its Arc")
     }
 
     // --- knobs -------------------------------------------------------------
@@ -529,7 +587,8 @@ impl Device {
 
     /// Sets knob `active`.
     pub fn set_active(&self, on: bool) {
-        self.u32_at(layout::off::ACTIVE).store(on as u32, Ordering::Relaxed)
+        self.u32_at(layout::off::ACTIVE)
+            .store(on as u32, Ordering::Relaxed)
     }
 
     /// Knob `dmb_copy`: senders copy into a private buffer first (the seeds'
@@ -540,7 +599,8 @@ impl Device {
 
     /// Sets knob `dmb_copy`.
     pub fn set_dmb_copy(&self, on: bool) {
-        self.u32_at(layout::off::DMB_COPY).store(on as u32, Ordering::Relaxed)
+        self.u32_at(layout::off::DMB_COPY)
+            .store(on as u32, Ordering::Relaxed)
     }
 
     /// Knob `dmb_type`. Unknown values (another version wrote them) read as
@@ -554,7 +614,8 @@ impl Device {
 
     /// Sets knob `dmb_type`.
     pub fn set_dmb_type(&self, t: DmbType) {
-        self.u32_at(layout::off::DMB_TYPE).store(t as u32, Ordering::Relaxed)
+        self.u32_at(layout::off::DMB_TYPE)
+            .store(t as u32, Ordering::Relaxed)
     }
 
     // --- counters ----------------------------------------------------------
@@ -562,7 +623,8 @@ impl Device {
     /// Counts one SMC-D connection opened (call once per connection end
     /// pair, from the client side).
     pub fn count_conn_opened(&self) {
-        self.u64_at(layout::off::CONNS_OPENED).fetch_add(1, Ordering::Relaxed);
+        self.u64_at(layout::off::CONNS_OPENED)
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one fallback to TCP for `reason`, on the `side` that decided.
@@ -602,23 +664,37 @@ impl Device {
             }
             dmbs_cnt += 1;
             if st == DMB_CONNECTED {
-                let (a, b) = (e.token.load(Ordering::Relaxed), e.peer_token.load(Ordering::Relaxed));
+                let (a, b) = (
+                    e.token.load(Ordering::Relaxed),
+                    e.peer_token.load(Ordering::Relaxed),
+                );
                 pairs.insert((a.min(b), a.max(b)));
             }
         }
-        let total = self.u64_at(layout::off::XFER_RETIRED).load(Ordering::Relaxed).wrapping_add(live_tx);
+        let total = self
+            .u64_at(layout::off::XFER_RETIRED)
+            .load(Ordering::Relaxed)
+            .wrapping_add(live_tx);
         let base = self.u64_at(layout::off::XFER_BASE).load(Ordering::Relaxed);
         let mut fallback_client = [0u64; layout::REASON_SLOTS as usize];
         let mut fallback_server = [0u64; layout::REASON_SLOTS as usize];
         for i in 0..layout::REASON_SLOTS as usize {
-            fallback_client[i] = self.u64_at(layout::off::FALLBACK_CLIENT + 8 * i).load(Ordering::Relaxed);
-            fallback_server[i] = self.u64_at(layout::off::FALLBACK_SERVER + 8 * i).load(Ordering::Relaxed);
+            fallback_client[i] = self
+                .u64_at(layout::off::FALLBACK_CLIENT + 8 * i)
+                .load(Ordering::Relaxed);
+            fallback_server[i] = self
+                .u64_at(layout::off::FALLBACK_SERVER + 8 * i)
+                .load(Ordering::Relaxed);
         }
         Stats {
             gid: self.gid,
-            conns_opened: self.u64_at(layout::off::CONNS_OPENED).load(Ordering::Relaxed),
+            conns_opened: self
+                .u64_at(layout::off::CONNS_OPENED)
+                .load(Ordering::Relaxed),
             conns_active: pairs.len() as u64,
-            dmbs_registered: self.u64_at(layout::off::DMBS_REGISTERED).load(Ordering::Relaxed),
+            dmbs_registered: self
+                .u64_at(layout::off::DMBS_REGISTERED)
+                .load(Ordering::Relaxed),
             dmbs_cnt,
             xfer_bytes: total.saturating_sub(base),
             listeners: crate::registry::live_listeners(self),
@@ -643,8 +719,10 @@ impl Device {
             self.u64_at(off).store(0, Ordering::Relaxed);
         }
         for i in 0..layout::REASON_SLOTS as usize {
-            self.u64_at(layout::off::FALLBACK_CLIENT + 8 * i).store(0, Ordering::Relaxed);
-            self.u64_at(layout::off::FALLBACK_SERVER + 8 * i).store(0, Ordering::Relaxed);
+            self.u64_at(layout::off::FALLBACK_CLIENT + 8 * i)
+                .store(0, Ordering::Relaxed);
+            self.u64_at(layout::off::FALLBACK_SERVER + 8 * i)
+                .store(0, Ordering::Relaxed);
         }
         // xfer_bytes = retired + live - base: moving the base keeps the
         // per-entry byte counts (which the owners keep adding to) intact.
@@ -655,8 +733,12 @@ impl Device {
                 live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
             }
         }
-        let total = self.u64_at(layout::off::XFER_RETIRED).load(Ordering::Relaxed).wrapping_add(live_tx);
-        self.u64_at(layout::off::XFER_BASE).store(total, Ordering::Relaxed);
+        let total = self
+            .u64_at(layout::off::XFER_RETIRED)
+            .load(Ordering::Relaxed)
+            .wrapping_add(live_tx);
+        self.u64_at(layout::off::XFER_BASE)
+            .store(total, Ordering::Relaxed);
     }
 
     // --- DMBs --------------------------------------------------------------
@@ -676,7 +758,8 @@ impl Device {
             Some(i) => i,
             None => {
                 self.sweep();
-                self.claim_dmb_entry(me.pid)?.ok_or_else(|| errno_err(libc::ENOSPC))?
+                self.claim_dmb_entry(me.pid)?
+                    .ok_or_else(|| errno_err(libc::ENOSPC))?
             }
         };
         let e = self.dmb_entry(idx);
@@ -687,7 +770,8 @@ impl Device {
             None => match Dmb::create_own(token, ring_len, self.gid, me.pid, me.start) {
                 Ok(d) => d,
                 Err(err) => {
-                    e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
+                    e.word
+                        .store(word::pack(gen, 0, word::FREE), Ordering::Release);
                     return Err(err);
                 }
             },
@@ -698,10 +782,21 @@ impl Device {
         e.ring_len.store(ring_len, Ordering::Relaxed);
         e.role.store(role as u32, Ordering::Relaxed);
         e.tx_bytes.store(0, Ordering::Relaxed);
-        e.word.store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
-        self.u64_at(layout::off::DMBS_REGISTERED).fetch_add(1, Ordering::Relaxed);
+        e.word
+            .store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
+        self.u64_at(layout::off::DMBS_REGISTERED)
+            .fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle { reg: Registration { dev: self.arc(), idx, gen, token, role }, dmb })
+        Ok(DmbHandle {
+            reg: Registration {
+                dev: self.arc(),
+                idx,
+                gen,
+                token,
+                role,
+            },
+            dmb,
+        })
     }
 
     /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
@@ -717,7 +812,10 @@ impl Device {
                 continue;
             }
             let claimed = word::pack(word::next_gen(w), pid, word::WRITING);
-            if e.word.compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if e.word
+                .compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 return Ok(Some(i));
             }
         }
@@ -744,7 +842,10 @@ impl Device {
         if now.saturating_sub(prev) < SWEEP_INTERVAL_MS && prev <= now {
             return;
         }
-        if last.compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if last
+            .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
             self.sweep();
         }
     }
@@ -755,7 +856,8 @@ impl Device {
     /// Runs on its own schedule inside [`Device::register_dmb`] and
     /// [`Device::stats`]; public so tools and tests can force it.
     pub fn sweep(&self) {
-        self.u64_at(layout::off::LAST_SWEEP_MS).store(monotonic_ms(), Ordering::Relaxed);
+        self.u64_at(layout::off::LAST_SWEEP_MS)
+            .store(monotonic_ms(), Ordering::Relaxed);
         self.reclaim_dead_dmbs();
         self.remove_dead_files();
     }
@@ -768,13 +870,17 @@ impl Device {
         for i in 0..layout::DMB_ENTRIES as usize {
             let e = self.dmb_entry(i);
             let w = e.word.load(Ordering::Acquire);
-            if word::state(w) == word::FREE || live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+            if word::state(w) == word::FREE || live.owner_alive(w, e.start.load(Ordering::Relaxed))
+            {
                 continue;
             }
             // Take the entry over (the word now names us, so a reclaimer that
             // dies here is itself reclaimed later), fold, free.
             let mine = word::pack(word::gen(w), me, word::WRITING);
-            if e.word.compare_exchange(w, mine, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if e.word
+                .compare_exchange(w, mine, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 self.retire_entry(e, word::gen(w));
                 crate::debug!("reclaimed DMB table entry {i} of dead pid {}", word::pid(w));
             }
@@ -785,26 +891,38 @@ impl Device {
     /// caller holds the entry in WRITING.
     fn retire_entry(&self, e: &DmbEntry, gen: u32) {
         let tx = e.tx_bytes.swap(0, Ordering::Relaxed);
-        self.u64_at(layout::off::XFER_RETIRED).fetch_add(tx, Ordering::Relaxed);
-        e.word.store(word::pack(gen, 0, word::FREE), Ordering::Release);
+        self.u64_at(layout::off::XFER_RETIRED)
+            .fetch_add(tx, Ordering::Relaxed);
+        e.word
+            .store(word::pack(gen, 0, word::FREE), Ordering::Release);
     }
 
     /// Unlinks `dmb-*` files of dead owners (read with a plain `pread` of
     /// the header, never mapped: the file may be short or garbage) and
     /// `.device-<pid>-*` temporaries of dead creators.
     fn remove_dead_files(&self) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return };
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
         let mut live = Liveness::default();
         for ent in rd.flatten() {
             let name = ent.file_name();
             let name = name.as_bytes();
             if let Some(hex) = name.strip_prefix(b"dmb-") {
-                if hex.len() == 16 && hex.iter().all(u8::is_ascii_hexdigit) && self.dmb_file_is_dead(&ent.path(), &mut live) {
-                    crate::debug!("removing DMB file of a dead owner: {}", ent.path().display());
+                if hex.len() == 16
+                    && hex.iter().all(u8::is_ascii_hexdigit)
+                    && self.dmb_file_is_dead(&ent.path(), &mut live)
+                {
+                    crate::debug!(
+                        "removing DMB file of a dead owner: {}",
+                        ent.path().display()
+                    );
                     let _ = std::fs::remove_file(ent.path());
                 }
             } else if let Some(rest) = name.strip_prefix(b".device-") {
-                let pid = std::str::from_utf8(rest).ok().and_then(|r| r.split('-').next()?.parse::<u32>().ok());
+                let pid = std::str::from_utf8(rest)
+                    .ok()
+                    .and_then(|r| r.split('-').next()?.parse::<u32>().ok());
                 if let Some(pid) = pid {
                     if !(Owner { pid, start: 0 }).pid_exists() {
                         let _ = std::fs::remove_file(ent.path());
@@ -830,9 +948,14 @@ impl Device {
             return false;
         }
         let mut h = [0u8; 40];
-        let complete = md.len() >= 4096 && f.read_exact_at(&mut h, 0).is_ok() && &h[..8] == DMB_MAGIC;
+        let complete =
+            md.len() >= 4096 && f.read_exact_at(&mut h, 0).is_ok() && &h[..8] == DMB_MAGIC;
         if !complete {
-            let age = md.modified().ok().and_then(|m| m.elapsed().ok()).map(|d| d.as_secs());
+            let age = md
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .map(|d| d.as_secs());
             return age.is_some_and(|a| a >= STALE_FILE_SECS);
         }
         let pid = u32::from_ne_bytes([h[24], h[25], h[26], h[27]]);
@@ -1009,7 +1132,9 @@ impl Registration {
         e.peer_token.store(peer_token, Ordering::Relaxed);
         let from = word::pack(self.gen, me, DMB_REGISTERED);
         let to = word::pack(self.gen, me, DMB_CONNECTED);
-        let _ = e.word.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
+        let _ = e
+            .word
+            .compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
     }
 
     /// Makes process `to` (a fork child that still holds the connection)
@@ -1031,10 +1156,19 @@ impl Registration {
         for st in [DMB_REGISTERED, DMB_CONNECTED] {
             let from = word::pack(self.gen, me, st);
             let mid = word::pack(self.gen, to.pid, word::WRITING);
-            if e.word.compare_exchange(from, mid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if e.word
+                .compare_exchange(from, mid, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 e.start.store(to.start, Ordering::Relaxed);
-                e.word.store(word::pack(self.gen, to.pid, st), Ordering::Release);
-                crate::debug!("DMB {:016x} (entry {}) handed over to pid {}", self.token, self.idx, to.pid);
+                e.word
+                    .store(word::pack(self.gen, to.pid, st), Ordering::Release);
+                crate::debug!(
+                    "DMB {:016x} (entry {}) handed over to pid {}",
+                    self.token,
+                    self.idx,
+                    to.pid
+                );
                 return true;
             }
         }
@@ -1058,7 +1192,10 @@ impl Drop for Registration {
             // Only the current owner's copy unregisters (the CAS names it).
             let from = word::pack(self.gen, me, st);
             let to = word::pack(self.gen, me, word::WRITING);
-            if e.word.compare_exchange(from, to, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if e.word
+                .compare_exchange(from, to, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 self.dev.retire_entry(e, self.gen);
                 return;
             }

@@ -87,7 +87,13 @@ impl Dmb {
                 ),
             )));
         }
-        let hdr = DmbHeader { ring_len, token, owner_pid, owner_start, gid };
+        let hdr = DmbHeader {
+            ring_len,
+            token,
+            owner_pid,
+            owner_start,
+            gid,
+        };
         // set_len zero-fills: the cursor words start at 0 (empty ring, no
         // flags) and the reserved bytes are zero.
         file.set_len(0)?;
@@ -103,7 +109,13 @@ impl Dmb {
     /// descriptor can never truncate it under our mapping. The descriptor
     /// is kept ([`Dmb::own_fd`]) to pass to the peer, at a high number
     /// ([`crate::fdnum`]).
-    pub(crate) fn create_own(token: u64, ring_len: u32, gid: u64, owner_pid: u32, owner_start: u64) -> Result<Dmb> {
+    pub(crate) fn create_own(
+        token: u64,
+        ring_len: u32,
+        gid: u64,
+        owner_pid: u32,
+        owner_start: u64,
+    ) -> Result<Dmb> {
         // Kept open for the DMB's life (and in the pool): out of the
         // application's range of numbers (crate::fdnum).
         let file = crate::fdnum::move_high(memfd("smclo-dmb")?);
@@ -112,7 +124,11 @@ impl Dmb {
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) } != 0 {
             return Err(io::Error::last_os_error().into());
         }
-        d.own = Some(Own { file, fork_gen: crate::owner::fork_gen(), reuse: true });
+        d.own = Some(Own {
+            file,
+            fork_gen: crate::owner::fork_gen(),
+            reuse: true,
+        });
         Ok(d)
     }
 
@@ -169,7 +185,9 @@ impl Dmb {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         if !md.file_type().is_file() || md.uid() != euid {
-            return Err(Error::InvalidDevice(format!("DMB {token:016x}: not a regular file owned by uid {euid}")));
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: not a regular file owned by uid {euid}"
+            )));
         }
         let id = (md.dev(), md.ino());
         let mut d = match crate::pool::take_peer(id) {
@@ -180,7 +198,10 @@ impl Dmb {
             Some(d) => {
                 let named = d.token_in_header();
                 if named != token || d.gid() != gid {
-                    let msg = format!("DMB {token:016x}: header names token {named:016x} of device GID {:016x}", d.gid());
+                    let msg = format!(
+                        "DMB {token:016x}: header names token {named:016x} of device GID {:016x}",
+                        d.gid()
+                    );
                     drop(d);
                     return Err(if named != token {
                         Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
@@ -196,9 +217,14 @@ impl Dmb {
         d.hdr.token = token;
         let rec = crate::rng::next_u64();
         use std::sync::atomic::Ordering;
-        if d.attach_word().compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        if d.attach_word()
+            .compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
             crate::pool::put_peer(id, d);
-            return Err(Error::InvalidDevice(format!("DMB {token:016x}: already attached by another peer")));
+            return Err(Error::InvalidDevice(format!(
+                "DMB {token:016x}: already attached by another peer"
+            )));
         }
         d.attach = Some((rec, crate::owner::fork_gen(), id));
         Ok(d)
@@ -217,7 +243,9 @@ impl Dmb {
     pub fn attach(file: &File, token: u64, gid: u64) -> Result<Dmb> {
         let size = file.metadata()?.len();
         Dmb::attach_inner(file, token, gid, size).map_err(|e| match e {
-            Error::Io(e) if e.kind() == io::ErrorKind::NotFound => Error::InvalidDevice(e.to_string()),
+            Error::Io(e) if e.kind() == io::ErrorKind::NotFound => {
+                Error::InvalidDevice(e.to_string())
+            }
             e => e,
         })
     }
@@ -301,7 +329,13 @@ impl Dmb {
         if second == libc::MAP_FAILED {
             return Err(unmap(io::Error::last_os_error()));
         }
-        Ok(Dmb { base: base.cast(), map_len, hdr, own: None, attach: None })
+        Ok(Dmb {
+            base: base.cast(),
+            map_len,
+            hdr,
+            own: None,
+            attach: None,
+        })
     }
 
     /// The DMB token.
@@ -361,8 +395,16 @@ impl Drop for Dmb {
             // and only our own record (compare-and-swap). The idle mapping
             // is kept for the next time the peer passes this memfd.
             if gen == crate::owner::fork_gen() {
-                let _ = self.attach_word().compare_exchange(rec, 0, Ordering::SeqCst, Ordering::SeqCst);
-                let cached = Dmb { base: self.base, map_len: self.map_len, hdr: self.hdr, own: None, attach: None };
+                let _ =
+                    self.attach_word()
+                        .compare_exchange(rec, 0, Ordering::SeqCst, Ordering::SeqCst);
+                let cached = Dmb {
+                    base: self.base,
+                    map_len: self.map_len,
+                    hdr: self.hdr,
+                    own: None,
+                    attach: None,
+                };
                 self.base = std::ptr::null_mut();
                 crate::pool::put_peer(id, cached);
                 return;
@@ -374,7 +416,10 @@ impl Drop for Dmb {
                     base: self.base,
                     map_len: self.map_len,
                     hdr: self.hdr,
-                    own: Some(Own { reuse: false, ..own }),
+                    own: Some(Own {
+                        reuse: false,
+                        ..own
+                    }),
                     attach: None,
                 };
                 self.base = std::ptr::null_mut();
@@ -409,7 +454,11 @@ fn seal_size(file: &File) {
     // SAFETY: F_ADD_SEALS on a valid fd has no memory effects; failure is
     // ignored on purpose (files without sealing support).
     unsafe {
-        libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
     };
 }
 
@@ -421,7 +470,8 @@ pub fn memfd(name: &str) -> io::Result<File> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
     // SAFETY: `name` is a valid NUL-terminated string for the duration of
     // the call.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -439,7 +489,10 @@ mod tests {
         let f = memfd("dmb-test").unwrap();
         let a = Dmb::create(&f, 0xabc, 16 * 1024, 7, 1, 2).unwrap();
         let b = Dmb::attach(&f, 0xabc, 7).unwrap();
-        assert_eq!((b.token(), b.ring_len(), b.owner_pid(), b.owner_start()), (0xabc, 16384, 1, 2));
+        assert_eq!(
+            (b.token(), b.ring_len(), b.owner_pid(), b.owner_start()),
+            (0xabc, 16384, 1, 2)
+        );
         a.prod().store(0x1234, Ordering::SeqCst);
         assert_eq!(b.prod().load(Ordering::SeqCst), 0x1234);
         assert_eq!(b.cons().load(Ordering::SeqCst), 0);
@@ -465,7 +518,14 @@ mod tests {
         f.write_all_at(b"X", 0).unwrap();
         assert!(msg(Dmb::attach(&f, 1, 7)).contains("magic"));
         let g = memfd("dmb-test").unwrap();
-        let mut hdr = DmbHeader { ring_len: 3 << 14, token: 1, owner_pid: 1, owner_start: 0, gid: 7 }.encode();
+        let mut hdr = DmbHeader {
+            ring_len: 3 << 14,
+            token: 1,
+            owner_pid: 1,
+            owner_start: 0,
+            gid: 7,
+        }
+        .encode();
         g.write_all_at(&hdr, 0).unwrap();
         assert!(msg(Dmb::attach(&g, 1, 7)).contains("ring length"));
         hdr[12..16].copy_from_slice(&(16u32 * 1024).to_ne_bytes());

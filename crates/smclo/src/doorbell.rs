@@ -176,12 +176,21 @@ pub fn snapshot<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<S
     let p = prod.load();
     let used = distance(p, c, ring_len)?;
     check_bells(p)?;
-    Ok(Snap { prod: p, cons: c, used })
+    Ok(Snap {
+        prod: p,
+        cons: c,
+        used,
+    })
 }
 
 /// Writer: publishes `n` bytes already copied into the ring at the producer
 /// position. Returns how many doorbells the caller must now send.
-pub fn publish<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32, n: u32) -> Result<u32, CursorError> {
+pub fn publish<W: Word + ?Sized>(
+    prod: &W,
+    cons: &W,
+    ring_len: u32,
+    n: u32,
+) -> Result<u32, CursorError> {
     let mut w = prod.load();
     loop {
         let c = cons.load();
@@ -190,7 +199,11 @@ pub fn publish<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32, n: u32) -> R
         if used as u64 + n as u64 > ring_len as u64 {
             // The caller checked the room; only a peer moving `cons`
             // backwards gets here.
-            return Err(CursorError::BadDistance { prod: w, cons: c, ring_len });
+            return Err(CursorError::BadDistance {
+                prod: w,
+                cons: c,
+                ring_len,
+            });
         }
         let mut new = advance(w, n, ring_len);
         let b = bells(w);
@@ -295,7 +308,11 @@ pub fn writer_block<W: Word + ?Sized>(
 /// Reader: after storing `cons` (or on finding the ring empty), takes the
 /// doorbells that no longer match the ring. Returns how many the caller
 /// must now receive.
-pub fn reader_settle<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<u32, CursorError> {
+pub fn reader_settle<W: Word + ?Sized>(
+    prod: &W,
+    cons: &W,
+    ring_len: u32,
+) -> Result<u32, CursorError> {
     loop {
         let s = snapshot(prod, cons, ring_len)?;
         let w = s.prod;
@@ -335,7 +352,11 @@ pub fn reader_settle<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Res
 /// edge-triggered poller again ([`EDGE_WANTED`]): nginx, told N bytes,
 /// reads N and then waits for an edge, as TCP wakes it for every arrival.
 /// A loose bell queued earlier woke it before this report; it is taken.
-pub fn reader_report<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<(u32, u32), CursorError> {
+pub fn reader_report<W: Word + ?Sized>(
+    prod: &W,
+    cons: &W,
+    ring_len: u32,
+) -> Result<(u32, u32), CursorError> {
     loop {
         let s = snapshot(prod, cons, ring_len)?;
         let w = s.prod;
@@ -372,7 +393,12 @@ pub fn reader_consume<W: Word + ?Sized>(
 /// Reader: starts a spin session for a consuming read of up to `cap`
 /// bytes, if the ring is empty with no doorbell and no closing flag.
 /// Returns whether `READER_SPINNING` is now set (then call [`spin_end`]).
-pub fn spin_begin<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32, cap: usize) -> Result<bool, CursorError> {
+pub fn spin_begin<W: Word + ?Sized>(
+    prod: &W,
+    cons: &W,
+    ring_len: u32,
+    cap: usize,
+) -> Result<bool, CursorError> {
     let c = cons.load();
     cursor::validate_cons(c, ring_len)?;
     let code = spin_cap_encode(cap);
@@ -448,7 +474,11 @@ pub fn set_min_sndbuf(fd: RawFd) -> io::Result<()> {
 
 /// `poll(2)` on one descriptor, retrying on EINTR; returns `revents`.
 pub fn poll_fd(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     loop {
         // SAFETY: `p` is one valid pollfd for the duration of the call.
         let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
@@ -474,7 +504,12 @@ impl BellChannel for UnixStream {
         while left > 0 {
             // SAFETY: sends one byte from a valid static buffer.
             let r = unsafe {
-                libc::send(fd, b"!".as_ptr().cast(), 1, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+                libc::send(
+                    fd,
+                    b"!".as_ptr().cast(),
+                    1,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
             };
             if r == 1 {
                 left -= 1;
@@ -500,7 +535,8 @@ impl BellChannel for UnixStream {
         let mut deadline: Option<std::time::Instant> = None;
         while left > 0 {
             // SAFETY: receives at most `left <= 4` bytes into `buf`.
-            let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), left.min(4), libc::MSG_DONTWAIT) };
+            let r =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), left.min(4), libc::MSG_DONTWAIT) };
             if r > 0 {
                 left -= r as usize;
                 continue;
@@ -566,7 +602,10 @@ mod tests {
         assert_eq!(publish(&p, &c, L, L).unwrap(), 1);
         assert_eq!(writer_block(&p, &c, L, 1).unwrap(), Block::Wait { send: 1 });
         let w = Word::load(&p);
-        assert_eq!((bells(w), prod_flags(w) & WRITE_BLOCKED), (2, WRITE_BLOCKED));
+        assert_eq!(
+            (bells(w), prod_flags(w) & WRITE_BLOCKED),
+            (2, WRITE_BLOCKED)
+        );
         assert_eq!(writer_block(&p, &c, L, 1).unwrap(), Block::Wait { send: 0 });
         assert_eq!(reader_consume(&p, &c, L, 1).unwrap(), 1);
         let w = Word::load(&p);
@@ -617,10 +656,16 @@ mod tests {
         assert_eq!(publish(&p, &c, L, 5).unwrap(), 1);
         assert_eq!(publish(&p, &c, L, 5).unwrap(), 0);
         let w = Word::load(&p);
-        assert_eq!((bells(w), prod_flags(w) & (EDGE_WANTED | LOOSE_BELL)), (1, LOOSE_BELL));
+        assert_eq!(
+            (bells(w), prod_flags(w) & (EDGE_WANTED | LOOSE_BELL)),
+            (1, LOOSE_BELL)
+        );
         // The next report takes it and asks again.
         assert_eq!(reader_report(&p, &c, L).unwrap(), (20, 1));
-        assert_eq!(prod_flags(Word::load(&p)) & (EDGE_WANTED | LOOSE_BELL), EDGE_WANTED);
+        assert_eq!(
+            prod_flags(Word::load(&p)) & (EDGE_WANTED | LOOSE_BELL),
+            EDGE_WANTED
+        );
         assert_eq!(publish(&p, &c, L, 1).unwrap(), 1);
         // A partial read takes the loose bell, keeps the counted one.
         assert_eq!(reader_consume(&p, &c, L, 1).unwrap(), 1);
@@ -657,7 +702,14 @@ mod tests {
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         let (p, c) = words();
-        Word::store(&p, Cursor { count: L, ..Default::default() }.to_word());
+        Word::store(
+            &p,
+            Cursor {
+                count: L,
+                ..Default::default()
+            }
+            .to_word(),
+        );
         assert!(publish(&p, &c, L, 1).is_err());
         assert!(reader_settle(&p, &c, L).is_err());
         Word::store(&p, with_bells(0, 2)); // two bells without WRITE_BLOCKED

@@ -28,9 +28,16 @@ pub fn floor() -> i32 {
     if f != 0 {
         return f;
     }
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 0 };
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        0
+    };
     let f = (soft / 2).clamp(FLOOR_MIN as u64, FLOOR_MAX as u64) as i32;
     FLOOR.store(f, Ordering::Relaxed);
     f
@@ -80,6 +87,9 @@ mod tests {
         (&b).read_exact(&mut c).unwrap();
         assert_eq!(&c, b"x");
         // SAFETY: F_GETFD on our own descriptor.
-        assert_eq!(unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert_eq!(
+            unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC,
+            libc::FD_CLOEXEC
+        );
     }
 }

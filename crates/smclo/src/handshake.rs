@@ -9,18 +9,18 @@
 
 use crate::config::Config;
 use crate::conn::{Conn, Mode};
+use crate::debug;
 use crate::device::{self as device, Device, Registration, Role};
 use crate::owner::{self, Owner};
 use crate::registry;
 use crate::rendezvous::{OwnedSlot, Rendezvous, SlotKey, SlotRef, SlotState, REPLY_GRACE};
 use crate::tcp_syn::{self, SavedMark};
-use crate::debug;
 use smclo_wire::clc::{self, Accept, ClcMsg, Confirm, Decline, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
+use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
-use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -86,7 +86,10 @@ pub struct ClientProposal {
 /// in the slot right after `connect` ([`ClientProposal::syn_sent`]); the
 /// server compares it with the SYN's.
 fn key_for(src_ip: std::net::IpAddr, mark: Mark, dest: SocketAddr) -> SlotKey {
-    SlotKey::new(SocketAddr::new(src_ip, (mark.ttl as u16) << 8 | mark.dscp as u16), dest)
+    SlotKey::new(
+        SocketAddr::new(src_ip, (mark.ttl as u16) << 8 | mark.dscp as u16),
+        dest,
+    )
 }
 
 fn random_u64() -> u64 {
@@ -102,7 +105,12 @@ fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
 ///
 /// `Err(reason)` means "plain TCP, nothing was changed on the socket" (except
 /// an implicit bind, which `connect` would have done anyway).
-pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAddr) -> Result<ClientProposal, Reason> {
+pub fn client_propose(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    fd: RawFd,
+    dest: SocketAddr,
+) -> Result<ClientProposal, Reason> {
     let dest = tcp_syn::canonical(dest);
     if !dev.active() {
         return Err(Reason::NoSmcdDev);
@@ -119,7 +127,11 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
     // `connect` (see `key_for`).
     let src_ip = match local_addr(fd) {
         Ok(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
-        _ => tcp_syn::canonical(SocketAddr::new(tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?, 0)).ip(),
+        _ => tcp_syn::canonical(SocketAddr::new(
+            tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?,
+            0,
+        ))
+        .ip(),
     };
     let dmb = dev.register_dmb(cfg.rmem, Role::Client).map_err(|e| {
         debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
@@ -141,7 +153,10 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         Err(e) => Err(e),
     }
     .map_err(|e| {
-        debug!("cannot create the rendezvous socket {}: {e}", RendezvousAddr::new(dev, nonce));
+        debug!(
+            "cannot create the rendezvous socket {}: {e}",
+            RendezvousAddr::new(dev, nonce)
+        );
         Reason::IntErr
     })?;
     let mark = Mark::from_random(random_u64() as u32);
@@ -172,16 +187,20 @@ pub fn client_propose(dev: &Arc<Device>, cfg: &Config, fd: RawFd, dest: SocketAd
         port_published: false,
     };
     let key = key_for(src_ip, mark, dest);
-    let slot = Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
-        debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
-        Reason::MaxDmb
-    })?;
+    let slot =
+        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
+            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
+            Reason::MaxDmb
+        })?;
     p.slot = Some(slot);
     p.saved_mark = Some(tcp_syn::apply_mark(fd, &dest, mark).map_err(|e| {
         debug!("cannot mark the SYN: {e}");
         Reason::IntErr
     })?);
-    debug!("proposed {src_ip} -> {dest} (mark ttl {} dscp {})", mark.ttl, mark.dscp);
+    debug!(
+        "proposed {src_ip} -> {dest} (mark ttl {} dscp {})",
+        mark.ttl, mark.dscp
+    );
     Ok(p)
 }
 
@@ -211,7 +230,10 @@ impl ClientProposal {
             Ok(a) if a.port() != 0 => {
                 // Routing chose another source than the key names: no
                 // server can match it. Withdraw; the server keeps TCP.
-                debug!("source {a} differs from the proposed {}; withdrawing", self.src_ip);
+                debug!(
+                    "source {a} differs from the proposed {}; withdrawing",
+                    self.src_ip
+                );
                 let _ = slot.give_up();
             }
             // connect failed before choosing a port: the caller drops us.
@@ -348,14 +370,22 @@ impl ClientProposal {
                 // The channel is closed by now (confirm consumed it): a
                 // server that finds the slot gone sees end of file and knows
                 // we declined.
-                let _ = slot.confirm(&ClcMsg::Decline(Decline::new(self.dev.gid(), r)).to_bytes(), false);
+                let _ = slot.confirm(
+                    &ClcMsg::Decline(Decline::new(self.dev.gid(), r)).to_bytes(),
+                    false,
+                );
                 self.withdraw();
                 Decision::Tcp(r)
             }
         }
     }
 
-    fn confirm(&mut self, slot: &SlotRef, chan: UnixStream, server_dmb: Option<File>) -> Result<Established, Reason> {
+    fn confirm(
+        &mut self,
+        slot: &SlotRef,
+        chan: UnixStream,
+        server_dmb: Option<File>,
+    ) -> Result<Established, Reason> {
         let accept = match slot.reply().map(|b| ClcMsg::parse(&b)) {
             Some(Ok(ClcMsg::Accept(a))) => a,
             Some(Ok(other)) => {
@@ -372,10 +402,16 @@ impl ClientProposal {
             return Err(Reason::NoSmcd2Dev);
         }
         let Some(fd) = server_dmb else {
-            debug!("the server accepted but passed no DMB for token {:016x}", accept.token);
+            debug!(
+                "the server accepted but passed no DMB for token {:016x}",
+                accept.token
+            );
             return Err(Reason::ErrRtok);
         };
-        let peer = self.dev.attach_dmb(accept.token, fd).map_err(|e| attach_reason(&e))?;
+        let peer = self
+            .dev
+            .attach_dmb(accept.token, fd)
+            .map_err(|e| attach_reason(&e))?;
         let dmb = self.dmb.as_ref().ok_or(Reason::ErrRtok)?;
         let confirm = Confirm {
             gid: self.dev.gid(),
@@ -430,7 +466,13 @@ impl Drop for ClientProposal {
 }
 
 fn mode(dev: &Device, cfg: &Config) -> Mode {
-    if dev.dmb_copy() { Mode::Copy { sndbuf_len: cfg.wmem } } else { Mode::NoCopy }
+    if dev.dmb_copy() {
+        Mode::Copy {
+            sndbuf_len: cfg.wmem,
+        }
+    } else {
+        Mode::NoCopy
+    }
 }
 
 fn attach_reason(e: &crate::Error) -> Reason {
@@ -474,7 +516,9 @@ enum RendezvousAddr {
 impl RendezvousAddr {
     fn new(dev: &Device, nonce: u64) -> RendezvousAddr {
         if nonce & ABSTRACT_NONCE != 0 {
-            RendezvousAddr::Abstract(format!("smclo-{:016x}-u-{nonce:016x}", dev.gid()).into_bytes())
+            RendezvousAddr::Abstract(
+                format!("smclo-{:016x}-u-{nonce:016x}", dev.gid()).into_bytes(),
+            )
         } else {
             RendezvousAddr::Path(dev.dir().join(format!("u-{nonce:016x}")))
         }
@@ -507,7 +551,10 @@ fn bind_rendezvous(dev: &Device, nonce: u64) -> io::Result<(UnixListener, Option
         RendezvousAddr::Path(p) => Ok((UnixListener::bind(&p)?, Some(p))),
         RendezvousAddr::Abstract(n) => {
             use std::os::linux::net::SocketAddrExt;
-            Ok((UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)?, None))
+            Ok((
+                UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)?,
+                None,
+            ))
         }
     }
 }
@@ -515,12 +562,22 @@ fn bind_rendezvous(dev: &Device, nonce: u64) -> io::Result<(UnixListener, Option
 /// Whether the process at the other end of the UNIX socket `fd` (its
 /// creator, for a listening peer) runs as our effective uid.
 fn same_uid(fd: RawFd) -> bool {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, which we
     // own; geteuid has no preconditions.
     unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) == 0
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        ) == 0
             && len as usize == std::mem::size_of::<libc::ucred>()
             && cred.uid == libc::geteuid()
     }
@@ -539,7 +596,10 @@ const SERVER_DMB_BYTE: u8 = 0xD2;
 /// socket `sock`, without blocking and without SIGPIPE.
 fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<()> {
     let mut data = [byte];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     // u64 elements: aligned for cmsghdr.
     let mut cbuf = [0u64; 4];
     // SAFETY: zeroed msghdr is a valid "no name, no control" header.
@@ -565,7 +625,11 @@ fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<()> {
     }
     // SAFETY: msg points to live buffers (data, cbuf) for the call.
     let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    if n == 1 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Receives one byte and at most one descriptor (close-on-exec) from the
@@ -573,7 +637,10 @@ fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<()> {
 /// Extra descriptors are closed; a truncated control message is an error.
 fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
     let mut data = [0u8];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     let mut cbuf = [0u64; 8];
     // SAFETY: zeroed msghdr is a valid "no name, no control" header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -604,13 +671,19 @@ fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated control message"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "truncated control message",
+        ));
     }
     if n == 0 {
         return Ok(None);
     }
     if fds.len() > 1 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "more than one descriptor"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more than one descriptor",
+        ));
     }
     Ok(Some((data[0], fds.pop())))
 }
@@ -622,7 +695,11 @@ fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
 /// sleeping for it would add a wake-up (a scheduler round trip on another
 /// CPU) per step.
 fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let spin = crate::conn::spin_budget().min(timeout);
     let start = Instant::now();
     if !spin.is_zero() {
@@ -689,7 +766,12 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
             }
             None => continue, // withdrawn meanwhile
         };
-        if syn.mark != (Mark { ttl: proposal.mark_ttl, dscp: proposal.mark_tos >> 2 }) {
+        if syn.mark
+            != (Mark {
+                ttl: proposal.mark_ttl,
+                dscp: proposal.mark_tos >> 2,
+            })
+        {
             // Someone else's connection with the same 4-tuple: not ours to
             // answer; its own server will.
             mismatched = true;
@@ -698,10 +780,15 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
         // Same source address, server and mark: ours only if the client's
         // port (published right after its connect) is the SYN's. A client
         // that died before publishing it is the dead proposer.
-        let proposer = Owner { pid: proposal.pid, start: proposal.start_time };
+        let proposer = Owner {
+            pid: proposal.pid,
+            start: proposal.start_time,
+        };
         match wait_client_port(&slot, Instant::now() + cfg.clc_wait, proposer) {
             Some(p) if p == syn.src.port() => {}
-            None if !proposer.is_alive_fast() => return decline(dev, &slot, Reason::PeerDead, None),
+            None if !proposer.is_alive_fast() => {
+                return decline(dev, &slot, Reason::PeerDead, None)
+            }
             _ => {
                 mismatched = true;
                 continue;
@@ -710,18 +797,35 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
         return server_answer(dev, cfg, &slot, &proposal);
     }
     if mismatched {
-        debug!("SYN mark {:?} matches no proposal for {} -> {}", syn.mark, key.client, key.server);
+        debug!(
+            "SYN mark {:?} matches no proposal for {} -> {}",
+            syn.mark, key.client, key.server
+        );
     }
-    Decision::Tcp(if mismatched { Reason::MarkMismatch } else { Reason::PeerNoSmc })
+    Decision::Tcp(if mismatched {
+        Reason::MarkMismatch
+    } else {
+        Reason::PeerNoSmc
+    })
 }
 
 fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Proposal) -> Decision {
     let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
         (dev.active(), Reason::NoSmcdDev),
-        (proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID, Reason::NoSmcd2Dev),
+        (
+            proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID,
+            Reason::NoSmcd2Dev,
+        ),
         (ueid_match(proposal, cfg), Reason::NoUeid),
-        (Owner { pid: proposal.pid, start: proposal.start_time }.is_alive_fast(), Reason::PeerDead),
+        (
+            Owner {
+                pid: proposal.pid,
+                start: proposal.start_time,
+            }
+            .is_alive_fast(),
+            Reason::PeerDead,
+        ),
     ];
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
         return decline(dev, slot, *r, Some(&wake));
@@ -806,7 +910,14 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
         if now < deadline && wait_readable(chan.as_raw_fd(), deadline - now) {
             let mut b = [0u8; 1];
             // SAFETY: recv of at most one byte into a buffer we own.
-            let n = unsafe { libc::recv(chan.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::recv(
+                    chan.as_raw_fd(),
+                    b.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT,
+                )
+            };
             if n == 1 && b[0] == CONFIRM_BYTE {
                 break true;
             }
@@ -889,7 +1000,13 @@ fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
 /// Declines the proposal in `slot` with reason `r` and wakes the client (by
 /// connecting to its rendezvous socket) so it does not wait for the timeout.
 fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr>) -> Decision {
-    if slot.answer(&ClcMsg::Decline(Decline::new(dev.gid(), r)).to_bytes(), false).is_ok() {
+    if slot
+        .answer(
+            &ClcMsg::Decline(Decline::new(dev.gid(), r)).to_bytes(),
+            false,
+        )
+        .is_ok()
+    {
         if let Some(w) = wake {
             let _ = w.connect();
         }

@@ -8,23 +8,23 @@
 //! This crate knows nothing about `LD_PRELOAD`; the preload library is a thin
 //! translation layer over [`api`].
 
+pub mod api;
 pub mod config;
+pub mod conn;
 pub mod debug;
-pub mod error;
-pub mod fdnum;
-pub mod owner;
-mod rng;
 pub mod device;
 pub mod dmb;
+pub mod doorbell;
+pub mod error;
+pub mod fdnum;
+pub mod handshake;
+pub mod owner;
 pub mod pool;
 pub mod registry;
 pub mod rendezvous;
 pub mod ring;
-pub mod doorbell;
-pub mod conn;
+mod rng;
 pub mod sockaddr;
 pub mod tcp_syn;
-pub mod handshake;
-pub mod api;
 
 pub use error::{Error, Result};

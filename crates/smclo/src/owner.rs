@@ -83,12 +83,17 @@ const VERIFIED_MAX: usize = 64;
 fn recently_verified(o: &Owner) -> bool {
     // try_lock: a child of fork must never wait for a lock held by a thread
     // that does not exist in it; contention only costs a full check.
-    let Ok(v) = VERIFIED.try_lock() else { return false };
-    v.iter().any(|(x, at)| x == o && at.elapsed() < VERIFIED_TTL)
+    let Ok(v) = VERIFIED.try_lock() else {
+        return false;
+    };
+    v.iter()
+        .any(|(x, at)| x == o && at.elapsed() < VERIFIED_TTL)
 }
 
 fn note_verified(o: Owner) {
-    let Ok(mut v) = VERIFIED.try_lock() else { return };
+    let Ok(mut v) = VERIFIED.try_lock() else {
+        return;
+    };
     let now = Instant::now();
     v.retain(|(x, at)| x.pid != o.pid && now.duration_since(*at) < VERIFIED_TTL);
     if v.len() >= VERIFIED_MAX {
@@ -103,7 +108,10 @@ impl Owner {
     pub fn current() -> Owner {
         let pid = CACHED_PID.load(Ordering::Acquire);
         if pid != 0 {
-            return Owner { pid, start: CACHED_START.load(Ordering::Relaxed) };
+            return Owner {
+                pid,
+                start: CACHED_START.load(Ordering::Relaxed),
+            };
         }
         ensure_fork_hook();
         let pid = getpid();
@@ -122,8 +130,13 @@ impl Owner {
             return Some(Owner::current());
         }
         match read_stat(pid) {
-            Some(s) => Some(Owner { pid, start: s.start }),
-            None if !proc_mounted() && (Owner { pid, start: 0 }).pid_exists() => Some(Owner { pid, start: 0 }),
+            Some(s) => Some(Owner {
+                pid,
+                start: s.start,
+            }),
+            None if !proc_mounted() && (Owner { pid, start: 0 }).pid_exists() => {
+                Some(Owner { pid, start: 0 })
+            }
             None => None,
         }
     }
@@ -204,7 +217,10 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
     let mut fields = rest.split_ascii_whitespace();
     let state = fields.next()?; // field 3
     let start = fields.nth(18)?.parse().ok()?; // field 22 = 3 + 19
-    Some(Stat { start, zombie: state == "Z" || state == "X" || state == "x" })
+    Some(Stat {
+        start,
+        zombie: state == "Z" || state == "X" || state == "x",
+    })
 }
 
 /// Inode number of the calling process's network namespace
@@ -215,7 +231,9 @@ pub fn netns_inode() -> u64 {
         return CACHED_NS.load(Ordering::Relaxed);
     }
     use std::os::unix::fs::MetadataExt;
-    let ino = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+    let ino = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0);
     CACHED_NS.store(ino, Ordering::Relaxed);
     CACHED_NS_PID.store(pid, Ordering::Release);
     ino
@@ -245,11 +263,19 @@ mod tests {
         assert_eq!(me.pid, std::process::id());
         assert!(me.start > 0);
         assert!(me.is_alive());
-        assert!(!Owner { pid: me.pid, start: me.start + 1 }.is_alive());
+        assert!(!Owner {
+            pid: me.pid,
+            start: me.start + 1
+        }
+        .is_alive());
         assert!(!Owner { pid: 0, start: 0 }.is_alive());
         // pid 1 exists, but not with this start time (unless we are init).
         if me.pid != 1 {
-            assert!(!Owner { pid: 1, start: u64::MAX }.is_alive());
+            assert!(!Owner {
+                pid: 1,
+                start: u64::MAX
+            }
+            .is_alive());
         }
         assert_ne!(netns_inode(), 0);
     }

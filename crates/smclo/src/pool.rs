@@ -53,7 +53,12 @@ struct Pool {
     peers: Vec<((u64, u64), Dmb)>,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool { fork_gen: 0, free: Vec::new(), pending: Vec::new(), peers: Vec::new() });
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    fork_gen: 0,
+    free: Vec::new(),
+    pending: Vec::new(),
+    peers: Vec::new(),
+});
 
 fn detached(d: &Dmb) -> bool {
     d.attach_word().load(Ordering::SeqCst) == 0
@@ -85,7 +90,11 @@ impl Pool {
     }
 
     fn add_free(&mut self, d: Dmb) {
-        let same = self.free.iter().filter(|x| x.ring_len() == d.ring_len()).count();
+        let same = self
+            .free
+            .iter()
+            .filter(|x| x.ring_len() == d.ring_len())
+            .count();
         if same >= FREE_MAX {
             return; // dropped: unmapped
         }
@@ -100,7 +109,10 @@ pub(crate) fn take(ring_len: u32, gid: u64, token: u64) -> Option<Dmb> {
     let mut p = POOL.try_lock().ok()?;
     p.check_gen(gen);
     p.promote();
-    let i = p.free.iter().rposition(|d| d.ring_len() == ring_len && d.gid() == gid)?;
+    let i = p
+        .free
+        .iter()
+        .rposition(|d| d.ring_len() == ring_len && d.gid() == gid)?;
     let mut d = p.free.swap_remove(i);
     drop(p);
     d.renew(token);
@@ -146,7 +158,13 @@ pub(crate) fn put_peer(id: (u64, u64), d: Dmb) {
     let Ok(mut p) = POOL.try_lock() else { return };
     p.check_gen(gen);
     if p.peers.len() >= PEER_MAX {
-        p.peers.retain(|(_, d)| crate::owner::Owner { pid: d.owner_pid(), start: 0 }.pid_exists());
+        p.peers.retain(|(_, d)| {
+            crate::owner::Owner {
+                pid: d.owner_pid(),
+                start: 0,
+            }
+            .pid_exists()
+        });
     }
     if p.peers.len() >= PEER_MAX {
         p.peers.remove(0);

@@ -68,7 +68,8 @@ fn canon(ip: IpAddr) -> (u64, [u8; 16]) {
 
 fn home(port: u16) -> usize {
     // Fibonacci hashing spreads neighbouring ports over the table.
-    ((port as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % layout::LISTENER_ENTRIES as usize
+    ((port as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
+        % layout::LISTENER_ENTRIES as usize
 }
 
 /// A live listener found by [`find_listener`].
@@ -120,7 +121,12 @@ impl Drop for ListenerGuard {
         }
         let e = entry(&self.dev, self.idx);
         let from = word::pack(self.gen, self.pid, LISTENING);
-        let _ = e.word.compare_exchange(from, word::pack(self.gen, 0, word::FREE), Ordering::Release, Ordering::Relaxed);
+        let _ = e.word.compare_exchange(
+            from,
+            word::pack(self.gen, 0, word::FREE),
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -141,17 +147,38 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
                 continue;
             }
             let gen = word::next_gen(w);
-            if e.word.compare_exchange(w, word::pack(gen, me.pid, word::WRITING), Ordering::Acquire, Ordering::Relaxed).is_err() {
+            if e.word
+                .compare_exchange(
+                    w,
+                    word::pack(gen, me.pid, word::WRITING),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
                 continue;
             }
             e.start.store(me.start, Ordering::Relaxed);
             e.netns.store(netns_inode(), Ordering::Relaxed);
-            e.meta.store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
-            e.addr[0].store(u64::from_ne_bytes(bytes[..8].try_into().unwrap()), Ordering::Relaxed);
-            e.addr[1].store(u64::from_ne_bytes(bytes[8..].try_into().unwrap()), Ordering::Relaxed);
-            e.word.store(word::pack(gen, me.pid, LISTENING), Ordering::Release);
+            e.meta
+                .store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
+            e.addr[0].store(
+                u64::from_ne_bytes(bytes[..8].try_into().unwrap()),
+                Ordering::Relaxed,
+            );
+            e.addr[1].store(
+                u64::from_ne_bytes(bytes[8..].try_into().unwrap()),
+                Ordering::Relaxed,
+            );
+            e.word
+                .store(word::pack(gen, me.pid, LISTENING), Ordering::Release);
             crate::debug!("registered listener {addr} in entry {i}");
-            return Ok(ListenerGuard { dev: dev.arc(), idx: i, gen, pid: me.pid });
+            return Ok(ListenerGuard {
+                dev: dev.arc(),
+                idx: i,
+                gen,
+                pid: me.pid,
+            });
         }
         if attempt == 0 {
             reclaim_window(dev, h);
@@ -175,7 +202,12 @@ fn reclaim_window(dev: &Device, h: usize) {
 /// Frees an entry whose owner is dead; the CAS from exactly `w` makes sure
 /// that only that incarnation is freed.
 fn free_dead(e: &ListenerEntry, w: u64) {
-    let _ = e.word.compare_exchange(w, word::pack(word::gen(w), 0, word::FREE), Ordering::Release, Ordering::Relaxed);
+    let _ = e.word.compare_exchange(
+        w,
+        word::pack(word::gen(w), 0, word::FREE),
+        Ordering::Release,
+        Ordering::Relaxed,
+    );
 }
 
 /// A consistent copy of a LISTENING entry, or `None` if it changed while
@@ -209,7 +241,9 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let h = home(port);
     for k in 0..PROBE {
         let e = entry(dev, h + k);
-        let Some((w, start, netns, meta, addr)) = snapshot(e) else { continue };
+        let Some((w, start, netns, meta, addr)) = snapshot(e) else {
+            continue;
+        };
         let fam = meta & 0xffff;
         if (meta >> 16) as u16 != port || (fam != FAM_V4 && fam != FAM_V6) {
             continue;
@@ -232,7 +266,14 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         } else {
             IpAddr::V6(Ipv6Addr::from(addr))
         };
-        let info = ListenerInfo { owner: Owner { pid: word::pid(w), start }, netns, addr: SocketAddr::new(ip, port) };
+        let info = ListenerInfo {
+            owner: Owner {
+                pid: word::pid(w),
+                start,
+            },
+            netns,
+            addr: SocketAddr::new(ip, port),
+        };
         best = Some((score, info));
         if score == 3 {
             break;

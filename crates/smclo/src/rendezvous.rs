@@ -133,7 +133,10 @@ impl SlotKey {
     /// A key from the client's local and peer address (or the server's peer
     /// and local address), made canonical.
     pub fn new(client: SocketAddr, server: SocketAddr) -> SlotKey {
-        SlotKey { client: canonical_addr(client), server: canonical_addr(server) }
+        SlotKey {
+            client: canonical_addr(client),
+            server: canonical_addr(server),
+        }
     }
 
     fn encode(&self) -> [u64; 5] {
@@ -154,7 +157,8 @@ impl SlotKey {
         }
         let (c0, c1, cf) = half(&self.client);
         let (s0, s1, sf) = half(&self.server);
-        let meta = self.client.port() as u64 | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
+        let meta =
+            self.client.port() as u64 | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
         [c0, c1, s0, s1, meta]
     }
 
@@ -226,7 +230,10 @@ impl SlotEntry {
     }
 
     fn key_matches(&self, k: &[u64; 5]) -> bool {
-        self.key.iter().zip(k).all(|(a, b)| a.load(Ordering::Relaxed) == *b)
+        self.key
+            .iter()
+            .zip(k)
+            .all(|(a, b)| a.load(Ordering::Relaxed) == *b)
     }
 }
 
@@ -258,14 +265,20 @@ impl Rendezvous {
                 let takeable = match pass {
                     0 => word::state(w) == word::FREE,
                     // Second pass: slots whose client is gone.
-                    _ => word::state(w) != word::FREE && !live.owner_alive(w, s.start.load(Ordering::Relaxed)),
+                    _ => {
+                        word::state(w) != word::FREE
+                            && !live.owner_alive(w, s.start.load(Ordering::Relaxed))
+                    }
                 };
                 if !takeable {
                     continue;
                 }
                 let gen = word::next_gen(w);
                 let claimed = word::pack(gen, me.pid, word::WRITING);
-                if s.word.compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                if s.word
+                    .compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed)
+                    .is_err()
+                {
                     continue;
                 }
                 s.start.store(me.start, Ordering::Relaxed);
@@ -276,9 +289,19 @@ impl Rendezvous {
                 s.lens[CONFIRM].store(0, Ordering::Relaxed);
                 s.client_port.store(0, Ordering::Relaxed);
                 s.write_msg(PROPOSAL, proposal);
-                s.word.store(word::pack(gen, me.pid, STATE_PROPOSED), Ordering::Release);
-                crate::debug!("proposed in rendezvous slot {i} for {} -> {}", key.client, key.server);
-                return Ok(OwnedSlot(SlotRef { dev: dev.arc(), idx: i, gen, pid: me.pid }));
+                s.word
+                    .store(word::pack(gen, me.pid, STATE_PROPOSED), Ordering::Release);
+                crate::debug!(
+                    "proposed in rendezvous slot {i} for {} -> {}",
+                    key.client,
+                    key.server
+                );
+                return Ok(OwnedSlot(SlotRef {
+                    dev: dev.arc(),
+                    idx: i,
+                    gen,
+                    pid: me.pid,
+                }));
             }
         }
         Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)))
@@ -308,7 +331,12 @@ impl Rendezvous {
             // unchanged afterwards, key and word belong together.
             fence(Ordering::Acquire);
             if s.word.load(Ordering::Relaxed) == w {
-                out.push(SlotRef { dev: dev.arc(), idx: i, gen: word::gen(w), pid: word::pid(w) });
+                out.push(SlotRef {
+                    dev: dev.arc(),
+                    idx: i,
+                    gen: word::gen(w),
+                    pid: word::pid(w),
+                });
             }
         }
         out
@@ -330,7 +358,11 @@ pub struct SlotRef {
 
 impl std::fmt::Debug for SlotRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlotRef").field("idx", &self.idx).field("gen", &self.gen).field("client_pid", &self.pid).finish()
+        f.debug_struct("SlotRef")
+            .field("idx", &self.idx)
+            .field("gen", &self.gen)
+            .field("client_pid", &self.pid)
+            .finish()
     }
 }
 
@@ -355,7 +387,10 @@ impl SlotRef {
 
     /// The client that proposed (pid and start time), for liveness checks.
     pub fn client(&self) -> Owner {
-        Owner { pid: self.pid, start: self.entry().start.load(Ordering::Relaxed) }
+        Owner {
+            pid: self.pid,
+            start: self.entry().start.load(Ordering::Relaxed),
+        }
     }
 
     /// Client: publishes its TCP source port, known once `connect` has
@@ -366,7 +401,8 @@ impl SlotRef {
     pub fn set_client_port(&self, port: u16) {
         let e = self.entry();
         if self.mine(e.word.load(Ordering::Acquire)) {
-            e.client_port.store(PORT_KNOWN | port as u64, Ordering::Release);
+            e.client_port
+                .store(PORT_KNOWN | port as u64, Ordering::Release);
         }
     }
 
@@ -427,8 +463,15 @@ impl SlotRef {
     /// from Free, Writing, Stale or Invalid are refused. On failure returns
     /// the state found (Stale if the slot was reused).
     pub fn cas(&self, from: SlotState, to: SlotState) -> std::result::Result<(), SlotState> {
-        let allowed = |s: SlotState| !matches!(s, SlotState::Free | SlotState::Writing | SlotState::Stale | SlotState::Invalid);
-        let (Some(f), Some(t)) = (from.to_u8(), to.to_u8()) else { return Err(self.state()) };
+        let allowed = |s: SlotState| {
+            !matches!(
+                s,
+                SlotState::Free | SlotState::Writing | SlotState::Stale | SlotState::Invalid
+            )
+        };
+        let (Some(f), Some(t)) = (from.to_u8(), to.to_u8()) else {
+            return Err(self.state());
+        };
         if !allowed(from) || !allowed(to) {
             return Err(self.state());
         }
@@ -456,7 +499,11 @@ impl SlotRef {
         }
         self.cas(SlotState::Proposed, SlotState::Replying)?;
         self.entry().write_msg(REPLY, reply);
-        let to = if accept { SlotState::Accepted } else { SlotState::Declined };
+        let to = if accept {
+            SlotState::Accepted
+        } else {
+            SlotState::Declined
+        };
         self.cas(SlotState::Replying, to)
     }
 
@@ -475,7 +522,11 @@ impl SlotRef {
             return Err(st);
         }
         self.entry().write_msg(CONFIRM, msg);
-        let to = if accept { SlotState::Confirmed } else { SlotState::Declined };
+        let to = if accept {
+            SlotState::Confirmed
+        } else {
+            SlotState::Declined
+        };
         self.cas(SlotState::Accepted, to)
     }
 
@@ -558,7 +609,12 @@ impl Drop for OwnedSlot {
         let mut w = e.word.load(Ordering::Relaxed);
         // Retry while the server moves the state; stop if it is not ours.
         while r.mine(w) {
-            match e.word.compare_exchange(w, word::pack(r.gen, 0, word::FREE), Ordering::Release, Ordering::Relaxed) {
+            match e.word.compare_exchange(
+                w,
+                word::pack(r.gen, 0, word::FREE),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return,
                 Err(now) => w = now,
             }

@@ -32,7 +32,11 @@ use crate::dmb::Dmb;
 #[inline]
 pub fn copy_in(dmb: &Dmb, pos: u64, src: &[u8]) {
     let len = dmb.ring_len() as usize;
-    assert!(src.len() <= len, "copy of {} bytes into a {len}-byte ring", src.len());
+    assert!(
+        src.len() <= len,
+        "copy of {} bytes into a {len}-byte ring",
+        src.len()
+    );
     let off = (pos as usize) & (len - 1);
     // SAFETY: off < len and src.len() <= len, so the destination range lies
     // in the 2 * len mapped ring bytes; `src` is private memory, so the
@@ -45,7 +49,11 @@ pub fn copy_in(dmb: &Dmb, pos: u64, src: &[u8]) {
 #[inline]
 pub fn copy_out(dmb: &Dmb, pos: u64, dst: &mut [u8]) {
     let len = dmb.ring_len() as usize;
-    assert!(dst.len() <= len, "copy of {} bytes out of a {len}-byte ring", dst.len());
+    assert!(
+        dst.len() <= len,
+        "copy of {} bytes out of a {len}-byte ring",
+        dst.len()
+    );
     let off = (pos as usize) & (len - 1);
     // SAFETY: as in `copy_in`, the source range is inside the mapping and
     // `dst` is private memory.

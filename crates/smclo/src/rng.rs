@@ -28,10 +28,15 @@ fn seed() {
     if n != 8 {
         // Only without a working getrandom: clock and pid still differ
         // between processes.
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: ts is a valid timespec to write into.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        v = (ts.tv_sec as u64).wrapping_mul(1_000_000_007) ^ ts.tv_nsec as u64 ^ (std::process::id() as u64) << 40;
+        v = (ts.tv_sec as u64).wrapping_mul(1_000_000_007)
+            ^ ts.tv_nsec as u64
+            ^ (std::process::id() as u64) << 40;
     }
     STATE.store(v, Ordering::Relaxed);
     SEEDED.store(true, Ordering::Release);
@@ -43,7 +48,9 @@ pub(crate) fn next_u64() -> u64 {
         if !SEEDED.load(Ordering::Acquire) {
             seed();
         }
-        let mut z = STATE.fetch_add(GAMMA, Ordering::Relaxed).wrapping_add(GAMMA);
+        let mut z = STATE
+            .fetch_add(GAMMA, Ordering::Relaxed)
+            .wrapping_add(GAMMA);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;

@@ -16,7 +16,9 @@ pub fn to_raw(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
@@ -28,7 +30,9 @@ pub fn to_raw(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: a.port().to_be(),
                 sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
                 sin6_scope_id: a.scope_id(),
             };
             // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
@@ -55,25 +59,41 @@ pub unsafe fn from_raw(sa: *const libc::sockaddr, len: libc::socklen_t) -> Optio
         libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
             let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
             let s = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
             let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(s.sin6_port), s.sin6_flowinfo, s.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(s.sin6_port),
+                s.sin6_flowinfo,
+                s.sin6_scope_id,
+            )))
         }
         _ => None,
     }
 }
 
-type NameFn = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+type NameFn =
+    unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
 
 fn name(fd: RawFd, f: NameFn) -> io::Result<SocketAddr> {
     // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
     let mut ss: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `ss`, which we own.
-    if unsafe { f(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+    if unsafe {
+        f(
+            fd,
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `ss` holds `len` (<= its size) initialised bytes.

@@ -14,9 +14,19 @@ fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
     // SAFETY: we pass a pointer to a live i32 and its exact size; the kernel
     // only reads it. An invalid fd is reported as EBADF, not UB.
     let rc = unsafe {
-        libc::setsockopt(fd, level, name, (&v as *const i32).cast(), size_of::<i32>() as u32)
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const i32).cast(),
+            size_of::<i32>() as u32,
+        )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
@@ -24,7 +34,11 @@ fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut len = size_of::<i32>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `v`, which we own.
     let rc = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut i32).cast(), &mut len) };
-    if rc == 0 { Ok(v) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(v)
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// The socket's address family (`SO_DOMAIN`).
@@ -45,7 +59,13 @@ pub fn saved_syn(conn: RawFd) -> io::Result<Option<Result<Syn, syn::SynError>>> 
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `buf`, which we own.
     let rc = unsafe {
-        libc::getsockopt(conn, libc::IPPROTO_TCP, libc::TCP_SAVED_SYN, buf.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            conn,
+            libc::IPPROTO_TCP,
+            libc::TCP_SAVED_SYN,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         let e = io::Error::last_os_error();
@@ -77,7 +97,11 @@ pub struct SavedMark {
 pub fn apply_mark(fd: RawFd, dest: &SocketAddr, mark: Mark) -> io::Result<SavedMark> {
     let v6 = domain(fd)? == libc::AF_INET6;
     let (lvl, ttl_opt, tos_opt) = if v6 {
-        (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, libc::IPV6_TCLASS)
+        (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_UNICAST_HOPS,
+            libc::IPV6_TCLASS,
+        )
     } else {
         (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
     };
@@ -105,7 +129,12 @@ pub fn restore_mark(s: SavedMark) -> io::Result<()> {
         // A mapped connection uses the IPv4 options; -1 is not valid for
         // IP_TTL, so fall back to the kernel default explicitly.
         let _ = setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos.max(0));
-        let _ = setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TTL, if s.ttl > 0 { s.ttl } else { 64 });
+        let _ = setsockopt_int(
+            s.fd,
+            libc::IPPROTO_IP,
+            libc::IP_TTL,
+            if s.ttl > 0 { s.ttl } else { 64 },
+        );
     } else {
         setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TTL, s.ttl)?;
         setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos)?;
@@ -154,7 +183,10 @@ pub fn route_source_cached(dest: SocketAddr) -> io::Result<IpAddr> {
     static CACHE: Mutex<Vec<(IpAddr, IpAddr, Instant)>> = Mutex::new(Vec::new());
     // try_lock: never wait for a lock that a thread lost in fork holds.
     if let Ok(c) = CACHE.try_lock() {
-        if let Some((_, src, _)) = c.iter().find(|(d, _, at)| *d == dest.ip() && at.elapsed() < ROUTE_TTL) {
+        if let Some((_, src, _)) = c
+            .iter()
+            .find(|(d, _, at)| *d == dest.ip() && at.elapsed() < ROUTE_TTL)
+        {
             return Ok(*src);
         }
     }
@@ -183,20 +215,36 @@ mod tests {
         // SAFETY: plain socket(2); the fd is wrapped in a TcpStream right after connect.
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
         assert!(fd >= 0);
-        let mark = Mark { ttl: 201, dscp: 0x2a };
+        let mark = Mark {
+            ttl: 201,
+            dscp: 0x2a,
+        };
         let saved = apply_mark(fd, &addr, mark).unwrap();
-        let SocketAddr::V4(a4) = addr else { unreachable!() };
+        let SocketAddr::V4(a4) = addr else {
+            unreachable!()
+        };
         let sin = libc::sockaddr_in {
             sin_family: libc::AF_INET as u16,
             sin_port: a4.port().to_be(),
-            sin_addr: libc::in_addr { s_addr: u32::from(*a4.ip()).to_be() },
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*a4.ip()).to_be(),
+            },
             sin_zero: [0; 8],
         };
         // SAFETY: sin is a valid sockaddr_in of the size we pass.
-        let rc = unsafe { libc::connect(fd, (&sin as *const libc::sockaddr_in).cast(), size_of::<libc::sockaddr_in>() as u32) };
+        let rc = unsafe {
+            libc::connect(
+                fd,
+                (&sin as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as u32,
+            )
+        };
         assert_eq!(rc, 0);
         restore_mark(saved).unwrap();
-        assert_eq!(getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL).unwrap(), 64);
+        assert_eq!(
+            getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL).unwrap(),
+            64
+        );
         // SAFETY: fd is ours and open; TcpStream takes ownership.
         let _c: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
         let (s, _) = l.accept().unwrap();
@@ -217,7 +265,13 @@ mod tests {
 
     #[test]
     fn route_source_of_loopback() {
-        assert_eq!(route_source("127.0.0.1:9".parse().unwrap()).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
-        assert_eq!(canonical("[::ffff:127.0.0.1]:5".parse().unwrap()), "127.0.0.1:5".parse().unwrap());
+        assert_eq!(
+            route_source("127.0.0.1:9".parse().unwrap()).unwrap(),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            canonical("[::ffff:127.0.0.1]:5".parse().unwrap()),
+            "127.0.0.1:5".parse().unwrap()
+        );
     }
 }

@@ -17,13 +17,16 @@ use std::time::{Duration, Instant};
 
 static N: AtomicU32 = AtomicU32::new(0);
 
-
 /// A fresh device directory, removed at the end of the test.
 struct Dir(PathBuf);
 
 impl Dir {
     fn new() -> Dir {
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let p = PathBuf::from(format!(
+            "/dev/shm/smclo-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&p);
         Dir(p)
     }
@@ -62,7 +65,10 @@ struct Peer {
 impl Peer {
     fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Peer {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_smclo-testpeer"));
-        cmd.args(args).env("SMCLO_DEVICE_DIR", dir).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(args)
+            .env("SMCLO_DEVICE_DIR", dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -76,7 +82,10 @@ impl Peer {
     fn serve_env(dir: &Path, workload: &str, env: &[(&str, &str)]) -> (Peer, String) {
         let mut p = Peer::spawn(dir, &["serve", "127.0.0.1:0", workload], env);
         let l = p.line();
-        let addr = l.strip_prefix("listening ").unwrap_or_else(|| panic!("peer said {l:?}")).to_string();
+        let addr = l
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("peer said {l:?}"))
+            .to_string();
         (p, addr)
     }
     fn line(&mut self) -> String {
@@ -182,7 +191,12 @@ fn upgrades_and_moves_bytes_exactly_both_ways() {
     let st = dir.dev().stats();
     assert!(st.conns_opened >= 1, "{st:?}");
     // Both directions went through the rings: at least 2 × TOTAL bytes moved.
-    assert!(st.xfer_bytes >= 2 * TOTAL, "xfer_bytes {} < {}", st.xfer_bytes, 2 * TOTAL);
+    assert!(
+        st.xfer_bytes >= 2 * TOTAL,
+        "xfer_bytes {} < {}",
+        st.xfer_bytes,
+        2 * TOTAL
+    );
     assert_eq!(st.fallbacks_total(), 0, "{st:?}");
     assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
 }
@@ -216,7 +230,11 @@ fn many_sequential_connections_leave_nothing_behind() {
     for i in 0..20 {
         let (peer, addr) = Peer::serve(&dir.0, "sink");
         let mut s = SmcStream::connect_with(&addr, &cfg).unwrap();
-        assert!(s.is_smc(), "connection {i} fell back: {:?}", s.fallback_reason());
+        assert!(
+            s.is_smc(),
+            "connection {i} fell back: {:?}",
+            s.fallback_reason()
+        );
         s.write_all(&[i as u8; 1000]).unwrap();
         s.shutdown(Shutdown::Write).unwrap();
         let mut r = [0u8; 16];
@@ -225,7 +243,11 @@ fn many_sequential_connections_leave_nothing_behind() {
         drop(s);
         peer.wait_ok();
     }
-    assert!(start.elapsed() < Duration::from_secs(29), "handshakes waited for the timeout: {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(29),
+        "handshakes waited for the timeout: {:?}",
+        start.elapsed()
+    );
     let st = l.stats();
     assert_eq!(st.conns_opened, 20);
     assert_eq!(st.conns_active, 0, "{st:?}");
@@ -283,7 +305,11 @@ fn fallback_ueid_mismatch() {
     assert_eq!(peer.line(), "smc=0 reason=NOUEID");
     peer.wait_ok();
     let st = dir.dev().stats();
-    assert_eq!(st.fallback(Reason::NoUeid), (1, 1), "client and server each count it: {st:?}");
+    assert_eq!(
+        st.fallback(Reason::NoUeid),
+        (1, 1),
+        "client and server each count it: {st:?}"
+    );
 }
 
 #[test]
@@ -296,7 +322,9 @@ fn fallback_token_gone() {
     // SAFETY: a fresh socket, owned by the TcpStream below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    let mut p = smclo::handshake::client_propose(&dev, &cfg, fd, dest).ok().expect("proposal");
+    let mut p = smclo::handshake::client_propose(&dev, &cfg, fd, dest)
+        .ok()
+        .expect("proposal");
     // The DMB named in the proposal is unregistered before the client
     // passes it: the server gets no DMB for the token.
     assert_ne!(p.token(), 0);
@@ -320,7 +348,11 @@ fn fallback_timeout_when_server_accepts_late() {
     let dir = Dir::new();
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    let mut peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[("SMCLO_CLC_WAIT_MS", "100")]);
+    let mut peer = Peer::spawn(
+        &dir.0,
+        &["connect", &addr, "echo"],
+        &[("SMCLO_CLC_WAIT_MS", "100")],
+    );
     // The client gives up after 100 ms; accept only later.
     assert_eq!(peer.line(), "smc=0 reason=TIMEOUT");
     let (mut s, _) = l.accept().unwrap();
@@ -340,10 +372,18 @@ fn fallback_proposer_dead() {
     let dir = Dir::new();
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    let mut peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[("SMCLO_CLC_WAIT_MS", "10000")]);
+    let mut peer = Peer::spawn(
+        &dir.0,
+        &["connect", &addr, "echo"],
+        &[("SMCLO_CLC_WAIT_MS", "10000")],
+    );
     // Wait until the client's connection is in the accept queue, then kill
     // it before the server answers.
-    let mut p = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&l), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&l),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1);
     peer.kill9();
@@ -427,7 +467,11 @@ fn assert_ends_within(what: &str, start: Instant, r: std::io::Result<usize>) {
     assert!(el < Duration::from_secs(1), "{what}: took {el:?}");
     match r {
         Ok(0) => {}
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ) => {}
         other => panic!("{what}: expected EOF or a reset, got {other:?}"),
     }
 }
@@ -485,9 +529,17 @@ fn kill9_client_while_server_blocked_writing() {
         std::thread::sleep(Duration::from_millis(300));
         let killed = Instant::now();
         peer.kill9();
-        let (when, e) = rx.recv_timeout(Duration::from_secs(5)).expect("blocked writer never woke");
+        let (when, e) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("blocked writer never woke");
         assert!(when.duration_since(killed) < Duration::from_secs(1));
-        assert!(matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe), "{e:?}");
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+            "{e:?}"
+        );
     });
     drop(s);
     assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
@@ -530,7 +582,11 @@ fn zero_copy_on_a_fallback_keeps_bytes_visible_to_poll() {
     assert_eq!(peeked, b"abcdef");
     s.peek_region().unwrap().release(2).unwrap();
     // Unreleased bytes are still in the socket: poll says readable.
-    let mut p = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&s), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&s),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1);
     let mut rest = [0u8; 4];

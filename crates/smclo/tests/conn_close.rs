@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn errno(r: io::Result<usize>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an errno")
+    r.expect_err("expected an error")
+        .raw_os_error()
+        .expect("an errno")
 }
 
 /// Simulates a peer process that died: its descriptor closes, no flag set.
@@ -36,7 +38,10 @@ fn half_close_both_ways() {
     assert_eq!(a.read(&mut buf).unwrap(), 6);
     b.shutdown_write().unwrap();
     assert_eq!(a.read(&mut buf).unwrap(), 0);
-    assert!(readable(a.fd()) && readable(b.fd()), "end of stream is readable");
+    assert!(
+        readable(a.fd()) && readable(b.fd()),
+        "end of stream is readable"
+    );
     a.close().unwrap();
     b.close().unwrap();
 }
@@ -112,7 +117,10 @@ fn blocked_reader_wakes_on_close_and_on_vanish() {
     };
     std::thread::sleep(Duration::from_millis(50));
     b.close().unwrap();
-    assert_eq!(within(Duration::from_secs(2), move || r.join().unwrap().unwrap()), 0);
+    assert_eq!(
+        within(Duration::from_secs(2), move || r.join().unwrap().unwrap()),
+        0
+    );
 
     let (a, b) = pair();
     let a = Arc::new(a);
@@ -122,7 +130,10 @@ fn blocked_reader_wakes_on_close_and_on_vanish() {
     };
     std::thread::sleep(Duration::from_millis(50));
     vanish(b);
-    assert_eq!(within(Duration::from_secs(2), move || r.join().unwrap()), Err(Some(libc::ECONNRESET)));
+    assert_eq!(
+        within(Duration::from_secs(2), move || r.join().unwrap()),
+        Err(Some(libc::ECONNRESET))
+    );
 }
 
 #[test]
@@ -132,7 +143,10 @@ fn blocked_writer_wakes_with_epipe() {
         let w = std::thread::spawn(move || {
             let big = vec![7u8; 4 * RING as usize];
             let r = a.write(&big);
-            (r.map_err(|e| e.raw_os_error()), a.write(b"again").map_err(|e| e.raw_os_error()))
+            (
+                r.map_err(|e| e.raw_os_error()),
+                a.write(b"again").map_err(|e| e.raw_os_error()),
+            )
         });
         std::thread::sleep(Duration::from_millis(50));
         if kill {

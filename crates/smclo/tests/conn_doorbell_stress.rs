@@ -75,7 +75,9 @@ fn writer(s: &Shared, ch: &UnixStream, total: u64, seed: u64, lock: Option<Locks
             let snap = doorbell::snapshot(&s.prod, &s.cons, s.len).unwrap();
             let free = (s.len - snap.used) as u64;
             if free == 0 {
-                if let Block::Wait { send } = doorbell::writer_block(&s.prod, &s.cons, s.len, 1).unwrap() {
+                if let Block::Wait { send } =
+                    doorbell::writer_block(&s.prod, &s.cons, s.len, 1).unwrap()
+                {
                     ch.send_bells(send).unwrap();
                     wait(ch.as_raw_fd(), libc::POLLOUT, "writable");
                 }
@@ -99,7 +101,14 @@ fn writer(s: &Shared, ch: &UnixStream, total: u64, seed: u64, lock: Option<Locks
     }
 }
 
-fn reader(s: &Shared, ch: &UnixStream, total: u64, leftover: u64, seed: u64, lock: Option<(std::sync::mpsc::Receiver<u64>, std::sync::mpsc::Sender<()>)>) {
+fn reader(
+    s: &Shared,
+    ch: &UnixStream,
+    total: u64,
+    leftover: u64,
+    seed: u64,
+    lock: Option<(std::sync::mpsc::Receiver<u64>, std::sync::mpsc::Sender<()>)>,
+) {
     let mut rng = Rng(seed.wrapping_mul(7) | 1);
     let mut got = 0u64;
     let mut until = if lock.is_some() { 0 } else { total - leftover };
@@ -123,7 +132,8 @@ fn reader(s: &Shared, ch: &UnixStream, total: u64, leftover: u64, seed: u64, loc
                 let k = (snap.used as u64).min(cap);
                 let p = pos(snap.cons, s.len);
                 for i in 0..k {
-                    let v = s.ring[(p + i as usize) % s.len as usize].load(std::sync::atomic::Ordering::Relaxed);
+                    let v = s.ring[(p + i as usize) % s.len as usize]
+                        .load(std::sync::atomic::Ordering::Relaxed);
                     assert_eq!(v as u8, (got + i) as u8, "byte {}", got + i);
                 }
                 rng.jitter();
@@ -134,7 +144,9 @@ fn reader(s: &Shared, ch: &UnixStream, total: u64, leftover: u64, seed: u64, loc
             }
             let take = doorbell::reader_settle(&s.prod, &s.cons, s.len).unwrap();
             assert!(ch.recv_bells(take).unwrap());
-            if rng.below(2) == 0 && doorbell::spin_begin(&s.prod, &s.cons, s.len, cap as usize).unwrap() {
+            if rng.below(2) == 0
+                && doorbell::spin_begin(&s.prod, &s.cons, s.len, cap as usize).unwrap()
+            {
                 let from = Word::load(&s.prod);
                 for _ in 0..rng.below(2000) {
                     if Word::load(&s.prod) != from {
@@ -169,11 +181,21 @@ fn random_schedules_never_lose_a_wakeup() {
         });
         let total = 20_000 + round * 1000;
         let lockstep = round % 2 == 1;
-        let leftover = if round % 3 == 0 && !lockstep { len as u64 } else { 0 };
+        let leftover = if round % 3 == 0 && !lockstep {
+            len as u64
+        } else {
+            0
+        };
         let (wl, rl) = if lockstep {
             let (st, sr) = std::sync::mpsc::channel();
             let (at, ar) = std::sync::mpsc::channel();
-            (Some(Lockstep { sizes: st, acks: ar }), Some((sr, at)))
+            (
+                Some(Lockstep {
+                    sizes: st,
+                    acks: ar,
+                }),
+                Some((sr, at)),
+            )
         } else {
             (None, None)
         };
@@ -189,7 +211,10 @@ fn random_schedules_never_lose_a_wakeup() {
         assert_eq!(used, leftover, "round {round}");
         let mut queued = 0i32;
         // SAFETY: FIONREAD writes one int.
-        assert_eq!(unsafe { libc::ioctl(rch.as_raw_fd(), libc::FIONREAD, &mut queued) }, 0);
+        assert_eq!(
+            unsafe { libc::ioctl(rch.as_raw_fd(), libc::FIONREAD, &mut queued) },
+            0
+        );
         assert_eq!(bells(p) as i32, queued, "round {round}: word {p:#x}");
         if used > 0 {
             assert!(queued > 0, "round {round}: data left, not readable");

@@ -134,7 +134,11 @@ fn killed_peer_never_hangs_the_survivor() {
             let outcome = within(Duration::from_secs(5), move || {
                 let mut buf = vec![0u8; 30_000];
                 loop {
-                    let r = if survivor_reads { a.read(&mut buf) } else { a.write(&buf) };
+                    let r = if survivor_reads {
+                        a.read(&mut buf)
+                    } else {
+                        a.write(&buf)
+                    };
                     match r {
                         Ok(0) => return Ok(0),
                         Ok(_) => continue,
@@ -146,7 +150,11 @@ fn killed_peer_never_hangs_the_survivor() {
             wait(pid);
             assert!(took < Duration::from_secs(1), "took {took:?}");
             if survivor_reads {
-                assert_eq!(outcome, Err(Some(libc::ECONNRESET)), "a dead writer is a reset");
+                assert_eq!(
+                    outcome,
+                    Err(Some(libc::ECONNRESET)),
+                    "a dead writer is a reset"
+                );
             } else {
                 assert_eq!(outcome, Err(Some(libc::EPIPE)), "writing to a dead reader");
             }
@@ -170,7 +178,10 @@ fn killed_peer_with_nonblocking_survivor() {
         match a.read(&mut buf) {
             Ok(n) => assert!(n > 0, "a dead peer is not a clean end of stream"),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                assert!(readable(a.fd()), "WouldBlock while the peer is gone: the descriptor must say readable");
+                assert!(
+                    readable(a.fd()),
+                    "WouldBlock while the peer is gone: the descriptor must say readable"
+                );
             }
             Err(e) => break e.raw_os_error(),
         }

@@ -20,19 +20,42 @@ fn impossible_producer_is_eproto_and_resets_the_peer() {
     let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
     // The attacker (b's side) maps a's receive ring and lies about prod.
     let evil = Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap();
-    evil.prod().store(Cursor { count: RING + 5, ..Default::default() }.to_word(), Ordering::SeqCst);
+    evil.prod().store(
+        Cursor {
+            count: RING + 5,
+            ..Default::default()
+        }
+        .to_word(),
+        Ordering::SeqCst,
+    );
     let mut buf = [0u8; 64];
     assert_eq!(errno(p.a.read(&mut buf)), Some(libc::EPROTO));
     // Aborted: sticky, and the peer is told.
     assert_eq!(errno(p.a.write(b"x")), Some(libc::EPROTO));
     assert_eq!(errno(p.b.read(&mut buf)), Some(libc::ECONNRESET));
-    let peer_flags = Dmb::attach(&p.fb, 0xb, 0x5eed).unwrap().prod().load(Ordering::SeqCst) >> 56;
+    let peer_flags = Dmb::attach(&p.fb, 0xb, 0x5eed)
+        .unwrap()
+        .prod()
+        .load(Ordering::SeqCst)
+        >> 56;
     assert_eq!(peer_flags as u8 & PEER_CONN_ABORT, PEER_CONN_ABORT);
 }
 
 #[test]
 fn consumer_ahead_or_too_far_behind_is_eproto() {
-    for lie in [Cursor { count: 1, ..Default::default() }.to_word(), Cursor { count: 0, wrap: 2, ..Default::default() }.to_word()] {
+    for lie in [
+        Cursor {
+            count: 1,
+            ..Default::default()
+        }
+        .to_word(),
+        Cursor {
+            count: 0,
+            wrap: 2,
+            ..Default::default()
+        }
+        .to_word(),
+    ] {
         let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
         // b lies about how much of a's writes it consumed.
         let evil = Dmb::attach(&p.fb, 0xb, 0x5eed).unwrap();
@@ -45,7 +68,10 @@ fn consumer_ahead_or_too_far_behind_is_eproto() {
 fn unknown_flags_and_three_bells_are_eproto() {
     for w in [0x0020u64 << 48, 0x01u64 << 56, 0x03u64 << 48, 0x02u64 << 48] {
         let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
-        Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap().prod().store(w, Ordering::SeqCst);
+        Dmb::attach(&p.fa, 0xa, 0x5eed)
+            .unwrap()
+            .prod()
+            .store(w, Ordering::SeqCst);
         assert_eq!(errno(p.a.readable_len()), Some(libc::EPROTO), "{w:#x}");
     }
 }
@@ -70,7 +96,11 @@ fn random_garbage_never_crashes() {
                 // Valid count, random wrap and flags.
                 1 => (rng.next() & !0xFFFF_FFFF) | rng.below(RING as u64),
                 // Valid count and wrap near zero, one random known flag.
-                _ => rng.below(RING as u64) | rng.below(3) << 32 | [0u64, 0x80, 0x81, 0x82, 0x84, 0x02][rng.below(6) as usize] << 48,
+                _ => {
+                    rng.below(RING as u64)
+                        | rng.below(3) << 32
+                        | [0u64, 0x80, 0x81, 0x82, 0x84, 0x02][rng.below(6) as usize] << 48
+                }
             };
             let target = match rng.below(4) {
                 0 => evil_a.prod(),
@@ -82,17 +112,28 @@ fn random_garbage_never_crashes() {
             // Bytes on the channel too, so lies about queued bells can be
             // "honoured" rather than waited for.
             // SAFETY: send from a valid buffer on the attacker's descriptor.
-            unsafe { libc::send(p.b.fd(), b"!!".as_ptr().cast(), rng.below(3) as usize, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            unsafe {
+                libc::send(
+                    p.b.fd(),
+                    b"!!".as_ptr().cast(),
+                    rng.below(3) as usize,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
             let mut buf = vec![0u8; rng.below(2 * RING as u64) as usize + 1];
             let r: io::Result<usize> = match rng.below(7) {
                 0 => p.a.read(&mut buf),
                 1 => p.a.recv(&mut buf, true, false, true),
                 2 => p.a.write(&buf),
                 3 => p.a.readable_len(),
-                4 => p.a.reserve(rng.below(RING as u64) as usize).map(|r| {
-                    let n = r.len();
-                    r.commit(n / 2).map(|_| n)
-                }).and_then(|x| x),
+                4 => {
+                    p.a.reserve(rng.below(RING as u64) as usize)
+                        .map(|r| {
+                            let n = r.len();
+                            r.commit(n / 2).map(|_| n)
+                        })
+                        .and_then(|x| x)
+                }
                 5 => p.a.peek_region().map(|r| {
                     let n = r.len();
                     let sum: usize = r.iter().map(|&b| b as usize).sum();

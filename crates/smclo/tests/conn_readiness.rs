@@ -16,16 +16,31 @@ use std::time::Duration;
 fn kernel_fact_0_or_1_queued_writable_2_not() {
     let (mut w, mut r) = UnixStream::pair().unwrap();
     smclo::doorbell::set_min_sndbuf(w.as_raw_fd()).unwrap();
-    assert!(writable(w.as_raw_fd()) && !readable(r.as_raw_fd()), "0 queued");
+    assert!(
+        writable(w.as_raw_fd()) && !readable(r.as_raw_fd()),
+        "0 queued"
+    );
     w.write_all(b"!").unwrap();
-    assert!(writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "1 queued");
+    assert!(
+        writable(w.as_raw_fd()) && readable(r.as_raw_fd()),
+        "1 queued"
+    );
     w.write_all(b"!").unwrap();
-    assert!(!writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "2 queued");
+    assert!(
+        !writable(w.as_raw_fd()) && readable(r.as_raw_fd()),
+        "2 queued"
+    );
     let mut b = [0u8; 1];
     r.read_exact(&mut b).unwrap();
-    assert!(writable(w.as_raw_fd()) && readable(r.as_raw_fd()), "back to 1");
+    assert!(
+        writable(w.as_raw_fd()) && readable(r.as_raw_fd()),
+        "back to 1"
+    );
     r.read_exact(&mut b).unwrap();
-    assert!(writable(w.as_raw_fd()) && !readable(r.as_raw_fd()), "back to 0");
+    assert!(
+        writable(w.as_raw_fd()) && !readable(r.as_raw_fd()),
+        "back to 0"
+    );
     // Two bytes in one send are one buffer: still writable. This is why
     // doorbells are sent one per syscall.
     w.write_all(b"!!").unwrap();
@@ -62,27 +77,46 @@ fn readiness_follows_the_ring() {
     assert_eq!(b.read(&mut buf[..1]).unwrap(), 1);
     assert!(writable(a.fd()) && readable(b.fd()), "one byte of room");
     assert_eq!(a.write(&buf[..100]).unwrap(), 1);
-    assert_eq!(a.write(&buf[..100]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!(
+        a.write(&buf[..100]).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
     assert!(!writable(a.fd()), "full again");
     assert_eq!(b.read(&mut buf).unwrap(), RING as usize);
     assert!(writable(a.fd()) && !readable(b.fd()), "drained again");
 
     // Non-blocking reads of an empty ring.
     b.set_nonblocking(true).unwrap();
-    assert_eq!(b.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!(
+        b.read(&mut buf).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
     assert!(b.peek_region().err().unwrap().kind() == io::ErrorKind::WouldBlock);
     // reserve() with a full ring: WouldBlock, and not writable.
     assert_eq!(a.write(&buf[..RING as usize]).unwrap(), RING as usize);
-    assert_eq!(a.reserve(1).err().unwrap().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!(
+        a.reserve(1).err().unwrap().kind(),
+        io::ErrorKind::WouldBlock
+    );
     assert!(!writable(a.fd()));
-    assert_eq!(b.read(&mut buf[..RING as usize - 100]).unwrap(), RING as usize - 100);
+    assert_eq!(
+        b.read(&mut buf[..RING as usize - 100]).unwrap(),
+        RING as usize - 100
+    );
     assert!(writable(a.fd()));
     // 100 bytes unread: RING - 100 free.
     let free = RING as usize - 100;
-    assert_eq!(a.reserve(free + 1).err().unwrap().kind(), io::ErrorKind::WouldBlock, "not enough room");
+    assert_eq!(
+        a.reserve(free + 1).err().unwrap().kind(),
+        io::ErrorKind::WouldBlock,
+        "not enough room"
+    );
     assert!(!writable(a.fd()), "armed for the larger reservation");
     assert_eq!(b.read(&mut buf[..1]).unwrap(), 1);
-    assert!(writable(a.fd()), "any consumption wakes the writer to re-check");
+    assert!(
+        writable(a.fd()),
+        "any consumption wakes the writer to re-check"
+    );
     assert_eq!(a.reserve(free).unwrap().len(), free + 1);
 }
 
@@ -121,11 +155,17 @@ fn small_blocking_reads_keep_readiness_right() {
             *x = j as u8;
         }
         assert_eq!(a.write(&msg[..m]).unwrap(), m);
-        let n = done.recv_timeout(Duration::from_secs(5)).expect("reader hung");
+        let n = done
+            .recv_timeout(Duration::from_secs(5))
+            .expect("reader hung");
         assert_eq!(n, k.min(m), "iteration {i}");
         let left = b.readable_len().unwrap();
         assert_eq!(left, m - n);
-        assert_eq!(readable(b.fd()), left > 0, "iteration {i}: k={k} m={m} left={left}");
+        assert_eq!(
+            readable(b.fd()),
+            left > 0,
+            "iteration {i}: k={k} m={m} left={left}"
+        );
         if left > 0 {
             let mut rest = vec![0u8; left];
             assert_eq!(b.recv(&mut rest, false, false, true).unwrap(), left);
@@ -147,7 +187,10 @@ fn nonblocking_write_returns_partial_count() {
     assert_eq!(a.write(&big).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     // MSG_DONTWAIT on a blocking descriptor does the same.
     a.set_nonblocking(false).unwrap();
-    assert_eq!(a.send(&big, true).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!(
+        a.send(&big, true).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
 }
 
 /// An edge-triggered poller (non-blocking reads, EPOLLET, and like nginx it
@@ -175,16 +218,27 @@ fn edge_triggered_reader_counting_fionread() {
 /// unread.
 fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
     const BIG: u32 = 256 * 1024;
-    let p = pair_with(BIG, BIG, smclo::conn::Mode::NoCopy, smclo::conn::Mode::NoCopy);
+    let p = pair_with(
+        BIG,
+        BIG,
+        smclo::conn::Mode::NoCopy,
+        smclo::conn::Mode::NoCopy,
+    );
     let (a, b) = (p.a, p.b);
     b.set_nonblocking(true).unwrap();
     // SAFETY: plain epoll calls on descriptors we own; `ev` lives across
     // the call that reads it.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     assert!(ep >= 0);
-    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 0 };
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: 0,
+    };
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.fd(), &mut ev) }, 0);
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.fd(), &mut ev) },
+        0
+    );
     let (sizes, rounds) = mpsc::channel::<usize>();
     let (ack, acks) = mpsc::channel::<()>();
     let writer = std::thread::spawn(move || {
@@ -217,7 +271,11 @@ fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
             if r == 0 {
                 panic!(
                     "round {round}: no edge for 3 s with {got} of {want} bytes read, descriptor {}",
-                    if readable(b.fd()) { "readable" } else { "not readable" }
+                    if readable(b.fd()) {
+                        "readable"
+                    } else {
+                        "not readable"
+                    }
                 );
             }
             // Read until a short read, WouldBlock, or (counting) exactly

@@ -37,7 +37,12 @@ fn recv_stream(c: &Conn, seed: u64, max_chunk: u64, slow: bool) -> u64 {
             return off;
         }
         for (i, b) in buf[..got].iter().enumerate() {
-            assert_eq!(*b, stream_byte(seed, off + i as u64), "byte {} of stream {seed:x}", off + i as u64);
+            assert_eq!(
+                *b,
+                stream_byte(seed, off + i as u64),
+                "byte {} of stream {seed:x}",
+                off + i as u64
+            );
         }
         off += got as u64;
         if slow && rng.below(64) == 0 {
@@ -50,12 +55,17 @@ fn both_directions(a: Conn, b: Conn, total: u64, chunk: u64) {
     let a = Arc::new(a);
     let b = Arc::new(b);
     let mut th = Vec::new();
-    for (w, r, seed) in [(a.clone(), b.clone(), 0xA11CEu64), (b.clone(), a.clone(), 0xB0B)] {
+    for (w, r, seed) in [
+        (a.clone(), b.clone(), 0xA11CEu64),
+        (b.clone(), a.clone(), 0xB0B),
+    ] {
         th.push(std::thread::spawn(move || {
             send_stream(&w, seed, total, chunk);
             w.shutdown_write().unwrap();
         }));
-        th.push(std::thread::spawn(move || assert_eq!(recv_stream(&r, seed, chunk, false), total)));
+        th.push(std::thread::spawn(move || {
+            assert_eq!(recv_stream(&r, seed, chunk, false), total)
+        }));
     }
     for t in th {
         t.join().unwrap();
@@ -68,20 +78,31 @@ fn both_directions(a: Conn, b: Conn, total: u64, chunk: u64) {
 #[test]
 fn both_directions_at_once_no_copy() {
     let (a, b) = pair();
-    within(Duration::from_secs(60), move || both_directions(a, b, 24 << 20, 40_000));
+    within(Duration::from_secs(60), move || {
+        both_directions(a, b, 24 << 20, 40_000)
+    });
 }
 
 #[test]
 fn both_directions_at_once_copy_mode() {
-    let p = pair_with(RING, 32 * 1024, Mode::Copy { sndbuf_len: 8192 }, Mode::Copy { sndbuf_len: 65536 });
+    let p = pair_with(
+        RING,
+        32 * 1024,
+        Mode::Copy { sndbuf_len: 8192 },
+        Mode::Copy { sndbuf_len: 65536 },
+    );
     let (a, b) = (p.a, p.b);
-    within(Duration::from_secs(60), move || both_directions(a, b, 12 << 20, 70_000));
+    within(Duration::from_secs(60), move || {
+        both_directions(a, b, 12 << 20, 70_000)
+    });
 }
 
 #[test]
 fn small_writes_and_reads() {
     let (a, b) = pair();
-    within(Duration::from_secs(60), move || both_directions(a, b, 2 << 20, 40));
+    within(Duration::from_secs(60), move || {
+        both_directions(a, b, 2 << 20, 40)
+    });
 }
 
 #[test]
@@ -112,8 +133,14 @@ fn peek_waitall_and_readable_len() {
     assert_eq!(&big[..11], b"hello world");
     assert_eq!(b.readable_len().unwrap(), 0);
     // Nothing there: MSG_DONTWAIT says so at once.
-    assert_eq!(b.recv(&mut big, false, false, true).unwrap_err().kind(), io::ErrorKind::WouldBlock);
-    assert_eq!(b.recv(&mut big, true, false, true).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!(
+        b.recv(&mut big, false, false, true).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
+    assert_eq!(
+        b.recv(&mut big, true, false, true).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
 
     // WAITALL gathers several writes.
     let b = Arc::new(b);
@@ -152,7 +179,11 @@ fn peek_waitall_and_readable_len() {
     a.write(b"9").unwrap();
     a.shutdown_write().unwrap();
     let mut w = [0u8; 100];
-    assert_eq!(b.recv(&mut w, false, true, false).unwrap(), 9, "WAITALL stops at end of stream");
+    assert_eq!(
+        b.recv(&mut w, false, true, false).unwrap(),
+        9,
+        "WAITALL stops at end of stream"
+    );
     assert_eq!(b.read(&mut w).unwrap(), 0);
 }
 
@@ -220,5 +251,10 @@ fn ping_pong_exact_reads_no_copy() {
 
 #[test]
 fn ping_pong_exact_reads_copy_mode() {
-    ping_pong(Mode::Copy { sndbuf_len: 256 * 1024 }, 100_000);
+    ping_pong(
+        Mode::Copy {
+            sndbuf_len: 256 * 1024,
+        },
+        100_000,
+    );
 }

@@ -77,7 +77,12 @@ fn zero_copy_stream_is_byte_exact() {
             }
             let n = 1 + rng.below(r.len() as u64) as usize;
             for (i, x) in r[..n].iter().enumerate() {
-                assert_eq!(*x, stream_byte(11, off + i as u64), "byte {}", off + i as u64);
+                assert_eq!(
+                    *x,
+                    stream_byte(11, off + i as u64),
+                    "byte {}",
+                    off + i as u64
+                );
             }
             r.release(n).unwrap();
             off += n as u64;

@@ -4,7 +4,7 @@
 
 mod common;
 use common::{spawn_child_env, ChildGuard, TempDir};
-use smclo::device::{DmbType, Device, Role};
+use smclo::device::{Device, DmbType, Role};
 use smclo::Error;
 use smclo_wire::device_layout as layout;
 use smclo_wire::reason::Reason;
@@ -44,7 +44,9 @@ fn child_lines(c: &mut ChildGuard, prefix: &str) -> Vec<String> {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+        return;
+    };
     let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let arg = std::env::var("SMCLO_TEST_ARG").unwrap_or_default();
     match role.as_str() {
@@ -88,19 +90,30 @@ fn concurrent_creation_yields_one_gid() {
             std::fs::create_dir(&t.0).unwrap();
             std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o700)).unwrap();
         }
-        let mut kids: Vec<ChildGuard> = (0..16).map(|_| spawn_child_arg("create", &t.0, go.to_str().unwrap())).collect();
+        let mut kids: Vec<ChildGuard> = (0..16)
+            .map(|_| spawn_child_arg("create", &t.0, go.to_str().unwrap()))
+            .collect();
         std::thread::sleep(Duration::from_millis(300));
         std::fs::write(&go, b"").unwrap();
-        let gids: Vec<String> = kids.iter_mut().flat_map(|k| child_lines(k, "GID=")).collect();
+        let gids: Vec<String> = kids
+            .iter_mut()
+            .flat_map(|k| child_lines(k, "GID="))
+            .collect();
         std::fs::remove_file(&go).unwrap();
         assert_eq!(gids.len(), 16, "every child reports a GID");
-        assert!(gids.iter().all(|g| *g == gids[0]), "more than one GID: {gids:?}");
+        assert!(
+            gids.iter().all(|g| *g == gids[0]),
+            "more than one GID: {gids:?}"
+        );
         let dev = Device::open(&t.0).unwrap();
         assert_eq!(format!("{:016x}", dev.gid()), gids[0]);
         assert_eq!(dev.chid(), 0xffff);
         assert!(dev.seid().starts_with(b"SEID-"));
         // Only the device file remains: no temporaries of the losers.
-        let names: Vec<_> = std::fs::read_dir(&t.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&t.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("device")]);
         let md = std::fs::metadata(&t.0).unwrap();
         assert_eq!(md.permissions().mode() & 0o777, 0o700);
@@ -121,13 +134,20 @@ fn write_device(dir: &Path, bytes: &[u8], len: u64) {
 }
 
 fn valid_header() -> Vec<u8> {
-    layout::encode_header(&layout::DeviceHeader { gid: 0x1122_3344_5566_7788, chid: 0xffff, seid: [b' '; 32] })
+    layout::encode_header(&layout::DeviceHeader {
+        gid: 0x1122_3344_5566_7788,
+        chid: 0xffff,
+        seid: [b' '; 32],
+    })
 }
 
 fn expect_invalid(dir: &Path, needle: &str) {
     match Device::open(dir) {
         Err(Error::InvalidDevice(m)) => {
-            assert!(m.contains(needle), "message {m:?} should mention {needle:?}");
+            assert!(
+                m.contains(needle),
+                "message {m:?} should mention {needle:?}"
+            );
         }
         Err(e) => panic!("expected InvalidDevice mentioning {needle:?}, got {e}"),
         Ok(d) => panic!("a damaged device was accepted: {d:?}"),
@@ -144,14 +164,69 @@ fn damaged_device_files_are_clear_errors() {
 
     let cases: Vec<(&str, Vec<u8>, u64, &str)> = vec![
         ("empty", vec![], 0, "truncated"),
-        ("garbage", (0..8192u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect(), layout::TOTAL_SIZE, "magic"),
+        (
+            "garbage",
+            (0..8192u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+                .collect(),
+            layout::TOTAL_SIZE,
+            "magic",
+        ),
         ("trunc", valid_header(), 1000, "truncated"),
-        ("trunc-tables", valid_header(), layout::TOTAL_SIZE - 4096, "truncated"),
-        ("long", valid_header(), layout::TOTAL_SIZE + 4096, "file size"),
-        ("magic", { let mut h = valid_header(); h[..8].copy_from_slice(b"SMCLODEX"); h }, layout::TOTAL_SIZE, "magic"),
-        ("version", { let mut h = valid_header(); h[8..12].copy_from_slice(&2u32.to_ne_bytes()); h }, layout::TOTAL_SIZE, "version 2"),
-        ("geometry", { let mut h = valid_header(); h[layout::off::DMB_TABLE + 4..layout::off::DMB_TABLE + 8].copy_from_slice(&7u32.to_ne_bytes()); h }, layout::TOTAL_SIZE, "dmb table"),
-        ("chid", { let mut h = valid_header(); h[layout::off::CHID..layout::off::CHID + 2].copy_from_slice(&0x1234u16.to_ne_bytes()); h }, layout::TOTAL_SIZE, "CHID"),
+        (
+            "trunc-tables",
+            valid_header(),
+            layout::TOTAL_SIZE - 4096,
+            "truncated",
+        ),
+        (
+            "long",
+            valid_header(),
+            layout::TOTAL_SIZE + 4096,
+            "file size",
+        ),
+        (
+            "magic",
+            {
+                let mut h = valid_header();
+                h[..8].copy_from_slice(b"SMCLODEX");
+                h
+            },
+            layout::TOTAL_SIZE,
+            "magic",
+        ),
+        (
+            "version",
+            {
+                let mut h = valid_header();
+                h[8..12].copy_from_slice(&2u32.to_ne_bytes());
+                h
+            },
+            layout::TOTAL_SIZE,
+            "version 2",
+        ),
+        (
+            "geometry",
+            {
+                let mut h = valid_header();
+                h[layout::off::DMB_TABLE + 4..layout::off::DMB_TABLE + 8]
+                    .copy_from_slice(&7u32.to_ne_bytes());
+                h
+            },
+            layout::TOTAL_SIZE,
+            "dmb table",
+        ),
+        (
+            "chid",
+            {
+                let mut h = valid_header();
+                h[layout::off::CHID..layout::off::CHID + 2]
+                    .copy_from_slice(&0x1234u16.to_ne_bytes());
+                h
+            },
+            layout::TOTAL_SIZE,
+            "CHID",
+        ),
     ];
     for (tag, bytes, len, needle) in cases {
         let t = TempDir::made(tag);
@@ -188,7 +263,10 @@ fn device_directory_must_be_private() {
 fn counters_and_knobs_are_shared_across_processes() {
     let t = TempDir::new("count");
     let dev = Device::open(&t.0).unwrap();
-    assert!(dev.active() && !dev.dmb_copy() && dev.dmb_type() == DmbType::Pages4k, "defaults");
+    assert!(
+        dev.active() && !dev.dmb_copy() && dev.dmb_type() == DmbType::Pages4k,
+        "defaults"
+    );
     dev.count_fallback(Reason::PeerNoSmc, Role::Client);
     let mut c = spawn_child_arg("count", &t.0, "");
     let gid = child_lines(&mut c, "GID=");
@@ -204,7 +282,11 @@ fn counters_and_knobs_are_shared_across_processes() {
     dev.reset_stats();
     let s = dev.stats();
     assert_eq!((s.conns_opened, s.xfer_bytes), (0, 0));
-    assert!(s.fallback_client.iter().chain(s.fallback_server.iter()).all(|&n| n == 0));
+    assert!(s
+        .fallback_client
+        .iter()
+        .chain(s.fallback_server.iter())
+        .all(|&n| n == 0));
     // A second open in this process returns the same mapping.
     assert!(std::sync::Arc::ptr_eq(&dev, &Device::open(&t.0).unwrap()));
 }

@@ -8,8 +8,8 @@ use smclo::device::{is_token_gone, Device, Role, SWEEP_INTERVAL_MS};
 use smclo::owner::Owner;
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{BorrowedFd, RawFd};
 use std::io::{BufRead, BufReader};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,10 @@ fn wait_ready(c: &mut ChildGuard) -> Vec<String> {
     let mut seen = Vec::new();
     loop {
         let mut l = String::new();
-        assert!(r.read_line(&mut l).unwrap() > 0, "child exited before READY: {seen:?}");
+        assert!(
+            r.read_line(&mut l).unwrap() > 0,
+            "child exited before READY: {seen:?}"
+        );
         let l = l.trim().to_string();
         if l == "READY" {
             return seen;
@@ -46,7 +49,11 @@ fn dmb_files(dir: &Path) -> Vec<String> {
 /// A descriptor of its own for `fd`, as a peer gets it through SCM_RIGHTS.
 fn dup(fd: RawFd) -> File {
     // SAFETY: `fd` is open for the duration of the call (the caller holds it).
-    File::from(unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().unwrap())
+    File::from(
+        unsafe { BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .unwrap(),
+    )
 }
 
 fn seals(f: &File) -> i32 {
@@ -57,7 +64,9 @@ fn seals(f: &File) -> i32 {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+        return;
+    };
     let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
@@ -92,7 +101,10 @@ fn register_attach_unregister() {
     assert_eq!(h.dmb().owner_start(), Owner::current().start);
     // A sealed memfd of our uid, named nowhere in the directory.
     let f = dup(h.fd());
-    assert_eq!(seals(&f) & smclo::dmb::REQUIRED_SEALS, smclo::dmb::REQUIRED_SEALS);
+    assert_eq!(
+        seals(&f) & smclo::dmb::REQUIRED_SEALS,
+        smclo::dmb::REQUIRED_SEALS
+    );
     assert_eq!(f.metadata().unwrap().uid(), unsafe_free_euid());
     assert!(f.set_len(100).is_err(), "sealed against shrinking");
     assert!(dmb_files(&t.0).is_empty());
@@ -103,15 +115,23 @@ fn register_attach_unregister() {
     // The peer attaches the descriptor it was passed, by token.
     let peer = dev.attach_dmb(h.token(), f).unwrap();
     assert_eq!(peer.token(), h.token());
-    h.dmb().prod().store(0xabcdef, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(peer.prod().load(std::sync::atomic::Ordering::SeqCst), 0xabcdef);
+    h.dmb()
+        .prod()
+        .store(0xabcdef, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        peer.prod().load(std::sync::atomic::Ordering::SeqCst),
+        0xabcdef
+    );
 
     // A descriptor holding another token: the token is gone.
     let e = dev.attach_dmb(0x1234, dup(h.fd())).unwrap_err();
     assert!(is_token_gone(&e), "{e}");
     // A second attacher while the first maps it is refused.
     let e = dev.attach_dmb(h.token(), dup(h.fd())).unwrap_err();
-    assert!(!is_token_gone(&e) && e.to_string().contains("attached"), "{e}");
+    assert!(
+        !is_token_gone(&e) && e.to_string().contains("attached"),
+        "{e}"
+    );
     drop(peer);
 
     // A connected pair with traffic.
@@ -124,10 +144,17 @@ fn register_attach_unregister() {
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (2, 1, 15));
     drop(h);
     let s = dev.stats();
-    assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (1, 1, 15), "one live end keeps the connection active; bytes are retired, not lost");
+    assert_eq!(
+        (s.dmbs_cnt, s.conns_active, s.xfer_bytes),
+        (1, 1, 15),
+        "one live end keeps the connection active; bytes are retired, not lost"
+    );
     drop(c);
     let s = dev.stats();
-    assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes, s.dmbs_registered), (0, 0, 15, 2));
+    assert_eq!(
+        (s.dmbs_cnt, s.conns_active, s.xfer_bytes, s.dmbs_registered),
+        (0, 0, 15, 2)
+    );
     assert!(dmb_files(&t.0).is_empty());
     dev.reset_stats();
     assert_eq!(dev.stats().xfer_bytes, 0);
@@ -145,29 +172,63 @@ fn a_foreign_descriptor_is_not_attached() {
     let token = 0x0123_4567_89ab_cdefu64;
     // A regular file with a valid DMB in it: not sealable, refused.
     let path = t.0.join("plain");
-    let plain = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&path).unwrap();
+    let plain = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&path)
+        .unwrap();
     drop(smclo::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
     let e = dev.attach_dmb(token, plain).unwrap_err();
-    assert!(!is_token_gone(&e) && e.to_string().contains("sealed"), "{e}");
+    assert!(
+        !is_token_gone(&e) && e.to_string().contains("sealed"),
+        "{e}"
+    );
     // A memfd that can still change its seals (no F_SEAL_SEAL): refused.
     let m = smclo::dmb::memfd("t").unwrap();
     drop(smclo::dmb::Dmb::create(&m, token, RING, gid, 1, 1).unwrap());
-    let e = dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))).unwrap_err();
+    let e = dev
+        .attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m)))
+        .unwrap_err();
     assert!(e.to_string().contains("sealed"), "{e}");
     // Fully sealed: accepted; with another GID or garbage: refused.
     // SAFETY: F_ADD_SEALS on our own descriptor.
-    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&m), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) }, 0);
-    drop(dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))).unwrap());
+    assert_eq!(
+        unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&m),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SEAL,
+            )
+        },
+        0
+    );
+    drop(
+        dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m)))
+            .unwrap(),
+    );
     let other = smclo::dmb::memfd("t").unwrap();
     drop(smclo::dmb::Dmb::create(&other, token, RING, gid ^ 1, 1, 1).unwrap());
     // SAFETY: as above.
-    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&other), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) };
+    unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&other),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SEAL,
+        )
+    };
     let e = dev.attach_dmb(token, other).unwrap_err();
     assert!(!is_token_gone(&e) && e.to_string().contains("GID"), "{e}");
     let g = smclo::dmb::memfd("t").unwrap();
     std::os::unix::fs::FileExt::write_all_at(&g, &[0x5au8; 8192], 0).unwrap();
     // SAFETY: as above.
-    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&g), libc::F_ADD_SEALS, smclo::dmb::REQUIRED_SEALS) };
+    unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&g),
+            libc::F_ADD_SEALS,
+            smclo::dmb::REQUIRED_SEALS,
+        )
+    };
     let e = dev.attach_dmb(token, g).unwrap_err();
     assert!(!is_token_gone(&e), "{e}");
 }
@@ -180,7 +241,9 @@ fn dropped_dmbs_are_reused_once_the_peer_detached() {
     let a = dev.register_dmb(ring, Role::Client).unwrap();
     let ino = dup(a.fd()).metadata().unwrap().ino();
     let peer = dev.attach_dmb(a.token(), dup(a.fd())).unwrap();
-    a.dmb().cons().store(77, std::sync::atomic::Ordering::SeqCst);
+    a.dmb()
+        .cons()
+        .store(77, std::sync::atomic::Ordering::SeqCst);
     let old = a.token();
     drop(a);
     assert_eq!(dev.stats().dmbs_cnt, 0, "a pooled DMB has no table entry");
@@ -194,7 +257,9 @@ fn dropped_dmbs_are_reused_once_the_peer_detached() {
     assert_ne!(c.token(), old);
     assert_eq!(c.dmb().cons().load(std::sync::atomic::Ordering::SeqCst), 0);
     // The old token no longer matches the descriptor's header.
-    assert!(is_token_gone(&dev.attach_dmb(old, dup(c.fd())).unwrap_err()));
+    assert!(is_token_gone(
+        &dev.attach_dmb(old, dup(c.fd())).unwrap_err()
+    ));
     drop(dev.attach_dmb(c.token(), dup(c.fd())).unwrap());
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.dmbs_registered), (2, 3));
@@ -208,8 +273,16 @@ fn kill_9_leaves_nothing_behind() {
     let dev = Device::open(&t.0).unwrap();
     let mut c = spawn_child("hold", &t.0);
     let lines = wait_ready(&mut c);
-    let pid: u32 = lines.iter().find_map(|l| l.strip_prefix("PID=")).unwrap().parse().unwrap();
-    assert!(dmb_files(&t.0).is_empty(), "DMBs are never named in the directory");
+    let pid: u32 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("PID="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        dmb_files(&t.0).is_empty(),
+        "DMBs are never named in the directory"
+    );
     let s = dev.stats();
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (3, 1, 1234));
 
@@ -219,19 +292,38 @@ fn kill_9_leaves_nothing_behind() {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while owner.is_alive() {
-        assert!(std::time::Instant::now() < deadline, "killed child still alive");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "killed child still alive"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // The next registration (once the sweep interval has passed) removes
     // the dead owner's files and table entries.
     std::thread::sleep(Duration::from_millis(SWEEP_INTERVAL_MS + 50));
-    assert_eq!(dev.dmb_entries_in_use(), 3, "nothing reclaimed before the sweep");
+    assert_eq!(
+        dev.dmb_entries_in_use(),
+        3,
+        "nothing reclaimed before the sweep"
+    );
     let mine = dev.register_dmb(RING, Role::Client).unwrap();
-    assert_eq!(dev.dmb_entries_in_use(), 1, "the registration swept the dead owner's entries");
+    assert_eq!(
+        dev.dmb_entries_in_use(),
+        1,
+        "the registration swept the dead owner's entries"
+    );
     assert!(dmb_files(&t.0).is_empty());
     let s = dev.stats();
-    assert_eq!((s.dmbs_cnt, s.conns_active), (1, 0), "dead owner's DMBs not counted");
-    assert_eq!(dev.dmb_entries_in_use(), 1, "dead owner's entries reclaimed");
+    assert_eq!(
+        (s.dmbs_cnt, s.conns_active),
+        (1, 0),
+        "dead owner's DMBs not counted"
+    );
+    assert_eq!(
+        dev.dmb_entries_in_use(),
+        1,
+        "dead owner's entries reclaimed"
+    );
     assert_eq!(s.xfer_bytes, 1234, "the dead owner's bytes stay counted");
     drop(mine);
     drop(c);
@@ -295,8 +387,8 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
         t.0.join("probe"),
     ]
     .iter()
-        .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap())
-        .collect();
+    .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap())
+    .collect();
     // fork, drop privileges, try to open: only raw system calls in the child.
     // SAFETY: the child calls only async-signal-safe functions (setgroups,
     // setgid, setuid, open, __errno_location, _exit) on data prepared before
@@ -306,11 +398,18 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     if pid == 0 {
         // SAFETY: see above; every path ends in _exit.
         unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
                 libc::_exit(10);
             }
             for (i, p) in paths.iter().enumerate() {
-                let flags = if i == 3 { libc::O_RDWR | libc::O_CREAT } else { libc::O_RDWR };
+                let flags = if i == 3 {
+                    libc::O_RDWR | libc::O_CREAT
+                } else {
+                    libc::O_RDWR
+                };
                 // /proc links are followed on purpose: they are the way in.
                 let nofollow = if i >= 2 { libc::O_NOFOLLOW } else { 0 };
                 let fd = libc::open(p.as_ptr(), flags | nofollow, 0o600);
@@ -329,6 +428,10 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "child crashed: {status}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "20+i: opened path i, 30+i: not EACCES (or EPERM for /proc), 10: setuid failed");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "20+i: opened path i, 30+i: not EACCES (or EPERM for /proc), 10: setuid failed"
+    );
     drop(h);
 }

@@ -15,7 +15,10 @@ fn wait_ready(c: &mut ChildGuard) {
     let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
     loop {
         let mut l = String::new();
-        assert!(r.read_line(&mut l).unwrap() > 0, "child exited before READY");
+        assert!(
+            r.read_line(&mut l).unwrap() > 0,
+            "child exited before READY"
+        );
         if l.trim() == "READY" {
             return;
         }
@@ -29,7 +32,9 @@ fn a(s: &str) -> SocketAddr {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+        return;
+    };
     let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
@@ -37,7 +42,9 @@ fn child_entry() {
             let g1 = register_listener(&dev, a("127.0.0.1:7001")).unwrap();
             // Fill the whole window of port 7002, so that only reclamation
             // can make room there.
-            let fill: Vec<_> = (0..PROBE).map(|_| register_listener(&dev, a("0.0.0.0:7002")).unwrap()).collect();
+            let fill: Vec<_> = (0..PROBE)
+                .map(|_| register_listener(&dev, a("0.0.0.0:7002")).unwrap())
+                .collect();
             println!("READY");
             std::thread::sleep(Duration::from_secs(30));
             drop((g1, fill));
@@ -58,15 +65,27 @@ fn exact_wildcard_ipv6_and_mapped() {
     assert_eq!(info.netns, netns_inode());
     assert_eq!(info.addr, a("127.0.0.1:5000"));
     assert!(info.is_self() && info.same_netns());
-    assert!(find_listener(&dev, a("127.0.0.2:5000")).is_none(), "other address");
-    assert!(find_listener(&dev, a("127.0.0.1:5001")).is_none(), "other port");
-    assert!(find_listener(&dev, a("[::1]:5000")).is_none(), "other family");
+    assert!(
+        find_listener(&dev, a("127.0.0.2:5000")).is_none(),
+        "other address"
+    );
+    assert!(
+        find_listener(&dev, a("127.0.0.1:5001")).is_none(),
+        "other port"
+    );
+    assert!(
+        find_listener(&dev, a("[::1]:5000")).is_none(),
+        "other family"
+    );
     // An IPv4-mapped destination is the IPv4 address.
     assert!(find_listener(&dev, a("[::ffff:127.0.0.1]:5000")).is_some());
 
     // IPv4 wildcard: any IPv4 destination, no IPv6 one.
     let _w4 = register_listener(&dev, a("0.0.0.0:5001")).unwrap();
-    assert_eq!(find_listener(&dev, a("10.1.2.3:5001")).unwrap().addr, a("0.0.0.0:5001"));
+    assert_eq!(
+        find_listener(&dev, a("10.1.2.3:5001")).unwrap().addr,
+        a("0.0.0.0:5001")
+    );
     assert!(find_listener(&dev, a("[::1]:5001")).is_none());
     assert!(find_listener(&dev, a("[::ffff:10.1.2.3]:5001")).is_some());
 
@@ -84,15 +103,28 @@ fn exact_wildcard_ipv6_and_mapped() {
 
     // A listener on an IPv4-mapped address is an IPv4 listener.
     let _m = register_listener(&dev, a("[::ffff:127.0.0.5]:5004")).unwrap();
-    assert_eq!(find_listener(&dev, a("127.0.0.5:5004")).unwrap().addr, a("127.0.0.5:5004"));
+    assert_eq!(
+        find_listener(&dev, a("127.0.0.5:5004")).unwrap().addr,
+        a("127.0.0.5:5004")
+    );
 
     // Exact beats wildcard on the same port.
     let _w = register_listener(&dev, a("0.0.0.0:5000")).unwrap();
-    assert_eq!(find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr, a("127.0.0.1:5000"));
-    assert_eq!(find_listener(&dev, a("127.0.0.9:5000")).unwrap().addr, a("0.0.0.0:5000"));
+    assert_eq!(
+        find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr,
+        a("127.0.0.1:5000")
+    );
+    assert_eq!(
+        find_listener(&dev, a("127.0.0.9:5000")).unwrap().addr,
+        a("0.0.0.0:5000")
+    );
 
     drop(g);
-    assert_eq!(find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr, a("0.0.0.0:5000"), "dropped guard unregisters");
+    assert_eq!(
+        find_listener(&dev, a("127.0.0.1:5000")).unwrap().addr,
+        a("0.0.0.0:5000"),
+        "dropped guard unregisters"
+    );
     drop(_w);
     assert!(find_listener(&dev, a("127.0.0.1:5000")).is_none());
     assert_eq!(dev.stats().listeners, 4);
@@ -109,15 +141,24 @@ fn dead_listeners_are_reclaimed() {
     assert_eq!(info.owner.pid, pid);
     assert!(!info.is_self());
     // The window of port 7002 is full of live registrations.
-    assert!(register_listener(&dev, a("0.0.0.0:7002")).is_err(), "window full");
+    assert!(
+        register_listener(&dev, a("0.0.0.0:7002")).is_err(),
+        "window full"
+    );
     assert_eq!(dev.stats().listeners, 1 + PROBE as u64);
 
     c.0.kill().unwrap();
     c.0.wait().unwrap();
-    assert!(find_listener(&dev, a("127.0.0.1:7001")).is_none(), "dead owner's listener is not found");
+    assert!(
+        find_listener(&dev, a("127.0.0.1:7001")).is_none(),
+        "dead owner's listener is not found"
+    );
     // Registration reclaims the dead owner's entries in the window.
     let g = register_listener(&dev, a("0.0.0.0:7002")).expect("reclaimed");
-    assert_eq!(find_listener(&dev, a("1.2.3.4:7002")).unwrap().owner, Owner::current());
+    assert_eq!(
+        find_listener(&dev, a("1.2.3.4:7002")).unwrap().owner,
+        Owner::current()
+    );
     assert_eq!(dev.stats().listeners, 1);
     drop(g);
     assert_eq!(dev.stats().listeners, 0);

@@ -13,19 +13,26 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 fn key(cport: u16, sport: u16) -> SlotKey {
-    SlotKey::new(format!("127.0.0.1:{cport}").parse().unwrap(), format!("127.0.0.1:{sport}").parse().unwrap())
+    SlotKey::new(
+        format!("127.0.0.1:{cport}").parse().unwrap(),
+        format!("127.0.0.1:{sport}").parse().unwrap(),
+    )
 }
 
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+        return;
+    };
     let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
         "fill" => {
             // Every slot of one key's window, then wait to be killed.
-            let held: Vec<_> = (0..PROBE).map(|_| Rendezvous::propose(&dev, key(40000, 80), b"child").unwrap()).collect();
+            let held: Vec<_> = (0..PROBE)
+                .map(|_| Rendezvous::propose(&dev, key(40000, 80), b"child").unwrap())
+                .collect();
             println!("READY");
             std::thread::sleep(Duration::from_secs(30));
             drop(held);
@@ -51,7 +58,11 @@ fn published_port_belongs_to_one_incarnation() {
     assert_eq!(stale.client_port(), None);
     assert_eq!(fresh.client_port(), None);
     stale.set_client_port(2222);
-    assert_eq!(fresh.client_port(), None, "a stale reference changes nothing");
+    assert_eq!(
+        fresh.client_port(),
+        None,
+        "a stale reference changes nothing"
+    );
     second.set_client_port(3333);
     assert_eq!(fresh.client_port(), Some(3333));
 }
@@ -67,11 +78,20 @@ fn full_handshake_path() {
 
     // The server sees the key as peer/local; a dual-stack server sees the
     // client as an IPv4-mapped address, which is the same key.
-    let mapped = SlotKey::new("[::ffff:127.0.0.1]:40001".parse().unwrap(), "[::ffff:127.0.0.1]:80".parse().unwrap());
+    let mapped = SlotKey::new(
+        "[::ffff:127.0.0.1]:40001".parse().unwrap(),
+        "[::ffff:127.0.0.1]:80".parse().unwrap(),
+    );
     assert_eq!(mapped, k);
     let server = Rendezvous::find(&dev, mapped).expect("found by 4-tuple");
-    assert!(Rendezvous::find(&dev, key(40002, 80)).is_none(), "other 4-tuple");
-    assert!(Rendezvous::find(&dev, key(40001, 81)).is_none(), "other server port");
+    assert!(
+        Rendezvous::find(&dev, key(40002, 80)).is_none(),
+        "other 4-tuple"
+    );
+    assert!(
+        Rendezvous::find(&dev, key(40001, 81)).is_none(),
+        "other server port"
+    );
     assert_eq!(server.index(), client.index());
     assert_eq!(server.client().pid, std::process::id());
     assert_eq!(server.proposal().unwrap(), b"proposal bytes");
@@ -83,23 +103,41 @@ fn full_handshake_path() {
     server.answer(b"accept!", true).unwrap();
     assert_eq!(client.state(), SlotState::Accepted);
     assert_eq!(client.reply().unwrap(), b"accept!");
-    assert!(Rendezvous::find(&dev, k).is_none(), "only PROPOSED slots are found");
+    assert!(
+        Rendezvous::find(&dev, k).is_none(),
+        "only PROPOSED slots are found"
+    );
     // A second answer cannot change the decision.
     assert_eq!(server.answer(b"again", false), Err(SlotState::Accepted));
     assert_eq!(client.reply().unwrap(), b"accept!");
 
     client.confirm(b"confirm", true).unwrap();
-    assert_eq!(server.wait_while(SlotState::Accepted, Instant::now() + Duration::from_secs(1)), SlotState::Confirmed);
+    assert_eq!(
+        server.wait_while(SlotState::Accepted, Instant::now() + Duration::from_secs(1)),
+        SlotState::Confirmed
+    );
     assert_eq!(server.confirm_msg().unwrap(), b"confirm");
     // The server's timeout CAS fails: the client decided.
-    assert_eq!(server.cas(SlotState::Accepted, SlotState::Declined), Err(SlotState::Confirmed));
+    assert_eq!(
+        server.cas(SlotState::Accepted, SlotState::Declined),
+        Err(SlotState::Confirmed)
+    );
 
     // Messages are bounded.
     let big = vec![7u8; MSG_LEN + 1];
-    assert!(matches!(Rendezvous::propose(&dev, key(40003, 80), &big), Err(Error::Io(_))));
+    assert!(matches!(
+        Rendezvous::propose(&dev, key(40003, 80), &big),
+        Err(Error::Io(_))
+    ));
     let exact = vec![9u8; MSG_LEN];
     let s = Rendezvous::propose(&dev, key(40003, 80), &exact).unwrap();
-    assert_eq!(Rendezvous::find(&dev, key(40003, 80)).unwrap().proposal().unwrap(), exact);
+    assert_eq!(
+        Rendezvous::find(&dev, key(40003, 80))
+            .unwrap()
+            .proposal()
+            .unwrap(),
+        exact
+    );
     drop(s);
 
     client.release();
@@ -115,7 +153,11 @@ fn decline_paths() {
     let s = Rendezvous::find(&dev, key(40010, 80)).unwrap();
     s.answer(b"decline", false).unwrap();
     assert_eq!(c.state(), SlotState::Declined);
-    assert_eq!(c.give_up(), Err(SlotState::Declined), "server decided first");
+    assert_eq!(
+        c.give_up(),
+        Err(SlotState::Declined),
+        "server decided first"
+    );
     assert_eq!(c.reply().unwrap(), b"decline");
     drop(c);
 
@@ -164,7 +206,11 @@ fn client_timeout_and_server_answer_always_agree() {
             }
             (Err(SlotState::Accepted), Ok(())) => {
                 server_won += 1;
-                assert_eq!(c.reply().unwrap(), b"accept", "reply complete when Accepted is seen");
+                assert_eq!(
+                    c.reply().unwrap(),
+                    b"accept",
+                    "reply complete when Accepted is seen"
+                );
             }
             other => panic!("disagreement: {other:?}"),
         }
@@ -187,8 +233,15 @@ fn stale_reference_cannot_touch_a_reused_slot() {
     assert_eq!(stale.state(), SlotState::Stale);
     assert_eq!(stale.proposal(), None);
     assert_eq!(stale.answer(b"stale accept", true), Err(SlotState::Stale));
-    assert_eq!(stale.cas(SlotState::Proposed, SlotState::Declined), Err(SlotState::Stale));
-    assert_eq!(c2.state(), SlotState::Proposed, "the new incarnation is untouched");
+    assert_eq!(
+        stale.cas(SlotState::Proposed, SlotState::Declined),
+        Err(SlotState::Stale)
+    );
+    assert_eq!(
+        c2.state(),
+        SlotState::Proposed,
+        "the new incarnation is untouched"
+    );
     let fresh = Rendezvous::find(&dev, k).unwrap();
     assert_eq!(fresh.proposal().unwrap(), b"second");
     fresh.answer(b"ok", true).unwrap();
@@ -200,7 +253,9 @@ fn full_window_is_an_error_and_dead_clients_slots_are_reclaimed() {
     let t = TempDir::new("rdvfull");
     let dev = Device::open(&t.0).unwrap();
     let k = key(40030, 80);
-    let held: Vec<_> = (0..PROBE).map(|_| Rendezvous::propose(&dev, k, b"x").unwrap()).collect();
+    let held: Vec<_> = (0..PROBE)
+        .map(|_| Rendezvous::propose(&dev, k, b"x").unwrap())
+        .collect();
     match Rendezvous::propose(&dev, k, b"x") {
         Err(Error::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC)),
         other => panic!("expected ENOSPC, got {other:?}"),
@@ -221,10 +276,15 @@ fn full_window_is_an_error_and_dead_clients_slots_are_reclaimed() {
     }
     let k40000 = key(40000, 80);
     assert_eq!(Rendezvous::find_all(&dev, k40000).len(), PROBE);
-    assert!(Rendezvous::propose(&dev, k40000, b"mine").is_err(), "window full of a live client");
+    assert!(
+        Rendezvous::propose(&dev, k40000, b"mine").is_err(),
+        "window full of a live client"
+    );
     c.0.kill().unwrap();
     c.0.wait().unwrap();
     let mine = Rendezvous::propose(&dev, k40000, b"mine").expect("dead client's slot reclaimed");
     assert_eq!(mine.client().pid, std::process::id());
-    assert!(Rendezvous::find_all(&dev, k40000).iter().any(|s| s.proposal().unwrap() == b"mine"));
+    assert!(Rendezvous::find_all(&dev, k40000)
+        .iter()
+        .any(|s| s.proposal().unwrap() == b"mine"));
 }

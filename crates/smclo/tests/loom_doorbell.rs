@@ -320,7 +320,10 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
             prod: AtomicU64::new(0),
             cons: AtomicU64::new(0),
             ring: (0..len).map(|_| UnsafeCell::new(0)).collect(),
-            chan: Chan { q: Mutex::new(Queue::default()), cv: Condvar::new() },
+            chan: Chan {
+                q: Mutex::new(Queue::default()),
+                cv: Condvar::new(),
+            },
         });
         let total: u32 = chunks.iter().sum();
         assert!(app.leftover <= len);
@@ -333,17 +336,40 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
         let p = Word::load(&s.prod);
         let q = s.chan.q.lock().unwrap().queued;
         let loose = (cursor::prod_flags(p) & cursor::LOOSE_BELL != 0) as u32;
-        assert_eq!(bells(p) as u32 + loose, q, "bell count {p:#x} vs {q} queued");
+        assert_eq!(
+            bells(p) as u32 + loose,
+            q,
+            "bell count {p:#x} vs {q} queued"
+        );
         let used = cursor::distance(p, Word::load(&s.cons), len).unwrap();
         assert_eq!(used, app.leftover);
         if used > 0 {
-            assert!(q > 0, "data left but the reader's descriptor is not readable");
+            assert!(
+                q > 0,
+                "data left but the reader's descriptor is not readable"
+            );
         }
     });
 }
 
-const PLAIN: App = App { cap: 8, spin: false, poll_first: true, leftover: 0, et_read: false, et_write: false, fionread: false };
-const EDGE: App = App { cap: 8, spin: false, poll_first: false, leftover: 0, et_read: true, et_write: true, fionread: false };
+const PLAIN: App = App {
+    cap: 8,
+    spin: false,
+    poll_first: true,
+    leftover: 0,
+    et_read: false,
+    et_write: false,
+    fionread: false,
+};
+const EDGE: App = App {
+    cap: 8,
+    spin: false,
+    poll_first: false,
+    leftover: 0,
+    et_read: true,
+    et_write: true,
+    fionread: false,
+};
 
 /// Ring fills: the WRITE_BLOCKED Dekker handshake and the second bell.
 #[test]
@@ -356,7 +382,16 @@ fn full_ring() {
 /// room (the WRITE_BLOCKED handshake at the very end).
 #[test]
 fn reader_stops_after_making_room() {
-    model(2, &[2, 2], App { cap: 1, leftover: 2, ..PLAIN }, 3);
+    model(
+        2,
+        &[2, 2],
+        App {
+            cap: 1,
+            leftover: 2,
+            ..PLAIN
+        },
+        3,
+    );
 }
 
 /// Small reads leave data behind: the bell must stay for the next poll.
@@ -369,19 +404,47 @@ fn partial_reads() {
 /// the writer must ring.
 #[test]
 fn spinning_reader_small_capacity() {
-    model(4, &[1, 3], App { cap: 1, spin: true, ..PLAIN }, 3);
+    model(
+        4,
+        &[1, 3],
+        App {
+            cap: 1,
+            spin: true,
+            ..PLAIN
+        },
+        3,
+    );
 }
 
 /// A spinning reader whose capacity covers the writes, ring filling.
 #[test]
 fn spinning_reader_full_ring() {
-    model(2, &[2, 2], App { cap: 2, spin: true, ..PLAIN }, 3);
+    model(
+        2,
+        &[2, 2],
+        App {
+            cap: 2,
+            spin: true,
+            ..PLAIN
+        },
+        3,
+    );
 }
 
 /// Spinning, stopping with a full ring.
 #[test]
 fn spinning_reader_stops_after_making_room() {
-    model(2, &[1, 3], App { cap: 1, spin: true, leftover: 2, ..PLAIN }, 3);
+    model(
+        2,
+        &[1, 3],
+        App {
+            cap: 1,
+            spin: true,
+            leftover: 2,
+            ..PLAIN
+        },
+        3,
+    );
 }
 
 /// Edge-triggered applications, the reader's buffer larger than each
@@ -404,12 +467,30 @@ fn edge_triggered_full_ring() {
 /// FIONREAD said, sleeps with the rest in the ring.
 #[test]
 fn edge_triggered_fionread() {
-    model(4, &[1, 1, 1], App { cap: 1, fionread: true, ..EDGE }, 3);
+    model(
+        4,
+        &[1, 1, 1],
+        App {
+            cap: 1,
+            fionread: true,
+            ..EDGE
+        },
+        3,
+    );
 }
 
 /// FIONREAD accounting with a full ring: the loose bell next to two
 /// counted ones, and the reader taking them while making room.
 #[test]
 fn edge_triggered_fionread_full_ring() {
-    model(2, &[2, 2, 1], App { cap: 1, fionread: true, ..EDGE }, 3);
+    model(
+        2,
+        &[2, 2, 1],
+        App {
+            cap: 1,
+            fionread: true,
+            ..EDGE
+        },
+        3,
+    );
 }

@@ -255,15 +255,27 @@ impl fmt::Display for CursorError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             CursorError::CountOutOfRange { word, ring_len } => {
-                write!(f, "cursor word {word:#018x}: count {} >= ring length {ring_len}", word as u32)
+                write!(
+                    f,
+                    "cursor word {word:#018x}: count {} >= ring length {ring_len}",
+                    word as u32
+                )
             }
             CursorError::UnknownFlags { word } => {
                 write!(f, "cursor word {word:#018x}: unknown flag bits")
             }
             CursorError::TooManyBells { word } => {
-                write!(f, "cursor word {word:#018x}: {} doorbells (at most {MAX_BELLS})", bells(word))
+                write!(
+                    f,
+                    "cursor word {word:#018x}: {} doorbells (at most {MAX_BELLS})",
+                    bells(word)
+                )
             }
-            CursorError::BadDistance { prod, cons, ring_len } => write!(
+            CursorError::BadDistance {
+                prod,
+                cons,
+                ring_len,
+            } => write!(
                 f,
                 "producer {prod:#018x} and consumer {cons:#018x} are not 0..={ring_len} bytes apart"
             ),
@@ -314,7 +326,11 @@ pub const fn distance(prod: u64, cons: u64, ring_len: u32) -> Result<u32, Cursor
     let c = Cursor::from_word(cons).position(ring_len);
     let d = p.wrapping_sub(c) & modulus_mask;
     if d > ring_len as u64 {
-        return Err(CursorError::BadDistance { prod, cons, ring_len });
+        return Err(CursorError::BadDistance {
+            prod,
+            cons,
+            ring_len,
+        });
     }
     Ok(d as u32)
 }
@@ -327,7 +343,12 @@ mod tests {
 
     #[test]
     fn packs_fields_at_the_documented_bits() {
-        let c = Cursor { count: 0x1234_5678, wrap: 0x9abc, prod_flags: 0x85, conn_state_flags: 0x40 };
+        let c = Cursor {
+            count: 0x1234_5678,
+            wrap: 0x9abc,
+            prod_flags: 0x85,
+            conn_state_flags: 0x40,
+        };
         assert_eq!(c.to_word(), 0x4085_9abc_1234_5678);
         assert_eq!(Cursor::from_word(0x4085_9abc_1234_5678), c);
         assert_eq!(bells(c.to_word()), 1);
@@ -337,7 +358,13 @@ mod tests {
 
     #[test]
     fn advance_wraps_count_and_wrap() {
-        let w = Cursor { count: L - 10, wrap: 3, prod_flags: WRITE_BLOCKED, conn_state_flags: 0 }.to_word();
+        let w = Cursor {
+            count: L - 10,
+            wrap: 3,
+            prod_flags: WRITE_BLOCKED,
+            conn_state_flags: 0,
+        }
+        .to_word();
         let a = Cursor::from_word(advance(w, 10, L));
         assert_eq!((a.count, a.wrap, a.prod_flags), (0, 4, WRITE_BLOCKED));
         let b = Cursor::from_word(advance(w, 25, L));
@@ -351,7 +378,12 @@ mod tests {
 
     #[test]
     fn wrap_counter_overflows_at_2_16_and_distance_survives_it() {
-        let cons = Cursor { count: L - 100, wrap: u16::MAX, ..Default::default() }.to_word();
+        let cons = Cursor {
+            count: L - 100,
+            wrap: u16::MAX,
+            ..Default::default()
+        }
+        .to_word();
         let prod = advance(cons, 300, L);
         let p = Cursor::from_word(prod);
         assert_eq!((p.count, p.wrap), (200, 0));
@@ -370,25 +402,63 @@ mod tests {
     #[test]
     fn distance_rejects_bad_words() {
         assert_eq!(distance(5, 5, L), Ok(0));
-        assert!(matches!(distance(L as u64, 0, L), Err(CursorError::CountOutOfRange { .. })));
-        assert!(matches!(distance(0, L as u64 + 7, L), Err(CursorError::CountOutOfRange { .. })));
+        assert!(matches!(
+            distance(L as u64, 0, L),
+            Err(CursorError::CountOutOfRange { .. })
+        ));
+        assert!(matches!(
+            distance(0, L as u64 + 7, L),
+            Err(CursorError::CountOutOfRange { .. })
+        ));
         // Producer behind the consumer.
-        assert!(matches!(distance(4, 5, L), Err(CursorError::BadDistance { .. })));
+        assert!(matches!(
+            distance(4, 5, L),
+            Err(CursorError::BadDistance { .. })
+        ));
         // More than a ring ahead.
         let far = advance(advance(0, L, L), 1, L);
-        assert!(matches!(distance(far, 0, L), Err(CursorError::BadDistance { .. })));
+        assert!(matches!(
+            distance(far, 0, L),
+            Err(CursorError::BadDistance { .. })
+        ));
         // Unknown flags, too many bells.
-        assert!(matches!(distance(with_prod_flags(0, 0x20), 0, L), Err(CursorError::UnknownFlags { .. })));
-        assert!(matches!(distance(with_conn_state_flags(0, 0x01), 0, L), Err(CursorError::UnknownFlags { .. })));
-        assert!(matches!(distance(with_bells(0, 3), 0, L), Err(CursorError::TooManyBells { .. })));
-        assert_eq!(distance(with_bells(with_prod_flags(0, WRITE_BLOCKED | READER_SPINNING), 2), 0, L), Ok(0));
+        assert!(matches!(
+            distance(with_prod_flags(0, 0x20), 0, L),
+            Err(CursorError::UnknownFlags { .. })
+        ));
+        assert!(matches!(
+            distance(with_conn_state_flags(0, 0x01), 0, L),
+            Err(CursorError::UnknownFlags { .. })
+        ));
+        assert!(matches!(
+            distance(with_bells(0, 3), 0, L),
+            Err(CursorError::TooManyBells { .. })
+        ));
+        assert_eq!(
+            distance(
+                with_bells(with_prod_flags(0, WRITE_BLOCKED | READER_SPINNING), 2),
+                0,
+                L
+            ),
+            Ok(0)
+        );
         // The consumer's flag bits are the spin capacity: allowed.
         assert_eq!(distance(3, cons_with_cap(0, 0xFFFF), L), Ok(3));
     }
 
     #[test]
     fn spin_capacity_never_overstates() {
-        for b in [0usize, 1, 14, 0x7FFF, 0x8000, 0x8001, 64000, 1 << 20, usize::MAX] {
+        for b in [
+            0usize,
+            1,
+            14,
+            0x7FFF,
+            0x8000,
+            0x8001,
+            64000,
+            1 << 20,
+            usize::MAX,
+        ] {
             let d = spin_cap_decode(spin_cap_encode(b)) as usize;
             assert!(d <= b, "{b} -> {d}");
             assert!(b.min(1 << 20) - d < 32 || b > (0x7FFF * 32), "{b} -> {d}");
@@ -400,8 +470,19 @@ mod tests {
 
     #[test]
     fn same_position_ignores_flags() {
-        let a = Cursor { count: 9, wrap: 2, prod_flags: 0x81, conn_state_flags: 0x80 }.to_word();
-        let b = Cursor { count: 9, wrap: 2, ..Default::default() }.to_word();
+        let a = Cursor {
+            count: 9,
+            wrap: 2,
+            prod_flags: 0x81,
+            conn_state_flags: 0x80,
+        }
+        .to_word();
+        let b = Cursor {
+            count: 9,
+            wrap: 2,
+            ..Default::default()
+        }
+        .to_word();
         assert!(same_position(a, b));
         assert!(!same_position(a, advance(b, 1, L)));
     }

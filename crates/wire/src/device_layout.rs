@@ -69,7 +69,8 @@ pub const MSG_AREA_OFF: [u32; 3] = [128, 128 + MSG_AREA_LEN, 128 + 2 * MSG_AREA_
 pub const REASON_SLOTS: u32 = 32;
 
 /// Total size of the device file.
-pub const TOTAL_SIZE: u64 = RENDEZVOUS_OFF as u64 + RENDEZVOUS_ENTRIES as u64 * RENDEZVOUS_ENTRY_LEN as u64;
+pub const TOTAL_SIZE: u64 =
+    RENDEZVOUS_OFF as u64 + RENDEZVOUS_ENTRIES as u64 * RENDEZVOUS_ENTRY_LEN as u64;
 
 /// Header field offsets (bytes from the start of the file).
 pub mod off {
@@ -172,7 +173,11 @@ impl fmt::Display for LayoutError {
                  the device was created by another smclo version (remove the device directory \
                  when no smclo process runs)"
             ),
-            LayoutError::Geometry { field, found, expected } => {
+            LayoutError::Geometry {
+                field,
+                found,
+                expected,
+            } => {
                 write!(f, "{field} is {found}, expected {expected}")
             }
             LayoutError::ZeroGid => write!(f, "GID is 0 (never generated): file is corrupted"),
@@ -203,8 +208,14 @@ pub fn encode_header(h: &DeviceHeader) -> Vec<u8> {
     b[off::TOTAL_SIZE..off::TOTAL_SIZE + 8].copy_from_slice(&TOTAL_SIZE.to_ne_bytes());
     for (o, t) in [
         (off::DMB_TABLE, [DMB_TABLE_OFF, DMB_ENTRIES, DMB_ENTRY_LEN]),
-        (off::LISTENER_TABLE, [LISTENER_OFF, LISTENER_ENTRIES, LISTENER_ENTRY_LEN]),
-        (off::RENDEZVOUS_TABLE, [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN]),
+        (
+            off::LISTENER_TABLE,
+            [LISTENER_OFF, LISTENER_ENTRIES, LISTENER_ENTRY_LEN],
+        ),
+        (
+            off::RENDEZVOUS_TABLE,
+            [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN],
+        ),
     ] {
         for (i, v) in t.iter().enumerate() {
             put32(&mut b, o + 4 * i, *v);
@@ -225,7 +236,10 @@ pub fn encode_header(h: &DeviceHeader) -> Vec<u8> {
 /// so that a mapping of `file_len` bytes covers every offset used later.
 pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, LayoutError> {
     if bytes.len() < 8 || file_len < 8 {
-        return Err(LayoutError::Truncated { have: file_len.min(bytes.len() as u64), need: TOTAL_SIZE });
+        return Err(LayoutError::Truncated {
+            have: file_len.min(bytes.len() as u64),
+            need: TOTAL_SIZE,
+        });
     }
     let mut magic = [0u8; 8];
     magic.copy_from_slice(&bytes[..8]);
@@ -233,7 +247,10 @@ pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, Layo
         return Err(LayoutError::BadMagic(magic));
     }
     if bytes.len() < HEADER_LEN as usize {
-        return Err(LayoutError::Truncated { have: bytes.len() as u64, need: TOTAL_SIZE });
+        return Err(LayoutError::Truncated {
+            have: bytes.len() as u64,
+            need: TOTAL_SIZE,
+        });
     }
     let version = u32_at(bytes, off::VERSION);
     if version != VERSION {
@@ -243,22 +260,49 @@ pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, Layo
         if found == expected {
             Ok(())
         } else {
-            Err(LayoutError::Geometry { field, found, expected })
+            Err(LayoutError::Geometry {
+                field,
+                found,
+                expected,
+            })
         }
     };
-    geo("header_len", u32_at(bytes, off::HEADER_LEN) as u64, HEADER_LEN as u64)?;
+    geo(
+        "header_len",
+        u32_at(bytes, off::HEADER_LEN) as u64,
+        HEADER_LEN as u64,
+    )?;
     geo("total_size", u64_at(bytes, off::TOTAL_SIZE), TOTAL_SIZE)?;
     if file_len != TOTAL_SIZE {
         return if file_len < TOTAL_SIZE {
-            Err(LayoutError::Truncated { have: file_len, need: TOTAL_SIZE })
+            Err(LayoutError::Truncated {
+                have: file_len,
+                need: TOTAL_SIZE,
+            })
         } else {
-            Err(LayoutError::Geometry { field: "file size", found: file_len, expected: TOTAL_SIZE })
+            Err(LayoutError::Geometry {
+                field: "file size",
+                found: file_len,
+                expected: TOTAL_SIZE,
+            })
         };
     }
     let tables: [(&'static str, usize, [u32; 3]); 3] = [
-        ("dmb table", off::DMB_TABLE, [DMB_TABLE_OFF, DMB_ENTRIES, DMB_ENTRY_LEN]),
-        ("listener table", off::LISTENER_TABLE, [LISTENER_OFF, LISTENER_ENTRIES, LISTENER_ENTRY_LEN]),
-        ("rendezvous table", off::RENDEZVOUS_TABLE, [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN]),
+        (
+            "dmb table",
+            off::DMB_TABLE,
+            [DMB_TABLE_OFF, DMB_ENTRIES, DMB_ENTRY_LEN],
+        ),
+        (
+            "listener table",
+            off::LISTENER_TABLE,
+            [LISTENER_OFF, LISTENER_ENTRIES, LISTENER_ENTRY_LEN],
+        ),
+        (
+            "rendezvous table",
+            off::RENDEZVOUS_TABLE,
+            [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN],
+        ),
     ];
     for (name, o, want) in tables {
         let have = [u32_at(bytes, o), u32_at(bytes, o + 4), u32_at(bytes, o + 8)];
@@ -270,7 +314,11 @@ pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, Layo
             });
         }
     }
-    geo("reason_slots", u32_at(bytes, off::REASON_SLOTS) as u64, REASON_SLOTS as u64)?;
+    geo(
+        "reason_slots",
+        u32_at(bytes, off::REASON_SLOTS) as u64,
+        REASON_SLOTS as u64,
+    )?;
     let gid = u64_at(bytes, off::GID);
     if gid == 0 {
         return Err(LayoutError::ZeroGid);
@@ -286,7 +334,11 @@ mod tests {
     use super::*;
 
     fn hdr() -> DeviceHeader {
-        DeviceHeader { gid: 0x1234_5678_9abc_def0, chid: 0xffff, seid: [b' '; 32] }
+        DeviceHeader {
+            gid: 0x1234_5678_9abc_def0,
+            chid: 0xffff,
+            seid: [b' '; 32],
+        }
     }
 
     #[test]
@@ -305,19 +357,40 @@ mod tests {
     #[test]
     fn rejects_every_kind_of_damage() {
         let good = encode_header(&hdr());
-        assert!(matches!(validate_header(&good[..4], 4), Err(LayoutError::Truncated { .. })));
-        assert!(matches!(validate_header(&good[..100], 100), Err(LayoutError::Truncated { .. })));
-        assert!(matches!(validate_header(&good, TOTAL_SIZE - 1), Err(LayoutError::Truncated { .. })));
-        assert!(matches!(validate_header(&good, TOTAL_SIZE + 1), Err(LayoutError::Geometry { .. })));
+        assert!(matches!(
+            validate_header(&good[..4], 4),
+            Err(LayoutError::Truncated { .. })
+        ));
+        assert!(matches!(
+            validate_header(&good[..100], 100),
+            Err(LayoutError::Truncated { .. })
+        ));
+        assert!(matches!(
+            validate_header(&good, TOTAL_SIZE - 1),
+            Err(LayoutError::Truncated { .. })
+        ));
+        assert!(matches!(
+            validate_header(&good, TOTAL_SIZE + 1),
+            Err(LayoutError::Geometry { .. })
+        ));
         let mut b = good.clone();
         b[0] = b'X';
-        assert!(matches!(validate_header(&b, TOTAL_SIZE), Err(LayoutError::BadMagic(_))));
+        assert!(matches!(
+            validate_header(&b, TOTAL_SIZE),
+            Err(LayoutError::BadMagic(_))
+        ));
         let mut b = good.clone();
         b[off::VERSION] = 9;
-        assert_eq!(validate_header(&b, TOTAL_SIZE), Err(LayoutError::Version(9)));
+        assert_eq!(
+            validate_header(&b, TOTAL_SIZE),
+            Err(LayoutError::Version(9))
+        );
         let mut b = good.clone();
         b[off::LISTENER_TABLE + 4] ^= 1;
-        assert!(matches!(validate_header(&b, TOTAL_SIZE), Err(LayoutError::Geometry { .. })));
+        assert!(matches!(
+            validate_header(&b, TOTAL_SIZE),
+            Err(LayoutError::Geometry { .. })
+        ));
         let mut b = good.clone();
         b[off::GID..off::GID + 8].fill(0);
         assert_eq!(validate_header(&b, TOTAL_SIZE), Err(LayoutError::ZeroGid));

@@ -47,7 +47,9 @@ pub const MAX_RING_LEN: u32 = 1024 * 1024;
 // separate cache lines (checked at compile time).
 const _: () = assert!(PROD_OFFSET >= STATIC_LEN && PROD_OFFSET & 7 == 0 && CONS_OFFSET & 7 == 0);
 const _: () = assert!(CONS_OFFSET - PROD_OFFSET >= 64 && CONS_OFFSET + 8 <= HEADER_LEN);
-const _: () = assert!(ATTACH_OFFSET - CONS_OFFSET >= 64 && ATTACH_OFFSET & 7 == 0 && ATTACH_OFFSET + 8 <= HEADER_LEN);
+const _: () = assert!(
+    ATTACH_OFFSET - CONS_OFFSET >= 64 && ATTACH_OFFSET & 7 == 0 && ATTACH_OFFSET + 8 <= HEADER_LEN
+);
 
 /// The static fields of a DMB header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,9 +86,14 @@ impl fmt::Display for DmbHeaderError {
             DmbHeaderError::Truncated(n) => {
                 write!(f, "DMB header truncated: {n} bytes, need {STATIC_LEN}")
             }
-            DmbHeaderError::BadMagic(m) => write!(f, "DMB header magic {m:02x?} is not \"SMCLODMB\""),
+            DmbHeaderError::BadMagic(m) => {
+                write!(f, "DMB header magic {m:02x?} is not \"SMCLODMB\"")
+            }
             DmbHeaderError::BadVersion(v) => {
-                write!(f, "DMB header version {v}, this smclo reads version {VERSION}")
+                write!(
+                    f,
+                    "DMB header version {v}, this smclo reads version {VERSION}"
+                )
             }
             DmbHeaderError::BadRingLen(l) => write!(
                 f,
@@ -168,7 +175,13 @@ mod tests {
     use super::*;
 
     fn sample() -> DmbHeader {
-        DmbHeader { ring_len: 64 * 1024, token: 0xfeed_beef, owner_pid: 4242, owner_start: 99, gid: 7 }
+        DmbHeader {
+            ring_len: 64 * 1024,
+            token: 0xfeed_beef,
+            owner_pid: 4242,
+            owner_start: 99,
+            gid: 7,
+        }
     }
 
     #[test]

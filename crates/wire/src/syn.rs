@@ -78,7 +78,10 @@ impl fmt::Display for SynError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SynError::Truncated { what, need, have } => {
-                write!(f, "saved SYN truncated: {what} needs {need} bytes, have {have}")
+                write!(
+                    f,
+                    "saved SYN truncated: {what} needs {need} bytes, have {have}"
+                )
             }
             SynError::BadVersion(v) => write!(f, "saved SYN has IP version {v}"),
             SynError::NotTcp(p) => write!(f, "saved SYN carries protocol {p}, not TCP"),
@@ -95,7 +98,11 @@ const TCP_FLAG_SYN: u8 = 0x02;
 
 fn need(b: &[u8], n: usize, what: &'static str) -> Result<(), SynError> {
     if b.len() < n {
-        Err(SynError::Truncated { what, need: n, have: b.len() })
+        Err(SynError::Truncated {
+            what,
+            need: n,
+            have: b.len(),
+        })
     } else {
         Ok(())
     }
@@ -117,7 +124,10 @@ pub fn parse(b: &[u8]) -> Result<Syn, SynError> {
                 return Err(SynError::NotTcp(b[9]));
             }
             let ip4 = |o: usize| Ipv4Addr::new(b[o], b[o + 1], b[o + 2], b[o + 3]);
-            let mark = Mark { ttl: b[8], dscp: b[1] >> 2 };
+            let mark = Mark {
+                ttl: b[8],
+                dscp: b[1] >> 2,
+            };
             (ip4(12).into(), ip4(16).into(), mark, &b[hl..])
         }
         6 => {
@@ -131,7 +141,10 @@ pub fn parse(b: &[u8]) -> Result<Syn, SynError> {
                 a.copy_from_slice(&b[o..o + 16]);
                 Ipv6Addr::from(a)
             };
-            let mark = Mark { ttl: b[7], dscp: tclass >> 2 };
+            let mark = Mark {
+                ttl: b[7],
+                dscp: tclass >> 2,
+            };
             (ip6(8).into(), ip6(24).into(), mark, &b[40..])
         }
         v => return Err(SynError::BadVersion(v)),
@@ -142,7 +155,11 @@ pub fn parse(b: &[u8]) -> Result<Syn, SynError> {
     }
     let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
     let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
-    Ok(Syn { src: SocketAddr::new(src_ip, sport), dst: SocketAddr::new(dst_ip, dport), mark })
+    Ok(Syn {
+        src: SocketAddr::new(src_ip, sport),
+        dst: SocketAddr::new(dst_ip, dport),
+        mark,
+    })
 }
 
 #[cfg(test)]
@@ -168,7 +185,13 @@ mod tests {
         let s = parse(&v4_syn(201, 0xa9, 0x02)).unwrap();
         assert_eq!(s.src, "127.0.0.1:40000".parse().unwrap());
         assert_eq!(s.dst, "127.0.0.2:8080".parse().unwrap());
-        assert_eq!(s.mark, Mark { ttl: 201, dscp: 0xa9 >> 2 });
+        assert_eq!(
+            s.mark,
+            Mark {
+                ttl: 201,
+                dscp: 0xa9 >> 2
+            }
+        );
     }
 
     #[test]
@@ -185,7 +208,13 @@ mod tests {
         b[53] = 0x02;
         let s = parse(&b).unwrap();
         assert_eq!(s.src, "[::1]:1234".parse().unwrap());
-        assert_eq!(s.mark, Mark { ttl: 17, dscp: 0xa8 >> 2 });
+        assert_eq!(
+            s.mark,
+            Mark {
+                ttl: 17,
+                dscp: 0xa8 >> 2
+            }
+        );
     }
 
     #[test]

@@ -104,9 +104,19 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     unsafe { fcntl_dup(fd, s, libc::F_DUPFD, 0, false) }
 }
 
-unsafe fn fcntl_dup(fd: RawFd, s: Option<Arc<Sock>>, cmd: c_int, min: c_ulong, cloexec: bool) -> c_int {
+unsafe fn fcntl_dup(
+    fd: RawFd,
+    s: Option<Arc<Sock>>,
+    cmd: c_int,
+    min: c_ulong,
+    cloexec: bool,
+) -> c_int {
     let g = LOCK.write();
-    let real_cmd = if s.is_some() { libc::F_DUPFD_CLOEXEC } else { cmd };
+    let real_cmd = if s.is_some() {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        cmd
+    };
     // SAFETY: duplicating the application's descriptor.
     let n = unsafe { real::fcntl(fd, real_cmd, min) };
     let e = errno();
@@ -146,10 +156,17 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     let interesting = s.is_some()
         || table::has_flag(old, F_LISTENER)
         || (in_table_range(new)
-            && (table::FLAGS[new as usize].load(Ordering::Relaxed) != 0 || !table::TABLE[new as usize].load(Ordering::Relaxed).is_null()));
+            && (table::FLAGS[new as usize].load(Ordering::Relaxed) != 0
+                || !table::TABLE[new as usize].load(Ordering::Relaxed).is_null()));
     if !interesting || old == new {
         // SAFETY: forwarded unchanged.
-        return unsafe { if is_dup2 { real::dup2(old, new) } else { real::dup3(old, new, flags) } };
+        return unsafe {
+            if is_dup2 {
+                real::dup2(old, new)
+            } else {
+                real::dup3(old, new, flags)
+            }
+        };
     }
     if table::has_flag(new, F_INTERNAL) {
         debug!("dup2 onto fd {new} refused: it belongs to an SMC-D connection");
@@ -178,7 +195,12 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     r
 }
 
-unsafe fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong, f: unsafe fn(c_int, c_int, c_ulong) -> c_int) -> c_int {
+unsafe fn fcntl_impl(
+    fd: c_int,
+    cmd: c_int,
+    arg: c_ulong,
+    f: unsafe fn(c_int, c_int, c_ulong) -> c_int,
+) -> c_int {
     let s = table::get(fd);
     if s.is_none() {
         if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_LISTENER) {
@@ -190,7 +212,9 @@ unsafe fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong, f: unsafe fn(c_int, c_
     }
     match cmd {
         // SAFETY: forwarded.
-        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => unsafe { fcntl_dup(fd, s, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) },
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => unsafe {
+            fcntl_dup(fd, s, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC)
+        },
         libc::F_GETFD => {
             if table::app_cloexec(fd) {
                 libc::FD_CLOEXEC
@@ -288,7 +312,13 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 /// Interposed `getsockopt(2)`: options of the hidden TCP socket;
 /// SO_ERROR is 0 (errors of the SMC-D connection surface on the calls).
 #[no_mangle]
-pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
@@ -321,7 +351,13 @@ fn timeval_ms(val: *const c_void, len: socklen_t) -> Option<u32> {
 /// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO) are also
 /// noted for the connection.
 #[no_mangle]
-pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
@@ -332,10 +368,13 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *
         return r;
     }
     match name {
-        libc::SO_LINGER if !val.is_null() && (len as usize) >= std::mem::size_of::<libc::linger>() => {
+        libc::SO_LINGER
+            if !val.is_null() && (len as usize) >= std::mem::size_of::<libc::linger>() =>
+        {
             // SAFETY: checked length.
             let l = unsafe { std::ptr::read_unaligned(val as *const libc::linger) };
-            s.linger0.store(l.l_onoff != 0 && l.l_linger == 0, Ordering::Relaxed);
+            s.linger0
+                .store(l.l_onoff != 0 && l.l_linger == 0, Ordering::Relaxed);
         }
         libc::SO_RCVTIMEO => {
             if let Some(ms) = timeval_ms(val, len) {
@@ -346,7 +385,9 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *
             if let Some(ms) = timeval_ms(val, len) {
                 s.snd_timeo_ms.store(ms, Ordering::Relaxed);
                 if ms != 0 {
-                    debug!("fd {fd}: SO_SNDTIMEO is not applied to SMC-D writes (a full ring blocks)");
+                    debug!(
+                        "fd {fd}: SO_SNDTIMEO is not applied to SMC-D writes (a full ring blocks)"
+                    );
                 }
             }
         }
@@ -358,7 +399,12 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *
 /// Interposed `epoll_ctl(2)`: registrations of not-yet-connected TCP
 /// sockets are recorded, so the swap in `connect` can move them.
 #[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int {
+pub unsafe extern "C" fn epoll_ctl(
+    ep: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
     if r == 0 && table::has_flag(fd, F_CANDIDATE) {

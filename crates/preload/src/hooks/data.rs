@@ -12,7 +12,11 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const RECV_OK: c_int = libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_CMSG_CLOEXEC;
+const RECV_OK: c_int = libc::MSG_PEEK
+    | libc::MSG_WAITALL
+    | libc::MSG_DONTWAIT
+    | libc::MSG_NOSIGNAL
+    | libc::MSG_CMSG_CLOEXEC;
 const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
 
 fn fd_nonblocking(fd: RawFd) -> bool {
@@ -41,11 +45,17 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
         loop {
             match s.conn.recv(buf, peek, false, true) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && !fd_nonblocking(fd) => {
-                    let left = deadline.saturating_duration_since(Instant::now()).as_millis() as c_int;
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_millis() as c_int;
                     if left == 0 {
                         break Err(e);
                     }
-                    let mut p = libc::pollfd { fd: s.conn.fd(), events: libc::POLLIN, revents: 0 };
+                    let mut p = libc::pollfd {
+                        fd: s.conn.fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
                     // SAFETY: one valid pollfd.
                     unsafe { real::poll(&mut p, 1, left) };
                 }
@@ -104,7 +114,9 @@ fn do_sendv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         for i in v {
             if i.iov_len > 0 {
                 // SAFETY: as above.
-                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len) });
+                buf.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len)
+                });
             }
         }
         return do_send(fd, s, &buf, flags);
@@ -116,7 +128,16 @@ fn do_sendv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         }
         // SAFETY: as above.
         let b = unsafe { std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len) };
-        let n = do_send(fd, s, b, if done > 0 { flags | libc::MSG_NOSIGNAL } else { flags });
+        let n = do_send(
+            fd,
+            s,
+            b,
+            if done > 0 {
+                flags | libc::MSG_NOSIGNAL
+            } else {
+                flags
+            },
+        );
         if n < 0 {
             return if done > 0 { done as ssize_t } else { n };
         }
@@ -147,7 +168,9 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         for i in v {
             let k = i.iov_len.min(n as usize - off);
             // SAFETY: k <= iov_len bytes into the application's buffer.
-            unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr().add(off), i.iov_base as *mut u8, k) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(off), i.iov_base as *mut u8, k)
+            };
             off += k;
             if off == n as usize {
                 break;
@@ -162,7 +185,11 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         }
         // SAFETY: as above.
         let b = unsafe { std::slice::from_raw_parts_mut(i.iov_base as *mut u8, i.iov_len) };
-        let f = if done > 0 && flags & libc::MSG_WAITALL == 0 { flags | libc::MSG_DONTWAIT } else { flags };
+        let f = if done > 0 && flags & libc::MSG_WAITALL == 0 {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags
+        };
         let n = do_recv(fd, s, b, f);
         if n < 0 {
             return if done > 0 { done as ssize_t } else { n };
@@ -186,12 +213,22 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
         return 0;
     }
     // SAFETY: the application's writable buffer of `n` bytes.
-    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, 0)
+    do_recv(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
+        0,
+    )
 }
 
 /// Fortified `read` (`_FORTIFY_SOURCE`).
 #[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
     if n > buflen {
         // SAFETY: what glibc does on a detected overflow.
         unsafe { libc::abort() };
@@ -211,7 +248,12 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         return 0;
     }
     // SAFETY: the application's buffer of `n` bytes.
-    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, 0)
+    do_send(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts(buf.cast(), n) },
+        0,
+    )
 }
 
 /// Interposed `recv(2)`.
@@ -225,12 +267,23 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
         return 0;
     }
     // SAFETY: the application's writable buffer of `n` bytes.
-    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, flags)
+    do_recv(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
+        flags,
+    )
 }
 
 /// Fortified `recv`.
 #[no_mangle]
-pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
     if n > buflen {
         // SAFETY: what glibc does on a detected overflow.
         unsafe { libc::abort() };
@@ -250,12 +303,24 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
         return 0;
     }
     // SAFETY: the application's buffer of `n` bytes.
-    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, flags)
+    do_send(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts(buf.cast(), n) },
+        flags,
+    )
 }
 
 /// Interposed `recvfrom(2)`: a connected stream reports no address.
 #[no_mangle]
-pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
@@ -268,12 +333,25 @@ pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags:
         return 0;
     }
     // SAFETY: the application's writable buffer of `n` bytes.
-    do_recv(fd, &s, unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }, flags)
+    do_recv(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
+        flags,
+    )
 }
 
 /// Fortified `recvfrom`.
 #[no_mangle]
-pub unsafe extern "C" fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
     if n > buflen {
         // SAFETY: what glibc does on a detected overflow.
         unsafe { libc::abort() };
@@ -285,7 +363,14 @@ pub unsafe extern "C" fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, 
 /// Interposed `sendto(2)`: on a connected stream the address is ignored,
 /// as TCP does.
 #[no_mangle]
-pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
@@ -294,7 +379,12 @@ pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags:
         return 0;
     }
     // SAFETY: the application's buffer of `n` bytes.
-    do_send(fd, &s, unsafe { std::slice::from_raw_parts(buf.cast(), n) }, flags)
+    do_send(
+        fd,
+        &s,
+        unsafe { std::slice::from_raw_parts(buf.cast(), n) },
+        flags,
+    )
 }
 
 /// Interposed `readv(2)`.
@@ -361,7 +451,10 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     // SAFETY: the application's msghdr.
     let m = unsafe { &*msg };
     if !m.msg_control.is_null() && m.msg_controllen > 0 {
-        return unsupported(fd, format_args!("sendmsg with ancillary data ({} bytes)", m.msg_controllen));
+        return unsupported(
+            fd,
+            format_args!("sendmsg with ancillary data ({} bytes)", m.msg_controllen),
+        );
     }
     do_sendv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
 }
@@ -369,14 +462,24 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 /// Interposed `recvmmsg(2)`: one message after another; only the first may
 /// wait.
 #[no_mangle]
-pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut libc::timespec) -> c_int {
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    v: *mut libc::mmsghdr,
+    n: c_uint,
+    flags: c_int,
+    t: *mut libc::timespec,
+) -> c_int {
     if table::get(fd).is_none() {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmmsg(fd, v, n, flags, t) };
     }
     let mut done = 0;
     for i in 0..n as usize {
-        let f = if done > 0 { flags | libc::MSG_DONTWAIT } else { flags & !libc::MSG_WAITFORONE };
+        let f = if done > 0 {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags & !libc::MSG_WAITFORONE
+        };
         // SAFETY: the application passes `n` mmsghdrs.
         let h = unsafe { &mut *v.add(i) };
         // SAFETY: forwarded to our recvmsg with the application's msghdr.
@@ -395,7 +498,12 @@ pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, f
 
 /// Interposed `sendmmsg(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    v: *mut libc::mmsghdr,
+    n: c_uint,
+    flags: c_int,
+) -> c_int {
     if table::get(fd).is_none() {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
@@ -415,7 +523,7 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, f
     done
 }
 
-fn do_sendfile( s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
+fn do_sendfile(s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
     if table::get(inp).is_some() {
         return unsupported(inp, format_args!("sendfile from an SMC-D connection"));
     }
@@ -475,10 +583,17 @@ fn do_sendfile( s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t
 
 /// Interposed `sendfile(2)`: file bytes go straight into the peer's ring.
 #[no_mangle]
-pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    inp: c_int,
+    off: *mut off_t,
+    count: size_t,
+) -> ssize_t {
     match table::get(out) {
         Some(s) => do_sendfile(&s, inp, off, count),
-        None if table::get(inp).is_some() => unsupported(inp, format_args!("sendfile from an SMC-D connection")),
+        None if table::get(inp).is_some() => {
+            unsupported(inp, format_args!("sendfile from an SMC-D connection"))
+        }
         // SAFETY: forwarded unchanged.
         None => unsafe { real::sendfile(out, inp, off, count) },
     }
@@ -486,10 +601,17 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count
 
 /// Interposed `sendfile64` (the same call on 64-bit).
 #[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    inp: c_int,
+    off: *mut off_t,
+    count: size_t,
+) -> ssize_t {
     match table::get(out) {
         Some(s) => do_sendfile(&s, inp, off, count),
-        None if table::get(inp).is_some() => unsupported(inp, format_args!("sendfile from an SMC-D connection")),
+        None if table::get(inp).is_some() => {
+            unsupported(inp, format_args!("sendfile from an SMC-D connection"))
+        }
         // SAFETY: forwarded unchanged.
         None => unsafe { real::sendfile64(out, inp, off, count) },
     }

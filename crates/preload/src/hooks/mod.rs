@@ -62,7 +62,10 @@ fn ctx() -> Option<&'static Ctx> {
         let cfg = match Config::from_env() {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("smclo[{}]: {e}; connections stay plain TCP", std::process::id());
+                eprintln!(
+                    "smclo[{}]: {e}; connections stay plain TCP",
+                    std::process::id()
+                );
                 return None;
             }
         };

@@ -18,7 +18,11 @@ use std::sync::atomic::Ordering;
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> pid_t {
     let g = LOCK.write();
-    let socks = if LIVE.load(Ordering::Relaxed) > 0 { table::all_locked() } else { Vec::new() };
+    let socks = if LIVE.load(Ordering::Relaxed) > 0 {
+        table::all_locked()
+    } else {
+        Vec::new()
+    };
     // SAFETY: plain fork; the lock is held so no table change is half done.
     let pid = unsafe { real::fork() };
     if pid == 0 {
@@ -36,7 +40,10 @@ pub unsafe extern "C" fn fork() -> pid_t {
             }
         }
         if !seen.is_empty() {
-            debug!("fork: child {pid} shares {} SMC-D connection(s)", seen.len());
+            debug!(
+                "fork: child {pid} shares {} SMC-D connection(s)",
+                seen.len()
+            );
         }
     }
     drop(g);
@@ -148,7 +155,11 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 
 /// Interposed `execve(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     before_exec();
     // SAFETY: forwarded unchanged.
     unsafe { real::execve(path, argv, envp) }
@@ -172,7 +183,11 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 
 /// Interposed `execvpe(3)`.
 #[no_mangle]
-pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     before_exec();
     // SAFETY: forwarded unchanged.
     unsafe { real::execvpe(file, argv, envp) }
@@ -180,7 +195,11 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char
 
 /// Interposed `fexecve(3)`.
 #[no_mangle]
-pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     before_exec();
     // SAFETY: forwarded unchanged.
     unsafe { real::fexecve(fd, argv, envp) }
@@ -200,19 +219,96 @@ const MAX_L_ARGS: usize = 64;
 /// The NULL-terminated list `a0, a1, ...` as a vector (with its NULL), and
 /// the argument after the NULL (execle's envp).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn l_args(list: &[*const c_char; MAX_L_ARGS]) -> Option<(Vec<*const c_char>, *const *const c_char)> {
+fn l_args(
+    list: &[*const c_char; MAX_L_ARGS],
+) -> Option<(Vec<*const c_char>, *const *const c_char)> {
     let end = list.iter().position(|p| p.is_null())?;
     let mut v = list[..end].to_vec();
     v.push(std::ptr::null());
-    let env = list.get(end + 1).map_or(std::ptr::null(), |p| *p as *const *const c_char);
+    let env = list
+        .get(end + 1)
+        .map_or(std::ptr::null(), |p| *p as *const *const c_char);
     Some((v, env))
 }
 
 /// Interposed `execl(3)` (see the section comment).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
-pub unsafe extern "C" fn execl(path: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
-    let Some((v, _)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+pub unsafe extern "C" fn execl(
+    path: *const c_char,
+    a0: *const c_char,
+    a1: *const c_char,
+    a2: *const c_char,
+    a3: *const c_char,
+    a4: *const c_char,
+    a5: *const c_char,
+    a6: *const c_char,
+    a7: *const c_char,
+    a8: *const c_char,
+    a9: *const c_char,
+    a10: *const c_char,
+    a11: *const c_char,
+    a12: *const c_char,
+    a13: *const c_char,
+    a14: *const c_char,
+    a15: *const c_char,
+    a16: *const c_char,
+    a17: *const c_char,
+    a18: *const c_char,
+    a19: *const c_char,
+    a20: *const c_char,
+    a21: *const c_char,
+    a22: *const c_char,
+    a23: *const c_char,
+    a24: *const c_char,
+    a25: *const c_char,
+    a26: *const c_char,
+    a27: *const c_char,
+    a28: *const c_char,
+    a29: *const c_char,
+    a30: *const c_char,
+    a31: *const c_char,
+    a32: *const c_char,
+    a33: *const c_char,
+    a34: *const c_char,
+    a35: *const c_char,
+    a36: *const c_char,
+    a37: *const c_char,
+    a38: *const c_char,
+    a39: *const c_char,
+    a40: *const c_char,
+    a41: *const c_char,
+    a42: *const c_char,
+    a43: *const c_char,
+    a44: *const c_char,
+    a45: *const c_char,
+    a46: *const c_char,
+    a47: *const c_char,
+    a48: *const c_char,
+    a49: *const c_char,
+    a50: *const c_char,
+    a51: *const c_char,
+    a52: *const c_char,
+    a53: *const c_char,
+    a54: *const c_char,
+    a55: *const c_char,
+    a56: *const c_char,
+    a57: *const c_char,
+    a58: *const c_char,
+    a59: *const c_char,
+    a60: *const c_char,
+    a61: *const c_char,
+    a62: *const c_char,
+    a63: *const c_char,
+) -> c_int {
+    let Some((v, _)) = l_args(&[
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
+        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
+        a56, a57, a58, a59, a60, a61, a62, a63,
+    ]) else {
+        return fail(libc::E2BIG);
+    };
     // SAFETY: a NULL-terminated vector of the caller's strings.
     unsafe { execv(path, v.as_ptr()) }
 }
@@ -220,8 +316,81 @@ pub unsafe extern "C" fn execl(path: *const c_char, a0: *const c_char, a1: *cons
 /// Interposed `execlp(3)`.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
-pub unsafe extern "C" fn execlp(file: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
-    let Some((v, _)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+pub unsafe extern "C" fn execlp(
+    file: *const c_char,
+    a0: *const c_char,
+    a1: *const c_char,
+    a2: *const c_char,
+    a3: *const c_char,
+    a4: *const c_char,
+    a5: *const c_char,
+    a6: *const c_char,
+    a7: *const c_char,
+    a8: *const c_char,
+    a9: *const c_char,
+    a10: *const c_char,
+    a11: *const c_char,
+    a12: *const c_char,
+    a13: *const c_char,
+    a14: *const c_char,
+    a15: *const c_char,
+    a16: *const c_char,
+    a17: *const c_char,
+    a18: *const c_char,
+    a19: *const c_char,
+    a20: *const c_char,
+    a21: *const c_char,
+    a22: *const c_char,
+    a23: *const c_char,
+    a24: *const c_char,
+    a25: *const c_char,
+    a26: *const c_char,
+    a27: *const c_char,
+    a28: *const c_char,
+    a29: *const c_char,
+    a30: *const c_char,
+    a31: *const c_char,
+    a32: *const c_char,
+    a33: *const c_char,
+    a34: *const c_char,
+    a35: *const c_char,
+    a36: *const c_char,
+    a37: *const c_char,
+    a38: *const c_char,
+    a39: *const c_char,
+    a40: *const c_char,
+    a41: *const c_char,
+    a42: *const c_char,
+    a43: *const c_char,
+    a44: *const c_char,
+    a45: *const c_char,
+    a46: *const c_char,
+    a47: *const c_char,
+    a48: *const c_char,
+    a49: *const c_char,
+    a50: *const c_char,
+    a51: *const c_char,
+    a52: *const c_char,
+    a53: *const c_char,
+    a54: *const c_char,
+    a55: *const c_char,
+    a56: *const c_char,
+    a57: *const c_char,
+    a58: *const c_char,
+    a59: *const c_char,
+    a60: *const c_char,
+    a61: *const c_char,
+    a62: *const c_char,
+    a63: *const c_char,
+) -> c_int {
+    let Some((v, _)) = l_args(&[
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
+        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
+        a56, a57, a58, a59, a60, a61, a62, a63,
+    ]) else {
+        return fail(libc::E2BIG);
+    };
     // SAFETY: a NULL-terminated vector of the caller's strings.
     unsafe { execvp(file, v.as_ptr()) }
 }
@@ -229,8 +398,81 @@ pub unsafe extern "C" fn execlp(file: *const c_char, a0: *const c_char, a1: *con
 /// Interposed `execle(3)`: the environment follows the NULL.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
-pub unsafe extern "C" fn execle(path: *const c_char, a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char, a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char, a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char, a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char, a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char, a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char, a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char, a28: *const c_char, a29: *const c_char, a30: *const c_char, a31: *const c_char, a32: *const c_char, a33: *const c_char, a34: *const c_char, a35: *const c_char, a36: *const c_char, a37: *const c_char, a38: *const c_char, a39: *const c_char, a40: *const c_char, a41: *const c_char, a42: *const c_char, a43: *const c_char, a44: *const c_char, a45: *const c_char, a46: *const c_char, a47: *const c_char, a48: *const c_char, a49: *const c_char, a50: *const c_char, a51: *const c_char, a52: *const c_char, a53: *const c_char, a54: *const c_char, a55: *const c_char, a56: *const c_char, a57: *const c_char, a58: *const c_char, a59: *const c_char, a60: *const c_char, a61: *const c_char, a62: *const c_char, a63: *const c_char) -> c_int {
-    let Some((v, env)) = l_args(&[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63]) else { return fail(libc::E2BIG) };
+pub unsafe extern "C" fn execle(
+    path: *const c_char,
+    a0: *const c_char,
+    a1: *const c_char,
+    a2: *const c_char,
+    a3: *const c_char,
+    a4: *const c_char,
+    a5: *const c_char,
+    a6: *const c_char,
+    a7: *const c_char,
+    a8: *const c_char,
+    a9: *const c_char,
+    a10: *const c_char,
+    a11: *const c_char,
+    a12: *const c_char,
+    a13: *const c_char,
+    a14: *const c_char,
+    a15: *const c_char,
+    a16: *const c_char,
+    a17: *const c_char,
+    a18: *const c_char,
+    a19: *const c_char,
+    a20: *const c_char,
+    a21: *const c_char,
+    a22: *const c_char,
+    a23: *const c_char,
+    a24: *const c_char,
+    a25: *const c_char,
+    a26: *const c_char,
+    a27: *const c_char,
+    a28: *const c_char,
+    a29: *const c_char,
+    a30: *const c_char,
+    a31: *const c_char,
+    a32: *const c_char,
+    a33: *const c_char,
+    a34: *const c_char,
+    a35: *const c_char,
+    a36: *const c_char,
+    a37: *const c_char,
+    a38: *const c_char,
+    a39: *const c_char,
+    a40: *const c_char,
+    a41: *const c_char,
+    a42: *const c_char,
+    a43: *const c_char,
+    a44: *const c_char,
+    a45: *const c_char,
+    a46: *const c_char,
+    a47: *const c_char,
+    a48: *const c_char,
+    a49: *const c_char,
+    a50: *const c_char,
+    a51: *const c_char,
+    a52: *const c_char,
+    a53: *const c_char,
+    a54: *const c_char,
+    a55: *const c_char,
+    a56: *const c_char,
+    a57: *const c_char,
+    a58: *const c_char,
+    a59: *const c_char,
+    a60: *const c_char,
+    a61: *const c_char,
+    a62: *const c_char,
+    a63: *const c_char,
+) -> c_int {
+    let Some((v, env)) = l_args(&[
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
+        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
+        a56, a57, a58, a59, a60, a61, a62, a63,
+    ]) else {
+        return fail(libc::E2BIG);
+    };
     // SAFETY: a NULL-terminated vector of the caller's strings and its envp.
     unsafe { execve(path, v.as_ptr(), env) }
 }

@@ -34,7 +34,15 @@ fn kernel_says_tcp_stream(fd: RawFd) -> bool {
         let mut v: c_int = 0;
         let mut l = std::mem::size_of::<c_int>() as socklen_t;
         // SAFETY: the kernel writes at most `l` bytes into `v`.
-        let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&mut v as *mut c_int).cast(), &mut l) };
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut c_int).cast(),
+                &mut l,
+            )
+        };
         (r == 0).then_some(v)
     };
     matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
@@ -67,7 +75,9 @@ fn clear_stale(fd: RawFd) {
     if !in_table_range(fd) {
         return;
     }
-    if table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0 && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+    if table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0
+        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
+    {
         return;
     }
     let g = LOCK.write();
@@ -84,7 +94,12 @@ fn clear_stale(fd: RawFd) {
 /// the device, so smclo clients propose to them.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if disabled() || !in_table_range(fd) || table::has_flag(fd, F_LISTENER) || table::get(fd).is_some() || !is_tcp_stream(fd) {
+    if disabled()
+        || !in_table_range(fd)
+        || table::has_flag(fd, F_LISTENER)
+        || table::get(fd).is_some()
+        || !is_tcp_stream(fd)
+    {
         // SAFETY: forwarded unchanged.
         return unsafe { real::listen(fd, backlog) };
     }
@@ -103,10 +118,15 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         debug!("fd {fd}: TCP_SAVE_SYN failed ({err}); its connections stay TCP");
         return 0;
     }
-    match smclo::sockaddr::local(fd).map_err(smclo::Error::from).and_then(|a| registry::register_listener(&c.dev, a)) {
+    match smclo::sockaddr::local(fd)
+        .map_err(smclo::Error::from)
+        .and_then(|a| registry::register_listener(&c.dev, a))
+    {
         Ok(guard) => {
             let _g = LOCK.write();
-            lock(&LISTENERS).get_or_insert_with(HashMap::new).insert(fd, Arc::new(guard));
+            lock(&LISTENERS)
+                .get_or_insert_with(HashMap::new)
+                .insert(fd, Arc::new(guard));
             table::set_flag(fd, F_CANDIDATE, false);
             table::set_flag(fd, F_LISTENER, true);
             debug!("fd {fd}: listening, registered for SMC-D");
@@ -130,7 +150,12 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 
 /// Interposed `accept4(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
     if !table::has_flag(fd, F_LISTENER) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::accept4(fd, addr, len, flags) };
@@ -159,7 +184,13 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     };
     match handshake::server_accept(&c.dev, &c.cfg, nfd) {
         Decision::Smc(est) => {
-            swap_in(nfd, est, slot, flags & libc::SOCK_NONBLOCK != 0, flags & libc::SOCK_CLOEXEC != 0);
+            swap_in(
+                nfd,
+                est,
+                slot,
+                flags & libc::SOCK_NONBLOCK != 0,
+                flags & libc::SOCK_CLOEXEC != 0,
+            );
         }
         Decision::Tcp(r) => {
             holders::forget(slot);
@@ -227,11 +258,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         }
         // Non-blocking: wait (bounded) for the TCP connection, leaving any
         // error pending for the application to read.
-        let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
         let ms = c.cfg.clc_wait.as_millis().clamp(1, i32::MAX as u128) as c_int;
         let deadline = Instant::now() + Duration::from_millis(ms as u64);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now()).as_millis() as c_int;
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as c_int;
             // SAFETY: one valid pollfd.
             let n = unsafe { real::poll(&mut pfd, 1, left) };
             if n < 0 && errno() == libc::EINTR && left > 0 {
@@ -255,7 +292,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     match p.finish() {
         Decision::Smc(est) => {
             // SAFETY: F_GETFL / F_GETFD on the caller's descriptor.
-            let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
+            let (fl, fdfl) = unsafe {
+                (
+                    real::fcntl(fd, libc::F_GETFL, 0),
+                    real::fcntl(fd, libc::F_GETFD, 0),
+                )
+            };
             let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
             swap_in(fd, est, slot, nonblock, cloexec);

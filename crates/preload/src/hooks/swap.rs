@@ -21,7 +21,13 @@ use std::sync::Arc;
 /// the TCP socket moves to a hidden descriptor, epoll registrations move
 /// with the number. On failure the SMC-D connection is closed (the peer
 /// reads end of stream) and `fd` stays the TCP socket.
-pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, cloexec: bool) -> bool {
+pub(super) fn swap_in(
+    fd: RawFd,
+    est: Established,
+    slot: usize,
+    nonblock: bool,
+    cloexec: bool,
+) -> bool {
     let Established { conn, registration } = est;
     // A high number keeps the hidden socket out of the application's way
     // (smclo::fdnum, like the channel and the DMB memfd); where there is
@@ -91,7 +97,10 @@ pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, 
     for (_, ep, mut ev) in recs {
         // SAFETY: `fd` is now the channel duplicate; same events and data.
         if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-            debug!("fd {fd}: moving an epoll registration failed: {}", io::Error::last_os_error());
+            debug!(
+                "fd {fd}: moving an epoll registration failed: {}",
+                io::Error::last_os_error()
+            );
         } else {
             debug!("fd {fd}: epoll registration in epfd {ep} moved to the SMC-D channel");
         }
@@ -111,7 +120,10 @@ pub(super) fn swap_in(fd: RawFd, est: Established, slot: usize, nonblock: bool, 
 pub(crate) fn last_close(s: &Sock) {
     LIVE.fetch_sub(1, Ordering::Relaxed);
     if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
-        debug!("SMC-D connection (channel fd {}) stays open: process {pid} still holds it", s.conn.fd());
+        debug!(
+            "SMC-D connection (channel fd {}) stays open: process {pid} still holds it",
+            s.conn.fd()
+        );
         // The DMB's table entry (and so the stats: dmbs_cnt, the bytes
         // this end sends) goes with the connection to the holder that
         // stays, if it is ours to give.
@@ -120,7 +132,10 @@ pub(crate) fn last_close(s: &Sock) {
         }
         s.conn.disown();
     } else if s.linger0.load(Ordering::Relaxed) {
-        debug!("SMC-D connection (channel fd {}) aborted (SO_LINGER 0)", s.conn.fd());
+        debug!(
+            "SMC-D connection (channel fd {}) aborted (SO_LINGER 0)",
+            s.conn.fd()
+        );
         s.conn.abort();
     } else {
         s.conn.close_shared();

@@ -10,7 +10,14 @@ use libc::{c_int, c_uint, iovec, size_t, ssize_t};
 
 /// Interposed `splice(2)`: not to or from an SMC-D connection.
 #[no_mangle]
-pub unsafe extern "C" fn splice(a: c_int, ao: *mut libc::loff_t, b: c_int, bo: *mut libc::loff_t, n: size_t, f: c_uint) -> ssize_t {
+pub unsafe extern "C" fn splice(
+    a: c_int,
+    ao: *mut libc::loff_t,
+    b: c_int,
+    bo: *mut libc::loff_t,
+    n: size_t,
+    f: c_uint,
+) -> ssize_t {
     for fd in [a, b] {
         if table::get(fd).is_some() {
             return unsupported(fd, format_args!("splice"));

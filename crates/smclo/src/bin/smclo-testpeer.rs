@@ -38,7 +38,12 @@ fn xorshift(s: &mut u64) -> u64 {
 }
 
 fn report(s: &SmcStream) {
-    println!("smc={} reason={}", s.is_smc() as u8, s.fallback_reason().map_or("-".to_string(), |r| r.name().to_string()));
+    println!(
+        "smc={} reason={}",
+        s.is_smc() as u8,
+        s.fallback_reason()
+            .map_or("-".to_string(), |r| r.name().to_string())
+    );
     let _ = io::stdout().flush();
 }
 
@@ -73,7 +78,11 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
         }
         Some("source") => {
             let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let mut seed: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+            let mut seed: u64 = parts
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+                .max(1);
             let mut left = n;
             let mut buf = vec![0u8; 61 * 1024 + 7];
             while left > 0 {
@@ -92,7 +101,10 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("unknown workload {workload:?}"))),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unknown workload {workload:?}"),
+        )),
     }
 }
 

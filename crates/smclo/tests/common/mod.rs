@@ -14,7 +14,10 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = PathBuf::from(format!("/dev/shm/smclo-test-{tag}-{}-{n}", std::process::id()));
+        let p = PathBuf::from(format!(
+            "/dev/shm/smclo-test-{tag}-{}-{n}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&p);
         TempDir(p)
     }
@@ -46,7 +49,13 @@ pub fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
 /// [`spawn_child`] with more environment variables for the child.
 pub fn spawn_child_env(role: &str, dir: &Path, env: &[(&str, &str)]) -> ChildGuard {
     let c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1", "-q"])
+        .args([
+            "--exact",
+            "child_entry",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
         .env("SMCLO_TEST_ROLE", role)
         .env("SMCLO_TEST_DIR", dir)
         .envs(env.iter().copied())

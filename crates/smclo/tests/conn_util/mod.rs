@@ -64,7 +64,11 @@ pub fn stream_byte(seed: u64, i: u64) -> u8 {
 
 /// Poll revents of `fd` right now.
 pub fn revents(fd: i32) -> i16 {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLOUT,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, zero timeout.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     assert!(r >= 0);
