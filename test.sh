@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs all of smclo's tests: release build, unit and cross-process tests
+# Runs all of smclo's tests: rustfmt and clippy, release build, unit and cross-process tests
 # (some fork and kill, hence two test threads), the benchmark suite's tests
 # and one short run of every suite workload over every transport (checked,
 # not timed), then a short libFuzzer run of the CLC parser (needs the
@@ -11,6 +11,13 @@ cd "$(dirname "$0")"
 fuzz_seconds=30
 step=start
 trap 'rc=$?; if [ $rc -ne 0 ]; then echo "test.sh: FAILED in step \"$step\" (exit $rc)"; fi' EXIT
+
+step=lint
+# Formatting and lints first: rustfmt's style, and clippy with warnings as
+# errors (the workspace's [lints] also deny unsafe blocks without a SAFETY
+# comment).
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
 
 step=build
 cargo build --release --workspace
@@ -48,4 +55,4 @@ mkdir -p fuzz/corpus/clc_parse
 cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
     -- -max_total_time=$fuzz_seconds
 
-echo "test.sh: PASSED: release build, workspace tests, loom model of the doorbell protocol, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom model of the doorbell protocol, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"

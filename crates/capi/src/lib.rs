@@ -387,7 +387,7 @@ pub unsafe extern "C" fn smclo_read(s: *mut smclo_stream, buf: *mut c_void, len:
         if s.rd().is_some() {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        Ok((&*s.s()).read(b)? as isize)
+        Ok(s.s().read(b)? as isize)
     })
 }
 
@@ -413,7 +413,7 @@ pub unsafe extern "C" fn smclo_write(
         if s.wr().is_some() {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        Ok((&*s.s()).write(b)? as isize)
+        Ok(s.s().write(b)? as isize)
     })
 }
 

@@ -49,7 +49,7 @@ pub fn find_lib() -> Result<PathBuf, String> {
             // In a cargo target directory the copy next to the executable
             // is only refreshed by `cargo build`; `deps/` by every build:
             // take the newest.
-            if best.as_ref().map_or(true, |(t, _)| m > *t) {
+            if best.as_ref().is_none_or(|(t, _)| m > *t) {
                 best = Some((m, p.clone()));
             }
         }

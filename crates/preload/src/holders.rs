@@ -125,7 +125,7 @@ pub fn add(slot: usize, pid: u32) {
 /// holds the connection, if any (see the module docs). `chan` is the
 /// channel descriptor, the same number in every process of the family.
 pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
-    let Some(r) = region() else { return None };
+    let r = region()?;
     let s = &r[slot];
     let me = me();
     for p in &s.pids {

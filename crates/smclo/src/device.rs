@@ -547,7 +547,7 @@ impl Device {
     /// Only used with `T` made of atomics, at offsets from the layout.
     pub(crate) fn at<T>(&self, off: usize) -> &T {
         assert!(off + std::mem::size_of::<T>() <= layout::TOTAL_SIZE as usize);
-        assert!(off % std::mem::align_of::<T>() == 0);
+        assert!(off.is_multiple_of(std::mem::align_of::<T>()));
         // SAFETY: in bounds of the mapping (asserted; the file has exactly
         // TOTAL_SIZE bytes, validated at open), aligned (asserted; the mapping
         // is page aligned), and valid for the device's lifetime because the

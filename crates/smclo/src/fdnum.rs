@@ -86,8 +86,8 @@ mod tests {
         let mut c = [0u8];
         (&b).read_exact(&mut c).unwrap();
         assert_eq!(&c, b"x");
-        // SAFETY: F_GETFD on our own descriptor.
         assert_eq!(
+            // SAFETY: F_GETFD on our own descriptor.
             unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC,
             libc::FD_CLOEXEC
         );

@@ -52,11 +52,13 @@ pub unsafe fn from_raw(sa: *const libc::sockaddr, len: libc::socklen_t) -> Optio
     if sa.is_null() || (len as usize) < size_of::<libc::sa_family_t>() {
         return None;
     }
-    // SAFETY (all reads below): the caller guarantees `len` readable bytes and
-    // we check `len` against the family's struct size before reading it;
-    // read_unaligned because application buffers need not be aligned.
+    // SAFETY: the caller guarantees `len` readable bytes and `len` covers
+    // sa_family (checked above); read_unaligned because application buffers
+    // need not be aligned. The reads below are sound for the same reasons,
+    // each after `len` was checked against its family's struct size.
     match unsafe { std::ptr::read_unaligned(sa) }.sa_family as i32 {
         libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: `len` covers a sockaddr_in (match guard); see above.
             let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
             Some(SocketAddr::V4(SocketAddrV4::new(
@@ -65,6 +67,7 @@ pub unsafe fn from_raw(sa: *const libc::sockaddr, len: libc::socklen_t) -> Optio
             )))
         }
         libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: `len` covers a sockaddr_in6 (match guard); see above.
             let s = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
             let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
             Some(SocketAddr::V6(SocketAddrV6::new(
@@ -151,6 +154,7 @@ mod tests {
             let b = unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len) };
             assert_eq!(b, Some(a));
             // A truncated length is refused, not over-read.
+            // SAFETY: ss holds more than len - 1 bytes.
             let c = unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len - 1) };
             assert_eq!(c, None);
         }

@@ -321,10 +321,12 @@ fn fallback_token_gone() {
     let dev = dir.dev();
     // SAFETY: a fresh socket, owned by the TcpStream below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
     let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    let mut p = smclo::handshake::client_propose(&dev, &cfg, fd, dest)
-        .ok()
-        .expect("proposal");
+    let Ok(mut p) = smclo::handshake::client_propose(&dev, &cfg, fd, dest) else {
+        panic!("proposal");
+    };
     // The DMB named in the proposal is unregistered before the client
     // passes it: the server gets no DMB for the token.
     assert_ne!(p.token(), 0);
@@ -519,9 +521,8 @@ fn kill9_client_while_server_blocked_writing() {
             let chunk = vec![1u8; 1 << 16];
             // The peer never reads: this blocks once its ring is full.
             let r = loop {
-                match (&s).write(&chunk) {
-                    Ok(_) => continue,
-                    Err(e) => break e,
+                if let Err(e) = (&s).write_all(&chunk) {
+                    break e;
                 }
             };
             tx.send((Instant::now(), r)).unwrap();

@@ -210,8 +210,8 @@ fn random_schedules_never_lose_a_wakeup() {
         let used = smclo_wire::cursor::distance(p, Word::load(&s.cons), len).unwrap() as u64;
         assert_eq!(used, leftover, "round {round}");
         let mut queued = 0i32;
-        // SAFETY: FIONREAD writes one int.
         assert_eq!(
+            // SAFETY: FIONREAD writes one int.
             unsafe { libc::ioctl(rch.as_raw_fd(), libc::FIONREAD, &mut queued) },
             0
         );

@@ -234,8 +234,8 @@ fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
         events: (libc::EPOLLIN | libc::EPOLLET) as u32,
         u64: 0,
     };
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: `ep` is our epoll descriptor and `ev` a valid event.
         unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, b.fd(), &mut ev) },
         0
     );

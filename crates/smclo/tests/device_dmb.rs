@@ -176,6 +176,7 @@ fn a_foreign_descriptor_is_not_attached() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(&path)
         .unwrap();
     drop(smclo::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
@@ -192,8 +193,8 @@ fn a_foreign_descriptor_is_not_attached() {
         .unwrap_err();
     assert!(e.to_string().contains("sealed"), "{e}");
     // Fully sealed: accepted; with another GID or garbage: refused.
-    // SAFETY: F_ADD_SEALS on our own descriptor.
     assert_eq!(
+        // SAFETY: F_ADD_SEALS on our own descriptor.
         unsafe {
             libc::fcntl(
                 std::os::fd::AsRawFd::as_raw_fd(&m),

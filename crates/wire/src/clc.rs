@@ -1334,7 +1334,7 @@ mod tests {
     fn max_len_is_the_largest_message() {
         assert_eq!(MAX_LEN, 448);
         assert_eq!(proposal(MAX_UEIDS).encoded_len(), MAX_LEN);
-        assert!(ACCEPT_CONFIRM_LEN < MAX_LEN && DECLINE_LEN < MAX_LEN);
+        const { assert!(ACCEPT_CONFIRM_LEN < MAX_LEN && DECLINE_LEN < MAX_LEN) };
     }
 
     // --------------------------------------------------------- validation

@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn tables_fit_and_align() {
-        assert!(LISTENER_OFF % 64 == 0 && RENDEZVOUS_OFF % 64 == 0);
+        const { assert!(LISTENER_OFF.is_multiple_of(64) && RENDEZVOUS_OFF.is_multiple_of(64)) };
         assert!(MSG_AREA_OFF[2] + MSG_AREA_LEN <= RENDEZVOUS_ENTRY_LEN);
         assert!(off::FALLBACK_SERVER + 8 * REASON_SLOTS as usize <= HEADER_LEN as usize);
     }
