@@ -122,7 +122,7 @@ pub fn client_propose(
     let me = Owner::current();
     if listener.is_self() {
         // The accept that would answer may run on this very thread; waiting
-        // for it could deadlock, so decline up front (DESIGN §3).
+        // for it could deadlock, so decline up front.
         return Err(Reason::SelfConnect);
     }
     // The key needs the source address before the SYN: the bound one, or

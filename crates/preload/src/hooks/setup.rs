@@ -203,7 +203,8 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
 /// and completes the handshake before returning (also for a non-blocking
-/// socket, which then returns 0 at once, as DESIGN §3 allows).
+/// socket, which then returns 0 at once: a loopback connect may complete
+/// at once, so the application must accept that answer).
 ///
 /// A destination without a live smclo listener costs no system call
 /// besides the real `connect`: the candidate was recorded as a TCP stream

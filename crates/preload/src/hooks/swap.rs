@@ -17,7 +17,8 @@ use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Makes `fd` a second descriptor of the connection's channel (DESIGN §4):
+/// Makes `fd` a second descriptor of the connection's channel (its readiness
+/// is the connection's, see docs/ARCHITECTURE.md "Readiness"):
 /// the TCP socket moves to a hidden descriptor, epoll registrations move
 /// with the number. On failure the SMC-D connection is closed (the peer
 /// reads end of stream) and `fd` stays the TCP socket.
