@@ -1,0 +1,272 @@
+//! The handshake's plumbing: the client's rendezvous UNIX socket (by path or
+//! abstract name), the one-byte messages with a descriptor (`SCM_RIGHTS`)
+//! exchanged on it, and the bounded wait for it to become readable.
+
+use crate::device::Device;
+use std::fs::File;
+use std::io;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Bit of the rendezvous nonce saying "abstract socket". The client's
+/// rendezvous socket is a path in the device directory (`u-<nonce>`) when
+/// the listener is in another network namespace: pathname sockets are
+/// reachable from any namespace that sees the directory. In the listener's
+/// own namespace it is an abstract socket (`\0smclo-<gid>-u-<nonce>`),
+/// which costs no file creation and removal per connection. An abstract
+/// socket, unlike the 0700 directory, is reachable by every uid in the
+/// namespace, so both ends check the other's uid (`SO_PEERCRED`) before
+/// passing a descriptor; its name is taken before the nonce is published.
+pub(super) const ABSTRACT_NONCE: u64 = 1 << 63;
+
+/// Where the client's rendezvous socket is, from the nonce.
+pub(super) enum RendezvousAddr {
+    Path(PathBuf),
+    Abstract(Vec<u8>),
+}
+
+impl RendezvousAddr {
+    pub(super) fn new(dev: &Device, nonce: u64) -> RendezvousAddr {
+        if nonce & ABSTRACT_NONCE != 0 {
+            RendezvousAddr::Abstract(
+                format!("smclo-{:016x}-u-{nonce:016x}", dev.gid()).into_bytes(),
+            )
+        } else {
+            RendezvousAddr::Path(dev.dir().join(format!("u-{nonce:016x}")))
+        }
+    }
+
+    pub(super) fn connect(&self) -> io::Result<UnixStream> {
+        match self {
+            RendezvousAddr::Path(p) => UnixStream::connect(p),
+            RendezvousAddr::Abstract(n) => {
+                use std::os::linux::net::SocketAddrExt;
+                UnixStream::connect_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for RendezvousAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RendezvousAddr::Path(p) => write!(f, "{}", p.display()),
+            RendezvousAddr::Abstract(n) => write!(f, "@{}", String::from_utf8_lossy(n)),
+        }
+    }
+}
+
+/// The client's rendezvous socket for `nonce`, and its path if it has one
+/// (to unlink).
+pub(super) fn bind_rendezvous(
+    dev: &Device,
+    nonce: u64,
+) -> io::Result<(UnixListener, Option<PathBuf>)> {
+    match RendezvousAddr::new(dev, nonce) {
+        RendezvousAddr::Path(p) => Ok((UnixListener::bind(&p)?, Some(p))),
+        RendezvousAddr::Abstract(n) => {
+            use std::os::linux::net::SocketAddrExt;
+            Ok((
+                UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)?,
+                None,
+            ))
+        }
+    }
+}
+
+/// Whether the process at the other end of the UNIX socket `fd` (its
+/// creator, for a listening peer) runs as our effective uid.
+pub(super) fn same_uid(fd: RawFd) -> bool {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, which we
+    // own; geteuid has no preconditions.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        ) == 0
+            && len as usize == std::mem::size_of::<libc::ucred>()
+            && cred.uid == libc::geteuid()
+    }
+}
+
+/// What the client sends on the channel after its Confirm (and before any
+/// doorbell).
+pub(super) const CONFIRM_BYTE: u8 = 0xC5;
+/// The client's first message on the channel, carrying its DMB descriptor.
+pub(super) const CLIENT_DMB_BYTE: u8 = 0xD1;
+/// The server's message on the channel after its Accept, carrying its DMB
+/// descriptor.
+pub(super) const SERVER_DMB_BYTE: u8 = 0xD2;
+
+/// Sends `byte`, and `fd` (if any) as `SCM_RIGHTS`, on the UNIX stream
+/// socket `sock`, without blocking and without SIGPIPE.
+pub(super) fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<()> {
+    let mut data = [byte];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // u64 elements: aligned for cmsghdr.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        debug_assert!(space <= std::mem::size_of_val(&cbuf));
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points to `space` zeroed, aligned bytes, enough
+        // for one cmsghdr with one descriptor, so CMSG_FIRSTHDR is non-null
+        // and CMSG_DATA has room for the descriptor.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+        }
+    }
+    // SAFETY: msg points to live buffers (data, cbuf) for the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Receives one byte and at most one descriptor (close-on-exec) from the
+/// UNIX stream socket `sock` without blocking. `Ok(None)` is end of file.
+/// Extra descriptors are closed; a truncated control message is an error.
+pub(super) fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
+    let mut data = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: msg points to live buffers (data, cbuf) for the call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds: Vec<File> = Vec::new();
+    // SAFETY: the kernel filled msg_control up to msg_controllen; the CMSG
+    // macros stay inside it, and every SCM_RIGHTS payload is whole
+    // descriptors that are now ours (wrapped in File, closed if unused).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(File::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "truncated control message",
+        ));
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    if fds.len() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more than one descriptor",
+        ));
+    }
+    Ok(Some((data[0], fds.pop())))
+}
+
+/// Blocks until `fd` is readable or `timeout` passes; true if readable.
+///
+/// Busy-polls first, for the data path's spin budget (`SMCLO_SPIN_US`): each
+/// step of the handshake answers the previous one within microseconds, and
+/// sleeping for it would add a wake-up (a scheduler round trip on another
+/// CPU) per step.
+pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let spin = crate::conn::spin_budget().min(timeout);
+    let start = Instant::now();
+    if !spin.is_zero() {
+        loop {
+            // SAFETY: one valid pollfd, count 1, no waiting.
+            if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+                return true;
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    let left = timeout.saturating_sub(start.elapsed());
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd, count 1.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn rendezvous_sockets_by_path_and_abstract() {
+        let dir = std::env::temp_dir().join(format!("smclo-hs-{}", std::process::id()));
+        let dev = Device::open(&dir).unwrap();
+        for nonce in [0x1234u64, 0x1234 | ABSTRACT_NONCE] {
+            let (l, path) = bind_rendezvous(&dev, nonce).unwrap();
+            assert_eq!(path.is_some(), nonce & ABSTRACT_NONCE == 0);
+            if let Some(p) = &path {
+                assert!(p.exists());
+            }
+            let c = RendezvousAddr::new(&dev, nonce).connect().unwrap();
+            let (a, _) = l.accept().unwrap();
+            assert!(same_uid(c.as_raw_fd()) && same_uid(a.as_raw_fd()));
+            // A descriptor goes through, with its byte.
+            let f = crate::dmb::memfd("t").unwrap();
+            send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, Some(f.as_raw_fd())).unwrap();
+            let (b, got) = recv_msg(a.as_raw_fd()).unwrap().unwrap();
+            assert_eq!(b, CLIENT_DMB_BYTE);
+            assert!(got.is_some());
+            drop(c);
+            assert!(recv_msg(a.as_raw_fd()).unwrap().is_none(), "end of file");
+            if let Some(p) = path {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,419 @@
+//! The client's state machine: propose before `connect`, then wait for the
+//! server's answer and confirm it.
+
+use super::channel::{
+    bind_rendezvous, recv_msg, same_uid, send_msg, wait_readable, RendezvousAddr, ABSTRACT_NONCE,
+    CLIENT_DMB_BYTE, CONFIRM_BYTE, SERVER_DMB_BYTE,
+};
+use super::{
+    attach_reason, key_for, mode, peer_decline, random_u64, Decision, Established, LOOPBACK_CHID,
+};
+use crate::config::Config;
+use crate::conn::Conn;
+use crate::debug;
+use crate::device::{self as device, Device, Role};
+use crate::owner::{self, Owner};
+use crate::registry;
+use crate::rendezvous::{OwnedSlot, Rendezvous, SlotRef, SlotState};
+use crate::tcp_syn::{self, SavedMark};
+use smclo_wire::clc::{self, ClcMsg, Confirm, Decline, Proposal};
+use smclo_wire::reason::Reason;
+use smclo_wire::syn::Mark;
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A client's published proposal, between the moment it is written into the
+/// device and the moment the server answers.
+pub struct ClientProposal {
+    // Drop order matters: the rendezvous socket closes before the slot is
+    // freed, so a server that sees the slot vanish can tell a withdrawn
+    // proposal (its channel is closed) from a confirmed one.
+    rendezvous: Option<UnixListener>,
+    slot: Option<OwnedSlot>,
+    dmb: Option<device::DmbHandle>,
+    dev: Arc<Device>,
+    cfg: Config,
+    /// Unlinked (once) when the proposal is withdrawn.
+    rendezvous_path: Option<PathBuf>,
+    saved_mark: Option<SavedMark>,
+    /// The caller's socket, and the source address of the slot key (whose
+    /// port position holds the mark, see [`key_for`]).
+    fd: RawFd,
+    src_ip: std::net::IpAddr,
+    port_published: bool,
+}
+
+fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    crate::sockaddr::local(fd)
+}
+
+/// Client, before `connect`: decides whether to try SMC-D at all, and if so
+/// binds the socket's source port, publishes the Proposal and marks the SYN.
+///
+/// `Err(reason)` means "plain TCP, nothing was changed on the socket" (except
+/// an implicit bind, which `connect` would have done anyway).
+pub fn client_propose(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    fd: RawFd,
+    dest: SocketAddr,
+) -> Result<ClientProposal, Reason> {
+    let dest = tcp_syn::canonical(dest);
+    if !dev.active() {
+        return Err(Reason::NoSmcdDev);
+    }
+    let listener = registry::find_listener(dev, dest).ok_or(Reason::PeerNoSmc)?;
+    let me = Owner::current();
+    if listener.is_self() {
+        // The accept that would answer may run on this very thread; waiting
+        // for it could deadlock, so decline up front.
+        return Err(Reason::SelfConnect);
+    }
+    // The key needs the source address before the SYN: the bound one, or
+    // the one routing will choose. The port stays the kernel's choice at
+    // `connect` (see `key_for`).
+    let src_ip = match local_addr(fd) {
+        Ok(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
+        _ => tcp_syn::canonical(SocketAddr::new(
+            tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?,
+            0,
+        ))
+        .ip(),
+    };
+    let dmb = dev.register_dmb(cfg.rmem, Role::Client).map_err(|e| {
+        debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
+        Reason::Mem
+    })?;
+    // In the listener's network namespace the rendezvous socket needs no
+    // file (see `ABSTRACT_NONCE`); across namespaces only a path reaches it.
+    let mut nonce = random_u64() | ABSTRACT_NONCE;
+    if !listener.same_netns() {
+        nonce &= !ABSTRACT_NONCE;
+    }
+    let (rendezvous, rendezvous_path) = match bind_rendezvous(dev, nonce) {
+        Ok(r) => Ok(r),
+        Err(e) if nonce & ABSTRACT_NONCE != 0 => {
+            debug!("abstract rendezvous socket failed ({e}); using a path");
+            nonce &= !ABSTRACT_NONCE;
+            bind_rendezvous(dev, nonce)
+        }
+        Err(e) => Err(e),
+    }
+    .map_err(|e| {
+        debug!(
+            "cannot create the rendezvous socket {}: {e}",
+            RendezvousAddr::new(dev, nonce)
+        );
+        Reason::IntErr
+    })?;
+    let mark = Mark::from_random(random_u64() as u32);
+    let proposal = Proposal {
+        gid: dev.gid(),
+        chid: LOOPBACK_CHID,
+        seid: dev.seid(),
+        ueids: cfg.ueid.into_iter().collect(),
+        mark_ttl: mark.ttl,
+        mark_tos: mark.tos(),
+        token: dmb.token(),
+        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+        nonce,
+        pid: me.pid,
+        start_time: me.start,
+        netns: owner::netns_inode(),
+    };
+    let mut p = ClientProposal {
+        rendezvous: Some(rendezvous),
+        slot: None,
+        dmb: Some(dmb),
+        dev: dev.clone(),
+        cfg: cfg.clone(),
+        rendezvous_path,
+        saved_mark: None,
+        fd,
+        src_ip,
+        port_published: false,
+    };
+    let key = key_for(src_ip, mark, dest);
+    let slot =
+        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
+            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
+            Reason::MaxDmb
+        })?;
+    p.slot = Some(slot);
+    p.saved_mark = Some(tcp_syn::apply_mark(fd, &dest, mark).map_err(|e| {
+        debug!("cannot mark the SYN: {e}");
+        Reason::IntErr
+    })?);
+    debug!(
+        "proposed {src_ip} -> {dest} (mark ttl {} dscp {})",
+        mark.ttl, mark.dscp
+    );
+    Ok(p)
+}
+
+impl ClientProposal {
+    /// The token of the DMB offered in the Proposal.
+    pub fn token(&self) -> u64 {
+        self.dmb.as_ref().map_or(0, |d| d.token())
+    }
+
+    /// Puts the socket options back and publishes the source port the
+    /// kernel chose in the rendezvous slot (the server matches it against
+    /// the SYN); call right after `connect` returned (0 or `EINPROGRESS`):
+    /// the SYN has left by then.
+    pub fn syn_sent(&mut self) {
+        if let Some(s) = self.saved_mark.take() {
+            if let Err(e) = tcp_syn::restore_mark(s) {
+                debug!("restoring TTL/TOS after the SYN failed: {e}");
+            }
+        }
+        if self.port_published {
+            return;
+        }
+        self.port_published = true;
+        let Some(slot) = &self.slot else { return };
+        match local_addr(self.fd).map(tcp_syn::canonical) {
+            Ok(a) if a.port() != 0 && a.ip() == self.src_ip => slot.set_client_port(a.port()),
+            Ok(a) if a.port() != 0 => {
+                // Routing chose another source than the key names: no
+                // server can match it. Withdraw; the server keeps TCP.
+                debug!(
+                    "source {a} differs from the proposed {}; withdrawing",
+                    self.src_ip
+                );
+                let _ = slot.give_up();
+            }
+            // connect failed before choosing a port: the caller drops us.
+            _ => {}
+        }
+    }
+
+    /// Waits (bounded by `SMCLO_CLC_WAIT_MS`) for the server's answer and
+    /// completes the handshake. Call after the TCP connection is established.
+    pub fn finish(mut self) -> Decision {
+        self.syn_sent();
+        let d = self.run();
+        match &d {
+            Decision::Tcp(r) => {
+                self.dev.count_fallback(*r, Role::Client);
+                debug!("client falls back to TCP: {r}");
+            }
+            Decision::Smc(_) => self.dev.count_conn_opened(),
+        }
+        d
+    }
+
+    /// Closes the rendezvous socket, then frees the slot (see the field
+    /// order note on [`ClientProposal`]).
+    fn withdraw(&mut self) {
+        self.rendezvous = None;
+        if let Some(p) = self.rendezvous_path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+        self.slot = None;
+    }
+
+    fn run(&mut self) -> Decision {
+        let deadline = Instant::now() + self.cfg.clc_wait;
+        let slot: SlotRef = SlotRef::clone(self.slot.as_ref().expect("proposal without slot"));
+        // The UNIX channel, once the server has connected, and the server's
+        // message on it (its DMB descriptor), once received: `Some(None)`
+        // when the channel closed or the message carried no descriptor.
+        let mut chan: Option<UnixStream> = None;
+        let mut server_dmb: Option<Option<File>> = None;
+        loop {
+            let seen = slot.state();
+            match seen {
+                // The server sends its DMB right after its CAS to ACCEPTED.
+                SlotState::Accepted if server_dmb.is_some() => break,
+                SlotState::Declined => {
+                    let r = peer_decline(slot.reply());
+                    drop(chan);
+                    self.withdraw();
+                    return Decision::Tcp(r);
+                }
+                SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
+                other => {
+                    debug!("rendezvous slot in state {other:?} while waiting for the server");
+                    drop(chan);
+                    self.withdraw();
+                    return Decision::Tcp(Reason::SyncErr);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                match slot.give_up() {
+                    Ok(()) => {
+                        drop(chan);
+                        self.withdraw();
+                        return Decision::Tcp(Reason::Timeout);
+                    }
+                    Err(_) => continue, // the server decided first: follow it
+                }
+            }
+            // Sleep in poll: first until the server connects to our
+            // rendezvous socket (it does so before it answers, also to wake
+            // us when it declines), then until its message or end of file.
+            match &chan {
+                None => {
+                    let listener = self.rendezvous.as_ref().expect("rendezvous socket");
+                    if !wait_readable(listener.as_raw_fd(), deadline - now) {
+                        continue;
+                    }
+                    let _ = listener.set_nonblocking(true);
+                    match listener.accept() {
+                        Ok((c, _)) if !same_uid(c.as_raw_fd()) => {
+                            // Only possible for an abstract socket, which
+                            // any uid in the namespace can reach: our DMB
+                            // goes to no one but our own uid.
+                            debug!("refused a rendezvous connection from another uid");
+                        }
+                        Ok((c, _)) => {
+                            // The connection's channel if the handshake
+                            // succeeds: out of the application's range of
+                            // numbers (crate::fdnum).
+                            let c = crate::fdnum::move_high(c);
+                            // Our DMB goes to the server now: it checks it
+                            // before it accepts. A failed send shows on the
+                            // server's side (end of file, or no descriptor).
+                            let fd = self.dmb.as_ref().map(|d| d.fd());
+                            if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
+                                debug!("sending our DMB to the server failed: {e}");
+                            }
+                            chan = Some(c);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => debug!("accepting the server's connection failed: {e}"),
+                    }
+                }
+                Some(c) if server_dmb.is_none() => {
+                    if !wait_readable(c.as_raw_fd(), deadline - now) {
+                        continue;
+                    }
+                    match recv_msg(c.as_raw_fd()) {
+                        Ok(Some((SERVER_DMB_BYTE, fd))) => server_dmb = Some(fd),
+                        Ok(Some((b, _))) => {
+                            debug!("unexpected byte {b:#x} from the server during the handshake");
+                            server_dmb = Some(None);
+                        }
+                        Ok(None) => server_dmb = Some(None),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            debug!("receiving the server's DMB failed: {e}");
+                            server_dmb = Some(None);
+                        }
+                    }
+                }
+                // The channel has said all it will; the slot decides.
+                Some(_) => {
+                    slot.wait_while(seen, deadline);
+                }
+            }
+        }
+        let chan = chan.expect("a server message implies a channel");
+        match self.confirm(&slot, chan, server_dmb.flatten()) {
+            Ok(e) => Decision::Smc(e),
+            Err(r) => {
+                // The channel is closed by now (confirm consumed it): a
+                // server that finds the slot gone sees end of file and knows
+                // we declined.
+                let _ = slot.confirm(
+                    &ClcMsg::Decline(Decline::new(self.dev.gid(), r)).to_bytes(),
+                    false,
+                );
+                self.withdraw();
+                Decision::Tcp(r)
+            }
+        }
+    }
+
+    fn confirm(
+        &mut self,
+        slot: &SlotRef,
+        chan: UnixStream,
+        server_dmb: Option<File>,
+    ) -> Result<Established, Reason> {
+        let accept = match slot.reply().map(|b| ClcMsg::parse(&b)) {
+            Some(Ok(ClcMsg::Accept(a))) => a,
+            Some(Ok(other)) => {
+                debug!("expected an Accept, got {:?}", other.msg_type());
+                return Err(Reason::Protocol);
+            }
+            Some(Err(e)) => {
+                debug!("invalid Accept: {e}");
+                return Err(Reason::Protocol);
+            }
+            None => return Err(Reason::SyncErr),
+        };
+        if accept.gid != self.dev.gid() || accept.chid != LOOPBACK_CHID {
+            return Err(Reason::NoSmcd2Dev);
+        }
+        let Some(fd) = server_dmb else {
+            debug!(
+                "the server accepted but passed no DMB for token {:016x}",
+                accept.token
+            );
+            return Err(Reason::ErrRtok);
+        };
+        let peer = self
+            .dev
+            .attach_dmb(accept.token, fd)
+            .map_err(|e| attach_reason(&e))?;
+        let dmb = self.dmb.as_ref().ok_or(Reason::ErrRtok)?;
+        let confirm = Confirm {
+            gid: self.dev.gid(),
+            token: dmb.token(),
+            dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+            linkid: accept.linkid,
+            chid: LOOPBACK_CHID,
+        };
+        if let Err(st) = slot.confirm(&ClcMsg::Confirm(confirm).to_bytes(), true) {
+            // The server timed out waiting for us and declined.
+            debug!("server gave up before our Confirm (slot {st:?})");
+            return Err(Reason::Timeout);
+        }
+        // Wake the server, which sleeps on the channel: one byte, which it
+        // takes before the channel starts carrying doorbells. A failure means
+        // the server is gone, which the connection reports on first use.
+        let _ = send_msg(chan.as_raw_fd(), CONFIRM_BYTE, None);
+        self.withdraw();
+        let (local, registration) = self.dmb.take().expect("client DMB").into_parts();
+        registration.set_connected(accept.token);
+        // From here both sides are committed; a failure below leaves the
+        // server with a channel that closes, which it reports as a reset.
+        match Conn::new(local, peer, chan, mode(&self.dev, &self.cfg)) {
+            Ok(conn) => Ok(Established { conn, registration }),
+            Err(e) => {
+                debug!("building the connection failed after CONFIRM: {e}");
+                Err(Reason::IntErr)
+            }
+        }
+    }
+
+    /// Unregisters the DMB offered in the Proposal while the Proposal
+    /// stands, as if it had vanished: the client then passes no DMB, and the
+    /// server declines with ERR_RTOK (the token names no DMB it was given).
+    /// For exercising that path; a normal client never calls it.
+    pub fn unregister_dmb(&mut self) {
+        self.dmb = None;
+    }
+}
+
+impl Drop for ClientProposal {
+    fn drop(&mut self) {
+        if let Some(s) = self.saved_mark.take() {
+            let _ = tcp_syn::restore_mark(s);
+        }
+        if let Some(slot) = &self.slot {
+            // Abandoned before finish (connect failed): withdraw the proposal.
+            let _ = slot.give_up();
+        }
+        self.withdraw();
+    }
+}

@@ -1,0 +1,111 @@
+//! Deciding SMC-D or TCP for one TCP connection (ARCHITECTURE.md, "Handshake").
+//!
+//! The CLC runs through a rendezvous slot in the device, never through the TCP
+//! stream: a peer that does not run smclo cannot see a single byte of it. The
+//! client proposes before its SYN leaves; the server answers from `accept`,
+//! after proving with the saved SYN that the TCP peer is the proposer; the two
+//! agree by compare-and-swap on the slot, so a client that gives up and a
+//! server that answers late always reach the same decision.
+//!
+//! `client` and `server` are the two state machines; `channel` is
+//! their plumbing: the client's rendezvous UNIX socket, the descriptors
+//! passed on it (`SCM_RIGHTS`) and the bounded waits.
+
+mod channel;
+mod client;
+mod server;
+
+pub use client::{client_propose, ClientProposal};
+pub use server::server_accept;
+
+use crate::config::Config;
+use crate::conn::{Conn, Mode};
+use crate::debug;
+use crate::device::{self as device, Device, Registration};
+use crate::rendezvous::SlotKey;
+use smclo_wire::clc::ClcMsg;
+use smclo_wire::reason::Reason;
+use smclo_wire::syn::Mark;
+use std::net::SocketAddr;
+
+/// The CHID of an emulated loopback-ism device.
+pub const LOOPBACK_CHID: u16 = 0xFFFF;
+
+/// A connection that the handshake upgraded.
+pub struct Established {
+    /// The data path.
+    pub conn: Conn,
+    /// This end's DMB registration: its table entry carries the stats.
+    pub registration: Registration,
+}
+
+/// What the handshake decided for one TCP connection.
+// Made once per connection and moved once: boxing `Established` would cost
+// an allocation per connection for nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Decision {
+    /// Both ends run smclo on the same device: use shared memory.
+    Smc(Established),
+    /// Use the TCP connection as it is, and why.
+    Tcp(Reason),
+}
+
+impl Decision {
+    /// The reason, when the decision was TCP.
+    pub fn fallback_reason(&self) -> Option<Reason> {
+        match self {
+            Decision::Smc(_) => None,
+            Decision::Tcp(r) => Some(*r),
+        }
+    }
+}
+
+/// The rendezvous key for a connection from `src_ip` to `dest` whose SYN
+/// carries `mark`. The client's port is not known before `connect` (the
+/// kernel picks it then, which on loopback may reuse a port whose earlier
+/// connection is in TIME_WAIT; an explicit `bind` to port 0 may not, and
+/// ran out of ports at high connection rates). So the key carries the mark
+/// where the client's port would be, and the client publishes its real port
+/// in the slot right after `connect` ([`ClientProposal::syn_sent`]); the
+/// server compares it with the SYN's.
+fn key_for(src_ip: std::net::IpAddr, mark: Mark, dest: SocketAddr) -> SlotKey {
+    SlotKey::new(
+        SocketAddr::new(src_ip, (mark.ttl as u16) << 8 | mark.dscp as u16),
+        dest,
+    )
+}
+
+fn random_u64() -> u64 {
+    crate::rng::next_u64()
+}
+
+fn mode(dev: &Device, cfg: &Config) -> Mode {
+    if dev.dmb_copy() {
+        Mode::Copy {
+            sndbuf_len: cfg.wmem,
+        }
+    } else {
+        Mode::NoCopy
+    }
+}
+
+fn attach_reason(e: &crate::Error) -> Reason {
+    debug!("attaching the peer's DMB failed: {e}");
+    if device::is_token_gone(e) {
+        Reason::ErrRtok
+    } else if matches!(e, crate::Error::InvalidDevice(_)) {
+        Reason::Protocol
+    } else {
+        Reason::IntErr
+    }
+}
+
+/// The reason in the peer's Decline. The peer's own code is reported (the
+/// stats then show, on both sides, why the pair fell back); an unreadable
+/// one becomes PEERDECL.
+fn peer_decline(bytes: Option<Vec<u8>>) -> Reason {
+    match bytes.map(|b| ClcMsg::parse(&b)) {
+        Some(Ok(ClcMsg::Decline(d))) => d.reason().unwrap_or(Reason::PeerDecl),
+        _ => Reason::PeerDecl,
+    }
+}
