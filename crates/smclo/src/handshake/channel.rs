@@ -2,10 +2,11 @@
 //! abstract name), the one-byte messages with a descriptor (`SCM_RIGHTS`)
 //! exchanged on it, and the bounded wait for it to become readable.
 
+use super::{HandshakeError, PeerMisbehaved};
 use crate::device::Device;
 use std::fs::File;
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -149,10 +150,20 @@ pub(super) fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<(
     }
 }
 
-/// Receives one byte and at most one descriptor (close-on-exec) from the
-/// UNIX stream socket `sock` without blocking. `Ok(None)` is end of file.
-/// Extra descriptors are closed; a truncated control message is an error.
-pub(super) fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
+/// What [`recv_expected`] found on the channel.
+pub(super) enum Received {
+    /// Nothing yet.
+    Pending,
+    /// End of file: the peer closed the channel.
+    Closed,
+    /// The expected message, with its descriptor if it carried one.
+    Msg(Option<File>),
+}
+
+/// Receives the one-byte message `byte` with at most one descriptor
+/// (close-on-exec) from the UNIX stream socket `sock`, without blocking.
+/// Descriptors of a rejected message are closed.
+pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, HandshakeError> {
     let mut data = [0u8];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
@@ -168,7 +179,11 @@ pub(super) fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
     // SAFETY: msg points to live buffers (data, cbuf) for the call.
     let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EINTR) => Ok(Received::Pending),
+            _ => Err(HandshakeError::Io(e)),
+        };
     }
     let mut fds: Vec<File> = Vec::new();
     // SAFETY: the kernel filled msg_control up to msg_controllen; the CMSG
@@ -188,21 +203,32 @@ pub(super) fn recv_msg(sock: RawFd) -> io::Result<Option<(u8, Option<File>)>> {
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "truncated control message",
-        ));
+        return Err(PeerMisbehaved::TruncatedControl.into());
     }
     if n == 0 {
-        return Ok(None);
+        return Ok(Received::Closed);
     }
     if fds.len() > 1 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "more than one descriptor",
-        ));
+        return Err(PeerMisbehaved::ExtraDescriptors.into());
     }
-    Ok(Some((data[0], fds.pop())))
+    if data[0] != byte {
+        return Err(PeerMisbehaved::UnexpectedByte(data[0]).into());
+    }
+    Ok(Received::Msg(fds.pop()))
+}
+
+/// Takes the next connection waiting on the rendezvous socket, without
+/// blocking: `Ok(None)` when there is none. A connection from another uid
+/// (possible only on an abstract socket, which any uid in the namespace can
+/// reach) is closed and reported, so our DMB goes to no one but our uid.
+pub(super) fn accept_channel(l: &UnixListener) -> Result<Option<UnixStream>, HandshakeError> {
+    l.set_nonblocking(true).map_err(HandshakeError::Io)?;
+    match l.accept() {
+        Ok((c, _)) if !same_uid(c.as_raw_fd()) => Err(PeerMisbehaved::ForeignUid.into()),
+        Ok((c, _)) => Ok(Some(c)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => Ok(None),
+        Err(e) => Err(HandshakeError::Io(e)),
+    }
 }
 
 /// Blocks until `fd` is readable or `timeout` passes; true if readable.
@@ -240,7 +266,6 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn rendezvous_sockets_by_path_and_abstract() {
@@ -258,11 +283,25 @@ mod tests {
             // A descriptor goes through, with its byte.
             let f = crate::dmb::memfd("t").unwrap();
             send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, Some(f.as_raw_fd())).unwrap();
-            let (b, got) = recv_msg(a.as_raw_fd()).unwrap().unwrap();
-            assert_eq!(b, CLIENT_DMB_BYTE);
-            assert!(got.is_some());
+            let got = recv_expected(a.as_raw_fd(), CLIENT_DMB_BYTE).unwrap();
+            assert!(matches!(got, Received::Msg(Some(_))));
+            assert!(matches!(
+                recv_expected(a.as_raw_fd(), CLIENT_DMB_BYTE),
+                Ok(Received::Pending)
+            ));
+            // Another byte than the step expects is the peer misbehaving.
+            send_msg(c.as_raw_fd(), SERVER_DMB_BYTE, None).unwrap();
+            assert!(matches!(
+                recv_expected(a.as_raw_fd(), CLIENT_DMB_BYTE),
+                Err(HandshakeError::PeerMisbehaved(
+                    PeerMisbehaved::UnexpectedByte(SERVER_DMB_BYTE)
+                ))
+            ));
             drop(c);
-            assert!(recv_msg(a.as_raw_fd()).unwrap().is_none(), "end of file");
+            assert!(matches!(
+                recv_expected(a.as_raw_fd(), CLIENT_DMB_BYTE),
+                Ok(Received::Closed)
+            ));
             if let Some(p) = path {
                 std::fs::remove_file(p).unwrap();
             }

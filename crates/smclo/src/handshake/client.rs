@@ -2,11 +2,12 @@
 //! server's answer and confirm it.
 
 use super::channel::{
-    bind_rendezvous, recv_msg, same_uid, send_msg, wait_readable, RendezvousAddr, ABSTRACT_NONCE,
-    CLIENT_DMB_BYTE, CONFIRM_BYTE, SERVER_DMB_BYTE,
+    accept_channel, bind_rendezvous, recv_expected, send_msg, wait_readable, Received,
+    RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, CONFIRM_BYTE, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_reason, key_for, mode, peer_decline, random_u64, Decision, Established, LOOPBACK_CHID,
+    attach_reason, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
+    HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
 use crate::conn::Conn;
@@ -266,15 +267,8 @@ impl ClientProposal {
                     if !wait_readable(listener.as_raw_fd(), deadline - now) {
                         continue;
                     }
-                    let _ = listener.set_nonblocking(true);
-                    match listener.accept() {
-                        Ok((c, _)) if !same_uid(c.as_raw_fd()) => {
-                            // Only possible for an abstract socket, which
-                            // any uid in the namespace can reach: our DMB
-                            // goes to no one but our own uid.
-                            debug!("refused a rendezvous connection from another uid");
-                        }
-                        Ok((c, _)) => {
+                    match accept_channel(listener) {
+                        Ok(Some(c)) => {
                             // The connection's channel if the handshake
                             // succeeds: out of the application's range of
                             // numbers (crate::fdnum).
@@ -288,22 +282,21 @@ impl ClientProposal {
                             }
                             chan = Some(c);
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => debug!("accepting the server's connection failed: {e}"),
+                        Ok(None) => {}
+                        Err(e) => debug!("refused a rendezvous connection: {e}"),
                     }
                 }
                 Some(c) if server_dmb.is_none() => {
                     if !wait_readable(c.as_raw_fd(), deadline - now) {
                         continue;
                     }
-                    match recv_msg(c.as_raw_fd()) {
-                        Ok(Some((SERVER_DMB_BYTE, fd))) => server_dmb = Some(fd),
-                        Ok(Some((b, _))) => {
-                            debug!("unexpected byte {b:#x} from the server during the handshake");
-                            server_dmb = Some(None);
-                        }
-                        Ok(None) => server_dmb = Some(None),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // Whatever the channel says but the server's DMB leaves
+                    // us without one: the slot then decides, or confirm
+                    // declines with ERR_RTOK.
+                    match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
+                        Ok(Received::Msg(fd)) => server_dmb = Some(fd),
+                        Ok(Received::Pending) => {}
+                        Ok(Received::Closed) => server_dmb = Some(None),
                         Err(e) => {
                             debug!("receiving the server's DMB failed: {e}");
                             server_dmb = Some(None);
@@ -339,18 +332,12 @@ impl ClientProposal {
         chan: UnixStream,
         server_dmb: Option<File>,
     ) -> Result<Established, Reason> {
-        let accept = match slot.reply().map(|b| ClcMsg::parse(&b)) {
-            Some(Ok(ClcMsg::Accept(a))) => a,
-            Some(Ok(other)) => {
-                debug!("expected an Accept, got {:?}", other.msg_type());
-                return Err(Reason::Protocol);
-            }
-            Some(Err(e)) => {
-                debug!("invalid Accept: {e}");
-                return Err(Reason::Protocol);
-            }
-            None => return Err(Reason::SyncErr),
-        };
+        let reply = slot.reply().ok_or(Reason::SyncErr)?;
+        let accept = expect_clc(&reply, |m| match m {
+            ClcMsg::Accept(a) => Some(a),
+            _ => None,
+        })
+        .map_err(|m| HandshakeError::from(m).reason())?;
         if accept.gid != self.dev.gid() || accept.chid != LOOPBACK_CHID {
             return Err(Reason::NoSmcd2Dev);
         }

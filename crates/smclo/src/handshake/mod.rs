@@ -26,6 +26,8 @@ use crate::rendezvous::SlotKey;
 use smclo_wire::clc::ClcMsg;
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
+use std::fmt;
+use std::io;
 use std::net::SocketAddr;
 
 /// The CHID of an emulated loopback-ism device.
@@ -56,6 +58,91 @@ impl Decision {
         match self {
             Decision::Smc(_) => None,
             Decision::Tcp(r) => Some(*r),
+        }
+    }
+}
+
+/// How a peer broke the handshake's protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerMisbehaved {
+    /// A channel message whose byte is not the one this step expects.
+    UnexpectedByte(u8),
+    /// A channel message carrying more than one descriptor.
+    ExtraDescriptors,
+    /// A channel message whose control data did not fit (descriptors lost).
+    TruncatedControl,
+    /// A CLC message of another type than this step expects.
+    UnexpectedClc,
+    /// A CLC message that does not parse.
+    InvalidClc,
+    /// The rendezvous socket belongs to another uid than ours.
+    ForeignUid,
+}
+
+/// Why a step of the handshake failed. Callers decide on the variant;
+/// [`HandshakeError::reason`] is the one place that names the SMC decline
+/// reason for each.
+#[derive(Debug)]
+pub enum HandshakeError {
+    /// The peer broke the protocol.
+    PeerMisbehaved(PeerMisbehaved),
+    /// The peer is gone: its rendezvous socket no longer exists, or it
+    /// refuses connections.
+    PeerGone,
+    /// The peer did not answer within the bound.
+    Timeout,
+    /// A system call on our side failed.
+    Io(io::Error),
+}
+
+impl HandshakeError {
+    /// The SMC decline reason this failure is reported with.
+    pub fn reason(&self) -> Reason {
+        match self {
+            HandshakeError::PeerMisbehaved(_) => Reason::Protocol,
+            HandshakeError::PeerGone => Reason::PeerDead,
+            HandshakeError::Timeout => Reason::Timeout,
+            HandshakeError::Io(_) => Reason::IntErr,
+        }
+    }
+}
+
+impl From<PeerMisbehaved> for HandshakeError {
+    fn from(m: PeerMisbehaved) -> Self {
+        HandshakeError::PeerMisbehaved(m)
+    }
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandshakeError::PeerMisbehaved(m) => write!(f, "peer misbehaved: {m:?}"),
+            HandshakeError::PeerGone => write!(f, "peer gone"),
+            HandshakeError::Timeout => write!(f, "timed out"),
+            HandshakeError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for HandshakeError {}
+
+/// The CLC message in `bytes` (a slot's proposal or reply), which must be
+/// of the type `pick` accepts.
+fn expect_clc<T>(
+    bytes: &[u8],
+    pick: impl FnOnce(ClcMsg) -> Option<T>,
+) -> Result<T, PeerMisbehaved> {
+    match ClcMsg::parse(bytes) {
+        Ok(m) => {
+            let ty = m.msg_type();
+            pick(m).ok_or_else(|| {
+                debug!("unexpected CLC message {ty:?}");
+                PeerMisbehaved::UnexpectedClc
+            })
+        }
+        Err(e) => {
+            debug!("invalid CLC message: {e}");
+            Err(PeerMisbehaved::InvalidClc)
         }
     }
 }

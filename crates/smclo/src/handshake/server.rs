@@ -2,11 +2,12 @@
 //! saved SYN and answer it.
 
 use super::channel::{
-    recv_msg, same_uid, send_msg, wait_readable, RendezvousAddr, CLIENT_DMB_BYTE, CONFIRM_BYTE,
-    SERVER_DMB_BYTE,
+    recv_expected, same_uid, send_msg, wait_readable, Received, RendezvousAddr, CLIENT_DMB_BYTE,
+    CONFIRM_BYTE, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_reason, key_for, mode, peer_decline, random_u64, Decision, Established, LOOPBACK_CHID,
+    attach_reason, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
+    HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
 use crate::conn::Conn;
@@ -18,7 +19,6 @@ use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
-use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,17 +57,15 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
     }
     let mut mismatched = false;
     for slot in candidates {
-        let proposal = match slot.proposal().map(|b| ClcMsg::parse(&b)) {
-            Some(Ok(ClcMsg::Proposal(p))) => p,
-            Some(Ok(m)) => {
-                debug!("expected a Proposal, got {:?}", m.msg_type());
-                return decline(dev, &slot, Reason::Protocol, None);
-            }
-            Some(Err(e)) => {
-                debug!("invalid Proposal: {e}");
-                return decline(dev, &slot, Reason::Protocol, None);
-            }
-            None => continue, // withdrawn meanwhile
+        let Some(bytes) = slot.proposal() else {
+            continue; // withdrawn meanwhile
+        };
+        let proposal = match expect_clc(&bytes, |m| match m {
+            ClcMsg::Proposal(p) => Some(p),
+            _ => None,
+        }) {
+            Ok(p) => p,
+            Err(m) => return decline(dev, &slot, HandshakeError::from(m).reason(), None),
         };
         if syn.mark
             != (Mark {
@@ -163,18 +161,14 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             debug!("the client passed no DMB in time");
             return decline(dev, slot, Reason::Timeout, None);
         }
-        match recv_msg(chan.as_raw_fd()) {
-            Ok(Some((CLIENT_DMB_BYTE, fd))) => break fd,
-            Ok(Some((b, _))) => {
-                debug!("unexpected byte {b:#x} from the client during the handshake");
-                return decline(dev, slot, Reason::Protocol, None);
-            }
+        match recv_expected(chan.as_raw_fd(), CLIENT_DMB_BYTE) {
+            Ok(Received::Msg(fd)) => break fd,
+            Ok(Received::Pending) => continue,
             // Closed: the client withdrew (or died) before we answered.
-            Ok(None) => return decline(dev, slot, Reason::Timeout, None),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Ok(Received::Closed) => return decline(dev, slot, Reason::Timeout, None),
             Err(e) => {
                 debug!("receiving the client's DMB failed: {e}");
-                return decline(dev, slot, Reason::Protocol, None);
+                return decline(dev, slot, e.reason(), None);
             }
         }
     };
@@ -211,27 +205,17 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     let confirmed = loop {
         let now = Instant::now();
         if now < deadline && wait_readable(chan.as_raw_fd(), deadline - now) {
-            let mut b = [0u8; 1];
-            // SAFETY: recv of at most one byte into a buffer we own.
-            let n = unsafe {
-                libc::recv(
-                    chan.as_raw_fd(),
-                    b.as_mut_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n == 1 && b[0] == CONFIRM_BYTE {
-                break true;
-            }
-            if n == 1 || n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+            match recv_expected(chan.as_raw_fd(), CONFIRM_BYTE) {
+                Ok(Received::Msg(_)) => break true,
+                Ok(Received::Pending) => continue,
                 // Closed (the client declined or died) or garbage.
-                if slot.state() == SlotState::Declined {
-                    return Decision::Tcp(peer_decline(slot.confirm_msg()));
+                Ok(Received::Closed) | Err(_) => {
+                    if slot.state() == SlotState::Declined {
+                        return Decision::Tcp(peer_decline(slot.confirm_msg()));
+                    }
+                    break false;
                 }
-                break false;
             }
-            continue;
         }
         match slot.cas(SlotState::Accepted, SlotState::Declined) {
             Ok(()) => return Decision::Tcp(Reason::Timeout),
