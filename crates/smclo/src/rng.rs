@@ -1,63 +1,107 @@
-//! Per-process unique random numbers for tokens, nonces, marks and link ids,
-//! with one `getrandom(2)` per process instead of several per connection.
+//! Random numbers for tokens, nonces, marks, link ids and the GID.
 //!
-//! A 64-bit counter, seeded from `getrandom` and advanced by an odd constant
-//! (a full-period Weyl sequence), goes through the SplitMix64 finaliser, a
-//! bijection: values never repeat within a process (until 2^64 draws), and
-//! processes start from independent random points. The values are
-//! identifiers, not secrets: every process of the user can list the device
-//! directory anyway. A fork child reseeds (see [`crate::owner`]'s fork
-//! hook), so parent and child never draw the same sequence.
+//! Every value comes from `getrandom(2)`, in batches: a thread fills a
+//! buffer of [`BATCH`] values with one call and takes from it, so a
+//! connection costs a fraction of a system call. No value is derived from
+//! another: a rendezvous nonce that any uid can read in `/proc/net/unix`
+//! (the name of an abstract socket) says nothing about the next one, so no
+//! one can predict a name to flood before it exists. A fork child discards
+//! the buffer it inherited (see [`crate::owner`]'s fork hook), so parent and
+//! child never draw the same values.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-static STATE: AtomicU64 = AtomicU64::new(0);
-static SEEDED: AtomicBool = AtomicBool::new(false);
-const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Values per `getrandom` call.
+const BATCH: usize = 32;
 
-/// Forgets the seed (called in a fork child; async-signal safe).
-pub(crate) fn forget_seed() {
-    SEEDED.store(false, Ordering::Relaxed);
+/// Forks this process has gone through as a child: a buffer filled in an
+/// earlier generation was inherited from the parent and is discarded.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+struct Pool {
+    buf: [u64; BATCH],
+    /// Index of the next unused value; `BATCH` when empty.
+    next: usize,
+    /// [`FORKS`] when the buffer was filled.
+    forks: u64,
 }
 
-fn seed() {
-    crate::owner::ensure_fork_hook();
-    let mut v = 0u64;
-    // SAFETY: the buffer is the 8 bytes of `v`, valid for writes.
-    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
-    if n != 8 {
-        // Only without a working getrandom: clock and pid still differ
-        // between processes.
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: ts is a valid timespec to write into.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        v = (ts.tv_sec as u64).wrapping_mul(1_000_000_007)
-            ^ ts.tv_nsec as u64
-            ^ (std::process::id() as u64) << 40;
+thread_local! {
+    static POOL: RefCell<Pool> = const {
+        RefCell::new(Pool {
+            buf: [0; BATCH],
+            next: BATCH,
+            forks: 0,
+        })
+    };
+}
+
+/// Discards every buffered value (called in a fork child; async-signal
+/// safe).
+pub(crate) fn forget_seed() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Fills `buf` from the kernel's random source: `getrandom`, or
+/// `/dev/urandom` where a filter forbids the system call.
+fn fill(buf: &mut [u64]) {
+    let len = std::mem::size_of_val(buf);
+    let p = buf.as_mut_ptr().cast::<u8>();
+    let mut done = 0;
+    while done < len {
+        // SAFETY: `p + done .. p + len` lies inside `buf`, valid for writes.
+        let n = unsafe { libc::getrandom(p.add(done).cast(), len - done, 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
     }
-    STATE.store(v, Ordering::Relaxed);
-    SEEDED.store(true, Ordering::Release);
+    if done < len {
+        use std::io::Read;
+        // SAFETY: `p + done .. p + len` lies inside `buf`, which nothing
+        // else references during this call; any bytes are valid u64 parts.
+        let rest = unsafe { std::slice::from_raw_parts_mut(p.add(done), len - done) };
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(rest))
+            .expect("neither getrandom nor /dev/urandom is available");
+    }
 }
 
 /// The next value; never 0.
 pub(crate) fn next_u64() -> u64 {
+    crate::owner::ensure_fork_hook();
     loop {
-        if !SEEDED.load(Ordering::Acquire) {
-            seed();
-        }
-        let mut z = STATE
-            .fetch_add(GAMMA, Ordering::Relaxed)
-            .wrapping_add(GAMMA);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        if z != 0 {
-            return z;
+        let v = POOL
+            .try_with(|p| {
+                // Reentered (a signal handler drawing while this thread
+                // draws) or torn down: draw alone.
+                let Ok(mut p) = p.try_borrow_mut() else {
+                    return one();
+                };
+                let forks = FORKS.load(Ordering::Relaxed);
+                if p.next == BATCH || p.forks != forks {
+                    fill(&mut p.buf);
+                    p.next = 0;
+                    p.forks = forks;
+                }
+                let i = p.next;
+                p.next += 1;
+                // Taken values are erased: nothing of them stays around.
+                std::mem::take(&mut p.buf[i])
+            })
+            .unwrap_or_else(|_| one());
+        if v != 0 {
+            return v;
         }
     }
+}
+
+fn one() -> u64 {
+    let mut v = [0u64];
+    fill(&mut v);
+    v[0]
 }
 
 #[cfg(test)]
@@ -69,5 +113,89 @@ mod tests {
         v.sort_unstable();
         v.dedup();
         assert_eq!(v.len(), 10_000);
+    }
+
+    /// The SplitMix64 finaliser and its inverse: a generator that outputs
+    /// `mix(state += GAMMA)` gives its state away with every value.
+    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+    const M1: u64 = 0xbf58_476d_1ce4_e5b9;
+    const M2: u64 = 0x94d0_49bb_1331_11eb;
+
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(M1);
+        z = (z ^ (z >> 27)).wrapping_mul(M2);
+        z ^ (z >> 31)
+    }
+
+    fn inverse_mod_2_64(m: u64) -> u64 {
+        // Newton's iteration doubles the correct low bits each step.
+        let mut x = m;
+        for _ in 0..6 {
+            x = x.wrapping_mul(2u64.wrapping_sub(m.wrapping_mul(x)));
+        }
+        x
+    }
+
+    fn unshift(z: u64, s: u32) -> u64 {
+        let mut x = z;
+        for _ in 0..64 / s {
+            x = z ^ (x >> s);
+        }
+        x
+    }
+
+    fn unmix(z: u64) -> u64 {
+        let z = unshift(z, 31).wrapping_mul(inverse_mod_2_64(M2));
+        let z = unshift(z, 27).wrapping_mul(inverse_mod_2_64(M1));
+        unshift(z, 30)
+    }
+
+    #[test]
+    fn next_value_is_not_predictable_from_one_observed() {
+        let s = 0x0123_4567_89ab_cdef;
+        assert_eq!(unmix(mix(s)), s, "the inverse is right");
+        let hits = (0..1000)
+            .filter(|_| {
+                let seen = super::next_u64();
+                mix(unmix(seen).wrapping_add(GAMMA)) == super::next_u64()
+            })
+            .count();
+        assert_eq!(
+            hits, 0,
+            "{hits} of 1000 values predicted from the one before"
+        );
+    }
+
+    #[test]
+    fn fork_child_draws_other_values() {
+        // Fill this thread's buffer, then fork: the child must not continue
+        // the parent's buffered sequence.
+        let _ = super::next_u64();
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only draws (no locks taken: the buffer is this
+        // thread's), writes to the pipe and calls _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let v = super::next_u64();
+            // SAFETY: writes the 8 bytes of `v` to our pipe, then exits
+            // without running the parent's destructors.
+            unsafe {
+                libc::write(fds[1], (&v as *const u64).cast(), 8);
+                libc::_exit(0);
+            }
+        }
+        let mine = super::next_u64();
+        let mut theirs = 0u64;
+        // SAFETY: reads at most 8 bytes into `theirs`; waits for the child.
+        unsafe {
+            libc::close(fds[1]);
+            assert_eq!(libc::read(fds[0], (&mut theirs as *mut u64).cast(), 8), 8);
+            libc::close(fds[0]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_ne!(mine, theirs);
     }
 }

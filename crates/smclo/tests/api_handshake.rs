@@ -599,3 +599,106 @@ fn zero_copy_on_a_fallback_keeps_bytes_visible_to_poll() {
     drop(s);
     assert_eq!(t.join().unwrap(), b"hello");
 }
+
+/// The name of the abstract rendezvous socket listening for the device with
+/// GID `gid`, as every uid of the network namespace sees it.
+fn abstract_rendezvous_name(gid: u64) -> Option<Vec<u8>> {
+    let prefix = format!("@smclo-{gid:016x}-u-");
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .find(|p| p.starts_with(&prefix))
+        .map(|p| p[1..].as_bytes().to_vec())
+}
+
+/// Connects to the abstract UNIX socket `name` without blocking until its
+/// backlog is full; the connected sockets.
+fn flood_abstract(name: &[u8]) -> Vec<std::os::fd::OwnedFd> {
+    // SAFETY: all-zero bytes are a valid sockaddr_un.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len()) as u32;
+    let mut held = Vec::new();
+    for _ in 0..20_000 {
+        // SAFETY: plain socket(2); owned right below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` is the fresh socket above.
+        let owned = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        // SAFETY: `sa` is a valid sockaddr_un of at least `len` bytes.
+        let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "connect: {e}");
+            return held;
+        }
+        held.push(owned);
+    }
+    panic!(
+        "the backlog of @{} never filled",
+        String::from_utf8_lossy(name)
+    );
+}
+
+#[test]
+fn flooded_rendezvous_socket_does_not_stall_the_server() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let dest: std::net::SocketAddr = addr.parse().unwrap();
+    let cfg = dir.cfg();
+    let dev = dir.dev();
+    // SAFETY: a fresh socket, owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
+    let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    let Ok(mut p) = smclo::handshake::client_propose(&dev, &cfg, fd, dest) else {
+        panic!("proposal");
+    };
+    // Another process of the namespace fills the client's rendezvous
+    // backlog before the server connects to it.
+    let name = abstract_rendezvous_name(dev.gid()).expect("abstract rendezvous socket");
+    let flood = flood_abstract(&name);
+    let start = Instant::now();
+    smclo::sockaddr::connect(fd, dest).unwrap();
+    p.syn_sent();
+    // The server declines within its connect bound; waiting for room in the
+    // backlog would stall its accept until the client gives up.
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(peer.out.get_ref()),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    assert_eq!(
+        ready, 1,
+        "the server is stuck connecting to the flooded socket"
+    );
+    assert_eq!(peer.line(), "smc=0 reason=TIMEOUT");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(p.finish().fallback_reason(), Some(Reason::Timeout));
+    drop(flood);
+    let mut t = tcp;
+    t.write_all(b"plain").unwrap();
+    t.shutdown(Shutdown::Write).unwrap();
+    let mut back = String::new();
+    t.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "plain");
+    peer.wait_ok();
+    assert_eq!(dev.stats().fallback(Reason::Timeout), (1, 1));
+}

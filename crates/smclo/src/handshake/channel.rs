@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 /// passing a descriptor; its name is taken before the nonce is published.
 pub(super) const ABSTRACT_NONCE: u64 = 1 << 63;
 
+/// How long the server waits for room in a client's rendezvous backlog
+/// ([`RendezvousAddr::connect_within`]).
+pub(super) const CONNECT_BOUND: Duration = Duration::from_millis(100);
+
 /// Where the client's rendezvous socket is, from the nonce.
 pub(super) enum RendezvousAddr {
     Path(PathBuf),
@@ -39,14 +43,69 @@ impl RendezvousAddr {
         }
     }
 
-    pub(super) fn connect(&self) -> io::Result<UnixStream> {
-        match self {
-            RendezvousAddr::Path(p) => UnixStream::connect(p),
-            RendezvousAddr::Abstract(n) => {
-                use std::os::linux::net::SocketAddrExt;
-                UnixStream::connect_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)
+    /// The socket address, and its length as `connect` takes it.
+    fn sockaddr(&self) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: all-zero bytes are a valid sockaddr_un.
+        let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        // An abstract name follows a NUL byte and has none at its end; a
+        // path has one at its end (the zeroed tail).
+        let (lead, name, tail): (usize, &[u8], usize) = match self {
+            RendezvousAddr::Path(p) => (0, p.as_os_str().as_bytes(), 1),
+            RendezvousAddr::Abstract(n) => (1, n, 0),
+        };
+        if lead + name.len() + tail > sa.sun_path.len() {
+            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        }
+        for (d, s) in sa.sun_path[lead..].iter_mut().zip(name) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + lead + name.len() + tail;
+        Ok((sa, len as libc::socklen_t))
+    }
+
+    /// Connects to the client's rendezvous socket, waiting at most `bound`
+    /// for room in its backlog, and checks that it belongs to our uid.
+    ///
+    /// The backlog is full only when others flood the socket (its one
+    /// legitimate caller is the client's server), and a flooded client must
+    /// not stall its server's `accept`: it gets `Timeout` instead.
+    pub(super) fn connect_within(&self, bound: Duration) -> Result<UnixStream, HandshakeError> {
+        let (sa, len) = self.sockaddr().map_err(HandshakeError::Io)?;
+        // SAFETY: plain socket(2); the descriptor is owned right below.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(HandshakeError::Io(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is the fresh socket above, owned by nothing else.
+        let s = unsafe { UnixStream::from_raw_fd(fd) };
+        // A blocking connect to a full backlog waits for room for at most
+        // SO_SNDTIMEO, then fails with EAGAIN.
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            s.set_write_timeout(Some(left.max(Duration::from_micros(1))))
+                .map_err(HandshakeError::Io)?;
+            // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes
+            // are the address.
+            let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
+            if rc == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) if !left.is_zero() => {}
+                Some(libc::EAGAIN | libc::EINTR) => return Err(HandshakeError::Timeout),
+                Some(libc::ENOENT | libc::ECONNREFUSED) => return Err(HandshakeError::PeerGone),
+                _ => return Err(HandshakeError::Io(e)),
             }
         }
+        s.set_write_timeout(None).map_err(HandshakeError::Io)?;
+        if !same_uid(fd) {
+            return Err(PeerMisbehaved::ForeignUid.into());
+        }
+        Ok(s)
     }
 }
 
@@ -277,7 +336,9 @@ mod tests {
             if let Some(p) = &path {
                 assert!(p.exists());
             }
-            let c = RendezvousAddr::new(&dev, nonce).connect().unwrap();
+            let c = RendezvousAddr::new(&dev, nonce)
+                .connect_within(CONNECT_BOUND)
+                .unwrap();
             let (a, _) = l.accept().unwrap();
             assert!(same_uid(c.as_raw_fd()) && same_uid(a.as_raw_fd()));
             // A descriptor goes through, with its byte.

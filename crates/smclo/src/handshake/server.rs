@@ -2,8 +2,8 @@
 //! saved SYN and answer it.
 
 use super::channel::{
-    recv_expected, same_uid, send_msg, wait_readable, Received, RendezvousAddr, CLIENT_DMB_BYTE,
-    CONFIRM_BYTE, SERVER_DMB_BYTE,
+    recv_expected, send_msg, wait_readable, Received, RendezvousAddr, CLIENT_DMB_BYTE,
+    CONFIRM_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
     attach_reason, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
@@ -138,17 +138,13 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             return decline(dev, slot, Reason::Mem, Some(&wake));
         }
     };
-    let chan = match wake.connect() {
-        Ok(c) if !same_uid(c.as_raw_fd()) => {
-            debug!("the rendezvous socket {wake} belongs to another uid");
-            return decline(dev, slot, Reason::PeerDead, None);
-        }
+    let chan = match wake.connect_within(CONNECT_BOUND) {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum).
         Ok(c) => crate::fdnum::move_high(c),
         Err(e) => {
-            debug!("cannot reach the client's rendezvous socket: {e}");
-            return decline(dev, slot, Reason::PeerDead, None);
+            debug!("cannot reach the client's rendezvous socket {wake}: {e}");
+            return decline(dev, slot, e.reason(), None);
         }
     };
     // The client passes its DMB as soon as it has accepted our connection;
@@ -295,7 +291,7 @@ fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr
         .is_ok()
     {
         if let Some(w) = wake {
-            let _ = w.connect();
+            let _ = w.connect_within(CONNECT_BOUND);
         }
     }
     Decision::Tcp(r)
