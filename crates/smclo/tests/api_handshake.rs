@@ -609,7 +609,7 @@ fn abstract_rendezvous_name(gid: u64) -> Option<Vec<u8>> {
         .lines()
         .filter_map(|l| l.split_whitespace().nth(7))
         .find(|p| p.starts_with(&prefix))
-        .map(|p| p[1..].as_bytes().to_vec())
+        .map(|p| p.as_bytes()[1..].to_vec())
 }
 
 /// Connects to the abstract UNIX socket `name` without blocking until its
