@@ -163,6 +163,8 @@ pub struct Sock {
     pub snd_timeo_ms: AtomicU32,
     /// Index of this connection's holder slot ([`crate::holders`]).
     pub slot: usize,
+    /// `tcp` counts against the descriptor budget (`smclo::fdnum`).
+    pub _held: smclo::fdnum::Held,
 }
 
 impl Drop for Sock {

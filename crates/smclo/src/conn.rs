@@ -122,6 +122,8 @@ pub struct Conn {
     /// direction; the next budget shrinks with it (adaptive spinning).
     rx_spin_misses: AtomicU32,
     tx_spin_misses: AtomicU32,
+    /// `chan` counts against the descriptor budget ([`crate::fdnum`]).
+    _held: crate::fdnum::Held,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -168,6 +170,7 @@ impl Conn {
             received: AtomicU64::new(0),
             rx_spin_misses: AtomicU32::new(0),
             tx_spin_misses: AtomicU32::new(0),
+            _held: crate::fdnum::Held::new(),
         })
     }
 

@@ -1058,8 +1058,13 @@ impl DmbHandle {
         self.dmb.own_fd().expect("a registered DMB has its memfd")
     }
 
-    /// The mapping and the registration, to be kept by different owners.
-    pub fn into_parts(self) -> (Dmb, Registration) {
+    /// The mapping and the registration, to be kept by different owners
+    /// (the handshake is done: the peer has the memfd). A process short of
+    /// descriptors closes the memfd now ([`Dmb::close_own_file`]).
+    pub fn into_parts(mut self) -> (Dmb, Registration) {
+        if crate::fdnum::pressed() {
+            self.dmb.close_own_file();
+        }
         (self.dmb, self.reg)
     }
 }

@@ -57,6 +57,8 @@ pub(crate) struct Own {
     /// Whether dropping the mapping hands it to the pool (true for DMBs in
     /// use; false for the pool's own copies, which really unmap).
     pub(crate) reuse: bool,
+    /// `file` counts against the descriptor budget ([`crate::fdnum`]).
+    pub(crate) _held: crate::fdnum::Held,
 }
 
 // SAFETY: `Dmb` owns its mapping (nothing else unmaps it); the pointers are
@@ -128,8 +130,17 @@ impl Dmb {
             file,
             fork_gen: crate::owner::fork_gen(),
             reuse: true,
+            _held: crate::fdnum::Held::new(),
         });
         Ok(d)
+    }
+
+    /// Closes the memfd of our own DMB once the peer has it (it maps the
+    /// file; our mapping keeps the memory): one descriptor less for the
+    /// connection's life, and the DMB is unmapped instead of pooled when it
+    /// is dropped. For a process short of descriptors ([`crate::fdnum`]).
+    pub(crate) fn close_own_file(&mut self) {
+        self.own = None;
     }
 
     /// The memfd of our own DMB (None for a peer's).
@@ -411,7 +422,8 @@ impl Drop for Dmb {
             }
         }
         if let Some(own) = self.own.take() {
-            if own.reuse && own.fork_gen == crate::owner::fork_gen() {
+            // A process short of descriptors does not keep the memfd.
+            if own.reuse && own.fork_gen == crate::owner::fork_gen() && !crate::fdnum::pressed() {
                 let pooled = Dmb {
                     base: self.base,
                     map_len: self.map_len,

@@ -8,9 +8,16 @@
 //! memfd, the preload's hidden TCP socket) is moved to a number at or above
 //! [`floor`], leaving the low numbers to the application's `socket`,
 //! `accept` and `open`.
+//!
+//! They also count against the application's `RLIMIT_NOFILE`: each owner of
+//! such a descriptor holds a [`Held`], and a new SMC-D connection is tried
+//! only while smclo's descriptors stay within [`budget`], a fixed share of
+//! the soft limit ([`room_for_conn`]); otherwise it falls back to TCP
+//! (reason MEM). So a program that uses up to 15/16 of its limit never
+//! meets `EMFILE` earlier than over TCP.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// Lowest and highest floor. The upper bound keeps the kernel's descriptor
 /// table of a process with a huge `RLIMIT_NOFILE` small, and the numbers
@@ -70,6 +77,90 @@ pub fn move_high<T: Into<OwnedFd> + From<OwnedFd> + AsRawFd>(x: T) -> T {
         Ok(high) => T::from(high), // `x` drops (closes) here
         Err(_) => x,
     }
+}
+
+/// smclo's descriptors may take 1/`BUDGET_SHARE` of the soft
+/// `RLIMIT_NOFILE`; the application keeps the rest.
+const BUDGET_SHARE: u64 = 16;
+
+/// What one more connection may need at once: its channel, its DMB's
+/// memfd, the preload's hidden TCP socket, and during the handshake a
+/// rendezvous socket and the peer's memfd.
+pub const PER_CONN: usize = 5;
+
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// One descriptor smclo keeps open beside the application's (a channel, a
+/// DMB memfd, a hidden TCP socket): counted while this value lives, so the
+/// owner holds it next to the descriptor.
+#[derive(Debug)]
+pub struct Held(());
+
+impl Held {
+    /// Counts one more descriptor.
+    pub fn new() -> Held {
+        HELD.fetch_add(1, Ordering::Relaxed);
+        Held(())
+    }
+}
+
+impl Default for Held {
+    fn default() -> Held {
+        Held::new()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Descriptors smclo holds now in this process.
+pub fn held() -> usize {
+    HELD.load(Ordering::Relaxed)
+}
+
+/// How many descriptors smclo may hold: 1/[`BUDGET_SHARE`] of the soft
+/// `RLIMIT_NOFILE`, read now (the program may change its limit at any
+/// time; this is asked once per connection attempt and per pooled DMB).
+pub fn budget() -> usize {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 0;
+    }
+    usize::try_from(rl.rlim_cur / BUDGET_SHARE).unwrap_or(usize::MAX)
+}
+
+/// Whether one more SMC-D connection fits in the [`budget`]; when it does
+/// not, the connection stays TCP.
+pub fn room_for_conn() -> bool {
+    let budget = budget();
+    if held() + PER_CONN > budget {
+        // Pooled DMBs hold memfds too: a process short of descriptors
+        // creates DMBs anew rather than keep them.
+        crate::pool::shed();
+    }
+    let held = held();
+    let room = held + PER_CONN <= budget;
+    if !room {
+        crate::debug!(
+            "descriptor budget: smclo holds {held} descriptors of the {budget} it may use \
+             (1/{BUDGET_SHARE} of RLIMIT_NOFILE); this connection stays TCP (MEM)"
+        );
+    }
+    room
+}
+
+/// Whether smclo holds more than half its [`budget`]: DMB memfds are then
+/// closed as soon as they are passed, and dropped DMBs are not pooled, at
+/// the cost of creating the next DMB anew.
+pub fn pressed() -> bool {
+    held() * 2 > budget()
 }
 
 #[cfg(test)]

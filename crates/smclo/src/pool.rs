@@ -141,6 +141,20 @@ pub(crate) fn put(d: Dmb) {
     }
 }
 
+/// Unmaps every free and pending DMB, closing their memfds: for a process
+/// short of descriptors ([`crate::fdnum`]).
+pub(crate) fn shed() {
+    let shed = match POOL.try_lock() {
+        Ok(mut p) => {
+            let mut v = std::mem::take(&mut p.free);
+            v.append(&mut p.pending);
+            v
+        }
+        Err(_) => return,
+    };
+    drop(shed); // outside the lock: the copies unmap
+}
+
 /// Takes the idle mapping of the peer DMB whose memfd is `id` (device,
 /// inode), if we keep one.
 pub(crate) fn take_peer(id: (u64, u64)) -> Option<Dmb> {

@@ -29,7 +29,8 @@ pub enum Reason {
     NoUeid = 0x0303_0008,
     /// No free rendezvous slot, or the device's DMB limit is reached.
     MaxDmb = 0x030d_0000,
-    /// A DMB could not be created (out of memory, or `/dev/shm` is full).
+    /// A DMB could not be created (out of memory, or `/dev/shm` is full), or
+    /// the connection would take smclo past its share of `RLIMIT_NOFILE`.
     Mem = 0x0101_0000,
     /// The server did not answer the Proposal in time (SMC: `TIMEOUT_CL`).
     Timeout = 0x0201_0000,
@@ -159,7 +160,7 @@ impl Reason {
             Reason::NoSmcd2Dev => "peer uses a different smclo device (GID mismatch)",
             Reason::NoUeid => "UEIDs differ (SMCLO_UEID)",
             Reason::MaxDmb => "no free rendezvous slot or DMB limit reached",
-            Reason::Mem => "could not create a DMB (out of memory or /dev/shm full)",
+            Reason::Mem => "no memory or descriptors for a connection (out of memory, /dev/shm full, or smclo's share of RLIMIT_NOFILE used)",
             Reason::Timeout => "server did not answer within SMCLO_CLC_WAIT_MS",
             Reason::SyncErr => "handshake state out of sync",
             Reason::PeerDecl => "peer declined",

@@ -59,6 +59,7 @@ pub(super) fn swap_in(
         rcv_timeo_ms: Default::default(),
         snd_timeo_ms: Default::default(),
         slot,
+        _held: smclo::fdnum::Held::new(),
     });
     table::set_flag(tcp, F_INTERNAL, true);
     table::set_flag(chan, F_INTERNAL, true);

@@ -76,6 +76,9 @@ pub fn client_propose(
         // for it could deadlock, so decline up front.
         return Err(Reason::SelfConnect);
     }
+    if !crate::fdnum::room_for_conn() {
+        return Err(Reason::Mem);
+    }
     // The key needs the source address before the SYN: the bound one, or
     // the one routing will choose. The port stays the kernel's choice at
     // `connect` (see `key_for`).

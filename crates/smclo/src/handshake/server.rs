@@ -131,6 +131,9 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
         return decline(dev, slot, *r, Some(&wake));
     }
+    if !crate::fdnum::room_for_conn() {
+        return decline(dev, slot, Reason::Mem, Some(&wake));
+    }
     let dmb = match dev.register_dmb(cfg.rmem, Role::Server) {
         Ok(d) => d,
         Err(e) => {
