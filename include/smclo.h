@@ -31,7 +31,15 @@
  *  - while a reserved region is outstanding, smclo_write fails with EBUSY;
  *    while a peeked region is outstanding, smclo_read fails with EBUSY;
  *  - smclo_close drops an outstanding region (nothing more is sent or
- *    consumed) and invalidates its pointer.
+ *    consumed) and invalidates its pointer;
+ *  - on an SMC-D connection a region is memory shared with the peer
+ *    process, which an honest peer does not touch while the region is
+ *    outstanding but a misbehaving one can change at any time. Read a
+ *    peeked byte once: copy what you parse or check before parsing or
+ *    checking it (a value read twice may differ). Do not read back bytes
+ *    you wrote into a reserved region expecting the same values. Such a
+ *    peer can only garble the bytes of its own connection; it cannot make
+ *    the region's pointer or size invalid.
  */
 #ifndef SMCLO_H
 #define SMCLO_H

@@ -9,8 +9,11 @@
 //!   `*_close` functions accept `NULL` and do nothing);
 //! - a panic never crosses the boundary: it is caught and reported as `EIO`.
 //!
-//! The zero-copy regions of the native API borrow the stream. C holds them
-//! between two calls, so the stream object keeps the outstanding region in
+//! The zero-copy regions of the native API are memory the peer maps on
+//! SMC-D: C gets raw pointers to them, under the contract of
+//! [`smclo::api::ReadRegion::as_ptr`] and
+//! [`smclo::api::WriteRegion::as_mut_ptr`] (spelled out in the header).
+//! They borrow the stream. C holds them between two calls, so the stream object keeps the outstanding region in
 //! a slot, with its lifetime extended to `'static`; see [`smclo_stream`] for
 //! why that is sound.
 
@@ -492,10 +495,9 @@ pub unsafe extern "C" fn smclo_reserve(
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         let r = slot.insert(s.s_static().reserve(min)?);
-        let m = r.as_mut_slice();
         // SAFETY: `len` is non-NULL and writable, per the contract.
-        unsafe { *len = m.len() };
-        Ok(m.as_mut_ptr().cast())
+        unsafe { *len = r.len() };
+        Ok(r.as_mut_ptr().cast())
     })
 }
 
@@ -538,11 +540,11 @@ pub unsafe extern "C" fn smclo_peek(s: *mut smclo_stream, len: *mut usize) -> *c
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         let r = slot.insert(s.s_static().peek_region()?);
-        let b = r.as_slice();
         // SAFETY: `len` is non-NULL and writable, per the contract.
-        unsafe { *len = b.len() };
-        // An empty slice's pointer is dangling but non-NULL, as promised.
-        Ok(b.as_ptr().cast())
+        unsafe { *len = r.len() };
+        // Never NULL, as promised: a ring position, or an empty Vec's
+        // dangling pointer at end of stream on TCP.
+        Ok(r.as_ptr().cast())
     })
 }
 

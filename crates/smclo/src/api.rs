@@ -238,28 +238,34 @@ impl SmcStream {
     }
 
     /// Zero-copy send: a writable region of at least `min` bytes (at most
-    /// the ring size) directly inside the peer's DMB. Write into it, then
-    /// [`WriteRegion::commit`]. On a TCP connection the region is a local
-    /// buffer that `commit` sends.
+    /// the ring size) directly inside the peer's DMB. Write into it
+    /// ([`WriteRegion::copy_from_slice`], or in place through
+    /// [`WriteRegion::as_mut_ptr`]), then [`WriteRegion::commit`]. On a TCP
+    /// connection the region is a local buffer that `commit` sends.
     pub fn reserve(&self, min: usize) -> io::Result<WriteRegion<'_>> {
         match &self.smc {
-            Some(e) => Ok(WriteRegion::Smc(e.conn.reserve(min)?, &e.registration)),
-            None => Ok(WriteRegion::Tcp(vec![0; min.max(1)], &self.tcp)),
+            Some(e) => Ok(WriteRegion(WriteInner::Smc(
+                e.conn.reserve(min)?,
+                &e.registration,
+            ))),
+            None => Ok(WriteRegion(WriteInner::Tcp(vec![0; min.max(1)], &self.tcp))),
         }
     }
 
-    /// Zero-copy receive: the received bytes, in place in this end's DMB.
-    /// Empty means end of stream. Consume with [`ReadRegion::release`].
+    /// Zero-copy receive: the received bytes, in place in this end's DMB
+    /// ([`ReadRegion::copy_to_slice`], or in place through
+    /// [`ReadRegion::as_ptr`]). Empty means end of stream. Consume with
+    /// [`ReadRegion::release`].
     pub fn peek_region(&self) -> io::Result<ReadRegion<'_>> {
         match &self.smc {
-            Some(e) => Ok(ReadRegion::Smc(e.conn.peek_region()?)),
+            Some(e) => Ok(ReadRegion(ReadInner::Smc(e.conn.peek_region()?))),
             // TCP: peek, so the bytes stay in the socket (and poll keeps
             // reporting them) until released.
             None => {
                 let mut buf = vec![0u8; 64 * 1024];
                 let n = self.tcp.peek(&mut buf)?;
                 buf.truncate(n);
-                Ok(ReadRegion::Tcp(buf, &self.tcp))
+                Ok(ReadRegion(ReadInner::Tcp(buf, &self.tcp)))
             }
         }
     }
@@ -356,8 +362,20 @@ impl AsRawFd for SmcStream {
     }
 }
 
-/// A region reserved for sending; see [`SmcStream::reserve`].
-pub enum WriteRegion<'a> {
+/// A region reserved for sending; see [`SmcStream::reserve`]. On SMC-D it
+/// is free space in the peer's ring, so it is filled by copying in
+/// ([`copy_from_slice`](Self::copy_from_slice)) or through a raw pointer
+/// ([`as_mut_ptr`](Self::as_mut_ptr)), never through a `&mut [u8]`.
+///
+/// ```compile_fail
+/// fn fill(s: &smclo::api::SmcStream) {
+///     let mut w = s.reserve(1).unwrap();
+///     w.as_mut_slice()[0] = 1; // no slice of the peer's memory
+/// }
+/// ```
+pub struct WriteRegion<'a>(WriteInner<'a>);
+
+enum WriteInner<'a> {
     /// Inside the peer's DMB.
     Smc(conn::WriteRegion<'a>, &'a crate::device::Registration),
     /// A local buffer for a TCP connection.
@@ -365,23 +383,48 @@ pub enum WriteRegion<'a> {
 }
 
 impl WriteRegion<'_> {
-    /// The writable bytes.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        match self {
-            WriteRegion::Smc(r, _) => r,
-            WriteRegion::Tcp(b, _) => b,
+    /// Size of the region in bytes.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            WriteInner::Smc(r, _) => r.len(),
+            WriteInner::Tcp(b, _) => b.len(),
+        }
+    }
+
+    /// Whether the region has no room (never, for a reserved region).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `src` into the region at `offset`. Panics if it does not fit
+    /// (`offset + src.len() > len()`), like slice indexing.
+    pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) {
+        match &mut self.0 {
+            WriteInner::Smc(r, _) => r.copy_from_slice(offset, src),
+            WriteInner::Tcp(b, _) => b[offset..offset + src.len()].copy_from_slice(src),
+        }
+    }
+
+    /// The start of the region, valid for [`len`](Self::len) bytes until
+    /// the region is committed or dropped, under the contract of
+    /// [`conn::WriteRegion::as_mut_ptr`]: write through raw pointers or
+    /// system calls only, never through a `&mut [u8]` made from it.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match &mut self.0 {
+            WriteInner::Smc(r, _) => r.as_mut_ptr(),
+            WriteInner::Tcp(b, _) => b.as_mut_ptr(),
         }
     }
 
     /// Sends the first `n` bytes of the region.
     pub fn commit(self, n: usize) -> io::Result<()> {
-        match self {
-            WriteRegion::Smc(r, h) => {
+        match self.0 {
+            WriteInner::Smc(r, h) => {
                 r.commit(n)?;
                 h.add_tx(n as u64);
                 Ok(())
             }
-            WriteRegion::Tcp(b, mut t) => {
+            WriteInner::Tcp(b, mut t) => {
                 let n = n.min(b.len());
                 t.write_all(&b[..n])
             }
@@ -389,8 +432,20 @@ impl WriteRegion<'_> {
     }
 }
 
-/// Received bytes in place; see [`SmcStream::peek_region`].
-pub enum ReadRegion<'a> {
+/// Received bytes in place; see [`SmcStream::peek_region`]. On SMC-D they
+/// are in this end's ring, which the peer maps, so they are read by copying
+/// out ([`copy_to_slice`](Self::copy_to_slice)) or through a raw pointer
+/// ([`as_ptr`](Self::as_ptr)), never through a `&[u8]`.
+///
+/// ```compile_fail
+/// fn first(s: &smclo::api::SmcStream) -> u8 {
+///     let r = s.peek_region().unwrap();
+///     r.as_slice()[0] // no slice of memory the peer can write
+/// }
+/// ```
+pub struct ReadRegion<'a>(ReadInner<'a>);
+
+enum ReadInner<'a> {
     /// Inside this end's DMB.
     Smc(conn::ReadRegion<'a>),
     /// A copy of the bytes waiting in a TCP connection (still queued there).
@@ -398,19 +453,44 @@ pub enum ReadRegion<'a> {
 }
 
 impl ReadRegion<'_> {
-    /// The received bytes (empty at end of stream).
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            ReadRegion::Smc(r) => r,
-            ReadRegion::Tcp(b, _) => b,
+    /// Number of received bytes (0 at end of stream).
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            ReadInner::Smc(r) => r.len(),
+            ReadInner::Tcp(b, _) => b.len(),
+        }
+    }
+
+    /// Whether the region is empty: end of stream.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the region.
+    /// Panics if they are not all in it (`offset + dst.len() > len()`).
+    pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) {
+        match &self.0 {
+            ReadInner::Smc(r) => r.copy_to_slice(offset, dst),
+            ReadInner::Tcp(b, _) => dst.copy_from_slice(&b[offset..offset + dst.len()]),
+        }
+    }
+
+    /// The start of the received bytes, valid for [`len`](Self::len) bytes
+    /// until the region is released or dropped, under the contract of
+    /// [`conn::ReadRegion::as_ptr`]: read through raw pointers or system
+    /// calls only, each byte once, never through a `&[u8]` made from it.
+    pub fn as_ptr(&self) -> *const u8 {
+        match &self.0 {
+            ReadInner::Smc(r) => r.as_ptr(),
+            ReadInner::Tcp(b, _) => b.as_ptr(),
         }
     }
 
     /// Consumes the first `n` bytes.
     pub fn release(self, n: usize) -> io::Result<()> {
-        match self {
-            ReadRegion::Smc(r) => r.release(n),
-            ReadRegion::Tcp(mut b, mut t) => {
+        match self.0 {
+            ReadInner::Smc(r) => r.release(n),
+            ReadInner::Tcp(mut b, mut t) => {
                 let n = n.min(b.len());
                 t.read_exact(&mut b[..n])
             }

@@ -11,8 +11,9 @@
 //! - **Read** copies out of the local ring at the consumer position, stores
 //!   the new consumer cursor and settles the doorbells.
 //! - Zero copy: [`Conn::reserve`] / [`WriteRegion::commit`] and
-//!   [`Conn::peek_region`] / [`ReadRegion::release`] hand out one slice
-//!   inside the ring (contiguous thanks to the double mapping).
+//!   [`Conn::peek_region`] / [`ReadRegion::release`] hand out one region
+//!   inside the ring (contiguous thanks to the double mapping), reached by
+//!   copies or raw pointers only, never as a slice ([`crate::ring`]).
 //!
 //! Every cursor word is loaded from shared memory and validated
 //! ([`smclo_wire::cursor`]) at each use; nothing about the rings is cached
@@ -56,7 +57,6 @@ use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
 };
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -810,9 +810,17 @@ impl std::fmt::Debug for Conn {
 
 /// Free space in the peer's ring, writable in place. Holds the writer lock.
 ///
-/// The slice aliases shared memory. An honest peer never touches the free
-/// space (it reads only below the producer cursor); a malicious one can
-/// only scribble on bytes it will receive itself, which carry no invariant.
+/// The bytes are memory the peer maps, so the region is never a `&mut [u8]`
+/// (see [`crate::ring`]): fill it with [`copy_from_slice`](Self::copy_from_slice),
+/// or through [`as_mut_ptr`](Self::as_mut_ptr) under its contract.
+///
+/// ```compile_fail
+/// fn fill(c: &smclo::conn::Conn) {
+///     let mut w = c.reserve(1).unwrap();
+///     let bytes: &mut [u8] = &mut w; // no slice of the peer's memory
+///     bytes[0] = 1;
+/// }
+/// ```
 pub struct WriteRegion<'a> {
     conn: &'a Conn,
     _g: MutexGuard<'a, Vec<u8>>,
@@ -821,6 +829,38 @@ pub struct WriteRegion<'a> {
 }
 
 impl WriteRegion<'_> {
+    /// Size of the region in bytes (all the free space).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region has no room (never, for a reserved region).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `src` into the region at `offset`. Panics if it does not fit
+    /// (`offset + src.len() > len()`), like slice indexing.
+    pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) {
+        check_span(offset, src.len(), self.len);
+        // SAFETY: `offset + src.len() <= len` (checked), and the region's
+        // `len` bytes from `ptr` are mapped ring memory that no reference
+        // covers (`ring` module docs).
+        unsafe { ring::copy_to_shared(self.ptr.add(offset), src) };
+    }
+
+    /// The start of the region, for writing in place (e.g. handing it to
+    /// `read(2)`), valid for [`len`](Self::len) bytes until the region is
+    /// committed or dropped.
+    ///
+    /// Contract: the bytes are shared with the peer. Write them through raw
+    /// pointers or system calls only, never through a `&mut [u8]` made from
+    /// this pointer; do not read them back expecting what you wrote (a
+    /// misbehaving peer may change them before [`commit`](Self::commit)).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Publishes the first `n` bytes of the region (`n <= len`).
     pub fn commit(self, n: usize) -> io::Result<()> {
         if n > self.len {
@@ -842,29 +882,21 @@ impl WriteRegion<'_> {
     }
 }
 
-impl Deref for WriteRegion<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` lies in the double-mapped ring (len <=
-        // ring_len), which outlives the borrow of the Conn; see the type
-        // docs for the aliasing argument.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl DerefMut for WriteRegion<'_> {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`; the writer lock makes this the only region
-        // handed out for this ring in this process.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
 /// Received bytes in place. Holds the reader lock.
 ///
-/// The slice aliases the local ring below the producer cursor, which an
-/// honest peer does not write until we release it; a malicious peer can only
-/// change bytes that it sent itself.
+/// The bytes are in the local ring below the producer cursor, which an
+/// honest peer does not write until we release them; a misbehaving one can.
+/// So the region is never a `&[u8]` (see [`crate::ring`]): copy out of it
+/// with [`copy_to_slice`](Self::copy_to_slice), or read through
+/// [`as_ptr`](Self::as_ptr) under its contract.
+///
+/// ```compile_fail
+/// fn first(c: &smclo::conn::Conn) -> u8 {
+///     let r = c.peek_region().unwrap();
+///     let bytes: &[u8] = &r; // no slice of memory the peer can write
+///     bytes[0]
+/// }
+/// ```
 pub struct ReadRegion<'a> {
     conn: &'a Conn,
     _g: MutexGuard<'a, ()>,
@@ -873,6 +905,37 @@ pub struct ReadRegion<'a> {
 }
 
 impl ReadRegion<'_> {
+    /// Number of received bytes in the region (0 at end of stream).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty: end of stream.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the region.
+    /// Panics if they are not all in it (`offset + dst.len() > len()`).
+    pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) {
+        check_span(offset, dst.len(), self.len);
+        // SAFETY: `offset + dst.len() <= len` (checked), and the region's
+        // `len` bytes from `ptr` are mapped ring memory that no reference
+        // covers (`ring` module docs).
+        unsafe { ring::copy_from_shared(self.ptr.add(offset), dst) };
+    }
+
+    /// The start of the received bytes, for reading in place, valid for
+    /// [`len`](Self::len) bytes until the region is released or dropped.
+    ///
+    /// Contract: the bytes are shared with the peer. Read them through raw
+    /// pointers or system calls only, never through a `&[u8]` made from
+    /// this pointer, and read each byte once: a misbehaving peer can change
+    /// them between two reads, so copy what you check before checking it.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
     /// Consumes the first `n` bytes (`n <= len`).
     pub fn release(self, n: usize) -> io::Result<()> {
         if n > self.len {
@@ -894,11 +957,10 @@ impl ReadRegion<'_> {
     }
 }
 
-impl Deref for ReadRegion<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` lies in the double-mapped ring (len <=
-        // ring_len) and the Conn outlives the region.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
+/// Panics unless `offset .. offset + n` lies within a region of `len` bytes.
+fn check_span(offset: usize, n: usize, len: usize) {
+    assert!(
+        offset.checked_add(n).is_some_and(|end| end <= len),
+        "bytes {offset}..{offset}+{n} are outside the {len}-byte region"
+    );
 }

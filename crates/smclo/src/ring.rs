@@ -3,28 +3,73 @@
 //! Thanks to the double mapping ([`crate::dmb`]), a copy of up to
 //! `ring_len` bytes starting at any offset is one `memcpy`.
 //!
-//! # Reading memory that the peer may be writing
+//! # Memory the peer may be writing
 //!
-//! The ring is shared with another process that we do not trust. A
-//! malicious peer may change bytes while we copy them out (or in). That is
-//! acceptable here because:
+//! The ring is shared with another process that we do not trust. Two rules
+//! make our side sound whatever that process does:
 //!
-//! - we only *copy* ring bytes, as plain `u8`s with no validity invariant;
-//!   we never interpret them, branch on them or build references to typed
-//!   data in the ring. The worst a racing peer achieves is garbage in its
-//!   own stream, which it could have sent anyway;
-//! - every offset and length comes from a cursor word that was validated
-//!   ([`smclo_wire::cursor::distance`]) and is reduced modulo `ring_len`
-//!   here, and lengths are at most `ring_len`, so a copy never leaves the
-//!   `2 * ring_len` mapped bytes whatever the peer writes;
-//! - the copies go through raw pointers (`copy_nonoverlapping`), so the
-//!   compiler never assumes the shared bytes are stable across accesses.
+//! 1. **No reference ever covers ring bytes.** Safe code never holds a
+//!    `&[u8]` or `&mut [u8]` into the ring (a reference promises the
+//!    compiler that the bytes do not change, or that nobody else sees them,
+//!    for its whole life, which a peer can break at any moment). The ring is
+//!    reached only through raw pointers, in the two copy functions below
+//!    ([`copy_to_shared`], [`copy_from_shared`]), which every path uses:
+//!    `read`/`write` ([`copy_in`], [`copy_out`]) and the zero-copy regions
+//!    of [`crate::conn`], whose safe methods copy and whose raw pointers
+//!    come with the same contract for the caller.
+//! 2. **Each copy reads or writes each shared byte once, into or from
+//!    private memory**, and only the private copy is looked at afterwards.
+//!    A byte is a `u8`, valid with any value, so whatever the peer stores
+//!    concurrently, the copy holds valid bytes; we never branch on ring
+//!    bytes in place and never read them twice expecting the same value.
 //!
-//! With an honest peer the protocol orders the accesses: the writer fills
-//! bytes and then publishes `prod` (release); the reader loads `prod`
-//! (acquire) before copying, and publishes `cons` only after it is done.
+//! With an honest peer there is no race at all: the writer fills bytes and
+//! then publishes `prod` (release); the reader loads `prod` (acquire) before
+//! copying, and publishes `cons` (release) only after it is done; the writer
+//! loads `cons` (acquire) before it reuses those bytes. The cursors split
+//! the ring into the part only the writer touches and the part only the
+//! reader touches, and the atomics order the hand-over across processes.
+//!
+//! A misbehaving peer may write the bytes we are copying anyway. That write
+//! comes from outside our program, like a device doing DMA into a buffer:
+//! under rules 1 and 2 the compiler has made no assumption it can break
+//! (`copy_nonoverlapping` through raw pointers is an opaque bulk copy of
+//! `u8`s; no reference asserted their stability), and the worst outcome is
+//! garbage bytes in the stream that peer sends us, which it could have
+//! sent anyway. Every offset and length comes from a cursor word that was
+//! validated ([`smclo_wire::cursor::distance`]) and is reduced modulo
+//! `ring_len` here, and lengths are at most `ring_len`, so a copy never
+//! leaves the `2 * ring_len` mapped bytes whatever the peer writes.
+//!
+//! Volatile or atomic per-byte copies would be the alternative; they add
+//! nothing to rules 1 and 2 for bytes without a validity invariant and cost
+//! the bulk `memcpy` that makes shared memory faster than TCP.
 
 use crate::dmb::Dmb;
+
+/// Copies `src` to `dst` in shared memory (see the module docs).
+///
+/// # Safety
+/// `dst .. dst + src.len()` is mapped, writable, and covered by no Rust
+/// reference (it is ring memory reached through a raw pointer).
+#[inline]
+pub(crate) unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
+    // SAFETY: `dst` is valid for `src.len()` bytes (caller); `src` is
+    // private memory, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+}
+
+/// Copies `dst.len()` bytes from `src` in shared memory to `dst` (see the
+/// module docs).
+///
+/// # Safety
+/// `src .. src + dst.len()` is mapped and covered by no Rust reference.
+#[inline]
+pub(crate) unsafe fn copy_from_shared(src: *const u8, dst: &mut [u8]) {
+    // SAFETY: `src` is valid for `dst.len()` bytes (caller); `dst` is
+    // private memory, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+}
 
 /// Copies `src` into the ring at byte offset `pos` (any value; reduced
 /// modulo `ring_len`). Panics if `src` is longer than the ring, which the
@@ -37,11 +82,10 @@ pub fn copy_in(dmb: &Dmb, pos: u64, src: &[u8]) {
         "copy of {} bytes into a {len}-byte ring",
         src.len()
     );
-    let off = (pos as usize) & (len - 1);
-    // SAFETY: off < len and src.len() <= len, so the destination range lies
-    // in the 2 * len mapped ring bytes; `src` is private memory, so the
-    // ranges do not overlap. See the module docs for concurrent peers.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dmb.ring_ptr().add(off), src.len()) };
+    // SAFETY: ptr_at gives a position with `ring_len` mapped bytes after it
+    // (the double mapping) and src.len() <= ring_len; ring memory is never
+    // behind a reference.
+    unsafe { copy_to_shared(ptr_at(dmb, pos), src) };
 }
 
 /// Copies `dst.len()` bytes out of the ring, starting at byte offset `pos`
@@ -54,15 +98,13 @@ pub fn copy_out(dmb: &Dmb, pos: u64, dst: &mut [u8]) {
         "copy of {} bytes out of a {len}-byte ring",
         dst.len()
     );
-    let off = (pos as usize) & (len - 1);
-    // SAFETY: as in `copy_in`, the source range is inside the mapping and
-    // `dst` is private memory.
-    unsafe { std::ptr::copy_nonoverlapping(dmb.ring_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+    // SAFETY: as in `copy_in`, the source range is inside the mapping.
+    unsafe { copy_from_shared(ptr_at(dmb, pos), dst) };
 }
 
 /// Raw pointer to the ring byte at `pos` (reduced modulo `ring_len`); the
 /// following `ring_len` bytes are mapped (the double mapping). For the
-/// zero-copy regions of [`crate::conn`].
+/// copies above and the zero-copy regions of [`crate::conn`].
 #[inline]
 pub(crate) fn ptr_at(dmb: &Dmb, pos: u64) -> *mut u8 {
     let off = (pos as usize) & (dmb.ring_len() as usize - 1);
@@ -74,13 +116,16 @@ pub(crate) fn ptr_at(dmb: &Dmb, pos: u64) -> *mut u8 {
 mod tests {
     use super::*;
     use crate::dmb::memfd;
+    use smclo_wire::dmb_header::MIN_RING_LEN;
+
+    const RING: u32 = MIN_RING_LEN;
 
     #[test]
     fn copies_across_the_wrap_in_one_piece() {
         let f = memfd("ring-test").unwrap();
-        let d = Dmb::create(&f, 1, 16 * 1024, 0, 0, 0).unwrap();
+        let d = Dmb::create(&f, 1, RING, 0, 0, 0).unwrap();
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
-        let pos = 5 * 16 * 1024 + 16 * 1024 - 1000; // 1000 bytes before the end
+        let pos = 6 * RING as u64 - 1000; // 1000 bytes before the end
         copy_in(&d, pos, &data);
         let mut out = vec![0u8; 3000];
         copy_out(&d, pos, &mut out);
@@ -90,10 +135,10 @@ mod tests {
         copy_out(&d, 0, &mut head);
         assert_eq!(&head[..], &data[1000..]);
         // A whole ring from the middle.
-        let big: Vec<u8> = (0..16 * 1024u32).map(|i| (i ^ 0x5a) as u8).collect();
+        let big: Vec<u8> = (0..RING).map(|i| (i ^ 0x5a) as u8).collect();
         copy_in(&d, 77, &big);
         let mut back = vec![0u8; big.len()];
-        copy_out(&d, 77 + 16 * 1024 * 3, &mut back);
+        copy_out(&d, 77 + RING as u64 * 3, &mut back);
         assert_eq!(back, big);
     }
 
@@ -101,7 +146,7 @@ mod tests {
     #[should_panic]
     fn refuses_more_than_a_ring() {
         let f = memfd("ring-test").unwrap();
-        let d = Dmb::create(&f, 1, 16 * 1024, 0, 0, 0).unwrap();
-        copy_in(&d, 0, &vec![0u8; 16 * 1024 + 1]);
+        let d = Dmb::create(&f, 1, RING, 0, 0, 0).unwrap();
+        copy_in(&d, 0, &vec![0u8; RING as usize + 1]);
     }
 }
