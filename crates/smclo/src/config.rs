@@ -13,10 +13,6 @@ use crate::error::{Error, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Smallest DMB ring, as SMC-D's `SMC_BUF_MIN_SIZE`.
-pub const MIN_DMB_SIZE: u32 = 16 * 1024;
-/// Largest DMB ring, as SMC-D's limit.
-pub const MAX_DMB_SIZE: u32 = 1024 * 1024;
 /// Default ring size (see README "Choosing the DMB size" for the measurement).
 pub const DEFAULT_DMB_SIZE: u32 = 256 * 1024;
 
@@ -95,7 +91,8 @@ pub fn parse_size(v: &str) -> Option<u64> {
 /// Rounds a requested buffer size as SMC-D does: up to a power of two,
 /// at least 16 KiB, at most 1 MiB.
 pub fn round_dmb_size(bytes: u64) -> u32 {
-    let clamped = bytes.clamp(MIN_DMB_SIZE as u64, MAX_DMB_SIZE as u64);
+    use smclo_wire::dmb_header::{MAX_RING_LEN, MIN_RING_LEN};
+    let clamped = bytes.clamp(MIN_RING_LEN as u64, MAX_RING_LEN as u64);
     clamped.next_power_of_two() as u32
 }
 

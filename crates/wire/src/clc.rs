@@ -29,6 +29,7 @@
 
 use std::fmt;
 
+use crate::dmb_header::{MAX_RING_LEN, MIN_RING_LEN};
 use crate::reason::Reason;
 
 /// "SMCR" in EBCDIC: the eyecatcher of Proposal and Decline.
@@ -59,6 +60,9 @@ pub const MAX_LEN: usize = PROPOSAL_BASE_LEN + MAX_UEIDS * EID_LEN;
 pub const CHID_LOOPBACK: u16 = 0xFFFF;
 /// Largest compressed DMB size for SMC-D: 6 means 1 MiB.
 pub const MAX_SIZE_COMP: u8 = 6;
+/// Compressed size 0 is the smallest ring, `1 << MIN_RING_SHIFT` bytes.
+const MIN_RING_SHIFT: u32 = MIN_RING_LEN.trailing_zeros();
+const _: () = assert!(MIN_RING_LEN << MAX_SIZE_COMP == MAX_RING_LEN);
 /// `os_type` of Linux in a Decline.
 pub const OS_TYPE_LINUX: u8 = 2;
 
@@ -355,10 +359,10 @@ fn hex(b: &[u8]) -> String {
 /// [`MAX_SIZE_COMP`] (1 MiB). Rounds up: the result is never smaller than
 /// `bytes`, except that sizes above 1 MiB give 1 MiB.
 pub fn size_comp(bytes: u32) -> u8 {
-    if bytes <= 1 << 14 {
+    if bytes <= MIN_RING_LEN {
         return 0;
     }
-    let c = ((bytes - 1) >> 14).ilog2() + 1;
+    let c = ((bytes - 1) >> MIN_RING_SHIFT).ilog2() + 1;
     c.min(MAX_SIZE_COMP as u32) as u8
 }
 
@@ -366,7 +370,7 @@ pub fn size_comp(bytes: u32) -> u8 {
 /// up to 1 MiB for 6. Codes above [`MAX_SIZE_COMP`] (which [`ClcMsg::parse`]
 /// rejects) are clamped to it, so the result is always a valid ring size.
 pub fn size_uncomp(comp: u8) -> u32 {
-    1 << (comp.min(MAX_SIZE_COMP) as u32 + 14)
+    MIN_RING_LEN << comp.min(MAX_SIZE_COMP)
 }
 
 /// Client → server: "I want SMC-D for this connection; here is my device,

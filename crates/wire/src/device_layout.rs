@@ -164,8 +164,9 @@ impl fmt::Display for LayoutError {
             }
             LayoutError::BadMagic(m) => write!(
                 f,
-                "bad magic {:?} (expected \"SMCLODEV\"): not an smclo device file",
-                String::from_utf8_lossy(m)
+                "bad magic {:?} (expected {:?}): not an smclo device file",
+                String::from_utf8_lossy(m),
+                String::from_utf8_lossy(&MAGIC)
             ),
             LayoutError::Version(v) => write!(
                 f,

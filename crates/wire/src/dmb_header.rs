@@ -30,6 +30,19 @@ pub const VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 4096;
 /// How many leading bytes hold the static fields ([`parse`] needs these).
 pub const STATIC_LEN: usize = 48;
+/// Offset of the version (u32).
+pub const VERSION_OFFSET: usize = 8;
+/// Offset of the ring length (u32).
+pub const RING_LEN_OFFSET: usize = 12;
+/// Offset of the token (u64, 8-aligned). The owner rewrites it in place
+/// when it reuses the DMB, so it is accessed in the mapping as an atomic.
+pub const TOKEN_OFFSET: usize = 16;
+/// Offset of the owner's pid (u32).
+pub const OWNER_PID_OFFSET: usize = 24;
+/// Offset of the owner's start time (u64).
+pub const OWNER_START_OFFSET: usize = 32;
+/// Offset of the device GID (u64).
+pub const GID_OFFSET: usize = 40;
 /// Offset of the `prod` cursor word.
 pub const PROD_OFFSET: usize = 64;
 /// Offset of the `cons` cursor word (its own cache line, away from `prod`).
@@ -45,6 +58,7 @@ pub const MAX_RING_LEN: u32 = 1024 * 1024;
 
 // The cursor words follow the static fields, are 8-aligned and sit on
 // separate cache lines (checked at compile time).
+const _: () = assert!(TOKEN_OFFSET & 7 == 0 && GID_OFFSET + 8 == STATIC_LEN);
 const _: () = assert!(PROD_OFFSET >= STATIC_LEN && PROD_OFFSET & 7 == 0 && CONS_OFFSET & 7 == 0);
 const _: () = assert!(CONS_OFFSET - PROD_OFFSET >= 64 && CONS_OFFSET + 8 <= HEADER_LEN);
 const _: () = assert!(
@@ -87,7 +101,11 @@ impl fmt::Display for DmbHeaderError {
                 write!(f, "DMB header truncated: {n} bytes, need {STATIC_LEN}")
             }
             DmbHeaderError::BadMagic(m) => {
-                write!(f, "DMB header magic {m:02x?} is not \"SMCLODMB\"")
+                write!(
+                    f,
+                    "DMB header magic {m:02x?} is not {:?}",
+                    String::from_utf8_lossy(&MAGIC)
+                )
             }
             DmbHeaderError::BadVersion(v) => {
                 write!(
@@ -129,24 +147,24 @@ pub fn parse(b: &[u8]) -> Result<DmbHeader, DmbHeaderError> {
         return Err(DmbHeaderError::Truncated(b.len()));
     }
     let mut magic = [0u8; 8];
-    magic.copy_from_slice(&b[0..8]);
+    magic.copy_from_slice(&b[..MAGIC.len()]);
     if magic != MAGIC {
         return Err(DmbHeaderError::BadMagic(magic));
     }
-    let version = u32_at(b, 8);
+    let version = u32_at(b, VERSION_OFFSET);
     if version != VERSION {
         return Err(DmbHeaderError::BadVersion(version));
     }
-    let ring_len = u32_at(b, 12);
+    let ring_len = u32_at(b, RING_LEN_OFFSET);
     if !ring_len_ok(ring_len) {
         return Err(DmbHeaderError::BadRingLen(ring_len));
     }
     Ok(DmbHeader {
         ring_len,
-        token: u64_at(b, 16),
-        owner_pid: u32_at(b, 24),
-        owner_start: u64_at(b, 32),
-        gid: u64_at(b, 40),
+        token: u64_at(b, TOKEN_OFFSET),
+        owner_pid: u32_at(b, OWNER_PID_OFFSET),
+        owner_start: u64_at(b, OWNER_START_OFFSET),
+        gid: u64_at(b, GID_OFFSET),
     })
 }
 
@@ -154,13 +172,14 @@ impl DmbHeader {
     /// The static fields as bytes (the rest of the header page is zero).
     pub fn encode(&self) -> [u8; STATIC_LEN] {
         let mut out = [0u8; STATIC_LEN];
-        out[0..8].copy_from_slice(&MAGIC);
-        out[8..12].copy_from_slice(&VERSION.to_ne_bytes());
-        out[12..16].copy_from_slice(&self.ring_len.to_ne_bytes());
-        out[16..24].copy_from_slice(&self.token.to_ne_bytes());
-        out[24..28].copy_from_slice(&self.owner_pid.to_ne_bytes());
-        out[32..40].copy_from_slice(&self.owner_start.to_ne_bytes());
-        out[40..48].copy_from_slice(&self.gid.to_ne_bytes());
+        let mut put = |o: usize, b: &[u8]| out[o..o + b.len()].copy_from_slice(b);
+        put(0, &MAGIC);
+        put(VERSION_OFFSET, &VERSION.to_ne_bytes());
+        put(RING_LEN_OFFSET, &self.ring_len.to_ne_bytes());
+        put(TOKEN_OFFSET, &self.token.to_ne_bytes());
+        put(OWNER_PID_OFFSET, &self.owner_pid.to_ne_bytes());
+        put(OWNER_START_OFFSET, &self.owner_start.to_ne_bytes());
+        put(GID_OFFSET, &self.gid.to_ne_bytes());
         out
     }
 
@@ -204,16 +223,16 @@ mod tests {
         m[0] = b'X';
         assert!(matches!(parse(&m), Err(DmbHeaderError::BadMagic(_))));
         let mut v = b;
-        v[8..12].copy_from_slice(&2u32.to_ne_bytes());
+        v[VERSION_OFFSET..VERSION_OFFSET + 4].copy_from_slice(&2u32.to_ne_bytes());
         assert_eq!(parse(&v), Err(DmbHeaderError::BadVersion(2)));
         for bad in [0u32, 8192, 16 * 1024 + 1, 3 << 14, 2 << 20] {
             let mut r = b;
-            r[12..16].copy_from_slice(&bad.to_ne_bytes());
+            r[RING_LEN_OFFSET..RING_LEN_OFFSET + 4].copy_from_slice(&bad.to_ne_bytes());
             assert_eq!(parse(&r), Err(DmbHeaderError::BadRingLen(bad)), "{bad}");
         }
         for good in [16 * 1024u32, 1 << 20] {
             let mut r = b;
-            r[12..16].copy_from_slice(&good.to_ne_bytes());
+            r[RING_LEN_OFFSET..RING_LEN_OFFSET + 4].copy_from_slice(&good.to_ne_bytes());
             assert_eq!(parse(&r).map(|h| h.ring_len), Ok(good));
         }
     }

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 /// Ring length of most tests: the smallest, so streams wrap often.
-pub const RING: u32 = 16 * 1024;
+pub const RING: u32 = smclo_wire::dmb_header::MIN_RING_LEN;
 
 /// The two files and a connected pair: `a` reads ring `fa`, `b` reads `fb`.
 pub struct Pair {
