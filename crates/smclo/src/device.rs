@@ -11,7 +11,7 @@
 //! one, so exactly one GID exists even when many processes start at once.
 //! Every opener validates the header (magic, version, sizes, geometry) and
 //! the file's size, owner and mode *before* mapping it: a damaged file is an
-//! [`Error::InvalidDevice`], never a crash.
+//! [`Error::Device`], never a crash.
 //!
 //! # Shared tables
 //! Each table entry starts with a 64-bit *word* packing `state` (bits 0..8),
@@ -32,9 +32,10 @@
 //! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
 
 use crate::dmb::Dmb;
-use crate::error::{Error, Result};
+use crate::error::{DeviceError, DeviceProblem, Error, Result};
 use crate::owner::Owner;
 use smclo_wire::device_layout as layout;
+use smclo_wire::dmb_header;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::fs::File;
@@ -46,7 +47,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// CHID of loopback-ism (`SMC_LO_RESERVED_CHID`).
-pub const LOOPBACK_CHID: u16 = 0xFFFF;
+pub use smclo_wire::clc::CHID_LOOPBACK as LOOPBACK_CHID;
 
 /// Which end of a connection: used for DMB table entries and to split the
 /// fallback counters into client side and server side.
@@ -87,19 +88,13 @@ pub trait SmcdOps: Send + Sync {
     /// Creates a DMB with a ring of `ring_len` bytes (`register_dmb`).
     fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle>;
     /// Maps the peer's DMB `token` from the descriptor it passed
-    /// (`attach_dmb`). A descriptor holding another token
-    /// exists gives an error for which [`is_token_gone`] is true.
+    /// (`attach_dmb`). A descriptor holding another token gives
+    /// [`AttachError::TokenGone`](crate::error::AttachError::TokenGone).
     fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb>;
     /// Removes a DMB (`unregister_dmb`); dropping the handle does the same.
     fn unregister_dmb(&self, dmb: DmbHandle) {
         drop(dmb)
     }
-}
-
-/// Whether an error from [`SmcdOps::attach_dmb`] means that the token does
-/// not exist (any more): the handshake reports it as `ERR_RTOK`.
-pub fn is_token_gone(e: &Error) -> bool {
-    matches!(e, Error::Io(io) if io.kind() == io::ErrorKind::NotFound)
 }
 
 // ---------------------------------------------------------------------------
@@ -332,28 +327,38 @@ fn ensure_dir(dir: &Path) -> Result<()> {
         Err(e) => return Err(Error::Io(e)),
     }
     let md = std::fs::symlink_metadata(dir)?;
-    if !md.file_type().is_dir() {
-        return Err(Error::InvalidDevice(format!(
-            "{} is not a directory",
-            dir.display()
-        )));
-    }
+    let problem = if !md.file_type().is_dir() {
+        DeviceProblem::NotADirectory
+    } else {
+        match private_to_us(&md) {
+            Some(p) => p,
+            None => return Ok(()),
+        }
+    };
+    Err(device_error(dir, problem))
+}
+
+/// Why a file or directory is not private to our effective uid, if it is not.
+fn private_to_us(md: &std::fs::Metadata) -> Option<DeviceProblem> {
     if md.uid() != euid() {
-        return Err(Error::InvalidDevice(format!(
-            "device directory {} belongs to uid {}, not to us (uid {})",
-            dir.display(),
-            md.uid(),
-            euid()
-        )));
+        Some(DeviceProblem::WrongOwner {
+            uid: md.uid(),
+            ours: euid(),
+        })
+    } else if md.mode() & 0o077 != 0 {
+        Some(DeviceProblem::NotPrivate {
+            mode: md.mode() & 0o7777,
+        })
+    } else {
+        None
     }
-    if md.mode() & 0o077 != 0 {
-        return Err(Error::InvalidDevice(format!(
-            "device directory {} has mode {:o}: group and others must have no access (chmod 700)",
-            dir.display(),
-            md.mode() & 0o7777
-        )));
-    }
-    Ok(())
+}
+
+fn device_error(path: &Path, problem: DeviceProblem) -> Error {
+    Error::Device(DeviceError {
+        path: path.to_path_buf(),
+        problem,
+    })
 }
 
 fn open_flags() -> i32 {
@@ -443,10 +448,7 @@ impl Device {
                     created = true;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                    return Err(Error::InvalidDevice(format!(
-                        "{} is a symbolic link",
-                        path.display()
-                    )))
+                    return Err(device_error(&path, DeviceProblem::SymbolicLink))
                 }
                 Err(e) => return Err(Error::Io(e)),
             }
@@ -459,22 +461,12 @@ impl Device {
     /// make us touch a page past its end.
     fn map(dir: &Path, path: &Path, file: &File) -> Result<Arc<Device>> {
         let md = file.metadata()?;
-        let bad = |m: String| Error::InvalidDevice(format!("{}: {m}", path.display()));
+        let bad = |problem| Err(device_error(path, problem));
         if !md.file_type().is_file() {
-            return Err(bad("not a regular file".into()));
+            return bad(DeviceProblem::NotARegularFile);
         }
-        if md.uid() != euid() {
-            return Err(bad(format!(
-                "belongs to uid {}, not to us (uid {})",
-                md.uid(),
-                euid()
-            )));
-        }
-        if md.mode() & 0o077 != 0 {
-            return Err(bad(format!(
-                "mode {:o} gives access to group or others",
-                md.mode() & 0o7777
-            )));
+        if let Some(problem) = private_to_us(&md) {
+            return bad(problem);
         }
         let mut head = vec![0u8; layout::HEADER_LEN as usize];
         let mut have = 0;
@@ -487,12 +479,12 @@ impl Device {
             }
         }
         head.truncate(have);
-        let hdr = layout::validate_header(&head, md.len()).map_err(|e| bad(e.to_string()))?;
+        let hdr = match layout::validate_header(&head, md.len()) {
+            Ok(h) => h,
+            Err(e) => return bad(DeviceProblem::Header(e)),
+        };
         if hdr.chid != LOOPBACK_CHID {
-            return Err(bad(format!(
-                "CHID {:#06x} is not loopback-ism's 0xffff",
-                hdr.chid
-            )));
+            return bad(DeviceProblem::WrongChid(hdr.chid));
         }
         use std::os::fd::AsRawFd;
         let len = layout::TOTAL_SIZE as usize;
@@ -824,9 +816,7 @@ impl Device {
 
     /// Maps the peer's DMB `token` from the memfd `fd` it passed over the
     /// handshake channel ([`Dmb::attach_peer`] checks seals, owner, size,
-    /// header, token and GID). A descriptor whose header names another
-    /// token gives an error for which [`is_token_gone`] is true; other
-    /// invalid descriptors give `InvalidDevice`.
+    /// header, token and GID); a refusal is an [`Error::Attach`].
     pub fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb> {
         Dmb::attach_peer(fd, token, self.gid)
     }
@@ -947,28 +937,23 @@ impl Device {
         if !md.file_type().is_file() || md.uid() != euid() {
             return false;
         }
-        let mut h = [0u8; 40];
-        let complete =
-            md.len() >= 4096 && f.read_exact_at(&mut h, 0).is_ok() && &h[..8] == DMB_MAGIC;
-        if !complete {
+        let mut h = [0u8; dmb_header::STATIC_LEN];
+        let hdr = f
+            .read_exact_at(&mut h, 0)
+            .ok()
+            .and_then(|()| dmb_header::parse(&h).ok());
+        let Some(hdr) = hdr.filter(|hdr| md.len() >= hdr.file_len()) else {
             let age = md
                 .modified()
                 .ok()
                 .and_then(|m| m.elapsed().ok())
                 .map(|d| d.as_secs());
             return age.is_some_and(|a| a >= STALE_FILE_SECS);
-        }
-        let pid = u32::from_ne_bytes([h[24], h[25], h[26], h[27]]);
-        let mut s = [0u8; 8];
-        s.copy_from_slice(&h[32..40]);
-        let start = u64::from_ne_bytes(s);
+        };
         // Judge as a published (non-WRITING) entry: pid and start time.
-        !live.owner_alive(word::pack(0, pid, 2), start)
+        !live.owner_alive(word::pack(0, hdr.owner_pid, 2), hdr.owner_start)
     }
 }
-
-/// Magic of a DMB header (see `docs/ARCHITECTURE.md`, "DMB layout").
-const DMB_MAGIC: &[u8; 8] = b"SMCLODMB";
 
 /// Minimum time between two automatic sweeps for dead owners.
 pub const SWEEP_INTERVAL_MS: u64 = 200;

@@ -18,7 +18,7 @@
 //! once and then kept in the [`Dmb`] value; only the two cursor words are
 //! accessed in the shared page, as atomics.
 
-use crate::error::{Error, Result};
+use crate::error::{AttachError, Error, Result};
 use smclo_wire::dmb_header::{self, DmbHeader, CONS_OFFSET, HEADER_LEN, PROD_OFFSET};
 use std::fs::File;
 use std::io;
@@ -159,17 +159,32 @@ impl Dmb {
         use std::sync::atomic::Ordering;
         self.prod().store(0, Ordering::SeqCst);
         self.cons().store(0, Ordering::SeqCst);
-        // SAFETY: offset 16 (the token) is 8-aligned inside the header page
-        // of our mapping; the peer reads the static fields with pread, never
-        // concurrently with a reuse (the attach record is 0 here).
-        unsafe { std::ptr::write_volatile(self.base.add(16) as *mut u64, token) };
+        self.token_word().store(token, Ordering::SeqCst);
         self.hdr.token = token;
     }
 
     /// The attach record word of this DMB (see [`dmb_header::ATTACH_OFFSET`]).
     pub(crate) fn attach_word(&self) -> &AtomicU64 {
-        // SAFETY: as for `prod`, at ATTACH_OFFSET (8-aligned, own cache line).
-        unsafe { &*(self.base.add(dmb_header::ATTACH_OFFSET) as *const AtomicU64) }
+        self.word_at(dmb_header::ATTACH_OFFSET)
+    }
+
+    /// The token word in the mapped header: the owner rewrites it when it
+    /// reuses the DMB ([`Dmb::renew`]), while a cached mapping of the peer
+    /// may read it ([`Dmb::attach_peer`]), so it is an atomic like the
+    /// cursor words.
+    fn token_word(&self) -> &AtomicU64 {
+        self.word_at(dmb_header::TOKEN_OFFSET)
+    }
+
+    /// The 64-bit header word at `off`, as the atomic it is shared as.
+    fn word_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off & 7 == 0 && off + 8 <= HEADER_LEN);
+        // SAFETY: every caller passes a constant offset that is 8-aligned
+        // and inside the header page (checked at compile time in
+        // `smclo_wire::dmb_header`); the page-aligned mapping lives as long
+        // as `self`, and these words are only ever accessed atomically (by
+        // us and, in its own mapping, by the peer).
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
 
     /// Maps a peer's DMB from the descriptor it passed us, after checking
@@ -180,25 +195,19 @@ impl Dmb {
     /// into its header (compare-and-swap from 0; a DMB someone else still
     /// maps is refused), which the drop clears.
     ///
-    /// A header naming another token is an `io::ErrorKind::NotFound` error
-    /// ([`crate::device::is_token_gone`]: the DMB for `token` is not there);
-    /// anything else invalid is [`Error::InvalidDevice`].
+    /// A refusal is an [`Error::Attach`]: [`AttachError::TokenGone`] when
+    /// the header names another token (the DMB for `token` is not there).
     pub(crate) fn attach_peer(file: File, token: u64, gid: u64) -> Result<Dmb> {
         // SAFETY: F_GET_SEALS on a valid descriptor we own; no memory effects.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: the descriptor is not a memfd sealed against resizing (seals {seals:#x})"
-            )));
+            return Err(AttachError::NotSealed { seals }.into());
         }
         use std::os::unix::fs::MetadataExt;
         let md = file.metadata()?;
         // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        if !md.file_type().is_file() || md.uid() != euid {
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: not a regular file owned by uid {euid}"
-            )));
+        if !md.file_type().is_file() || md.uid() != unsafe { libc::geteuid() } {
+            return Err(AttachError::NotOurs.into());
         }
         let id = (md.dev(), md.ino());
         let mut d = match crate::pool::take_peer(id) {
@@ -207,18 +216,12 @@ impl Dmb {
             // have been reused). Its static fields are those we validated
             // then; only the token changes when the owner reuses the DMB.
             Some(d) => {
-                let named = d.token_in_header();
-                if named != token || d.gid() != gid {
-                    let msg = format!(
-                        "DMB {token:016x}: header names token {named:016x} of device GID {:016x}",
-                        d.gid()
-                    );
+                use std::sync::atomic::Ordering;
+                let found = d.token_word().load(Ordering::SeqCst);
+                let refused = check_identity(found, d.gid(), token, gid);
+                if let Err(e) = refused {
                     drop(d);
-                    return Err(if named != token {
-                        Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
-                    } else {
-                        Error::InvalidDevice(msg)
-                    });
+                    return Err(e.into());
                 }
                 d
             }
@@ -233,61 +236,34 @@ impl Dmb {
             .is_err()
         {
             crate::pool::put_peer(id, d);
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: already attached by another peer"
-            )));
+            return Err(AttachError::AlreadyAttached.into());
         }
         d.attach = Some((rec, crate::owner::fork_gen(), id));
         Ok(d)
     }
 
-    /// The token in the header, read through the mapping (the owner writes
-    /// it there when it reuses the DMB, see [`Dmb::renew`]).
-    fn token_in_header(&self) -> u64 {
-        // SAFETY: offset 16 is 8-aligned inside our header mapping.
-        unsafe { std::ptr::read_volatile(self.base.add(16) as *const u64) }
-    }
-
-    /// Map an existing DMB, validating its header (magic, version, ring_len
-    /// power of two in 16K..=1M, file size, token, gid): bad →
-    /// [`Error::InvalidDevice`] with a clear message.
+    /// Maps an existing DMB, validating its header (magic, version,
+    /// ring_len power of two in 16K..=1M, file size, token, gid): anything
+    /// wrong is an [`Error::Attach`] saying what.
     pub fn attach(file: &File, token: u64, gid: u64) -> Result<Dmb> {
         let size = file.metadata()?.len();
-        Dmb::attach_inner(file, token, gid, size).map_err(|e| match e {
-            Error::Io(e) if e.kind() == io::ErrorKind::NotFound => {
-                Error::InvalidDevice(e.to_string())
-            }
-            e => e,
-        })
+        Dmb::attach_inner(file, token, gid, size)
     }
 
-    /// [`Dmb::attach`] of a file of `size` bytes, with a token mismatch as
-    /// `NotFound`.
+    /// [`Dmb::attach`] of a file of `size` bytes.
     fn attach_inner(file: &File, token: u64, gid: u64, size: u64) -> Result<Dmb> {
         let mut b = [0u8; dmb_header::STATIC_LEN];
-        file.read_exact_at(&mut b, 0).map_err(|e| {
-            Error::InvalidDevice(format!("DMB {token:016x}: cannot read its header: {e}"))
-        })?;
-        let hdr = dmb_header::parse(&b)
-            .map_err(|e| Error::InvalidDevice(format!("DMB {token:016x}: {e}")))?;
+        file.read_exact_at(&mut b, 0)
+            .map_err(AttachError::Unreadable)?;
+        let hdr = dmb_header::parse(&b).map_err(AttachError::BadHeader)?;
         if size != hdr.file_len() {
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: file is {size} bytes, its header says {}",
-                hdr.file_len()
-            )));
+            return Err(AttachError::WrongSize {
+                size,
+                expected: hdr.file_len(),
+            }
+            .into());
         }
-        if hdr.token != token {
-            return Err(Error::Io(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("DMB {token:016x}: header names token {:016x}", hdr.token),
-            )));
-        }
-        if hdr.gid != gid {
-            return Err(Error::InvalidDevice(format!(
-                "DMB {token:016x}: belongs to device GID {:016x}, not {gid:016x}",
-                hdr.gid
-            )));
-        }
+        check_identity(hdr.token, hdr.gid, token, gid)?;
         Dmb::map(file, hdr)
     }
 
@@ -377,16 +353,12 @@ impl Dmb {
     /// The producer cursor word (written by the writer; the reader changes
     /// only its doorbell and spinning bits, by compare-and-swap).
     pub fn prod(&self) -> &AtomicU64 {
-        // SAFETY: PROD_OFFSET is 8-aligned inside the page-aligned header
-        // mapping, which lives as long as `self`; the word is only ever
-        // accessed atomically (by us and, in its own mapping, by the peer).
-        unsafe { &*(self.base.add(PROD_OFFSET) as *const AtomicU64) }
+        self.word_at(PROD_OFFSET)
     }
 
     /// The consumer cursor word (written by the reader, read by the writer).
     pub fn cons(&self) -> &AtomicU64 {
-        // SAFETY: as for `prod`, at CONS_OFFSET (its own cache line).
-        unsafe { &*(self.base.add(CONS_OFFSET) as *const AtomicU64) }
+        self.word_at(CONS_OFFSET)
     }
 
     /// Start of the first copy of the ring. `ring_len * 2` bytes from here
@@ -455,6 +427,26 @@ impl std::fmt::Debug for Dmb {
     }
 }
 
+/// Whether a header naming `found` of device `found_gid` is the DMB
+/// `token` of device `gid`.
+fn check_identity(
+    found: u64,
+    found_gid: u64,
+    token: u64,
+    gid: u64,
+) -> std::result::Result<(), AttachError> {
+    if found != token {
+        Err(AttachError::TokenGone {
+            wanted: token,
+            found,
+        })
+    } else if found_gid != gid {
+        Err(AttachError::WrongGid { found: found_gid })
+    } else {
+        Ok(())
+    }
+}
+
 /// The seals a DMB's memfd must carry: no shrinking (a peer would make our
 /// accesses fault, SIGBUS), no growing, and no changing the seals.
 pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
@@ -494,16 +486,17 @@ pub fn memfd(name: &str) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dmb_header::MIN_RING_LEN;
     use std::sync::atomic::Ordering;
 
     #[test]
     fn create_attach_share_memory_and_double_map() {
         let f = memfd("dmb-test").unwrap();
-        let a = Dmb::create(&f, 0xabc, 16 * 1024, 7, 1, 2).unwrap();
+        let a = Dmb::create(&f, 0xabc, MIN_RING_LEN, 7, 1, 2).unwrap();
         let b = Dmb::attach(&f, 0xabc, 7).unwrap();
         assert_eq!(
             (b.token(), b.ring_len(), b.owner_pid(), b.owner_start()),
-            (0xabc, 16384, 1, 2)
+            (0xabc, MIN_RING_LEN, 1, 2)
         );
         a.prod().store(0x1234, Ordering::SeqCst);
         assert_eq!(b.prod().load(Ordering::SeqCst), 0x1234);
@@ -511,27 +504,41 @@ mod tests {
         // SAFETY: test-only raw access within the 2 * ring_len mapped bytes.
         unsafe {
             *a.ring_ptr().add(5) = 42;
-            assert_eq!(*b.ring_ptr().add(16 * 1024 + 5), 42);
-            *b.ring_ptr().add(2 * 16 * 1024 - 1) = 9;
-            assert_eq!(*a.ring_ptr().add(16 * 1024 - 1), 9);
+            let len = MIN_RING_LEN as usize;
+            assert_eq!(*b.ring_ptr().add(len + 5), 42);
+            *b.ring_ptr().add(2 * len - 1) = 9;
+            assert_eq!(*a.ring_ptr().add(len - 1), 9);
         }
     }
 
     #[test]
     fn attach_rejects_mismatches() {
+        use dmb_header::{DmbHeaderError, RING_LEN_OFFSET};
         let f = memfd("dmb-test").unwrap();
-        drop(Dmb::create(&f, 1, 32 * 1024, 7, 1, 2).unwrap());
-        let msg = |r: Result<Dmb>| match r {
-            Err(Error::InvalidDevice(m)) => m,
-            other => panic!("expected InvalidDevice, got {other:?}"),
+        drop(Dmb::create(&f, 1, 2 * MIN_RING_LEN, 7, 1, 2).unwrap());
+        let refused = |r: Result<Dmb>| match r {
+            Err(Error::Attach(e)) => e,
+            other => panic!("expected Error::Attach, got {other:?}"),
         };
-        assert!(msg(Dmb::attach(&f, 2, 7)).contains("token"));
-        assert!(msg(Dmb::attach(&f, 1, 8)).contains("GID"));
+        assert!(matches!(
+            refused(Dmb::attach(&f, 2, 7)),
+            AttachError::TokenGone {
+                wanted: 2,
+                found: 1
+            }
+        ));
+        assert!(matches!(
+            refused(Dmb::attach(&f, 1, 8)),
+            AttachError::WrongGid { found: 7 }
+        ));
         f.write_all_at(b"X", 0).unwrap();
-        assert!(msg(Dmb::attach(&f, 1, 7)).contains("magic"));
+        assert!(matches!(
+            refused(Dmb::attach(&f, 1, 7)),
+            AttachError::BadHeader(DmbHeaderError::BadMagic(_))
+        ));
         let g = memfd("dmb-test").unwrap();
         let mut hdr = DmbHeader {
-            ring_len: 3 << 14,
+            ring_len: 3 * MIN_RING_LEN,
             token: 1,
             owner_pid: 1,
             owner_start: 0,
@@ -539,17 +546,24 @@ mod tests {
         }
         .encode();
         g.write_all_at(&hdr, 0).unwrap();
-        assert!(msg(Dmb::attach(&g, 1, 7)).contains("ring length"));
-        hdr[12..16].copy_from_slice(&(16u32 * 1024).to_ne_bytes());
+        assert!(matches!(
+            refused(Dmb::attach(&g, 1, 7)),
+            AttachError::BadHeader(DmbHeaderError::BadRingLen(l)) if l == 3 * MIN_RING_LEN
+        ));
+        hdr[RING_LEN_OFFSET..RING_LEN_OFFSET + 4].copy_from_slice(&MIN_RING_LEN.to_ne_bytes());
         g.write_all_at(&hdr, 0).unwrap();
-        assert!(msg(Dmb::attach(&g, 1, 7)).contains("bytes"));
+        let expected = HEADER_LEN as u64 + MIN_RING_LEN as u64;
+        assert!(matches!(
+            refused(Dmb::attach(&g, 1, 7)),
+            AttachError::WrongSize { size, expected: e } if size == dmb_header::STATIC_LEN as u64 && e == expected
+        ));
         assert!(Dmb::create(&g, 1, 1000, 7, 1, 0).is_err());
     }
 
     #[test]
     fn memfd_size_is_sealed() {
         let f = memfd("dmb-test").unwrap();
-        let _d = Dmb::create(&f, 1, 16 * 1024, 7, 1, 2).unwrap();
+        let _d = Dmb::create(&f, 1, MIN_RING_LEN, 7, 1, 2).unwrap();
         assert!(f.set_len(100).is_err());
     }
 }

@@ -5,8 +5,10 @@
 mod common;
 use common::{spawn_child_env, ChildGuard, TempDir};
 use smclo::device::{Device, DmbType, Role};
+use smclo::error::DeviceProblem;
 use smclo::Error;
 use smclo_wire::device_layout as layout;
+use smclo_wire::device_layout::LayoutError;
 use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -136,20 +138,22 @@ fn write_device(dir: &Path, bytes: &[u8], len: u64) {
 fn valid_header() -> Vec<u8> {
     layout::encode_header(&layout::DeviceHeader {
         gid: 0x1122_3344_5566_7788,
-        chid: 0xffff,
+        chid: smclo::device::LOOPBACK_CHID,
         seid: [b' '; 32],
     })
 }
 
-fn expect_invalid(dir: &Path, needle: &str) {
+/// Which device problem a case expects.
+type Expect = fn(&DeviceProblem) -> bool;
+
+/// Opening `dir` fails with an [`Error::Device`] about `path` (the
+/// directory itself, or its device file) whose problem satisfies `expect`.
+fn expect_invalid(dir: &Path, path: &Path, expect: Expect) {
     match Device::open(dir) {
-        Err(Error::InvalidDevice(m)) => {
-            assert!(
-                m.contains(needle),
-                "message {m:?} should mention {needle:?}"
-            );
+        Err(Error::Device(e)) => {
+            assert!(e.path == path && expect(&e.problem), "unexpected: {e}");
         }
-        Err(e) => panic!("expected InvalidDevice mentioning {needle:?}, got {e}"),
+        Err(e) => panic!("expected Error::Device, got {e}"),
         Ok(d) => panic!("a damaged device was accepted: {d:?}"),
     }
 }
@@ -162,48 +166,59 @@ fn damaged_device_files_are_clear_errors() {
     write_device(&t.0, &valid_header(), layout::TOTAL_SIZE);
     assert_eq!(Device::open(&t.0).unwrap().gid(), 0x1122_3344_5566_7788);
 
-    let cases: Vec<(&str, Vec<u8>, u64, &str)> = vec![
-        ("empty", vec![], 0, "truncated"),
+    let truncated: Expect = |p| matches!(p, DeviceProblem::Header(LayoutError::Truncated { .. }));
+    let bad_magic: Expect = |p| matches!(p, DeviceProblem::Header(LayoutError::BadMagic(_)));
+    let cases: Vec<(&str, Vec<u8>, u64, Expect)> = vec![
+        ("empty", vec![], 0, truncated),
         (
             "garbage",
             (0..8192u32)
                 .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
                 .collect(),
             layout::TOTAL_SIZE,
-            "magic",
+            bad_magic,
         ),
-        ("trunc", valid_header(), 1000, "truncated"),
+        ("trunc", valid_header(), 1000, truncated),
         (
             "trunc-tables",
             valid_header(),
-            layout::TOTAL_SIZE - 4096,
-            "truncated",
+            layout::TOTAL_SIZE - u64::from(layout::HEADER_LEN),
+            truncated,
         ),
         (
             "long",
             valid_header(),
-            layout::TOTAL_SIZE + 4096,
-            "file size",
+            layout::TOTAL_SIZE + u64::from(layout::HEADER_LEN),
+            |p| {
+                matches!(
+                    p,
+                    DeviceProblem::Header(LayoutError::Geometry {
+                        field: "file size",
+                        ..
+                    })
+                )
+            },
         ),
         (
             "magic",
             {
                 let mut h = valid_header();
-                h[..8].copy_from_slice(b"SMCLODEX");
+                h[layout::off::MAGIC] ^= 1;
                 h
             },
             layout::TOTAL_SIZE,
-            "magic",
+            bad_magic,
         ),
         (
             "version",
             {
                 let mut h = valid_header();
-                h[8..12].copy_from_slice(&2u32.to_ne_bytes());
+                h[layout::off::VERSION..layout::off::VERSION + 4]
+                    .copy_from_slice(&2u32.to_ne_bytes());
                 h
             },
             layout::TOTAL_SIZE,
-            "version 2",
+            |p| matches!(p, DeviceProblem::Header(LayoutError::Version(2))),
         ),
         (
             "geometry",
@@ -214,7 +229,15 @@ fn damaged_device_files_are_clear_errors() {
                 h
             },
             layout::TOTAL_SIZE,
-            "dmb table",
+            |p| {
+                matches!(
+                    p,
+                    DeviceProblem::Header(LayoutError::Geometry {
+                        field: "dmb table",
+                        ..
+                    })
+                )
+            },
         ),
         (
             "chid",
@@ -225,13 +248,13 @@ fn damaged_device_files_are_clear_errors() {
                 h
             },
             layout::TOTAL_SIZE,
-            "CHID",
+            |p| matches!(p, DeviceProblem::WrongChid(0x1234)),
         ),
     ];
-    for (tag, bytes, len, needle) in cases {
+    for (tag, bytes, len, expect) in cases {
         let t = TempDir::made(tag);
         write_device(&t.0, &bytes, len);
-        expect_invalid(&t.0, needle);
+        expect_invalid(&t.0, &t.0.join("device"), expect);
     }
 
     // A symlink instead of the file, and a file others can read.
@@ -239,21 +262,27 @@ fn damaged_device_files_are_clear_errors() {
     let target = TempDir::made("target");
     write_device(&target.0, &valid_header(), layout::TOTAL_SIZE);
     std::os::unix::fs::symlink(target.0.join("device"), t.0.join("device")).unwrap();
-    expect_invalid(&t.0, "symbolic link");
+    expect_invalid(&t.0, &t.0.join("device"), |p| {
+        *p == DeviceProblem::SymbolicLink
+    });
     let t = TempDir::made("mode");
     write_device(&t.0, &valid_header(), layout::TOTAL_SIZE);
     std::fs::set_permissions(t.0.join("device"), std::fs::Permissions::from_mode(0o644)).unwrap();
-    expect_invalid(&t.0, "mode");
+    expect_invalid(&t.0, &t.0.join("device"), |p| {
+        *p == DeviceProblem::NotPrivate { mode: 0o644 }
+    });
 }
 
 #[test]
 fn device_directory_must_be_private() {
     let t = TempDir::made("dirmode");
     std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-    expect_invalid(&t.0, "chmod 700");
+    expect_invalid(&t.0, &t.0, |p| {
+        *p == DeviceProblem::NotPrivate { mode: 0o755 }
+    });
     let t = TempDir::new("notdir");
     std::fs::write(&t.0, b"x").unwrap();
-    expect_invalid(&t.0, "not a directory");
+    expect_invalid(&t.0, &t.0, |p| *p == DeviceProblem::NotADirectory);
     std::fs::remove_file(&t.0).unwrap();
     let missing = PathBuf::from("/dev/shm/smclo-test-no-such-parent/x");
     assert!(matches!(Device::open(&missing), Err(Error::Config(_))));

@@ -4,7 +4,8 @@
 
 mod common;
 use common::{spawn_child, ChildGuard, TempDir};
-use smclo::device::{is_token_gone, Device, Role, SWEEP_INTERVAL_MS};
+use smclo::device::{Device, Role, SWEEP_INTERVAL_MS};
+use smclo::error::AttachError;
 use smclo::owner::Owner;
 use std::ffi::CString;
 use std::fs::File;
@@ -15,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const RING: u32 = 16 * 1024;
+const RING: u32 = smclo_wire::dmb_header::MIN_RING_LEN;
 
 /// Reads the child's stdout up to the line `READY`, returning the lines
 /// before it.
@@ -124,14 +125,14 @@ fn register_attach_unregister() {
     );
 
     // A descriptor holding another token: the token is gone.
-    let e = dev.attach_dmb(0x1234, dup(h.fd())).unwrap_err();
-    assert!(is_token_gone(&e), "{e}");
-    // A second attacher while the first maps it is refused.
-    let e = dev.attach_dmb(h.token(), dup(h.fd())).unwrap_err();
+    let e = refusal(dev.attach_dmb(0x1234, dup(h.fd())));
     assert!(
-        !is_token_gone(&e) && e.to_string().contains("attached"),
+        matches!(e, AttachError::TokenGone { wanted: 0x1234, found } if found == h.token()),
         "{e}"
     );
+    // A second attacher while the first maps it is refused.
+    let e = refusal(dev.attach_dmb(h.token(), dup(h.fd())));
+    assert!(matches!(e, AttachError::AlreadyAttached), "{e}");
     drop(peer);
 
     // A connected pair with traffic.
@@ -160,6 +161,14 @@ fn register_attach_unregister() {
     assert_eq!(dev.stats().xfer_bytes, 0);
 }
 
+/// Why attaching was refused; panics if it was not.
+fn refusal<T: std::fmt::Debug>(r: smclo::Result<T>) -> AttachError {
+    match r {
+        Err(smclo::Error::Attach(e)) => e,
+        other => panic!("expected an attach refusal, got {other:?}"),
+    }
+}
+
 fn unsafe_free_euid() -> u32 {
     std::fs::metadata("/proc/self").unwrap().uid()
 }
@@ -180,18 +189,13 @@ fn a_foreign_descriptor_is_not_attached() {
         .open(&path)
         .unwrap();
     drop(smclo::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
-    let e = dev.attach_dmb(token, plain).unwrap_err();
-    assert!(
-        !is_token_gone(&e) && e.to_string().contains("sealed"),
-        "{e}"
-    );
+    let e = refusal(dev.attach_dmb(token, plain));
+    assert!(matches!(e, AttachError::NotSealed { .. }), "{e}");
     // A memfd that can still change its seals (no F_SEAL_SEAL): refused.
     let m = smclo::dmb::memfd("t").unwrap();
     drop(smclo::dmb::Dmb::create(&m, token, RING, gid, 1, 1).unwrap());
-    let e = dev
-        .attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m)))
-        .unwrap_err();
-    assert!(e.to_string().contains("sealed"), "{e}");
+    let e = refusal(dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))));
+    assert!(matches!(e, AttachError::NotSealed { .. }), "{e}");
     // Fully sealed: accepted; with another GID or garbage: refused.
     assert_eq!(
         // SAFETY: F_ADD_SEALS on our own descriptor.
@@ -218,8 +222,11 @@ fn a_foreign_descriptor_is_not_attached() {
             libc::F_SEAL_SEAL,
         )
     };
-    let e = dev.attach_dmb(token, other).unwrap_err();
-    assert!(!is_token_gone(&e) && e.to_string().contains("GID"), "{e}");
+    let e = refusal(dev.attach_dmb(token, other));
+    assert!(
+        matches!(e, AttachError::WrongGid { found } if found == gid ^ 1),
+        "{e}"
+    );
     let g = smclo::dmb::memfd("t").unwrap();
     std::os::unix::fs::FileExt::write_all_at(&g, &[0x5au8; 8192], 0).unwrap();
     // SAFETY: as above.
@@ -230,8 +237,8 @@ fn a_foreign_descriptor_is_not_attached() {
             smclo::dmb::REQUIRED_SEALS,
         )
     };
-    let e = dev.attach_dmb(token, g).unwrap_err();
-    assert!(!is_token_gone(&e), "{e}");
+    let e = refusal(dev.attach_dmb(token, g));
+    assert!(matches!(e, AttachError::BadHeader(_)), "{e}");
 }
 
 #[test]
@@ -258,8 +265,9 @@ fn dropped_dmbs_are_reused_once_the_peer_detached() {
     assert_ne!(c.token(), old);
     assert_eq!(c.dmb().cons().load(std::sync::atomic::Ordering::SeqCst), 0);
     // The old token no longer matches the descriptor's header.
-    assert!(is_token_gone(
-        &dev.attach_dmb(old, dup(c.fd())).unwrap_err()
+    assert!(matches!(
+        refusal(dev.attach_dmb(old, dup(c.fd()))),
+        AttachError::TokenGone { wanted, found } if wanted == old && found == c.token()
     ));
     drop(dev.attach_dmb(c.token(), dup(c.fd())).unwrap());
     let s = dev.stats();

@@ -21,7 +21,7 @@ pub use server::server_accept;
 use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
-use crate::device::{self as device, Device, Registration};
+use crate::device::{Device, Registration, LOOPBACK_CHID};
 use crate::rendezvous::SlotKey;
 use smclo_wire::clc::ClcMsg;
 use smclo_wire::reason::Reason;
@@ -29,9 +29,6 @@ use smclo_wire::syn::Mark;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-
-/// The CHID of an emulated loopback-ism device.
-pub const LOOPBACK_CHID: u16 = 0xFFFF;
 
 /// A connection that the handshake upgraded.
 pub struct Established {
@@ -178,12 +175,11 @@ fn mode(dev: &Device, cfg: &Config) -> Mode {
 
 fn attach_reason(e: &crate::Error) -> Reason {
     debug!("attaching the peer's DMB failed: {e}");
-    if device::is_token_gone(e) {
-        Reason::ErrRtok
-    } else if matches!(e, crate::Error::InvalidDevice(_)) {
-        Reason::Protocol
-    } else {
-        Reason::IntErr
+    use crate::error::AttachError;
+    match e {
+        crate::Error::Attach(AttachError::TokenGone { .. }) => Reason::ErrRtok,
+        crate::Error::Attach(_) => Reason::Protocol,
+        _ => Reason::IntErr,
     }
 }
 
