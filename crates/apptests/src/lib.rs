@@ -63,6 +63,8 @@ fn package_of(prog: &str) -> &'static str {
         "python3" => "python3",
         "ip" => "iproute2",
         "taskset" => "util-linux",
+        "memcached" => "memcached",
+        "memcslap" => "libmemcached-tools",
         _ => "(unknown package)",
     }
 }
