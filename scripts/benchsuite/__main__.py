@@ -56,7 +56,7 @@ def machine():
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="scripts/bench-suite",
-        description="The seeds' benchmarks (ipc-bench message rate, sockperf, iperf3, nginx + wrk, redis-benchmark), "
+        description="The seeds' benchmarks (ipc-bench message rate, sockperf, iperf3, nginx + wrk, redis-benchmark), memcached + memcslap, "
                     "connection setup and idle-connection memory, over TCP, a UNIX socket, smclo (no-copy and copy) "
                     "and the kernel's SMC-D loopback when the kernel offers it; transports alternate in every round; "
                     "medians, ratios to TCP, the kernel's published ratios, CPU time. Writes suite.md, suite.json "
@@ -95,7 +95,7 @@ def check_programs(workloads, smclo):
         sys.exit("bench-suite: %s is missing: build first (cargo build --release --workspace, or ./demo.sh)" % smclo)
     if missing:
         sys.exit("bench-suite: missing programs: %s. On Debian: sudo scripts/install-packages.sh "
-                 "(or apt-get install sockperf iperf3 nginx-light wrk redis-server redis-tools)" % " ".join(missing))
+                 "(or apt-get install sockperf iperf3 nginx-light wrk redis-server redis-tools memcached libmemcached-tools)" % " ".join(missing))
     if not shutil.which("taskset"):
         sys.exit("bench-suite: taskset is missing (util-linux)")
 

@@ -85,3 +85,17 @@ def redis_benchmark(text):
         m = re.findall(r"^\s*%s: ([0-9.]+) requests per second" % test, t, re.M)
         out[test] = float(_need(m, test + " result", t)[-1])
     return out
+
+
+def memcslap(text):
+    """Two ``memcslap --test=set`` then ``--test=get`` runs: operations/s of
+    each, from "Time to set|get N keys by C threads: T seconds" (the get
+    run's unthreaded "Time to set N keys" preload is not a result)."""
+    out = {}
+    for test in ("set", "get"):
+        m = re.findall(r"^Time to %s\s+(\d+) keys by\s+\d+ threads:\s+([0-9.]+) seconds" % test, text, re.M)
+        n, secs = _need(m, test + " result", text)[-1]
+        if float(secs) <= 0:
+            raise ValueError("memcslap %s took %s seconds: too short to measure" % (test, secs))
+        out[test.upper()] = int(n) / float(secs)
+    return out

@@ -376,6 +376,39 @@ class Redis(Tool):
                 Row("redis_get", "redis-benchmark -t get -d 1024 -c 50: GET", "req/s", "GET", published=(1.35, 1.40))]
 
 
+class Memcached(Tool):
+    """memcached with one worker thread (-t 1: one core, as redis), and
+    memcslap's set then get tests, 16 connections, binary protocol."""
+
+    name = "memcached"
+    needs = ("memcached", "memcslap")
+    conns = 16
+
+    def server(self, ctx, t, port):
+        user = ["-u", "root"] if os.geteuid() == 0 else []
+        return ["memcached", *user, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", "1", "-m", "256"]
+
+    def _per_conn(self, ctx):
+        # memcslap runs a count, not a time: about ctx.seconds per test at
+        # TCP's rate on this machine.
+        return max(100, int(1000 * ctx.seconds))
+
+    def client(self, ctx, t, port):
+        n = self._per_conn(ctx)
+        # Both tests, for the CPU per operation.
+        self.ops = 2.0 * self.conns * n
+        run = "memcslap --servers=127.0.0.1:%d --concurrency=%d --execute-number=%d --binary --test=" % (
+            port, self.conns, n)
+        return ["sh", "-c", "%sset && %sget" % (run, run)]
+
+    def read(self, text):
+        return dict(parse.memcslap(text), ops=self.ops)
+
+    def rows(self):
+        return [Row("memcached_set", "memcached -t 1 + memcslap -c 16 --binary: set", "ops/s", "SET"),
+                Row("memcached_get", "memcached -t 1 + memcslap -c 16 --binary: get", "ops/s", "GET")]
+
+
 def all_workloads(idle_conns=1000, redis_requests=100000):
     """The suite, in the seeds' order, then what the seeds did not measure."""
     return [
@@ -388,6 +421,7 @@ def all_workloads(idle_conns=1000, redis_requests=100000):
         Nginx("nginx-small", 612, 50, published=(1.34, 1.42)),
         Nginx("nginx-1mib", 1 << 20, 10),
         Redis(redis_requests),
+        Memcached(),
         Setup(),
         Idle(idle_conns),
     ]

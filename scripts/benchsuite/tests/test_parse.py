@@ -70,6 +70,21 @@ class RedisTest(unittest.TestCase):
             parse.redis_benchmark("SET: 100.00 requests per second, p50=0.1 msec\n")
 
 
+class MemcslapTest(unittest.TestCase):
+    def test_set_and_get(self):
+        r = parse.memcslap(fixture("memcslap.txt"))
+        self.assertAlmostEqual(r["SET"], 800 / 0.094)
+        self.assertAlmostEqual(r["GET"], 800 / 0.041)
+
+    def test_missing_get(self):
+        with self.assertRaisesRegex(ValueError, "get result"):
+            parse.memcslap("Time to set             800 keys by    4 threads:     0.094 seconds.\n")
+
+    def test_preload_is_not_a_result(self):
+        with self.assertRaisesRegex(ValueError, "get result"):
+            parse.memcslap("Time to set 800 keys by 4 threads: 0.1 seconds.\nTime to set 200 keys: 0.046 seconds.\n")
+
+
 class OwnClientTest(unittest.TestCase):
     def test_metric_and_extras(self):
         self.assertEqual(parse.own_client("12.5\nops 100\nrtt_p99_us 3.25\n"), {"value": 12.5, "ops": 100, "rtt_p99_us": 3.25})
