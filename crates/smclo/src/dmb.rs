@@ -9,14 +9,16 @@
 //! Because the second copy follows the first, any region of up to
 //! `ring_len` bytes that starts anywhere in the first copy is contiguous in
 //! memory: wrap-around copies are one `memcpy`, and the zero-copy API hands
-//! out one slice. The whole range is first reserved with an anonymous
+//! out one region (reached through raw pointers only, see [`crate::ring`]).
+//! The whole range is first reserved with an anonymous
 //! `PROT_NONE` mapping, so that the two `MAP_FIXED` file mappings replace
 //! only address space we own.
 //!
 //! The layout of the header is [`smclo_wire::dmb_header`]. Its static fields
 //! are read with `pread`, never through the mapping, so they are validated
-//! once and then kept in the [`Dmb`] value; only the two cursor words are
-//! accessed in the shared page, as atomics.
+//! once and then kept in the [`Dmb`] value. The words that change while the
+//! peer may look (the cursors, the attach record, and the token, which the
+//! owner rewrites on reuse) are accessed in the shared page as atomics only.
 
 use crate::error::{AttachError, Error, Result};
 use smclo_wire::dmb_header::{self, DmbHeader, CONS_OFFSET, HEADER_LEN, PROD_OFFSET};

@@ -578,7 +578,7 @@ mod tests {
     use smclo_wire::cursor::{cons_with_cap, Cursor, PEER_DONE_WRITING};
     use std::sync::atomic::AtomicU64;
 
-    const L: u32 = 16 * 1024;
+    const L: u32 = smclo_wire::dmb_header::MIN_RING_LEN;
 
     fn words() -> (AtomicU64, AtomicU64) {
         (AtomicU64::new(0), AtomicU64::new(0))
