@@ -157,10 +157,6 @@ pub struct Sock {
     pub shut_rd: AtomicBool,
     /// `SO_LINGER` with a zero timeout is set: the last close aborts.
     pub linger0: AtomicBool,
-    /// `SO_RCVTIMEO` / `SO_SNDTIMEO` in milliseconds (0 = none).
-    pub rcv_timeo_ms: AtomicU32,
-    /// See `rcv_timeo_ms`.
-    pub snd_timeo_ms: AtomicU32,
     /// Index of this connection's holder slot ([`crate::holders`]).
     pub slot: usize,
     /// `tcp` counts against the descriptor budget (`smclo::fdnum`).

@@ -45,10 +45,15 @@ fn lib() -> PathBuf {
 /// Compiles peer.c once.
 fn peer() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/peer.c");
+    EXE.get_or_init(|| compile("peer"))
+}
+
+/// Compiles `tests/c/NAME.c` into the test's temporary directory.
+fn compile(name: &str) -> PathBuf {
+    {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("preload-peer-{}", std::process::id()));
+            .join(format!("preload-{name}-{}", std::process::id()));
         let st = Command::new("cc")
             .args([
                 "-O2",
@@ -64,7 +69,7 @@ fn peer() -> &'static Path {
             .expect("running cc");
         assert!(st.success(), "compiling {} failed", src.display());
         out
-    })
+    }
 }
 
 /// A device directory for one test, removed when dropped.
@@ -590,4 +595,123 @@ fn plain_connect_syscall_budget() {
         st.conns_opened, 0,
         "a plain server gets no SMC-D connection: {st:?}"
     );
+}
+
+/// Runs `cmd` under the preload on a fresh device (60 s at most); returns
+/// whether it succeeded, its output and the device's counters.
+fn run_preloaded(tag: &str, mut cmd: Command) -> (bool, String, Stats) {
+    let dev = DevDir::new(tag);
+    let c = cmd
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_DEBUG", "1")
+        .env("LD_PRELOAD", lib())
+        .env_remove("SMCLO_DISABLE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out = finish(c, String::new(), tag);
+    let stats = dev.stats();
+    let text = format!("stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    (out.ok, text, stats)
+}
+
+/// `tests/c/intr.c` in `mode`: its checks passed over one SMC-D connection.
+fn intr(mode: &str) -> (String, Stats) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| compile("intr"));
+    let mut cmd = Command::new(exe);
+    cmd.arg(mode);
+    let (ok, out, stats) = run_preloaded(mode, cmd);
+    assert!(ok && out.contains("OK done"), "intr {mode} failed\n{out}");
+    assert_eq!(stats.conns_opened, 1, "SMC-D connections\n{out}");
+    assert_eq!(stats.fallbacks_total(), 0, "fallbacks\n{out}");
+    (out, stats)
+}
+
+/// A handler without SA_RESTART ends a blocking recv with EINTR.
+#[test]
+fn signal_without_sa_restart_is_eintr() {
+    intr("eintr");
+}
+
+/// A handler with SA_RESTART restarts the recv, which then gets its data.
+#[test]
+fn signal_with_sa_restart_restarts() {
+    let (_, stats) = intr("restart");
+    assert_eq!(stats.xfer_bytes, 1);
+}
+
+/// SO_RCVTIMEO (also set before the connection exists) ends a recv with
+/// EAGAIN, and makes a handler's interruption EINTR even with SA_RESTART.
+#[test]
+fn so_rcvtimeo_is_eagain_and_forbids_restart() {
+    intr("rcvtimeo");
+}
+
+/// SO_SNDTIMEO bounds a write on a full ring: the partial count, then EAGAIN.
+#[test]
+fn so_sndtimeo_bounds_a_write() {
+    let (out, stats) = intr("sndtimeo");
+    let wrote: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("OK wrote "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{out}"));
+    assert_eq!(stats.xfer_bytes, wrote, "{out}");
+}
+
+/// Python (whose handlers never use SA_RESTART) under signal.alarm(1): a
+/// recv from an idle SMC-D peer returns after the alarm, with the handler
+/// run (its exception propagates), as over TCP.
+#[test]
+fn python_recv_is_interrupted_by_alarm() {
+    let script = r#"
+import os, signal, socket, sys, time
+r, w = os.pipe()
+pr, pw = os.pipe()
+if os.fork() == 0:
+    # The peer: a listener in another process (same process stays TCP).
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    os.write(pw, b"%d" % l.getsockname()[1])
+    c, _ = l.accept()
+    os.close(w)
+    os.read(r, 1)
+    os._exit(0)
+os.close(r)
+s = socket.create_connection(("127.0.0.1", int(os.read(pr, 10))))
+class Alarm(Exception):
+    pass
+def on_alarm(sig, frame):
+    raise Alarm()
+signal.signal(signal.SIGALRM, on_alarm)
+t0 = time.monotonic()
+signal.alarm(1)
+try:
+    s.recv(10)
+    print("FAIL recv returned")
+    sys.exit(1)
+except Alarm:
+    print("OK interrupted after %.2f s" % (time.monotonic() - t0))
+s.sendall(b"x" * 1000)
+os.close(w)
+os.wait()
+print("OK done")
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]);
+    let (ok, out, stats) = run_preloaded("python-alarm", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    let secs: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("OK interrupted after "))
+        .and_then(|l| l.trim_end_matches(" s").parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!((0.8..3.0).contains(&secs), "{secs} s\n{out}");
+    assert_eq!(stats.conns_opened, 1, "{out}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}");
+    assert_eq!(stats.xfer_bytes, 1000, "{out}");
 }

@@ -225,6 +225,25 @@ impl SmcStream {
         }
     }
 
+    /// `SO_RCVTIMEO`, as [`TcpStream::set_read_timeout`]: a read that
+    /// would sleep longer fails with `WouldBlock` (or returns what it has).
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        self.tcp.set_read_timeout(t)?;
+        if let Some(e) = &self.smc {
+            e.conn.set_read_timeout(t);
+        }
+        Ok(())
+    }
+
+    /// `SO_SNDTIMEO`, as [`TcpStream::set_write_timeout`], for writes.
+    pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        self.tcp.set_write_timeout(t)?;
+        if let Some(e) = &self.smc {
+            e.conn.set_write_timeout(t);
+        }
+        Ok(())
+    }
+
     /// `shutdown(2)`: `Write` half-closes (the peer reads everything, then
     /// EOF); `Read` is local only, as in SMC.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {

@@ -29,6 +29,14 @@
 //! UNIX end. Whether a call blocks follows the descriptor's `O_NONBLOCK`
 //! (read at the moment a call would block) and `MSG_DONTWAIT`.
 //!
+//! A sleep ends, as a socket's does in the kernel, when a signal handler
+//! runs (`EINTR`, [`io::ErrorKind::Interrupted`]) or when the direction's
+//! timeout ([`Conn::set_read_timeout`], [`Conn::set_write_timeout`]: the
+//! `SO_RCVTIMEO`/`SO_SNDTIMEO` of the socket, counted from the call's first
+//! sleep) has passed (`EAGAIN`); a call that already moved bytes returns
+//! their count instead. No lock is held while a call sleeps, so another
+//! thread's non-blocking call on the same direction never waits behind it.
+//!
 //! # Closing (SMC semantics)
 //!
 //! - [`Conn::shutdown_write`]: `PEER_DONE_WRITING` in the peer's `prod`
@@ -92,6 +100,91 @@ pub fn spin_budget() -> Duration {
     }))
 }
 
+/// One call's sleeping: interruptible by signal handlers and bounded by
+/// its direction's timeout, counted from the first sleep.
+struct Sleep {
+    timeout: Option<Duration>,
+    end: Option<Instant>,
+}
+
+impl Sleep {
+    /// The timeout in `us` (microseconds, 0 = none).
+    fn new(us: &AtomicU64) -> Sleep {
+        Sleep {
+            timeout: match us.load(Ordering::Relaxed) {
+                0 => None,
+                us => Some(Duration::from_micros(us)),
+            },
+            end: None,
+        }
+    }
+
+    /// Sleeps in `poll(2)` until `events` (or a hang-up) on `fd`; returns
+    /// `revents` (0 when the timeout ran out, then the next call reports
+    /// it). `EINTR` when a signal handler ran, `EAGAIN` after the timeout.
+    fn poll(&mut self, fd: RawFd, events: i16) -> io::Result<i16> {
+        let ms = match self.timeout {
+            None => -1,
+            Some(t) => {
+                let end = *self.end.get_or_insert_with(|| Instant::now() + t);
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(errno(libc::EAGAIN));
+                }
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            }
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: `p` is one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(p.revents)
+    }
+}
+
+/// A timeout as stored: microseconds, 0 = none (so is a zero duration, as
+/// for `SO_RCVTIMEO`).
+fn timeout_us(t: Option<Duration>) -> u64 {
+    t.map_or(0, |t| t.as_micros().min(u64::MAX as u128) as u64)
+}
+
+fn timeout_of(us: &AtomicU64) -> Option<Duration> {
+    match us.load(Ordering::Relaxed) {
+        0 => None,
+        us => Some(Duration::from_micros(us)),
+    }
+}
+
+/// Takes a per-direction lock; a panic elsewhere does not poison the
+/// connection (the lock guards no invariant of its own).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a reader that found nothing to read does next.
+enum RxNext {
+    /// Something changed: look again.
+    Retry,
+    /// Sleep until the descriptor is readable.
+    Sleep,
+    /// The call must not wait.
+    NoWait,
+}
+
+/// The result of a call that may have moved `done` bytes before `e`.
+fn partial(done: usize, e: io::Error) -> io::Result<usize> {
+    if done > 0 {
+        Ok(done)
+    } else {
+        Err(e)
+    }
+}
+
 /// One end of an SMC-D connection.
 pub struct Conn {
     local: Dmb,
@@ -124,6 +217,9 @@ pub struct Conn {
     tx_spin_misses: AtomicU32,
     /// `chan` counts against the descriptor budget ([`crate::fdnum`]).
     _held: crate::fdnum::Held,
+    /// Read and write timeouts, microseconds (0 = none).
+    rcv_timeo_us: AtomicU64,
+    snd_timeo_us: AtomicU64,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -171,6 +267,8 @@ impl Conn {
             rx_spin_misses: AtomicU32::new(0),
             tx_spin_misses: AtomicU32::new(0),
             _held: crate::fdnum::Held::new(),
+            rcv_timeo_us: AtomicU64::new(0),
+            snd_timeo_us: AtomicU64::new(0),
         })
     }
 
@@ -190,6 +288,28 @@ impl Conn {
         self.chan.set_nonblocking(on)?;
         self.nb_hint.store(on, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Bounds how long a blocking read sleeps (`SO_RCVTIMEO`): after `t`
+    /// it returns what it has, or `EAGAIN`. `None` or zero: no bound.
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        self.rcv_timeo_us.store(timeout_us(t), Ordering::Relaxed);
+    }
+
+    /// Bounds how long a blocking write sleeps for room (`SO_SNDTIMEO`),
+    /// as [`Conn::set_read_timeout`] does for reads.
+    pub fn set_write_timeout(&self, t: Option<Duration>) {
+        self.snd_timeo_us.store(timeout_us(t), Ordering::Relaxed);
+    }
+
+    /// The read timeout (`None`: reads may sleep for good).
+    pub fn read_timeout(&self) -> Option<Duration> {
+        timeout_of(&self.rcv_timeo_us)
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        timeout_of(&self.snd_timeo_us)
     }
 
     /// The descriptor's `O_NONBLOCK` now (a syscall; refreshes the hint).
@@ -412,17 +532,18 @@ impl Conn {
         if buf.is_empty() {
             return Ok(0);
         }
-        let _g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.rx);
+        let mut sleep = Sleep::new(&self.rcv_timeo_us);
         let l = &self.local;
         let len = l.ring_len();
         let mut done = 0usize;
         loop {
             if let Err(e) = self.sticky() {
-                return if done > 0 { Ok(done) } else { Err(e) };
+                return partial(done, e);
             }
             let s = match self.rx_snap() {
                 Ok(s) => s,
-                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+                Err(e) => return partial(done, e),
             };
             let flags = conn_state_flags(s.prod);
             // MSG_PEEK|MSG_WAITALL waits for the whole request (at most a
@@ -486,10 +607,17 @@ impl Conn {
                     .map_err(|e| self.violation("receive ring", e))?;
                 self.recv_bells(take)?;
             }
-            if !self.must_not_wait(dontwait)?
-                && self.wait_readable(if peek { None } else { Some(buf.len() - done) })?
-            {
-                continue;
+            let cap = if peek { None } else { Some(buf.len() - done) };
+            match self.rx_next(cap, dontwait)? {
+                RxNext::Retry => continue,
+                RxNext::Sleep => {
+                    g = match self.rx_sleep(g, &mut sleep) {
+                        Ok(g) => g,
+                        Err(e) => return partial(done, e),
+                    };
+                    continue;
+                }
+                RxNext::NoWait => {}
             }
             if done == 0 && self.chan_eof() {
                 // The peer's end is gone (or just closed): decide above.
@@ -503,18 +631,34 @@ impl Conn {
         }
     }
 
-    /// Waits until something may have changed for the reader: `Ok(true)`;
-    /// `Ok(false)` if the descriptor turned out to be non-blocking.
-    fn wait_readable(&self, cap: Option<usize>) -> io::Result<bool> {
+    /// Reader, nothing to read: whether it must not wait (`MSG_DONTWAIT`
+    /// or non-blocking), or, after spinning (up to `cap` bytes, see
+    /// [`Conn::rx_spin`]), whether something changed or it must sleep.
+    fn rx_next(&self, cap: Option<usize>, dontwait: bool) -> io::Result<RxNext> {
+        if self.must_not_wait(dontwait)? {
+            return Ok(RxNext::NoWait);
+        }
         self.rx_spin(cap)?;
         let s = self.rx_snap()?;
         if s.used > 0 || conn_state_flags(s.prod) != 0 {
-            return Ok(true);
+            return Ok(RxNext::Retry);
         }
         if self.nonblocking_now()? {
-            return Ok(false);
+            return Ok(RxNext::NoWait);
         }
-        let rev = doorbell::poll_fd(self.fd(), libc::POLLIN, -1)?;
+        Ok(RxNext::Sleep)
+    }
+
+    /// Reader: sleeps until the descriptor is readable, with the reader
+    /// lock released; returns it taken again.
+    fn rx_sleep<'a>(
+        &'a self,
+        g: MutexGuard<'a, ()>,
+        sleep: &mut Sleep,
+    ) -> io::Result<MutexGuard<'a, ()>> {
+        drop(g);
+        let rev = sleep.poll(self.fd(), libc::POLLIN)?;
+        let g = lock(&self.rx);
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             let s = self.rx_snap()?;
             if s.used == 0 && cursor::bells(s.prod) == 0 && conn_state_flags(s.prod) == 0 {
@@ -525,7 +669,7 @@ impl Conn {
                 }
             }
         }
-        Ok(true)
+        Ok(g)
     }
 
     /// Unread bytes in the local ring (`FIONREAD`). Like TCP, data that
@@ -544,7 +688,8 @@ impl Conn {
     /// waits per blocking mode for at least one byte. An empty region means
     /// end of stream. [`ReadRegion::release`] consumes.
     pub fn peek_region(&self) -> io::Result<ReadRegion<'_>> {
-        let g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.rx);
+        let mut sleep = Sleep::new(&self.rcv_timeo_us);
         let l = &self.local;
         loop {
             self.sticky()?;
@@ -567,8 +712,13 @@ impl Conn {
             let take = doorbell::reader_settle(l.prod(), l.cons(), l.ring_len())
                 .map_err(|e| self.violation("receive ring", e))?;
             self.recv_bells(take)?;
-            if !self.must_not_wait(false)? && self.wait_readable(None)? {
-                continue;
+            match self.rx_next(None, false)? {
+                RxNext::Retry => continue,
+                RxNext::Sleep => {
+                    g = self.rx_sleep(g, &mut sleep)?;
+                    continue;
+                }
+                RxNext::NoWait => {}
             }
             if self.chan_eof() {
                 continue;
@@ -607,14 +757,15 @@ impl Conn {
         if buf.is_empty() {
             return Ok(0);
         }
-        let mut g = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.tx);
+        let mut sleep = Sleep::new(&self.snd_timeo_us);
         let p = &self.peer;
         let len = p.ring_len();
         let mut done = 0usize;
         loop {
             let s = match self.tx_allowed().and_then(|()| self.tx_snap()) {
                 Ok(s) => s,
-                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+                Err(e) => return partial(done, e),
             };
             let free = (len - s.used) as usize;
             if free > 0 {
@@ -639,34 +790,43 @@ impl Conn {
                 }
                 continue;
             }
-            match self.wait_room(1, dontwait) {
-                Ok(()) => {}
-                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
-            }
+            g = match self.wait_room(g, 1, dontwait, &mut sleep) {
+                Ok(g) => g,
+                Err(e) => return partial(done, e),
+            };
         }
     }
 
     /// Waits per blocking mode until `need` bytes are free in the peer's
-    /// ring (or something changed); non-blocking: arms the doorbells so the
-    /// descriptor is unwritable, then WouldBlock.
-    fn wait_room(&self, need: u32, dontwait: bool) -> io::Result<()> {
+    /// ring (or something changed), sleeping with the writer lock `g`
+    /// released; returns it taken again. Non-blocking: arms the doorbells
+    /// so the descriptor is unwritable, then WouldBlock.
+    fn wait_room<'a>(
+        &'a self,
+        g: MutexGuard<'a, Vec<u8>>,
+        need: u32,
+        dontwait: bool,
+        sleep: &mut Sleep,
+    ) -> io::Result<MutexGuard<'a, Vec<u8>>> {
         let p = &self.peer;
         let mut nonblocking = self.must_not_wait(dontwait)?;
         if !nonblocking && self.tx_spin() {
-            return Ok(());
+            return Ok(g);
         }
         // About to arm the doorbells and sleep: check the real flag.
         nonblocking = nonblocking || self.nonblocking_now()?;
         match doorbell::writer_block(p.prod(), p.cons(), p.ring_len(), need)
             .map_err(|e| self.violation("send ring", e))?
         {
-            Block::Room => Ok(()),
+            Block::Room => Ok(g),
             Block::Wait { send } => {
                 self.send_bells(send)?;
                 if nonblocking {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
-                let rev = doorbell::poll_fd(self.fd(), libc::POLLOUT, -1)?;
+                drop(g);
+                let rev = sleep.poll(self.fd(), libc::POLLOUT)?;
+                let g = lock(&self.tx);
                 if rev & (libc::POLLHUP | libc::POLLERR) != 0 {
                     // Our end is hung up: the peer closed or died (or we
                     // shut down both ways); tx_allowed decides.
@@ -675,7 +835,7 @@ impl Conn {
                         self.peer_gone.store(true, Ordering::Relaxed);
                     }
                 }
-                Ok(())
+                Ok(g)
             }
         }
     }
@@ -694,7 +854,8 @@ impl Conn {
             ));
         }
         let need = min.max(1) as u32;
-        let g = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.tx);
+        let mut sleep = Sleep::new(&self.snd_timeo_us);
         loop {
             self.tx_allowed()?;
             let s = self.tx_snap()?;
@@ -708,7 +869,7 @@ impl Conn {
                     len: free as usize,
                 });
             }
-            self.wait_room(need, false)?;
+            g = self.wait_room(g, need, false, &mut sleep)?;
         }
     }
 

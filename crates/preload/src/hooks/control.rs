@@ -10,10 +10,12 @@ use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
 use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, F_LISTENER, LOCK};
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+use smclo::conn::Conn;
 use smclo::debug;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Interposed `shutdown(2)`: SHUT_WR half-closes (the peer reads what was
 /// sent, then end of stream); SHUT_RD is local, as in SMC.
@@ -337,19 +339,36 @@ pub unsafe extern "C" fn getsockopt(
     unsafe { real::getsockopt(s.tcp, level, name, val, len) }
 }
 
-fn timeval_ms(val: *const c_void, len: socklen_t) -> Option<u32> {
+/// A `SO_RCVTIMEO`/`SO_SNDTIMEO` value (the kernel validated it already).
+fn timeval_dur(val: *const c_void, len: socklen_t) -> Option<Duration> {
     if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
         return None;
     }
     // SAFETY: checked length; read_unaligned for application buffers.
     let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
-    let ms = tv.tv_sec as u64 * 1000 + (tv.tv_usec as u64).div_ceil(1000);
-    Some(ms.min(u32::MAX as u64) as u32)
+    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec as u64))
+}
+
+/// Gives `conn` the timeouts of the TCP socket `tcp`.
+pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
+    for (name, set) in [
+        (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
+        (libc::SO_SNDTIMEO, Conn::set_write_timeout),
+    ] {
+        // SAFETY: an all-zero timeval is valid.
+        let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+        let p: *mut libc::timeval = &mut tv;
+        // SAFETY: getsockopt writes at most `len` bytes into `tv`.
+        if unsafe { real::getsockopt(tcp, libc::SOL_SOCKET, name, p.cast(), &mut len) } == 0 {
+            set(conn, timeval_dur(p.cast(), len));
+        }
+    }
 }
 
 /// Interposed `setsockopt(2)`: options go to the hidden TCP socket; the
-/// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO) are also
-/// noted for the connection.
+/// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO, SO_SNDTIMEO)
+/// are also applied to the connection.
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
@@ -376,21 +395,8 @@ pub unsafe extern "C" fn setsockopt(
             s.linger0
                 .store(l.l_onoff != 0 && l.l_linger == 0, Ordering::Relaxed);
         }
-        libc::SO_RCVTIMEO => {
-            if let Some(ms) = timeval_ms(val, len) {
-                s.rcv_timeo_ms.store(ms, Ordering::Relaxed);
-            }
-        }
-        libc::SO_SNDTIMEO => {
-            if let Some(ms) = timeval_ms(val, len) {
-                s.snd_timeo_ms.store(ms, Ordering::Relaxed);
-                if ms != 0 {
-                    debug!(
-                        "fd {fd}: SO_SNDTIMEO is not applied to SMC-D writes (a full ring blocks)"
-                    );
-                }
-            }
-        }
+        libc::SO_RCVTIMEO => s.conn.set_read_timeout(timeval_dur(val, len)),
+        libc::SO_SNDTIMEO => s.conn.set_write_timeout(timeval_dur(val, len)),
         _ => {}
     }
     0

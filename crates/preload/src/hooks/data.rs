@@ -2,6 +2,20 @@
 //! message and multi-message forms, and sendfile, all on an SMC-D
 //! connection's rings through the core's connection. Flags the rings cannot
 //! honour, and ancillary data, fail loudly instead of being ignored.
+//!
+//! # Signals
+//!
+//! A blocking call whose sleep a signal handler interrupted, before it
+//! moved any byte, is restarted or fails with `EINTR` as the kernel decides
+//! for sockets (signal(7)): `EINTR` when the direction has a timeout
+//! (`SO_RCVTIMEO`/`SO_SNDTIMEO`), otherwise a restart if the handler was
+//! installed with `SA_RESTART`. Which signal interrupted the sleep is not
+//! known, so the call is restarted only if every handler that could have
+//! run (a signal not blocked in this thread, with a handler) has
+//! `SA_RESTART` ([`handlers_restart`]). That is exact whenever the
+//! program's handlers agree (C programs that use `SA_RESTART` throughout;
+//! Python, which never sets it); a program that mixes both sees `EINTR`
+//! also after a restarting handler.
 
 use super::{errno, fail, os_err, unsupported};
 use crate::real;
@@ -10,7 +24,7 @@ use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, sockle
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const RECV_OK: c_int = libc::MSG_PEEK
     | libc::MSG_WAITALL
@@ -19,10 +33,47 @@ const RECV_OK: c_int = libc::MSG_PEEK
     | libc::MSG_CMSG_CLOEXEC;
 const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
 
-fn fd_nonblocking(fd: RawFd) -> bool {
-    // SAFETY: F_GETFL on an open descriptor.
-    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
+/// Whether every signal handler that can run in this thread now was
+/// installed with `SA_RESTART` (see the module docs).
+fn handlers_restart() -> bool {
+    // SAFETY: an all-zero sigset_t is valid storage for the query.
+    let mut blocked: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: queries this thread's mask (no new set).
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut blocked) };
+    (1..=libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: `blocked` is an initialised set.
+        if unsafe { libc::sigismember(&blocked, sig) } == 1 {
+            return true;
+        }
+        // SAFETY: an all-zero sigaction is valid storage for the query.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: queries the disposition only (no new action); signals
+        // that cannot be queried (SIGKILL, libc's own) have no handler.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut sa) } != 0 {
+            return true;
+        }
+        sa.sa_sigaction == libc::SIG_DFL
+            || sa.sa_sigaction == libc::SIG_IGN
+            || sa.sa_flags & libc::SA_RESTART != 0
+    })
+}
+
+/// Runs a data call, restarting it after a signal handler interrupted it
+/// where the kernel would (see the module docs); `timeout`: the
+/// direction's timeout.
+fn restarting<T>(
+    timeout: Option<Duration>,
+    mut call: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    loop {
+        match call() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINTR)
+                    && timeout.is_none()
+                    && handlers_restart() => {}
+            r => return r,
+        }
+    }
 }
 
 /// Receive into `buf` with recv(2) flags; -1 with errno on error.
@@ -36,33 +87,9 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    let timeo = s.rcv_timeo_ms.load(Ordering::Relaxed);
-    let r = if timeo == 0 || dontwait {
+    let r = restarting(s.conn.read_timeout(), || {
         s.conn.recv(buf, peek, waitall, dontwait)
-    } else {
-        // SO_RCVTIMEO: wait ourselves, bounded.
-        let deadline = Instant::now() + Duration::from_millis(timeo as u64);
-        loop {
-            match s.conn.recv(buf, peek, false, true) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !fd_nonblocking(fd) => {
-                    let left = deadline
-                        .saturating_duration_since(Instant::now())
-                        .as_millis() as c_int;
-                    if left == 0 {
-                        break Err(e);
-                    }
-                    let mut p = libc::pollfd {
-                        fd: s.conn.fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { real::poll(&mut p, 1, left) };
-                }
-                other => break other,
-            }
-        }
-    };
+    });
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => fail(os_err(&e)),
@@ -75,7 +102,8 @@ fn do_send(fd: RawFd, s: &Sock, buf: &[u8], flags: c_int) -> ssize_t {
     if flags & !SEND_OK != 0 {
         return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
     }
-    match s.conn.send(buf, flags & libc::MSG_DONTWAIT != 0) {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    match restarting(s.conn.write_timeout(), || s.conn.send(buf, dontwait)) {
         Ok(n) => {
             s.reg.add_tx(n as u64);
             n as ssize_t
@@ -529,7 +557,7 @@ fn do_sendfile(s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t 
     }
     let mut done = 0usize;
     while done < count {
-        let mut region = match s.conn.reserve(1) {
+        let mut region = match restarting(s.conn.write_timeout(), || s.conn.reserve(1)) {
             Ok(r) => r,
             Err(e) => {
                 if done > 0 {

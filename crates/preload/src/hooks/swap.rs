@@ -48,6 +48,9 @@ pub(super) fn swap_in(
         holders::forget(slot);
         return false;
     }
+    // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
+    // from the listener) apply to it.
+    super::control::copy_timeouts(tcp, &conn);
     let chan = conn.fd();
     let sock = Arc::new(Sock {
         conn,
@@ -56,8 +59,6 @@ pub(super) fn swap_in(
         fds: AtomicUsize::new(0),
         shut_rd: Default::default(),
         linger0: Default::default(),
-        rcv_timeo_ms: Default::default(),
-        snd_timeo_ms: Default::default(),
         slot,
         _held: smclo::fdnum::Held::new(),
     });

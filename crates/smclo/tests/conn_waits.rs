@@ -1,0 +1,218 @@
+//! How blocking calls wait: a signal handler interrupts them (EINTR, or the
+//! bytes moved so far), the direction's timeout bounds them (EAGAIN), a
+//! non-blocking call never waits behind another thread's sleeping call.
+
+mod conn_util;
+
+use conn_util::*;
+use smclo::conn::Conn;
+use std::io;
+use std::sync::{mpsc, Arc, Once};
+use std::time::{Duration, Instant};
+
+extern "C" fn on_usr1(_: libc::c_int) {}
+
+/// SIGUSR1 runs a handler (without `SA_RESTART`) in this process.
+fn install_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: an all-zero sigaction is valid; the handler is an
+        // async-signal-safe function that does nothing.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+    });
+}
+
+/// Runs `call` on a thread, signals that thread (SIGUSR1) after `after`
+/// while the call sleeps, and returns the call's result and duration.
+fn interrupted<T: Send + 'static>(
+    after: Duration,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> (T, Duration) {
+    install_handler();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        // SAFETY: pthread_self has no preconditions.
+        tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let t0 = Instant::now();
+        let r = call();
+        (r, t0.elapsed())
+    });
+    let tid = tid_rx.recv().unwrap();
+    std::thread::sleep(after);
+    // Signal until the call returns: a signal that lands before the call
+    // sleeps only runs the handler.
+    let t0 = Instant::now();
+    while !h.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        // SAFETY: the thread is alive (not finished, not joined).
+        unsafe { libc::pthread_kill(tid, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(h.is_finished(), "the call was not interrupted (hang)");
+    h.join().unwrap()
+}
+
+fn fill(c: &Conn) -> usize {
+    c.set_nonblocking(true).unwrap();
+    let mut n = 0;
+    let chunk = [7u8; 4096];
+    loop {
+        match c.write(&chunk) {
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    c.set_nonblocking(false).unwrap();
+    n
+}
+
+#[test]
+fn a_handler_interrupts_a_blocking_read() {
+    let (a, b) = pair();
+    let a = Arc::new(a);
+    let a2 = a.clone();
+    let (r, took) = interrupted(Duration::from_millis(300), move || {
+        let mut buf = [0u8; 64];
+        a2.read(&mut buf).map_err(|e| e.kind())
+    });
+    assert_eq!(r, Err(io::ErrorKind::Interrupted));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // The connection still works.
+    b.write(b"after").unwrap();
+    let mut buf = [0u8; 5];
+    assert_eq!(a.read(&mut buf).unwrap(), 5);
+    assert_eq!(&buf, b"after");
+}
+
+#[test]
+fn an_interrupted_waitall_read_returns_what_it_has() {
+    let (a, b) = pair();
+    b.write(b"abc").unwrap();
+    let (r, _) = interrupted(Duration::from_millis(300), move || {
+        let mut buf = [0u8; 64];
+        let r = a.recv(&mut buf, false, true, false).map_err(|e| e.kind());
+        (r, buf[..3].to_vec())
+    });
+    assert_eq!(r, (Ok(3), b"abc".to_vec()));
+}
+
+#[test]
+fn a_handler_interrupts_a_blocking_write() {
+    let (a, b) = pair();
+    let filled = fill(&a);
+    assert_eq!(filled, RING as usize);
+    let (r, took) = interrupted(Duration::from_millis(300), move || {
+        let r = a.write(&[1u8; 100]).map_err(|e| e.kind());
+        (r, a)
+    });
+    assert_eq!(r.0, Err(io::ErrorKind::Interrupted));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    drop(b);
+}
+
+#[test]
+fn read_timeout_is_eagain_after_the_timeout() {
+    let (a, _b) = pair();
+    a.set_read_timeout(Some(Duration::from_millis(400)));
+    assert_eq!(a.read_timeout(), Some(Duration::from_millis(400)));
+    let t0 = Instant::now();
+    let mut buf = [0u8; 8];
+    let e = within(Duration::from_secs(10), move || {
+        a.read(&mut buf).unwrap_err()
+    });
+    let took = t0.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+    assert!(
+        took >= Duration::from_millis(390) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn write_timeout_returns_the_partial_count_then_eagain() {
+    let (a, _b) = pair();
+    a.set_write_timeout(Some(Duration::from_millis(400)));
+    let t0 = Instant::now();
+    let (first, second) = within(Duration::from_secs(10), move || {
+        let first = a
+            .write(&vec![3u8; RING as usize + 100])
+            .map_err(|e| e.kind());
+        let second = a.write(b"x").map_err(|e| e.raw_os_error());
+        (first, second)
+    });
+    let took = t0.elapsed();
+    assert_eq!(first, Ok(RING as usize));
+    assert_eq!(second, Err(Some(libc::EAGAIN)));
+    assert!(
+        took >= Duration::from_millis(780) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+}
+
+/// A non-blocking read (MSG_DONTWAIT) while another thread sleeps in a
+/// blocking read of the same connection returns at once, as over TCP.
+#[test]
+fn dontwait_read_does_not_wait_behind_a_sleeping_read() {
+    let (a, b) = pair();
+    let a = Arc::new(a);
+    let a2 = a.clone();
+    let sleeper = std::thread::spawn(move || {
+        let mut buf = [0u8; 4];
+        a2.read(&mut buf).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (r, took) = timed_beside(move || {
+        let mut buf = [0u8; 4];
+        a.recv(&mut buf, false, false, true).map_err(|e| e.kind())
+    });
+    // Wake the sleeper so the test ends either way.
+    b.write(b"wake").unwrap();
+    let r = r.recv().unwrap();
+    assert_eq!(r, Err(io::ErrorKind::WouldBlock));
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert_eq!(sleeper.join().unwrap(), 4);
+}
+
+/// Likewise for a non-blocking write while another thread sleeps in a
+/// blocking write on a full ring.
+#[test]
+fn dontwait_write_does_not_wait_behind_a_sleeping_write() {
+    let (a, b) = pair();
+    fill(&a);
+    let a = Arc::new(a);
+    let a2 = a.clone();
+    let sleeper = std::thread::spawn(move || a2.write(b"late").unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let (r, took) = timed_beside(move || a.send(b"now", true).map_err(|e| e.kind()));
+    // Make room so the sleeper ends.
+    let mut buf = vec![0u8; RING as usize];
+    let mut got = 0;
+    while got < RING as usize + 4 {
+        got += b.read(&mut buf).unwrap();
+    }
+    assert_eq!(r.recv().unwrap(), Err(io::ErrorKind::WouldBlock));
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert_eq!(sleeper.join().unwrap(), 4);
+}
+
+/// Runs `call` on a thread and waits up to 2 s for it: how long it took
+/// (2 s or more if it had not returned), and its result, to be received
+/// once the caller has unblocked it.
+fn timed_beside<T: Send + 'static>(
+    call: impl FnOnce() -> T + Send + 'static,
+) -> (mpsc::Receiver<T>, Duration) {
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        let r = call();
+        let _ = done_tx.send(());
+        let _ = tx.send(r);
+    });
+    let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    (rx, t0.elapsed())
+}
