@@ -391,6 +391,14 @@ impl Conn {
                 self.peer_gone.store(true, Ordering::Relaxed);
                 Ok(())
             }
+            // The data is in the peer's ring but its doorbell cannot be
+            // queued: the peer broke the protocol, and no return value
+            // would be true (the bytes were written, their bell is lost).
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                crate::debug!("connection aborted: peer does not take its doorbells");
+                self.abort_with(libc::EPROTO);
+                Err(errno(libc::EPROTO))
+            }
             Err(e) => Err(e),
         }
     }

@@ -140,7 +140,9 @@ impl Word for loom::sync::atomic::AtomicU64 {
 
 /// Where doorbells go: one byte each, in order.
 pub trait BellChannel {
-    /// Queues `n` doorbells at the peer, each as its own buffer.
+    /// Queues `n` doorbells at the peer, each as its own buffer. `EAGAIN`:
+    /// the queue is full, which the protocol rules out (at most 6 queued):
+    /// the peer is not taking the doorbells it counts.
     fn send_bells(&self, n: u32) -> io::Result<()>;
     /// Takes `n` doorbells the peer queued, waiting for any that the peer
     /// has counted but not sent yet (it is between its CAS and its send).
@@ -497,10 +499,16 @@ pub fn poll_fd(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
 /// `ETIMEDOUT` (the connection is then aborted as a protocol violation).
 pub const BELL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How many times a doorbell send that found the queue full is retried
+/// (with a yield) before it reports `EAGAIN`. An honest peer never fills
+/// the queue, so this only keeps a broken one from making the writer spin.
+const BELL_SEND_TRIES: u32 = 64;
+
 impl BellChannel for UnixStream {
     fn send_bells(&self, n: u32) -> io::Result<()> {
         let fd = self.as_raw_fd();
         let mut left = n;
+        let mut tries = 0;
         while left > 0 {
             // SAFETY: sends one byte from a valid static buffer.
             let r = unsafe {
@@ -518,9 +526,10 @@ impl BellChannel for UnixStream {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => {}
-                // Two queued buffers never fill the minimum send buffer;
-                // wait out anything transient rather than lose a bell.
-                Some(libc::EAGAIN) => std::thread::yield_now(),
+                Some(libc::EAGAIN) if tries < BELL_SEND_TRIES => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
                 _ => return Err(e),
             }
         }

@@ -1,12 +1,16 @@
 //! How blocking calls wait: a signal handler interrupts them (EINTR, or the
 //! bytes moved so far), the direction's timeout bounds them (EAGAIN), a
-//! non-blocking call never waits behind another thread's sleeping call.
+//! non-blocking call never waits behind another thread's sleeping call, and
+//! a peer that does not take its doorbells cannot make a writer spin.
 
 mod conn_util;
 
 use conn_util::*;
-use smclo::conn::Conn;
+use smclo::conn::{Conn, Mode};
+use smclo::dmb::Dmb;
+use smclo_wire::cursor::with_bells;
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Once};
 use std::time::{Duration, Instant};
 
@@ -215,4 +219,40 @@ fn timed_beside<T: Send + 'static>(
     });
     let _ = done_rx.recv_timeout(Duration::from_secs(2));
     (rx, t0.elapsed())
+}
+
+/// The peer keeps clearing `BELLS` in the word it reads (so every write
+/// rings) and never receives: the doorbell queue fills, which an honest
+/// peer never lets happen. The write fails with EPROTO and aborts, instead
+/// of retrying for ever at full CPU.
+#[test]
+fn a_peer_that_takes_no_doorbells_is_eproto() {
+    let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
+    let evil = Dmb::attach(&p.fb, 0xb, 0x5eed).unwrap();
+    let a = p.a;
+    let _b = p.b;
+    a.set_nonblocking(true).unwrap();
+    let (r, cpu) = within(Duration::from_secs(10), move || {
+        let cpu0 = thread_cpu();
+        let mut r = Ok(0);
+        for _ in 0..10_000 {
+            let w = evil.prod().load(Ordering::SeqCst);
+            evil.prod().store(with_bells(w, 0), Ordering::SeqCst);
+            r = a.send(b"x", true).map_err(|e| e.raw_os_error());
+            if r.is_err() {
+                break;
+            }
+        }
+        (r, thread_cpu() - cpu0)
+    });
+    assert_eq!(r, Err(Some(libc::EPROTO)));
+    assert!(cpu < Duration::from_secs(1), "{cpu:?} of CPU");
+}
+
+fn thread_cpu() -> Duration {
+    // SAFETY: an all-zero timespec is valid storage for the result.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
