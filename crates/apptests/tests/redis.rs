@@ -48,10 +48,21 @@ fn calls(cmdstats: &str, cmd: &str) -> u64 {
 
 #[test]
 fn redis_benchmark_set_get() {
+    redis_benchmark(1);
+}
+
+/// 16 requests in flight per connection: many replies per ring read.
+#[test]
+fn redis_benchmark_pipelined() {
+    redis_benchmark(16);
+}
+
+fn redis_benchmark(pipeline: u32) {
     let mut env = Env::new("redis-bench");
     let (server, port) = start_redis(&mut env, Mode::Smclo);
     let s0 = env.stats();
     let n = 20000u64;
+    let (ps, ns, pl) = (port.to_string(), n.to_string(), pipeline.to_string());
     let bench = env.run(
         Mode::Smclo,
         "redis-benchmark",
@@ -60,7 +71,7 @@ fn redis_benchmark_set_get() {
             "-h",
             "127.0.0.1",
             "-p",
-            &port.to_string(),
+            &ps,
             "-t",
             "set,get",
             "-d",
@@ -68,7 +79,9 @@ fn redis_benchmark_set_get() {
             "-c",
             "8",
             "-n",
-            &n.to_string(),
+            &ns,
+            "-P",
+            &pl,
             "-q",
         ],
         T,
@@ -108,7 +121,7 @@ fn redis_benchmark_set_get() {
     // 8 benchmark clients (its CONFIG GET probes reuse or add connections)
     // plus the three redis-cli runs.
     assert_smc(
-        "redis-benchmark",
+        &format!("redis-benchmark -P {pipeline}"),
         &d,
         8 + 3,
         lo,
