@@ -65,6 +65,8 @@ fn package_of(prog: &str) -> &'static str {
         "taskset" => "util-linux",
         "memcached" => "memcached",
         "memcslap" => "libmemcached-tools",
+        "haproxy" => "haproxy",
+        "node" => "nodejs",
         _ => "(unknown package)",
     }
 }
