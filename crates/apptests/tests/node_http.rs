@@ -1,0 +1,37 @@
+//! node's http module (libuv) as server and as keep-alive client, both under
+//! `smclo run`: every body checked by the client, and every byte the
+//! client's sockets wrote and read (headers included) counted by the device.
+
+use smclo_apptests::*;
+use std::path::Path;
+use std::time::Duration;
+
+#[test]
+fn node_http_server_and_client() {
+    let mut env = Env::new("node-http");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/http_pair.js");
+    let script = script.to_str().unwrap();
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(Mode::Smclo, "node-server", "node", &[script, "server", &ps]);
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let sockets = 6u64;
+    let client = env.run(
+        Mode::Smclo,
+        "node-client",
+        "node",
+        &[script, "client", &ps, &sockets.to_string(), "60"],
+        Duration::from_secs(120),
+    );
+    let out = client.stdout_str();
+    let f: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&"ok"), "client: {out}\n{}", client.logs());
+    let bytes: u64 = f[1].parse().unwrap();
+    let used: u64 = f[2].parse().unwrap();
+    assert!(used >= 1 && used <= sockets, "{used} sockets");
+    let d = delta(&s0, &env.stats());
+    assert_smc("node http", &d, used, bytes, bytes, &server.logs());
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, false);
+}
