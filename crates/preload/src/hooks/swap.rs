@@ -20,8 +20,8 @@ use std::sync::Arc;
 /// Makes `fd` a second descriptor of the connection's channel (its readiness
 /// is the connection's, see docs/ARCHITECTURE.md "Readiness"):
 /// the TCP socket moves to a hidden descriptor, epoll registrations move
-/// with the number. On failure the SMC-D connection is closed (the peer
-/// reads end of stream) and `fd` stays the TCP socket.
+/// with the number. On failure both sides had already committed to SMC-D,
+/// so the connection is reset at both ends ([`abort_both`]).
 pub(super) fn swap_in(
     fd: RawFd,
     est: Established,
@@ -36,16 +36,24 @@ pub(super) fn swap_in(
     let tcp = match smclo::fdnum::dup_high(fd) {
         Ok(t) => t.into_raw_fd(),
         Err(e) => {
-            debug!("fd {fd}: cannot hide the TCP socket ({e}); SMC-D connection dropped");
-            holders::forget(slot);
+            abort_both(
+                fd,
+                &conn,
+                slot,
+                format_args!("cannot hide the TCP socket ({e})"),
+            );
             return false;
         }
     };
     if let Err(e) = conn.set_nonblocking(nonblock) {
-        debug!("fd {fd}: O_NONBLOCK on the channel failed ({e}); SMC-D connection dropped");
+        abort_both(
+            fd,
+            &conn,
+            slot,
+            format_args!("O_NONBLOCK on the channel failed ({e})"),
+        );
         // SAFETY: our own duplicate.
         unsafe { real::close(tcp) };
-        holders::forget(slot);
         return false;
     }
     // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
@@ -89,9 +97,8 @@ pub(super) fn swap_in(
             // SAFETY: re-adds the registration we removed.
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
-        debug!("fd {fd}: dup3 failed ({e}); SMC-D connection dropped");
-        holders::forget(slot);
-        return false; // dropping `sock` closes the connection and `tcp`
+        abort_both(fd, &sock.conn, slot, format_args!("dup3 failed ({e})"));
+        return false; // dropping `sock` closes `tcp`
     }
     table::install_locked(fd, &sock, cloexec);
     table::set_flag(fd, F_CANDIDATE, false);
@@ -117,6 +124,39 @@ pub(super) fn swap_in(
         }
     );
     true
+}
+
+/// The swap of `fd` failed after both sides committed to SMC-D: the peer
+/// already reads and writes the shared rings, and nobody reads the TCP
+/// stream behind `fd`. A clean close would show the peer a clean end of
+/// stream and let the local program write into that void, so both ends
+/// see a reset instead: `PEER_CONN_ABORT` on the connection (the peer gets
+/// `ECONNRESET`), and the TCP connection is disconnected with a RST
+/// (`connect(AF_UNSPEC)`): the local program's next call on `fd` fails
+/// with `ECONNRESET`, its pollers see an error.
+fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::Arguments<'_>) {
+    debug!("fd {fd}: {why} after the handshake; connection reset at both ends");
+    conn.abort();
+    holders::forget(slot);
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: a valid sockaddr of the length given; `fd` is the caller's
+    // TCP socket, which stays open (now unconnected).
+    let r = unsafe {
+        real::connect(
+            fd,
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        debug!(
+            "fd {fd}: resetting the TCP connection failed: {}",
+            io::Error::last_os_error()
+        );
+    }
 }
 
 /// The last descriptor of a connection in this process is gone.
