@@ -17,6 +17,7 @@
 use crate::device::{word, Device, Liveness};
 use crate::error::{Error, Result};
 use crate::owner::{netns_inode, Owner};
+use crate::tcp_syn::is_local;
 use smclo_wire::device_layout as layout;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,16 +229,23 @@ fn snapshot(e: &ListenerEntry) -> Option<(u64, u64, u64, u64, [u8; 16])> {
 }
 
 /// Finds a live smclo listener that accepts connections to `dest`: same
-/// port, and the same address or the family's wildcard (`0.0.0.0` for IPv4
-/// destinations, `::` for any). Listeners in the caller's network namespace
-/// and exact addresses are preferred. Entries of dead owners met on the way
-/// are freed.
+/// port, and the same address or, in the caller's network namespace, the
+/// family's wildcard (`0.0.0.0` for IPv4 destinations, `::` for any) when
+/// `dest` is an address of that namespace ([`is_local`]). A
+/// wildcard says nothing about where a destination is: matching it for any
+/// address made clients propose, and mark their SYNs, to remote hosts that
+/// happen to use the port, and in another namespace only the exact address
+/// says that the listener is the destination. Listeners in the caller's
+/// namespace and exact addresses are preferred. Entries of dead owners met
+/// on the way are freed.
 pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let (dfam, dbytes) = canon(dest.ip());
     let port = dest.port();
     let my_ns = netns_inode();
     let mut live = Liveness::fast();
     let mut best: Option<(u32, ListenerInfo)> = None;
+    // Asked once, and only when a wildcard could match.
+    let mut local: Option<bool> = None;
     let h = home(port);
     for k in 0..PROBE {
         let e = entry(dev, h + k);
@@ -250,7 +258,8 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         }
         let exact = fam == dfam && addr == dbytes;
         let wildcard = addr == [0u8; 16] && (fam == FAM_V6 || dfam == FAM_V4);
-        if !exact && !wildcard {
+        let mut dest_is_local = || *local.get_or_insert_with(|| is_local(dest));
+        if !(exact || wildcard && netns == my_ns && dest_is_local()) {
             continue;
         }
         if !live.owner_alive(w, start) {

@@ -170,6 +170,20 @@ pub fn route_source(dest: SocketAddr) -> io::Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
+/// Whether a connection to `dest` stays in this network namespace, so that
+/// its SYN never leaves the host: loopback (and unspecified) destinations
+/// always do; any other does when routing picks the destination itself as
+/// the source, which the kernel does for destinations of `local` routes
+/// (the preferred source of an address's local route is that address; IPv6
+/// source selection prefers the destination when it is ours). Asked afresh
+/// each time, not from [`route_source_cached`]: an address that was local
+/// a moment ago may be routed off the host now.
+pub fn is_local(dest: SocketAddr) -> bool {
+    let dest = canonical(dest);
+    let ip = dest.ip();
+    ip.is_loopback() || ip.is_unspecified() || route_source(dest).is_ok_and(|src| src == ip)
+}
+
 /// How long [`route_source_cached`] trusts a looked-up source address.
 pub const ROUTE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -261,6 +275,19 @@ mod tests {
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         assert!(saved_syn(s.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn local_destinations() {
+        assert!(is_local("127.0.0.9:1".parse().unwrap()));
+        assert!(is_local("[::ffff:127.0.0.1]:1".parse().unwrap()));
+        // The source routing picks for a remote destination is one of ours.
+        let Ok(src) = route_source("192.0.2.1:9".parse().unwrap()) else {
+            return; // no route off the host at all: nothing more to check
+        };
+        assert!(is_local(SocketAddr::new(src, 9)), "{src} is ours");
+        // TEST-NET-1 is never assigned to a host.
+        assert!(!is_local("192.0.2.1:9".parse().unwrap()));
     }
 
     #[test]

@@ -80,20 +80,26 @@ fn exact_wildcard_ipv6_and_mapped() {
     // An IPv4-mapped destination is the IPv4 address.
     assert!(find_listener(&dev, a("[::ffff:127.0.0.1]:5000")).is_some());
 
-    // IPv4 wildcard: any IPv4 destination, no IPv6 one.
+    // IPv4 wildcard: any local IPv4 destination, no IPv6 one, and no
+    // address of another host (TEST-NET-1 is never assigned to one).
     let _w4 = register_listener(&dev, a("0.0.0.0:5001")).unwrap();
     assert_eq!(
-        find_listener(&dev, a("10.1.2.3:5001")).unwrap().addr,
+        find_listener(&dev, a("127.3.2.1:5001")).unwrap().addr,
         a("0.0.0.0:5001")
     );
     assert!(find_listener(&dev, a("[::1]:5001")).is_none());
-    assert!(find_listener(&dev, a("[::ffff:10.1.2.3]:5001")).is_some());
+    assert!(find_listener(&dev, a("[::ffff:127.3.2.1]:5001")).is_some());
+    assert!(
+        find_listener(&dev, a("192.0.2.1:5001")).is_none(),
+        "a wildcard matches no remote destination"
+    );
 
-    // IPv6 wildcard: IPv6 and IPv4 destinations (dual stack).
+    // IPv6 wildcard: local IPv6 and IPv4 destinations (dual stack).
     let _w6 = register_listener(&dev, a("[::]:5002")).unwrap();
     assert!(find_listener(&dev, a("[::1]:5002")).is_some());
-    assert!(find_listener(&dev, a("[fe80::1]:5002")).is_some());
     assert!(find_listener(&dev, a("127.0.0.1:5002")).is_some());
+    assert!(find_listener(&dev, a("[2001:db8::1]:5002")).is_none());
+    assert!(find_listener(&dev, a("192.0.2.1:5002")).is_none());
 
     // IPv6 exact.
     let _e6 = register_listener(&dev, a("[::1]:5003")).unwrap();
@@ -156,7 +162,7 @@ fn dead_listeners_are_reclaimed() {
     // Registration reclaims the dead owner's entries in the window.
     let g = register_listener(&dev, a("0.0.0.0:7002")).expect("reclaimed");
     assert_eq!(
-        find_listener(&dev, a("1.2.3.4:7002")).unwrap().owner,
+        find_listener(&dev, a("127.0.0.1:7002")).unwrap().owner,
         Owner::current()
     );
     assert_eq!(dev.stats().listeners, 1);
