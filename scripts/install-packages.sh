@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs (as root, on Debian) the programs that the tests and the benchmark
-# suite run: redis, nginx, memcached (with memcslap), haproxy, node, sockperf,
-# iperf3, wrk, curl, strace, and matplotlib for the suite's chart. Packaged daemons are kept from starting
-# and from holding the ports the tests use.
+# suite run: redis, nginx, memcached (with memcslap), haproxy, node,
+# postgresql, sockperf, iperf3, wrk, curl, strace, and matplotlib for the
+# suite's chart. Packaged daemons are kept from starting and from holding the
+# ports the tests use.
 set -euo pipefail
 
-APT_PACKAGES="build-essential pkg-config iproute2 procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs sockperf iperf3 wrk curl python3 python3-matplotlib strace"
+APT_PACKAGES="build-essential pkg-config iproute2 procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs postgresql sockperf iperf3 wrk curl python3 python3-matplotlib strace"
 # Packaged daemons that the install would start as system services.
-SERVICES="redis-server nginx iperf3 memcached haproxy"
+SERVICES="redis-server nginx iperf3 memcached haproxy postgresql"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-packages.sh: run as root (sudo scripts/install-packages.sh)" >&2

@@ -66,6 +66,7 @@ fn package_of(prog: &str) -> &'static str {
         "memcached" => "memcached",
         "memcslap" => "libmemcached-tools",
         "haproxy" => "haproxy",
+        "psql" | "pgbench" => "postgresql-client",
         "node" => "nodejs",
         _ => "(unknown package)",
     }
