@@ -100,9 +100,10 @@ impl Drop for Peer {
     }
 }
 
-/// A plain server in `ns` on `addr`: accepts one connection, sends a line,
-/// reads the echo, and returns (TTL, DSCP) of the SYN that opened it.
-fn plain_server(ns: &Netns, addr: SocketAddr) -> std::sync::mpsc::Receiver<(u8, u8)> {
+/// A plain server in `ns` on `addr`: accepts `n` connections one after the
+/// other, sends each a line, reads the echo, and returns (TTL, DSCP) of the
+/// SYN that opened it.
+fn plain_server(ns: &Netns, addr: SocketAddr, n: usize) -> std::sync::mpsc::Receiver<(u8, u8)> {
     let path = format!("/run/netns/{}", ns.0);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -114,17 +115,19 @@ fn plain_server(ns: &Netns, addr: SocketAddr) -> std::sync::mpsc::Receiver<(u8, 
         let l = TcpListener::bind(addr).unwrap();
         smclo::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
         ready_tx.send(()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
-        let syn = smclo::tcp_syn::saved_syn(s.as_raw_fd())
-            .unwrap()
-            .expect("a saved SYN")
-            .unwrap();
-        s.write_all(b"plain remote\n").unwrap();
-        s.shutdown(Shutdown::Write).unwrap();
-        let mut back = String::new();
-        s.read_to_string(&mut back).unwrap();
-        assert_eq!(back, "plain remote\n");
-        tx.send((syn.mark.ttl, syn.mark.dscp)).unwrap();
+        for _ in 0..n {
+            let (mut s, _) = l.accept().unwrap();
+            let syn = smclo::tcp_syn::saved_syn(s.as_raw_fd())
+                .unwrap()
+                .expect("a saved SYN")
+                .unwrap();
+            s.write_all(b"plain remote\n").unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let mut back = String::new();
+            s.read_to_string(&mut back).unwrap();
+            assert_eq!(back, "plain remote\n");
+            tx.send((syn.mark.ttl, syn.mark.dscp)).unwrap();
+        }
     });
     ready_rx
         .recv_timeout(Duration::from_secs(10))
@@ -153,7 +156,7 @@ fn wildcard_listener_does_not_propose_to_remote_hosts() {
     let port = 7000 + (std::process::id() % 1000) as u16;
 
     let remote: SocketAddr = format!("{addr_b}:{port}").parse().unwrap();
-    let syn = plain_server(&b, remote);
+    let syn = plain_server(&b, remote, 2);
     let mut listener = Peer::spawn(
         &a,
         &dir.0,
@@ -183,6 +186,26 @@ fn wildcard_listener_does_not_propose_to_remote_hosts() {
     );
     assert_eq!(said, "smc=0 reason=PEERNOSMC", "{took:?}, ttl {ttl}");
     assert_eq!((ttl, dscp), (64, 0), "the remote host saw a marked SYN");
+    assert!(took < Duration::from_secs(1), "connect took {took:?}");
+
+    // A client in the remote namespace shares the device, but the wildcard
+    // listener of another namespace says nothing about its destinations: it
+    // connects to its own namespace's server as plain TCP, unmarked.
+    let start = Instant::now();
+    let mut other = Peer::spawn(
+        &b,
+        &dir.0,
+        &["connect", &remote.to_string(), "echo"],
+        &[("SMCLO_CLC_WAIT_MS", "2000")],
+    );
+    let said = other.line();
+    let took = start.elapsed();
+    other.wait_ok();
+    let seen = syn
+        .recv_timeout(Duration::from_secs(10))
+        .expect("second connection");
+    assert_eq!(said, "smc=0 reason=PEERNOSMC", "{took:?}, SYN {seen:?}");
+    assert_eq!(seen, (64, 0), "marked SYN from the other namespace");
     assert!(took < Duration::from_secs(1), "connect took {took:?}");
     let dev = Device::open(&dir.0).unwrap();
     assert_eq!(dev.stats().fallback(Reason::Timeout), (0, 0));
