@@ -14,14 +14,11 @@
 //! [`Error::Device`], never a crash.
 //!
 //! # Shared tables
-//! Each table entry starts with a 64-bit *word* packing `state` (bits 0..8),
-//! the owner's `pid` (bits 8..40) and a `generation` (bits 40..64) that is
-//! incremented on every claim. An entry is claimed by CAS from FREE to
-//! WRITING (which also publishes the claimer's pid), filled, and published
-//! with a Release store of its final state; readers Acquire-load the word
-//! before reading the fields. Since the pid is in the word, an entry is never
-//! without a known owner, and an owner that is gone (even by SIGKILL) is
-//! detected through [`Owner::is_alive`] and its entries reclaimed by CAS.
+//! The three tables keep their entries with one protocol, [`crate::table`]
+//! (claim, fill, publish, release, reclaim of dead owners, and why kill -9
+//! at any instant leaves them consistent). Opening the device joins the
+//! caller's pid namespace's membership lock, which that protocol needs
+//! before anything can be claimed.
 //!
 //! # DMBs
 //! A DMB is a sealed memfd (never named in the directory: its descriptor
@@ -34,10 +31,10 @@
 use crate::dmb::Dmb;
 use crate::error::{DeviceError, DeviceProblem, Error, Result};
 use crate::owner::Owner;
+use crate::table::{Claim, Head, Judge, Membership, State, Ticket};
 use smclo_wire::device_layout as layout;
 use smclo_wire::dmb_header;
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -97,87 +94,23 @@ pub trait SmcdOps: Send + Sync {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Table words.
-
-/// Packing of the state word that starts every shared table entry.
-pub(crate) mod word {
-    /// Entry unused.
-    pub const FREE: u8 = 0;
-    /// Claimed and being filled, or being reclaimed, by the pid in the word.
-    pub const WRITING: u8 = 1;
-
-    /// Packs generation (24 bits), pid and state.
-    pub const fn pack(gen: u32, pid: u32, state: u8) -> u64 {
-        ((gen as u64 & 0xFF_FFFF) << 40) | ((pid as u64) << 8) | state as u64
-    }
-    /// The state byte.
-    pub const fn state(w: u64) -> u8 {
-        w as u8
-    }
-    /// The owner pid.
-    pub const fn pid(w: u64) -> u32 {
-        (w >> 8) as u32
-    }
-    /// The generation (24 bits).
-    pub const fn gen(w: u64) -> u32 {
-        (w >> 40) as u32
-    }
-    /// The generation a claim of an entry in word `w` gets.
-    pub const fn next_gen(w: u64) -> u32 {
-        (gen(w) + 1) & 0xFF_FFFF
-    }
-}
-
-/// Memoised liveness checks for one sweep over a table: many entries share
-/// an owner, and each check reads `/proc`.
-#[derive(Default)]
-pub(crate) struct Liveness(HashMap<(u32, u64), bool>, bool);
-
-impl Liveness {
-    /// Memo for a lookup on the connection hot path: uses
-    /// [`Owner::is_alive_fast`] (a wrong "alive" only costs a fallback).
-    pub(crate) fn fast() -> Liveness {
-        Liveness(HashMap::new(), true)
-    }
-
-    /// Whether the owner of an entry whose word is `w` and whose recorded
-    /// start time is `start` is alive. During WRITING the start time may not
-    /// be written yet, so only the pid (which is in the word) is checked.
-    pub(crate) fn owner_alive(&mut self, w: u64, start: u64) -> bool {
-        let pid = word::pid(w);
-        let owner = if word::state(w) == word::WRITING {
-            Owner { pid, start: 0 }
-        } else {
-            Owner { pid, start }
-        };
-        let fast = self.1;
-        *self.0.entry((owner.pid, owner.start)).or_insert_with(|| {
-            if fast {
-                owner.is_alive_fast()
-            } else {
-                owner.is_alive()
-            }
-        })
-    }
-}
-
 /// One DMB table entry (one cache line).
 #[repr(C)]
 pub(crate) struct DmbEntry {
-    word: AtomicU64,
-    start: AtomicU64,
+    head: Head,
     token: AtomicU64,
     peer_token: AtomicU64,
     ring_len: AtomicU32,
     role: AtomicU32,
     tx_bytes: AtomicU64,
-    _reserved: [AtomicU64; 2],
+    _reserved: AtomicU64,
 }
 
-/// DMB entry states beyond FREE / WRITING.
-const DMB_REGISTERED: u8 = 2;
-const DMB_CONNECTED: u8 = 3;
+/// DMB entry states (published; [`crate::table`] has FREE and WRITING).
+const DMB_REGISTERED: State = State(2);
+const DMB_CONNECTED: State = State(3);
+/// Both published states, for moves that accept either.
+const DMB_STATES: [State; 2] = [DMB_REGISTERED, DMB_CONNECTED];
 
 const _: () = assert!(std::mem::size_of::<DmbEntry>() == layout::DMB_ENTRY_LEN as usize);
 
@@ -194,6 +127,9 @@ pub struct Device {
     seid: [u8; 32],
     ino: u64,
     me: Weak<Device>,
+    /// This process's pid namespace's membership lock ([`crate::table`]):
+    /// held before any entry can be claimed.
+    _membership: Membership,
 }
 
 // SAFETY: `base` points to a MAP_SHARED mapping that is never unmapped and is
@@ -486,6 +422,7 @@ impl Device {
         if hdr.chid != LOOPBACK_CHID {
             return bad(DeviceProblem::WrongChid(hdr.chid));
         }
+        let membership = Membership::join(dir)?;
         use std::os::fd::AsRawFd;
         let len = layout::TOTAL_SIZE as usize;
         // SAFETY: a fresh shared mapping of `len` bytes of an open file that
@@ -511,6 +448,7 @@ impl Device {
             seid: hdr.seid,
             ino: md.ino(),
             me: me.clone(),
+            _membership: membership,
         }))
     }
 
@@ -636,26 +574,22 @@ impl Device {
     /// first, so that the gauges are right after kill -9.
     pub fn stats(&self) -> Stats {
         self.reclaim_dead_dmbs();
-        let mut live = Liveness::default();
+        let mut judge = Judge::new(&self.dir);
         let mut pairs = std::collections::HashSet::new();
         let mut dmbs_cnt = 0;
         let mut live_tx: u64 = 0;
         for i in 0..layout::DMB_ENTRIES as usize {
             let e = self.dmb_entry(i);
-            let w = e.word.load(Ordering::Acquire);
-            let st = word::state(w);
-            if st == word::FREE {
+            let w = e.head.word();
+            if w.is_free() {
                 continue;
             }
             live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
-            if st != DMB_REGISTERED && st != DMB_CONNECTED {
-                continue;
-            }
-            if !live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
+            if !DMB_STATES.contains(&w.state()) || judge.dead(&e.head, w) {
                 continue;
             }
             dmbs_cnt += 1;
-            if st == DMB_CONNECTED {
+            if w.state() == DMB_CONNECTED {
                 let (a, b) = (
                     e.token.load(Ordering::Relaxed),
                     e.peer_token.load(Ordering::Relaxed),
@@ -700,7 +634,7 @@ impl Device {
     /// use it to see that dead owners' entries were really reclaimed).
     pub fn dmb_entries_in_use(&self) -> usize {
         (0..layout::DMB_ENTRIES as usize)
-            .filter(|&i| word::state(self.dmb_entry(i).word.load(Ordering::Acquire)) != word::FREE)
+            .filter(|&i| !self.dmb_entry(i).head.word().is_free())
             .count()
     }
 
@@ -721,7 +655,7 @@ impl Device {
         let mut live_tx: u64 = 0;
         for i in 0..layout::DMB_ENTRIES as usize {
             let e = self.dmb_entry(i);
-            if word::state(e.word.load(Ordering::Acquire)) != word::FREE {
+            if !e.head.word().is_free() {
                 live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
             }
         }
@@ -746,36 +680,32 @@ impl Device {
     pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
         self.maybe_sweep();
         let me = Owner::current();
-        let idx = match self.claim_dmb_entry(me.pid)? {
-            Some(i) => i,
+        let (idx, claim) = match self.claim_dmb_entry(&me) {
+            Some(c) => c,
             None => {
                 self.sweep();
-                self.claim_dmb_entry(me.pid)?
+                self.claim_dmb_entry(&me)
                     .ok_or_else(|| errno_err(libc::ENOSPC))?
             }
         };
         let e = self.dmb_entry(idx);
-        let gen = word::gen(e.word.load(Ordering::Relaxed));
         let token = random_u64()?;
         let dmb = match crate::pool::take(ring_len, self.gid, token) {
             Some(d) => d,
             None => match Dmb::create_own(token, ring_len, self.gid, me.pid, me.start) {
                 Ok(d) => d,
                 Err(err) => {
-                    e.word
-                        .store(word::pack(gen, 0, word::FREE), Ordering::Release);
+                    e.head.free(claim);
                     return Err(err);
                 }
             },
         };
-        e.start.store(me.start, Ordering::Relaxed);
         e.token.store(token, Ordering::Relaxed);
         e.peer_token.store(0, Ordering::Relaxed);
         e.ring_len.store(ring_len, Ordering::Relaxed);
         e.role.store(role as u32, Ordering::Relaxed);
         e.tx_bytes.store(0, Ordering::Relaxed);
-        e.word
-            .store(word::pack(gen, me.pid, DMB_REGISTERED), Ordering::Release);
+        let ticket = e.head.publish(claim, DMB_REGISTERED);
         self.u64_at(layout::off::DMBS_REGISTERED)
             .fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
@@ -783,7 +713,7 @@ impl Device {
             reg: Registration {
                 dev: self.arc(),
                 idx,
-                gen,
+                ticket,
                 token,
                 role,
             },
@@ -791,27 +721,15 @@ impl Device {
         })
     }
 
-    /// Claims a FREE DMB table entry for `pid` (CAS FREE → WRITING), starting
-    /// at a random index so that processes do not contend on the first ones.
-    fn claim_dmb_entry(&self, pid: u32) -> Result<Option<usize>> {
+    /// Claims a FREE DMB table entry, starting at a random index so that
+    /// processes do not contend on the first ones.
+    fn claim_dmb_entry(&self, me: &Owner) -> Option<(usize, Claim)> {
         let n = layout::DMB_ENTRIES as usize;
-        let start = (random_u64()? % n as u64) as usize;
-        for k in 0..n {
+        let start = (random_u64().ok()? % n as u64) as usize;
+        (0..n).find_map(|k| {
             let i = (start + k) % n;
-            let e = self.dmb_entry(i);
-            let w = e.word.load(Ordering::Relaxed);
-            if word::state(w) != word::FREE {
-                continue;
-            }
-            let claimed = word::pack(word::next_gen(w), pid, word::WRITING);
-            if e.word
-                .compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Ok(Some(i));
-            }
-        }
-        Ok(None)
+            self.dmb_entry(i).head.claim(me).map(|c| (i, c))
+        })
     }
 
     /// Maps the peer's DMB `token` from the memfd `fd` it passed over the
@@ -855,36 +773,21 @@ impl Device {
     /// Frees the DMB table entries of dead owners, folding their byte counts
     /// into `xfer_bytes_retired`.
     fn reclaim_dead_dmbs(&self) {
-        let mut live = Liveness::default();
-        let me = Owner::current().pid;
+        let mut judge = Judge::new(&self.dir);
         for i in 0..layout::DMB_ENTRIES as usize {
             let e = self.dmb_entry(i);
-            let w = e.word.load(Ordering::Acquire);
-            if word::state(w) == word::FREE || live.owner_alive(w, e.start.load(Ordering::Relaxed))
-            {
-                continue;
-            }
-            // Take the entry over (the word now names us, so a reclaimer that
-            // dies here is itself reclaimed later), fold, free.
-            let mine = word::pack(word::gen(w), me, word::WRITING);
-            if e.word
-                .compare_exchange(w, mine, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                self.retire_entry(e, word::gen(w));
-                crate::debug!("reclaimed DMB table entry {i} of dead pid {}", word::pid(w));
+            if let Some(c) = judge.reclaim(&e.head, e.head.word()) {
+                self.retire_entry(e, c);
             }
         }
     }
 
-    /// Folds an entry's byte count into the retired total and frees it. The
-    /// caller holds the entry in WRITING.
-    fn retire_entry(&self, e: &DmbEntry, gen: u32) {
+    /// Folds an entry's byte count into the retired total and frees it.
+    fn retire_entry(&self, e: &DmbEntry, c: Claim) {
         let tx = e.tx_bytes.swap(0, Ordering::Relaxed);
         self.u64_at(layout::off::XFER_RETIRED)
             .fetch_add(tx, Ordering::Relaxed);
-        e.word
-            .store(word::pack(gen, 0, word::FREE), Ordering::Release);
+        e.head.free(c);
     }
 
     /// Unlinks `dmb-*` files of dead owners (read with a plain `pread` of
@@ -894,14 +797,14 @@ impl Device {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return;
         };
-        let mut live = Liveness::default();
+        let mut judge = Judge::new(&self.dir);
         for ent in rd.flatten() {
             let name = ent.file_name();
             let name = name.as_bytes();
             if let Some(hex) = name.strip_prefix(b"dmb-") {
                 if hex.len() == 16
                     && hex.iter().all(u8::is_ascii_hexdigit)
-                    && self.dmb_file_is_dead(&ent.path(), &mut live)
+                    && self.dmb_file_is_dead(&ent.path(), &mut judge)
                 {
                     crate::debug!(
                         "removing DMB file of a dead owner: {}",
@@ -914,7 +817,7 @@ impl Device {
                     .ok()
                     .and_then(|r| r.split('-').next()?.parse::<u32>().ok());
                 if let Some(pid) = pid {
-                    if !(Owner { pid, start: 0 }).pid_exists() {
+                    if !Owner::local(pid, 0).pid_exists() {
                         let _ = std::fs::remove_file(ent.path());
                     }
                 }
@@ -925,7 +828,7 @@ impl Device {
     /// Whether a DMB file belongs to a dead process. A file without a valid
     /// header yet is its creator's until it is [`STALE_FILE_SECS`] old
     /// (`Dmb::create` writes the header right after creating the file).
-    fn dmb_file_is_dead(&self, path: &Path, live: &mut Liveness) -> bool {
+    fn dmb_file_is_dead(&self, path: &Path, judge: &mut Judge) -> bool {
         let Ok(f) = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(open_flags() | libc::O_NONBLOCK)
@@ -950,8 +853,8 @@ impl Device {
                 .map(|d| d.as_secs());
             return age.is_some_and(|a| a >= STALE_FILE_SECS);
         };
-        // Judge as a published (non-WRITING) entry: pid and start time.
-        !live.owner_alive(word::pack(0, hdr.owner_pid, 2), hdr.owner_start)
+        // The file header names no pid namespace: judged in ours.
+        judge.owner_dead(Owner::local(hdr.owner_pid, hdr.owner_start))
     }
 }
 
@@ -1072,7 +975,9 @@ impl DmbHandle {
 pub struct Registration {
     dev: Arc<Device>,
     idx: usize,
-    gen: u32,
+    /// The incarnation registered, under the registering process (a fork
+    /// child that receives the entry has the same generation).
+    ticket: Ticket,
     token: u64,
     role: Role,
 }
@@ -1097,11 +1002,16 @@ impl Registration {
     /// freed) and, with `own`, the calling process owns it.
     fn entry(&self, own: bool) -> Option<&DmbEntry> {
         let e = self.dev.dmb_entry(self.idx);
-        let w = e.word.load(Ordering::Relaxed);
-        let ok = word::gen(w) == self.gen
-            && word::state(w) != word::FREE
-            && (!own || word::pid(w) == Owner::current().pid);
+        let w = e.head.word();
+        let ok = w.gen() == self.ticket.gen()
+            && !w.is_free()
+            && (!own || w.pid() == Owner::current().pid);
         ok.then_some(e)
+    }
+
+    /// This registration's incarnation under the calling process.
+    fn my_ticket(&self) -> Ticket {
+        self.ticket.with_pid(Owner::current().pid)
     }
 
     /// Adds `n` bytes sent by this end (the API layer calls it after each
@@ -1118,13 +1028,8 @@ impl Registration {
     /// `peer_token`; from now on the pair counts in `conns_active`.
     pub fn set_connected(&self, peer_token: u64) {
         let Some(e) = self.entry(true) else { return };
-        let me = Owner::current().pid;
         e.peer_token.store(peer_token, Ordering::Relaxed);
-        let from = word::pack(self.gen, me, DMB_REGISTERED);
-        let to = word::pack(self.gen, me, DMB_CONNECTED);
-        let _ = e
-            .word
-            .compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
+        let _ = e.head.cas(self.my_ticket(), DMB_REGISTERED, DMB_CONNECTED);
     }
 
     /// Makes process `to` (a fork child that still holds the connection)
@@ -1143,52 +1048,38 @@ impl Registration {
             return false;
         }
         let e = self.dev.dmb_entry(self.idx);
-        for st in [DMB_REGISTERED, DMB_CONNECTED] {
-            let from = word::pack(self.gen, me, st);
-            let mid = word::pack(self.gen, to.pid, word::WRITING);
-            if e.word
-                .compare_exchange(from, mid, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                e.start.store(to.start, Ordering::Relaxed);
-                e.word
-                    .store(word::pack(self.gen, to.pid, st), Ordering::Release);
-                crate::debug!(
-                    "DMB {:016x} (entry {}) handed over to pid {}",
-                    self.token,
-                    self.idx,
-                    to.pid
-                );
-                return true;
-            }
+        let done = e
+            .head
+            .hand_over(self.my_ticket(), &DMB_STATES, &to)
+            .is_some();
+        if done {
+            crate::debug!(
+                "DMB {:016x} (entry {}) handed over to pid {}",
+                self.token,
+                self.idx,
+                to.pid
+            );
         }
-        false
+        done
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let me = Owner::current().pid;
+        let me = Owner::current();
         let e = self.dev.dmb_entry(self.idx);
+        let mine = self.my_ticket();
         // A hand-over to us may be finishing (WRITING under our pid, two
         // stores long): wait for it, briefly.
         for _ in 0..10_000 {
-            if e.word.load(Ordering::Acquire) != word::pack(self.gen, me, word::WRITING) {
+            if e.head.word() != mine.word(State::WRITING) {
                 break;
             }
             std::thread::yield_now();
         }
-        for st in [DMB_REGISTERED, DMB_CONNECTED] {
-            // Only the current owner's copy unregisters (the CAS names it).
-            let from = word::pack(self.gen, me, st);
-            let to = word::pack(self.gen, me, word::WRITING);
-            if e.word
-                .compare_exchange(from, to, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                self.dev.retire_entry(e, self.gen);
-                return;
-            }
+        // Only the current owner's copy unregisters (the release names it).
+        if let Some(c) = e.head.release(mine, &me) {
+            self.dev.retire_entry(e, c);
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod rendezvous;
 pub mod ring;
 mod rng;
 pub mod sockaddr;
+pub mod table;
 pub mod tcp_syn;
 
 pub use error::{Error, Result};

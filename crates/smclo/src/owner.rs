@@ -1,26 +1,60 @@
-//! Process identity that survives pid reuse: (pid, start time).
+//! Process identity that survives pid reuse and pid namespaces:
+//! (pid, start time, pid namespace).
 //!
 //! Everything a process owns in shared memory (DMB table entries, listener
-//! registrations, rendezvous slots, DMB files) records its [`Owner`]. Any
-//! process can then tell whether the owner still exists and reclaim what a
-//! dead one (even one killed with SIGKILL) left behind. The start time
-//! (field 22 of `/proc/<pid>/stat`, clock ticks since boot) makes a recycled
-//! pid look like a different process.
+//! registrations, rendezvous slots) records its [`Owner`]. Any process can
+//! then tell whether the owner still exists and reclaim what a dead one
+//! (even one killed with SIGKILL) left behind. The start time (field 22 of
+//! `/proc/<pid>/stat`, clock ticks since boot) makes a recycled pid look
+//! like a different process.
 //!
-//! Liveness is judged in the caller's pid namespace: processes sharing one
-//! device directory must share a pid namespace (and `/proc`).
+//! A pid means something only in its own pid namespace: processes sharing
+//! one device directory from several containers see each other's pids as
+//! unrelated numbers. So an owner is judged by pid only by a process of the
+//! same pid namespace ([`PidNs`]); for an owner of another namespace
+//! [`Owner::verdict`] says [`Verdict::OtherNamespace`], and only the
+//! namespace lock of [`crate::table`] can tell that such an owner is gone.
+//! The `/proc` a process sees may belong to another pid namespace (a child
+//! namespace without its own `/proc` mount): then `/proc/<pid>` names other
+//! processes, and liveness falls back to "the pid exists" (`kill(pid, 0)`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A process: its pid and its start time in clock ticks since boot.
+/// A pid namespace: the inode number of its `/proc/<pid>/ns/pid` (nsfs
+/// inode numbers are 32-bit). 0 when it cannot be read (no `/proc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PidNs(pub u32);
+
+impl PidNs {
+    /// The calling process's pid namespace.
+    pub fn current() -> PidNs {
+        Owner::current().pidns
+    }
+}
+
+/// A process: its pid and start time, in its pid namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Owner {
-    /// Process id.
+    /// Process id, in `pidns`.
     pub pid: u32,
-    /// Field 22 of `/proc/<pid>/stat`.
+    /// Field 22 of `/proc/<pid>/stat`; 0 if unknown (only the pid is
+    /// checked then).
     pub start: u64,
+    /// The pid namespace the pid belongs to.
+    pub pidns: PidNs,
+}
+
+/// What a process can tell about an [`Owner`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The owner exists (or, on the fast path, existed very recently).
+    Alive,
+    /// The owner is gone: what it owns may be reclaimed.
+    Dead,
+    /// The owner is in another pid namespace: its pid cannot be judged here.
+    OtherNamespace,
 }
 
 // Per-process cache of our own identity. Atomics rather than a lock: a child
@@ -29,6 +63,9 @@ pub struct Owner {
 // hot path needs no getpid(2).
 static CACHED_PID: AtomicU32 = AtomicU32::new(0);
 static CACHED_START: AtomicU64 = AtomicU64::new(0);
+/// Pid namespace inode, plus [`PROC_OURS`] when `/proc` is of that namespace.
+static CACHED_PIDNS: AtomicU64 = AtomicU64::new(0);
+const PROC_OURS: u64 = 1 << 32;
 static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 fn getpid() -> u32 {
@@ -111,42 +148,55 @@ impl Owner {
             return Owner {
                 pid,
                 start: CACHED_START.load(Ordering::Relaxed),
+                pidns: PidNs(CACHED_PIDNS.load(Ordering::Relaxed) as u32),
             };
         }
         ensure_fork_hook();
         let pid = getpid();
-        // Our own stat file always exists; 0 only if /proc is not mounted, in
-        // which case liveness checks degrade to "pid exists".
-        let start = read_stat(pid).map(|s| s.start).unwrap_or(0);
+        // /proc/self is always the caller, whichever namespace /proc is of.
+        // 0 only if /proc is not mounted: liveness checks then degrade to
+        // "pid exists".
+        let start = read_stat_path("/proc/self/stat").map_or(0, |s| s.start);
+        let pidns = own_pidns();
+        let ours = if proc_is_ours(pid) { PROC_OURS } else { 0 };
         CACHED_START.store(start, Ordering::Relaxed);
+        CACHED_PIDNS.store(pidns.0 as u64 | ours, Ordering::Relaxed);
         CACHED_PID.store(pid, Ordering::Release);
-        Owner { pid, start }
+        Owner { pid, start, pidns }
     }
 
-    /// Process `pid` with its start time read from `/proc` (0 if `/proc`
-    /// is not mounted); `None` if it does not exist.
+    /// Process `pid` of the caller's pid namespace, with its start time
+    /// read from `/proc` (0 if `/proc` cannot tell); `None` if it does not
+    /// exist.
     pub fn of(pid: u32) -> Option<Owner> {
-        if pid == Owner::current().pid {
-            return Some(Owner::current());
+        let me = Owner::current();
+        if pid == me.pid {
+            return Some(me);
         }
-        match read_stat(pid) {
-            Some(s) => Some(Owner {
-                pid,
-                start: s.start,
-            }),
-            None if !proc_mounted() && (Owner { pid, start: 0 }).pid_exists() => {
-                Some(Owner { pid, start: 0 })
-            }
-            None => None,
+        let local = Owner::local(pid, 0);
+        if !proc_usable() {
+            return local.pid_exists().then_some(local);
+        }
+        read_stat(pid).map(|s| Owner::local(pid, s.start))
+    }
+
+    /// Process `pid` with start time `start` (0: unknown) in the caller's
+    /// pid namespace.
+    pub fn local(pid: u32, start: u64) -> Owner {
+        Owner {
+            pid,
+            start,
+            pidns: PidNs::current(),
         }
     }
 
-    /// Whether this process still exists (and is not a zombie).
+    /// Whether this process may still exist: `false` only when it is
+    /// certainly gone (an owner in another pid namespace counts as alive).
     ///
     /// A pid of 0 is never alive. When the recorded start time is 0 (unknown)
     /// only the pid is checked. Reads `/proc/<pid>/stat`.
     pub fn is_alive(&self) -> bool {
-        self.check_alive(false)
+        self.verdict(false) != Verdict::Dead
     }
 
     /// [`is_alive`](Self::is_alive) for the connection hot path: once a full
@@ -155,23 +205,39 @@ impl Owner {
     /// look alive that long. Use it only where a wrong "alive" costs a
     /// fallback, never where it would keep garbage (sweeps use `is_alive`).
     pub fn is_alive_fast(&self) -> bool {
-        self.check_alive(true)
+        self.verdict(true) != Verdict::Dead
     }
 
-    fn check_alive(&self, fast: bool) -> bool {
+    /// What the caller can tell about this owner; `fast` as in
+    /// [`is_alive_fast`](Self::is_alive_fast).
+    pub fn verdict(&self, fast: bool) -> Verdict {
+        let me = Owner::current();
+        if self.pidns != me.pidns {
+            return Verdict::OtherNamespace;
+        }
+        if self.check_alive(me, fast) {
+            Verdict::Alive
+        } else {
+            Verdict::Dead
+        }
+    }
+
+    fn check_alive(&self, me: Owner, fast: bool) -> bool {
         if self.pid == 0 || self.pid > i32::MAX as u32 {
             return false;
         }
-        let me = Owner::current();
         if self.pid == me.pid {
-            return self.start == me.start;
+            return self.start == 0 || self.start == me.start;
+        }
+        if !proc_usable() {
+            return pid_exists(self.pid);
         }
         if fast && self.start != 0 && recently_verified(self) {
             return pid_exists(self.pid);
         }
         let alive = match read_stat(self.pid) {
             Some(s) => !s.zombie && (self.start == 0 || s.start == self.start),
-            None => pid_exists(self.pid) && !proc_mounted(),
+            None => false,
         };
         if alive && self.start != 0 {
             note_verified(*self);
@@ -180,9 +246,41 @@ impl Owner {
     }
 
     /// Only the pid, without reading `/proc`: `false` means certainly dead,
-    /// `true` means "maybe alive". Cheap pre-check for sweeps.
+    /// `true` means "maybe alive". Cheap pre-check for sweeps; meaningful
+    /// only for a pid of the caller's namespace.
     pub fn pid_exists(&self) -> bool {
         self.pid != 0 && self.pid <= i32::MAX as u32 && pid_exists(self.pid)
+    }
+}
+
+/// Whether `/proc/<pid>` names processes of our pid namespace (cached).
+fn proc_usable() -> bool {
+    Owner::current();
+    CACHED_PIDNS.load(Ordering::Relaxed) & PROC_OURS != 0
+}
+
+/// Inode of `/proc/self/ns/pid`, 0 if it cannot be read.
+fn own_pidns() -> PidNs {
+    use std::os::unix::fs::MetadataExt;
+    PidNs(
+        std::fs::metadata("/proc/self/ns/pid")
+            .map(|m| m.ino() as u32)
+            .unwrap_or(0),
+    )
+}
+
+/// Whether the mounted `/proc` is of our pid namespace: then the `NSpid`
+/// line of our status lists one pid (procfs shows pids from its own
+/// namespace down to ours), and it is ours. Kernels without `NSpid`
+/// (before 4.1) are judged by the pid in our stat file.
+fn proc_is_ours(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    match status.lines().find_map(|l| l.strip_prefix("NSpid:")) {
+        Some(list) => list.split_ascii_whitespace().eq([pid.to_string().as_str()]),
+        None => std::fs::read_to_string("/proc/self/stat")
+            .is_ok_and(|s| s.split(' ').next() == Some(pid.to_string().as_str())),
     }
 }
 
@@ -194,10 +292,6 @@ fn pid_exists(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-fn proc_mounted() -> bool {
-    std::path::Path::new("/proc/self/stat").exists()
-}
-
 struct Stat {
     start: u64,
     zombie: bool,
@@ -205,8 +299,11 @@ struct Stat {
 
 /// Reads state (field 3) and start time (field 22) of `/proc/<pid>/stat`.
 fn read_stat(pid: u32) -> Option<Stat> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
+    read_stat_path(&format!("/proc/{pid}/stat"))
+}
+
+fn read_stat_path(path: &str) -> Option<Stat> {
+    parse_stat(&std::fs::read(path).ok()?)
 }
 
 /// `pid (comm) S f4 f5 ...`: comm may hold spaces and parentheses, so the
@@ -263,21 +360,22 @@ mod tests {
         assert_eq!(me.pid, std::process::id());
         assert!(me.start > 0);
         assert!(me.is_alive());
-        assert!(!Owner {
-            pid: me.pid,
-            start: me.start + 1
-        }
-        .is_alive());
-        assert!(!Owner { pid: 0, start: 0 }.is_alive());
+        assert!(!Owner::local(me.pid, me.start + 1).is_alive());
+        assert!(!Owner::local(0, 0).is_alive());
         // pid 1 exists, but not with this start time (unless we are init).
         if me.pid != 1 {
-            assert!(!Owner {
-                pid: 1,
-                start: u64::MAX
-            }
-            .is_alive());
+            assert!(!Owner::local(1, u64::MAX).is_alive());
         }
         assert_ne!(netns_inode(), 0);
+        assert_ne!(me.pidns, PidNs(0));
+        // Another namespace's pid is never judged here, even one that
+        // exists in ours.
+        let other = Owner {
+            pidns: PidNs(me.pidns.0 ^ 1),
+            ..me
+        };
+        assert_eq!(other.verdict(false), Verdict::OtherNamespace);
+        assert!(other.is_alive());
     }
 
     #[test]
@@ -286,6 +384,6 @@ mod tests {
         let pid = c.id();
         let start = read_stat(pid).map(|s| s.start).unwrap_or(1);
         c.wait().unwrap();
-        assert!(!Owner { pid, start }.is_alive());
+        assert!(!Owner::local(pid, start).is_alive());
     }
 }

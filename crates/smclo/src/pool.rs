@@ -172,13 +172,8 @@ pub(crate) fn put_peer(id: (u64, u64), d: Dmb) {
     let Ok(mut p) = POOL.try_lock() else { return };
     p.check_gen(gen);
     if p.peers.len() >= PEER_MAX {
-        p.peers.retain(|(_, d)| {
-            crate::owner::Owner {
-                pid: d.owner_pid(),
-                start: 0,
-            }
-            .pid_exists()
-        });
+        p.peers
+            .retain(|(_, d)| crate::owner::Owner::local(d.owner_pid(), 0).pid_exists());
     }
     if p.peers.len() >= PEER_MAX {
         p.peers.remove(0);

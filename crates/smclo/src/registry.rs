@@ -6,17 +6,19 @@
 //! (1024 of them), in a window of [`PROBE`] entries starting at a hash of
 //! the port, so that a lookup reads a bounded number of cache lines.
 //!
-//! Entries use the claim protocol described in [`crate::device`]: CAS FREE →
-//! WRITING with our pid, fill, Release-store LISTENING. An entry whose owner
-//! is gone is freed by whoever finds it.
+//! Entries are kept with the protocol of [`crate::table`]: claimed,
+//! filled, published LISTENING, released by the listener's guard. An entry
+//! whose owner is gone is freed by whoever finds it; one of another pid
+//! namespace only once that namespace has no process left on the device.
 //!
 //! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
 //! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
 //! server answers, and the client falls back after its bounded wait.
 
-use crate::device::{word, Device, Liveness};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::owner::{netns_inode, Owner};
+use crate::table::{Head, Holder, Judge, State, Ticket, Word};
 use crate::tcp_syn::is_local;
 use smclo_wire::device_layout as layout;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -26,20 +28,19 @@ use std::sync::Arc;
 /// Entries examined per lookup or registration, from the port's hash on.
 pub const PROBE: usize = 128;
 
-const LISTENING: u8 = 2;
+const LISTENING: State = State(2);
 const FAM_V4: u64 = 4;
 const FAM_V6: u64 = 6;
 
 /// One listener entry (one cache line).
 #[repr(C)]
 pub(crate) struct ListenerEntry {
-    word: AtomicU64,
-    start: AtomicU64,
+    head: Head,
     netns: AtomicU64,
     /// family (4 or 6) in bits 0..16, port in bits 16..32.
     meta: AtomicU64,
     addr: [AtomicU64; 2],
-    _reserved: [AtomicU64; 2],
+    _reserved: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ListenerEntry>() == layout::LISTENER_ENTRY_LEN as usize);
@@ -104,8 +105,7 @@ impl ListenerInfo {
 pub struct ListenerGuard {
     dev: Arc<Device>,
     idx: usize,
-    gen: u32,
-    pid: u32,
+    ticket: Ticket,
 }
 
 impl ListenerGuard {
@@ -117,17 +117,10 @@ impl ListenerGuard {
 
 impl Drop for ListenerGuard {
     fn drop(&mut self) {
-        if Owner::current().pid != self.pid {
-            return;
-        }
         let e = entry(&self.dev, self.idx);
-        let from = word::pack(self.gen, self.pid, LISTENING);
-        let _ = e.word.compare_exchange(
-            from,
-            word::pack(self.gen, 0, word::FREE),
-            Ordering::Release,
-            Ordering::Relaxed,
-        );
+        if let Some(c) = e.head.release(self.ticket, &Owner::current()) {
+            e.head.free(c);
+        }
     }
 }
 
@@ -143,23 +136,9 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
         for k in 0..PROBE {
             let i = (h + k) % layout::LISTENER_ENTRIES as usize;
             let e = entry(dev, i);
-            let w = e.word.load(Ordering::Relaxed);
-            if word::state(w) != word::FREE {
+            let Some(claim) = e.head.claim(&me) else {
                 continue;
-            }
-            let gen = word::next_gen(w);
-            if e.word
-                .compare_exchange(
-                    w,
-                    word::pack(gen, me.pid, word::WRITING),
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-            {
-                continue;
-            }
-            e.start.store(me.start, Ordering::Relaxed);
+            };
             e.netns.store(netns_inode(), Ordering::Relaxed);
             e.meta
                 .store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
@@ -171,14 +150,12 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
                 u64::from_ne_bytes(bytes[8..].try_into().unwrap()),
                 Ordering::Relaxed,
             );
-            e.word
-                .store(word::pack(gen, me.pid, LISTENING), Ordering::Release);
+            let ticket = e.head.publish(claim, LISTENING);
             crate::debug!("registered listener {addr} in entry {i}");
             return Ok(ListenerGuard {
                 dev: dev.arc(),
                 idx: i,
-                gen,
-                pid: me.pid,
+                ticket,
             });
         }
         if attempt == 0 {
@@ -190,42 +167,45 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
 
 /// Frees entries of dead owners in the window starting at `h`.
 fn reclaim_window(dev: &Device, h: usize) {
-    let mut live = Liveness::default();
+    let mut judge = Judge::new(dev.dir());
     for k in 0..PROBE {
-        let e = entry(dev, h + k);
-        let w = e.word.load(Ordering::Acquire);
-        if word::state(w) != word::FREE && !live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
-            free_dead(e, w);
-        }
+        reclaim(&mut judge, entry(dev, h + k));
     }
 }
 
-/// Frees an entry whose owner is dead; the CAS from exactly `w` makes sure
-/// that only that incarnation is freed.
-fn free_dead(e: &ListenerEntry, w: u64) {
-    let _ = e.word.compare_exchange(
-        w,
-        word::pack(word::gen(w), 0, word::FREE),
-        Ordering::Release,
-        Ordering::Relaxed,
-    );
+/// Frees `e` if its owner is dead; returns whether it did.
+fn reclaim(judge: &mut Judge, e: &ListenerEntry) -> bool {
+    let Some(c) = judge.reclaim(&e.head, e.head.word()) else {
+        return false;
+    };
+    e.head.free(c);
+    true
 }
 
-/// A consistent copy of a LISTENING entry, or `None` if it changed while
-/// being read (the word is re-checked after the fields, seqlock style).
-fn snapshot(e: &ListenerEntry) -> Option<(u64, u64, u64, u64, [u8; 16])> {
-    let w = e.word.load(Ordering::Acquire);
-    if word::state(w) != LISTENING {
-        return None;
-    }
-    let start = e.start.load(Ordering::Relaxed);
-    let netns = e.netns.load(Ordering::Relaxed);
-    let meta = e.meta.load(Ordering::Relaxed);
-    let mut addr = [0u8; 16];
-    addr[..8].copy_from_slice(&e.addr[0].load(Ordering::Relaxed).to_ne_bytes());
-    addr[8..].copy_from_slice(&e.addr[1].load(Ordering::Relaxed).to_ne_bytes());
-    std::sync::atomic::fence(Ordering::Acquire);
-    (e.word.load(Ordering::Relaxed) == w).then_some((w, start, netns, meta, addr))
+/// The fields of a LISTENING entry after its head.
+struct Fields {
+    netns: u64,
+    /// family (4 or 6) in bits 0..16, port in bits 16..32.
+    meta: u64,
+    addr: [u8; 16],
+}
+
+/// A consistent copy of a LISTENING entry's word and fields, or `None` if
+/// it is not LISTENING or changed while being read.
+fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
+    e.head.read(
+        |w| w.state() == LISTENING,
+        || {
+            let mut addr = [0u8; 16];
+            addr[..8].copy_from_slice(&e.addr[0].load(Ordering::Relaxed).to_ne_bytes());
+            addr[8..].copy_from_slice(&e.addr[1].load(Ordering::Relaxed).to_ne_bytes());
+            Fields {
+                netns: e.netns.load(Ordering::Relaxed),
+                meta: e.meta.load(Ordering::Relaxed),
+                addr,
+            }
+        },
+    )
 }
 
 /// Finds a live smclo listener that accepts connections to `dest`: same
@@ -242,14 +222,14 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let (dfam, dbytes) = canon(dest.ip());
     let port = dest.port();
     let my_ns = netns_inode();
-    let mut live = Liveness::fast();
+    let mut judge = Judge::fast(dev.dir());
     let mut best: Option<(u32, ListenerInfo)> = None;
     // Asked once, and only when a wildcard could match.
     let mut local: Option<bool> = None;
     let h = home(port);
     for k in 0..PROBE {
         let e = entry(dev, h + k);
-        let Some((w, start, netns, meta, addr)) = snapshot(e) else {
+        let Some((w, Fields { netns, meta, addr })) = snapshot(e) else {
             continue;
         };
         let fam = meta & 0xffff;
@@ -262,8 +242,11 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         if !(exact || wildcard && netns == my_ns && dest_is_local()) {
             continue;
         }
-        if !live.owner_alive(w, start) {
-            free_dead(e, w);
+        let Some(Holder::Known(owner)) = e.head.holder(w) else {
+            continue;
+        };
+        if judge.owner_dead(owner) {
+            reclaim(&mut judge, e);
             continue;
         }
         let score = 2 * (netns == my_ns) as u32 + exact as u32;
@@ -276,10 +259,7 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
             IpAddr::V6(Ipv6Addr::from(addr))
         };
         let info = ListenerInfo {
-            owner: Owner {
-                pid: word::pid(w),
-                start,
-            },
+            owner,
             netns,
             addr: SocketAddr::new(ip, port),
         };
@@ -293,18 +273,13 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
 
 /// Number of live listener registrations (for stats); frees dead ones.
 pub fn live_listeners(dev: &Device) -> u64 {
-    let mut live = Liveness::default();
+    let mut judge = Judge::new(dev.dir());
     let mut n = 0;
     for i in 0..layout::LISTENER_ENTRIES as usize {
         let e = entry(dev, i);
-        let w = e.word.load(Ordering::Acquire);
-        if word::state(w) == word::FREE {
-            continue;
-        }
-        if live.owner_alive(w, e.start.load(Ordering::Relaxed)) {
-            n += (word::state(w) == LISTENING) as u64;
-        } else {
-            free_dead(e, w);
+        let w = e.head.word();
+        if !w.is_free() && !reclaim(&mut judge, e) {
+            n += (w.state() == LISTENING) as u64;
         }
     }
     n

@@ -34,25 +34,28 @@
 //!   winner.
 //! - The client frees the slot by dropping its [`OwnedSlot`].
 //!
-//! The state word packs a 24-bit generation, incremented by every claim, so
-//! a [`SlotRef`] taken before the slot was freed and reused can never change
-//! the new incarnation: all its CASes fail and [`SlotRef::state`] reports
+//! Slots are kept with the protocol of [`crate::table`]: a [`SlotRef`] is
+//! bound to one incarnation (generation and client pid), so one taken
+//! before the slot was freed and reused can never change the new
+//! incarnation: all its CASes fail and [`SlotRef::state`] reports
 //! [`SlotState::Stale`].
 //!
 //! A slot whose client died is taken over by the next
-//! [`propose`](Rendezvous::propose) that needs it.
+//! [`propose`](Rendezvous::propose) that needs it (one of another pid
+//! namespace once that namespace has no process left on the device).
 //!
 //! Message bytes come from another process: callers must validate them
 //! (lengths are clamped to [`MSG_LEN`] here, nothing more).
 
-use crate::device::{word, Device, Liveness};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::owner::Owner;
 use crate::registry::canonical_addr;
+use crate::table::{Claim, Head, Holder, Judge, State, Ticket, Word};
 use smclo_wire::device_layout as layout;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,8 +94,8 @@ pub enum SlotState {
 }
 
 impl SlotState {
-    fn from_u8(s: u8) -> SlotState {
-        match s {
+    fn from_state(s: State) -> SlotState {
+        match s.0 {
             0 => SlotState::Free,
             1 => SlotState::Writing,
             2 => SlotState::Proposed,
@@ -104,8 +107,8 @@ impl SlotState {
         }
     }
 
-    fn to_u8(self) -> Option<u8> {
-        Some(match self {
+    fn to_state(self) -> Option<State> {
+        Some(State(match self {
             SlotState::Free => 0,
             SlotState::Writing => 1,
             SlotState::Proposed => 2,
@@ -114,7 +117,7 @@ impl SlotState {
             SlotState::Confirmed => 5,
             SlotState::Declined => 6,
             SlotState::Stale | SlotState::Invalid => return None,
-        })
+        }))
     }
 }
 
@@ -175,22 +178,22 @@ impl SlotKey {
 /// One slot, 2048 bytes.
 #[repr(C)]
 pub(crate) struct SlotEntry {
-    word: AtomicU64,
-    start: AtomicU64,
+    head: Head,
     key: [AtomicU64; 5],
     lens: [AtomicU64; 3],
     /// The client's TCP source port once known (`PORT_KNOWN | port`), 0
     /// before: see [`SlotRef::set_client_port`].
     client_port: AtomicU64,
-    _r0: [AtomicU64; 5],
+    _r0: [AtomicU64; 4],
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
     _r1: [AtomicU64; 48],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
-// word + start + key + lens + client_port + reserved = 128 bytes before the
+// head + key + lens + client_port + reserved = 128 bytes before the
 // message areas.
-const _: () = assert!(8 + 8 + 5 * 8 + 3 * 8 + 8 + 5 * 8 == layout::MSG_AREA_OFF[0] as usize);
+const _: () =
+    assert!(crate::table::HEAD_LEN + 5 * 8 + 3 * 8 + 8 + 4 * 8 == layout::MSG_AREA_OFF[0] as usize);
 
 /// Flag in `client_port`: the port is known.
 const PORT_KNOWN: u64 = 1 << 16;
@@ -229,6 +232,18 @@ impl SlotEntry {
         out
     }
 
+    /// Writes key and proposal into a claimed slot and publishes it.
+    fn fill(&self, c: Claim, k: &[u64; 5], proposal: &[u8]) -> Ticket {
+        for (dst, v) in self.key.iter().zip(k) {
+            dst.store(*v, Ordering::Relaxed);
+        }
+        self.lens[REPLY].store(0, Ordering::Relaxed);
+        self.lens[CONFIRM].store(0, Ordering::Relaxed);
+        self.client_port.store(0, Ordering::Relaxed);
+        self.write_msg(PROPOSAL, proposal);
+        self.head.publish(c, STATE_PROPOSED)
+    }
+
     fn key_matches(&self, k: &[u64; 5]) -> bool {
         self.key
             .iter()
@@ -256,41 +271,20 @@ impl Rendezvous {
         let me = Owner::current();
         let k = key.encode();
         let home = key.home();
-        let mut live = Liveness::default();
+        let mut judge = Judge::new(dev.dir());
         for pass in 0..2 {
             for p in 0..PROBE {
                 let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
                 let s = slot(dev, i);
-                let w = s.word.load(Ordering::Acquire);
-                let takeable = match pass {
-                    0 => word::state(w) == word::FREE,
+                let claim = match pass {
+                    0 => s.head.claim(&me),
                     // Second pass: slots whose client is gone.
-                    _ => {
-                        word::state(w) != word::FREE
-                            && !live.owner_alive(w, s.start.load(Ordering::Relaxed))
-                    }
+                    _ => judge.reclaim(&s.head, s.head.word()),
                 };
-                if !takeable {
+                let Some(claim) = claim else {
                     continue;
-                }
-                let gen = word::next_gen(w);
-                let claimed = word::pack(gen, me.pid, word::WRITING);
-                if s.word
-                    .compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed)
-                    .is_err()
-                {
-                    continue;
-                }
-                s.start.store(me.start, Ordering::Relaxed);
-                for (dst, v) in s.key.iter().zip(k) {
-                    dst.store(v, Ordering::Relaxed);
-                }
-                s.lens[REPLY].store(0, Ordering::Relaxed);
-                s.lens[CONFIRM].store(0, Ordering::Relaxed);
-                s.client_port.store(0, Ordering::Relaxed);
-                s.write_msg(PROPOSAL, proposal);
-                s.word
-                    .store(word::pack(gen, me.pid, STATE_PROPOSED), Ordering::Release);
+                };
+                let ticket = s.fill(claim, &k, proposal);
                 crate::debug!(
                     "proposed in rendezvous slot {i} for {} -> {}",
                     key.client,
@@ -299,8 +293,8 @@ impl Rendezvous {
                 return Ok(OwnedSlot(SlotRef {
                     dev: dev.arc(),
                     idx: i,
-                    gen,
-                    pid: me.pid,
+                    ticket,
+                    client: me,
                 }));
             }
         }
@@ -323,19 +317,18 @@ impl Rendezvous {
         for p in 0..PROBE {
             let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
             let s = slot(dev, i);
-            let w = s.word.load(Ordering::Acquire);
-            if word::state(w) != STATE_PROPOSED || !s.key_matches(&k) {
+            let Some((w, true)) = s
+                .head
+                .read(|w| w.state() == STATE_PROPOSED, || s.key_matches(&k))
+            else {
                 continue;
-            }
-            // The key was read after the Acquire load; if the word is
-            // unchanged afterwards, key and word belong together.
-            fence(Ordering::Acquire);
-            if s.word.load(Ordering::Relaxed) == w {
+            };
+            if let Some(Holder::Known(client)) = s.head.holder(w) {
                 out.push(SlotRef {
                     dev: dev.arc(),
                     idx: i,
-                    gen: word::gen(w),
-                    pid: word::pid(w),
+                    ticket: Ticket::of(w),
+                    client,
                 });
             }
         }
@@ -343,7 +336,7 @@ impl Rendezvous {
     }
 }
 
-const STATE_PROPOSED: u8 = 2;
+const STATE_PROPOSED: State = State(2);
 
 /// A reference to one incarnation (generation) of a slot. Cheap to clone;
 /// when the slot is freed or reused, every operation reports
@@ -352,16 +345,17 @@ const STATE_PROPOSED: u8 = 2;
 pub struct SlotRef {
     dev: Arc<Device>,
     idx: usize,
-    gen: u32,
-    pid: u32,
+    ticket: Ticket,
+    /// The client, as recorded when the reference was taken.
+    client: Owner,
 }
 
 impl std::fmt::Debug for SlotRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SlotRef")
             .field("idx", &self.idx)
-            .field("gen", &self.gen)
-            .field("client_pid", &self.pid)
+            .field("gen", &self.ticket.gen().get())
+            .field("client_pid", &self.ticket.pid())
             .finish()
     }
 }
@@ -371,8 +365,8 @@ impl SlotRef {
         slot(&self.dev, self.idx)
     }
 
-    fn mine(&self, w: u64) -> bool {
-        word::gen(w) == self.gen && word::pid(w) == self.pid
+    fn mine(&self, w: Word) -> bool {
+        self.ticket.matches(w)
     }
 
     /// Slot index (for diagnostics).
@@ -382,15 +376,13 @@ impl SlotRef {
 
     /// The generation this reference is bound to.
     pub fn generation(&self) -> u32 {
-        self.gen
+        self.ticket.gen().get()
     }
 
-    /// The client that proposed (pid and start time), for liveness checks.
+    /// The client that proposed (pid, start time and pid namespace), for
+    /// liveness checks.
     pub fn client(&self) -> Owner {
-        Owner {
-            pid: self.pid,
-            start: self.entry().start.load(Ordering::Relaxed),
-        }
+        self.client
     }
 
     /// Client: publishes its TCP source port, known once `connect` has
@@ -400,7 +392,7 @@ impl SlotRef {
     /// this. Changes nothing once the slot is reused.
     pub fn set_client_port(&self, port: u16) {
         let e = self.entry();
-        if self.mine(e.word.load(Ordering::Acquire)) {
+        if self.mine(e.head.word()) {
             e.client_port
                 .store(PORT_KNOWN | port as u64, Ordering::Release);
         }
@@ -414,7 +406,7 @@ impl SlotRef {
         let v = e.client_port.load(Ordering::Acquire);
         // The word after the port: if this reference is still current, the
         // port belongs to this incarnation (it is reset while WRITING).
-        if v & PORT_KNOWN == 0 || !self.mine(e.word.load(Ordering::Acquire)) {
+        if v & PORT_KNOWN == 0 || !self.mine(e.head.word()) {
             return None;
         }
         Some(v as u16)
@@ -423,23 +415,20 @@ impl SlotRef {
     /// Current state (Acquire: the message areas written before the state
     /// was published are visible after this returns).
     pub fn state(&self) -> SlotState {
-        let w = self.entry().word.load(Ordering::Acquire);
+        let w = self.entry().head.word();
         if !self.mine(w) {
             return SlotState::Stale;
         }
-        SlotState::from_u8(word::state(w))
+        SlotState::from_state(w.state())
     }
 
     /// Copies a message out, or `None` if the slot changed generation while
     /// (or before) it was read.
     fn read(&self, area: usize) -> Option<Vec<u8>> {
         let e = self.entry();
-        if !self.mine(e.word.load(Ordering::Acquire)) {
-            return None;
-        }
-        let m = e.read_msg(area);
-        fence(Ordering::Acquire);
-        self.mine(e.word.load(Ordering::Relaxed)).then_some(m)
+        e.head
+            .read(|w| self.mine(w), || e.read_msg(area))
+            .map(|(_, m)| m)
     }
 
     /// The client's Proposal (unvalidated bytes).
@@ -469,21 +458,15 @@ impl SlotRef {
                 SlotState::Free | SlotState::Writing | SlotState::Stale | SlotState::Invalid
             )
         };
-        let (Some(f), Some(t)) = (from.to_u8(), to.to_u8()) else {
+        let (Some(f), Some(t)) = (from.to_state(), to.to_state()) else {
             return Err(self.state());
         };
         if !allowed(from) || !allowed(to) {
             return Err(self.state());
         }
-        let e = self.entry();
-        match e.word.compare_exchange(
-            word::pack(self.gen, self.pid, f),
-            word::pack(self.gen, self.pid, t),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => Ok(()),
-            Err(w) if self.mine(w) => Err(SlotState::from_u8(word::state(w))),
+        match self.entry().head.cas(self.ticket, f, t) {
+            Ok(()) => Ok(()),
+            Err(w) if self.mine(w) => Err(SlotState::from_state(w.state())),
             Err(_) => Err(SlotState::Stale),
         }
     }
@@ -599,25 +582,16 @@ impl OwnedSlot {
 impl Drop for OwnedSlot {
     fn drop(&mut self) {
         let r = &self.0;
-        if Owner::current().pid != r.pid {
+        let me = Owner::current();
+        if me.pid != r.ticket.pid() {
             return;
         }
         if r.state() == SlotState::Replying {
             r.wait_while(SlotState::Replying, Instant::now() + REPLY_GRACE);
         }
         let e = r.entry();
-        let mut w = e.word.load(Ordering::Relaxed);
-        // Retry while the server moves the state; stop if it is not ours.
-        while r.mine(w) {
-            match e.word.compare_exchange(
-                w,
-                word::pack(r.gen, 0, word::FREE),
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => w = now,
-            }
+        if let Some(c) = e.head.release(r.ticket, &me) {
+            e.head.free(c);
         }
     }
 }

@@ -111,12 +111,15 @@ fn concurrent_creation_yields_one_gid() {
         assert_eq!(format!("{:016x}", dev.gid()), gids[0]);
         assert_eq!(dev.chid(), 0xffff);
         assert!(dev.seid().starts_with(b"SEID-"));
-        // Only the device file remains: no temporaries of the losers.
-        let names: Vec<_> = std::fs::read_dir(&t.0)
+        // Only the device file and our pid namespace's membership lock
+        // remain: no temporaries of the losers.
+        let mut names: Vec<_> = std::fs::read_dir(&t.0)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("device")]);
+        names.sort();
+        let lock = format!("pidns-{}", smclo::owner::PidNs::current().0);
+        assert_eq!(names, vec!["device".into(), std::ffi::OsString::from(lock)]);
         let md = std::fs::metadata(&t.0).unwrap();
         assert_eq!(md.permissions().mode() & 0o777, 0o700);
     }
@@ -214,11 +217,11 @@ fn damaged_device_files_are_clear_errors() {
             {
                 let mut h = valid_header();
                 h[layout::off::VERSION..layout::off::VERSION + 4]
-                    .copy_from_slice(&2u32.to_ne_bytes());
+                    .copy_from_slice(&99u32.to_ne_bytes());
                 h
             },
             layout::TOTAL_SIZE,
-            |p| matches!(p, DeviceProblem::Header(LayoutError::Version(2))),
+            |p| matches!(p, DeviceProblem::Header(LayoutError::Version(99))),
         ),
         (
             "geometry",

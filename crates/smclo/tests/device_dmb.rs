@@ -296,7 +296,7 @@ fn kill_9_leaves_nothing_behind() {
     assert_eq!((s.dmbs_cnt, s.conns_active, s.xfer_bytes), (3, 1, 1234));
 
     // SIGKILL, and check before reaping: a zombie counts as dead.
-    let owner = Owner { pid, start: 0 };
+    let owner = Owner::local(pid, 0);
     // SAFETY: pid is our own child, still unreaped, so it cannot be reused.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

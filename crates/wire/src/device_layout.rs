@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 1
+//!   8   version u32 = 2
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -28,13 +28,18 @@
 //! LISTENER_OFF      listener registry, LISTENER_ENTRIES x 64 bytes
 //! RENDEZVOUS_OFF    rendezvous slots, RENDEZVOUS_ENTRIES x 2048 bytes
 //! ```
+//!
+//! Every table entry starts with the same 24-byte head (state word, owner
+//! start time, owner identity with its pid namespace), kept by
+//! `smclo::table`. Version 2 added the pid namespace: a version 1 process
+//! would judge other namespaces' entries by pid.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 

@@ -81,10 +81,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
         // Same source address, server and mark: ours only if the client's
         // port (published right after its connect) is the SYN's. A client
         // that died before publishing it is the dead proposer.
-        let proposer = Owner {
-            pid: proposal.pid,
-            start: proposal.start_time,
-        };
+        let proposer = slot.client();
         match wait_client_port(&slot, Instant::now() + cfg.clc_wait, proposer) {
             Some(p) if p == syn.src.port() => {}
             None if !proposer.is_alive_fast() => {
@@ -119,14 +116,7 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             Reason::NoSmcd2Dev,
         ),
         (ueid_match(proposal, cfg), Reason::NoUeid),
-        (
-            Owner {
-                pid: proposal.pid,
-                start: proposal.start_time,
-            }
-            .is_alive_fast(),
-            Reason::PeerDead,
-        ),
+        (slot.client().is_alive_fast(), Reason::PeerDead),
     ];
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
         return decline(dev, slot, *r, Some(&wake));
