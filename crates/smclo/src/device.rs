@@ -6,8 +6,9 @@
 //! smclo process of the user maps it shared, for the rest of its life.
 //!
 //! # Creation
-//! The file is built under a temporary name, fully initialised, then
-//! `link()`ed to `device`. `link` fails with `EEXIST` for every creator but
+//! The file is built under a temporary name, fully allocated (no holes: a
+//! store into a hole on a full filesystem would be a SIGBUS) and
+//! initialised, then `link()`ed to `device`. `link` fails with `EEXIST` for every creator but
 //! one, so exactly one GID exists even when many processes start at once.
 //! Every opener validates the header (magic, version, sizes, geometry) and
 //! the file's size, owner and mode *before* mapping it: a damaged file is an
@@ -322,7 +323,7 @@ fn create_device_file(dir: &Path) -> Result<()> {
             chid: LOOPBACK_CHID,
             seid: derive_seid(),
         };
-        f.set_len(layout::TOTAL_SIZE)?;
+        allocate_new(&f)?;
         f.write_all_at(&layout::encode_header(&header), 0)?;
         match std::fs::hard_link(&tmp, dir.join("device")) {
             Ok(()) => Ok(()),
@@ -334,11 +335,76 @@ fn create_device_file(dir: &Path) -> Result<()> {
     result
 }
 
+/// Gives a new device file (nobody else has it yet) its full size with every
+/// block allocated: a store into a hole of a shared mapping on a full
+/// filesystem is a SIGBUS, so no page of the device may be a hole. Where the
+/// filesystem cannot `fallocate`, the zeros are written.
+fn allocate_new(f: &File) -> Result<()> {
+    match fallocate(f) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+            let zeros = vec![0u8; layout::TOTAL_SIZE as usize];
+            f.write_all_at(&zeros, 0)?;
+            Ok(())
+        }
+        r => Ok(r?),
+    }
+}
+
+/// Allocates the holes of an existing device file (one made by a version
+/// that created it sparse): `fallocate` leaves the data, which other
+/// processes may be using, as it is. A filesystem that cannot `fallocate`
+/// keeps the file as it is.
+fn allocate_holes(f: &File, md: &std::fs::Metadata) -> Result<()> {
+    if md.blocks() * 512 >= layout::TOTAL_SIZE {
+        return Ok(());
+    }
+    match fallocate(f) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+/// `fallocate(2)` of the whole device, mode 0 (never `posix_fallocate`,
+/// whose fallback writes zeros over data that other processes may own).
+fn fallocate(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: fallocate on a valid descriptor of ours; no memory effects.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, layout::TOTAL_SIZE as libc::off_t) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `ENOSPC` or `EDQUOT` anywhere in creating or opening the device means the
+/// filesystem of `dir` is full: [`Error::NoSpace`].
+fn no_space(dir: &Path, e: Error) -> Error {
+    match e {
+        Error::Io(source) if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+            Error::NoSpace {
+                dir: dir.to_path_buf(),
+                source,
+            }
+        }
+        e => e,
+    }
+}
+
 impl Device {
     /// Opens (creating if needed) the device in `dir`. One mapping per
     /// directory and process: later calls return the same `Arc`, unless the
-    /// device file was replaced meanwhile.
+    /// device file was replaced meanwhile. A full filesystem gives
+    /// [`Error::NoSpace`].
     pub fn open(dir: &Path) -> Result<Arc<Device>> {
+        Device::open_cached(dir).map_err(|e| no_space(dir, e))
+    }
+
+    fn open_cached(dir: &Path) -> Result<Arc<Device>> {
         ensure_dir(dir)?;
         let path = dir.join("device");
         let ino = std::fs::symlink_metadata(&path).map(|m| m.ino()).ok();
@@ -422,6 +488,7 @@ impl Device {
         if hdr.chid != LOOPBACK_CHID {
             return bad(DeviceProblem::WrongChid(hdr.chid));
         }
+        allocate_holes(file, &md)?;
         let membership = Membership::join(dir)?;
         use std::os::fd::AsRawFd;
         let len = layout::TOTAL_SIZE as usize;

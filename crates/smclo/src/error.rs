@@ -24,6 +24,15 @@ pub enum Error {
     Protocol(String),
     /// A configuration value (environment variable or knob) is malformed.
     Config(String),
+    /// The filesystem of the device directory `dir` has no room for the
+    /// device file (`ENOSPC`, or `EDQUOT` for a quota): the device cannot be
+    /// used and connections stay plain TCP.
+    NoSpace {
+        /// The device directory.
+        dir: PathBuf,
+        /// The failed call's error (its errno goes to errno-only callers).
+        source: io::Error,
+    },
 }
 
 /// Why the device in a directory cannot be used: the path and the problem.
@@ -113,6 +122,11 @@ impl fmt::Display for Error {
             Error::Attach(e) => write!(f, "peer's DMB refused: {e}"),
             Error::Protocol(m) => write!(f, "smclo protocol violation by peer: {m}"),
             Error::Config(m) => write!(f, "smclo configuration: {m}"),
+            Error::NoSpace { dir, source } => write!(
+                f,
+                "no room for the smclo device in {}: {source}",
+                dir.display()
+            ),
         }
     }
 }
@@ -165,7 +179,7 @@ impl fmt::Display for AttachError {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io(e) => Some(e),
+            Error::Io(e) | Error::NoSpace { source: e, .. } => Some(e),
             Error::Attach(AttachError::Unreadable(e)) => Some(e),
             _ => None,
         }
@@ -196,7 +210,7 @@ impl From<Error> for io::Error {
     /// only speaks errno still gets a precise one.
     fn from(e: Error) -> Self {
         match e {
-            Error::Io(e) => e,
+            Error::Io(e) | Error::NoSpace { source: e, .. } => e,
             // io::Error cannot carry both a message and an errno: the errno
             // goes to the caller, the message to the debug log.
             Error::Protocol(m) => {
