@@ -6,7 +6,7 @@ use super::channel::{
     RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, CONFIRM_BYTE, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_reason, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
+    attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
     HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
@@ -354,7 +354,7 @@ impl ClientProposal {
         let peer = self
             .dev
             .attach_dmb(accept.token, fd)
-            .map_err(|e| attach_reason(&e))?;
+            .map_err(|e| attach_error(e).reason())?;
         let dmb = self.dmb.as_ref().ok_or(Reason::ErrRtok)?;
         let confirm = Confirm {
             gid: self.dev.gid(),

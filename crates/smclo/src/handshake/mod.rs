@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
 use crate::device::{Device, Registration, LOOPBACK_CHID};
+use crate::error::AttachError;
 use crate::rendezvous::SlotKey;
 use smclo_wire::clc::ClcMsg;
 use smclo_wire::reason::Reason;
@@ -88,6 +89,8 @@ pub enum HandshakeError {
     PeerGone,
     /// The peer did not answer within the bound.
     Timeout,
+    /// The DMB the peer passed cannot be attached.
+    PeerDmb(AttachError),
     /// A system call on our side failed.
     Io(io::Error),
 }
@@ -99,6 +102,9 @@ impl HandshakeError {
             HandshakeError::PeerMisbehaved(_) => Reason::Protocol,
             HandshakeError::PeerGone => Reason::PeerDead,
             HandshakeError::Timeout => Reason::Timeout,
+            // The token names no DMB (any more): the peer's DMB is gone.
+            HandshakeError::PeerDmb(AttachError::TokenGone { .. }) => Reason::ErrRtok,
+            HandshakeError::PeerDmb(_) => Reason::Protocol,
             HandshakeError::Io(_) => Reason::IntErr,
         }
     }
@@ -116,6 +122,7 @@ impl fmt::Display for HandshakeError {
             HandshakeError::PeerMisbehaved(m) => write!(f, "peer misbehaved: {m:?}"),
             HandshakeError::PeerGone => write!(f, "peer gone"),
             HandshakeError::Timeout => write!(f, "timed out"),
+            HandshakeError::PeerDmb(e) => write!(f, "peer's DMB: {e}"),
             HandshakeError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -173,13 +180,12 @@ fn mode(dev: &Device, cfg: &Config) -> Mode {
     }
 }
 
-fn attach_reason(e: &crate::Error) -> Reason {
+/// The failure of attaching the peer's DMB.
+fn attach_error(e: crate::Error) -> HandshakeError {
     debug!("attaching the peer's DMB failed: {e}");
-    use crate::error::AttachError;
     match e {
-        crate::Error::Attach(AttachError::TokenGone { .. }) => Reason::ErrRtok,
-        crate::Error::Attach(_) => Reason::Protocol,
-        _ => Reason::IntErr,
+        crate::Error::Attach(a) => HandshakeError::PeerDmb(a),
+        e => HandshakeError::Io(e.into()),
     }
 }
 

@@ -6,7 +6,7 @@ use super::channel::{
     CONFIRM_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_reason, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
+    attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
     HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
@@ -167,7 +167,7 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     };
     let peer = match dev.attach_dmb(proposal.token, client_dmb) {
         Ok(p) => p,
-        Err(e) => return decline(dev, slot, attach_reason(&e), None),
+        Err(e) => return decline(dev, slot, attach_error(e).reason(), None),
     };
     let accept = Accept {
         gid: dev.gid(),
