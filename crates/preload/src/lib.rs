@@ -8,6 +8,7 @@
 //!
 //! - [`hooks`]: the interposed libc functions.
 //! - [`table`]: which application descriptors are SMC-D connections.
+//! - [`cork`]: TCP's 200 ms ceiling on corked data.
 //! - [`holders`]: which processes of a `fork` family hold a connection.
 //! - [`real`]: the real libc functions behind ours.
 //!
@@ -21,6 +22,7 @@
 // a `# Safety` section on each would repeat the libc manual page.
 #![allow(clippy::missing_safety_doc)]
 
+pub mod cork;
 pub mod holders;
 pub mod hooks;
 pub mod real;

@@ -159,6 +159,8 @@ pub struct Sock {
     pub linger0: AtomicBool,
     /// Index of this connection's holder slot ([`crate::holders`]).
     pub slot: usize,
+    /// A corking deadline is queued for this connection ([`crate::cork`]).
+    pub cork_armed: AtomicBool,
     /// `tcp` counts against the descriptor budget (`smclo::fdnum`).
     pub _held: smclo::fdnum::Held,
 }

@@ -220,6 +220,19 @@ pub struct Conn {
     /// Read and write timeouts, microseconds (0 = none).
     rcv_timeo_us: AtomicU64,
     snd_timeo_us: AtomicU64,
+    /// `TCP_CORK`: writes are held (see [`Conn::send_more`]).
+    cork: AtomicBool,
+    /// Bytes written into the peer's ring past its published producer
+    /// cursor and not published yet (corked). Changed only under `tx`.
+    held: AtomicU32,
+    /// When the first held byte was written ([`mono_ns`]), 0 with none.
+    held_at: AtomicU64,
+}
+
+/// Nanoseconds of a monotonic clock since the first call (never 0 after it).
+fn mono_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
 fn errno(e: i32) -> io::Error {
@@ -269,6 +282,9 @@ impl Conn {
             _held: crate::fdnum::Held::new(),
             rcv_timeo_us: AtomicU64::new(0),
             snd_timeo_us: AtomicU64::new(0),
+            cork: AtomicBool::new(false),
+            held: AtomicU32::new(0),
+            held_at: AtomicU64::new(0),
         })
     }
 
@@ -762,7 +778,20 @@ impl Conn {
 
     /// `send(2)` with `MSG_DONTWAIT`.
     pub fn send(&self, buf: &[u8], dontwait: bool) -> io::Result<usize> {
+        self.send_more(buf, dontwait, false)
+    }
+
+    /// `send(2)` with `MSG_DONTWAIT` and `MSG_MORE`: with `more`, or while
+    /// corked ([`Conn::set_cork`]), the bytes go into the peer's ring but
+    /// are published (and rung) only when a later write is not held, on
+    /// [`Conn::flush`], when held and unread bytes reach half the ring, or
+    /// when the ring is full, as the kernel's SMC corks: one wake-up and
+    /// one read for a response written in pieces.
+    pub fn send_more(&self, buf: &[u8], dontwait: bool, more: bool) -> io::Result<usize> {
         if buf.is_empty() {
+            if !more && !self.cork.load(Ordering::Relaxed) {
+                self.flush()?;
+            }
             return Ok(0);
         }
         let mut g = lock(&self.tx);
@@ -775,11 +804,12 @@ impl Conn {
                 Ok(s) => s,
                 Err(e) => return partial(done, e),
             };
-            let free = (len - s.used) as usize;
+            let held = self.held.load(Ordering::Relaxed);
+            let free = (len - s.used - held) as usize;
             if free > 0 {
                 let src = &buf[done..];
                 let mut n = free.min(src.len());
-                let pos = cursor::Cursor::from_word(s.prod).position(len);
+                let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
                 match self.mode {
                     Mode::NoCopy => ring::copy_in(p, pos, &src[..n]),
                     Mode::Copy { .. } => {
@@ -788,21 +818,103 @@ impl Conn {
                         ring::copy_in(p, pos, &g[..n]);
                     }
                 }
-                let bells = doorbell::publish(p.prod(), p.cons(), len, n as u32)
-                    .map_err(|e| self.violation("send ring", e))?;
-                self.send_bells(bells)?;
-                self.sent.fetch_add(n as u64, Ordering::Relaxed);
+                self.add_written(s.used, n as u32, more)?;
                 done += n;
                 if done == buf.len() {
                     return Ok(done);
                 }
                 continue;
             }
+            // Full: what is held must reach the reader, or it never frees room.
+            if let Err(e) = self.publish_held(0) {
+                return partial(done, e);
+            }
             g = match self.wait_room(g, 1, dontwait, &mut sleep) {
                 Ok(g) => g,
                 Err(e) => return partial(done, e),
             };
         }
+    }
+
+    /// Accounts `n` bytes just written after the held ones (the caller holds
+    /// `tx`; `used` is the published unread count): held while corked and
+    /// the ring is less than half full, else published with what was held.
+    fn add_written(&self, used: u32, n: u32, more: bool) -> io::Result<()> {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        let held = self.held.load(Ordering::Relaxed);
+        let hold = more || self.cork.load(Ordering::Relaxed);
+        if hold && used + held + n < self.peer.ring_len() / 2 {
+            if held == 0 {
+                self.held_at.store(mono_ns(), Ordering::Relaxed);
+            }
+            self.held.store(held + n, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.publish_held(n)
+    }
+
+    /// Publishes the held bytes and `n` more written after them, and rings
+    /// the doorbell the protocol asks for. The caller holds `tx`.
+    fn publish_held(&self, n: u32) -> io::Result<()> {
+        let total = self.held.swap(0, Ordering::Relaxed) + n;
+        self.held_at.store(0, Ordering::Relaxed);
+        if total == 0 {
+            return Ok(());
+        }
+        let p = &self.peer;
+        let bells = doorbell::publish(p.prod(), p.cons(), p.ring_len(), total)
+            .map_err(|e| self.violation("send ring", e))?;
+        self.send_bells(bells)
+    }
+
+    /// Publishes whatever corking holds (`MSG_MORE` then nothing more, or
+    /// `TCP_NODELAY` set as TCP pushes then).
+    pub fn flush(&self) -> io::Result<()> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let _g = lock(&self.tx);
+        self.publish_held(0)
+    }
+
+    /// `TCP_CORK`: while on, writes are held as with `MSG_MORE`; turning it
+    /// off publishes them.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        self.cork.store(on, Ordering::Relaxed);
+        if on {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// Whether `TCP_CORK` is on.
+    pub fn corked(&self) -> bool {
+        self.cork.load(Ordering::Relaxed)
+    }
+
+    /// Publishes held bytes written at least `age` ago; returns how long
+    /// until the oldest held byte is that old, if some are held and younger
+    /// (TCP's ceiling on corking: a caller that never uncorks still gets
+    /// its bytes delivered, by whoever calls this on a timer).
+    pub fn flush_older(&self, age: Duration) -> io::Result<Option<Duration>> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return Ok(None);
+        }
+        let _g = lock(&self.tx);
+        let at = self.held_at.load(Ordering::Relaxed);
+        if at == 0 {
+            return Ok(None);
+        }
+        let waited = Duration::from_nanos(mono_ns().saturating_sub(at));
+        if waited < age {
+            return Ok(Some(age - waited));
+        }
+        self.publish_held(0).map(|()| None)
+    }
+
+    /// Whether written bytes are held (corked) now.
+    pub fn holding(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
     }
 
     /// Waits per blocking mode until `need` bytes are free in the peer's
@@ -867,16 +979,19 @@ impl Conn {
         loop {
             self.tx_allowed()?;
             let s = self.tx_snap()?;
-            let free = len - s.used;
+            let held = self.held.load(Ordering::Relaxed);
+            let free = len - s.used - held;
             if free >= need {
-                let pos = cursor::Cursor::from_word(s.prod).position(len);
+                let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
                 return Ok(WriteRegion {
                     conn: self,
                     _g: g,
                     ptr: ring::ptr_at(p, pos),
                     len: free as usize,
+                    used: s.used,
                 });
             }
+            self.publish_held(0)?;
             g = self.wait_room(g, need, false, &mut sleep)?;
         }
     }
@@ -889,6 +1004,8 @@ impl Conn {
         if self.shut_wr.swap(true, Ordering::Relaxed) {
             return Ok(());
         }
+        // Held bytes come before the end of stream.
+        self.flush()?;
         doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
         // The peer's descriptor becomes readable for good (end of file on
         // the channel), so it wakes and finds the flag.
@@ -913,6 +1030,9 @@ impl Conn {
         if self.closed.swap(true, Ordering::Relaxed) {
             return;
         }
+        // An orderly close delivers what corking held; an error here means
+        // the connection is broken already and the flag below tells so.
+        let _ = self.flush();
         let l = &self.local;
         let unread = match doorbell::snapshot(l.prod(), l.cons(), l.ring_len()) {
             Ok(s) => s.used > 0,
@@ -995,6 +1115,8 @@ pub struct WriteRegion<'a> {
     _g: MutexGuard<'a, Vec<u8>>,
     ptr: *mut u8,
     len: usize,
+    /// Published unread bytes when reserved (for corking).
+    used: u32,
 }
 
 impl WriteRegion<'_> {
@@ -1041,13 +1163,8 @@ impl WriteRegion<'_> {
         if n == 0 {
             return Ok(());
         }
-        let c = self.conn;
-        let p = &c.peer;
-        let bells = doorbell::publish(p.prod(), p.cons(), p.ring_len(), n as u32)
-            .map_err(|e| c.violation("send ring", e))?;
-        c.send_bells(bells)?;
-        c.sent.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(())
+        // Held while corked, like a write (the region starts after them).
+        self.conn.add_written(self.used, n as u32, false)
     }
 }
 

@@ -325,6 +325,10 @@ pub unsafe extern "C" fn getsockopt(
         // SAFETY: forwarded unchanged.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
     };
+    if level == libc::IPPROTO_TCP && name == libc::TCP_CORK && !val.is_null() && !len.is_null() {
+        // Corking is the connection's (see setsockopt), not the hidden socket's.
+        return put_int(val, len, s.conn.corked() as c_int);
+    }
     if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
         // SAFETY: the application's buffer of *len bytes.
         unsafe {
@@ -337,6 +341,44 @@ pub unsafe extern "C" fn getsockopt(
     }
     // SAFETY: forwarded to the hidden socket.
     unsafe { real::getsockopt(s.tcp, level, name, val, len) }
+}
+
+/// Answers an int option into the application's buffer, as the kernel does
+/// (a shorter buffer gets the low bytes).
+fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
+    // SAFETY: the application's buffer of *len bytes and its length word
+    // (both non-null, checked by the caller).
+    unsafe {
+        let n = (*len as usize).min(std::mem::size_of::<c_int>());
+        std::ptr::copy_nonoverlapping((&v as *const c_int).cast::<u8>(), val.cast::<u8>(), n);
+        *len = n as socklen_t;
+    }
+    0
+}
+
+/// An int option's value, or EINVAL as the kernel answers a short one.
+fn get_int(val: *const c_void, len: socklen_t) -> Result<c_int, c_int> {
+    if val.is_null() {
+        return Err(libc::EFAULT);
+    }
+    if (len as usize) < std::mem::size_of::<c_int>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: checked length; read_unaligned for application buffers.
+    Ok(unsafe { std::ptr::read_unaligned(val as *const c_int) })
+}
+
+/// `TCP_CORK` on an SMC-D connection: kept by the connection, which holds
+/// writes while it is on (the hidden TCP socket carries no data, so it is
+/// not told: one system call less per response for nginx's `tcp_nopush`).
+fn set_cork(s: &Sock, val: *const c_void, len: socklen_t) -> c_int {
+    match get_int(val, len) {
+        Ok(v) => match s.conn.set_cork(v != 0) {
+            Ok(()) => 0,
+            Err(e) => super::fail::<c_int>(super::os_err(&e)),
+        },
+        Err(e) => super::fail::<c_int>(e),
+    }
 }
 
 /// A `SO_RCVTIMEO`/`SO_SNDTIMEO` value (the kernel validated it already).
@@ -381,8 +423,20 @@ pub unsafe extern "C" fn setsockopt(
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
     };
+    if level == libc::IPPROTO_TCP && name == libc::TCP_CORK {
+        return set_cork(&s, val, len);
+    }
     // SAFETY: forwarded to the hidden socket (which validates the arguments).
     let r = unsafe { real::setsockopt(s.tcp, level, name, val, len) };
+    if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY {
+        // As TCP pushes what it held when TCP_NODELAY is set.
+        if get_int(val, len).is_ok_and(|v| v != 0) {
+            if let Err(e) = s.conn.flush() {
+                return super::fail::<c_int>(super::os_err(&e));
+            }
+        }
+        return 0;
+    }
     if r != 0 || level != libc::SOL_SOCKET {
         return r;
     }

@@ -24,6 +24,7 @@ use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, sockle
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 const RECV_OK: c_int = libc::MSG_PEEK
@@ -98,14 +99,18 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
 
 /// Send `buf` with send(2) flags; -1 with errno on error (SIGPIPE on
 /// EPIPE unless MSG_NOSIGNAL, as TCP).
-fn do_send(fd: RawFd, s: &Sock, buf: &[u8], flags: c_int) -> ssize_t {
+fn do_send(fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
     if flags & !SEND_OK != 0 {
         return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    match restarting(s.conn.write_timeout(), || s.conn.send(buf, dontwait)) {
+    let more = flags & libc::MSG_MORE != 0;
+    match restarting(s.conn.write_timeout(), || {
+        s.conn.send_more(buf, dontwait, more)
+    }) {
         Ok(n) => {
             s.reg.add_tx(n as u64);
+            crate::cork::arm(s);
             n as ssize_t
         }
         Err(e) => {
@@ -128,8 +133,8 @@ fn iovs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
 }
 
 /// Gathers small vectors into one send (one doorbell); large ones go one by
-/// one.
-fn do_sendv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+/// one, all but the last with `MSG_MORE` (published together, as one write).
+fn do_sendv(fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
     const GATHER: usize = 64 * 1024;
     let total: usize = v.iter().map(|i| i.iov_len).sum();
     if v.len() == 1 || total <= GATHER {
@@ -150,29 +155,36 @@ fn do_sendv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         return do_send(fd, s, &buf, flags);
     }
     let mut done = 0usize;
-    for i in v {
+    let last = v.iter().rposition(|i| i.iov_len > 0).unwrap_or(0);
+    for (k, i) in v.iter().enumerate() {
         if i.iov_len == 0 {
             continue;
         }
         // SAFETY: as above.
         let b = unsafe { std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len) };
-        let n = do_send(
-            fd,
-            s,
-            b,
-            if done > 0 {
-                flags | libc::MSG_NOSIGNAL
-            } else {
-                flags
-            },
-        );
+        let mut f = flags;
+        if done > 0 {
+            f |= libc::MSG_NOSIGNAL;
+        }
+        if k < last {
+            f |= libc::MSG_MORE;
+        }
+        let n = do_send(fd, s, b, f);
         if n < 0 {
-            return if done > 0 { done as ssize_t } else { n };
+            if done == 0 {
+                return n;
+            }
+            break;
         }
         done += n as usize;
         if (n as usize) < b.len() {
             break;
         }
+    }
+    // A vector written short ends the call: what it held goes out now,
+    // unless the caller itself asked for more.
+    if flags & libc::MSG_MORE == 0 && !s.conn.corked() {
+        let _ = s.conn.flush();
     }
     done as ssize_t
 }
@@ -551,7 +563,7 @@ pub unsafe extern "C" fn sendmmsg(
     done
 }
 
-fn do_sendfile(s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
+fn do_sendfile(s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
     if table::get(inp).is_some() {
         return unsupported(inp, format_args!("sendfile from an SMC-D connection"));
     }
@@ -606,6 +618,7 @@ fn do_sendfile(s: &Sock, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t 
             break; // end of the input file (or a short read)
         }
     }
+    crate::cork::arm(s);
     done as ssize_t
 }
 

@@ -68,6 +68,7 @@ pub(super) fn swap_in(
         shut_rd: Default::default(),
         linger0: Default::default(),
         slot,
+        cork_armed: Default::default(),
         _held: smclo::fdnum::Held::new(),
     });
     table::set_flag(tcp, F_INTERNAL, true);
