@@ -183,10 +183,57 @@ fn holds(pid: u32, chan: RawFd) -> bool {
     }
 }
 
+/// Whether `pid` exists and is not a zombie, from `/proc/<pid>/stat` read
+/// into stack buffers with raw system calls: `leave` runs in `_exit` too,
+/// which must stay async-signal-safe (no allocation).
 fn alive_not_zombie(pid: u32) -> bool {
-    let Ok(text) = std::fs::read(format!("/proc/{pid}/stat")) else {
+    let mut path = [0u8; 32];
+    let mut n = 0;
+    let mut push = |b: &[u8]| {
+        path[n..n + b.len()].copy_from_slice(b);
+        n += b.len();
+    };
+    push(b"/proc/");
+    let mut digits = [0u8; 10];
+    let mut d = digits.len();
+    let mut v = pid;
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    push(&digits[d..]);
+    push(b"/stat\0");
+    // Raw system calls: `read` and `close` are interposed, and their real
+    // functions are found with dlsym on first use.
+    // SAFETY: `path` is NUL-terminated; openat reads it and returns a new
+    // descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: reads at most buf.len() bytes into our buffer; then closes
+    // the descriptor opened above, which nobody else has.
+    let len = unsafe {
+        let len = libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len());
+        libc::syscall(libc::SYS_close, fd);
+        len
+    };
+    let Ok(len) = usize::try_from(len) else {
         return false;
     };
+    let text = &buf[..len];
     let Some(close) = text.iter().rposition(|&b| b == b')') else {
         return false;
     };

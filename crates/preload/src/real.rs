@@ -94,6 +94,17 @@ real! {
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
-    fn _exit(status: c_int) -> ();
-    fn _Exit(status: c_int) -> ();
+}
+
+/// Finds, ahead of time, the real functions that `_exit` reaches (the
+/// core's `Conn` calls `shutdown`, which is interposed): `_exit` may run in
+/// a signal handler, where `dlsym` (locks, allocation) must not be called.
+pub fn resolve_exit_path() {
+    // SAFETY: errno is this thread's; shutdown of descriptor -1 only fails
+    // (EBADF) and resolves the pointer on the way.
+    unsafe {
+        let e = *libc::__errno_location();
+        shutdown(-1, libc::SHUT_RDWR);
+        *libc::__errno_location() = e;
+    }
 }

@@ -112,6 +112,39 @@ impl Lock {
         WriteGuard(self)
     }
 
+    /// Exclusive access if it can be had within `wait`, else `None`. For
+    /// `_exit`, which a signal handler may call while its own thread holds
+    /// the lock (which would then never be released). Async-signal-safe:
+    /// atomics, `clock_gettime` and `sched_yield`.
+    pub fn try_write_for(&self, wait: std::time::Duration) -> Option<WriteGuard<'_>> {
+        let start = std::time::Instant::now();
+        let timed_out = || {
+            std::thread::yield_now();
+            start.elapsed() > wait
+        };
+        loop {
+            let v = self.0.load(Ordering::Relaxed);
+            if v & WRITER == 0
+                && self
+                    .0
+                    .compare_exchange_weak(v, v | WRITER, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
+            if timed_out() {
+                return None;
+            }
+        }
+        let guard = WriteGuard(self);
+        while self.0.load(Ordering::Acquire) & !WRITER != 0 {
+            if timed_out() {
+                return None; // the guard lets go
+            }
+        }
+        Some(guard)
+    }
+
     /// In a `fork` child: only the forking thread exists, and it held the
     /// lock for writing across the fork; start from a clean word.
     pub fn reset_in_child(&self) {
@@ -254,6 +287,21 @@ pub fn take_locked(fd: RawFd) -> Option<Arc<Sock>> {
 pub fn release(sock: Arc<Sock>) {
     if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
         crate::hooks::last_close(&sock);
+    }
+}
+
+/// Calls `f` with every connection in the table, once per entry (a
+/// connection with several descriptors comes several times), without
+/// counting references or allocating: async-signal-safe. Call with the
+/// write lock held, which keeps every entry (and its `Sock`) alive.
+pub fn for_each_locked(mut f: impl FnMut(&Sock)) {
+    for a in TABLE.iter() {
+        let p = a.load(Ordering::Acquire) as usize & !TAG_NO_CLOEXEC;
+        if p != 0 {
+            // SAFETY: a non-null entry owns a strong count of its Sock, and
+            // the write lock keeps anyone from taking it out meanwhile.
+            f(unsafe { &*(p as *const Sock) });
+        }
     }
 }
 

@@ -1069,6 +1069,12 @@ impl Conn {
     /// end's later calls fail with ECONNABORTED.
     pub fn abort(&self) {
         crate::debug!("connection aborted locally");
+        self.abort_silently();
+    }
+
+    /// [`Conn::abort`] without the debug line: async-signal-safe (atomics
+    /// and `shutdown`), for a process that exits from a signal handler.
+    pub fn abort_silently(&self) {
         self.abort_with(libc::ECONNABORTED);
     }
 }

@@ -5,7 +5,7 @@
 //! socket, unless another process of the family still holds it.
 
 use super::records::{lock, LISTENERS};
-use super::{fail, LIVE};
+use super::{fail, swap, LIVE};
 use crate::holders;
 use crate::real;
 use crate::table::{self, LOCK};
@@ -134,23 +134,61 @@ extern "C" fn at_exit() {
 #[link_section = ".fini_array"]
 static AT_EXIT: extern "C" fn() = at_exit;
 
-/// Interposed `_exit(2)`: closes connections as [`close_all`], then exits.
+/// How long `_exit` tries to take the table lock (see [`close_all_at_exit`]).
+const EXIT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// At `_exit` and `_Exit`, which signal handlers call (a SIGTERM handler
+/// that exits is common): the closes of [`close_all`] with only
+/// async-signal-safe work (atomics and raw system calls: no allocation, no
+/// `/proc`, no lock the interrupted thread may hold). The table lock is
+/// only tried, for [`EXIT_LOCK_WAIT`]: the interrupted thread itself may
+/// hold it. If it cannot be had, the connections are left to the kernel
+/// and the peers read a reset, as when the process is killed. Nothing is
+/// freed, and the stats entry of a connection another process still holds
+/// is not handed over to it (that needs `/proc`).
+fn close_all_at_exit() {
+    if LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let Some(_g) = LOCK.try_write_for(EXIT_LOCK_WAIT) else {
+        return;
+    };
+    table::for_each_locked(|s| {
+        swap::end_share(s);
+    });
+}
+
+extern "C" fn at_load() {
+    real::resolve_exit_path();
+}
+
+/// Runs when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+/// `_exit` after [`close_all_at_exit`]: the `exit_group` system call, which
+/// is all libc's `_exit` and `_Exit` do (no `dlsym` needed in a signal
+/// handler).
+fn exit_now(status: c_int) -> ! {
+    close_all_at_exit();
+    // SAFETY: exit_group ends the process; it has no memory effects here.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    std::process::abort()
+}
+
+/// Interposed `_exit(2)`: closes connections as [`close_all_at_exit`], then
+/// exits.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    close_all();
-    // SAFETY: forwarded; it does not return.
-    unsafe { real::_exit(status) };
-    std::process::abort()
+    exit_now(status)
 }
 
 /// Interposed `_Exit(2)`.
 #[allow(non_snake_case)]
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    close_all();
-    // SAFETY: forwarded; it does not return.
-    unsafe { real::_Exit(status) };
-    std::process::abort()
+    exit_now(status)
 }
 
 /// Interposed `execve(2)`.

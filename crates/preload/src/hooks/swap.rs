@@ -163,25 +163,50 @@ fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::A
 /// The last descriptor of a connection in this process is gone.
 pub(crate) fn last_close(s: &Sock) {
     LIVE.fetch_sub(1, Ordering::Relaxed);
-    if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
-        debug!(
-            "SMC-D connection (channel fd {}) stays open: process {pid} still holds it",
-            s.conn.fd()
-        );
-        // The DMB's table entry (and so the stats: dmbs_cnt, the bytes
-        // this end sends) goes with the connection to the holder that
-        // stays, if it is ours to give.
-        if let Some(to) = smclo::owner::Owner::of(pid) {
-            s.reg.hand_over(to);
+    match end_share(s) {
+        Ending::Disowned(pid) => {
+            debug!(
+                "SMC-D connection (channel fd {}) stays open: process {pid} still holds it",
+                s.conn.fd()
+            );
+            // The DMB's table entry (and so the stats: dmbs_cnt, the bytes
+            // this end sends) goes with the connection to the holder that
+            // stays, if it is ours to give.
+            if let Some(to) = smclo::owner::Owner::of(pid) {
+                s.reg.hand_over(to);
+            }
         }
-        s.conn.disown();
-    } else if s.linger0.load(Ordering::Relaxed) {
-        debug!(
+        Ending::Aborted => debug!(
             "SMC-D connection (channel fd {}) aborted (SO_LINGER 0)",
             s.conn.fd()
-        );
-        s.conn.abort();
+        ),
+        Ending::Closed => {}
+    }
+}
+
+/// How [`end_share`] ended this process's share of a connection.
+pub(crate) enum Ending {
+    /// Another process of the family (this pid) still holds it.
+    Disowned(u32),
+    /// Reset (`SO_LINGER` 0): the peer reads `ECONNRESET`.
+    Aborted,
+    /// Closed as the kernel closes a socket (a reset if unread data remains).
+    Closed,
+}
+
+/// Ends this process's share of `s`: the close flags to the peer, unless
+/// another process still holds the connection. Async-signal-safe (atomics
+/// and raw system calls, no allocation, no lock), so that `_exit` can use
+/// it from a signal handler.
+pub(crate) fn end_share(s: &Sock) -> Ending {
+    if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
+        s.conn.disown();
+        Ending::Disowned(pid)
+    } else if s.linger0.load(Ordering::Relaxed) {
+        s.conn.abort_silently();
+        Ending::Aborted
     } else {
         s.conn.close_shared();
+        Ending::Closed
     }
 }
