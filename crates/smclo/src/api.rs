@@ -244,6 +244,34 @@ impl SmcStream {
         Ok(())
     }
 
+    /// `TCP_CORK`: while on, writes are held and sent together when it is
+    /// turned off (or half the peer's ring fills, or the stream ends), as
+    /// TCP and the kernel's SMC cork. Over SMC-D nothing sends held bytes
+    /// on a timer: turn it off when the unit is complete.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        match &self.smc {
+            Some(e) => e.conn.set_cork(on),
+            None => {
+                let v: libc::c_int = on.into();
+                // SAFETY: an int option of our own socket, `v` lives across the call.
+                let r = unsafe {
+                    libc::setsockopt(
+                        self.tcp.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_CORK,
+                        (&v as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if r == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+        }
+    }
+
     /// `shutdown(2)`: `Write` half-closes (the peer reads everything, then
     /// EOF); `Read` is local only, as in SMC.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
