@@ -715,3 +715,112 @@ print("OK done")
     assert_eq!(stats.fallbacks_total(), 0, "{out}");
     assert_eq!(stats.xfer_bytes, 1000, "{out}");
 }
+
+/// A writer stopped mid-stream (SIGSTOP for 5 s, and many short stops, as
+/// a cgroup freezer or a debugger would) and continued: the reader waits
+/// as long as it is stopped, and every byte arrives, in order.
+#[test]
+fn stopped_writer_mid_stream_loses_nothing() {
+    let script = r#"
+import os, socket, sys, time
+TOTAL = 48 << 20
+PAT = bytes(range(256)) * 1024
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    os.write(w, b"%d" % l.getsockname()[1])
+    c, _ = l.accept()
+    sent, k, gap, t = 0, 0, 0.0, time.monotonic()
+    while sent < TOTAL:
+        n = min((1, 700, 4096, 65536)[k % 4], TOTAL - sent)
+        off = sent % 256
+        c.sendall(PAT[off:off + n])
+        sent += n
+        k += 1
+        if k % 2 == 0:
+            time.sleep(0.001)  # a stream of a few seconds
+        now = time.monotonic()
+        gap, t = max(gap, now - t), now
+    c.close()
+    print("GAP %.1f" % gap, flush=True)
+    os._exit(0)
+print("WRITER %d" % pid, flush=True)
+s = socket.create_connection(("127.0.0.1", int(os.read(r, 10))))
+got = 0
+while True:
+    b = s.recv(100000)
+    if not b:
+        break
+    off = got % 256
+    if b != PAT[off:off + len(b)]:
+        print("FAIL bytes differ at %d" % got)
+        sys.exit(1)
+    got += len(b)
+os.wait()
+print("OK %d" % got)
+"#;
+    let dev = DevDir::new("stopped-writer");
+    let mut c = Command::new("python3")
+        .args(["-c", script])
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_DEBUG", "1")
+        .env("LD_PRELOAD", lib())
+        .env_remove("SMCLO_DISABLE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn python3");
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).expect("python output");
+    let writer: i32 = match line.strip_prefix("WRITER ") {
+        Some(p) => p.trim().parse().unwrap(),
+        None => {
+            let _ = c.kill();
+            panic!("no writer: {line}");
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let stop = |d: Duration| {
+        // SAFETY: signals the writer process, which the test's child reaps
+        // only after the stream.
+        unsafe { libc::kill(writer, libc::SIGSTOP) };
+        std::thread::sleep(d);
+        // SAFETY: as above.
+        unsafe { libc::kill(writer, libc::SIGCONT) };
+    };
+    stop(Duration::from_secs(5));
+    for i in 0..60 {
+        stop(Duration::from_millis(10 + i % 7 * 5));
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = out.read_to_string(&mut rest);
+        let _ = tx.send(rest);
+    });
+    let out = finish_detached(c, rx);
+    let stats = dev.stats();
+    let text = format!("stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    let total = 48u64 << 20;
+    assert!(
+        out.ok && out.stdout.contains(&format!("OK {total}")),
+        "{text}"
+    );
+    // The long stop was mid-stream: the writer saw it.
+    let gap: f64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("GAP "))
+        .and_then(|g| g.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(gap >= 4.5, "the writer was not stopped mid-stream\n{text}");
+    assert_eq!(stats.conns_opened, 1, "{text}");
+    assert_eq!(stats.fallbacks_total(), 0, "{text}");
+    assert_eq!(stats.xfer_bytes, total, "{text}");
+}

@@ -217,6 +217,9 @@ pub struct Conn {
     tx_spin_misses: AtomicU32,
     /// `chan` counts against the descriptor budget ([`crate::fdnum`]).
     _held: crate::fdnum::Held,
+    /// Doorbells the reader un-counted that were not queued yet (the writer
+    /// had counted them and not sent them): taken by a later call.
+    rx_owed: AtomicU32,
     /// Read and write timeouts, microseconds (0 = none).
     rcv_timeo_us: AtomicU64,
     snd_timeo_us: AtomicU64,
@@ -280,6 +283,7 @@ impl Conn {
             rx_spin_misses: AtomicU32::new(0),
             tx_spin_misses: AtomicU32::new(0),
             _held: crate::fdnum::Held::new(),
+            rx_owed: AtomicU32::new(0),
             rcv_timeo_us: AtomicU64::new(0),
             snd_timeo_us: AtomicU64::new(0),
             cork: AtomicBool::new(false),
@@ -419,27 +423,41 @@ impl Conn {
         }
     }
 
+    /// Receives `n` doorbells the reader un-counted, and any owed before.
     fn recv_bells(&self, n: u32) -> io::Result<()> {
-        if n == 0 {
+        if n > 0 {
+            self.rx_owed.fetch_add(n, Ordering::Relaxed);
+        }
+        self.take_owed()
+    }
+
+    /// Takes the owed doorbells that are queued by now; the rest stay owed.
+    /// They are owed while the writer is between its count and its send,
+    /// which for a stopped writer lasts as long as it is stopped, so the
+    /// reader never waits for them: a later call takes them.
+    fn take_owed(&self) -> io::Result<()> {
+        if self.rx_owed.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        match self.chan.recv_bells(n) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
+        // Claimed whole, so two threads never take the same doorbell.
+        let n = self.rx_owed.swap(0, Ordering::Relaxed);
+        let got = match self.chan.take_bells(n) {
+            Ok(Some(k)) => k,
+            Ok(None) => {
                 self.peer_gone.store(true, Ordering::Relaxed);
-                Ok(())
+                n
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNRESET)) => {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
                 self.peer_gone.store(true, Ordering::Relaxed);
-                Ok(())
+                n
             }
-            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
-                crate::debug!("connection aborted: peer counted doorbells it never sent");
-                self.abort_with(libc::EPROTO);
-                Err(errno(libc::EPROTO))
+            Err(e) => {
+                self.rx_owed.fetch_add(n, Ordering::Relaxed);
+                return Err(e);
             }
-            Err(e) => Err(e),
-        }
+        };
+        self.rx_owed.fetch_add(n - got, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether the UNIX end has reached end of file with nothing queued;
@@ -662,6 +680,9 @@ impl Conn {
         if self.must_not_wait(dontwait)? {
             return Ok(RxNext::NoWait);
         }
+        // Owed doorbells arriving must not make the sleep below end at once
+        // and for ever: take what is there (the rest wakes it once).
+        self.take_owed()?;
         self.rx_spin(cap)?;
         let s = self.rx_snap()?;
         if s.used > 0 || conn_state_flags(s.prod) != 0 {
@@ -686,8 +707,9 @@ impl Conn {
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             let s = self.rx_snap()?;
             if s.used == 0 && cursor::bells(s.prod) == 0 && conn_state_flags(s.prod) == 0 {
-                // Readable with no bell counted: end of file (peer gone) or
-                // a bell the writer is just now counting.
+                // Readable with no bell counted: end of file (peer gone),
+                // an owed bell that arrived (the next look takes it), or a
+                // bell the writer is just now counting.
                 if !self.chan_eof() {
                     std::thread::yield_now();
                 }

@@ -53,7 +53,14 @@
 //! the count by CAS before it receives, and the writer may raise it again
 //! meanwhile. At most 6 bytes are ever queued (`BELLS` 2 and a loose bell
 //! counted, as many being taken); the minimum send buffer holds 6 one-byte
-//! sends, so a doorbell send does not block (it would be retried).
+//! sends, so a doorbell send does not block.
+//!
+//! The reader never waits for a doorbell it un-counted: the writer may not
+//! have sent it yet (it is between its CAS and its send, for as long as it
+//! is stopped there). Such a doorbell stays *owed* and a later call takes it
+//! ([`BellChannel::take_bells`]); until then its arrival may make the
+//! reader's descriptor readable with nothing to read (one spurious wake-up,
+//! which poll allows).
 //!
 //! # Spinning readers
 //!
@@ -144,10 +151,12 @@ pub trait BellChannel {
     /// the queue is full, which the protocol rules out (at most 6 queued):
     /// the peer is not taking the doorbells it counts.
     fn send_bells(&self, n: u32) -> io::Result<()>;
-    /// Takes `n` doorbells the peer queued, waiting for any that the peer
-    /// has counted but not sent yet (it is between its CAS and its send).
-    /// `Ok(false)`: the channel reached end of file first (peer gone).
-    fn recv_bells(&self, n: u32) -> io::Result<bool>;
+    /// Takes up to `n` doorbells that are queued now, without waiting:
+    /// the peer may have counted some that it has not sent yet (it is
+    /// between its CAS and its send, perhaps stopped there); the caller
+    /// owes those and takes them later ([`BellChannel::take_bells`] again).
+    /// Returns how many it took; `Ok(None)`: end of file (peer gone).
+    fn take_bells(&self, n: u32) -> io::Result<Option<u32>>;
 }
 
 /// A validated view of one ring: both words and the bytes between them.
@@ -494,10 +503,10 @@ pub fn poll_fd(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
     }
 }
 
-/// How long [`BellChannel::recv_bells`] on a UNIX stream waits for a
-/// doorbell that the peer counted but has not sent before it reports
-/// `ETIMEDOUT` (the connection is then aborted as a protocol violation).
-pub const BELL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How many times [`BellChannel::take_bells`] on a UNIX stream looks again
+/// for a doorbell that is counted but not queued yet before it leaves it
+/// owed.
+const BELL_SPINS: u32 = 100;
 
 /// How many times a doorbell send that found the queue full is retried
 /// (with a yield) before it reports `EAGAIN`. An honest peer never fills
@@ -536,48 +545,37 @@ impl BellChannel for UnixStream {
         Ok(())
     }
 
-    fn recv_bells(&self, n: u32) -> io::Result<bool> {
+    fn take_bells(&self, n: u32) -> io::Result<Option<u32>> {
         let fd = self.as_raw_fd();
-        let mut buf = [0u8; 4];
-        let mut left = n as usize;
-        let mut spins = 0u32;
-        let mut deadline: Option<std::time::Instant> = None;
-        while left > 0 {
-            // SAFETY: receives at most `left <= 4` bytes into `buf`.
-            let r =
-                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), left.min(4), libc::MSG_DONTWAIT) };
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        let mut spins = 0;
+        while got < n {
+            let want = ((n - got) as usize).min(buf.len());
+            // SAFETY: receives at most `want <= 8` bytes into `buf`.
+            let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) };
             if r > 0 {
-                left -= r as usize;
+                got += r as u32;
                 continue;
             }
             if r == 0 {
-                return Ok(false);
+                return Ok(None);
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => {}
-                Some(libc::EAGAIN) => {
-                    // Counted but not yet sent: the writer is between its
-                    // CAS and its send. Briefly spin, then sleep in poll.
+                // Counted, not sent yet: an honest writer sends within
+                // microseconds (unless it is stopped): a short spin saves
+                // the caller a spurious wake-up.
+                Some(libc::EAGAIN) if spins < BELL_SPINS => {
                     spins += 1;
-                    if spins < 100 {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                    // A peer that counts bells it never sends would hang
-                    // us here; an honest one sends within microseconds
-                    // unless stopped. Give up after a while.
-                    let now = std::time::Instant::now();
-                    let end = *deadline.get_or_insert(now + BELL_WAIT);
-                    if now >= end {
-                        return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
-                    }
-                    poll_fd(fd, libc::POLLIN, (end - now).as_millis() as i32 + 1)?;
+                    std::hint::spin_loop();
                 }
+                Some(libc::EAGAIN) => break,
                 _ => return Err(e),
             }
         }
-        Ok(true)
+        Ok(Some(got))
     }
 }
 

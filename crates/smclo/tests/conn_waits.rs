@@ -1,13 +1,15 @@
 //! How blocking calls wait: a signal handler interrupts them (EINTR, or the
 //! bytes moved so far), the direction's timeout bounds them (EAGAIN), a
-//! non-blocking call never waits behind another thread's sleeping call, and
-//! a peer that does not take its doorbells cannot make a writer spin.
+//! non-blocking call never waits behind another thread's sleeping call, a
+//! peer that does not take its doorbells cannot make a writer spin, and a
+//! writer stopped between counting a doorbell and sending it is waited for.
 
 mod conn_util;
 
 use conn_util::*;
 use smclo::conn::{Conn, Mode};
 use smclo::dmb::Dmb;
+use smclo::doorbell;
 use smclo_wire::cursor::with_bells;
 use std::io;
 use std::sync::atomic::Ordering;
@@ -255,4 +257,51 @@ fn thread_cpu() -> Duration {
     // SAFETY: writes one timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// The writer counted a doorbell and was stopped (SIGSTOP, a cgroup
+/// freezer, a debugger) before it sent it. The reader does not wait for
+/// that doorbell: it returns the data at once, owes the doorbell, and the
+/// connection keeps working when the writer resumes, however long it was
+/// stopped (TCP survives stopped peers too).
+#[test]
+fn a_writer_stopped_between_count_and_send_is_not_an_error() {
+    let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
+    // b's writer, by hand: a's receive ring, b's end of the channel.
+    let w = Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap();
+    smclo::ring::copy_in(&w, 0, b"hello");
+    assert_eq!(doorbell::publish(w.prod(), w.cons(), RING, 5).unwrap(), 1);
+    // ... and the writer stops here, its doorbell counted, not sent.
+    let a = Arc::new(p.a);
+    let a2 = a.clone();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 5];
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            let r = a2.read(&mut buf).map(|n| buf[..n].to_vec());
+            tx.send((r.map_err(|e| e.raw_os_error()), t0.elapsed()))
+                .unwrap();
+        }
+    });
+    let (first, took) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(first, Ok(b"hello".to_vec()));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Stopped for longer than any bound a reader might put on it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(rx.try_recv().is_err(), "the second read returned early");
+    // The writer resumes: its doorbell, then the next write.
+    // SAFETY: sends one byte from a static buffer on b's channel.
+    let r = unsafe { libc::send(p.b.fd(), b"!".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    assert_eq!(r, 1);
+    p.b.write(b"world").unwrap();
+    let (second, _) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(second, Ok(b"world".to_vec()));
+    reader.join().unwrap();
+    // Every doorbell was taken: a's descriptor is not readable with an
+    // empty ring, and both directions still work.
+    assert!(!readable(a.fd()));
+    a.write(b"ok").unwrap();
+    let mut buf = [0u8; 2];
+    assert_eq!(p.b.read(&mut buf).unwrap(), 2);
 }

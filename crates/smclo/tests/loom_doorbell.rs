@@ -17,9 +17,10 @@
 //! as nginx does; `BELLS` never above 2 (every load is validated) nor
 //! negative (the queue count would underflow); at most 6 bytes ever queued
 //! (2 counted and a loose bell, plus as many the reader took by CAS and is
-//! about to receive); every byte delivered once and in order; and at the
-//! end the bells counted in the word (`BELLS` and a loose bell) equal the
-//! bells queued.
+//! about to receive), also while the reader owes bells the writer counted
+//! and has not sent (the reader never waits for them); every byte
+//! delivered once and in order; and at the end the bells counted in the
+//! word (`BELLS` and a loose bell) plus those owed equal the bells queued.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -102,18 +103,16 @@ impl BellChannel for Chan {
         self.cv.notify_all();
         Ok(())
     }
-    fn recv_bells(&self, n: u32) -> io::Result<bool> {
+    fn take_bells(&self, n: u32) -> io::Result<Option<u32>> {
         let mut q = self.q.lock().unwrap();
-        // Counted bells may not be sent yet: wait for them.
-        while q.queued < n {
-            q = self.cv.wait(q).unwrap();
-        }
-        q.queued -= n;
-        if n > 0 && q.queued < 2 {
+        // Counted bells may not be sent yet: take what is there.
+        let k = n.min(q.queued);
+        q.queued -= k;
+        if k > 0 && q.queued < 2 {
             q.tx_edges += 1;
         }
         self.cv.notify_all();
-        Ok(true)
+        Ok(Some(k))
     }
 }
 
@@ -122,6 +121,19 @@ struct Shared {
     cons: AtomicU64,
     ring: Vec<UnsafeCell<u8>>,
     chan: Chan,
+    /// Bells the reader un-counted and has not received (`Conn`'s
+    /// `rx_owed`); only the reader thread touches it.
+    owed: std::sync::atomic::AtomicU32,
+}
+
+/// Receives `n` bells the reader un-counted, and those owed before, as
+/// far as they are queued now (`Conn::recv_bells`): never waits for a bell
+/// the writer counted and has not sent.
+fn recv_bells(s: &Shared, n: u32) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let owed = s.owed.load(Relaxed) + n;
+    let got = s.chan.take_bells(owed).unwrap().unwrap();
+    s.owed.store(owed - got, Relaxed);
 }
 
 fn pos(w: u64, len: u32) -> usize {
@@ -218,7 +230,7 @@ fn take(s: &Shared, len: u32, want: u32, expect: &mut u8) -> u32 {
         *expect += 1;
     }
     let take = doorbell::reader_consume(&s.prod, &s.cons, len, k).unwrap();
-    s.chan.recv_bells(take).unwrap();
+    recv_bells(s, take);
     k
 }
 
@@ -241,7 +253,7 @@ fn read_call(s: &Shared, len: u32, app: App, cap: u32, expect: &mut u8) -> Optio
             return Some(got);
         }
         let take = doorbell::reader_settle(&s.prod, &s.cons, len).unwrap();
-        s.chan.recv_bells(take).unwrap();
+        recv_bells(s, take);
         if app.et_read {
             return None;
         }
@@ -255,6 +267,8 @@ fn read_call(s: &Shared, len: u32, app: App, cap: u32, expect: &mut u8) -> Optio
         if snap.used > 0 {
             continue;
         }
+        // Owed bells that arrived are taken before sleeping (`rx_next`).
+        recv_bells(s, 0);
         s.chan.wait_readable();
     }
 }
@@ -262,7 +276,7 @@ fn read_call(s: &Shared, len: u32, app: App, cap: u32, expect: &mut u8) -> Optio
 /// FIONREAD, as `Conn::readable_len`.
 fn fionread(s: &Shared, len: u32) -> u32 {
     let (used, take) = doorbell::reader_report(&s.prod, &s.cons, len).unwrap();
-    s.chan.recv_bells(take).unwrap();
+    recv_bells(s, take);
     used
 }
 
@@ -324,6 +338,7 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
                 q: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
             },
+            owed: Default::default(),
         });
         let total: u32 = chunks.iter().sum();
         assert!(app.leftover <= len);
@@ -336,10 +351,11 @@ fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
         let p = Word::load(&s.prod);
         let q = s.chan.q.lock().unwrap().queued;
         let loose = (cursor::prod_flags(p) & cursor::LOOSE_BELL != 0) as u32;
+        let owed = s.owed.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(
-            bells(p) as u32 + loose,
+            bells(p) as u32 + loose + owed,
             q,
-            "bell count {p:#x} vs {q} queued"
+            "bell count {p:#x} and {owed} owed vs {q} queued"
         );
         let used = cursor::distance(p, Word::load(&s.cons), len).unwrap();
         assert_eq!(used, app.leftover);
