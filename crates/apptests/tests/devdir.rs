@@ -3,10 +3,17 @@
 //! shared device file on a full filesystem is a SIGBUS); the program falls
 //! back to plain TCP with a line saying why, or, when the device was fully
 //! allocated before the filesystem filled up, keeps using shared memory.
+//!
+//! And the default device directory: `$XDG_RUNTIME_DIR/smclo`, else
+//! `/run/user/<uid>/smclo`, else `/dev/shm/smclo-<uid>`, each runtime
+//! directory only when it is private to us, every refusal named with its
+//! reason. These tests mount their own `/dev/shm` and `/run/user` in a
+//! private mount namespace, so the host's are never touched.
 
 use smclo::device::Device;
 use smclo::Error;
 use smclo_apptests::*;
+use std::ffi::OsStr;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -18,46 +25,55 @@ const T: Duration = Duration::from_secs(60);
 /// Bytes the client sends and gets echoed back.
 const ECHO_LEN: u64 = 300_000;
 
-/// A tmpfs of `size` mounted on a fresh directory, unmounted when dropped.
-/// It is mounted in a private mount namespace of the test's thread, which
-/// the programs the test starts inherit: even a test that dies leaves no
-/// mount behind.
+/// Gives the calling test's thread a private mount namespace, which the
+/// programs it starts inherit: its mounts are seen by nobody else and vanish
+/// with the thread and its programs, even if the test dies.
+fn private_mounts() {
+    assert!(is_root(), "mounting a tmpfs needs root");
+    // SAFETY: unshare takes no pointers; mount gets a valid C string (the
+    // root path) and nulls. Neither has memory effects on this process.
+    let r = unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            -1
+        } else {
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        }
+    };
+    assert_eq!(
+        r,
+        0,
+        "private mount namespace: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A tmpfs of `size` (mode 0700) mounted on `at` in the test thread's
+/// private mount namespace ([`private_mounts`]), unmounted when dropped.
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(env: &Env, size: &str) -> Tmpfs {
-        assert!(is_root(), "mounting a tmpfs needs root");
-        // SAFETY: unshare and mount take no pointers but valid C strings
-        // (the root path) or null, and have no memory effects.
-        let r = unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                -1
-            } else {
-                libc::mount(
-                    std::ptr::null(),
-                    c"/".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                )
-            }
-        };
-        assert_eq!(
-            r,
-            0,
-            "private mount namespace: {}",
-            std::io::Error::last_os_error()
-        );
-        let at = env.path("tmpfs");
-        fs::create_dir_all(&at).unwrap();
+    fn mount_at(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
         let st = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
             .arg("tmpfs")
-            .arg(&at)
+            .arg(at)
             .status()
             .expect("run mount");
         assert!(st.success(), "mount -t tmpfs on {} failed", at.display());
-        Tmpfs(at)
+        Tmpfs(at.to_path_buf())
+    }
+
+    /// A fresh tmpfs in the test's temp dir.
+    fn mount(env: &Env, size: &str) -> Tmpfs {
+        private_mounts();
+        Tmpfs::mount_at(&env.path("tmpfs"), size)
     }
 
     /// Fills the filesystem until the kernel says ENOSPC.
@@ -121,28 +137,33 @@ else:
 }
 
 /// Runs the echo pair under `smclo run` with the device in `dir`; both must
-/// exit 0 and the client must have checked the echo. Returns their stderr.
+/// exit 0 and the client must have checked the echo. Returns their logs.
 fn echo(env: &mut Env, dir: &Path) -> String {
-    env.extra_env = vec![
-        ("SMCLO_DEVICE_DIR".into(), dir.display().to_string()),
-        ("SMCLO_DEBUG".into(), "1".into()),
-    ];
+    echo_with(env, &[("SMCLO_DEVICE_DIR", Some(dir.as_os_str()))])
+}
+
+/// [`echo`] with these variables set (`Some`) or removed (`None`) in both
+/// programs' environments, and `SMCLO_DEBUG=1`.
+fn echo_with(env: &mut Env, vars: &[(&str, Option<&OsStr>)]) -> String {
+    let command = |env: &Env, args: &[&str]| {
+        let mut c = env.command(Mode::Smclo, None, "python3", args);
+        c.env("SMCLO_DEBUG", "1");
+        for (k, v) in vars {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    };
     let script = echo_script(env);
     let port = free_port().to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "server",
-        "python3",
-        &[&script, "server", &port],
-    );
+    let c = command(env, &[&script, "server", &port]);
+    let mut server = env.spawn_cmd("server", c);
     wait_listen(&mut server, port.parse().unwrap());
-    let client = env.run(
-        Mode::Smclo,
-        "client",
-        "python3",
-        &[&script, "client", &port],
-        T,
-    );
+    let c = command(env, &[&script, "client", &port]);
+    let mut client = env.spawn_cmd("client", c);
+    client.wait_ok(T);
     server.wait_ok(T);
     assert_eq!(client.stdout_str().trim(), "ok", "{}", client.logs());
     format!("{}\n{}", server.logs(), client.logs())
@@ -229,4 +250,127 @@ fn sparse_device_on_a_full_tmpfs_is_refused() {
         2,
         "want one line per side\n{logs}"
     );
+}
+
+// --- The default device directory ------------------------------------------
+
+fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// A directory at `p` with `mode`, owned by `owner`.
+fn dir_of(p: &Path, owner: u32, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(p).unwrap();
+    std::os::unix::fs::chown(p, Some(owner), None).unwrap();
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// SMC-D moved the echo through the device in `dir`, which `s0` was taken
+/// from before.
+fn assert_echo_smc(what: &str, dir: &Path, s0: &smclo::device::Stats, logs: &str) {
+    let d = delta(s0, &Device::open(dir).unwrap().stats());
+    assert_smc(what, &d, 1, 2 * ECHO_LEN, 2 * ECHO_LEN, logs);
+}
+
+/// Another user created `/dev/shm/smclo-<uid>` first: without a runtime
+/// directory the device there is refused, saying whose it is, and the
+/// programs work as plain TCP; with `XDG_RUNTIME_DIR` (private to us) the
+/// device is `$XDG_RUNTIME_DIR/smclo`, out of the other user's reach, and
+/// the echo goes through shared memory.
+#[test]
+fn xdg_runtime_dir_escapes_a_squatted_dev_shm() {
+    let mut env = Env::new("devdir-squat");
+    private_mounts();
+    let _shm = Tmpfs::mount_at(Path::new("/dev/shm"), "16m");
+    let _run = Tmpfs::mount_at(Path::new("/run/user"), "16m");
+    let squatted = PathBuf::from(format!("/dev/shm/smclo-{}", uid()));
+    dir_of(&squatted, 65534, 0o700);
+
+    let logs = echo_with(
+        &mut env,
+        &[("SMCLO_DEVICE_DIR", None), ("XDG_RUNTIME_DIR", None)],
+    );
+    let why = format!(
+        "device {} unusable (invalid smclo device: {}: belongs to uid 65534",
+        squatted.display(),
+        squatted.display()
+    );
+    assert_eq!(
+        logs.matches(&why).count(),
+        2,
+        "want one line per side\n{logs}"
+    );
+
+    let xdg = env.path("xdg");
+    dir_of(&xdg, uid(), 0o700);
+    let dev = xdg.join("smclo");
+    let s0 = Device::open(&dev).unwrap().stats();
+    let logs = echo_with(
+        &mut env,
+        &[
+            ("SMCLO_DEVICE_DIR", None),
+            ("XDG_RUNTIME_DIR", Some(xdg.as_os_str())),
+        ],
+    );
+    assert_echo_smc("device in $XDG_RUNTIME_DIR/smclo", &dev, &s0, &logs);
+}
+
+/// Runtime directories that are not private to us are passed over with a
+/// line saying which and why (an `XDG_RUNTIME_DIR` of another uid, a
+/// `/run/user/<uid>` that others can read); the device is then
+/// `/dev/shm/smclo-<uid>`.
+#[test]
+fn refused_runtime_dirs_are_named() {
+    let mut env = Env::new("devdir-refused");
+    private_mounts();
+    let _shm = Tmpfs::mount_at(Path::new("/dev/shm"), "16m");
+    let _run = Tmpfs::mount_at(Path::new("/run/user"), "16m");
+    let run_user = PathBuf::from(format!("/run/user/{}", uid()));
+    dir_of(&run_user, uid(), 0o755);
+    let xdg = env.path("xdg-other");
+    dir_of(&xdg, 65534, 0o700);
+    let dev = PathBuf::from(format!("/dev/shm/smclo-{}", uid()));
+    let s0 = Device::open(&dev).unwrap().stats();
+    let logs = echo_with(
+        &mut env,
+        &[
+            ("SMCLO_DEVICE_DIR", None),
+            ("XDG_RUNTIME_DIR", Some(xdg.as_os_str())),
+        ],
+    );
+    for why in [
+        format!(
+            "device directory: XDG_RUNTIME_DIR refused ({}: belongs to uid 65534, not to us (uid {}))",
+            xdg.display(),
+            uid()
+        ),
+        format!(
+            "device directory: /run/user/<uid> refused ({}: mode 755",
+            run_user.display()
+        ),
+    ] {
+        assert!(logs.matches(&why).count() >= 2, "want {why:?} from both sides\n{logs}");
+    }
+    assert_echo_smc("device in /dev/shm", &dev, &s0, &logs);
+}
+
+/// A process started without `XDG_RUNTIME_DIR` (by a service manager) finds
+/// the same device as the user's shell: `/run/user/<uid>/smclo`.
+#[test]
+fn run_user_dir_without_xdg_runtime_dir() {
+    let mut env = Env::new("devdir-run-user");
+    private_mounts();
+    let _shm = Tmpfs::mount_at(Path::new("/dev/shm"), "16m");
+    let _run = Tmpfs::mount_at(Path::new("/run/user"), "16m");
+    let run_user = PathBuf::from(format!("/run/user/{}", uid()));
+    dir_of(&run_user, uid(), 0o700);
+    let dev = run_user.join("smclo");
+    let s0 = Device::open(&dev).unwrap().stats();
+    let logs = echo_with(
+        &mut env,
+        &[("SMCLO_DEVICE_DIR", None), ("XDG_RUNTIME_DIR", None)],
+    );
+    assert_echo_smc("device in /run/user/<uid>/smclo", &dev, &s0, &logs);
 }

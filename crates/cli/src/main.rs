@@ -27,7 +27,8 @@ commands:
   help                          this text
 
 environment:
-  SMCLO_DEVICE_DIR              device directory (default /dev/shm/smclo-<uid>)
+  SMCLO_DEVICE_DIR              device directory (default $XDG_RUNTIME_DIR/smclo,
+                                else /run/user/<uid>/smclo, else /dev/shm/smclo-<uid>)
 ";
 
 fn main() {

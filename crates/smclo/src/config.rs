@@ -2,7 +2,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `SMCLO_DEVICE_DIR` | the device directory | `/dev/shm/smclo-<uid>` |
+//! | `SMCLO_DEVICE_DIR` | the device directory | [`default_device_dir`] |
 //! | `SMCLO_RMEM` | receive DMB size (like `net.smc.rmem`), rounded up to a power of two in 16 KiB ..= 1 MiB; `k`/`m` suffixes | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_WMEM` | send buffer size in copy mode (like `net.smc.wmem`), same rules | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back | 1000 |
@@ -69,11 +69,45 @@ impl Config {
     }
 }
 
-/// `/dev/shm/smclo-<uid>`: one device per user, so another user's processes
-/// cannot even find it.
+/// The device directory when `SMCLO_DEVICE_DIR` is not set: one device per
+/// user, the first of
+///
+/// 1. `$XDG_RUNTIME_DIR/smclo`, when `XDG_RUNTIME_DIR` is a directory private
+///    to us (ours, no access for group and others): nobody else can create
+///    anything in it beforehand;
+/// 2. `/run/user/<uid>/smclo`, when that directory (the value pam_systemd
+///    gives `XDG_RUNTIME_DIR`) is private to us: a process started without
+///    the variable, by a service manager, finds the same device as the
+///    user's login shell;
+/// 3. `/dev/shm/smclo-<uid>`, which [`crate::device::Device::open`] refuses
+///    (saying why) if another user created it first.
+///
+/// A runtime directory passed over is logged with the reason.
 pub fn default_device_dir() -> PathBuf {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
+    // (name, directory, whether its absence is worth a line: a missing
+    // /run/user/<uid> is the rule without systemd).
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|v| !v.is_empty())
+        .map(|v| ("XDG_RUNTIME_DIR", PathBuf::from(v), true));
+    let run_user = ("/run/user/<uid>", format!("/run/user/{uid}").into(), false);
+    for (what, base, report_missing) in xdg.into_iter().chain([run_user]) {
+        match crate::device::private_dir_problem(&base) {
+            Ok(None) => return base.join("smclo"),
+            Ok(Some(problem)) => {
+                let refused = crate::error::DeviceError {
+                    path: base,
+                    problem,
+                };
+                crate::debug!("device directory: {what} refused ({refused})");
+            }
+            Err(e) if report_missing => {
+                crate::debug!("device directory: {what} {} refused ({e})", base.display());
+            }
+            Err(_) => {}
+        }
+    }
     PathBuf::from(format!("/dev/shm/smclo-{uid}"))
 }
 

@@ -263,16 +263,20 @@ fn ensure_dir(dir: &Path) -> Result<()> {
         }
         Err(e) => return Err(Error::Io(e)),
     }
+    match private_dir_problem(dir)? {
+        None => Ok(()),
+        Some(problem) => Err(device_error(dir, problem)),
+    }
+}
+
+/// Why `dir` is not a directory private to us (a real directory owned by
+/// our effective uid, no access for group and others), if it is not.
+pub(crate) fn private_dir_problem(dir: &Path) -> io::Result<Option<DeviceProblem>> {
     let md = std::fs::symlink_metadata(dir)?;
-    let problem = if !md.file_type().is_dir() {
-        DeviceProblem::NotADirectory
-    } else {
-        match private_to_us(&md) {
-            Some(p) => p,
-            None => return Ok(()),
-        }
-    };
-    Err(device_error(dir, problem))
+    if !md.file_type().is_dir() {
+        return Ok(Some(DeviceProblem::NotADirectory));
+    }
+    Ok(private_to_us(&md))
 }
 
 /// Why a file or directory is not private to our effective uid, if it is not.
@@ -429,7 +433,8 @@ impl Device {
         Ok(dev)
     }
 
-    /// Opens the device of `SMCLO_DEVICE_DIR` (default `/dev/shm/smclo-<uid>`).
+    /// Opens the device of `SMCLO_DEVICE_DIR` (default:
+    /// [`crate::config::default_device_dir`]).
     pub fn open_default() -> Result<Arc<Device>> {
         Device::open(&crate::config::Config::from_env()?.device_dir)
     }
