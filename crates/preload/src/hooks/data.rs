@@ -11,8 +11,8 @@
 //! (`SO_RCVTIMEO`/`SO_SNDTIMEO`), otherwise a restart if the handler was
 //! installed with `SA_RESTART`. Which signal interrupted the sleep is not
 //! known, so the call is restarted only if every handler that could have
-//! run (a signal not blocked in this thread, with a handler) has
-//! `SA_RESTART` ([`handlers_restart`]). That is exact whenever the
+//! run (a signal not blocked in this thread, with a handler, not a fault
+//! signal such as SIGSEGV) has `SA_RESTART` ([`handlers_restart`]). That is exact whenever the
 //! program's handlers agree (C programs that use `SA_RESTART` throughout;
 //! Python, which never sets it); a program that mixes both sees `EINTR`
 //! also after a restarting handler.
@@ -34,6 +34,15 @@ const RECV_OK: c_int = libc::MSG_PEEK
     | libc::MSG_CMSG_CLOEXEC;
 const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
 
+/// Signals the kernel raises for a fault of the running thread.
+const FAULTS: [c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+];
+
 /// Whether every signal handler that can run in this thread now was
 /// installed with `SA_RESTART` (see the module docs).
 fn handlers_restart() -> bool {
@@ -42,6 +51,11 @@ fn handlers_restart() -> bool {
     // SAFETY: queries this thread's mask (no new set).
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut blocked) };
     (1..=libc::SIGRTMAX()).all(|sig| {
+        // A thread asleep in poll raises no fault: their handlers (Rust's
+        // and the JVM's stack guards, crash reporters) do not count.
+        if FAULTS.contains(&sig) {
+            return true;
+        }
         // SAFETY: `blocked` is an initialised set.
         if unsafe { libc::sigismember(&blocked, sig) } == 1 {
             return true;

@@ -2,8 +2,9 @@
  * TCP (socket(7), signal(7)). Usage: intr MODE, one of
  *   eintr     recv on an idle connection, SIGALRM handler without SA_RESTART:
  *             -1 EINTR after the alarm (1 s)
- *   restart   the same with SA_RESTART: the recv is restarted and returns the
- *             byte the peer sends after 2 s
+ *   restart   the same with SA_RESTART (and a SIGSEGV handler without it):
+ *             the recv is restarted and returns the byte the peer sends
+ *             after 2 s
  *   rcvtimeo  SO_RCVTIMEO 1 s (set before connect): -1 EAGAIN after 1 s; then
  *             SO_RCVTIMEO 3 s and an SA_RESTART handler: EINTR after the
  *             1 s alarm all the same
@@ -29,6 +30,11 @@ static volatile sig_atomic_t alarms;
 static void on_alarm(int sig) {
     (void)sig;
     alarms++;
+}
+
+static void on_fault(int sig) {
+    (void)sig;
+    _exit(3);
 }
 
 static void fail(const char *what) {
@@ -126,6 +132,13 @@ int main(int argc, char **argv) {
         if (alarms != 1) fail("the handler did not run");
     } else if (!strcmp(mode, "restart")) {
         handler(SA_RESTART);
+        /* A fault handler without SA_RESTART, as language runtimes and
+         * crash reporters install: it cannot be what interrupted a sleep. */
+        struct sigaction segv;
+        memset(&segv, 0, sizeof segv);
+        segv.sa_handler = on_fault;
+        sigemptyset(&segv.sa_mask);
+        if (sigaction(SIGSEGV, &segv, NULL)) fail("sigaction SIGSEGV");
         alarm(1);
         ssize_t n = recv(fd, buf, sizeof buf, 0);
         if (n != 1 || buf[0] != 'x') fail("restarted recv did not return the byte");
