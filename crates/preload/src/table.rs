@@ -323,3 +323,32 @@ pub fn all_locked() -> Vec<(RawFd, Arc<Sock>)> {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// `_exit` in a signal handler may interrupt a thread that holds the
+    /// lock, for reading or writing: trying must give up, in bounded time.
+    #[test]
+    fn try_write_for_gives_up_on_a_held_lock() {
+        let l = Lock(AtomicU32::new(0));
+        let wait = Duration::from_millis(20);
+        {
+            let _w = l.write();
+            let t0 = Instant::now();
+            assert!(l.try_write_for(wait).is_none());
+            assert!(t0.elapsed() < Duration::from_secs(2));
+        }
+        {
+            let _r = l.read();
+            assert!(l.try_write_for(wait).is_none());
+            // Giving up left the reader's lock as it was: readers still enter.
+            drop(l.read());
+        }
+        let g = l.try_write_for(wait).expect("a free lock is taken");
+        drop(g);
+        assert_eq!(l.0.load(Ordering::Relaxed), 0);
+    }
+}
