@@ -20,6 +20,9 @@ fn source(name: &str) -> String {
 #[test]
 fn failed_swap_resets_both_ends() {
     let mut env = Env::new("failed-swap");
+    // A loaded machine must not turn a handshake into a TIMEOUT fallback.
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
     let exe = env.path("client");
     let st = Command::new("cc")
         .args(["-O2", "-Wall", "-o"])

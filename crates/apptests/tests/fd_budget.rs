@@ -46,6 +46,9 @@ fn script(name: &str) -> String {
 #[test]
 fn nine_hundred_connections_under_a_1024_descriptor_limit() {
     let mut env = Env::new("fd-budget");
+    // A loaded machine must not turn a handshake into a TIMEOUT fallback.
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
     let port = free_port();
     let ps = port.to_string();
     let mut cmd = env.command(
