@@ -376,7 +376,8 @@ unsafe fn buf<'a>(p: *mut u8, len: usize) -> io::Result<&'a mut [u8]> {
 
 /// Reads up to `len` bytes into `buf`, like `read(2)`: the count, 0 at end
 /// of stream, -1 with errno (`EAGAIN` when non-blocking and nothing is
-/// there; `EBUSY` while a `smclo_peek` region is outstanding).
+/// there; `EINTR` when a signal handler ran while it waited; `EBUSY` while
+/// a `smclo_peek` region is outstanding).
 ///
 /// # Safety
 /// `s` is NULL or a live stream; `buf` is NULL or valid for `len` bytes.
@@ -396,8 +397,9 @@ pub unsafe extern "C" fn smclo_read(s: *mut smclo_stream, buf: *mut c_void, len:
 
 /// Writes up to `len` bytes from `buf`, like `write(2)`: the count (possibly
 /// short), -1 with errno (`EAGAIN` when non-blocking and there is no room;
-/// `EPIPE` after the peer closed; `EBUSY` while a `smclo_reserve` region is
-/// outstanding). Never raises SIGPIPE.
+/// `EINTR` when a signal handler ran while it waited and nothing was
+/// written; `EPIPE` after the peer closed; `EBUSY` while a `smclo_reserve`
+/// region is outstanding). Never raises SIGPIPE.
 ///
 /// # Safety
 /// `s` is NULL or a live stream; `buf` is NULL or valid for `len` bytes.

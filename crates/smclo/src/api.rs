@@ -148,7 +148,9 @@ impl AsRawFd for SmcListener {
 /// It reads and writes like a `TcpStream` (`Read`/`Write`, also through
 /// `&SmcStream`), and [`as_raw_fd`](AsRawFd::as_raw_fd) is a descriptor that
 /// `poll`/`epoll` report readable and writable exactly when `read`/`write`
-/// would make progress.
+/// would make progress. A blocking call that a signal handler interrupts
+/// before it moved any byte fails with [`io::ErrorKind::Interrupted`]
+/// (`read_exact` and `write_all` retry it, as for a `TcpStream`).
 pub struct SmcStream {
     // Field order matters: the SMC-D end closes (and delivers its close
     // flag) before the TCP connection, which only carries identity.
