@@ -38,13 +38,12 @@ fn script(name: &str) -> String {
         .to_string()
 }
 
-/// A python event-loop echo server and a client, both under `smclo run`
-/// with `RLIMIT_NOFILE` 1024, 900 concurrent connections with distinct
-/// payloads: every one is served byte-exact (over TCP the same programs
-/// serve them all), the server survives, and the connections smclo could
-/// not afford fell back with MEM.
-#[test]
-fn nine_hundred_connections_under_a_1024_descriptor_limit() {
+/// A python event-loop echo server and a client, both under `smclo run`,
+/// the server with `RLIMIT_NOFILE` 1024 and the client with
+/// `client_limit`, 900 concurrent connections with distinct payloads:
+/// every one is served byte-exact (over TCP the same programs serve them
+/// all) and the server survives. Returns the counters' change.
+fn nine_hundred_connections(client_limit: u64) -> Delta {
     let mut env = Env::new("fd-budget");
     // A loaded machine must not turn a handshake into a TIMEOUT fallback.
     env.extra_env
@@ -68,8 +67,10 @@ fn nine_hundred_connections_under_a_1024_descriptor_limit() {
         "python3",
         &[&script("echo_client.py"), &ps, &n],
     );
-    limit_nofile(&mut cmd, 1024);
+    limit_nofile(&mut cmd, client_limit);
     let mut client = env.spawn_cmd("echo-client", cmd);
+    // A fallback that waited for the handshake's timeout would take
+    // 10 s per connection; a decline is answered at once.
     client.wait(Duration::from_secs(120));
     let logs = format!("{}\n{}", client.logs(), server.logs());
     assert!(
@@ -82,7 +83,6 @@ fn nine_hundred_connections_under_a_1024_descriptor_limit() {
         "not every connection was served byte-exact\n{logs}"
     );
     let d = delta(&s0, &env.stats());
-    let mem = d.fallback_client[Reason::Mem.index()] + d.fallback_server[Reason::Mem.index()];
     eprintln!(
         "{} SMC-D connections, xfer_bytes {}, fallbacks: {}",
         d.conns_opened,
@@ -97,6 +97,16 @@ fn nine_hundred_connections_under_a_1024_descriptor_limit() {
         d.conns_opened < CONNS,
         "all {CONNS} connections were SMC-D under a 1024 descriptor limit: {d:?}"
     );
+    server.stop(Duration::from_secs(5));
+    d
+}
+
+/// Both at 1024: the client runs short first and does not propose (MEM);
+/// its server sees plain TCP clients.
+#[test]
+fn nine_hundred_connections_under_a_1024_descriptor_limit() {
+    let d = nine_hundred_connections(1024);
+    let mem = d.fallback_client[Reason::Mem.index()];
     assert_eq!(
         d.conns_opened + mem,
         CONNS,
@@ -104,10 +114,30 @@ fn nine_hundred_connections_under_a_1024_descriptor_limit() {
         d.fallbacks_desc()
     );
     assert_eq!(
-        d.fallback_client[Reason::Mem.index()] + d.fallback_server[Reason::PeerNoSmc.index()],
+        mem + d.fallback_server[Reason::PeerNoSmc.index()],
         d.fallbacks(),
         "other fallbacks: {}",
         d.fallbacks_desc()
     );
-    server.stop(Duration::from_secs(5));
+}
+
+/// Only the server at 1024: it declines (MEM), and the client falls back
+/// at once on the decline, counting the server's reason, instead of
+/// waiting for a timeout.
+#[test]
+fn server_short_of_descriptors_declines() {
+    let d = nine_hundred_connections(16384);
+    let mem = d.fallback_server[Reason::Mem.index()];
+    assert_eq!(
+        d.conns_opened + mem,
+        CONNS,
+        "every connection is SMC-D or declined by the server for lack of descriptors (MEM): {}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        mem + d.fallback_client[Reason::Mem.index()],
+        d.fallbacks(),
+        "other fallbacks: {}",
+        d.fallbacks_desc()
+    );
 }
