@@ -662,6 +662,14 @@ fn so_sndtimeo_bounds_a_write() {
     assert_eq!(stats.xfer_bytes, wrote, "{out}");
 }
 
+/// A recv with MSG_DONTWAIT while another thread sleeps in a blocking recv
+/// on the same descriptor: EAGAIN at once, as over TCP.
+#[test]
+fn dontwait_recv_beside_a_blocking_recv() {
+    let (_, stats) = intr("dontwait");
+    assert_eq!(stats.xfer_bytes, 1);
+}
+
 /// Python (whose handlers never use SA_RESTART) under signal.alarm(1): a
 /// recv from an idle SMC-D peer returns after the alarm, with the handler
 /// run (its exception propagates), as over TCP.

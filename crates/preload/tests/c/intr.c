@@ -10,13 +10,18 @@
  *             1 s alarm all the same
  *   sndtimeo  SO_SNDTIMEO 1 s, a peer that never reads: a large write returns
  *             its partial count after 1 s, the next write -1 EAGAIN after 1 s
+ *   dontwait  while a second thread sleeps in a blocking recv, a recv with
+ *             MSG_DONTWAIT fails with EAGAIN at once; the peer's byte (after
+ *             2 s) then ends the sleeping recv
  * The process forks: the child accepts and plays the peer. Prints one
  * "OK ..." line per check and exits 0, or "FAIL ..." and exits 1. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,13 +100,18 @@ static void peer(int port, int done, const char *mode) {
     if (write(port, &a, sizeof a) != sizeof a) fail("port");
     int c = accept(lfd, NULL, NULL);
     if (c < 0) fail("accept");
-    if (!strcmp(mode, "restart")) {
+    if (!strcmp(mode, "restart") || !strcmp(mode, "dontwait")) {
         sleep(2);
         if (write(c, "x", 1) != 1) fail("peer write");
     }
     char b;
     while (read(done, &b, 1) < 0 && errno == EINTR) {}
     _exit(0);
+}
+
+static void *blocking_recv(void *arg) {
+    char b;
+    return (void *)(intptr_t)recv(*(int *)arg, &b, 1, 0);
 }
 
 int main(int argc, char **argv) {
@@ -165,6 +175,16 @@ int main(int argc, char **argv) {
         t0 = now();
         expect_fail("write", write(fd, p, 1), EAGAIN);
         took("write timed out (EAGAIN)", t0, 0.9, 4.0);
+    } else if (!strcmp(mode, "dontwait")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, blocking_recv, &fd)) fail("pthread_create");
+        usleep(300000);
+        t0 = now();
+        expect_fail("recv(MSG_DONTWAIT)", recv(fd, buf, sizeof buf, MSG_DONTWAIT), EAGAIN);
+        took("recv(MSG_DONTWAIT) beside a blocking recv (EAGAIN)", t0, 0.0, 0.5);
+        void *r;
+        pthread_join(t, &r);
+        if ((intptr_t)r != 1) fail("the blocking recv did not get the byte");
     } else {
         fail("unknown mode");
     }
