@@ -6,6 +6,8 @@
 //! | `SMCLO_RMEM` | receive DMB size (like `net.smc.rmem`), rounded up to a power of two in 16 KiB ..= 1 MiB; `k`/`m` suffixes | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_WMEM` | send buffer size in copy mode (like `net.smc.wmem`), same rules | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back | 1000 |
+//! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
+//! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
@@ -15,6 +17,61 @@ use std::time::Duration;
 
 /// Default ring size (see README "Choosing the DMB size" for the measurement).
 pub const DEFAULT_DMB_SIZE: u32 = 256 * 1024;
+
+/// Default of `SMCLO_POOL_BYTES`: about 64 DMBs of the default ring size.
+pub const DEFAULT_POOL_BYTES: u64 = 16 << 20;
+/// Default of `SMCLO_POOL_IDLE_MS`.
+pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(10);
+
+/// What the per-process DMB pool ([`crate::pool`]) may keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// Bytes (header page and ring) of all DMBs kept: our own, free or
+    /// still mapped by a peer, and idle mappings of peers' DMBs.
+    pub bytes: u64,
+    /// A kept DMB unused for this long is unmapped at the next pool
+    /// operation.
+    pub idle: Duration,
+}
+
+impl Default for PoolLimits {
+    fn default() -> PoolLimits {
+        PoolLimits {
+            bytes: DEFAULT_POOL_BYTES,
+            idle: DEFAULT_POOL_IDLE,
+        }
+    }
+}
+
+impl PoolLimits {
+    /// `SMCLO_POOL_BYTES` and `SMCLO_POOL_IDLE_MS`, validated.
+    pub fn from_env() -> Result<PoolLimits> {
+        let mut l = PoolLimits::default();
+        if let Some(v) = var("SMCLO_POOL_BYTES") {
+            l.bytes = parse_size(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "SMCLO_POOL_BYTES={v:?} is not a size (digits with optional k or m)"
+                ))
+            })?;
+        }
+        if let Some(v) = var("SMCLO_POOL_IDLE_MS") {
+            l.idle = millis("SMCLO_POOL_IDLE_MS", &v)?;
+        }
+        Ok(l)
+    }
+}
+
+/// An environment variable, if set and not empty.
+fn var(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// A number of milliseconds, for variable `name`.
+fn millis(name: &str, v: &str) -> Result<Duration> {
+    v.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of milliseconds")))
+}
 
 /// All settings a process reads from its environment.
 #[derive(Clone, Debug)]
@@ -29,12 +86,14 @@ pub struct Config {
     pub clc_wait: Duration,
     /// User-defined EID (32 bytes, blank padded), if any.
     pub ueid: Option<[u8; 32]>,
+    /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
+    /// process; here so that a malformed value is reported).
+    pub pool: PoolLimits,
 }
 
 impl Config {
     /// Reads and validates the environment.
     pub fn from_env() -> Result<Config> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let device_dir = match std::env::var_os("SMCLO_DEVICE_DIR").filter(|v| !v.is_empty()) {
             Some(d) => PathBuf::from(d),
             None => default_device_dir(),
@@ -48,11 +107,7 @@ impl Config {
             None => DEFAULT_DMB_SIZE,
         };
         let clc_wait = match var("SMCLO_CLC_WAIT_MS") {
-            Some(v) => Duration::from_millis(v.parse::<u64>().map_err(|_| {
-                Error::Config(format!(
-                    "SMCLO_CLC_WAIT_MS={v:?} is not a number of milliseconds"
-                ))
-            })?),
+            Some(v) => millis("SMCLO_CLC_WAIT_MS", &v)?,
             None => Duration::from_millis(1000),
         };
         let ueid = match var("SMCLO_UEID") {
@@ -65,6 +120,7 @@ impl Config {
             wmem,
             clc_wait,
             ueid,
+            pool: PoolLimits::from_env()?,
         })
     }
 }

@@ -15,7 +15,7 @@
 //! A peer that dies without clearing its record (kill -9), or that forked
 //! while it mapped the DMB (a child may still write into it), leaves the
 //! DMB pending for good; such DMBs are unmapped when the pending list is
-//! full. A dead attacher is deliberately not taken as detached: its fork
+//! full or they have been idle too long (below). A dead attacher is deliberately not taken as detached: its fork
 //! children may still map the DMB.
 //!
 //! The other side of the same reuse: the peer's DMBs that we mapped. When a
@@ -28,15 +28,24 @@
 //! owners that are gone are dropped first, then the oldest.
 //!
 //! Bounds: [`FREE_MAX`] free DMBs per ring size, [`PENDING_MAX`] pending
-//! ones; beyond them, the oldest is unmapped. A `fork` empties the pool in
-//! both processes (the fork generation changes; mappings from before a
-//! fork are shared with the child and are never reused). The lock is only
-//! ever tried: a fork child never waits for a lock held by a thread that does
-//! not exist in it; contention only costs a fresh DMB or an unmap.
+//! ones, [`PEER_MAX`] peer mappings, and, over all three, the bytes of
+//! [`PoolLimits::bytes`] (`SMCLO_POOL_BYTES`): beyond them, the oldest is
+//! unmapped. Whatever stayed unused for [`PoolLimits::idle`]
+//! (`SMCLO_POOL_IDLE_MS`) is unmapped at the next pool operation; there is
+//! no background thread (it would run in every program smclo is loaded
+//! into, and across `fork`), so a process that stops making connections
+//! keeps at most the byte bound. A `fork` empties the pool in both
+//! processes (the fork generation changes; mappings from before a fork are
+//! shared with the child and are never reused). The lock is only ever
+//! tried: a fork child never waits for a lock held by a thread that does
+//! not exist in it; contention only costs a fresh DMB or an unmap. Unmaps
+//! happen after the lock is released.
 
+use crate::config::PoolLimits;
 use crate::dmb::Dmb;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 /// Free DMBs kept per ring size.
 pub const FREE_MAX: usize = 64;
@@ -45,147 +54,230 @@ pub const PENDING_MAX: usize = 128;
 /// Idle mappings of peers' DMBs kept.
 pub const PEER_MAX: usize = 64;
 
+/// What a kept DMB is waiting for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Ours, nobody maps it: ready for reuse.
+    Free,
+    /// Ours, a peer still maps it.
+    Pending,
+    /// An idle mapping of a peer's DMB, by its memfd's (device, inode).
+    Peer((u64, u64)),
+}
+
+/// A DMB the pool keeps, and since when it is unused.
+struct Kept {
+    kind: Kind,
+    dmb: Dmb,
+    since: Instant,
+}
+
+impl Kept {
+    /// The memory it holds: header page and ring (mapped twice, stored once).
+    fn bytes(&self) -> u64 {
+        smclo_wire::dmb_header::HEADER_LEN as u64 + self.dmb.ring_len() as u64
+    }
+}
+
 struct Pool {
     fork_gen: u64,
-    free: Vec<Dmb>,
-    pending: Vec<Dmb>,
-    /// Idle mappings of peers' DMBs by (device, inode), oldest first.
-    peers: Vec<((u64, u64), Dmb)>,
+    /// In the order they came in.
+    kept: Vec<Kept>,
 }
 
 static POOL: Mutex<Pool> = Mutex::new(Pool {
     fork_gen: 0,
-    free: Vec::new(),
-    pending: Vec::new(),
-    peers: Vec::new(),
+    kept: Vec::new(),
 });
+
+/// The limits, read from the environment once per process (a malformed
+/// value is reported by [`crate::config::Config::from_env`]; here it means
+/// the default).
+fn limits() -> PoolLimits {
+    static L: OnceLock<PoolLimits> = OnceLock::new();
+    *L.get_or_init(|| PoolLimits::from_env().unwrap_or_default())
+}
 
 fn detached(d: &Dmb) -> bool {
     d.attach_word().load(Ordering::SeqCst) == 0
 }
 
+/// Unmapped when dropped, after the pool's lock is released.
+type Out = Vec<Kept>;
+
 impl Pool {
-    /// Forgets everything from an older fork generation (unmapped here; the
-    /// memory lives on in the other process if it still uses it).
-    fn check_gen(&mut self, gen: u64) {
-        if self.fork_gen != gen {
-            self.free.clear();
-            self.pending.clear();
-            self.peers.clear();
-            self.fork_gen = gen;
+    /// Locks the pool (tried only, see the module doc) for an operation:
+    /// forgets everything from an older fork generation (the memory lives
+    /// on in the other process if it still uses it) and what stayed unused
+    /// too long, into `out`.
+    fn lock(out: &mut Out) -> Option<std::sync::MutexGuard<'static, Pool>> {
+        let mut p = POOL.try_lock().ok()?;
+        let gen = crate::owner::fork_gen();
+        if p.fork_gen != gen {
+            out.append(&mut p.kept);
+            p.fork_gen = gen;
+        }
+        let (idle, now) = (limits().idle, Instant::now());
+        out.extend(
+            p.kept
+                .extract_if(.., |k| now.duration_since(k.since) >= idle),
+        );
+        Some(p)
+    }
+
+    fn count(&self, f: impl Fn(&Kept) -> bool) -> usize {
+        self.kept.iter().filter(|k| f(k)).count()
+    }
+
+    /// Adds `k`, then unmaps the longest unused entries until the pool
+    /// holds at most [`PoolLimits::bytes`].
+    fn keep(&mut self, k: Kept, out: &mut Out) {
+        self.kept.push(k);
+        let mut held: u64 = self.kept.iter().map(Kept::bytes).sum();
+        while held > limits().bytes {
+            let Some(i) = (0..self.kept.len()).min_by_key(|&i| self.kept[i].since) else {
+                return;
+            };
+            held -= self.kept[i].bytes();
+            out.push(self.kept.remove(i));
         }
     }
 
-    /// Moves pending DMBs whose peer has detached to the free list.
-    fn promote(&mut self) {
+    /// Turns pending DMBs whose peer has detached into free ones, within
+    /// [`FREE_MAX`] per ring size.
+    fn promote(&mut self, out: &mut Out) {
         let mut i = 0;
-        while i < self.pending.len() {
-            if detached(&self.pending[i]) {
-                let d = self.pending.swap_remove(i);
-                self.add_free(d);
+        while i < self.kept.len() {
+            let k = &self.kept[i];
+            if k.kind != Kind::Pending || !detached(&k.dmb) {
+                i += 1;
+                continue;
+            }
+            let len = k.dmb.ring_len();
+            if self.count(|x| x.kind == Kind::Free && x.dmb.ring_len() == len) >= FREE_MAX {
+                out.push(self.kept.remove(i));
             } else {
+                self.kept[i].kind = Kind::Free;
                 i += 1;
             }
         }
-    }
-
-    fn add_free(&mut self, d: Dmb) {
-        let same = self
-            .free
-            .iter()
-            .filter(|x| x.ring_len() == d.ring_len())
-            .count();
-        if same >= FREE_MAX {
-            return; // dropped: unmapped
-        }
-        self.free.push(d);
     }
 }
 
 /// Takes a free DMB of `ring_len` bytes on device `gid`, renewed with
 /// `token`, ready to be registered.
 pub(crate) fn take(ring_len: u32, gid: u64, token: u64) -> Option<Dmb> {
-    let gen = crate::owner::fork_gen();
-    let mut p = POOL.try_lock().ok()?;
-    p.check_gen(gen);
-    p.promote();
+    let mut out = Out::new();
+    let mut p = Pool::lock(&mut out)?;
+    p.promote(&mut out);
+    // The most recently used one: its pages are the likeliest to be warm,
+    // and the others age towards the idle trim.
     let i = p
-        .free
+        .kept
         .iter()
-        .rposition(|d| d.ring_len() == ring_len && d.gid() == gid)?;
-    let mut d = p.free.swap_remove(i);
+        .rposition(|k| k.kind == Kind::Free && k.dmb.ring_len() == ring_len && k.dmb.gid() == gid);
+    let mut d = p.kept.remove(i?).dmb;
     drop(p);
     d.renew(token);
     let own = d.own_mut().expect("pooled DMBs are our own");
     own.reuse = true;
-    own.fork_gen = gen;
+    own.fork_gen = crate::owner::fork_gen();
     Some(d)
 }
 
 /// Keeps one of our DMBs that was just dropped (called by `Dmb`'s drop,
 /// with a copy that really unmaps when dropped).
 pub(crate) fn put(d: Dmb) {
-    let gen = crate::owner::fork_gen();
-    let Ok(mut p) = POOL.try_lock() else { return };
-    p.check_gen(gen);
-    if detached(&d) {
-        p.add_free(d);
+    let mut out = Out::new();
+    let Some(mut p) = Pool::lock(&mut out) else {
+        return;
+    };
+    let kind = if detached(&d) {
+        Kind::Free
     } else {
-        if p.pending.len() >= PENDING_MAX {
-            p.promote();
+        Kind::Pending
+    };
+    let pending = |k: &Kept| k.kind == Kind::Pending;
+    if kind == Kind::Free {
+        let len = d.ring_len();
+        if p.count(|k| k.kind == Kind::Free && k.dmb.ring_len() == len) >= FREE_MAX {
+            return; // `d` is unmapped, after the lock is released
         }
-        if p.pending.len() >= PENDING_MAX {
-            p.pending.remove(0);
+    } else if p.count(pending) >= PENDING_MAX {
+        p.promote(&mut out);
+        if p.count(pending) >= PENDING_MAX {
+            let oldest = p.kept.iter().position(pending);
+            out.extend(oldest.map(|i| p.kept.remove(i)));
         }
-        p.pending.push(d);
     }
+    let since = Instant::now();
+    p.keep(
+        Kept {
+            kind,
+            dmb: d,
+            since,
+        },
+        &mut out,
+    );
 }
 
 /// Unmaps every free and pending DMB, closing their memfds: for a process
 /// short of descriptors ([`crate::fdnum`]).
 pub(crate) fn shed() {
-    let shed = match POOL.try_lock() {
-        Ok(mut p) => {
-            let mut v = std::mem::take(&mut p.free);
-            v.append(&mut p.pending);
-            v
-        }
-        Err(_) => return,
-    };
-    drop(shed); // outside the lock: the copies unmap
+    let mut out = Out::new();
+    if let Some(mut p) = Pool::lock(&mut out) {
+        out.extend(p.kept.extract_if(.., |k| !matches!(k.kind, Kind::Peer(_))));
+    }
 }
 
 /// Takes the idle mapping of the peer DMB whose memfd is `id` (device,
 /// inode), if we keep one.
 pub(crate) fn take_peer(id: (u64, u64)) -> Option<Dmb> {
-    let gen = crate::owner::fork_gen();
-    let mut p = POOL.try_lock().ok()?;
-    p.check_gen(gen);
-    let i = p.peers.iter().position(|(x, _)| *x == id)?;
-    Some(p.peers.remove(i).1)
+    let mut out = Out::new();
+    let mut p = Pool::lock(&mut out)?;
+    let i = p.kept.iter().position(|k| k.kind == Kind::Peer(id))?;
+    Some(p.kept.remove(i).dmb)
 }
 
 /// Keeps an idle mapping of a peer's DMB (called by `Dmb`'s drop, with a
 /// copy that really unmaps when dropped).
 pub(crate) fn put_peer(id: (u64, u64), d: Dmb) {
-    let gen = crate::owner::fork_gen();
-    let Ok(mut p) = POOL.try_lock() else { return };
-    p.check_gen(gen);
-    if p.peers.len() >= PEER_MAX {
-        p.peers
-            .retain(|(_, d)| crate::owner::Owner::local(d.owner_pid(), 0).pid_exists());
+    let mut out = Out::new();
+    let Some(mut p) = Pool::lock(&mut out) else {
+        return;
+    };
+    let is_peer = |k: &Kept| matches!(k.kind, Kind::Peer(_));
+    if p.count(is_peer) >= PEER_MAX {
+        // Mappings of owners that are gone first.
+        let gone = |k: &mut Kept| {
+            is_peer(k) && !crate::owner::Owner::local(k.dmb.owner_pid(), 0).pid_exists()
+        };
+        out.extend(p.kept.extract_if(.., gone));
     }
-    if p.peers.len() >= PEER_MAX {
-        p.peers.remove(0);
+    if p.count(is_peer) >= PEER_MAX {
+        let oldest = p.kept.iter().position(is_peer);
+        out.extend(oldest.map(|i| p.kept.remove(i)));
     }
-    p.peers.push((id, d));
+    let since = Instant::now();
+    p.keep(
+        Kept {
+            kind: Kind::Peer(id),
+            dmb: d,
+            since,
+        },
+        &mut out,
+    );
 }
 
 /// How many DMBs the pool holds (free, pending, idle peer mappings): for
 /// tests and diagnostics.
 pub fn held() -> (usize, usize, usize) {
     match POOL.try_lock() {
-        Ok(p) => (p.free.len(), p.pending.len(), p.peers.len()),
+        Ok(p) => (
+            p.count(|k| k.kind == Kind::Free),
+            p.count(|k| k.kind == Kind::Pending),
+            p.count(|k| matches!(k.kind, Kind::Peer(_))),
+        ),
         Err(_) => (0, 0, 0),
     }
 }
