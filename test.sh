@@ -27,10 +27,12 @@ cargo test --release --workspace -- --test-threads=2
 
 step=loom
 # The doorbell protocol, model-checked: every interleaving of one writer and
-# one reader (crates/smclo/tests/loom_doorbell.rs). Its own target dir, since
-# --cfg loom rebuilds everything.
+# one reader (crates/smclo/tests/loom_doorbell.rs); and the shared tables'
+# claim / publish / release / reclaim protocol: claimers racing a reclaimer
+# of a dead owner's entry (crates/smclo/tests/loom_table.rs). Their own
+# target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
-    cargo test --release -p smclo --test loom_doorbell
+    cargo test --release -p smclo --test loom_doorbell --test loom_table
 
 step=bench-suite
 # The suite's parsers, tables and chart; then every workload over every
@@ -55,4 +57,4 @@ mkdir -p fuzz/corpus/clc_parse
 cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
     -- -max_total_time=$fuzz_seconds
 
-echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom model of the doorbell protocol, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom models of the doorbell and shared-table protocols, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
