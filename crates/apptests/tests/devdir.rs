@@ -196,6 +196,39 @@ fn device_on_a_too_small_tmpfs_falls_back_cleanly() {
     assert!(!dir.join("device").exists(), "{logs}");
 }
 
+/// The native API on an unusable device: the listener and the client are
+/// plain TCP, the connection says why (NOSMCDDEV), and the bytes arrive.
+#[test]
+fn native_api_on_a_too_small_tmpfs_is_plain_tcp() {
+    use smclo::api::{SmcListener, SmcStream};
+    use smclo_wire::reason::Reason;
+    use std::io::{Read, Write};
+    let env = Env::new("devdir-api");
+    let mnt = Tmpfs::mount(&env, "1m");
+    let mut cfg = smclo::config::Config::from_env().unwrap();
+    cfg.device_dir = mnt.0.join("dev");
+    let l = SmcListener::bind_with("127.0.0.1:0", &cfg).expect("a plain listener");
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+        (s.is_smc(), s.fallback_reason())
+    });
+    let mut c = SmcStream::connect_with(addr, &cfg).expect("a plain connection");
+    let data: Vec<u8> = (0..ECHO_LEN).map(|i| (i * 7 + 3) as u8).collect();
+    c.write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert!(back == data, "echo differs");
+    let want = (false, Some(Reason::NoSmcdDev));
+    assert_eq!((c.is_smc(), c.fallback_reason()), want);
+    assert_eq!(server.join().unwrap(), want);
+    assert!(!cfg.device_dir.join("device").exists());
+}
+
 /// A device created while there was room keeps working when its filesystem
 /// fills up afterwards: every page of it was allocated at creation.
 #[test]

@@ -33,8 +33,11 @@ const DEVICE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The device named by `cfg`, opened (and created) on first use. Kept per
 /// directory for [`DEVICE_TTL`], so a connect costs no `mkdir`/`statx`
 /// re-validation; after that, [`Device::open`] checks the directory and the
-/// device file again (and maps a replaced file).
-fn device(cfg: &Config) -> io::Result<Arc<Device>> {
+/// device file again (and maps a replaced file). `None`, with a debug line
+/// saying why, when the device is unusable (its filesystem is full, its
+/// directory is not ours, ...): connections then stay plain TCP
+/// (NOSMCDDEV), as the program's would over plain sockets.
+fn device(cfg: &Config) -> Option<Arc<Device>> {
     use std::sync::Mutex;
     use std::time::Instant;
     static CACHE: Mutex<Vec<(std::path::PathBuf, Instant, Arc<Device>)>> = Mutex::new(Vec::new());
@@ -44,16 +47,23 @@ fn device(cfg: &Config) -> io::Result<Arc<Device>> {
             .iter()
             .find(|(p, at, _)| *p == cfg.device_dir && at.elapsed() < DEVICE_TTL)
         {
-            return Ok(d.clone());
+            return Some(d.clone());
         }
     }
-    let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
+    let dev = match Device::open(&cfg.device_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            let dir = cfg.device_dir.display();
+            crate::debug!("device {dir} unusable ({e}); connections stay plain TCP");
+            return None;
+        }
+    };
     if let Ok(mut c) = CACHE.try_lock() {
         let now = Instant::now();
         c.retain(|(p, at, _)| *p != cfg.device_dir && now.duration_since(*at) < DEVICE_TTL);
         c.push((cfg.device_dir.clone(), now, dev.clone()));
     }
-    Ok(dev)
+    Some(dev)
 }
 
 fn env_config() -> io::Result<Config> {
@@ -75,14 +85,16 @@ fn resolve<A: ToSocketAddrs>(addr: A) -> io::Result<Vec<SocketAddr>> {
 /// smclo, and plain TCP otherwise.
 pub struct SmcListener {
     tcp: TcpListener,
-    dev: Arc<Device>,
+    /// The device and the registration in it; `None` when the device is
+    /// unusable (every connection is then plain TCP).
+    smc: Option<(Arc<Device>, ListenerGuard)>,
     cfg: Config,
-    _registration: ListenerGuard,
 }
 
 impl SmcListener {
     /// Binds, listens, and announces the listener in the device; settings
-    /// from the environment (`SMCLO_*`).
+    /// from the environment (`SMCLO_*`). Where the device is unusable the
+    /// listener is plain TCP (debug log).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
         SmcListener::bind_with(addr, &env_config()?)
     }
@@ -107,14 +119,19 @@ impl SmcListener {
 
     /// [`from_std`](Self::from_std) with explicit settings.
     pub fn from_std_with(tcp: TcpListener, cfg: &Config) -> io::Result<SmcListener> {
-        let dev = device(cfg)?;
-        tcp_syn::save_syns(tcp.as_raw_fd())?;
-        let reg = registry::register_listener(&dev, tcp.local_addr()?).map_err(io::Error::from)?;
+        let smc = match device(cfg) {
+            Some(dev) => {
+                tcp_syn::save_syns(tcp.as_raw_fd())?;
+                let reg = registry::register_listener(&dev, tcp.local_addr()?)
+                    .map_err(io::Error::from)?;
+                Some((dev, reg))
+            }
+            None => None,
+        };
         Ok(SmcListener {
             tcp,
-            dev,
+            smc,
             cfg: cfg.clone(),
-            _registration: reg,
         })
     }
 
@@ -122,7 +139,10 @@ impl SmcListener {
     /// SMC-D if the client proposed, TCP otherwise.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         let (tcp, peer) = self.tcp.accept()?;
-        let d = handshake::server_accept(&self.dev, &self.cfg, tcp.as_raw_fd());
+        let d = match &self.smc {
+            Some((dev, _)) => handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd()),
+            None => Decision::Tcp(Reason::NoSmcdDev),
+        };
         Ok((SmcStream::new(tcp, d), peer))
     }
 
@@ -169,17 +189,23 @@ impl SmcStream {
     }
 
     /// Connects; upgrades to SMC-D if the server runs smclo on this
-    /// device. Settings from the environment (`SMCLO_*`).
+    /// device. Settings from the environment (`SMCLO_*`). Where the device
+    /// is unusable the connection is plain TCP (NOSMCDDEV, debug log).
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<SmcStream> {
         SmcStream::connect_with(addr, &env_config()?)
     }
 
     /// [`connect`](Self::connect) with explicit settings.
     pub fn connect_with<A: ToSocketAddrs>(addr: A, cfg: &Config) -> io::Result<SmcStream> {
-        let dev = device(cfg)?;
+        let dev = device(cfg);
         let mut last = None;
         for a in resolve(addr)? {
-            match connect_one(&dev, cfg, a) {
+            let s = match &dev {
+                Some(dev) => connect_one(dev, cfg, a),
+                None => TcpStream::connect(a)
+                    .map(|tcp| SmcStream::new(tcp, Decision::Tcp(Reason::NoSmcdDev))),
+            };
+            match s {
                 Ok(s) => return Ok(s),
                 Err(e) => last = Some(e),
             }

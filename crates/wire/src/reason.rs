@@ -156,7 +156,9 @@ impl Reason {
             Reason::PeerNoSmc => {
                 "peer does not run smclo (no live smclo listener, or no proposal for this connection)"
             }
-            Reason::NoSmcdDev => "smclo device is inactive (smclo dev set active=0)",
+            Reason::NoSmcdDev => {
+                "no usable smclo device (switched off by smclo dev set active=0, or unusable: its directory is not ours or its filesystem is full)"
+            }
             Reason::NoSmcd2Dev => "peer uses a different smclo device (GID mismatch)",
             Reason::NoUeid => "UEIDs differ (SMCLO_UEID)",
             Reason::MaxDmb => "no free rendezvous slot or DMB limit reached",
