@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,20 @@ class Context:
         return os.path.join(self.work, "%s-%s.log" % (name, t.name))
 
 
+
+# Soft RLIMIT_NOFILE one idle smclo connection needs for all of them to be in
+# shared memory (4 descriptors each within 1/16 of the limit, and margin).
+FDS_PER_IDLE_CONN = 50
+
+
+def default_idle_conns():
+    """1000, or as many as the hard RLIMIT_NOFILE lets smclo hold in shared
+    memory (its programs raise their soft limit to the hard one)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return 1000
+    return max(1, min(1000, hard // FDS_PER_IDLE_CONN))
+
 def machine():
     cpu = "unknown CPU"
     try:
@@ -65,7 +80,11 @@ def parse_args(argv):
     p.add_argument("--seconds", type=float, default=2.0, help="length of each timed run (default 2)")
     p.add_argument("--out", default=os.path.join(ROOT, "target", "bench-suite"), help="output directory")
     p.add_argument("--only", help="comma-separated workloads: " + ",".join(w.name for w in all_workloads()))
-    p.add_argument("--idle-conns", type=int, default=1000, help="idle connections for the memory row (default 1000)")
+    p.add_argument("--idle-conns", type=int, default=default_idle_conns(),
+                   help="idle connections for the memory row (default 1000, or fewer where the hard RLIMIT_NOFILE "
+                        "is under %d: smclo keeps its descriptors, about 4 per connection, within 1/16 of the "
+                        "limit, and a connection past that stays TCP; here %d)" % (1000 * FDS_PER_IDLE_CONN,
+                                                                                 default_idle_conns()))
     p.add_argument("--redis-requests", type=int, default=100000, help="redis-benchmark -n (default 100000)")
     p.add_argument("--dmb-size", default="1m",
                    help="smclo's DMB and copy-mode send buffer size (SMCLO_RMEM/SMCLO_WMEM) unless the environment "
