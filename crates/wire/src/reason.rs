@@ -162,7 +162,7 @@ impl Reason {
             Reason::NoSmcd2Dev => "peer uses a different smclo device (GID mismatch)",
             Reason::NoUeid => "UEIDs differ (SMCLO_UEID)",
             Reason::MaxDmb => "no free rendezvous slot or DMB limit reached",
-            Reason::Mem => "no memory or descriptors for a connection (out of memory, /dev/shm full, or smclo's share of RLIMIT_NOFILE used)",
+            Reason::Mem => "no memory or descriptors for a connection (out of memory, or smclo's share of RLIMIT_NOFILE used)",
             Reason::Timeout => "server did not answer within SMCLO_CLC_WAIT_MS",
             Reason::SyncErr => "handshake state out of sync",
             Reason::PeerDecl => "peer declined",
