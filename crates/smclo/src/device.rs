@@ -900,7 +900,7 @@ impl Device {
     /// Whether a DMB file belongs to a dead process. A file without a valid
     /// header yet is its creator's until it is [`STALE_FILE_SECS`] old
     /// (`Dmb::create` writes the header right after creating the file).
-    fn dmb_file_is_dead(&self, path: &Path, judge: &mut Judge) -> bool {
+    fn dmb_file_is_dead(&self, path: &Path, judge: &mut Judge<'_>) -> bool {
         let Ok(f) = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(open_flags() | libc::O_NONBLOCK)

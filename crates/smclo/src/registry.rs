@@ -174,7 +174,7 @@ fn reclaim_window(dev: &Device, h: usize) {
 }
 
 /// Frees `e` if its owner is dead; returns whether it did.
-fn reclaim(judge: &mut Judge, e: &ListenerEntry) -> bool {
+fn reclaim(judge: &mut Judge<'_>, e: &ListenerEntry) -> bool {
     let Some(c) = judge.reclaim(&e.head, e.head.word()) else {
         return false;
     };

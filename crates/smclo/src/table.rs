@@ -452,8 +452,8 @@ impl<A: Atom> Head<A> {
 /// Judges the owners of entries for one pass over a table: memoised (many
 /// entries share an owner, and each check reads `/proc`), and holding, until
 /// dropped, the membership lock of every other pid namespace it found empty.
-pub struct Judge {
-    dir: PathBuf,
+pub struct Judge<'d> {
+    dir: &'d Path,
     fast: bool,
     me: Owner,
     owners: HashMap<Owner, bool>,
@@ -462,11 +462,11 @@ pub struct Judge {
     others_live: Option<bool>,
 }
 
-impl Judge {
+impl<'d> Judge<'d> {
     /// A judge for sweeps and stats: full liveness checks.
-    pub fn new(dir: &Path) -> Judge {
+    pub fn new(dir: &'d Path) -> Judge<'d> {
         Judge {
-            dir: dir.to_path_buf(),
+            dir,
             fast: false,
             me: Owner::current(),
             owners: HashMap::new(),
@@ -477,7 +477,7 @@ impl Judge {
 
     /// A judge for a lookup on the connection hot path:
     /// [`Owner::is_alive_fast`] (a wrong "alive" only costs a fallback).
-    pub fn fast(dir: &Path) -> Judge {
+    pub fn fast(dir: &'d Path) -> Judge<'d> {
         Judge {
             fast: true,
             ..Judge::new(dir)
@@ -524,7 +524,7 @@ impl Judge {
     }
 
     fn namespace_empty(&mut self, ns: PidNs) -> bool {
-        let dir = &self.dir;
+        let dir = self.dir;
         self.spaces
             .entry(ns)
             .or_insert_with(|| Vacancy::probe(dir, ns))
@@ -538,7 +538,7 @@ impl Judge {
         }
         let mine = self.me.pidns;
         // An unreadable directory proves nothing: count it as live.
-        let live = match std::fs::read_dir(&self.dir) {
+        let live = match std::fs::read_dir(self.dir) {
             Err(_) => true,
             Ok(rd) => {
                 let others: Vec<PidNs> = rd
@@ -646,5 +646,116 @@ impl Drop for Vacancy {
         // Removed while still locked: a process that opened it meanwhile
         // finds it unlinked after locking and opens the new one.
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let p = std::env::temp_dir().join(format!("smclo-table-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn head() -> Head<AtomicU64> {
+        Head::from_cells(AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0))
+    }
+
+    /// A pid that existed and is gone now.
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn another_namespace_is_judged_by_its_lock_only() {
+        let d = Dir::new("ns");
+        let me = Owner::current();
+        // An owner of another namespace whose pid exists here (ours): its
+        // pid must not matter, only whether the namespace has members.
+        let other = Owner {
+            pidns: PidNs(me.pidns.0 ^ 0x5a5a),
+            start: me.start + 1,
+            ..me
+        };
+        let h = head();
+        let c = h.claim(&other).unwrap();
+        let w = h.publish(c, State(2)).word(State(2));
+        let member = open_lock(&lock_path(&d.0, other.pidns)).unwrap();
+        flock(&member, libc::LOCK_SH).unwrap();
+        assert!(!Judge::new(&d.0).dead(&h, w), "a live namespace's entry");
+        drop(member);
+        {
+            let mut j = Judge::new(&d.0);
+            let c = j.reclaim(&h, w).expect("an empty namespace's entry");
+            // While the judge holds the namespace's lock, nobody joins it.
+            let joiner = open_lock(&lock_path(&d.0, other.pidns)).unwrap();
+            assert!(flock(&joiner, libc::LOCK_SH | libc::LOCK_NB).is_err());
+            h.free(c);
+        }
+        assert!(h.word().is_free());
+        assert!(!lock_path(&d.0, other.pidns).exists(), "lock file removed");
+    }
+
+    #[test]
+    fn a_holder_that_died_before_its_identity_is_judged_only_alone() {
+        let d = Dir::new("unrec");
+        let me = Owner::current();
+        let dead = Owner::local(dead_pid(), 0);
+        let h = head();
+        // Claimed by the dead pid, identity never written.
+        let w = Word::new(Gen(1), dead.pid, State::WRITING);
+        h.word.store(w.0, Ordering::Relaxed);
+        assert_eq!(h.holder(w), Some(Holder::Unrecorded(dead.pid)));
+        // Another namespace has a member: the pid could be one of its.
+        let other = lock_path(&d.0, PidNs(me.pidns.0 ^ 0x5a5a));
+        let member = open_lock(&other).unwrap();
+        flock(&member, libc::LOCK_SH).unwrap();
+        assert!(!Judge::new(&d.0).dead(&h, w));
+        drop(member);
+        // Ours is the only namespace with members: judged here by pid.
+        let c = Judge::new(&d.0).reclaim(&h, w).expect("reclaimed");
+        h.free(c);
+        assert!(h.word().is_free());
+    }
+
+    #[test]
+    fn stale_tickets_and_words_change_nothing() {
+        let me = Owner::current();
+        let h = head();
+        let t = h.publish(h.claim(&me).unwrap(), State(2));
+        let c = h.release(t, &me).unwrap();
+        h.free(c);
+        let t2 = h.publish(h.claim(&me).unwrap(), State(2));
+        assert_ne!(t.gen(), t2.gen());
+        assert!(h.cas(t, State(2), State(3)).is_err());
+        assert!(h.release(t, &me).is_none());
+        assert!(h.take(t.word(State(2)), &me).is_none());
+        assert_eq!(h.word(), t2.word(State(2)));
+        // Only the owner releases.
+        let stranger = Owner {
+            pid: me.pid + 1,
+            ..me
+        };
+        assert!(h.release(t2, &stranger).is_none());
+        assert_eq!(
+            h.holder(h.word()),
+            Some(Holder::Known(me)),
+            "the published identity is the claimer's"
+        );
     }
 }
