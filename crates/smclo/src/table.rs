@@ -65,14 +65,15 @@
 //!   incarnation (a hand-over writes it after the pid), so WRITING entries
 //!   are judged by pid only.
 //! - Another pid namespace: never by pid. Every process holds its
-//!   namespace's *membership lock* (a shared `flock` on
-//!   `<device dir>/pidns-<inode>`, taken when it opens the device, before
-//!   it can claim anything; the kernel drops it when the last process of
-//!   the namespace that holds it exits, SIGKILL included). A reclaimer that
-//!   can lock that file exclusively knows every process of that namespace
-//!   that used the device is gone, and keeps the lock while it reclaims,
-//!   so no new process of that namespace (or of a new one that got the
-//!   same inode number) can claim meanwhile.
+//!   namespace's *membership lock*, a shared `flock` on
+//!   `<device dir>/pidns-<inode>` ([`Membership`]), taken when it opens the
+//!   device, before it can claim anything, and shared with its fork
+//!   children; the kernel drops it when the process (and those children)
+//!   exit, SIGKILL included. A reclaimer that can lock that file
+//!   exclusively ([`Vacancy`]) knows that no process of that namespace that
+//!   used the device is left, and keeps the lock while it reclaims, so no
+//!   new process of that namespace (or of a new one that got the same
+//!   inode number) can claim meanwhile.
 //! - WRITING with no identity written yet (the holder died between its CAS
 //!   and the next store): the namespace is unknown, so the pid is judged
 //!   in the reclaimer's namespace only when no other namespace holds its
