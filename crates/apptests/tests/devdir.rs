@@ -16,6 +16,7 @@ use smclo_apptests::*;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -406,4 +407,25 @@ fn run_user_dir_without_xdg_runtime_dir() {
         &[("SMCLO_DEVICE_DIR", None), ("XDG_RUNTIME_DIR", None)],
     );
     assert_echo_smc("device in /run/user/<uid>/smclo", &dev, &s0, &logs);
+}
+
+/// A device directory whose filesystem is replaced (unmounted, a new one
+/// mounted at the same path) holds a new device, even where the new device
+/// file has the inode number of the old one: the process maps the new one.
+#[test]
+fn a_new_filesystem_at_the_same_path_is_a_new_device() {
+    let env = Env::new("devdir-remount");
+    let first = Tmpfs::mount(&env, "4m");
+    let dir = first.0.join("dev");
+    let old = Device::open(&dir).unwrap().gid();
+    let old_ino = fs::metadata(dir.join("device")).unwrap().ino();
+    drop(first);
+    let second = Tmpfs::mount_at(&env.path("tmpfs"), "4m");
+    let new = Device::open(&second.0.join("dev")).unwrap();
+    let new_ino = fs::metadata(dir.join("device")).unwrap().ino();
+    eprintln!("device inode {old_ino} then {new_ino}");
+    assert_ne!(new.gid(), old, "the old filesystem's device is still used");
+    let on_disk = fs::read(dir.join("device")).unwrap();
+    let gid = u64::from_ne_bytes(on_disk[64..72].try_into().unwrap());
+    assert_eq!(new.gid(), gid);
 }

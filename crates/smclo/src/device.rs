@@ -126,7 +126,9 @@ pub struct Device {
     gid: u64,
     chid: u16,
     seid: [u8; 32],
-    ino: u64,
+    /// The device file's identity (filesystem, inode): a new filesystem
+    /// mounted on the directory may reuse the inode number.
+    file_id: (u64, u64),
     me: Weak<Device>,
     /// This process's pid namespace's membership lock ([`crate::table`]):
     /// held before any entry can be claimed.
@@ -192,7 +194,7 @@ impl Stats {
 
 struct CacheEntry {
     dir: PathBuf,
-    ino: u64,
+    file_id: (u64, u64),
     dev: Arc<Device>,
 }
 
@@ -402,7 +404,9 @@ fn no_space(dir: &Path, e: Error) -> Error {
 impl Device {
     /// Opens (creating if needed) the device in `dir`. One mapping per
     /// directory and process: later calls return the same `Arc`, unless the
-    /// device file was replaced meanwhile. A full filesystem gives
+    /// device file was replaced meanwhile (another file, or a new
+    /// filesystem mounted on the directory, as logind does with
+    /// `/run/user/<uid>` at each first login). A full filesystem gives
     /// [`Error::NoSpace`].
     pub fn open(dir: &Path) -> Result<Arc<Device>> {
         Device::open_cached(dir).map_err(|e| no_space(dir, e))
@@ -411,23 +415,31 @@ impl Device {
     fn open_cached(dir: &Path) -> Result<Arc<Device>> {
         ensure_dir(dir)?;
         let path = dir.join("device");
-        let ino = std::fs::symlink_metadata(&path).map(|m| m.ino()).ok();
+        let file_id = std::fs::symlink_metadata(&path)
+            .map(|m| (m.dev(), m.ino()))
+            .ok();
         {
             let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(c) = cache.iter().find(|c| c.dir == dir && Some(c.ino) == ino) {
+            if let Some(c) = cache
+                .iter()
+                .find(|c| c.dir == dir && Some(c.file_id) == file_id)
+            {
                 return Ok(c.dev.clone());
             }
         }
         let dev = Device::open_uncached(dir)?;
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.iter().find(|c| c.dir == dir && c.ino == dev.ino) {
+        if let Some(c) = cache
+            .iter()
+            .find(|c| c.dir == dir && c.file_id == dev.file_id)
+        {
             // Another thread mapped the same file meanwhile: use one mapping.
             return Ok(c.dev.clone());
         }
         cache.retain(|c| c.dir != dir);
         cache.push(CacheEntry {
             dir: dir.to_path_buf(),
-            ino: dev.ino,
+            file_id: dev.file_id,
             dev: dev.clone(),
         });
         Ok(dev)
@@ -518,7 +530,7 @@ impl Device {
             gid: hdr.gid,
             chid: hdr.chid,
             seid: hdr.seid,
-            ino: md.ino(),
+            file_id: (md.dev(), md.ino()),
             me: me.clone(),
             _membership: membership,
         }))
