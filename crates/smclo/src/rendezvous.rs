@@ -2,7 +2,8 @@
 //! one TCP connection becomes SMC-D.
 //!
 //! A slot (1024 of them in the device file, 2048 bytes each) is keyed by the
-//! connection's 4-tuple as the client sees it ([`SlotKey`]) and holds three
+//! client's source address, its SYN's mark and the server's address and
+//! port ([`SlotKey`]) and holds three
 //! message areas of [`MSG_LEN`] bytes: the client's Proposal, the server's
 //! reply (Accept or Decline) and the client's Confirm (or Decline). What the
 //! messages contain is the handshake's business; this module only moves
@@ -53,6 +54,7 @@ use crate::owner::Owner;
 use crate::registry::canonical_addr;
 use crate::table::{Claim, Head, Holder, Judge, State, Ticket, Word};
 use smclo_wire::device_layout as layout;
+use smclo_wire::syn::Mark;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -121,30 +123,48 @@ impl SlotState {
     }
 }
 
-/// The key of a slot: the TCP 4-tuple as the client sees it. IPv4-mapped
-/// IPv6 addresses are made IPv4, so that a dual-stack server (which sees
-/// `::ffff:a.b.c.d`) and an IPv4 client build the same key.
+/// The key of a slot: the client's source address, the mark of its SYN
+/// and the server's address and port. The client's port is not part of it
+/// (the kernel picks it only at `connect`, after the Proposal is
+/// published); the [`Mark`] stands in its place, typed so that neither can
+/// be read as the other. IPv4-mapped IPv6 addresses are made IPv4, so that
+/// a dual-stack server (which sees `::ffff:a.b.c.d`) and an IPv4 client
+/// build the same key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotKey {
-    /// The client's address and port.
-    pub client: SocketAddr,
+    /// The client's source address.
+    pub client: IpAddr,
+    /// The mark the client's SYN carries.
+    pub mark: Mark,
     /// The server's address and port.
     pub server: SocketAddr,
 }
 
+impl std::fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (mark ttl {} dscp {}) -> {}",
+            self.client, self.mark.ttl, self.mark.dscp, self.server
+        )
+    }
+}
+
 impl SlotKey {
-    /// A key from the client's local and peer address (or the server's peer
-    /// and local address), made canonical.
-    pub fn new(client: SocketAddr, server: SocketAddr) -> SlotKey {
+    /// A key from the client's source address and SYN mark and the
+    /// server's address (the server builds it from the SYN), made
+    /// canonical.
+    pub fn new(client: IpAddr, mark: Mark, server: SocketAddr) -> SlotKey {
         SlotKey {
-            client: canonical_addr(client),
+            client: canonical_addr(SocketAddr::new(client, 0)).ip(),
+            mark,
             server: canonical_addr(server),
         }
     }
 
     fn encode(&self) -> [u64; 5] {
-        fn half(a: &SocketAddr) -> (u64, u64, u64) {
-            let (fam, b) = match canonical_addr(*a).ip() {
+        fn half(ip: IpAddr) -> (u64, u64, u64) {
+            let (fam, b) = match ip {
                 IpAddr::V4(v4) => {
                     let mut b = [0u8; 16];
                     b[..4].copy_from_slice(&v4.octets());
@@ -158,10 +178,10 @@ impl SlotKey {
                 fam,
             )
         }
-        let (c0, c1, cf) = half(&self.client);
-        let (s0, s1, sf) = half(&self.server);
-        let meta =
-            self.client.port() as u64 | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
+        let (c0, c1, cf) = half(self.client);
+        let (s0, s1, sf) = half(self.server.ip());
+        let mark = (self.mark.ttl as u64) << 8 | self.mark.dscp as u64;
+        let meta = mark | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
         [c0, c1, s0, s1, meta]
     }
 
@@ -285,11 +305,7 @@ impl Rendezvous {
                     continue;
                 };
                 let ticket = s.fill(claim, &k, proposal);
-                crate::debug!(
-                    "proposed in rendezvous slot {i} for {} -> {}",
-                    key.client,
-                    key.server
-                );
+                crate::debug!("proposed in rendezvous slot {i} for {key}");
                 return Ok(OwnedSlot(SlotRef {
                     dev: dev.arc(),
                     idx: i,
@@ -307,9 +323,10 @@ impl Rendezvous {
         Rendezvous::find_all(dev, key).into_iter().next()
     }
 
-    /// Server: every PROPOSED slot for `key`. More than one exists only when
-    /// clients in different network namespaces use identical 4-tuples; the
-    /// SYN mark in the proposal tells them apart.
+    /// Server: every PROPOSED slot for `key`. More than one exists when
+    /// clients in different network namespaces use identical addresses, or
+    /// concurrent connections' random marks collide; the published client
+    /// port tells them apart.
     pub fn find_all(dev: &Device, key: SlotKey) -> Vec<SlotRef> {
         let k = key.encode();
         let home = key.home();

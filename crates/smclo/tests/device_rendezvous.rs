@@ -7,14 +7,24 @@ use common::{spawn_child, TempDir};
 use smclo::device::Device;
 use smclo::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
 use smclo::Error;
+use smclo_wire::syn::Mark;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-fn key(cport: u16, sport: u16) -> SlotKey {
+/// A distinct mark for each `n` the tests use (40000 ..= 41200).
+fn mark(n: u16) -> Mark {
+    Mark {
+        ttl: (n / 64 % 256) as u8,
+        dscp: (n % 64) as u8,
+    }
+}
+
+fn key(n: u16, sport: u16) -> SlotKey {
     SlotKey::new(
-        format!("127.0.0.1:{cport}").parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+        mark(n),
         format!("127.0.0.1:{sport}").parse().unwrap(),
     )
 }
@@ -79,14 +89,15 @@ fn full_handshake_path() {
     // The server sees the key as peer/local; a dual-stack server sees the
     // client as an IPv4-mapped address, which is the same key.
     let mapped = SlotKey::new(
-        "[::ffff:127.0.0.1]:40001".parse().unwrap(),
+        "::ffff:127.0.0.1".parse().unwrap(),
+        mark(40001),
         "[::ffff:127.0.0.1]:80".parse().unwrap(),
     );
     assert_eq!(mapped, k);
     let server = Rendezvous::find(&dev, mapped).expect("found by 4-tuple");
     assert!(
         Rendezvous::find(&dev, key(40002, 80)).is_none(),
-        "other 4-tuple"
+        "other mark"
     );
     assert!(
         Rendezvous::find(&dev, key(40001, 81)).is_none(),

@@ -160,10 +160,7 @@ fn expect_clc<T>(
 /// in the slot right after `connect` ([`ClientProposal::syn_sent`]); the
 /// server compares it with the SYN's.
 fn key_for(src_ip: std::net::IpAddr, mark: Mark, dest: SocketAddr) -> SlotKey {
-    SlotKey::new(
-        SocketAddr::new(src_ip, (mark.ttl as u16) << 8 | mark.dscp as u16),
-        dest,
-    )
+    SlotKey::new(src_ip, mark, dest)
 }
 
 fn random_u64() -> u64 {
