@@ -84,7 +84,9 @@
 //! reclaimed from another pid namespace while it lives (it falls back, or
 //! its listener is no longer found); processes of one namespace are
 //! judged among themselves by pid only when their `/proc` is not of their
-//! namespace ([`crate::owner`]).
+//! namespace ([`crate::owner`]); processes of one pid namespace in
+//! different time namespaces see each other's start times shifted by their
+//! boot-time offsets, and must not share a device.
 
 use crate::owner::{Owner, PidNs, Verdict};
 use std::collections::HashMap;
