@@ -331,6 +331,36 @@ fn nonblocking_connect_with_epoll() {
     run("nbconnect", Side::Smc, Side::Smc, &[]).assert_smc(1, 200);
 }
 
+/// A non-blocking connect does not wait for the server application's
+/// `accept` (here 2 s late): it falls back within a short bound, and the
+/// connection carries the stream exactly.
+#[test]
+fn nonblocking_connect_does_not_wait_for_accept() {
+    let r = run("lateaccept", Side::Smc, Side::Smc, &[]);
+    r.assert_ok();
+    let ms: f64 = r
+        .client
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CONNECT_MS "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no CONNECT_MS line\n{}", r.report()));
+    assert!(ms < 300.0, "connect took {ms} ms\n{}", r.report());
+    assert_eq!(r.stats.conns_opened, 0, "{}", r.report());
+    assert_eq!(r.stats.xfer_bytes, 0, "{}", r.report());
+    assert_eq!(
+        r.stats.fallback(smclo_wire::reason::Reason::Timeout).0,
+        1,
+        "the client falls back with TIMEOUT\n{}",
+        r.report()
+    );
+    assert!(
+        r.client.stderr.contains("TIMEOUT"),
+        "the debug log says why\n{}",
+        r.report()
+    );
+}
+
 #[test]
 fn fork_child_keeps_connection() {
     let r = run("fork", Side::Smc, Side::Smc, &[]);

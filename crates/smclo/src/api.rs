@@ -136,11 +136,20 @@ impl SmcListener {
     }
 
     /// Accepts a connection and runs the handshake for it: the stream is
-    /// SMC-D if the client proposed, TCP otherwise.
+    /// SMC-D if the client proposed, TCP otherwise. On a non-blocking
+    /// listener the handshake never sleeps waiting on the client (see
+    /// [`handshake::Listening`]).
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         let (tcp, peer) = self.tcp.accept()?;
+        // SAFETY: F_GETFL on the listening socket we own.
+        let fl = unsafe { libc::fcntl(self.tcp.as_raw_fd(), libc::F_GETFL) };
+        let listening = if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+            handshake::Listening::NonBlocking
+        } else {
+            handshake::Listening::Blocking
+        };
         let d = match &self.smc {
-            Some((dev, _)) => handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd()),
+            Some((dev, _)) => handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd(), listening),
             None => Decision::Tcp(Reason::NoSmcdDev),
         };
         Ok((SmcStream::new(tcp, d), peer))
@@ -151,7 +160,8 @@ impl SmcListener {
         self.tcp.local_addr()
     }
 
-    /// Non-blocking `accept` (the handshake itself stays bounded-blocking).
+    /// Non-blocking `accept`: the handshake then never sleeps waiting on
+    /// the client.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.tcp.set_nonblocking(on)
     }

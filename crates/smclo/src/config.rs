@@ -8,6 +8,8 @@
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back | 1000 |
 //! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
+//! | `SMCLO_NB_CONNECT_WAIT_MS` | the same for a non-blocking `connect` (under `smclo run`), TCP handshake included | [`DEFAULT_NB_CONNECT_WAIT_MS`] |
+//! | `SMCLO_NB_ACCEPT_WAIT_MS` | how long `accept` on a non-blocking listener busy-polls on the client, in all, before falling back | [`DEFAULT_NB_ACCEPT_WAIT_MS`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
@@ -73,6 +75,21 @@ fn millis(name: &str, v: &str) -> Result<Duration> {
         .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of milliseconds")))
 }
 
+/// Default of `SMCLO_NB_CONNECT_WAIT_MS`. A non-blocking `connect` must not
+/// wait on the server application's `accept`, but falling back forgoes
+/// SMC-D for the connection's life. Healthy event-loop servers (nginx under
+/// wrk, redis under redis-benchmark) answered within 30 ms on a loaded
+/// 2-core machine (median 0.3 ms, 99th percentile 12 ms; ARCHITECTURE.md
+/// "Handshake waits").
+pub const DEFAULT_NB_CONNECT_WAIT_MS: u64 = 50;
+
+/// Default of `SMCLO_NB_ACCEPT_WAIT_MS`. An event loop's `accept` must not
+/// wait on one client; a running client answers each step within
+/// microseconds, but on a loaded 2-core machine (nginx under wrk, redis
+/// under redis-benchmark, clients pinned to a busy CPU) a client that slept
+/// in `poll` took up to 8.3 ms to be scheduled and pass its DMB.
+pub const DEFAULT_NB_ACCEPT_WAIT_MS: u64 = 20;
+
 /// All settings a process reads from its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -84,6 +101,10 @@ pub struct Config {
     pub wmem: u32,
     /// Bounded client wait for the server's Accept.
     pub clc_wait: Duration,
+    /// The same bound for a non-blocking `connect`.
+    pub nb_connect_wait: Duration,
+    /// How long a non-blocking listener's `accept` busy-polls on the client.
+    pub nb_accept_wait: Duration,
     /// User-defined EID (32 bytes, blank padded), if any.
     pub ueid: Option<[u8; 32]>,
     /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
@@ -110,6 +131,14 @@ impl Config {
             Some(v) => millis("SMCLO_CLC_WAIT_MS", &v)?,
             None => Duration::from_millis(1000),
         };
+        let nb_connect_wait = match var("SMCLO_NB_CONNECT_WAIT_MS") {
+            Some(v) => millis("SMCLO_NB_CONNECT_WAIT_MS", &v)?,
+            None => Duration::from_millis(DEFAULT_NB_CONNECT_WAIT_MS),
+        };
+        let nb_accept_wait = match var("SMCLO_NB_ACCEPT_WAIT_MS") {
+            Some(v) => millis("SMCLO_NB_ACCEPT_WAIT_MS", &v)?,
+            None => Duration::from_millis(DEFAULT_NB_ACCEPT_WAIT_MS),
+        };
         let ueid = match var("SMCLO_UEID") {
             Some(v) => Some(ueid(&v)?),
             None => None,
@@ -119,6 +148,8 @@ impl Config {
             rmem,
             wmem,
             clc_wait,
+            nb_connect_wait,
+            nb_accept_wait,
             ueid,
             pool: PoolLimits::from_env()?,
         })

@@ -703,3 +703,50 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
     peer.wait_ok();
     assert_eq!(dev.stats().fallback(Reason::Timeout), (1, 1));
 }
+
+/// Waits (bounded) until the listener has a connection to accept.
+fn wait_acceptable(l: &SmcListener) {
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(l),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "no connection");
+}
+
+#[test]
+fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
+    let dir = Dir::new();
+    // The server's SMCLO_CLC_WAIT_MS is the default (1 s): a non-blocking
+    // accept must not wait that long on any one client.
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    for stage in ["noport", "nodmb"] {
+        let mut staller = Peer::spawn(&dir.0, &["stall", &addr, stage], &[]);
+        assert_eq!(staller.line(), "stalled");
+        wait_acceptable(&l);
+        let t = Instant::now();
+        let (s, _) = l.accept().unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_millis(100),
+            "accept waited {took:?} on a client stalled at {stage}"
+        );
+        assert_eq!(s.fallback_reason(), Some(Reason::Timeout), "{stage}");
+        staller.kill9();
+    }
+    let st = dir.dev().stats();
+    assert_eq!(st.fallback(Reason::Timeout).1, 2, "server side: {st:?}");
+    // A healthy client right after is still upgraded.
+    let peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[]);
+    wait_acceptable(&l);
+    let (s, _) = l.accept().unwrap();
+    assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
+    echo_check(s);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!(st.conns_opened, 1, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 2, "{st:?}");
+}

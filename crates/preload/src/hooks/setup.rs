@@ -13,14 +13,14 @@ use crate::table::{self, F_CANDIDATE, F_LISTENER, F_TCP, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
-use smclo::handshake::{self, Decision};
+use smclo::handshake::{self, Decision, Listening};
 use smclo::registry;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
 /// system call for sockets made by our `socket()` ([`F_TCP`]), asked with
@@ -164,6 +164,18 @@ pub unsafe extern "C" fn accept4(
     unsafe { accept_smc(fd, addr, len, flags) }
 }
 
+/// Whether the listening socket `fd` blocks: an event loop's non-blocking
+/// listener must not sleep in `accept` on one client.
+fn listening(fd: RawFd) -> Listening {
+    // SAFETY: F_GETFL on the caller's listening socket.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+        Listening::NonBlocking
+    } else {
+        Listening::Blocking
+    }
+}
+
 unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     // SAFETY: the caller's arguments, forwarded.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
@@ -182,7 +194,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         debug!("fd {nfd}: no holder slot, stays TCP");
         return nfd;
     };
-    match handshake::server_accept(&c.dev, &c.cfg, nfd) {
+    match handshake::server_accept(&c.dev, &c.cfg, nfd, listening(fd)) {
         Decision::Smc(est) => {
             swap_in(
                 nfd,
@@ -204,7 +216,9 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
 /// and completes the handshake before returning (also for a non-blocking
 /// socket, which then returns 0 at once: a loopback connect may complete
-/// at once, so the application must accept that answer).
+/// at once, so the application must accept that answer). A non-blocking
+/// connect waits at most `SMCLO_NB_CONNECT_WAIT_MS` in all, then keeps TCP
+/// (TIMEOUT): an event loop must not wait on the server's `accept`.
 ///
 /// A destination without a live smclo listener costs no system call
 /// besides the real `connect`: the candidate was recorded as a TCP stream
@@ -245,10 +259,25 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };
     };
+    let start = Instant::now();
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };
     let e = errno();
     p.syn_sent();
+    // A non-blocking connect may complete at once on loopback (0): its
+    // flags say what the application expects.
+    let nonblock = r != 0 || {
+        // SAFETY: F_GETFL on the caller's descriptor.
+        let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+        fl >= 0 && fl & libc::O_NONBLOCK != 0
+    };
+    // A non-blocking connect must not wait on the server application's
+    // accept: TCP connection and handshake together get the short budget.
+    let deadline = if nonblock {
+        start + c.cfg.nb_connect_wait
+    } else {
+        Instant::now() + c.cfg.clc_wait
+    };
     if r != 0 {
         if e != libc::EINPROGRESS {
             // The TCP connect failed: report exactly its error.
@@ -264,12 +293,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             events: libc::POLLOUT,
             revents: 0,
         };
-        let ms = c.cfg.clc_wait.as_millis().clamp(1, i32::MAX as u128) as c_int;
-        let deadline = Instant::now() + Duration::from_millis(ms as u64);
         loop {
             let left = deadline
                 .saturating_duration_since(Instant::now())
-                .as_millis() as c_int;
+                .as_millis()
+                .min(i32::MAX as u128) as c_int;
             // SAFETY: one valid pollfd.
             let n = unsafe { real::poll(&mut pfd, 1, left) };
             if n < 0 && errno() == libc::EINTR && left > 0 {
@@ -290,18 +318,20 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             return -1;
         }
     }
-    match p.finish() {
+    match p.finish_by(deadline) {
         Decision::Smc(est) => {
-            // SAFETY: F_GETFL / F_GETFD on the caller's descriptor.
-            let (fl, fdfl) = unsafe {
-                (
-                    real::fcntl(fd, libc::F_GETFL, 0),
-                    real::fcntl(fd, libc::F_GETFD, 0),
-                )
-            };
-            let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+            // SAFETY: F_GETFD on the caller's descriptor.
+            let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
             swap_in(fd, est, slot, nonblock, cloexec);
+        }
+        Decision::Tcp(Reason::Timeout) if nonblock => {
+            holders::forget(slot);
+            debug!(
+                "fd {fd}: non-blocking connect to {dest}: the server did not answer within \
+                 SMCLO_NB_CONNECT_WAIT_MS ({} ms); stays TCP (TIMEOUT)",
+                c.cfg.nb_connect_wait.as_millis()
+            );
         }
         Decision::Tcp(r) => {
             holders::forget(slot);

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *mode = "";
@@ -470,6 +471,31 @@ static void client_nbconnect(int port) {
     close(ep);
 }
 
+/* ---- non-blocking connect to a server that accepts 2 s late: connect
+ * must not wait for the server's accept. Prints how long it took. ---- */
+static void client_lateaccept(int port) {
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_storage ss;
+    socklen_t len;
+    fill_addr(&ss, &len, port);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r = connect(fd, (struct sockaddr *)&ss, len);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (r < 0 && errno != EINPROGRESS) fail("connect");
+    printf("CONNECT_MS %.3f\n", (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
+    fflush(stdout);
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    if (poll(&p, 1, 5000) != 1) fail("POLLOUT after connect");
+    int e = -1;
+    socklen_t l = sizeof e;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
+    if (e != 0) fail("SO_ERROR %d", e);
+    set_nb(fd, 0);
+    echo_client(fd, BIG);
+    close(fd);
+}
+
 /* ---- fork: the child talks, the parent closes its copy at once ---- */
 static void serve_fork(int lfd) {
     int fd = accept1(lfd);
@@ -601,6 +627,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "shut")) serve_shut(lfd);
         else if (!strcmp(mode, "linger")) serve_linger(lfd);
         else if (!strcmp(mode, "nbconnect")) { int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
+        else if (!strcmp(mode, "lateaccept")) { sleep(2); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "fork")) serve_fork(lfd);
         else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0]);
         else if (!strcmp(mode, "oob")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
@@ -619,6 +646,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "shut")) client_shut(port);
         else if (!strcmp(mode, "linger")) client_linger(port);
         else if (!strcmp(mode, "nbconnect")) client_nbconnect(port);
+        else if (!strcmp(mode, "lateaccept")) { client_lateaccept(port); moved = BIG; }
         else if (!strcmp(mode, "exec")) client_exec(port);
         else if (!strcmp(mode, "oob")) client_oob(port);
         else if (!strcmp(mode, "churn")) client_churn(port, argc > 4 ? atoi(argv[4]) : 1);

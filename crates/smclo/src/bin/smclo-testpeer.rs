@@ -7,7 +7,12 @@
 //! ```text
 //! smclo-testpeer serve ADDR WORKLOAD    listen (smclo), print "listening ADDR", serve one connection
 //! smclo-testpeer connect ADDR WORKLOAD  connect (smclo) and run WORKLOAD
+//! smclo-testpeer stall ADDR STAGE       propose, connect, print "stalled", then
+//!                                       never answer the server (to be killed)
 //! ```
+//! STAGE says where the client stops: `noport` before it publishes its
+//! source port, `nodmb` after (it never accepts the server's connection to
+//! its rendezvous socket, so its DMB never arrives).
 //! WORKLOAD is one of:
 //! - `echo`: copy everything read back until EOF;
 //! - `sink`: read until EOF, then write back the byte count and FNV-1a hash
@@ -19,7 +24,12 @@
 //! Each side prints `smc=<0|1> reason=<NAME|->` after the handshake.
 
 use smclo::api::{SmcListener, SmcStream};
+use smclo::config::Config;
+use smclo::device::Device;
+use smclo::{handshake, sockaddr};
 use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 /// FNV-1a 64, for checksumming streams.
@@ -108,6 +118,45 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
     }
 }
 
+/// A client that proposes and connects, then stops servicing the
+/// handshake: what a stopped or descheduled smclo client looks like to the
+/// server's `accept`.
+fn stall(addr: &str, publish_port: bool) -> io::Result<()> {
+    let cfg = Config::from_env().map_err(io::Error::from)?;
+    let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
+    let dest: SocketAddr = addr
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+    let tcp = TcpStream::from(socket_for(dest)?);
+    let mut p = handshake::client_propose(&dev, &cfg, tcp.as_raw_fd(), dest)
+        .map_err(|r| io::Error::other(format!("no proposal: {}", r.name())))?;
+    sockaddr::connect(tcp.as_raw_fd(), dest)?;
+    if publish_port {
+        p.syn_sent();
+    }
+    println!("stalled");
+    io::stdout().flush()?;
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+fn socket_for(dest: SocketAddr) -> io::Result<OwnedFd> {
+    let family = if dest.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked and
+    // owned right away.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
@@ -118,8 +167,10 @@ fn main() -> ExitCode {
             run(s, workload)
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
+        ["stall", addr, stage @ ("noport" | "nodmb")] => stall(addr, stage == "nodmb"),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
+            eprintln!("       smclo-testpeer stall ADDR noport|nodmb");
             return ExitCode::from(2);
         }
     };

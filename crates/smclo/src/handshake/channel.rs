@@ -297,17 +297,11 @@ pub(super) fn accept_channel(l: &UnixListener) -> Result<Option<UnixStream>, Han
 /// sleeping for it would add a wake-up (a scheduler round trip on another
 /// CPU) per step.
 pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let spin = crate::conn::spin_budget().min(timeout);
     let start = Instant::now();
+    let spin = crate::conn::spin_budget().min(timeout);
     if !spin.is_zero() {
         loop {
-            // SAFETY: one valid pollfd, count 1, no waiting.
-            if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+            if readable_now(fd) {
                 return true;
             }
             if start.elapsed() >= spin {
@@ -318,6 +312,42 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
     }
     let left = timeout.saturating_sub(start.elapsed());
     let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    poll_in(fd, ms)
+}
+
+/// Busy-polls until `fd` is readable or `deadline` passes, never sleeping;
+/// true if readable. After the spin budget it yields the CPU between polls:
+/// the peer it waits for may need that CPU.
+pub(super) fn spin_readable(fd: RawFd, deadline: Instant) -> bool {
+    let start = Instant::now();
+    let spin = crate::conn::spin_budget();
+    loop {
+        if readable_now(fd) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        if now.duration_since(start) < spin {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn readable_now(fd: RawFd) -> bool {
+    poll_in(fd, 0)
+}
+
+/// `poll` for POLLIN on `fd` for at most `ms` milliseconds.
+fn poll_in(fd: RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, count 1.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }

@@ -15,7 +15,7 @@ use crate::debug;
 use crate::device::{self as device, Device, Role};
 use crate::owner::{self, Owner};
 use crate::registry;
-use crate::rendezvous::{OwnedSlot, Rendezvous, SlotRef, SlotState};
+use crate::rendezvous::{OwnedSlot, Rendezvous, SlotRef, SlotState, REPLY_GRACE};
 use crate::tcp_syn::{self, SavedMark};
 use smclo_wire::clc::{self, ClcMsg, Confirm, Decline, Proposal};
 use smclo_wire::reason::Reason;
@@ -200,9 +200,17 @@ impl ClientProposal {
 
     /// Waits (bounded by `SMCLO_CLC_WAIT_MS`) for the server's answer and
     /// completes the handshake. Call after the TCP connection is established.
-    pub fn finish(mut self) -> Decision {
+    pub fn finish(self) -> Decision {
+        let deadline = Instant::now() + self.cfg.clc_wait;
+        self.finish_by(deadline)
+    }
+
+    /// [`finish`](Self::finish), giving up (TIMEOUT) at `deadline` unless
+    /// the server has decided by then: for a non-blocking `connect`, which
+    /// must not wait on the server application's `accept`.
+    pub fn finish_by(mut self, deadline: Instant) -> Decision {
         self.syn_sent();
-        let d = self.run();
+        let d = self.run(deadline);
         match &d {
             Decision::Tcp(r) => {
                 self.dev.count_fallback(*r, Role::Client);
@@ -223,14 +231,14 @@ impl ClientProposal {
         self.slot = None;
     }
 
-    fn run(&mut self) -> Decision {
-        let deadline = Instant::now() + self.cfg.clc_wait;
+    fn run(&mut self, mut deadline: Instant) -> Decision {
         let slot: SlotRef = SlotRef::clone(self.slot.as_ref().expect("proposal without slot"));
         // The UNIX channel, once the server has connected, and the server's
         // message on it (its DMB descriptor), once received: `Some(None)`
         // when the channel closed or the message carried no descriptor.
         let mut chan: Option<UnixStream> = None;
         let mut server_dmb: Option<Option<File>> = None;
+        let mut following = false;
         loop {
             let seen = slot.state();
             match seen {
@@ -258,7 +266,19 @@ impl ClientProposal {
                         self.withdraw();
                         return Decision::Tcp(Reason::Timeout);
                     }
-                    Err(_) => continue, // the server decided first: follow it
+                    // The server decided first: follow it. Its DMB follows
+                    // its CAS to ACCEPTED at once, so it gets a grace, then
+                    // counts as not sent.
+                    Err(_) if !following => {
+                        following = true;
+                        deadline = now + REPLY_GRACE;
+                        continue;
+                    }
+                    Err(SlotState::Accepted) => {
+                        server_dmb.get_or_insert(None);
+                        break;
+                    }
+                    Err(_) => continue,
                 }
             }
             // Sleep in poll: first until the server connects to our

@@ -16,7 +16,7 @@ mod client;
 mod server;
 
 pub use client::{client_propose, ClientProposal};
-pub use server::server_accept;
+pub use server::{server_accept, Listening};
 
 use crate::config::Config;
 use crate::conn::{Conn, Mode};

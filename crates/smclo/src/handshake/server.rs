@@ -2,8 +2,8 @@
 //! saved SYN and answer it.
 
 use super::channel::{
-    recv_expected, send_msg, wait_readable, Received, RendezvousAddr, CLIENT_DMB_BYTE,
-    CONFIRM_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
+    recv_expected, send_msg, spin_readable, wait_readable, Received, RendezvousAddr,
+    CLIENT_DMB_BYTE, CONFIRM_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
     attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
@@ -23,10 +23,76 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How the listening socket blocks, which decides how long `accept` may
+/// wait on the client (ARCHITECTURE.md, "Handshake waits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listening {
+    /// `accept` may block: all its waits on the client together last at
+    /// most `SMCLO_CLC_WAIT_MS`, sleeping in `poll` after the spin budget.
+    Blocking,
+    /// An event loop's listener: `accept` never sleeps on the client. It
+    /// busy-polls at most `SMCLO_NB_ACCEPT_WAIT_MS` in all, then declines
+    /// (TIMEOUT) and returns the TCP connection.
+    NonBlocking,
+}
+
+/// What is left of the time `accept` may spend waiting on the client.
+struct ClientWait {
+    deadline: Instant,
+    sleep: bool,
+}
+
+impl ClientWait {
+    fn new(cfg: &Config, listening: Listening) -> ClientWait {
+        let (budget, sleep) = match listening {
+            Listening::Blocking => (cfg.clc_wait, true),
+            Listening::NonBlocking => (cfg.nb_accept_wait, false),
+        };
+        ClientWait {
+            deadline: Instant::now() + budget,
+            sleep,
+        }
+    }
+
+    /// Whether `fd` becomes readable within the budget.
+    fn readable(&self, fd: RawFd) -> bool {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match (left.is_zero(), self.sleep) {
+            (true, _) => false,
+            (false, true) => wait_readable(fd, left),
+            (false, false) => spin_readable(fd, self.deadline),
+        }
+    }
+
+    /// One pause between two looks at what the client writes in shared
+    /// memory, `since` the wait began; false when the budget is spent. Spins
+    /// for the spin budget, then sleeps 50 µs or, never sleeping, yields.
+    fn pause(&self, since: Instant) -> bool {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        if now.duration_since(since) < crate::conn::spin_budget() {
+            std::hint::spin_loop();
+        } else if self.sleep {
+            std::thread::sleep(Duration::from_micros(50));
+        } else {
+            std::thread::yield_now();
+        }
+        true
+    }
+}
+
 /// Server, in `accept`: answers the proposal (if any) of the client behind
 /// the freshly accepted TCP connection `conn_fd`.
-pub fn server_accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
-    let d = server_run(dev, cfg, conn_fd);
+pub fn server_accept(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    conn_fd: RawFd,
+    listening: Listening,
+) -> Decision {
+    let wait = ClientWait::new(cfg, listening);
+    let d = server_run(dev, cfg, conn_fd, &wait);
     if let Decision::Tcp(r) = &d {
         dev.count_fallback(*r, Role::Server);
         debug!("server keeps TCP: {r}");
@@ -34,7 +100,7 @@ pub fn server_accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decisio
     d
 }
 
-fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
+fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait) -> Decision {
     let syn = match tcp_syn::saved_syn(conn_fd) {
         Ok(Some(Ok(s))) => s,
         Ok(Some(Err(e))) => {
@@ -80,19 +146,25 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
         }
         // Same source address, server and mark: ours only if the client's
         // port (published right after its connect) is the SYN's. A client
-        // that died before publishing it is the dead proposer.
+        // that died before publishing it is the dead proposer; one that
+        // has not published it in time may be someone else's (the slot is
+        // left alone).
         let proposer = slot.client();
-        match wait_client_port(&slot, Instant::now() + cfg.clc_wait, proposer) {
-            Some(p) if p == syn.src.port() => {}
-            None if !proposer.is_alive_fast() => {
+        match wait_client_port(&slot, wait, proposer) {
+            Port::Published(p) if p == syn.src.port() => {}
+            Port::Gone if !proposer.is_alive_fast() => {
                 return decline(dev, &slot, Reason::PeerDead, None)
+            }
+            Port::Late => {
+                debug!("the client published no source port in time");
+                return Decision::Tcp(Reason::Timeout);
             }
             _ => {
                 mismatched = true;
                 continue;
             }
         }
-        return server_answer(dev, cfg, &slot, &proposal);
+        return server_answer(dev, cfg, &slot, &proposal, wait);
     }
     if mismatched {
         debug!(
@@ -107,7 +179,13 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
     })
 }
 
-fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Proposal) -> Decision {
+fn server_answer(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    slot: &SlotRef,
+    proposal: &Proposal,
+    wait: &ClientWait,
+) -> Decision {
     let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
         (dev.active(), Reason::NoSmcdDev),
@@ -143,10 +221,8 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     // The client passes its DMB as soon as it has accepted our connection;
     // check it before accepting. Declining closes the channel (drop), which
     // wakes the client.
-    let deadline = Instant::now() + cfg.clc_wait;
     let client_dmb = loop {
-        let now = Instant::now();
-        if now >= deadline || !wait_readable(chan.as_raw_fd(), deadline - now) {
+        if !wait.readable(chan.as_raw_fd()) {
             debug!("the client passed no DMB in time");
             return decline(dev, slot, Reason::Timeout, None);
         }
@@ -189,11 +265,16 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     // Wait for the client's Confirm: it sends CONFIRM_BYTE on the channel
     // after its CAS to CONFIRMED, and closes the channel when it declines,
     // so the server sleeps in poll instead of spinning on the slot.
-    let mut deadline = Instant::now() + cfg.clc_wait;
-    let mut granted_grace = false;
+    let mut grace: Option<Instant> = None;
     let confirmed = loop {
-        let now = Instant::now();
-        if now < deadline && wait_readable(chan.as_raw_fd(), deadline - now) {
+        let readable = match grace {
+            None => wait.readable(chan.as_raw_fd()),
+            Some(until) => wait_readable(
+                chan.as_raw_fd(),
+                until.saturating_duration_since(Instant::now()),
+            ),
+        };
+        if readable {
             match recv_expected(chan.as_raw_fd(), CONFIRM_BYTE) {
                 Ok(Received::Msg(_)) => break true,
                 Ok(Received::Pending) => continue,
@@ -211,9 +292,8 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
             Err(SlotState::Declined) => return Decision::Tcp(peer_decline(slot.confirm_msg())),
             // The client confirmed just now (and may have freed the slot
             // since): its byte is on the way.
-            Err(SlotState::Confirmed | SlotState::Stale) if !granted_grace => {
-                granted_grace = true;
-                deadline = Instant::now() + REPLY_GRACE;
+            Err(SlotState::Confirmed | SlotState::Stale) if grace.is_none() => {
+                grace = Some(Instant::now() + REPLY_GRACE);
             }
             Err(other) => {
                 debug!("rendezvous slot in state {other:?} after our Accept");
@@ -235,33 +315,38 @@ fn server_answer(dev: &Arc<Device>, cfg: &Config, slot: &SlotRef, proposal: &Pro
     }
 }
 
-/// The client's source port once it has published it (right after its
-/// `connect`, which on loopback may return a moment after our `accept`);
-/// `None` when the proposal is withdrawn, its client is gone, or `deadline`
-/// passes first.
+/// What became of the client's source port.
+enum Port {
+    /// Published (right after the client's `connect`).
+    Published(u16),
+    /// The proposal was withdrawn, or its client is gone.
+    Gone,
+    /// Not published within the budget.
+    Late,
+}
+
+/// Waits for the client to publish its source port: right after its
+/// `connect`, which on loopback may return a moment after our `accept`.
 ///
-/// Busy-polls for the spin budget first, like [`wait_readable`]: the client
-/// is running (its `connect` is returning) and publishes within
-/// microseconds, while a sleep costs at least the timer's 50 µs slack and a
-/// wake-up. Sleeping after a fixed 256 polls put that cost on most
-/// connections (one `clock_nanosleep` per accept under `strace`).
-fn wait_client_port(slot: &SlotRef, deadline: Instant, proposer: Owner) -> Option<u16> {
+/// Busy-polls for the spin budget first: the client is running (its
+/// `connect` is returning) and publishes within microseconds, while a sleep
+/// costs at least the timer's 50 µs slack and a wake-up. Sleeping after a
+/// fixed 256 polls put that cost on most connections (one `clock_nanosleep`
+/// per accept under `strace`).
+fn wait_client_port(slot: &SlotRef, wait: &ClientWait, proposer: Owner) -> Port {
     let start = Instant::now();
-    let spin = crate::conn::spin_budget();
     loop {
         if let Some(p) = slot.client_port() {
-            return Some(p);
+            return Port::Published(p);
         }
-        let now = Instant::now();
-        if slot.state() != SlotState::Proposed || now >= deadline {
-            return None;
+        if slot.state() != SlotState::Proposed {
+            return Port::Gone;
         }
-        if now.duration_since(start) < spin {
-            std::hint::spin_loop();
-        } else if !proposer.is_alive_fast() {
-            return None;
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
+        if start.elapsed() >= crate::conn::spin_budget() && !proposer.is_alive_fast() {
+            return Port::Gone;
+        }
+        if !wait.pause(start) {
+            return Port::Late;
         }
     }
 }
