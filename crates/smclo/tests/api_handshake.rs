@@ -719,7 +719,8 @@ fn wait_acceptable(l: &SmcListener) {
 fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     let dir = Dir::new();
     // The server's SMCLO_CLC_WAIT_MS is the default (1 s): a non-blocking
-    // accept must not wait that long on any one client.
+    // accept must not wait that long on any one client, only its busy-poll
+    // bound (SMCLO_NB_ACCEPT_WAIT_MS, 50 ms).
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -731,7 +732,7 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
         let (s, _) = l.accept().unwrap();
         let took = t.elapsed();
         assert!(
-            took < Duration::from_millis(100),
+            took < Duration::from_millis(150),
             "accept waited {took:?} on a client stalled at {stage}"
         );
         assert_eq!(s.fallback_reason(), Some(Reason::Timeout), "{stage}");
@@ -749,4 +750,32 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     let st = dir.dev().stats();
     assert_eq!(st.conns_opened, 1, "{st:?}");
     assert_eq!(st.fallbacks_total(), 2, "{st:?}");
+}
+
+#[test]
+fn accept_does_not_wait_for_the_confirm() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    // The client passes its DMB, then never reads the server's answer.
+    let mut staller = Peer::spawn(&dir.0, &["stall", &addr, "noconfirm"], &[]);
+    wait_acceptable(&l);
+    let t = Instant::now();
+    let (mut s, _) = l.accept().unwrap();
+    let took = t.elapsed();
+    assert_eq!(staller.line(), "stalled");
+    // The CAS to ACCEPTED decided: the server's end is SMC-D at once.
+    assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
+    assert!(took < Duration::from_millis(100), "accept waited {took:?}");
+    // Data goes into the client's ring; the client that never followed
+    // breaks only this connection: when it dies, the server reads a reset.
+    s.write_all(b"into the ring").unwrap();
+    staller.kill9();
+    let mut b = [0u8; 16];
+    let e = s.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    let st = dir.dev().stats();
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    assert!(st.xfer_bytes >= 13, "{st:?}");
 }

@@ -12,7 +12,8 @@
 //! ```
 //! STAGE says where the client stops: `noport` before it publishes its
 //! source port, `nodmb` after (it never accepts the server's connection to
-//! its rendezvous socket, so its DMB never arrives).
+//! its rendezvous socket, so its DMB never arrives), `noconfirm` after it
+//! passed its DMB (it never reads the server's answer).
 //! WORKLOAD is one of:
 //! - `echo`: copy everything read back until EOF;
 //! - `sink`: read until EOF, then write back the byte count and FNV-1a hash
@@ -121,7 +122,7 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
 /// A client that proposes and connects, then stops servicing the
 /// handshake: what a stopped or descheduled smclo client looks like to the
 /// server's `accept`.
-fn stall(addr: &str, publish_port: bool) -> io::Result<()> {
+fn stall(addr: &str, stage: &str) -> io::Result<()> {
     let cfg = Config::from_env().map_err(io::Error::from)?;
     let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
     let dest: SocketAddr = addr
@@ -131,9 +132,15 @@ fn stall(addr: &str, publish_port: bool) -> io::Result<()> {
     let mut p = handshake::client_propose(&dev, &cfg, tcp.as_raw_fd(), dest)
         .map_err(|r| io::Error::other(format!("no proposal: {}", r.name())))?;
     sockaddr::connect(tcp.as_raw_fd(), dest)?;
-    if publish_port {
+    if stage != "noport" {
         p.syn_sent();
     }
+    let _chan = if stage == "noconfirm" {
+        let c = p.pass_dmb_and_stop(std::time::Duration::from_secs(10));
+        Some(c.ok_or_else(|| io::Error::other("the server did not connect"))?)
+    } else {
+        None
+    };
     println!("stalled");
     io::stdout().flush()?;
     loop {
@@ -167,10 +174,10 @@ fn main() -> ExitCode {
             run(s, workload)
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
-        ["stall", addr, stage @ ("noport" | "nodmb")] => stall(addr, stage == "nodmb"),
+        ["stall", addr, stage @ ("noport" | "nodmb" | "noconfirm")] => stall(addr, stage),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
-            eprintln!("       smclo-testpeer stall ADDR noport|nodmb");
+            eprintln!("       smclo-testpeer stall ADDR noport|nodmb|noconfirm");
             return ExitCode::from(2);
         }
     };

@@ -160,9 +160,6 @@ pub(super) fn same_uid(fd: RawFd) -> bool {
     }
 }
 
-/// What the client sends on the channel after its Confirm (and before any
-/// doorbell).
-pub(super) const CONFIRM_BYTE: u8 = 0xC5;
 /// The client's first message on the channel, carrying its DMB descriptor.
 pub(super) const CLIENT_DMB_BYTE: u8 = 0xD1;
 /// The server's message on the channel after its Accept, carrying its DMB

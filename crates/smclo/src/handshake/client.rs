@@ -3,11 +3,11 @@
 
 use super::channel::{
     accept_channel, bind_rendezvous, recv_expected, send_msg, wait_readable, Received,
-    RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, CONFIRM_BYTE, SERVER_DMB_BYTE,
+    RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
-    HandshakeError, LOOPBACK_CHID,
+    abort_tcp, attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision,
+    Established, HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
 use crate::conn::Conn;
@@ -17,7 +17,7 @@ use crate::owner::{self, Owner};
 use crate::registry;
 use crate::rendezvous::{OwnedSlot, Rendezvous, SlotRef, SlotState, REPLY_GRACE};
 use crate::tcp_syn::{self, SavedMark};
-use smclo_wire::clc::{self, ClcMsg, Confirm, Decline, Proposal};
+use smclo_wire::clc::{self, ClcMsg, Confirm, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
 use std::fs::File;
@@ -27,7 +27,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A client's published proposal, between the moment it is written into the
 /// device and the moment the server answers.
@@ -287,26 +287,8 @@ impl ClientProposal {
             match &chan {
                 None => {
                     let listener = self.rendezvous.as_ref().expect("rendezvous socket");
-                    if !wait_readable(listener.as_raw_fd(), deadline - now) {
-                        continue;
-                    }
-                    match accept_channel(listener) {
-                        Ok(Some(c)) => {
-                            // The connection's channel if the handshake
-                            // succeeds: out of the application's range of
-                            // numbers (crate::fdnum).
-                            let c = crate::fdnum::move_high(c);
-                            // Our DMB goes to the server now: it checks it
-                            // before it accepts. A failed send shows on the
-                            // server's side (end of file, or no descriptor).
-                            let fd = self.dmb.as_ref().map(|d| d.fd());
-                            if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
-                                debug!("sending our DMB to the server failed: {e}");
-                            }
-                            chan = Some(c);
-                        }
-                        Ok(None) => {}
-                        Err(e) => debug!("refused a rendezvous connection: {e}"),
+                    if wait_readable(listener.as_raw_fd(), deadline - now) {
+                        chan = self.pass_dmb();
                     }
                 }
                 Some(c) if server_dmb.is_none() => {
@@ -336,17 +318,52 @@ impl ClientProposal {
         match self.confirm(&slot, chan, server_dmb.flatten()) {
             Ok(e) => Decision::Smc(e),
             Err(r) => {
-                // The channel is closed by now (confirm consumed it): a
-                // server that finds the slot gone sees end of file and knows
-                // we declined.
-                let _ = slot.confirm(
-                    &ClcMsg::Decline(Decline::new(self.dev.gid(), r)).to_bytes(),
-                    false,
-                );
+                // ACCEPTED decided SMC-D and the server is committed to it.
+                // The channel is closed by now (confirm consumed it), so the
+                // server's connection reports a reset; ours must not carry
+                // the stream over TCP instead.
+                debug!("cannot follow the server's Accept ({r}): connection aborted");
                 self.withdraw();
-                Decision::Tcp(r)
+                abort_tcp(self.fd, r)
             }
         }
+    }
+
+    /// Accepts the server's connection to our rendezvous socket, if one is
+    /// waiting, and passes our DMB on it: the server checks it before it
+    /// accepts. A failed send shows on the server's side (end of file, or
+    /// no descriptor).
+    fn pass_dmb(&self) -> Option<UnixStream> {
+        let listener = self.rendezvous.as_ref()?;
+        match accept_channel(listener) {
+            Ok(Some(c)) => {
+                // The connection's channel if the handshake succeeds: out of
+                // the application's range of numbers (crate::fdnum).
+                let c = crate::fdnum::move_high(c);
+                let fd = self.dmb.as_ref().map(|d| d.fd());
+                if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
+                    debug!("sending our DMB to the server failed: {e}");
+                }
+                Some(c)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                debug!("refused a rendezvous connection: {e}");
+                None
+            }
+        }
+    }
+
+    /// Waits (at most `timeout`) for the server's connection, passes our
+    /// DMB on it and returns the channel without reading the server's
+    /// answer: a client stopped right after passing its DMB. For exercising
+    /// the server's side; a normal client never calls it.
+    pub fn pass_dmb_and_stop(&mut self, timeout: Duration) -> Option<UnixStream> {
+        let listener = self.rendezvous.as_ref()?;
+        if !wait_readable(listener.as_raw_fd(), timeout) {
+            return None;
+        }
+        self.pass_dmb()
     }
 
     fn confirm(
@@ -383,24 +400,19 @@ impl ClientProposal {
             linkid: accept.linkid,
             chid: LOOPBACK_CHID,
         };
+        // Only we move the slot from ACCEPTED: the server does not wait for
+        // the Confirm. It is written for the record.
         if let Err(st) = slot.confirm(&ClcMsg::Confirm(confirm).to_bytes(), true) {
-            // The server timed out waiting for us and declined.
-            debug!("server gave up before our Confirm (slot {st:?})");
-            return Err(Reason::Timeout);
+            debug!("rendezvous slot in state {st:?} at our Confirm");
+            return Err(Reason::SyncErr);
         }
-        // Wake the server, which sleeps on the channel: one byte, which it
-        // takes before the channel starts carrying doorbells. A failure means
-        // the server is gone, which the connection reports on first use.
-        let _ = send_msg(chan.as_raw_fd(), CONFIRM_BYTE, None);
         self.withdraw();
         let (local, registration) = self.dmb.take().expect("client DMB").into_parts();
         registration.set_connected(accept.token);
-        // From here both sides are committed; a failure below leaves the
-        // server with a channel that closes, which it reports as a reset.
         match Conn::new(local, peer, chan, mode(&self.dev, &self.cfg)) {
             Ok(conn) => Ok(Established { conn, registration }),
             Err(e) => {
-                debug!("building the connection failed after CONFIRM: {e}");
+                debug!("building the connection failed: {e}");
                 Err(Reason::IntErr)
             }
         }

@@ -30,6 +30,7 @@ use smclo_wire::syn::Mark;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 
 /// A connection that the handshake upgraded.
 pub struct Established {
@@ -184,6 +185,24 @@ fn attach_error(e: crate::Error) -> HandshakeError {
         crate::Error::Attach(a) => HandshakeError::PeerDmb(a),
         e => HandshakeError::Io(e.into()),
     }
+}
+
+/// Ends the TCP connection `fd` in both directions and reports `r`.
+///
+/// After ACCEPTED both ends are committed to SMC-D. An end that cannot
+/// follow (no valid DMB from the peer, no connection built) must not carry
+/// the stream over TCP instead, where its peer would never read it: it ends
+/// the connection. Its application reads end of file; the peer's SMC-D
+/// connection, whose channel closes, reports a reset.
+fn abort_tcp(fd: RawFd, r: Reason) -> Decision {
+    // SAFETY: shutdown(2) on the caller's socket; no memory is passed.
+    if unsafe { libc::shutdown(fd, libc::SHUT_RDWR) } != 0 {
+        debug!(
+            "shutting the TCP connection down failed: {}",
+            io::Error::last_os_error()
+        );
+    }
+    Decision::Tcp(r)
 }
 
 /// The reason in the peer's Decline. The peer's own code is reported (the

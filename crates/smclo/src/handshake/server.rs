@@ -3,10 +3,10 @@
 
 use super::channel::{
     recv_expected, send_msg, spin_readable, wait_readable, Received, RendezvousAddr,
-    CLIENT_DMB_BYTE, CONFIRM_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
+    CLIENT_DMB_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
-    attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision, Established,
+    abort_tcp, attach_error, expect_clc, key_for, mode, random_u64, Decision, Established,
     HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
@@ -14,7 +14,7 @@ use crate::conn::Conn;
 use crate::debug;
 use crate::device::{Device, Role};
 use crate::owner::Owner;
-use crate::rendezvous::{Rendezvous, SlotRef, SlotState, REPLY_GRACE};
+use crate::rendezvous::{Rendezvous, SlotRef, SlotState};
 use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
@@ -164,7 +164,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait
                 continue;
             }
         }
-        return server_answer(dev, cfg, &slot, &proposal, wait);
+        return server_answer(dev, cfg, &slot, &proposal, wait, conn_fd);
     }
     if mismatched {
         debug!(
@@ -185,6 +185,7 @@ fn server_answer(
     slot: &SlotRef,
     proposal: &Proposal,
     wait: &ClientWait,
+    conn_fd: RawFd,
 ) -> Decision {
     let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
@@ -257,60 +258,21 @@ fn server_answer(
         debug!("client withdrew before our Accept (slot {st:?})");
         return Decision::Tcp(Reason::Timeout);
     }
-    // Our DMB, which also wakes the client. A failed send shows on the
-    // client's side (no descriptor: it declines with ERR_RTOK).
+    // ACCEPTED decides: SMC-D for both ends. The client follows once it
+    // has our DMB, which also wakes it; the server does not wait for its
+    // Confirm. An end that cannot follow aborts the connection (here:
+    // closing the channel tells the client, which then aborts too).
     if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, Some(dmb.fd())) {
-        debug!("sending our DMB to the client failed: {e}");
-    }
-    // Wait for the client's Confirm: it sends CONFIRM_BYTE on the channel
-    // after its CAS to CONFIRMED, and closes the channel when it declines,
-    // so the server sleeps in poll instead of spinning on the slot.
-    let mut grace: Option<Instant> = None;
-    let confirmed = loop {
-        let readable = match grace {
-            None => wait.readable(chan.as_raw_fd()),
-            Some(until) => wait_readable(
-                chan.as_raw_fd(),
-                until.saturating_duration_since(Instant::now()),
-            ),
-        };
-        if readable {
-            match recv_expected(chan.as_raw_fd(), CONFIRM_BYTE) {
-                Ok(Received::Msg(_)) => break true,
-                Ok(Received::Pending) => continue,
-                // Closed (the client declined or died) or garbage.
-                Ok(Received::Closed) | Err(_) => {
-                    if slot.state() == SlotState::Declined {
-                        return Decision::Tcp(peer_decline(slot.confirm_msg()));
-                    }
-                    break false;
-                }
-            }
-        }
-        match slot.cas(SlotState::Accepted, SlotState::Declined) {
-            Ok(()) => return Decision::Tcp(Reason::Timeout),
-            Err(SlotState::Declined) => return Decision::Tcp(peer_decline(slot.confirm_msg())),
-            // The client confirmed just now (and may have freed the slot
-            // since): its byte is on the way.
-            Err(SlotState::Confirmed | SlotState::Stale) if grace.is_none() => {
-                grace = Some(Instant::now() + REPLY_GRACE);
-            }
-            Err(other) => {
-                debug!("rendezvous slot in state {other:?} after our Accept");
-                return Decision::Tcp(Reason::SyncErr);
-            }
-        }
-    };
-    if !confirmed {
-        return Decision::Tcp(Reason::PeerDecl);
+        debug!("sending our DMB to the client failed ({e}): connection aborted");
+        return abort_tcp(conn_fd, Reason::IntErr);
     }
     let (local, registration) = dmb.into_parts();
     registration.set_connected(proposal.token);
     match Conn::new(local, peer, chan, mode(dev, cfg)) {
         Ok(conn) => Decision::Smc(Established { conn, registration }),
         Err(e) => {
-            debug!("building the connection failed: {e}");
-            Decision::Tcp(Reason::IntErr)
+            debug!("building the connection failed ({e}): connection aborted");
+            abort_tcp(conn_fd, Reason::IntErr)
         }
     }
 }
