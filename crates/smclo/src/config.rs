@@ -85,7 +85,8 @@ pub const DEFAULT_NB_CONNECT_WAIT_MS: u64 = 100;
 /// Default of `SMCLO_NB_ACCEPT_WAIT_MS`. An event loop's `accept` must not
 /// wait on one client. A running client passes its DMB within
 /// microseconds; one that slept in `poll` on an overloaded 2-core machine
-/// took up to 17 ms to be scheduled; ARCHITECTURE.md "Handshake waits".
+/// took up to 17 ms to be scheduled (a client still runnable then gets
+/// more time); ARCHITECTURE.md "Handshake waits".
 pub const DEFAULT_NB_ACCEPT_WAIT_MS: u64 = 50;
 
 /// All settings a process reads from its environment.

@@ -245,6 +245,25 @@ impl Owner {
         alive
     }
 
+    /// Whether one of this process's threads is running or waiting for a
+    /// CPU (state R in `/proc/<pid>/task/*/stat`, at most
+    /// [`RUNNABLE_SCAN`] threads looked at): it makes progress as soon as
+    /// it is scheduled, unlike a stopped or sleeping one. `false` when
+    /// `/proc` cannot tell (another pid namespace, the process is gone).
+    pub fn has_runnable_thread(&self) -> bool {
+        if self.pidns != Owner::current().pidns || !proc_usable() {
+            return false;
+        }
+        // A thread's start time is its own: the process's is checked once.
+        let same = read_stat(self.pid).is_some_and(|s| self.start == 0 || s.start == self.start);
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return false;
+        };
+        same && tasks.flatten().take(RUNNABLE_SCAN).any(|t| {
+            read_stat_path(&format!("{}/stat", t.path().display())).is_some_and(|s| s.runnable)
+        })
+    }
+
     /// Only the pid, without reading `/proc`: `false` means certainly dead,
     /// `true` means "maybe alive". Cheap pre-check for sweeps; meaningful
     /// only for a pid of the caller's namespace.
@@ -252,6 +271,9 @@ impl Owner {
         self.pid != 0 && self.pid <= i32::MAX as u32 && pid_exists(self.pid)
     }
 }
+
+/// Threads [`Owner::has_runnable_thread`] looks at, at most.
+pub const RUNNABLE_SCAN: usize = 64;
 
 /// Whether `/proc/<pid>` names processes of our pid namespace (cached).
 fn proc_usable() -> bool {
@@ -295,6 +317,7 @@ fn pid_exists(pid: u32) -> bool {
 struct Stat {
     start: u64,
     zombie: bool,
+    runnable: bool,
 }
 
 /// Reads state (field 3) and start time (field 22) of `/proc/<pid>/stat`.
@@ -317,6 +340,7 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
     Some(Stat {
         start,
         zombie: state == "Z" || state == "X" || state == "x",
+        runnable: state == "R",
     })
 }
 
@@ -352,6 +376,32 @@ mod tests {
         let z = b"42 (x) Z 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 5 19";
         assert!(parse_stat(z).unwrap().zombie);
         assert!(parse_stat(b"garbage").is_none());
+    }
+
+    #[test]
+    fn runnable_threads_are_told_from_sleeping_and_stopped_ones() {
+        // This thread is running while it asks.
+        assert!(Owner::current().has_runnable_thread());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let c = Owner::of(child.id()).unwrap();
+        // Runnable for a moment (exec, the signal's delivery), then not.
+        let settles = || {
+            let t = std::time::Instant::now();
+            while c.has_runnable_thread() && t.elapsed() < std::time::Duration::from_secs(5) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            !c.has_runnable_thread()
+        };
+        assert!(settles(), "a sleeping process");
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        assert!(settles(), "a stopped process");
+        assert!(!Owner::local(c.pid, c.start + 1).has_runnable_thread());
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

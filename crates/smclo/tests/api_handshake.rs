@@ -779,3 +779,55 @@ fn accept_does_not_wait_for_the_confirm() {
     assert_eq!(st.fallbacks_total(), 0, "{st:?}");
     assert!(st.xfer_bytes >= 13, "{st:?}");
 }
+
+#[test]
+fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
+    use smclo::rendezvous::{Rendezvous, SlotKey};
+    use smclo_wire::clc::{Accept, ClcMsg};
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    let dir = Dir::new();
+    let dev = dir.dev();
+    // A server that accepts the proposal (its CAS to ACCEPTED) and then
+    // closes the channel without passing its DMB.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    smclo::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let _reg = smclo::registry::register_listener(&dev, addr).unwrap();
+    let _peer = Peer::spawn(&dir.0, &["connect", &addr.to_string(), "echo"], &[]);
+    let (mut s, _) = l.accept().unwrap();
+    let syn = smclo::tcp_syn::saved_syn(s.as_raw_fd())
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let key = SlotKey::new(syn.src.ip(), syn.mark, syn.dst);
+    let slot = Rendezvous::find_all(&dev, key).pop().expect("the proposal");
+    let Ok(ClcMsg::Proposal(p)) = ClcMsg::parse(&slot.proposal().unwrap()) else {
+        panic!("not a proposal");
+    };
+    let accept = Accept {
+        gid: dev.gid(),
+        token: 1,
+        dmbe_size_comp: 0,
+        linkid: 7,
+        chid: 0xFFFF,
+    };
+    slot.answer(&ClcMsg::Accept(accept).to_bytes(), true)
+        .unwrap();
+    let name = format!("smclo-{:016x}-u-{:016x}", dev.gid(), p.nonce);
+    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    drop(std::os::unix::net::UnixStream::connect_addr(&sa).unwrap());
+    // The client cannot follow (no DMB) and must not carry the stream over
+    // TCP, where this server, committed to SMC-D, would never read it.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let e = s.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    // The client counts after it reset the connection.
+    let t = Instant::now();
+    while dev.stats().fallback(Reason::ErrRtok).0 == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = dev.stats();
+    assert_eq!(st.fallback(Reason::ErrRtok).0, 1, "{st:?}");
+    assert_eq!(st.conns_opened, 0, "{st:?}");
+}

@@ -187,18 +187,26 @@ fn attach_error(e: crate::Error) -> HandshakeError {
     }
 }
 
-/// Ends the TCP connection `fd` in both directions and reports `r`.
+/// Resets the TCP connection `fd` and reports `r`.
 ///
 /// After ACCEPTED both ends are committed to SMC-D. An end that cannot
 /// follow (no valid DMB from the peer, no connection built) must not carry
-/// the stream over TCP instead, where its peer would never read it: it ends
-/// the connection. Its application reads end of file; the peer's SMC-D
-/// connection, whose channel closes, reports a reset.
+/// the stream over TCP instead, where its peer would never read it: it
+/// resets the connection (`connect(AF_UNSPEC)` sends a RST), so its
+/// application's next call fails with ECONNRESET; the peer's SMC-D
+/// connection, whose channel closes without a close flag, reports a reset
+/// too.
 fn abort_tcp(fd: RawFd, r: Reason) -> Decision {
-    // SAFETY: shutdown(2) on the caller's socket; no memory is passed.
-    if unsafe { libc::shutdown(fd, libc::SHUT_RDWR) } != 0 {
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: a valid sockaddr of the length given; `fd` is the caller's
+    // TCP socket, which stays open (now unconnected).
+    if unsafe { libc::connect(fd, &unspec, len) } != 0 {
         debug!(
-            "shutting the TCP connection down failed: {}",
+            "resetting the TCP connection failed: {}",
             io::Error::last_os_error()
         );
     }

@@ -19,6 +19,7 @@ use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
+use std::cell::Cell;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,36 +32,77 @@ pub enum Listening {
     /// most `SMCLO_CLC_WAIT_MS`, sleeping in `poll` after the spin budget.
     Blocking,
     /// An event loop's listener: `accept` never sleeps on the client. It
-    /// busy-polls at most `SMCLO_NB_ACCEPT_WAIT_MS` in all, then declines
-    /// (TIMEOUT) and returns the TCP connection.
+    /// busy-polls at most `SMCLO_NB_ACCEPT_WAIT_MS` in all (more for a
+    /// client that is runnable then), then declines (TIMEOUT) and
+    /// returns the TCP connection.
     NonBlocking,
 }
 
+/// How long a runnable client past the budget is given before its state is
+/// looked at again.
+const RUNNABLE_RECHECK: Duration = Duration::from_millis(5);
+
 /// What is left of the time `accept` may spend waiting on the client.
+///
+/// A non-blocking listener's budget is short, but a client that is runnable
+/// when it runs out (it waits for a CPU: it will answer as soon as it is
+/// scheduled) is given more, a few milliseconds at a time, up to
+/// `SMCLO_CLC_WAIT_MS`; a stopped or sleeping client is not: it is not
+/// servicing the handshake.
 struct ClientWait {
-    deadline: Instant,
+    deadline: Cell<Instant>,
+    limit: Instant,
     sleep: bool,
+    client: Cell<Option<Owner>>,
 }
 
 impl ClientWait {
     fn new(cfg: &Config, listening: Listening) -> ClientWait {
+        let now = Instant::now();
         let (budget, sleep) = match listening {
             Listening::Blocking => (cfg.clc_wait, true),
             Listening::NonBlocking => (cfg.nb_accept_wait, false),
         };
         ClientWait {
-            deadline: Instant::now() + budget,
+            deadline: Cell::new(now + budget),
+            limit: now + budget.max(cfg.clc_wait),
             sleep,
+            client: Cell::new(None),
         }
+    }
+
+    /// The client, once known: its state decides whether it gets more time.
+    fn watch(&self, client: Owner) {
+        self.client.set(Some(client));
+    }
+
+    /// What is left of the budget.
+    fn left(&self) -> Duration {
+        let now = Instant::now();
+        if now >= self.deadline.get()
+            && now < self.limit
+            && self.client.get().is_some_and(|c| c.has_runnable_thread())
+        {
+            self.deadline.set((now + RUNNABLE_RECHECK).min(self.limit));
+        }
+        self.deadline.get().saturating_duration_since(now)
     }
 
     /// Whether `fd` becomes readable within the budget.
     fn readable(&self, fd: RawFd) -> bool {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        match (left.is_zero(), self.sleep) {
-            (true, _) => false,
-            (false, true) => wait_readable(fd, left),
-            (false, false) => spin_readable(fd, self.deadline),
+        loop {
+            let left = self.left();
+            if left.is_zero() {
+                return false;
+            }
+            let ready = if self.sleep {
+                wait_readable(fd, left)
+            } else {
+                spin_readable(fd, self.deadline.get())
+            };
+            if ready {
+                return true;
+            }
         }
     }
 
@@ -68,11 +110,10 @@ impl ClientWait {
     /// memory, `since` the wait began; false when the budget is spent. Spins
     /// for the spin budget, then sleeps 50 µs or, never sleeping, yields.
     fn pause(&self, since: Instant) -> bool {
-        let now = Instant::now();
-        if now >= self.deadline {
+        if self.left().is_zero() {
             return false;
         }
-        if now.duration_since(since) < crate::conn::spin_budget() {
+        if since.elapsed() < crate::conn::spin_budget() {
             std::hint::spin_loop();
         } else if self.sleep {
             std::thread::sleep(Duration::from_micros(50));
@@ -150,6 +191,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait
         // has not published it in time may be someone else's (the slot is
         // left alone).
         let proposer = slot.client();
+        wait.watch(proposer);
         match wait_client_port(&slot, wait, proposer) {
             Port::Published(p) if p == syn.src.port() => {}
             Port::Gone if !proposer.is_alive_fast() => {
@@ -210,7 +252,8 @@ fn server_answer(
             return decline(dev, slot, Reason::Mem, Some(&wake));
         }
     };
-    let chan = match wake.connect_within(CONNECT_BOUND) {
+    // A full backlog is waited on within the budget too.
+    let chan = match wake.connect_within(CONNECT_BOUND.min(wait.left())) {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum).
         Ok(c) => crate::fdnum::move_high(c),
