@@ -16,7 +16,7 @@
 //! FREE ──propose──▶ PROPOSED ──answer: CAS──▶ REPLYING ──CAS──▶ ACCEPTED ──confirm──▶ CONFIRMED
 //!                      │                         │        └──▶ DECLINED       └──────▶ DECLINED
 //!                      └─ give_up (client) ──────┴──────────▶ DECLINED
-//!                                              ACCEPTED ── cas (server's confirm timeout) ─▶ DECLINED
+//!                                              ACCEPTED ── cas (unused by the handshake) ─▶ DECLINED
 //! any ──release (client, OwnedSlot drop)──▶ FREE
 //! ```
 //!
@@ -30,9 +30,10 @@
 //!   so a client that gives up meanwhile waits at most [`REPLY_GRACE`] for
 //!   the copy to finish instead of reading a half-written reply.
 //! - After ACCEPTED the client [`confirm`](SlotRef::confirm)s (ACCEPTED →
-//!   CONFIRMED or DECLINED); a server that stops waiting does
-//!   `cas(Accepted, Declined)`. Whoever's CAS fails lost and follows the
-//!   winner.
+//!   CONFIRMED). The handshake takes ACCEPTED as the decision (ARCHITECTURE.md
+//!   "Handshake waits"): its server does not wait for the Confirm, and
+//!   neither side moves the slot from ACCEPTED to DECLINED, which
+//!   `confirm` with a Decline and `cas(Accepted, Declined)` still allow.
 //! - The client frees the slot by dropping its [`OwnedSlot`].
 //!
 //! Slots are kept with the protocol of [`crate::table`]: a [`SlotRef`] is

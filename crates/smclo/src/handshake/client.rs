@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 /// device and the moment the server answers.
 pub struct ClientProposal {
     // Drop order matters: the rendezvous socket closes before the slot is
-    // freed, so a server that sees the slot vanish can tell a withdrawn
-    // proposal (its channel is closed) from a confirmed one.
+    // freed, so a server waiting for our DMB sees a withdrawn proposal as
+    // end of file on its channel.
     rendezvous: Option<UnixListener>,
     slot: Option<OwnedSlot>,
     dmb: Option<device::DmbHandle>,
@@ -297,7 +297,7 @@ impl ClientProposal {
                     }
                     // Whatever the channel says but the server's DMB leaves
                     // us without one: the slot then decides, or confirm
-                    // declines with ERR_RTOK.
+                    // fails with ERR_RTOK and the connection is aborted.
                     match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
                         Ok(Received::Msg(fd)) => server_dmb = Some(fd),
                         Ok(Received::Pending) => {}
