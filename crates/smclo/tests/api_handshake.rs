@@ -724,9 +724,16 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    for stage in ["noport", "nodmb"] {
-        let mut staller = Peer::spawn(&dir.0, &["stall", &addr, stage], &[]);
+    // A client asleep in something else than the handshake, before or
+    // after publishing its port, and one stopped (SIGSTOP).
+    for stage in ["noport", "nodmb", "stopped"] {
+        let how = if stage == "stopped" { "nodmb" } else { stage };
+        let mut staller = Peer::spawn(&dir.0, &["stall", &addr, how], &[]);
         assert_eq!(staller.line(), "stalled");
+        if stage == "stopped" {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(staller.child.id() as i32, libc::SIGSTOP) };
+        }
         wait_acceptable(&l);
         let t = Instant::now();
         let (s, _) = l.accept().unwrap();
@@ -739,7 +746,7 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
         staller.kill9();
     }
     let st = dir.dev().stats();
-    assert_eq!(st.fallback(Reason::Timeout).1, 2, "server side: {st:?}");
+    assert_eq!(st.fallback(Reason::Timeout).1, 3, "server side: {st:?}");
     // A healthy client right after is still upgraded.
     let peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[]);
     wait_acceptable(&l);
@@ -749,7 +756,7 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     peer.wait_ok();
     let st = dir.dev().stats();
     assert_eq!(st.conns_opened, 1, "{st:?}");
-    assert_eq!(st.fallbacks_total(), 2, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 3, "{st:?}");
 }
 
 #[test]
