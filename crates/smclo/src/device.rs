@@ -661,14 +661,12 @@ impl Device {
         let mut judge = Judge::new(&self.dir);
         let mut pairs = std::collections::HashSet::new();
         let mut dmbs_cnt = 0;
-        let mut live_tx: u64 = 0;
         for i in 0..layout::DMB_ENTRIES as usize {
             let e = self.dmb_entry(i);
             let w = e.head.word();
             if w.is_free() {
                 continue;
             }
-            live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
             if !DMB_STATES.contains(&w.state()) || judge.dead(&e.head, w) {
                 continue;
             }
@@ -681,10 +679,7 @@ impl Device {
                 pairs.insert((a.min(b), a.max(b)));
             }
         }
-        let total = self
-            .u64_at(layout::off::XFER_RETIRED)
-            .load(Ordering::Relaxed)
-            .wrapping_add(live_tx);
+        let total = self.xfer_total();
         let base = self.u64_at(layout::off::XFER_BASE).load(Ordering::Relaxed);
         let mut fallback_client = [0u64; layout::REASON_SLOTS as usize];
         let mut fallback_server = [0u64; layout::REASON_SLOTS as usize];
@@ -736,19 +731,8 @@ impl Device {
         }
         // xfer_bytes = retired + live - base: moving the base keeps the
         // per-entry byte counts (which the owners keep adding to) intact.
-        let mut live_tx: u64 = 0;
-        for i in 0..layout::DMB_ENTRIES as usize {
-            let e = self.dmb_entry(i);
-            if !e.head.word().is_free() {
-                live_tx = live_tx.wrapping_add(e.tx_bytes.load(Ordering::Relaxed));
-            }
-        }
-        let total = self
-            .u64_at(layout::off::XFER_RETIRED)
-            .load(Ordering::Relaxed)
-            .wrapping_add(live_tx);
         self.u64_at(layout::off::XFER_BASE)
-            .store(total, Ordering::Relaxed);
+            .store(self.xfer_total(), Ordering::Relaxed);
     }
 
     // --- DMBs --------------------------------------------------------------
@@ -867,11 +851,48 @@ impl Device {
     }
 
     /// Folds an entry's byte count into the retired total and frees it.
+    ///
+    /// The move is bracketed by [`layout::off::XFER_SEQ`] (odd while under
+    /// way), so that [`Device::xfer_total`] never sums the bytes in both
+    /// places, or in neither.
     fn retire_entry(&self, e: &DmbEntry, c: Claim) {
-        let tx = e.tx_bytes.swap(0, Ordering::Relaxed);
+        let seq = self.u64_at(layout::off::XFER_SEQ);
+        seq.fetch_add(1, Ordering::AcqRel);
+        let tx = e.tx_bytes.swap(0, Ordering::AcqRel);
         self.u64_at(layout::off::XFER_RETIRED)
-            .fetch_add(tx, Ordering::Relaxed);
+            .fetch_add(tx, Ordering::AcqRel);
+        seq.fetch_add(1, Ordering::AcqRel);
         e.head.free(c);
+    }
+
+    /// Bytes sent over the device's connections since it was created: the
+    /// retired total plus the live entries' counts, taken while no entry
+    /// retired (the sequence was even and unchanged around the sum). A
+    /// retirer killed halfway leaves the sequence odd for good: after a few
+    /// tries the last sum is taken, off by at most that entry's bytes.
+    fn xfer_total(&self) -> u64 {
+        const TRIES: usize = 8;
+        let seq = self.u64_at(layout::off::XFER_SEQ);
+        let mut total = 0;
+        for _ in 0..TRIES {
+            let s0 = seq.load(Ordering::Acquire);
+            let mut live: u64 = 0;
+            for i in 0..layout::DMB_ENTRIES as usize {
+                let e = self.dmb_entry(i);
+                if !e.head.word().is_free() {
+                    live = live.wrapping_add(e.tx_bytes.load(Ordering::Acquire));
+                }
+            }
+            total = self
+                .u64_at(layout::off::XFER_RETIRED)
+                .load(Ordering::Acquire)
+                .wrapping_add(live);
+            if s0.is_multiple_of(2) && seq.load(Ordering::Acquire) == s0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        total
     }
 
     /// Unlinks `dmb-*` files of dead owners (read with a plain `pread` of

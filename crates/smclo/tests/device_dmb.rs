@@ -444,3 +444,51 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     );
     drop(h);
 }
+
+/// `xfer_bytes` while DMBs come and go: the bytes of a freed entry move into
+/// the retired total, and a concurrent `stats` must count them exactly once
+/// (it used to see an entry already zeroed and a total not yet increased).
+#[test]
+fn xfer_bytes_exact_while_entries_retire() {
+    let t = TempDir::new("xfer-retire");
+    let dev = Device::open(&t.0).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (writers, per) = (2u64, 20_000u64);
+    let rounds = writers * per;
+    let left = std::sync::atomic::AtomicU64::new(writers);
+    std::thread::scope(|sc| {
+        for w in 0..writers {
+            let (dev, done, left) = (&dev, &done, &left);
+            sc.spawn(move || {
+                for i in 0..per {
+                    let h = dev.register_dmb(RING, Role::Client).unwrap();
+                    h.add_tx(1);
+                    // Hold the byte in the entry for a while (up to a few
+                    // microseconds), so that scans see it there.
+                    let until = std::time::Instant::now()
+                        + Duration::from_nanos((i * 7919 + w * 104729) % 4000);
+                    while std::time::Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    drop(h);
+                }
+                if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    done.store(true, std::sync::atomic::Ordering::Release);
+                }
+            });
+        }
+        // Every byte is added before its entry is freed, and nothing else
+        // moves the total: it never goes down, and never passes `rounds`.
+        let mut last = 0;
+        let mut reads = 0u64;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            let x = dev.stats().xfer_bytes;
+            assert!(x >= last, "xfer_bytes went from {last} to {x}");
+            assert!(x <= rounds, "xfer_bytes {x} counts more than was sent");
+            last = x;
+            reads += 1;
+        }
+        eprintln!("{reads} stats reads");
+    });
+    assert_eq!(dev.stats().xfer_bytes, rounds);
+}

@@ -117,6 +117,9 @@ pub mod off {
     pub const XFER_BASE: usize = 216;
     /// Milliseconds (CLOCK_MONOTONIC) of the last dead-owner sweep.
     pub const LAST_SWEEP_MS: usize = 224;
+    /// Sequence of byte-count moves into `xfer_bytes_retired`: odd while
+    /// one is under way, so a reader can tell a consistent sum.
+    pub const XFER_SEQ: usize = 232;
     /// Client-side fallbacks by reason.
     pub const FALLBACK_CLIENT: usize = 256;
     /// Server-side fallbacks by reason.
