@@ -46,6 +46,23 @@ pub fn domain(fd: RawFd) -> io::Result<i32> {
     getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
 }
 
+/// Resets the TCP connection of `fd` (`connect(AF_UNSPEC)` sends a RST and
+/// leaves the socket open, unconnected): its program's next call fails with
+/// `ECONNRESET`. For an end that cannot follow its peer into SMC-D, where a
+/// clean close would let the peer read a clean end of stream.
+pub fn reset(fd: RawFd) -> io::Result<()> {
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: a valid sockaddr of the length given; `fd` stays open.
+    if unsafe { libc::connect(fd, &unspec, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Asks the kernel to keep the SYN of every connection accepted on this
 /// listening socket, so `accept` can read the client's mark.
 pub fn save_syns(listener: RawFd) -> io::Result<()> {

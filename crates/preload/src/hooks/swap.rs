@@ -139,24 +139,9 @@ fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::A
     debug!("fd {fd}: {why} after the handshake; connection reset at both ends");
     conn.abort();
     holders::forget(slot);
-    let unspec = libc::sockaddr {
-        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
-        sa_data: [0; 14],
-    };
-    // SAFETY: a valid sockaddr of the length given; `fd` is the caller's
-    // TCP socket, which stays open (now unconnected).
-    let r = unsafe {
-        real::connect(
-            fd,
-            &unspec,
-            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        debug!(
-            "fd {fd}: resetting the TCP connection failed: {}",
-            io::Error::last_os_error()
-        );
+    // (Our own connect hook passes an AF_UNSPEC connect straight through.)
+    if let Err(e) = smclo::tcp_syn::reset(fd) {
+        debug!("fd {fd}: resetting the TCP connection failed: {e}");
     }
 }
 

@@ -197,18 +197,8 @@ fn attach_error(e: crate::Error) -> HandshakeError {
 /// connection, whose channel closes without a close flag, reports a reset
 /// too.
 fn abort_tcp(fd: RawFd, r: Reason) -> Decision {
-    let unspec = libc::sockaddr {
-        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
-        sa_data: [0; 14],
-    };
-    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
-    // SAFETY: a valid sockaddr of the length given; `fd` is the caller's
-    // TCP socket, which stays open (now unconnected).
-    if unsafe { libc::connect(fd, &unspec, len) } != 0 {
-        debug!(
-            "resetting the TCP connection failed: {}",
-            io::Error::last_os_error()
-        );
+    if let Err(e) = crate::tcp_syn::reset(fd) {
+        debug!("resetting the TCP connection failed: {e}");
     }
     Decision::Tcp(r)
 }
