@@ -954,3 +954,40 @@ pub fn assert_clean(env: &Env, orderly: bool) {
         env.name
     );
 }
+
+/// The numbers of the `ok N M ...` line a checked test program prints when
+/// every check passed; panics with its output and `logs` otherwise.
+pub fn ok_numbers(p: &Proc, logs: &str) -> Vec<u64> {
+    let out = p.stdout_str();
+    let f: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(
+        f.first(),
+        Some(&"ok"),
+        "{}: {out}\n{}\n{logs}",
+        p.name,
+        p.logs()
+    );
+    f[1..]
+        .iter()
+        .map(|n| {
+            n.parse()
+                .unwrap_or_else(|e| panic!("{}: {n:?} in {out:?}: {e}", p.name))
+        })
+        .collect()
+}
+
+/// Compiles the C program `src` into the test's temp dir with `cc -O2
+/// -Wall` and `flags`; returns the executable.
+pub fn compile_c(env: &Env, src: &Path, flags: &[&str]) -> PathBuf {
+    let exe = env.path(src.file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall"])
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "compiling {} failed", src.display());
+    exe
+}

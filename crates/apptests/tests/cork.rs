@@ -20,11 +20,9 @@ fn cork_and_msg_more() {
         &[script.to_str().unwrap(), &port.to_string()],
         Duration::from_secs(60),
     );
-    let out = p.stdout_str();
-    let f: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(f.first(), Some(&"ok"), "{out}\n{}", p.logs());
-    let bytes: u64 = f[1].parse().unwrap();
-    let waited_ms: u64 = f[2].parse().unwrap();
+    let [bytes, waited_ms] = ok_numbers(&p, "")[..] else {
+        panic!("cork_check.py printed no byte count and wait")
+    };
     // Held for TCP's ceiling (200 ms), not published at once.
     assert!(
         waited_ms >= 150,

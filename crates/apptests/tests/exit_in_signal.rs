@@ -5,7 +5,6 @@
 
 use smclo_apptests::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const RUNS: u32 = 25;
@@ -36,14 +35,7 @@ fn sigterm_handler_calling_exit_never_hangs() {
     // A loaded machine must not turn a handshake into a TIMEOUT fallback.
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
-    let exe = env.path("client");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(source("client.c"))
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "compiling client.c failed");
+    let exe = compile_c(&env, Path::new(&source("client.c")), &["-pthread"]);
     let port = free_port();
     let ps = port.to_string();
     let mut server = env.spawn(

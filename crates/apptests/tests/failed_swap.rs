@@ -6,7 +6,6 @@
 
 use smclo_apptests::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 fn source(name: &str) -> String {
@@ -23,14 +22,7 @@ fn failed_swap_resets_both_ends() {
     // A loaded machine must not turn a handshake into a TIMEOUT fallback.
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
-    let exe = env.path("client");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(source("client.c"))
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "compiling client.c failed");
+    let exe = compile_c(&env, Path::new(&source("client.c")), &[]);
     let port = free_port();
     let ps = port.to_string();
     let mut server = env.spawn(

@@ -55,16 +55,9 @@ fn haproxy_tcp_mode_between_smclo_ends() {
         ],
         Duration::from_secs(120),
     );
-    let out = client.stdout_str();
-    let f: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(
-        f.first(),
-        Some(&"ok"),
-        "client: {out}\n{}\n{}",
-        client.logs(),
-        proxy.logs()
-    );
-    let (sent, received): (u64, u64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+    let [sent, received] = ok_numbers(&client, &proxy.logs())[..] else {
+        panic!("asyncio_echo.py printed no byte counts")
+    };
     let d = delta(&s0, &env.stats());
     let both = 2 * (sent + received);
     assert_smc(

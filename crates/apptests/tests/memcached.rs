@@ -85,10 +85,9 @@ fn memcached_memcslap_and_checked_values() {
         &[script.to_str().unwrap(), &ps, "200", "11"],
         Duration::from_secs(120),
     );
-    let out = c.stdout_str();
-    let f: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(f.first(), Some(&"ok"), "check: {out}\n{}", c.logs());
-    let (sent, received): (u64, u64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+    let [sent, received] = ok_numbers(&c, &server.logs())[..] else {
+        panic!("memcache_check.py printed no byte counts")
+    };
     let d = delta(&s0, &env.stats());
     assert_smc(
         "memcached checked set/get",

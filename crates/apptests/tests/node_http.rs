@@ -24,11 +24,9 @@ fn node_http_server_and_client() {
         &[script, "client", &ps, &sockets.to_string(), "60"],
         Duration::from_secs(120),
     );
-    let out = client.stdout_str();
-    let f: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(f.first(), Some(&"ok"), "client: {out}\n{}", client.logs());
-    let bytes: u64 = f[1].parse().unwrap();
-    let used: u64 = f[2].parse().unwrap();
+    let [bytes, used] = ok_numbers(&client, &server.logs())[..] else {
+        panic!("http_pair.js printed no byte and socket counts")
+    };
     assert!(used >= 1 && used <= sockets, "{used} sockets");
     let d = delta(&s0, &env.stats());
     assert_smc("node http", &d, used, bytes, bytes, &server.logs());

@@ -36,10 +36,9 @@ fn python_asyncio_echo() {
         ],
         Duration::from_secs(120),
     );
-    let out = client.stdout_str();
-    let f: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(f.first(), Some(&"ok"), "client: {out}\n{}", client.logs());
-    let (sent, received): (u64, u64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+    let [sent, received] = ok_numbers(&client, &server.logs())[..] else {
+        panic!("asyncio_echo.py printed no byte counts")
+    };
     let d = delta(&s0, &env.stats());
     // Both directions moved through the rings, nothing else.
     assert_smc(
