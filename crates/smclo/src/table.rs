@@ -116,48 +116,36 @@ pub trait Atom {
     fn fence(o: Ordering);
 }
 
-impl Atom for std::sync::atomic::AtomicU64 {
-    fn load(&self, o: Ordering) -> u64 {
-        self.load(o)
-    }
-    fn store(&self, v: u64, o: Ordering) {
-        self.store(v, o)
-    }
-    fn compare_exchange(
-        &self,
-        cur: u64,
-        new: u64,
-        ok: Ordering,
-        fail: Ordering,
-    ) -> Result<u64, u64> {
-        self.compare_exchange(cur, new, ok, fail)
-    }
-    fn fence(o: Ordering) {
-        std::sync::atomic::fence(o)
-    }
+/// `Atom` for an atomic type whose methods and fence already have this
+/// shape (std's, and loom's under `--cfg loom`).
+macro_rules! impl_atom {
+    ($t:ty, $fence:path) => {
+        impl Atom for $t {
+            fn load(&self, o: Ordering) -> u64 {
+                self.load(o)
+            }
+            fn store(&self, v: u64, o: Ordering) {
+                self.store(v, o)
+            }
+            fn compare_exchange(
+                &self,
+                cur: u64,
+                new: u64,
+                ok: Ordering,
+                fail: Ordering,
+            ) -> Result<u64, u64> {
+                self.compare_exchange(cur, new, ok, fail)
+            }
+            fn fence(o: Ordering) {
+                $fence(o)
+            }
+        }
+    };
 }
 
+impl_atom!(std::sync::atomic::AtomicU64, std::sync::atomic::fence);
 #[cfg(loom)]
-impl Atom for loom::sync::atomic::AtomicU64 {
-    fn load(&self, o: Ordering) -> u64 {
-        self.load(o)
-    }
-    fn store(&self, v: u64, o: Ordering) {
-        self.store(v, o)
-    }
-    fn compare_exchange(
-        &self,
-        cur: u64,
-        new: u64,
-        ok: Ordering,
-        fail: Ordering,
-    ) -> Result<u64, u64> {
-        self.compare_exchange(cur, new, ok, fail)
-    }
-    fn fence(o: Ordering) {
-        loom::sync::atomic::fence(o)
-    }
-}
+impl_atom!(loom::sync::atomic::AtomicU64, loom::sync::atomic::fence);
 
 /// An entry's generation (24 bits), bumped by every take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
