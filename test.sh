@@ -27,12 +27,13 @@ cargo test --release --workspace -- --test-threads=2
 
 step=loom
 # The doorbell protocol, model-checked: every interleaving of one writer and
-# one reader (crates/smclo/tests/loom_doorbell.rs); and the shared tables'
+# one reader (crates/smclo/tests/loom_doorbell.rs), and of event-loop
+# pollers skipping doorbells (crates/smclo/tests/loom_poller.rs); and the shared tables'
 # claim / publish / release / reclaim protocol: claimers racing a reclaimer
 # of a dead owner's entry (crates/smclo/tests/loom_table.rs). Their own
 # target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
-    cargo test --release -p smclo --test loom_doorbell --test loom_table
+    cargo test --release -p smclo --test loom_doorbell --test loom_poller --test loom_table
 
 step=bench-suite
 # The suite's parsers, tables and chart; then every workload over every

@@ -60,6 +60,7 @@
 
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
+use crate::poller::Budget;
 use crate::ring;
 use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
@@ -70,6 +71,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+mod poll;
 
 /// How writes reach the peer's ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,10 +214,9 @@ pub struct Conn {
     /// Stats, counted by this process.
     sent: AtomicU64,
     received: AtomicU64,
-    /// Consecutive spins that ended without the awaited change, per
-    /// direction; the next budget shrinks with it (adaptive spinning).
-    rx_spin_misses: AtomicU32,
-    tx_spin_misses: AtomicU32,
+    /// Adaptive spin budgets, per direction.
+    rx_spin: Budget,
+    tx_spin: Budget,
     /// `chan` counts against the descriptor budget ([`crate::fdnum`]).
     _held: crate::fdnum::Held,
     /// Doorbells the reader un-counted that were not queued yet (the writer
@@ -230,6 +232,8 @@ pub struct Conn {
     held: AtomicU32,
     /// When the first held byte was written ([`mono_ns`]), 0 with none.
     held_at: AtomicU64,
+    /// This process's pollers of the receive ring ([`doorbell::poll_begin`]).
+    pollers: AtomicU64,
 }
 
 /// Nanoseconds of a monotonic clock since the first call (never 0 after it).
@@ -280,8 +284,8 @@ impl Conn {
             closed: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
-            rx_spin_misses: AtomicU32::new(0),
-            tx_spin_misses: AtomicU32::new(0),
+            rx_spin: Budget::new(),
+            tx_spin: Budget::new(),
             _held: crate::fdnum::Held::new(),
             rx_owed: AtomicU32::new(0),
             rcv_timeo_us: AtomicU64::new(0),
@@ -289,6 +293,7 @@ impl Conn {
             cork: AtomicBool::new(false),
             held: AtomicU32::new(0),
             held_at: AtomicU64::new(0),
+            pollers: AtomicU64::new(0),
         })
     }
 
@@ -488,22 +493,6 @@ impl Conn {
 
     // ----- spinning -------------------------------------------------------
 
-    fn budget(misses: &AtomicU32) -> Duration {
-        let max = spin_budget();
-        // Halve per consecutive miss, down to 1/64 of the maximum: a peer
-        // that answers slowly costs little, one that answers fast is caught.
-        max / (1 << misses.load(Ordering::Relaxed).min(6))
-    }
-
-    fn note_spin(misses: &AtomicU32, hit: bool) {
-        if hit {
-            misses.store(0, Ordering::Relaxed);
-        } else {
-            let m = misses.load(Ordering::Relaxed);
-            misses.store(m.saturating_add(1), Ordering::Relaxed);
-        }
-    }
-
     /// Busy-polls `word` until it differs from `from` or the budget runs out.
     fn spin_on(word: &AtomicU64, from: u64, budget: Duration) -> bool {
         let start = Instant::now();
@@ -524,7 +513,7 @@ impl Conn {
     /// `READER_SPINNING` so small writes skip their doorbell; the caller
     /// must then consume up to `cap` bytes of whatever is there.
     fn rx_spin(&self, cap: Option<usize>) -> io::Result<()> {
-        let budget = Self::budget(&self.rx_spin_misses);
+        let budget = self.rx_spin.next();
         if budget.is_zero() {
             return Ok(());
         }
@@ -540,19 +529,19 @@ impl Conn {
             doorbell::spin_end(l.prod(), l.ring_len())
                 .map_err(|e| self.violation("receive ring", e))?;
         }
-        Self::note_spin(&self.rx_spin_misses, hit);
+        self.rx_spin.note(hit);
         Ok(())
     }
 
     /// Writer: spin until the peer's `cons` word moves (room appears).
     fn tx_spin(&self) -> bool {
-        let budget = Self::budget(&self.tx_spin_misses);
+        let budget = self.tx_spin.next();
         if budget.is_zero() {
             return false;
         }
         let c = self.peer.cons();
         let hit = Self::spin_on(c, c.load(Ordering::SeqCst), budget);
-        Self::note_spin(&self.tx_spin_misses, hit);
+        self.tx_spin.note(hit);
         hit
     }
 

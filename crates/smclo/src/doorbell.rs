@@ -81,6 +81,23 @@
 //! spinning read itself. A reader starts spinning only on an empty ring
 //! with no bells, so data published in one spin session never outlives it.
 //!
+//! # Pollers
+//!
+//! An event loop's wait ([`crate::poller`]) looks at many rings from user
+//! space for a while before it sleeps in the kernel. While it does, its
+//! connections carry `POLLED` ([`poll_begin`], [`poll_end`], counted per
+//! process so that several pollers of one ring can overlap), and a writer
+//! that would raise `BELLS` from 0 skips the doorbell instead. Ending the
+//! session clears the flag and looks at every ring again, so what was
+//! published without a bell is seen (and reported) by the poller.
+//!
+//! Unlike the spinning reader, a poller does not consume: after a skip the
+//! ring may hold data with no bell until it is read empty, so the channel
+//! alone no longer tells readability. Every wait that can see such a ring
+//! looks at the ring first (the preload's `epoll_wait`, `poll`, `select`,
+//! blocking reads); the doorbell stays the truth for everything else,
+//! because a ring that was never polled always has its bell.
+//!
 //! # Checking the protocol
 //!
 //! The decisions are pure functions of the two words, generic over [`Word`]
@@ -98,7 +115,7 @@
 use smclo_wire::cursor::{
     self, advance, bells, conn_state_flags, distance, prod_flags, spin_cap, spin_cap_encode,
     with_bells, with_prod_flags, without_prod_flags, CursorError, CLOSING, EDGE_WANTED, LOOSE_BELL,
-    READER_SPINNING, WRITE_BLOCKED,
+    POLLED, READER_SPINNING, WRITE_BLOCKED,
 };
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -226,8 +243,12 @@ pub fn publish<W: Word + ?Sized>(
         // The edge the reader asked for is this publish's bell, or else
         // one loose byte beyond the count (a bell is queued already).
         new = without_prod_flags(new, EDGE_WANTED);
+        let polled = prod_flags(w) & POLLED != 0;
         if b == 0 {
-            if prod_flags(w) & READER_SPINNING != 0 && used + n <= spin_cap(c) {
+            if polled {
+                // The poller clears POLLED by CAS on this word and then
+                // loads it: it sees this publish (no post-check needed).
+            } else if prod_flags(w) & READER_SPINNING != 0 && used + n <= spin_cap(c) {
                 skipped = true;
             } else {
                 new = with_bells(new, 1);
@@ -245,8 +266,9 @@ pub fn publish<W: Word + ?Sized>(
     }
 }
 
-/// After publishing without a bell: still fine only if the reader is still
-/// spinning and everything unread fits its capacity; otherwise ring now.
+/// After publishing without a bell for a spinning reader: still fine only
+/// if it is still spinning and everything unread fits its capacity, or a
+/// poller looks at the ring; otherwise ring now.
 fn post_check<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<u32, CursorError> {
     loop {
         let c = cons.load();
@@ -256,7 +278,7 @@ fn post_check<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<u32
         if prod_flags(w) & READER_SPINNING != 0 && used <= spin_cap(c) {
             return Ok(0);
         }
-        if bells(w) > 0 || used == 0 {
+        if bells(w) > 0 || used == 0 || prod_flags(w) & POLLED != 0 {
             return Ok(0);
         }
         if prod.cas(w, with_bells(w, 1)).is_ok() {
@@ -445,6 +467,65 @@ pub fn spin_end<W: Word + ?Sized>(prod: &W, ring_len: u32) -> Result<(), CursorE
             return Ok(());
         }
     }
+}
+
+/// Adds `delta` (wrapping) to a counter word; returns the old value.
+fn count_add<W: Word + ?Sized>(count: &W, delta: u64) -> u64 {
+    let mut v = count.load();
+    loop {
+        match count.cas(v, v.wrapping_add(delta)) {
+            Ok(_) => return v,
+            Err(a) => v = a,
+        }
+    }
+}
+
+/// Sets (`on`) or clears `POLLED` in a valid `prod` word.
+fn set_polled<W: Word + ?Sized>(prod: &W, ring_len: u32, on: bool) -> Result<(), CursorError> {
+    loop {
+        let w = prod.load();
+        cursor::validate_prod(w, ring_len)?;
+        let new = if on {
+            with_prod_flags(w, POLLED)
+        } else {
+            without_prod_flags(w, POLLED)
+        };
+        if new == w || prod.cas(w, new).is_ok() {
+            return Ok(());
+        }
+    }
+}
+
+/// Poller (the reader's process): starts looking at the ring from user
+/// space, so writers may skip the doorbell. `pollers` counts this
+/// process's pollers of this ring; the first sets `POLLED`. The caller
+/// must end with [`poll_end`] and then look at the ring once more.
+pub fn poll_begin<W: Word + ?Sized>(
+    prod: &W,
+    pollers: &W,
+    ring_len: u32,
+) -> Result<(), CursorError> {
+    if count_add(pollers, 1) == 0 {
+        return set_polled(prod, ring_len, true);
+    }
+    Ok(())
+}
+
+/// Poller: stops looking. The last poller clears `POLLED`; then the caller
+/// must look at the ring again (Dekker, as for [`spin_end`]): a publish
+/// that skipped its doorbell did so by a CAS that saw the flag, so it
+/// precedes the clearing CAS and that look sees it. A poller that is not
+/// the last relies on the last one's look (and looks itself).
+///
+/// The clear may come after another poller counted itself in (it then
+/// polls without the flag, so writers ring: only the saving is lost); a
+/// set never comes after the last clear, since each poller sets before
+/// it counts itself out.
+pub fn poll_end<W: Word + ?Sized>(prod: &W, pollers: &W, ring_len: u32) -> Result<(), CursorError> {
+    if count_add(pollers, u64::MAX) == 1 {
+        return set_polled(prod, ring_len, false);
+    }
+    Ok(())
 }
 
 /// Sets `conn_state_flags` bits (closing flags) in a `prod` word; works on
@@ -689,6 +770,37 @@ mod tests {
         assert_eq!(publish(&p, &c, L, 1).unwrap(), 1);
         assert_eq!(reader_consume(&p, &c, L, L).unwrap(), 2);
         assert_eq!(prod_flags(Word::load(&p)), 0);
+    }
+
+    #[test]
+    fn polled_rings_skip_the_bell_until_the_last_poller_ends() {
+        let (p, c) = words();
+        let n = AtomicU64::new(0);
+        poll_begin(&p, &n, L).unwrap();
+        poll_begin(&p, &n, L).unwrap();
+        // Any amount, even a full ring: the poller looks, it need not fit.
+        assert_eq!(publish(&p, &c, L, L / 2).unwrap(), 0);
+        poll_end(&p, &n, L).unwrap();
+        assert_ne!(prod_flags(Word::load(&p)) & POLLED, 0);
+        assert_eq!(publish(&p, &c, L, L / 2).unwrap(), 0);
+        poll_end(&p, &n, L).unwrap();
+        assert_eq!(prod_flags(Word::load(&p)) & POLLED, 0);
+        assert_eq!(Word::load(&n), 0);
+        // Unread data with no bell: reading some keeps none, reading all
+        // takes none, and the next write rings.
+        assert_eq!(reader_consume(&p, &c, L, 10).unwrap(), 0);
+        assert_eq!(reader_consume(&p, &c, L, L - 10).unwrap(), 0);
+        assert_eq!(bells(Word::load(&p)), 0);
+        assert_eq!(publish(&p, &c, L, 1).unwrap(), 1);
+        // A spinning reader's skip stays good while a poller looks, even
+        // beyond the reader's capacity.
+        let (p, c) = words();
+        assert!(spin_begin(&p, &c, L, 4).unwrap());
+        poll_begin(&p, &n, L).unwrap();
+        assert_eq!(publish(&p, &c, L, 100).unwrap(), 0);
+        poll_end(&p, &n, L).unwrap();
+        spin_end(&p, L).unwrap();
+        assert_eq!(bells(Word::load(&p)), 0);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod error;
 pub mod fdnum;
 pub mod handshake;
 pub mod owner;
+pub mod poller;
 pub mod pool;
 pub mod registry;
 pub mod rendezvous;

@@ -44,8 +44,13 @@ pub const EDGE_WANTED: u8 = 0x08;
 /// [`EDGE_WANTED`]; the reader takes it at its next settle. Only with
 /// `BELLS > 0`.
 pub const LOOSE_BELL: u8 = 0x10;
+/// `prod_flags`: a poller of the reader's process (an event loop's
+/// `epoll_wait`, `poll`, `select`) is looking at this ring and re-checks it
+/// after clearing the flag; the writer skips the doorbell while it is set.
+pub const POLLED: u8 = 0x20;
 /// Every `prod_flags` bit this version knows.
-pub const PROD_FLAGS_KNOWN: u8 = WRITE_BLOCKED | BELLS | READER_SPINNING | EDGE_WANTED | LOOSE_BELL;
+pub const PROD_FLAGS_KNOWN: u8 =
+    WRITE_BLOCKED | BELLS | READER_SPINNING | EDGE_WANTED | LOOSE_BELL | POLLED;
 
 /// `conn_state_flags`: the writer will write no more (SHUT_WR).
 pub const PEER_DONE_WRITING: u8 = 0x80;
@@ -69,7 +74,7 @@ pub struct Cursor {
     /// Number of wraps, modulo 2^16.
     pub wrap: u16,
     /// `WRITE_BLOCKED`, `BELLS`, `READER_SPINNING`, `EDGE_WANTED`,
-    /// `LOOSE_BELL` (in `prod`); low byte of
+    /// `LOOSE_BELL`, `POLLED` (in `prod`); low byte of
     /// the spin capacity (in `cons`).
     pub prod_flags: u8,
     /// `PEER_*` (in `prod`); high byte of the spin capacity (in `cons`).

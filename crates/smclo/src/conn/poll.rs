@@ -1,0 +1,81 @@
+//! What an event loop asks of a connection ([`crate::poller`]): its
+//! readiness as the rings tell it, and the `POLLED` session that lets the
+//! peer's writes skip their doorbell while someone looks at the ring.
+
+use super::Conn;
+use crate::doorbell;
+use crate::poller::Ready;
+use smclo_wire::cursor::{
+    self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
+};
+use std::io;
+use std::sync::atomic::Ordering;
+
+impl Conn {
+    /// Readiness from the rings, as `poll(2)` reports a TCP socket: `IN`
+    /// with unread data or after the peer's end of stream (with `RDHUP`),
+    /// `HUP` and `ERR` too after a reset, the peer's death or an error of
+    /// this end; `OUT` when a write would not wait (room in the peer's
+    /// ring beyond what corking holds, or a write would fail at once).
+    pub fn ready(&self) -> Ready {
+        if self.sticky().is_err() {
+            return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR;
+        }
+        let mut r = Ready::EMPTY;
+        match self.rx_snap() {
+            Ok(s) => {
+                let flags = conn_state_flags(s.prod);
+                if s.used > 0 {
+                    r = r | Ready::IN;
+                }
+                if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
+                    r = r | Ready::IN | Ready::RDHUP;
+                }
+                if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
+                    r = r | Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR;
+                }
+            }
+            Err(_) => return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR,
+        }
+        if self.tx_allowed().is_err() {
+            return r | Ready::OUT;
+        }
+        match self.tx_snap() {
+            Ok(s) if s.used + self.held.load(Ordering::Relaxed) < self.peer.ring_len() => {
+                r | Ready::OUT
+            }
+            Ok(_) => r,
+            Err(_) => r | Ready::OUT | Ready::HUP | Ready::ERR,
+        }
+    }
+
+    /// Changes whenever data or a closing flag arrives (position and
+    /// flags of the local `prod` word, without the doorbell state): an
+    /// edge-triggered poller reports `IN` again only after it changed.
+    pub fn rx_mark(&self) -> u64 {
+        let w = self.local.prod().load(Ordering::SeqCst);
+        w & (cursor::POSITION_MASK | 0xFF << 56)
+    }
+
+    /// Changes whenever the peer makes room (its consumer position): an
+    /// edge-triggered poller reports `OUT` again only after it changed.
+    pub fn tx_mark(&self) -> u64 {
+        self.peer.cons().load(Ordering::SeqCst) & cursor::POSITION_MASK
+    }
+
+    /// Starts a poll session on the receive ring ([`doorbell::poll_begin`]):
+    /// until [`Conn::poll_end`], the peer's writes may skip the doorbell.
+    pub fn poll_begin(&self) -> io::Result<()> {
+        let l = &self.local;
+        doorbell::poll_begin(l.prod(), &self.pollers, l.ring_len())
+            .map_err(|e| self.violation("receive ring", e))
+    }
+
+    /// Ends a poll session ([`doorbell::poll_end`]); the caller must then
+    /// look at [`Conn::ready`] once more before it sleeps.
+    pub fn poll_end(&self) -> io::Result<()> {
+        let l = &self.local;
+        doorbell::poll_end(l.prod(), &self.pollers, l.ring_len())
+            .map_err(|e| self.violation("receive ring", e))
+    }
+}
