@@ -8,6 +8,7 @@ mod bench;
 mod dev;
 mod kernel_smc;
 mod run;
+mod ss;
 mod stats;
 
 use smclo::device::Device;
@@ -21,6 +22,7 @@ commands:
   dev set KEY=VALUE...          set knobs: active=0|1 dmb_copy=0|1 dmb_type=4k|huge
   stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
   stats reset                   zero the counters
+  ss [-l] [--json]              SMC-D connections (-l: listeners), like smcss
   bench [...]                   built-in benchmarks (smclo bench --help)
   run [-d] [-r SIZE] [-t SIZE] [--] PROGRAM [ARGS]
                                 run PROGRAM with SMC-D acceleration (alias: smc_run)
@@ -53,6 +55,7 @@ fn run(args: &[String]) -> i32 {
         }
         Some("dev" | "device" | "d") => dev::main(rest),
         Some("stats" | "s") => stats::main(rest),
+        Some("ss") => ss::main(rest),
         Some("bench") => bench::main(rest),
         Some("run") => run::main(rest),
         Some(other) => {

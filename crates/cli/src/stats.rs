@@ -102,7 +102,7 @@ fn to_table(s: &Stats, all: bool) -> String {
     o
 }
 
-fn json_str(s: &str) -> String {
+pub(crate) fn json_str(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
     o.push('"');
     for ch in s.chars() {

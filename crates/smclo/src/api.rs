@@ -329,10 +329,7 @@ impl SmcStream {
     /// connection the region is a local buffer that `commit` sends.
     pub fn reserve(&self, min: usize) -> io::Result<WriteRegion<'_>> {
         match &self.smc {
-            Some(e) => Ok(WriteRegion(WriteInner::Smc(
-                e.conn.reserve(min)?,
-                &e.registration,
-            ))),
+            Some(e) => Ok(WriteRegion(WriteInner::Smc(e.conn.reserve(min)?))),
             None => Ok(WriteRegion(WriteInner::Tcp(vec![0; min.max(1)], &self.tcp))),
         }
     }
@@ -364,11 +361,7 @@ impl SmcStream {
 
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         match &self.smc {
-            Some(e) => {
-                let n = e.conn.write(buf)?;
-                e.registration.add_tx(n as u64);
-                Ok(n)
-            }
+            Some(e) => e.conn.write(buf),
             None => (&self.tcp).write(buf),
         }
     }
@@ -462,7 +455,7 @@ pub struct WriteRegion<'a>(WriteInner<'a>);
 
 enum WriteInner<'a> {
     /// Inside the peer's DMB.
-    Smc(conn::WriteRegion<'a>, &'a crate::device::Registration),
+    Smc(conn::WriteRegion<'a>),
     /// A local buffer for a TCP connection.
     Tcp(Vec<u8>, &'a TcpStream),
 }
@@ -471,7 +464,7 @@ impl WriteRegion<'_> {
     /// Size of the region in bytes.
     pub fn len(&self) -> usize {
         match &self.0 {
-            WriteInner::Smc(r, _) => r.len(),
+            WriteInner::Smc(r) => r.len(),
             WriteInner::Tcp(b, _) => b.len(),
         }
     }
@@ -485,7 +478,7 @@ impl WriteRegion<'_> {
     /// (`offset + src.len() > len()`), like slice indexing.
     pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) {
         match &mut self.0 {
-            WriteInner::Smc(r, _) => r.copy_from_slice(offset, src),
+            WriteInner::Smc(r) => r.copy_from_slice(offset, src),
             WriteInner::Tcp(b, _) => b[offset..offset + src.len()].copy_from_slice(src),
         }
     }
@@ -496,7 +489,7 @@ impl WriteRegion<'_> {
     /// system calls only, never through a `&mut [u8]` made from it.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         match &mut self.0 {
-            WriteInner::Smc(r, _) => r.as_mut_ptr(),
+            WriteInner::Smc(r) => r.as_mut_ptr(),
             WriteInner::Tcp(b, _) => b.as_mut_ptr(),
         }
     }
@@ -504,11 +497,7 @@ impl WriteRegion<'_> {
     /// Sends the first `n` bytes of the region.
     pub fn commit(self, n: usize) -> io::Result<()> {
         match self.0 {
-            WriteInner::Smc(r, h) => {
-                r.commit(n)?;
-                h.add_tx(n as u64);
-                Ok(())
-            }
+            WriteInner::Smc(r) => r.commit(n),
             WriteInner::Tcp(b, mut t) => {
                 let n = n.min(b.len());
                 t.write_all(&b[..n])

@@ -58,6 +58,7 @@
 //! processes (after `fork`) on the same direction are not supported: each
 //! direction is single-producer, single-consumer.
 
+use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
 use crate::poller::Budget;
@@ -65,6 +66,7 @@ use crate::ring;
 use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
 };
+use smclo_wire::device_layout::end_flags;
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -214,6 +216,9 @@ pub struct Conn {
     /// Stats, counted by this process.
     sent: AtomicU64,
     received: AtomicU64,
+    /// This end's DMB table entry, when it has one: byte counts and close
+    /// steps for `xfer_bytes` and `smclo ss`.
+    record: Option<ConnRecord>,
     /// Adaptive spin budgets, per direction.
     rx_spin: Budget,
     tx_spin: Budget,
@@ -284,6 +289,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            record: None,
             rx_spin: Budget::new(),
             tx_spin: Budget::new(),
             _held: crate::fdnum::Held::new(),
@@ -295,6 +301,32 @@ impl Conn {
             held_at: AtomicU64::new(0),
             pollers: AtomicU64::new(0),
         })
+    }
+
+    /// Counts this end's bytes and close steps into its DMB table entry
+    /// (the handshake does, for every connection it establishes).
+    pub fn set_record(&mut self, r: ConnRecord) {
+        self.record = Some(r);
+    }
+
+    fn count_sent(&self, n: u32) {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(r) = &self.record {
+            r.add_tx(n as u64);
+        }
+    }
+
+    fn count_received(&self, n: usize) {
+        self.received.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(r) = &self.record {
+            r.add_rx(n as u64);
+        }
+    }
+
+    fn record_flags(&self, f: u64) {
+        if let Some(r) = &self.record {
+            r.set_flags(f);
+        }
     }
 
     /// The UNIX end: poll/epoll it (readable iff data or end of stream,
@@ -385,6 +417,7 @@ impl Conn {
         let _ = self
             .err
             .compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
+        self.record_flags(end_flags::ABORTED);
         doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
         // SAFETY: shutdown on our own descriptor; the peer's end becomes
         // readable and hung up, our blocked callers wake.
@@ -594,7 +627,7 @@ impl Conn {
                 let take = doorbell::reader_consume(l.prod(), l.cons(), len, n as u32)
                     .map_err(|e| self.violation("receive ring", e))?;
                 self.recv_bells(take)?;
-                self.received.fetch_add(n as u64, Ordering::Relaxed);
+                self.count_received(n);
                 done += n;
                 if done == buf.len() {
                     return Ok(done);
@@ -851,7 +884,7 @@ impl Conn {
     /// `tx`; `used` is the published unread count): held while corked and
     /// the ring is less than half full, else published with what was held.
     fn add_written(&self, used: u32, n: u32, more: bool) -> io::Result<()> {
-        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.count_sent(n);
         let held = self.held.load(Ordering::Relaxed);
         let hold = more || self.cork.load(Ordering::Relaxed);
         if hold && used + held + n < self.peer.ring_len() / 2 {
@@ -1017,6 +1050,14 @@ impl Conn {
         }
         // Held bytes come before the end of stream.
         self.flush()?;
+        // Recorded before the peer can see it, so that `smclo ss` never
+        // shows the peer's reaction without our step.
+        let peer_closing = conn_state_flags(self.local.prod().load(Ordering::Acquire)) != 0;
+        self.record_flags(if peer_closing {
+            end_flags::SHUT_WR | end_flags::SHUT_WR_PASSIVE
+        } else {
+            end_flags::SHUT_WR
+        });
         doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
         // The peer's descriptor becomes readable for good (end of file on
         // the channel), so it wakes and finds the flag.
@@ -1049,11 +1090,12 @@ impl Conn {
             Ok(s) => s.used > 0,
             Err(_) => true,
         };
-        let flag = if unread {
-            PEER_CONN_ABORT
+        let (flag, record) = if unread {
+            (PEER_CONN_ABORT, end_flags::ABORTED)
         } else {
-            PEER_CONN_CLOSED
+            (PEER_CONN_CLOSED, end_flags::CLOSED)
         };
+        self.record_flags(record);
         doorbell::set_state_flags(self.peer.prod(), flag);
         // SAFETY: shutdown on our own descriptor: the peer's end hangs up
         // even if a forked child still holds a copy of ours.
@@ -1255,7 +1297,7 @@ impl ReadRegion<'_> {
         let take = doorbell::reader_consume(l.prod(), l.cons(), l.ring_len(), n as u32)
             .map_err(|e| c.violation("receive ring", e))?;
         c.recv_bells(take)?;
-        c.received.fetch_add(n as u64, Ordering::Relaxed);
+        c.count_received(n);
         Ok(())
     }
 }

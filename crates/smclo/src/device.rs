@@ -29,15 +29,19 @@
 //! `xfer_bytes` remain right after kill -9 because dead owners' entries are
 //! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
 
+use crate::conn::Mode;
 use crate::dmb::Dmb;
 use crate::error::{DeviceError, DeviceProblem, Error, Result};
 use crate::owner::Owner;
-use crate::table::{Claim, Head, Judge, Membership, State, Ticket};
+use crate::table::{Claim, Gen, Head, Holder, Judge, Membership, State, Ticket};
 use smclo_wire::device_layout as layout;
+use smclo_wire::device_layout::end_flags;
 use smclo_wire::dmb_header;
+use smclo_wire::ends;
 use smclo_wire::reason::Reason;
 use std::fs::File;
 use std::io;
+use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -95,7 +99,9 @@ pub trait SmcdOps: Send + Sync {
     }
 }
 
-/// One DMB table entry (one cache line).
+/// One DMB table entry: two cache lines, the first changed by the data
+/// path (byte counts), the second written when the connection is set up,
+/// shut down or closed, and read by `smclo ss` ([`crate::ss`]).
 #[repr(C)]
 pub(crate) struct DmbEntry {
     head: Head,
@@ -103,8 +109,32 @@ pub(crate) struct DmbEntry {
     peer_token: AtomicU64,
     ring_len: AtomicU32,
     role: AtomicU32,
+    /// Bytes this end wrote into the peer's ring.
     tx_bytes: AtomicU64,
-    _reserved: AtomicU64,
+    /// Bytes this end's application consumed from its own ring.
+    rx_bytes: AtomicU64,
+    /// The TCP connection's local and peer addresses ([`ends`]).
+    ends: [AtomicU64; ends::WORDS],
+    /// [`end_flags`].
+    flags: AtomicU64,
+    _reserved: [AtomicU64; 2],
+}
+
+/// A connected DMB table entry as [`Device::connected_ends`] read it.
+pub(crate) struct RawEnd {
+    /// The owner (always set in what `connected_ends` returns).
+    pub owner: Option<Owner>,
+    pub token: u64,
+    pub peer_token: u64,
+    pub ring_len: u32,
+    /// [`Role`] as stored.
+    pub role: u32,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    /// [`ends`]-packed addresses.
+    pub ends: [u64; ends::WORDS],
+    /// [`end_flags`].
+    pub flags: u64,
 }
 
 /// DMB entry states (published; [`crate::table`] has FREE and WRITING).
@@ -585,6 +615,13 @@ impl Device {
             + (i % layout::DMB_ENTRIES as usize) * layout::DMB_ENTRY_LEN as usize)
     }
 
+    /// DMB table entry `i` if it holds incarnation `gen` (not freed since).
+    fn live_entry(&self, i: usize, gen: Gen) -> Option<&DmbEntry> {
+        let e = self.dmb_entry(i);
+        let w = e.head.word();
+        (w.gen() == gen && !w.is_free()).then_some(e)
+    }
+
     /// An `Arc` of this device (every `Device` lives in an `Arc`).
     pub(crate) fn arc(&self) -> Arc<Device> {
         self.me
@@ -708,6 +745,37 @@ impl Device {
         }
     }
 
+    /// Every connected DMB table entry (one per SMC-D connection end), each
+    /// read consistently with its word; dead owners' entries are reclaimed
+    /// first, as for [`Device::stats`].
+    pub(crate) fn connected_ends(&self) -> Vec<RawEnd> {
+        self.reclaim_dead_dmbs();
+        (0..layout::DMB_ENTRIES as usize)
+            .filter_map(|i| {
+                let e = self.dmb_entry(i);
+                let (w, mut end) = e.head.read(
+                    |w| w.state() == DMB_CONNECTED,
+                    || RawEnd {
+                        owner: None,
+                        token: e.token.load(Ordering::Relaxed),
+                        peer_token: e.peer_token.load(Ordering::Relaxed),
+                        ring_len: e.ring_len.load(Ordering::Relaxed),
+                        role: e.role.load(Ordering::Relaxed),
+                        tx_bytes: e.tx_bytes.load(Ordering::Relaxed),
+                        rx_bytes: e.rx_bytes.load(Ordering::Relaxed),
+                        ends: e.ends.each_ref().map(|a| a.load(Ordering::Relaxed)),
+                        flags: e.flags.load(Ordering::Acquire),
+                    },
+                )?;
+                match e.head.holder(w)? {
+                    Holder::Known(o) => end.owner = Some(o),
+                    Holder::Unrecorded(_) => return None,
+                }
+                Some(end)
+            })
+            .collect()
+    }
+
     /// Number of DMB table entries not FREE, whatever their owner's state:
     /// after a sweep this equals `stats().dmbs_cnt` (diagnostics and tests
     /// use it to see that dead owners' entries were really reclaimed).
@@ -773,6 +841,11 @@ impl Device {
         e.ring_len.store(ring_len, Ordering::Relaxed);
         e.role.store(role as u32, Ordering::Relaxed);
         e.tx_bytes.store(0, Ordering::Relaxed);
+        e.rx_bytes.store(0, Ordering::Relaxed);
+        for w in &e.ends {
+            w.store(0, Ordering::Relaxed);
+        }
+        e.flags.store(0, Ordering::Relaxed);
         let ticket = e.head.publish(claim, DMB_REGISTERED);
         self.u64_at(layout::off::DMBS_REGISTERED)
             .fetch_add(1, Ordering::Relaxed);
@@ -1036,14 +1109,15 @@ impl DmbHandle {
         &self.reg.dev
     }
 
-    /// See [`Registration::add_tx`].
+    /// Counts `n` bytes sent, as a connection's data path does through
+    /// its [`ConnRecord`].
     pub fn add_tx(&self, n: u64) {
-        self.reg.add_tx(n)
+        self.reg.record().add_tx(n)
     }
 
     /// See [`Registration::set_connected`].
-    pub fn set_connected(&self, peer_token: u64) {
-        self.reg.set_connected(peer_token)
+    pub fn set_connected(&self, peer_token: u64, local: SocketAddr, peer: SocketAddr, mode: Mode) {
+        self.reg.set_connected(peer_token, local, peer, mode)
     }
 
     /// The memfd holding the DMB, to pass to the peer (`SCM_RIGHTS`).
@@ -1072,7 +1146,7 @@ impl DmbHandle {
 /// pooled ones.
 ///
 /// Copies inherited through `fork` share the entry: each counts the bytes
-/// its process sends ([`add_tx`](Self::add_tx)) while the entry exists.
+/// its process moves ([`ConnRecord`]) while the entry exists.
 /// [`set_connected`](Self::set_connected) and the drop act only in the
 /// process that owns the entry at the time of the call (never a pid cached
 /// at creation), so after a hand-over the new owner unregisters and every
@@ -1106,12 +1180,8 @@ impl Registration {
     /// The entry, if it is still this registration's (same generation, not
     /// freed) and, with `own`, the calling process owns it.
     fn entry(&self, own: bool) -> Option<&DmbEntry> {
-        let e = self.dev.dmb_entry(self.idx);
-        let w = e.head.word();
-        let ok = w.gen() == self.ticket.gen()
-            && !w.is_free()
-            && (!own || w.pid() == Owner::current().pid);
-        ok.then_some(e)
+        let e = self.dev.live_entry(self.idx, self.ticket.gen())?;
+        (!own || e.head.word().pid() == Owner::current().pid).then_some(e)
     }
 
     /// This registration's incarnation under the calling process.
@@ -1119,22 +1189,31 @@ impl Registration {
         self.ticket.with_pid(Owner::current().pid)
     }
 
-    /// Adds `n` bytes sent by this end (the API layer calls it after each
-    /// write into the peer's DMB); summed into `xfer_bytes`. Every process
-    /// holding the connection counts into the entry while it exists,
-    /// whichever of them owns it.
-    pub fn add_tx(&self, n: u64) {
-        if let Some(e) = self.entry(false) {
-            e.tx_bytes.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
     /// Marks the DMB as part of an established connection with the DMB
-    /// `peer_token`; from now on the pair counts in `conns_active`.
-    pub fn set_connected(&self, peer_token: u64) {
+    /// `peer_token`, between TCP addresses `local` and `peer`, moving data
+    /// in `mode`; from now on the pair counts in `conns_active` and `smclo
+    /// ss` lists it. The addresses are stored before the state changes, so
+    /// a reader that sees the entry connected sees them.
+    pub fn set_connected(&self, peer_token: u64, local: SocketAddr, peer: SocketAddr, mode: Mode) {
         let Some(e) = self.entry(true) else { return };
         e.peer_token.store(peer_token, Ordering::Relaxed);
+        for (w, v) in e.ends.iter().zip(ends::pack(local, peer)) {
+            w.store(v, Ordering::Relaxed);
+        }
+        let copy = matches!(mode, Mode::Copy { .. });
+        e.flags
+            .store(if copy { end_flags::COPY } else { 0 }, Ordering::Relaxed);
         let _ = e.head.cas(self.my_ticket(), DMB_REGISTERED, DMB_CONNECTED);
+    }
+
+    /// What the connection's data path updates in the entry (byte counts,
+    /// close flags), for as long as the entry is this registration's.
+    pub fn record(&self) -> ConnRecord {
+        ConnRecord {
+            dev: self.dev.clone(),
+            idx: self.idx,
+            gen: self.ticket.gen(),
+        }
     }
 
     /// Makes process `to` (a fork child that still holds the connection)
@@ -1185,6 +1264,48 @@ impl Drop for Registration {
         // Only the current owner's copy unregisters (the release names it).
         if let Some(c) = e.head.release(mine, &me) {
             self.dev.retire_entry(e, c);
+        }
+    }
+}
+
+/// A connection end's DMB table entry as its data path sees it: the byte
+/// counts and close flags that `smclo ss` shows. It does not own the entry
+/// (the [`Registration`] does): every update first checks that the entry is
+/// still that registration's incarnation, so a record that outlives it
+/// (a fork child's copy, a late call) changes nothing. Updates are single
+/// atomic operations on the entry, no system call.
+#[derive(Clone)]
+pub struct ConnRecord {
+    dev: Arc<Device>,
+    idx: usize,
+    gen: Gen,
+}
+
+impl std::fmt::Debug for ConnRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConnRecord(entry {})", self.idx)
+    }
+}
+
+impl ConnRecord {
+    /// `n` bytes written into the peer's ring (summed into `xfer_bytes`).
+    pub fn add_tx(&self, n: u64) {
+        if let Some(e) = self.dev.live_entry(self.idx, self.gen) {
+            e.tx_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` bytes consumed from this end's ring.
+    pub fn add_rx(&self, n: u64) {
+        if let Some(e) = self.dev.live_entry(self.idx, self.gen) {
+            e.rx_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets [`end_flags`] bits (async-signal-safe: one load, one atomic or).
+    pub fn set_flags(&self, f: u64) {
+        if let Some(e) = self.dev.live_entry(self.idx, self.gen) {
+            e.flags.fetch_or(f, Ordering::Release);
         }
     }
 }

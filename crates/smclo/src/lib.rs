@@ -26,6 +26,7 @@ pub mod rendezvous;
 pub mod ring;
 mod rng;
 pub mod sockaddr;
+pub mod ss;
 pub mod table;
 pub mod tcp_syn;
 

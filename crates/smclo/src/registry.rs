@@ -21,7 +21,8 @@ use crate::owner::{netns_inode, Owner};
 use crate::table::{Head, Holder, Judge, State, Ticket, Word};
 use crate::tcp_syn::is_local;
 use smclo_wire::device_layout as layout;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use smclo_wire::ends;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -29,8 +30,6 @@ use std::sync::Arc;
 pub const PROBE: usize = 128;
 
 const LISTENING: State = State(2);
-const FAM_V4: u64 = 4;
-const FAM_V6: u64 = 6;
 
 /// One listener entry (one cache line).
 #[repr(C)]
@@ -50,22 +49,11 @@ fn entry(dev: &Device, i: usize) -> &ListenerEntry {
     dev.at(layout::LISTENER_OFF as usize + i * layout::LISTENER_ENTRY_LEN as usize)
 }
 
-/// An address in canonical form: IPv4-mapped IPv6 becomes IPv4.
+/// An address in canonical form ([`ends::canon_ip`]), family widened to
+/// the `meta` field's width.
 fn canon(ip: IpAddr) -> (u64, [u8; 16]) {
-    let mut b = [0u8; 16];
-    match ip {
-        IpAddr::V4(v4) => {
-            b[..4].copy_from_slice(&v4.octets());
-            (FAM_V4, b)
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => {
-                b[..4].copy_from_slice(&v4.octets());
-                (FAM_V4, b)
-            }
-            None => (FAM_V6, v6.octets()),
-        },
-    }
+    let (fam, b) = ends::canon_ip(ip);
+    (fam as u64, b)
 }
 
 fn home(port: u16) -> usize {
@@ -142,14 +130,9 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
             e.netns.store(netns_inode(), Ordering::Relaxed);
             e.meta
                 .store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
-            e.addr[0].store(
-                u64::from_ne_bytes(bytes[..8].try_into().unwrap()),
-                Ordering::Relaxed,
-            );
-            e.addr[1].store(
-                u64::from_ne_bytes(bytes[8..].try_into().unwrap()),
-                Ordering::Relaxed,
-            );
+            for (cell, w) in e.addr.iter().zip(ends::to_words(bytes)) {
+                cell.store(w, Ordering::Relaxed);
+            }
             let ticket = e.head.publish(claim, LISTENING);
             crate::debug!("registered listener {addr} in entry {i}");
             return Ok(ListenerGuard {
@@ -190,20 +173,24 @@ struct Fields {
     addr: [u8; 16],
 }
 
+/// The address in a LISTENING entry's fields; `None` for an unknown family.
+fn listen_addr(meta: u64, addr: [u8; 16]) -> Option<SocketAddr> {
+    let fam = u8::try_from(meta & 0xffff).ok()?;
+    Some(SocketAddr::new(
+        ends::ip_from(fam, addr)?,
+        (meta >> 16) as u16,
+    ))
+}
+
 /// A consistent copy of a LISTENING entry's word and fields, or `None` if
 /// it is not LISTENING or changed while being read.
 fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
     e.head.read(
         |w| w.state() == LISTENING,
-        || {
-            let mut addr = [0u8; 16];
-            addr[..8].copy_from_slice(&e.addr[0].load(Ordering::Relaxed).to_ne_bytes());
-            addr[8..].copy_from_slice(&e.addr[1].load(Ordering::Relaxed).to_ne_bytes());
-            Fields {
-                netns: e.netns.load(Ordering::Relaxed),
-                meta: e.meta.load(Ordering::Relaxed),
-                addr,
-            }
+        || Fields {
+            netns: e.netns.load(Ordering::Relaxed),
+            meta: e.meta.load(Ordering::Relaxed),
+            addr: ends::from_words(e.addr.each_ref().map(|a| a.load(Ordering::Relaxed))),
         },
     )
 }
@@ -232,12 +219,11 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         let Some((w, Fields { netns, meta, addr })) = snapshot(e) else {
             continue;
         };
-        let fam = meta & 0xffff;
-        if (meta >> 16) as u16 != port || (fam != FAM_V4 && fam != FAM_V6) {
+        let Some(listen) = listen_addr(meta, addr).filter(|a| a.port() == port) else {
             continue;
-        }
-        let exact = fam == dfam && addr == dbytes;
-        let wildcard = addr == [0u8; 16] && (fam == FAM_V6 || dfam == FAM_V4);
+        };
+        let exact = meta & 0xffff == dfam && addr == dbytes;
+        let wildcard = addr == [0u8; 16] && (listen.is_ipv6() || dfam == ends::FAMILY_V4 as u64);
         let mut dest_is_local = || *local.get_or_insert_with(|| is_local(dest));
         if !(exact || wildcard && netns == my_ns && dest_is_local()) {
             continue;
@@ -253,15 +239,10 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         if best.as_ref().is_some_and(|(s, _)| *s >= score) {
             continue;
         }
-        let ip = if fam == FAM_V4 {
-            IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))
-        } else {
-            IpAddr::V6(Ipv6Addr::from(addr))
-        };
         let info = ListenerInfo {
             owner,
             netns,
-            addr: SocketAddr::new(ip, port),
+            addr: listen,
         };
         best = Some((score, info));
         if score == 3 {
@@ -269,6 +250,28 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         }
     }
     best.map(|(_, i)| i)
+}
+
+/// Every live listener registration (for `smclo ss -l`), in table order;
+/// frees dead ones.
+pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
+    let mut judge = Judge::new(dev.dir());
+    let mut out = Vec::new();
+    for i in 0..layout::LISTENER_ENTRIES as usize {
+        let e = entry(dev, i);
+        if e.head.word().is_free() || reclaim(&mut judge, e) {
+            continue;
+        }
+        let Some((w, Fields { netns, meta, addr })) = snapshot(e) else {
+            continue;
+        };
+        let (Some(addr), Some(Holder::Known(owner))) = (listen_addr(meta, addr), e.head.holder(w))
+        else {
+            continue;
+        };
+        out.push(ListenerInfo { owner, netns, addr });
+    }
+    out
 }
 
 /// Number of live listener registrations (for stats); frees dead ones.

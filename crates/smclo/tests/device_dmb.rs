@@ -4,17 +4,22 @@
 
 mod common;
 use common::{spawn_child, ChildGuard, TempDir};
+use smclo::conn::Mode;
 use smclo::device::{Device, Role, SWEEP_INTERVAL_MS};
 use smclo::error::AttachError;
 use smclo::owner::Owner;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The addresses recorded for the pairs made here without a TCP connection.
+const LO: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1));
 
 const RING: u32 = smclo_wire::dmb_header::MIN_RING_LEN;
 
@@ -78,8 +83,8 @@ fn child_entry() {
             let a = dev.register_dmb(RING, Role::Client).unwrap();
             let b = dev.register_dmb(RING, Role::Server).unwrap();
             let c = dev.register_dmb(RING, Role::Client).unwrap();
-            a.set_connected(b.token());
-            b.set_connected(a.token());
+            a.set_connected(b.token(), LO, LO, Mode::NoCopy);
+            b.set_connected(a.token(), LO, LO, Mode::NoCopy);
             a.add_tx(1000);
             b.add_tx(234);
             println!("PID={}", std::process::id());
@@ -137,8 +142,8 @@ fn register_attach_unregister() {
 
     // A connected pair with traffic.
     let c = dev.register_dmb(RING, Role::Client).unwrap();
-    h.set_connected(c.token());
-    c.set_connected(h.token());
+    h.set_connected(c.token(), LO, LO, Mode::NoCopy);
+    c.set_connected(h.token(), LO, LO, Mode::NoCopy);
     h.add_tx(10);
     c.add_tx(5);
     let s = dev.stats();

@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 2
+//!   8   version u32 = 3
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -24,7 +24,7 @@
 //!   256 fallbacks by reason, client side: [u64; 32]
 //!   512 fallbacks by reason, server side: [u64; 32]
 //!   768 reserved to 4096
-//! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 64 bytes
+//! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
 //! LISTENER_OFF      listener registry, LISTENER_ENTRIES x 64 bytes
 //! RENDEZVOUS_OFF    rendezvous slots, RENDEZVOUS_ENTRIES x 2048 bytes
 //! ```
@@ -32,21 +32,26 @@
 //! Every table entry starts with the same 24-byte head (state word, owner
 //! start time, owner identity with its pid namespace), kept by
 //! `smclo::table`. Version 2 added the pid namespace: a version 1 process
-//! would judge other namespaces' entries by pid.
+//! would judge other namespaces' entries by pid. Version 3 doubled the DMB
+//! entry to carry what `smclo ss` shows (the connection's addresses, mode,
+//! bytes received, close flags): a version 2 process would read the
+//! listener registry at the wrong offset.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
 /// Entries in the DMB table (the kernel's loopback allows 5000 DMBs).
 pub const DMB_ENTRIES: u32 = 4096;
-/// Bytes per DMB table entry: one cache line.
-pub const DMB_ENTRY_LEN: u32 = 64;
+/// Bytes per DMB table entry: two cache lines, the first changed by the
+/// data path (byte counts), the second written at connection setup and
+/// close (what `smclo ss` shows).
+pub const DMB_ENTRY_LEN: u32 = 128;
 /// Offset of the DMB table.
 pub const DMB_TABLE_OFF: u32 = HEADER_LEN;
 
@@ -76,6 +81,22 @@ pub const REASON_SLOTS: u32 = 32;
 /// Total size of the device file.
 pub const TOTAL_SIZE: u64 =
     RENDEZVOUS_OFF as u64 + RENDEZVOUS_ENTRIES as u64 * RENDEZVOUS_ENTRY_LEN as u64;
+
+/// Bits of a DMB table entry's `flags` word: how the connection end moves
+/// data and how far it has closed (`smclo ss` derives SMC's socket states
+/// from both ends' flags).
+pub mod end_flags {
+    /// The end writes through a private send buffer (copy mode).
+    pub const COPY: u64 = 1 << 0;
+    /// The end shut down writing (`PEER_DONE_WRITING` sent).
+    pub const SHUT_WR: u64 = 1 << 1;
+    /// ... after the peer had done so (passive close).
+    pub const SHUT_WR_PASSIVE: u64 = 1 << 2;
+    /// The end closed the connection.
+    pub const CLOSED: u64 = 1 << 3;
+    /// The end aborted the connection (`PEER_CONN_ABORT` sent).
+    pub const ABORTED: u64 = 1 << 4;
+}
 
 /// Header field offsets (bytes from the start of the file).
 pub mod off {

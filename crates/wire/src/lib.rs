@@ -10,5 +10,6 @@ pub mod clc;
 pub mod cursor;
 pub mod device_layout;
 pub mod dmb_header;
+pub mod ends;
 pub mod reason;
 pub mod syn;

@@ -123,7 +123,6 @@ fn do_send(fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
         s.conn.send_more(buf, dontwait, more)
     }) {
         Ok(n) => {
-            s.reg.add_tx(n as u64);
             crate::cork::arm(s);
             n as ssize_t
         }
@@ -622,7 +621,6 @@ fn do_sendfile(s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssi
             }
             break;
         }
-        s.reg.add_tx(n as u64);
         if !off.is_null() {
             // SAFETY: the application's offset.
             unsafe { *off += n as off_t };

@@ -6,11 +6,10 @@ use super::channel::{
     RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
 use super::{
-    abort_tcp, attach_error, expect_clc, key_for, mode, peer_decline, random_u64, Decision,
-    Established, HandshakeError, LOOPBACK_CHID,
+    abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
+    Decision, Established, HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
-use crate::conn::Conn;
 use crate::debug;
 use crate::device::{self as device, Device, Role};
 use crate::owner::{self, Owner};
@@ -47,6 +46,9 @@ pub struct ClientProposal {
     /// port position holds the mark, see [`key_for`]).
     fd: RawFd,
     src_ip: std::net::IpAddr,
+    /// The socket's address once `connect` chose it, and the destination.
+    src: Option<SocketAddr>,
+    dest: SocketAddr,
     port_published: bool,
 }
 
@@ -141,6 +143,8 @@ pub fn client_propose(
         saved_mark: None,
         fd,
         src_ip,
+        src: None,
+        dest,
         port_published: false,
     };
     let key = key_for(src_ip, mark, dest);
@@ -183,7 +187,10 @@ impl ClientProposal {
         self.port_published = true;
         let Some(slot) = &self.slot else { return };
         match local_addr(self.fd).map(tcp_syn::canonical) {
-            Ok(a) if a.port() != 0 && a.ip() == self.src_ip => slot.set_client_port(a.port()),
+            Ok(a) if a.port() != 0 && a.ip() == self.src_ip => {
+                self.src = Some(a);
+                slot.set_client_port(a.port())
+            }
             Ok(a) if a.port() != 0 => {
                 // Routing chose another source than the key names: no
                 // server can match it. Withdraw; the server keeps TCP.
@@ -407,10 +414,11 @@ impl ClientProposal {
             return Err(Reason::SyncErr);
         }
         self.withdraw();
-        let (local, registration) = self.dmb.take().expect("client DMB").into_parts();
-        registration.set_connected(accept.token);
-        match Conn::new(local, peer, chan, mode(&self.dev, &self.cfg)) {
-            Ok(conn) => Ok(Established { conn, registration }),
+        let dmb = self.dmb.take().expect("client DMB");
+        let local = self.src.unwrap_or(SocketAddr::new(self.src_ip, 0));
+        let mode = mode(&self.dev, &self.cfg);
+        match establish(dmb, peer, chan, accept.token, (local, self.dest), mode) {
+            Ok(e) => Ok(e),
             Err(e) => {
                 debug!("building the connection failed: {e}");
                 Err(Reason::IntErr)

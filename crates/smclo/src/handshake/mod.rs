@@ -21,7 +21,8 @@ pub use server::{server_accept, Listening};
 use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
-use crate::device::{Device, Registration, LOOPBACK_CHID};
+use crate::device::{Device, DmbHandle, Registration, LOOPBACK_CHID};
+use crate::dmb::Dmb;
 use crate::error::AttachError;
 use crate::rendezvous::SlotKey;
 use smclo_wire::clc::ClcMsg;
@@ -31,6 +32,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::os::unix::net::UnixStream;
 
 /// A connection that the handshake upgraded.
 pub struct Established {
@@ -176,6 +178,25 @@ fn mode(dev: &Device, cfg: &Config) -> Mode {
     } else {
         Mode::NoCopy
     }
+}
+
+/// The end of a handshake that upgraded: this end's DMB is marked connected
+/// to the peer's `peer_token`, with the TCP connection's `local` and `peer`
+/// addresses (what `smclo ss` shows), and the data path is built, counting
+/// into the DMB's table entry.
+fn establish(
+    dmb: DmbHandle,
+    peer_dmb: Dmb,
+    chan: UnixStream,
+    peer_token: u64,
+    (local, peer): (SocketAddr, SocketAddr),
+    mode: Mode,
+) -> io::Result<Established> {
+    let (local_dmb, registration) = dmb.into_parts();
+    registration.set_connected(peer_token, local, peer, mode);
+    let mut conn = Conn::new(local_dmb, peer_dmb, chan, mode)?;
+    conn.set_record(registration.record());
+    Ok(Established { conn, registration })
 }
 
 /// The failure of attaching the peer's DMB.

@@ -6,11 +6,10 @@ use super::channel::{
     CLIENT_DMB_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
-    abort_tcp, attach_error, expect_clc, key_for, mode, random_u64, Decision, Established,
+    abort_tcp, attach_error, establish, expect_clc, key_for, mode, random_u64, Decision,
     HandshakeError, LOOPBACK_CHID,
 };
 use crate::config::Config;
-use crate::conn::Conn;
 use crate::debug;
 use crate::device::{Device, Role};
 use crate::owner::Owner;
@@ -20,6 +19,7 @@ use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
 use std::cell::Cell;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -206,7 +206,8 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait
                 continue;
             }
         }
-        return server_answer(dev, cfg, &slot, &proposal, wait, conn_fd);
+        let ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
+        return server_answer(dev, cfg, &slot, &proposal, wait, conn_fd, ends);
     }
     if mismatched {
         debug!(
@@ -228,6 +229,7 @@ fn server_answer(
     proposal: &Proposal,
     wait: &ClientWait,
     conn_fd: RawFd,
+    ends: (SocketAddr, SocketAddr),
 ) -> Decision {
     let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
@@ -309,10 +311,8 @@ fn server_answer(
         debug!("sending our DMB to the client failed ({e}): connection aborted");
         return abort_tcp(conn_fd, Reason::IntErr);
     }
-    let (local, registration) = dmb.into_parts();
-    registration.set_connected(proposal.token);
-    match Conn::new(local, peer, chan, mode(dev, cfg)) {
-        Ok(conn) => Decision::Smc(Established { conn, registration }),
+    match establish(dmb, peer, chan, proposal.token, ends, mode(dev, cfg)) {
+        Ok(e) => Decision::Smc(e),
         Err(e) => {
             debug!("building the connection failed ({e}): connection aborted");
             abort_tcp(conn_fd, Reason::IntErr)

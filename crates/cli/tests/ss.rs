@@ -1,0 +1,310 @@
+//! `smclo ss` against connections whose numbers the test knows: three SMC-D
+//! connections between this process (clients) and a child (server), with
+//! known byte counts each way, unread bytes left in two rings, one
+//! connection in copy mode and one half-closed; every field of the text
+//! and JSON output is checked, and the listener with `-l`.
+
+use smclo::api::{SmcListener, SmcStream};
+use smclo::config::Config;
+use smclo::device::Device;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+/// (bytes the server reads, bytes it writes) per connection, in order.
+const SERVER_SCRIPT: [(usize, usize); 3] = [(1000, 2000), (3000, 0), (0, 5000)];
+const CLIENT_RING: u32 = 64 * 1024;
+const SERVER_RING: &str = "32k";
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Kills the child on drop, so a failing test leaves no process behind.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::from_env().unwrap();
+    c.device_dir = dir.to_path_buf();
+    c
+}
+
+/// The server, in a child process (an end never upgrades a connection to
+/// its own process): accepts three connections, runs [`SERVER_SCRIPT`] on
+/// them, prints `DONE` and holds them until its stdin closes.
+#[test]
+fn child_entry() {
+    let Ok(dir) = std::env::var("SMCLO_SS_TEST_DIR") else {
+        return;
+    };
+    let l = SmcListener::bind_with("127.0.0.1:0", &config(Path::new(&dir))).unwrap();
+    println!("PORT={}", l.local_addr().unwrap().port());
+    let mut held = Vec::new();
+    for (read, write) in SERVER_SCRIPT {
+        let (mut s, _) = l.accept().unwrap();
+        assert!(s.is_smc(), "server fell back: {:?}", s.fallback_reason());
+        let mut buf = vec![0u8; read];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&vec![7u8; write]).unwrap();
+        println!("SERVED");
+        held.push(s);
+    }
+    println!("DONE");
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+}
+
+/// The child's next line that starts with `prefix`, without the prefix
+/// (the test harness prints lines of its own).
+fn line(out: &mut BufReader<ChildStdout>, prefix: &str) -> String {
+    loop {
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "the server ended");
+        if let Some(rest) = l.trim_end().strip_prefix(prefix) {
+            return rest.to_string();
+        }
+    }
+}
+
+fn smclo(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_smclo"))
+        .args(args)
+        .env("SMCLO_DEVICE_DIR", dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "smclo {args:?}: {o:?}");
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// What `/proc/<pid>/comm` holds for this test binary: its file name, cut
+/// to 15 bytes.
+fn program() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let name = exe.file_name().unwrap().to_str().unwrap();
+    name[..name.len().min(15)].to_string()
+}
+
+fn pidns(pid: u32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .unwrap()
+        .ino()
+}
+
+/// One connection end as the test expects `smclo ss` to show it.
+struct Expect {
+    state: &'static str,
+    pid: u32,
+    role: &'static str,
+    local: SocketAddr,
+    peer: SocketAddr,
+    copy: bool,
+    sent: u64,
+    received: u64,
+    ring: u32,
+    fill: u64,
+}
+
+/// The value of `key` in a flat JSON object (no nested objects or commas
+/// inside strings, which holds for `smclo ss`'s connection objects).
+fn field<'a>(obj: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let at = obj
+        .find(&pat)
+        .unwrap_or_else(|| panic!("{key} missing in {obj}"))
+        + pat.len();
+    let rest = &obj[at..];
+    rest[..rest.find(",\"").unwrap_or(rest.len())].trim_matches('"')
+}
+
+#[test]
+fn ss_shows_every_field_of_known_connections() {
+    let dir = Dir(PathBuf::from(format!(
+        "/dev/shm/smclo-test-ss-{}",
+        std::process::id()
+    )));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let mut child = ChildGuard(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_entry",
+                "--nocapture",
+                "--test-threads=1",
+                "-q",
+            ])
+            .env("SMCLO_SS_TEST_DIR", &dir.0)
+            .env("SMCLO_RMEM", SERVER_RING)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let server_pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let port: u16 = line(&mut out, "PORT=").parse().unwrap();
+    let server: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut cfg = config(&dir.0);
+    cfg.rmem = CLIENT_RING;
+    let dev = Device::open(&dir.0).unwrap();
+
+    let connect = || {
+        let s = SmcStream::connect_with(server, &cfg).unwrap();
+        assert!(s.is_smc(), "client fell back: {:?}", s.fallback_reason());
+        s
+    };
+    let mut a = connect();
+    a.write_all(&[1u8; 1000]).unwrap();
+    a.read_exact(&mut [0u8; 2000]).unwrap();
+    line(&mut out, "SERVED");
+    let mut b = connect();
+    b.write_all(&[2u8; 3000]).unwrap();
+    line(&mut out, "SERVED");
+    // Each end reads the knob when its handshake ends: the server's has
+    // ended for b (SERVED), and ends for c before the next SERVED.
+    dev.set_dmb_copy(true);
+    let mut c = connect();
+    c.write_all(&[3u8; 7]).unwrap();
+    line(&mut out, "SERVED");
+    dev.set_dmb_copy(false);
+    line(&mut out, "DONE");
+    a.shutdown(Shutdown::Write).unwrap();
+
+    let me = std::process::id();
+    let (la, lb, lc) = (
+        a.local_addr().unwrap(),
+        b.local_addr().unwrap(),
+        c.local_addr().unwrap(),
+    );
+    let sring = 32 * 1024;
+    #[rustfmt::skip]
+    let want = [
+        Expect { state: "PEERCLOSEWAIT1", pid: me, role: "client", local: la, peer: server, copy: false, sent: 1000, received: 2000, ring: CLIENT_RING, fill: 0 },
+        Expect { state: "ACTIVE", pid: me, role: "client", local: lb, peer: server, copy: false, sent: 3000, received: 0, ring: CLIENT_RING, fill: 0 },
+        Expect { state: "ACTIVE", pid: me, role: "client", local: lc, peer: server, copy: true, sent: 7, received: 0, ring: CLIENT_RING, fill: 5000 },
+        Expect { state: "APPCLOSEWAIT1", pid: server_pid, role: "server", local: server, peer: la, copy: false, sent: 2000, received: 1000, ring: sring, fill: 0 },
+        Expect { state: "ACTIVE", pid: server_pid, role: "server", local: server, peer: lb, copy: false, sent: 0, received: 3000, ring: sring, fill: 0 },
+        Expect { state: "ACTIVE", pid: server_pid, role: "server", local: server, peer: lc, copy: true, sent: 5000, received: 0, ring: sring, fill: 7 },
+    ];
+    let prog = program();
+
+    // Text: one row per end, every column.
+    let text = smclo(&dir.0, &["ss"]);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), want.len(), "{text}");
+    for w in &want {
+        let cols = [
+            w.state.to_string(),
+            format!("{}/{prog}", w.pid),
+            w.role.to_string(),
+            w.local.to_string(),
+            w.peer.to_string(),
+            if w.copy { "SMCD-copy" } else { "SMCD" }.to_string(),
+            w.sent.to_string(),
+            w.received.to_string(),
+            w.ring.to_string(),
+            w.fill.to_string(),
+        ];
+        assert!(
+            rows.iter()
+                .any(|r| r.split_whitespace().eq(cols.iter().map(String::as_str))),
+            "no row {cols:?} in\n{text}"
+        );
+    }
+
+    // JSON: every field, and the tokens pair the ends.
+    let json = smclo(&dir.0, &["ss", "--json"]);
+    let body = json
+        .trim_end()
+        .strip_prefix(&format!(
+            "{{\"gid\":\"{:016x}\",\"connections\":[{{",
+            dev.gid()
+        ))
+        .and_then(|s| s.strip_suffix("}]}"))
+        .unwrap_or_else(|| panic!("unexpected JSON: {json}"));
+    let objs: Vec<&str> = body.split("},{").collect();
+    assert_eq!(objs.len(), want.len(), "{json}");
+    let mut tokens = Vec::new();
+    for w in &want {
+        let o = objs
+            .iter()
+            .find(|o| {
+                field(o, "local") == w.local.to_string() && field(o, "peer") == w.peer.to_string()
+            })
+            .unwrap_or_else(|| panic!("no end {} -> {} in {json}", w.local, w.peer));
+        let fields = [
+            ("state", w.state.to_string()),
+            ("pid", w.pid.to_string()),
+            ("pidns", pidns(w.pid).to_string()),
+            ("program", prog.clone()),
+            ("role", w.role.to_string()),
+            (
+                "mode",
+                if w.copy { "smcd-copy" } else { "smcd" }.to_string(),
+            ),
+            ("bytes_sent", w.sent.to_string()),
+            ("bytes_received", w.received.to_string()),
+            ("ring_len", w.ring.to_string()),
+            ("ring_fill", w.fill.to_string()),
+        ];
+        for (k, v) in fields {
+            assert_eq!(field(o, k), v, "{k} of {o}");
+        }
+        tokens.push((
+            field(o, "token").to_string(),
+            field(o, "peer_token").to_string(),
+        ));
+    }
+    for i in 0..3 {
+        let (client, server) = (&tokens[i], &tokens[i + 3]);
+        assert_eq!(
+            (&client.0, &client.1),
+            (&server.1, &server.0),
+            "tokens pair the ends"
+        );
+        assert_eq!(client.0.len(), 16);
+    }
+
+    // Listeners.
+    let text = smclo(&dir.0, &["ss", "-l"]);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|r| r.split_whitespace().collect())
+        .collect();
+    let netns = std::fs::metadata(format!("/proc/{server_pid}/ns/net"))
+        .unwrap()
+        .ino();
+    assert_eq!(
+        rows,
+        vec![vec![
+            "LISTEN",
+            &server.to_string(),
+            &netns.to_string(),
+            &format!("{server_pid}/{prog}")
+        ]],
+        "{text}"
+    );
+    let json = smclo(&dir.0, &["ss", "-l", "--json"]);
+    assert_eq!(
+        json,
+        format!(
+            "{{\"gid\":\"{:016x}\",\"listeners\":[{{\"state\":\"LISTEN\",\"pid\":{server_pid},\"pidns\":{},\"program\":\"{prog}\",\"local\":\"{server}\",\"netns\":{netns}}}]}}\n",
+            dev.gid(),
+            pidns(server_pid)
+        )
+    );
+    drop((a, b, c));
+    drop(child.0.stdin.take());
+}

@@ -1,0 +1,239 @@
+//! What `smclo ss` lists, like smc-tools' `smcss`: every SMC-D connection
+//! end of the device and every listener, read from the device file.
+//!
+//! Each connection end is one connected DMB table entry
+//! ([`crate::device`]): its owner, role, the TCP connection's addresses,
+//! the transfer mode, the bytes it wrote into the peer's ring and consumed
+//! from its own, and its close flags. The two ends of a connection are
+//! paired by token. The SMC socket state of an end is derived from both
+//! ends' flags ([`SmcState::of`]); an end whose peer's entry is gone sees
+//! the peer as closed. The fill of an end's ring is what the peer wrote
+//! into it minus what it consumed, known while the peer's entry exists.
+//!
+//! Nothing here is more than the device file holds: who may read the device
+//! may read this.
+
+use crate::device::{Device, Role};
+use crate::owner::{Owner, PidNs};
+use crate::registry;
+use smclo_wire::device_layout::end_flags;
+use smclo_wire::ends;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+/// SMC's socket states (the kernel's `enum smc_state`, as `smcss` names
+/// them) that an smclo connection end passes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmcState {
+    /// Both directions open.
+    Active,
+    /// This end shut down writing; the peer has not.
+    PeerCloseWait1,
+    /// Both shut down writing, this end first; the peer has not closed.
+    PeerCloseWait2,
+    /// The peer shut down writing or closed; this end has not shut down.
+    AppCloseWait1,
+    /// The peer shut down writing or closed first, then this end shut down
+    /// writing; this end has not closed.
+    AppCloseWait2,
+    /// This end shut down writing first, and the peer has closed.
+    AppFinCloseWait,
+    /// This end closed or aborted, or its peer aborted; the application
+    /// may still hold the descriptor.
+    Closed,
+}
+
+impl SmcState {
+    /// The name `smcss` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            SmcState::Active => "ACTIVE",
+            SmcState::PeerCloseWait1 => "PEERCLOSEWAIT1",
+            SmcState::PeerCloseWait2 => "PEERCLOSEWAIT2",
+            SmcState::AppCloseWait1 => "APPCLOSEWAIT1",
+            SmcState::AppCloseWait2 => "APPCLOSEWAIT2",
+            SmcState::AppFinCloseWait => "APPFINCLOSEWAIT",
+            SmcState::Closed => "CLOSED",
+        }
+    }
+
+    /// The state of an end with [`end_flags`] `me` whose peer's flags are
+    /// `peer` (`None`: the peer's entry is gone, it closed or died), as the
+    /// kernel's close state machine (`smc_close.c`) would have it.
+    pub fn of(me: u64, peer: Option<u64>) -> SmcState {
+        let ended = end_flags::CLOSED | end_flags::ABORTED;
+        if me & ended != 0 || peer.is_some_and(|p| p & end_flags::ABORTED != 0) {
+            return SmcState::Closed;
+        }
+        let peer_closed = peer.is_none_or(|p| p & end_flags::CLOSED != 0);
+        let peer_done = peer_closed || peer.is_some_and(|p| p & end_flags::SHUT_WR != 0);
+        match (me & end_flags::SHUT_WR != 0, peer_done) {
+            (false, false) => SmcState::Active,
+            (false, true) => SmcState::AppCloseWait1,
+            (true, _) if me & end_flags::SHUT_WR_PASSIVE != 0 => SmcState::AppCloseWait2,
+            (true, false) => SmcState::PeerCloseWait1,
+            (true, true) if peer_closed => SmcState::AppFinCloseWait,
+            (true, true) => SmcState::PeerCloseWait2,
+        }
+    }
+}
+
+/// The process behind an entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    /// Its pid, in its own pid namespace.
+    pub pid: u32,
+    /// Its pid namespace (inode of `/proc/<pid>/ns/pid`).
+    pub pidns: PidNs,
+    /// Its program name (`/proc/<pid>/comm`); `None` when it is in another
+    /// pid namespace (its pid names another process here) or gone.
+    pub program: Option<String>,
+}
+
+impl Process {
+    fn of(o: Owner) -> Process {
+        Process {
+            pid: o.pid,
+            pidns: o.pidns,
+            program: program(o),
+        }
+    }
+}
+
+/// `/proc/<pid>/comm` of `o`, if `o` is in our pid namespace and is still
+/// the process with that pid (same start time).
+fn program(o: Owner) -> Option<String> {
+    if o.pidns != PidNs::current() {
+        return None;
+    }
+    let now = Owner::of(o.pid)?;
+    if o.start != 0 && now.start != 0 && now.start != o.start {
+        return None;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", o.pid)).ok()?;
+    Some(comm.trim_end_matches('\n').to_string())
+}
+
+/// One SMC-D connection end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmcEnd {
+    /// The process that owns the end's DMB.
+    pub process: Process,
+    /// Client (connected) or server (accepted).
+    pub role: Role,
+    /// The TCP connection's local address.
+    pub local: SocketAddr,
+    /// The TCP connection's peer address.
+    pub peer: SocketAddr,
+    /// Copy mode (through a private send buffer); otherwise no-copy.
+    pub copy: bool,
+    /// This end's DMB token.
+    pub token: u64,
+    /// The peer's DMB token.
+    pub peer_token: u64,
+    /// Bytes this end wrote into the peer's ring.
+    pub bytes_sent: u64,
+    /// Bytes this end's application consumed from its ring.
+    pub bytes_received: u64,
+    /// Size of this end's ring (its receive buffer).
+    pub ring_len: u32,
+    /// Bytes in this end's ring not consumed yet; `None` once the peer's
+    /// entry is gone.
+    pub ring_fill: Option<u64>,
+    /// SMC socket state.
+    pub state: SmcState,
+}
+
+/// Every SMC-D connection end of the device, ordered by local then peer
+/// address.
+pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
+    let raw = dev.connected_ends();
+    let by_token: HashMap<u64, usize> = raw.iter().enumerate().map(|(i, e)| (e.token, i)).collect();
+    let mut out: Vec<SmcEnd> = raw
+        .iter()
+        .filter_map(|e| {
+            let (local, peer) = ends::unpack(&e.ends)?;
+            let owner = e.owner?;
+            let peer_end = by_token
+                .get(&e.peer_token)
+                .map(|&i| &raw[i])
+                .filter(|p| p.peer_token == e.token);
+            Some(SmcEnd {
+                process: Process::of(owner),
+                role: if e.role == Role::Server as u32 {
+                    Role::Server
+                } else {
+                    Role::Client
+                },
+                local,
+                peer,
+                copy: e.flags & end_flags::COPY != 0,
+                token: e.token,
+                peer_token: e.peer_token,
+                bytes_sent: e.tx_bytes,
+                bytes_received: e.rx_bytes,
+                ring_len: e.ring_len,
+                ring_fill: peer_end.map(|p| p.tx_bytes.saturating_sub(e.rx_bytes)),
+                state: SmcState::of(e.flags, peer_end.map(|p| p.flags)),
+            })
+        })
+        .collect();
+    out.sort_by_key(|e| (e.local, e.peer));
+    out
+}
+
+/// One listener registered on the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listener {
+    /// The listening process.
+    pub process: Process,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Inode of its network namespace.
+    pub netns: u64,
+}
+
+/// Every live listener of the device, ordered by address.
+pub fn listeners(dev: &Device) -> Vec<Listener> {
+    let mut out: Vec<Listener> = registry::listeners(dev)
+        .into_iter()
+        .map(|l| Listener {
+            process: Process::of(l.owner),
+            addr: l.addr,
+            netns: l.netns,
+        })
+        .collect();
+    out.sort_by_key(|l| (l.addr, l.process.pid));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use end_flags::{ABORTED, CLOSED, SHUT_WR, SHUT_WR_PASSIVE};
+    use SmcState::*;
+
+    #[test]
+    fn states_follow_the_kernels_close_machine() {
+        let cases: [(u64, Option<u64>, SmcState); 14] = [
+            (0, Some(0), Active),
+            (SHUT_WR, Some(0), PeerCloseWait1),
+            (SHUT_WR, Some(SHUT_WR | SHUT_WR_PASSIVE), PeerCloseWait2),
+            (SHUT_WR, None, AppFinCloseWait),
+            (SHUT_WR, Some(SHUT_WR | CLOSED), AppFinCloseWait),
+            (0, Some(SHUT_WR), AppCloseWait1),
+            (0, None, AppCloseWait1),
+            (SHUT_WR | SHUT_WR_PASSIVE, Some(SHUT_WR), AppCloseWait2),
+            (SHUT_WR | SHUT_WR_PASSIVE, None, AppCloseWait2),
+            // A closed peer whose entry is not freed yet counts as gone.
+            (0, Some(CLOSED), AppCloseWait1),
+            (CLOSED, Some(0), Closed),
+            (ABORTED, Some(0), Closed),
+            (0, Some(ABORTED), Closed),
+            (SHUT_WR, Some(ABORTED), Closed),
+        ];
+        for (me, peer, want) in cases {
+            assert_eq!(SmcState::of(me, peer), want, "me {me:#x} peer {peer:?}");
+        }
+    }
+}
