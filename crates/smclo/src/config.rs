@@ -155,8 +155,13 @@ impl Config {
     }
 }
 
-/// The device directory when `SMCLO_DEVICE_DIR` is not set: one device per
-/// user, the first of
+/// The system-wide group device directory (`smclo dev init --group NAME`
+/// makes it): the default for every user who may use it.
+pub const SYSTEM_DEVICE_DIR: &str = "/run/smclo";
+
+/// The device directory when `SMCLO_DEVICE_DIR` is not set:
+/// [`SYSTEM_DEVICE_DIR`] when it exists as a group device directory the
+/// caller may use ([`crate::access`]), else one device per user, the first of
 ///
 /// 1. `$XDG_RUNTIME_DIR/smclo`, when `XDG_RUNTIME_DIR` is a directory private
 ///    to us (ours, no access for group and others): nobody else can create
@@ -168,8 +173,11 @@ impl Config {
 /// 3. `/dev/shm/smclo-<uid>`, which [`crate::device::Device::open`] refuses
 ///    (saying why) if another user created it first.
 ///
-/// A runtime directory passed over is logged with the reason.
+/// A directory passed over is logged with the reason.
 pub fn default_device_dir() -> PathBuf {
+    if let Some(d) = usable_group_dir(std::path::Path::new(SYSTEM_DEVICE_DIR)) {
+        return d;
+    }
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     // (name, directory, whether its absence is worth a line: a missing
@@ -195,6 +203,31 @@ pub fn default_device_dir() -> PathBuf {
         }
     }
     PathBuf::from(format!("/dev/shm/smclo-{uid}"))
+}
+
+/// `dir` if it is a group device directory the caller may use; a `dir`
+/// that exists but is refused is logged with the reason.
+fn usable_group_dir(dir: &std::path::Path) -> Option<PathBuf> {
+    use crate::access::{Creds, Shape};
+    match Shape::of(dir, &Creds::current()) {
+        Ok(Ok(Shape::Group { .. })) => Some(dir.to_path_buf()),
+        Ok(Ok(Shape::Private { .. })) => {
+            crate::debug!(
+                "device directory: {} refused (not a group device: see smclo dev init --group)",
+                dir.display()
+            );
+            None
+        }
+        Ok(Err(problem)) => {
+            let refused = crate::error::DeviceError {
+                path: dir.to_path_buf(),
+                problem,
+            };
+            crate::debug!("device directory: {refused}: refused");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// Parses a size with an optional `k`/`K`/`m`/`M` suffix, as smc_run's -r/-t.
@@ -252,6 +285,30 @@ mod tests {
         assert_eq!(parse_size("1M"), Some(1 << 20));
         assert_eq!(parse_size("12q"), None);
         assert!(dmb_size("SMCLO_RMEM", "lots").is_err());
+    }
+
+    /// The system-wide directory is taken only when it is a group device
+    /// directory the caller may use.
+    #[test]
+    fn system_dir_only_as_a_usable_group_device() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("smclo-sysdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        assert_eq!(usable_group_dir(&d), None, "missing");
+        std::fs::create_dir(&d).unwrap();
+        let set = |mode| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode));
+        set(0o700).unwrap();
+        assert_eq!(usable_group_dir(&d), None, "a private directory");
+        // SAFETY: getegid has no preconditions.
+        let gid = unsafe { libc::getegid() };
+        std::os::unix::fs::chown(&d, None, Some(gid)).unwrap();
+        set(0o2770).unwrap();
+        assert_eq!(usable_group_dir(&d), Some(d.clone()), "our group's device");
+        set(0o770).unwrap();
+        assert_eq!(usable_group_dir(&d), None, "not setgid");
+        set(0o2777).unwrap();
+        assert_eq!(usable_group_dir(&d), None, "others have access");
+        std::fs::remove_dir(&d).unwrap();
     }
 
     #[test]

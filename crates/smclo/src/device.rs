@@ -29,6 +29,7 @@
 //! `xfer_bytes` remain right after kill -9 because dead owners' entries are
 //! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
 
+use crate::access::{self, Creds, Shape};
 use crate::conn::Mode;
 use crate::dmb::Dmb;
 use crate::error::{DeviceError, DeviceProblem, Error, Result};
@@ -159,6 +160,14 @@ pub struct Device {
     /// The device file's identity (filesystem, inode): a new filesystem
     /// mounted on the directory may reuse the inode number.
     file_id: (u64, u64),
+    /// The directory's shape: who may use it, and the mode of its files.
+    shape: Shape,
+    /// Our effective uid when we opened the device.
+    opened_by: u32,
+    /// The last effective uid other than `opened_by` that
+    /// [`Device::check_caller`] judged, and its verdict
+    /// ([`ADMITTED_UNKNOWN`] before any).
+    admitted: AtomicU64,
     me: Weak<Device>,
     /// This process's pid namespace's membership lock ([`crate::table`]):
     /// held before any entry can be claimed.
@@ -281,9 +290,10 @@ pub fn derive_seid() -> [u8; 32] {
     out
 }
 
-/// Creates the device directory (mode 0700) or checks an existing one: it
-/// must be a real directory owned by us that group and others cannot use.
-fn ensure_dir(dir: &Path) -> Result<()> {
+/// Creates the device directory (mode 0700) or checks an existing one: a
+/// private directory of ours or a group device directory we may use
+/// ([`crate::access`]); anything else is refused, naming it and why.
+fn ensure_dir(dir: &Path) -> Result<Shape> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -295,10 +305,7 @@ fn ensure_dir(dir: &Path) -> Result<()> {
         }
         Err(e) => return Err(Error::Io(e)),
     }
-    match private_dir_problem(dir)? {
-        None => Ok(()),
-        Some(problem) => Err(device_error(dir, problem)),
-    }
+    Shape::of(dir, &Creds::current())?.map_err(|problem| device_error(dir, problem))
 }
 
 /// Why `dir` is not a directory private to us (a real directory owned by
@@ -308,23 +315,7 @@ pub(crate) fn private_dir_problem(dir: &Path) -> io::Result<Option<DeviceProblem
     if !md.file_type().is_dir() {
         return Ok(Some(DeviceProblem::NotADirectory));
     }
-    Ok(private_to_us(&md))
-}
-
-/// Why a file or directory is not private to our effective uid, if it is not.
-fn private_to_us(md: &std::fs::Metadata) -> Option<DeviceProblem> {
-    if md.uid() != euid() {
-        Some(DeviceProblem::WrongOwner {
-            uid: md.uid(),
-            ours: euid(),
-        })
-    } else if md.mode() & 0o077 != 0 {
-        Some(DeviceProblem::NotPrivate {
-            mode: md.mode() & 0o7777,
-        })
-    } else {
-        None
-    }
+    Ok(Shape::Private { uid: euid() }.file_problem(md.uid(), md.gid(), md.mode()))
 }
 
 fn device_error(path: &Path, problem: DeviceProblem) -> Error {
@@ -340,7 +331,7 @@ fn open_flags() -> i32 {
 
 /// Builds a device file under a temporary name and links it to `device`.
 /// Losing the race (EEXIST) is success: the winner's file is used.
-fn create_device_file(dir: &Path) -> Result<()> {
+fn create_device_file(dir: &Path, shape: &Shape) -> Result<()> {
     let tmp = dir.join(format!(
         ".device-{}-{:016x}",
         std::process::id(),
@@ -350,10 +341,12 @@ fn create_device_file(dir: &Path) -> Result<()> {
         .read(true)
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(shape.file_mode())
         .custom_flags(open_flags())
         .open(&tmp)?;
     let result = (|| -> Result<()> {
+        use std::os::fd::AsRawFd;
+        access::set_mode(f.as_raw_fd(), shape.file_mode())?;
         let header = layout::DeviceHeader {
             gid: random_u64()?,
             chid: LOOPBACK_CHID,
@@ -443,7 +436,7 @@ impl Device {
     }
 
     fn open_cached(dir: &Path) -> Result<Arc<Device>> {
-        ensure_dir(dir)?;
+        let shape = ensure_dir(dir)?;
         let path = dir.join("device");
         let file_id = std::fs::symlink_metadata(&path)
             .map(|m| (m.dev(), m.ino()))
@@ -457,7 +450,7 @@ impl Device {
                 return Ok(c.dev.clone());
             }
         }
-        let dev = Device::open_uncached(dir)?;
+        let dev = Device::open_uncached(dir, shape)?;
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = cache
             .iter()
@@ -481,7 +474,7 @@ impl Device {
         Device::open(&crate::config::Config::from_env()?.device_dir)
     }
 
-    fn open_uncached(dir: &Path) -> Result<Arc<Device>> {
+    fn open_uncached(dir: &Path, shape: Shape) -> Result<Arc<Device>> {
         let path = dir.join("device");
         let mut created = false;
         let file = loop {
@@ -493,7 +486,7 @@ impl Device {
             {
                 Ok(f) => break f,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && !created => {
-                    create_device_file(dir)?;
+                    create_device_file(dir, &shape)?;
                     created = true;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -502,19 +495,19 @@ impl Device {
                 Err(e) => return Err(Error::Io(e)),
             }
         };
-        Device::map(dir, &path, &file)
+        Device::map(dir, &path, &file, shape)
     }
 
     /// Validates an open device file (type, owner, mode, size, header) and
     /// maps it. Everything is checked before mmap, so a short file can never
     /// make us touch a page past its end.
-    fn map(dir: &Path, path: &Path, file: &File) -> Result<Arc<Device>> {
+    fn map(dir: &Path, path: &Path, file: &File, shape: Shape) -> Result<Arc<Device>> {
         let md = file.metadata()?;
         let bad = |problem| Err(device_error(path, problem));
         if !md.file_type().is_file() {
             return bad(DeviceProblem::NotARegularFile);
         }
-        if let Some(problem) = private_to_us(&md) {
+        if let Some(problem) = shape.file_problem(md.uid(), md.gid(), md.mode()) {
             return bad(problem);
         }
         let mut head = vec![0u8; layout::HEADER_LEN as usize];
@@ -536,7 +529,7 @@ impl Device {
             return bad(DeviceProblem::WrongChid(hdr.chid));
         }
         allocate_holes(file, &md)?;
-        let membership = Membership::join(dir)?;
+        let membership = Membership::join(dir, shape.file_mode())?;
         use std::os::fd::AsRawFd;
         let len = layout::TOTAL_SIZE as usize;
         // SAFETY: a fresh shared mapping of `len` bytes of an open file that
@@ -561,6 +554,9 @@ impl Device {
             chid: hdr.chid,
             seid: hdr.seid,
             file_id: (md.dev(), md.ino()),
+            shape,
+            opened_by: euid(),
+            admitted: AtomicU64::new(ADMITTED_UNKNOWN),
             me: me.clone(),
             _membership: membership,
         }))
@@ -584,6 +580,49 @@ impl Device {
     /// The SEID (32 bytes, blank padded ASCII).
     pub fn seid(&self) -> [u8; 32] {
         self.seid
+    }
+
+    /// The device directory's shape: private to one uid, or shared by a
+    /// group ([`crate::access`]).
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The mode of every file smclo creates in the device directory.
+    pub fn file_mode(&self) -> u32 {
+        self.shape.file_mode()
+    }
+
+    /// Whether the calling process may still use the device: it may, unless
+    /// it changed its effective uid since it opened the device (a server's
+    /// workers that switch from root to an unprivileged user keep root's
+    /// mapping) and the device does not admit its new credentials. Then
+    /// its connections fall back with [`Reason::UidChanged`]. The verdict
+    /// for a changed uid is kept: one `geteuid` per handshake otherwise.
+    pub fn check_caller(&self) -> std::result::Result<(), Reason> {
+        let uid = euid();
+        if uid == self.opened_by {
+            return Ok(());
+        }
+        let seen = self.admitted.load(Ordering::Relaxed);
+        let ok = if seen != ADMITTED_UNKNOWN && (seen >> 1) as u32 == uid {
+            seen & 1 == 1
+        } else {
+            let ok = self.shape.admits(&Creds::current());
+            self.admitted
+                .store(((uid as u64) << 1) | ok as u64, Ordering::Relaxed);
+            ok
+        };
+        if ok {
+            return Ok(());
+        }
+        crate::debug!(
+            "this process changed its uid from {} to {uid} after opening the device in {}, which uid {uid} may not use ({:?}); for such a server use a group device (smclo dev init --group)",
+            self.opened_by,
+            self.dir.display(),
+            self.shape
+        );
+        Err(Reason::UidChanged)
     }
 
     /// A reference to a value of type `T` at byte offset `off` of the mapping.
@@ -877,7 +916,15 @@ impl Device {
     /// handshake channel ([`Dmb::attach_peer`] checks seals, owner, size,
     /// header, token and GID); a refusal is an [`Error::Attach`].
     pub fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb> {
-        Dmb::attach_peer(fd, token, self.gid)
+        Dmb::attach_peer(fd, token, self.gid, |uid| self.may_own_dmb(uid))
+    }
+
+    /// Whether a peer's DMB (a memfd, owned by the uid that created it) may
+    /// belong to `uid`: ours on a private device; on a group device any
+    /// uid, as the handshake channel's credential check
+    /// ([`access::check_peer`]) already vouched for the peer that passed it.
+    fn may_own_dmb(&self, uid: u32) -> bool {
+        uid == euid() || matches!(self.shape, Shape::Group { .. })
     }
 
     // --- garbage collection ------------------------------------------------
@@ -1035,6 +1082,9 @@ impl Device {
         judge.owner_dead(Owner::local(hdr.owner_pid, hdr.owner_start))
     }
 }
+
+/// [`Device::admitted`] before any changed uid was judged.
+const ADMITTED_UNKNOWN: u64 = u64::MAX;
 
 /// Minimum time between two automatic sweeps for dead owners.
 pub const SWEEP_INTERVAL_MS: u64 = 200;

@@ -192,14 +192,19 @@ impl Dmb {
     /// Maps a peer's DMB from the descriptor it passed us, after checking
     /// everything a peer could get wrong: the descriptor is a sealed memfd
     /// (`F_GET_SEALS` has [`REQUIRED_SEALS`], so its size can never change
-    /// under our mapping) owned by our uid, its size and header are those
+    /// under our mapping) owned by a uid `owner_ok` admits, its size and header are those
     /// of a DMB of `gid` named `token`. Then writes a fresh attach record
     /// into its header (compare-and-swap from 0; a DMB someone else still
     /// maps is refused), which the drop clears.
     ///
     /// A refusal is an [`Error::Attach`]: [`AttachError::TokenGone`] when
     /// the header names another token (the DMB for `token` is not there).
-    pub(crate) fn attach_peer(file: File, token: u64, gid: u64) -> Result<Dmb> {
+    pub(crate) fn attach_peer(
+        file: File,
+        token: u64,
+        gid: u64,
+        owner_ok: impl FnOnce(u32) -> bool,
+    ) -> Result<Dmb> {
         // SAFETY: F_GET_SEALS on a valid descriptor we own; no memory effects.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
@@ -207,8 +212,7 @@ impl Dmb {
         }
         use std::os::unix::fs::MetadataExt;
         let md = file.metadata()?;
-        // SAFETY: geteuid has no preconditions.
-        if !md.file_type().is_file() || md.uid() != unsafe { libc::geteuid() } {
+        if !md.file_type().is_file() || !owner_ok(md.uid()) {
             return Err(AttachError::NotOurs.into());
         }
         let id = (md.dev(), md.ino());

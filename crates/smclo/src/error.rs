@@ -60,10 +60,34 @@ pub enum DeviceProblem {
         /// Our effective uid.
         ours: u32,
     },
-    /// Group or others have access (`mode`, the permission bits).
+    /// Others have access, or (a private device) the group has
+    /// (`mode`, the permission bits).
     NotPrivate {
         /// The permission bits found.
         mode: u32,
+    },
+    /// A directory with group access that is not setgid: files created in
+    /// it would not get the directory's group.
+    GroupNotSetgid {
+        /// The permission bits found.
+        mode: u32,
+    },
+    /// A group device directory whose group the caller is not in.
+    NotAMember {
+        /// The directory's group.
+        gid: u32,
+        /// Our effective uid.
+        uid: u32,
+    },
+    /// A private device directory where a group device directory is asked
+    /// for.
+    PrivateNotGroup,
+    /// A file of a group device directory has another group than it.
+    WrongGroup {
+        /// The file's group.
+        gid: u32,
+        /// The directory's group.
+        expected: u32,
     },
     /// The device header is invalid ([`smclo_wire::device_layout`]).
     Header(LayoutError),
@@ -82,7 +106,7 @@ pub enum AttachError {
         /// The seals found.
         seals: i32,
     },
-    /// Not a regular file owned by our effective uid.
+    /// Not a regular file, or owned by a uid the device does not admit.
     NotOurs,
     /// The header could not be read.
     Unreadable(io::Error),
@@ -143,7 +167,23 @@ impl fmt::Display for DeviceError {
             }
             DeviceProblem::NotPrivate { mode } => write!(
                 f,
-                "mode {mode:o}: group and others must have no access (chmod 700 for the directory, 600 for the file)"
+                "mode {mode:o}: others must have no access, and the group none unless the directory is a group device (a private device directory is 700 and its file 600; a group device directory is 2770, see smclo dev init --group)"
+            ),
+            DeviceProblem::GroupNotSetgid { mode } => write!(
+                f,
+                "mode {mode:o}: a directory with group access must be setgid (2770, see smclo dev init --group)"
+            ),
+            DeviceProblem::NotAMember { gid, uid } => write!(
+                f,
+                "a group device of gid {gid}, and uid {uid} is not a member of that group"
+            ),
+            DeviceProblem::PrivateNotGroup => write!(
+                f,
+                "a private device directory (mode 700), not a group device: remove it or choose another directory"
+            ),
+            DeviceProblem::WrongGroup { gid, expected } => write!(
+                f,
+                "has group {gid}, not group {expected}"
             ),
             DeviceProblem::Header(e) => write!(f, "{e}"),
             DeviceProblem::WrongChid(c) => write!(f, "CHID {c:#06x} is not loopback-ism's {:#06x}", smclo_wire::clc::CHID_LOOPBACK),
@@ -158,7 +198,9 @@ impl fmt::Display for AttachError {
                 f,
                 "the descriptor is not a memfd sealed against resizing (seals {seals:#x})"
             ),
-            AttachError::NotOurs => write!(f, "not a regular file owned by our uid"),
+            AttachError::NotOurs => {
+                write!(f, "not a regular file owned by a user of this device")
+            }
             AttachError::Unreadable(e) => write!(f, "cannot read its header: {e}"),
             AttachError::BadHeader(e) => write!(f, "{e}"),
             AttachError::WrongSize { size, expected } => {

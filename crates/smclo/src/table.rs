@@ -556,15 +556,25 @@ fn parse_lock_name(name: &[u8]) -> Option<PidNs> {
     std::str::from_utf8(digits).ok()?.parse().ok().map(PidNs)
 }
 
-fn open_lock(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new()
+/// Opens (creating it if needed) a lock file. Its `mode` is the device
+/// directory's file mode ([`crate::access`]): in a group device every
+/// member must be able to open the locks the others created.
+fn open_lock(path: &Path, mode: u32) -> io::Result<File> {
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .create(true)
         .truncate(false)
         .write(true)
-        .mode(0o600)
+        .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
+        .open(path)?;
+    // The umask may have taken bits away from a file we just created.
+    let md = f.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if md.uid() == unsafe { libc::geteuid() } && md.mode() & 0o777 != mode {
+        crate::access::set_mode(f.as_raw_fd(), mode)?;
+    }
+    Ok(f)
 }
 
 fn flock(f: &File, op: i32) -> io::Result<()> {
@@ -600,10 +610,10 @@ pub struct Membership {
 impl Membership {
     /// Joins the caller's pid namespace's lock in `dir`. Waits while a
     /// process of another namespace holds it to reclaim (a sweep, brief).
-    pub fn join(dir: &Path) -> io::Result<Membership> {
+    pub fn join(dir: &Path, mode: u32) -> io::Result<Membership> {
         let path = lock_path(dir, PidNs::current());
         for _ in 0..100 {
-            let f = open_lock(&path)?;
+            let f = open_lock(&path, mode)?;
             flock(&f, libc::LOCK_SH)?;
             if still_linked(&f, &path) {
                 return Ok(Membership { _file: f });
@@ -626,7 +636,7 @@ impl Vacancy {
     /// `Some` when no process of `ns` holds its membership lock in `dir`.
     pub fn probe(dir: &Path, ns: PidNs) -> Option<Vacancy> {
         let path = lock_path(dir, ns);
-        let file = open_lock(&path).ok()?;
+        let file = open_lock(&path, crate::access::file_mode_in(dir)).ok()?;
         flock(&file, libc::LOCK_EX | libc::LOCK_NB).ok()?;
         still_linked(&file, &path).then_some(Vacancy { _file: file, path })
     }
@@ -686,7 +696,7 @@ mod tests {
         let h = head();
         let c = h.claim(&other).unwrap();
         let w = h.publish(c, State(2)).word(State(2));
-        let member = open_lock(&lock_path(&d.0, other.pidns)).unwrap();
+        let member = open_lock(&lock_path(&d.0, other.pidns), 0o600).unwrap();
         flock(&member, libc::LOCK_SH).unwrap();
         assert!(!Judge::new(&d.0).dead(&h, w), "a live namespace's entry");
         drop(member);
@@ -694,7 +704,7 @@ mod tests {
             let mut j = Judge::new(&d.0);
             let c = j.reclaim(&h, w).expect("an empty namespace's entry");
             // While the judge holds the namespace's lock, nobody joins it.
-            let joiner = open_lock(&lock_path(&d.0, other.pidns)).unwrap();
+            let joiner = open_lock(&lock_path(&d.0, other.pidns), 0o600).unwrap();
             assert!(flock(&joiner, libc::LOCK_SH | libc::LOCK_NB).is_err());
             h.free(c);
         }
@@ -714,7 +724,7 @@ mod tests {
         assert_eq!(h.holder(w), Some(Holder::Unrecorded(dead.pid)));
         // Another namespace has a member: the pid could be one of its.
         let other = lock_path(&d.0, PidNs(me.pidns.0 ^ 0x5a5a));
-        let member = open_lock(&other).unwrap();
+        let member = open_lock(&other, 0o600).unwrap();
         flock(&member, libc::LOCK_SH).unwrap();
         assert!(!Judge::new(&d.0).dead(&h, w));
         drop(member);

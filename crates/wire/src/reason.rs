@@ -58,12 +58,18 @@ pub enum Reason {
     NoSavedSyn = 0x0A00_0004,
     /// smclo extension: the peer sent a handshake message that does not parse.
     Protocol = 0x0A00_0005,
+    /// smclo extension: the peer's user may not share this device: it is
+    /// neither our uid nor a member of the device directory's group.
+    PeerCred = 0x0A00_0006,
+    /// smclo extension: this process changed its uid after it opened the
+    /// device, and the device does not admit the new uid.
+    UidChanged = 0x0A00_0007,
 }
 
 impl Reason {
     /// Number of reasons; the length of [`Reason::ALL`] and the number of
     /// per-reason counters in the device file.
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 19;
 
     /// Every reason, in [`Reason::index`] order.
     ///
@@ -89,6 +95,8 @@ impl Reason {
         Reason::SelfConnect,
         Reason::NoSavedSyn,
         Reason::Protocol,
+        Reason::PeerCred,
+        Reason::UidChanged,
     ];
 
     /// The reason code as SMC writes it (`peer_diagnosis`, `smcss`).
@@ -124,6 +132,8 @@ impl Reason {
             Reason::SelfConnect => 14,
             Reason::NoSavedSyn => 15,
             Reason::Protocol => 16,
+            Reason::PeerCred => 17,
+            Reason::UidChanged => 18,
         }
     }
 
@@ -147,6 +157,8 @@ impl Reason {
             Reason::SelfConnect => "SELF_CONNECT",
             Reason::NoSavedSyn => "NO_SAVED_SYN",
             Reason::Protocol => "PROTOCOL",
+            Reason::PeerCred => "PEER_CRED",
+            Reason::UidChanged => "UID_CHANGED",
         }
     }
 
@@ -174,6 +186,12 @@ impl Reason {
             Reason::SelfConnect => "connection to a listener in the same process",
             Reason::NoSavedSyn => "listener cannot read the SYN (TCP_SAVE_SYN not set)",
             Reason::Protocol => "peer sent an invalid handshake message",
+            Reason::PeerCred => {
+                "peer's user may not share this device (not our uid, not in the device directory's group)"
+            }
+            Reason::UidChanged => {
+                "this process changed its uid after opening the device, which the new uid may not use"
+            }
         }
     }
 
@@ -240,6 +258,8 @@ mod tests {
                 "SELF_CONNECT",
                 "NO_SAVED_SYN",
                 "PROTOCOL",
+                "PEER_CRED",
+                "UID_CHANGED",
             ]
         );
     }
@@ -286,7 +306,7 @@ mod tests {
 
     #[test]
     fn unknown_codes_are_none() {
-        for c in [0, 1, 0x03030000, 0x0A000000, 0x0A000006, u32::MAX] {
+        for c in [0, 1, 0x03030000, 0x0A000000, 0x0A0000FF, u32::MAX] {
             assert_eq!(Reason::from_code(c), None, "0x{c:08x}");
         }
     }
@@ -304,7 +324,9 @@ mod tests {
                 Reason::PeerDead,
                 Reason::SelfConnect,
                 Reason::NoSavedSyn,
-                Reason::Protocol
+                Reason::Protocol,
+                Reason::PeerCred,
+                Reason::UidChanged
             ]
         );
     }

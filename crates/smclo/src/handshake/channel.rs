@@ -3,6 +3,7 @@
 //! exchanged on it, and the bounded wait for it to become readable.
 
 use super::{HandshakeError, PeerMisbehaved};
+use crate::access::Shape;
 use crate::device::Device;
 use std::fs::File;
 use std::io;
@@ -17,9 +18,10 @@ use std::time::{Duration, Instant};
 /// reachable from any namespace that sees the directory. In the listener's
 /// own namespace it is an abstract socket (`\0smclo-<gid>-u-<nonce>`),
 /// which costs no file creation and removal per connection. An abstract
-/// socket, unlike the 0700 directory, is reachable by every uid in the
-/// namespace, so both ends check the other's uid (`SO_PEERCRED`) before
-/// passing a descriptor; its name is taken before the nonce is published.
+/// socket, unlike the device directory, is reachable by every uid in the
+/// namespace, so both ends check the other's credentials
+/// ([`crate::access::check_peer`]) before passing a descriptor; its name is
+/// taken before the nonce is published.
 pub(super) const ABSTRACT_NONCE: u64 = 1 << 63;
 
 /// How long the server waits for room in a client's rendezvous backlog
@@ -66,12 +68,17 @@ impl RendezvousAddr {
     }
 
     /// Connects to the client's rendezvous socket, waiting at most `bound`
-    /// for room in its backlog, and checks that it belongs to our uid.
+    /// for room in its backlog, and checks that its owner may share the
+    /// device of shape `shape` with us.
     ///
     /// The backlog is full only when others flood the socket (its one
     /// legitimate caller is the client's server), and a flooded client must
     /// not stall its server's `accept`: it gets `Timeout` instead.
-    pub(super) fn connect_within(&self, bound: Duration) -> Result<UnixStream, HandshakeError> {
+    pub(super) fn connect_within(
+        &self,
+        bound: Duration,
+        shape: &Shape,
+    ) -> Result<UnixStream, HandshakeError> {
         let (sa, len) = self.sockaddr().map_err(HandshakeError::Io)?;
         // SAFETY: plain socket(2); the descriptor is owned right below.
         let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -102,9 +109,7 @@ impl RendezvousAddr {
             }
         }
         s.set_write_timeout(None).map_err(HandshakeError::Io)?;
-        if !same_uid(fd) {
-            return Err(PeerMisbehaved::ForeignUid.into());
-        }
+        check_peer(fd, shape)?;
         Ok(s)
     }
 }
@@ -125,7 +130,14 @@ pub(super) fn bind_rendezvous(
     nonce: u64,
 ) -> io::Result<(UnixListener, Option<PathBuf>)> {
     match RendezvousAddr::new(dev, nonce) {
-        RendezvousAddr::Path(p) => Ok((UnixListener::bind(&p)?, Some(p))),
+        RendezvousAddr::Path(p) => {
+            let l = UnixListener::bind(&p)?;
+            // Connecting needs write permission on the socket: a group
+            // device's members need it, others never get it.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(dev.file_mode()))?;
+            Ok((l, Some(p)))
+        }
         RendezvousAddr::Abstract(n) => {
             use std::os::linux::net::SocketAddrExt;
             Ok((
@@ -136,28 +148,11 @@ pub(super) fn bind_rendezvous(
     }
 }
 
-/// Whether the process at the other end of the UNIX socket `fd` (its
-/// creator, for a listening peer) runs as our effective uid.
-pub(super) fn same_uid(fd: RawFd) -> bool {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, which we
-    // own; geteuid has no preconditions.
-    unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        ) == 0
-            && len as usize == std::mem::size_of::<libc::ucred>()
-            && cred.uid == libc::geteuid()
-    }
+/// Checks that the process at the other end of the UNIX socket `fd` (its
+/// creator, for a listening peer) may share the device of shape `shape`
+/// with us ([`crate::access::check_peer`]).
+fn check_peer(fd: RawFd, shape: &Shape) -> Result<(), HandshakeError> {
+    crate::access::check_peer(fd, shape).map_err(HandshakeError::PeerRefused)
 }
 
 /// The client's first message on the channel, carrying its DMB descriptor.
@@ -274,14 +269,20 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
 }
 
 /// Takes the next connection waiting on the rendezvous socket, without
-/// blocking: `Ok(None)` when there is none. A connection from another uid
-/// (possible only on an abstract socket, which any uid in the namespace can
-/// reach) is closed and reported, so our DMB goes to no one but our uid.
-pub(super) fn accept_channel(l: &UnixListener) -> Result<Option<UnixStream>, HandshakeError> {
+/// blocking: `Ok(None)` when there is none. A connection from a process
+/// that may not share the device (possible on an abstract socket, which
+/// any uid in the namespace can reach) is closed and reported, so our DMB
+/// goes to no one else.
+pub(super) fn accept_channel(
+    l: &UnixListener,
+    shape: &Shape,
+) -> Result<Option<UnixStream>, HandshakeError> {
     l.set_nonblocking(true).map_err(HandshakeError::Io)?;
     match l.accept() {
-        Ok((c, _)) if !same_uid(c.as_raw_fd()) => Err(PeerMisbehaved::ForeignUid.into()),
-        Ok((c, _)) => Ok(Some(c)),
+        Ok((c, _)) => {
+            check_peer(c.as_raw_fd(), shape)?;
+            Ok(Some(c))
+        }
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => Ok(None),
         Err(e) => Err(HandshakeError::Io(e)),
     }
@@ -364,10 +365,10 @@ mod tests {
                 assert!(p.exists());
             }
             let c = RendezvousAddr::new(&dev, nonce)
-                .connect_within(CONNECT_BOUND)
+                .connect_within(CONNECT_BOUND, &dev.shape())
                 .unwrap();
             let (a, _) = l.accept().unwrap();
-            assert!(same_uid(c.as_raw_fd()) && same_uid(a.as_raw_fd()));
+            assert!(check_peer(a.as_raw_fd(), &dev.shape()).is_ok());
             // A descriptor goes through, with its byte.
             let f = crate::dmb::memfd("t").unwrap();
             send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, Some(f.as_raw_fd())).unwrap();

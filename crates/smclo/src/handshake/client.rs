@@ -71,6 +71,7 @@ pub fn client_propose(
     if !dev.active() {
         return Err(Reason::NoSmcdDev);
     }
+    dev.check_caller()?;
     let listener = registry::find_listener(dev, dest).ok_or(Reason::PeerNoSmc)?;
     let me = Owner::current();
     if listener.is_self() {
@@ -246,6 +247,11 @@ impl ClientProposal {
         let mut chan: Option<UnixStream> = None;
         let mut server_dmb: Option<Option<File>> = None;
         let mut following = false;
+        // Why the last connection to our rendezvous socket was refused: a
+        // timeout after it is reported with that reason. Refusing does not
+        // end the wait: anyone in the namespace can connect to an abstract
+        // socket, and must not be able to make us fall back.
+        let mut refused: Option<Reason> = None;
         loop {
             let seen = slot.state();
             match seen {
@@ -271,7 +277,7 @@ impl ClientProposal {
                     Ok(()) => {
                         drop(chan);
                         self.withdraw();
-                        return Decision::Tcp(Reason::Timeout);
+                        return Decision::Tcp(refused.unwrap_or(Reason::Timeout));
                     }
                     // The server decided first: follow it. Its DMB follows
                     // its CAS to ACCEPTED at once, so it gets a grace, then
@@ -295,7 +301,13 @@ impl ClientProposal {
                 None => {
                     let listener = self.rendezvous.as_ref().expect("rendezvous socket");
                     if wait_readable(listener.as_raw_fd(), deadline - now) {
-                        chan = self.pass_dmb();
+                        match self.pass_dmb() {
+                            Ok(c) => chan = c,
+                            Err(e) => {
+                                debug!("refused a rendezvous connection: {e}");
+                                refused = Some(e.reason());
+                            }
+                        }
                     }
                 }
                 Some(c) if server_dmb.is_none() => {
@@ -339,26 +351,23 @@ impl ClientProposal {
     /// Accepts the server's connection to our rendezvous socket, if one is
     /// waiting, and passes our DMB on it: the server checks it before it
     /// accepts. A failed send shows on the server's side (end of file, or
-    /// no descriptor).
-    fn pass_dmb(&self) -> Option<UnixStream> {
-        let listener = self.rendezvous.as_ref()?;
-        match accept_channel(listener) {
-            Ok(Some(c)) => {
-                // The connection's channel if the handshake succeeds: out of
-                // the application's range of numbers (crate::fdnum).
-                let c = crate::fdnum::move_high(c);
-                let fd = self.dmb.as_ref().map(|d| d.fd());
-                if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
-                    debug!("sending our DMB to the server failed: {e}");
-                }
-                Some(c)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                debug!("refused a rendezvous connection: {e}");
-                None
-            }
+    /// no descriptor). A connection from a process that may not share the
+    /// device is refused (closed, nothing passed) and reported.
+    fn pass_dmb(&self) -> Result<Option<UnixStream>, HandshakeError> {
+        let Some(listener) = self.rendezvous.as_ref() else {
+            return Ok(None);
+        };
+        let Some(c) = accept_channel(listener, &self.dev.shape())? else {
+            return Ok(None);
+        };
+        // The connection's channel if the handshake succeeds: out of
+        // the application's range of numbers (crate::fdnum).
+        let c = crate::fdnum::move_high(c);
+        let fd = self.dmb.as_ref().map(|d| d.fd());
+        if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
+            debug!("sending our DMB to the server failed: {e}");
         }
+        Ok(Some(c))
     }
 
     /// Waits (at most `timeout`) for the server's connection, passes our
@@ -370,7 +379,7 @@ impl ClientProposal {
         if !wait_readable(listener.as_raw_fd(), timeout) {
             return None;
         }
-        self.pass_dmb()
+        self.pass_dmb().ok().flatten()
     }
 
     fn confirm(

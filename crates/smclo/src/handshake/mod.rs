@@ -18,6 +18,7 @@ mod server;
 pub use client::{client_propose, ClientProposal};
 pub use server::{server_accept, Listening};
 
+use crate::access::PeerRefused;
 use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
@@ -76,8 +77,6 @@ pub enum PeerMisbehaved {
     UnexpectedClc,
     /// A CLC message that does not parse.
     InvalidClc,
-    /// The rendezvous socket belongs to another uid than ours.
-    ForeignUid,
 }
 
 /// Why a step of the handshake failed. Callers decide on the variant;
@@ -87,6 +86,9 @@ pub enum PeerMisbehaved {
 pub enum HandshakeError {
     /// The peer broke the protocol.
     PeerMisbehaved(PeerMisbehaved),
+    /// The peer at the other end of the channel may not share the device
+    /// (its credentials, [`crate::access::check_peer`]).
+    PeerRefused(PeerRefused),
     /// The peer is gone: its rendezvous socket no longer exists, or it
     /// refuses connections.
     PeerGone,
@@ -103,6 +105,8 @@ impl HandshakeError {
     pub fn reason(&self) -> Reason {
         match self {
             HandshakeError::PeerMisbehaved(_) => Reason::Protocol,
+            HandshakeError::PeerRefused(PeerRefused::NotPermitted { .. }) => Reason::PeerCred,
+            HandshakeError::PeerRefused(PeerRefused::Unknown(_)) => Reason::IntErr,
             HandshakeError::PeerGone => Reason::PeerDead,
             HandshakeError::Timeout => Reason::Timeout,
             // The token names no DMB (any more): the peer's DMB is gone.
@@ -123,6 +127,7 @@ impl fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HandshakeError::PeerMisbehaved(m) => write!(f, "peer misbehaved: {m:?}"),
+            HandshakeError::PeerRefused(r) => write!(f, "{r}"),
             HandshakeError::PeerGone => write!(f, "peer gone"),
             HandshakeError::Timeout => write!(f, "timed out"),
             HandshakeError::PeerDmb(e) => write!(f, "peer's DMB: {e}"),

@@ -234,6 +234,7 @@ fn server_answer(
     let wake = RendezvousAddr::new(dev, proposal.nonce);
     let checks = [
         (dev.active(), Reason::NoSmcdDev),
+        (dev.check_caller().is_ok(), Reason::UidChanged),
         (
             proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID,
             Reason::NoSmcd2Dev,
@@ -255,7 +256,7 @@ fn server_answer(
         }
     };
     // A full backlog is waited on within the budget too.
-    let chan = match wake.connect_within(CONNECT_BOUND.min(wait.left())) {
+    let chan = match wake.connect_within(CONNECT_BOUND.min(wait.left()), &dev.shape()) {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum).
         Ok(c) => crate::fdnum::move_high(c),
@@ -374,7 +375,7 @@ fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr
         .is_ok()
     {
         if let Some(w) = wake {
-            let _ = w.connect_within(CONNECT_BOUND);
+            let _ = w.connect_within(CONNECT_BOUND, &dev.shape());
         }
     }
     Decision::Tcp(r)
