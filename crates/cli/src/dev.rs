@@ -5,6 +5,12 @@ use smclo::device::{Device, DmbType};
 const USAGE: &str = "\
 usage: smclo dev [-v|--verbose]
        smclo dev set KEY=VALUE...
+       smclo dev init --group GROUP [DIR]
+
+init: makes DIR (default /run/smclo, which `smclo run` finds by itself) a
+  device shared by the members of GROUP (a name or a number): owned by the
+  caller and GROUP, mode 2770, its files 0660; members use it with
+  SMCLO_DEVICE_DIR=DIR. An existing DIR must already have that shape.
 
 knobs:
   active=0|1        0: every new connection falls back to TCP (NOSMCDDEV)
@@ -16,6 +22,7 @@ knobs:
 pub fn main(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         Some("set") => set(&args[1..]),
+        Some("init") => init(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             0
@@ -135,4 +142,70 @@ fn set(args: &[String]) -> i32 {
     }
     print_knobs(&dev);
     0
+}
+
+fn init(args: &[String]) -> i32 {
+    let (group, dir) = match args {
+        [g, name, rest @ ..] if g == "--group" && rest.len() <= 1 => (
+            name.as_str(),
+            rest.first()
+                .map_or(smclo::config::SYSTEM_DEVICE_DIR, String::as_str),
+        ),
+        _ => {
+            eprintln!("smclo dev init: expected --group GROUP [DIR]\n");
+            eprint!("{USAGE}");
+            return 2;
+        }
+    };
+    let Some(gid) = group_id(group) else {
+        eprintln!("smclo dev init: no group {group:?}");
+        return 1;
+    };
+    let dir = std::path::Path::new(dir);
+    let made = smclo::access::create_group_dir(dir, gid).and_then(|_| Device::open(dir));
+    match made {
+        Ok(dev) => {
+            println!(
+                "group device {} (group {group}, gid {gid}), GID {:016x}: members use it with SMCLO_DEVICE_DIR={}",
+                dir.display(),
+                dev.gid(),
+                dir.display()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("smclo dev init: {e}");
+            1
+        }
+    }
+}
+
+/// The gid of group `name` (or of the number `name`), from the group
+/// database.
+fn group_id(name: &str) -> Option<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Some(n);
+    }
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut grp: libc::group = empty_group();
+    let mut buf = vec![0 as libc::c_char; 16384];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is to live memory of the stated size; the
+    // result points into `grp` (or is null) and is only tested for null.
+    let r = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (r == 0 && !out.is_null()).then_some(grp.gr_gid)
+}
+
+fn empty_group() -> libc::group {
+    // SAFETY: all-zero bytes are a valid `struct group` (null pointers,
+    // gid 0), which getgrnam_r overwrites.
+    unsafe { std::mem::zeroed() }
 }

@@ -20,6 +20,7 @@ usage: smclo <command> [arguments]
 commands:
   dev [-v]                      list the loopback-ism device (like `smcd device`)
   dev set KEY=VALUE...          set knobs: active=0|1 dmb_copy=0|1 dmb_type=4k|huge
+  dev init --group GROUP [DIR]  make DIR (default /run/smclo) a device shared by GROUP
   stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
   stats reset                   zero the counters
   ss [-l] [--json]              SMC-D connections (-l: listeners), like smcss
@@ -29,7 +30,8 @@ commands:
   help                          this text
 
 environment:
-  SMCLO_DEVICE_DIR              device directory (default $XDG_RUNTIME_DIR/smclo,
+  SMCLO_DEVICE_DIR              device directory (default /run/smclo when it is a
+                                group device of ours, else $XDG_RUNTIME_DIR/smclo,
                                 else /run/user/<uid>/smclo, else /dev/shm/smclo-<uid>)
 ";
 
