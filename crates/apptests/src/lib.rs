@@ -68,6 +68,8 @@ fn package_of(prog: &str) -> &'static str {
         "haproxy" => "haproxy",
         "psql" | "pgbench" => "postgresql-client",
         "node" => "nodejs",
+        "runuser" => "util-linux",
+        "useradd" | "usermod" | "userdel" | "groupadd" | "groupdel" | "gpasswd" => "passwd",
         _ => "(unknown package)",
     }
 }
@@ -334,6 +336,29 @@ impl Env {
         for (k, v) in &self.extra_env {
             c.env(k, v);
         }
+        c.current_dir(&self.tmp);
+        c.stdin(Stdio::null());
+        c.process_group(0);
+        c
+    }
+
+    /// [`Env::command`] run as `user` (`runuser`, which gives it the user's
+    /// groups); the device directory and the extra environment are passed
+    /// explicitly, as runuser may not keep the environment.
+    pub fn command_as(&self, user: &str, mode: Mode, prog: &str, args: &[&str]) -> Command {
+        let inner = self.command(mode, None, prog, args);
+        let mut c = Command::new(require("runuser"));
+        c.args(["-u", user, "--", "env"]);
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                let mut kv = k.to_os_string();
+                kv.push("=");
+                kv.push(v);
+                c.arg(kv);
+            }
+        }
+        c.arg(inner.get_program()).args(inner.get_args());
+        c.env_remove("LD_PRELOAD");
         c.current_dir(&self.tmp);
         c.stdin(Stdio::null());
         c.process_group(0);

@@ -1,0 +1,441 @@
+//! A device shared by a group of users (`smclo dev init --group`): services
+//! of different users, members of the group, use shared memory with each
+//! other; a user outside the group cannot open the device and its
+//! connections stay plain TCP; server workers that switch to a user the
+//! device does not admit fall back with UID_CHANGED.
+//!
+//! Every test creates its own group and users (unique names) and deletes
+//! them when it ends, even when it fails.
+
+use smclo_apptests::*;
+use smclo_wire::reason::Reason;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Runs a user administration command; the account files' lock may be held
+/// by a concurrent one for a moment, so it is retried for a while.
+fn admin(prog: &str, args: &[&str]) {
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(require(prog))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{prog}: {e}"));
+        if o.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("lock") && t0.elapsed() < Duration::from_secs(20),
+            "{prog} {args:?}: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A group and users made for one test, deleted when dropped.
+struct Accounts {
+    group: String,
+    users: Vec<String>,
+    /// Existing users added to the group (removed from it on drop).
+    joined: Vec<String>,
+}
+
+impl Accounts {
+    fn new() -> Accounts {
+        assert!(is_root(), "creating users and groups needs root");
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let group = format!("smclo-g{}-{n}", std::process::id());
+        admin("groupadd", &[&group]);
+        Accounts {
+            group,
+            users: Vec::new(),
+            joined: Vec::new(),
+        }
+    }
+
+    /// A new user: a member of the group through its primary group
+    /// (`Member::Primary`), through a supplementary one, or not at all.
+    fn user(&mut self, label: &str, m: Member) -> String {
+        let name = format!("{}-{label}", self.group.replacen("smclo-g", "smclo-u", 1));
+        let mut args = vec!["-M", "-N", "-s", "/usr/sbin/nologin"];
+        match m {
+            Member::Primary => args.extend(["-g", &self.group]),
+            Member::Supplementary => args.extend(["-g", "nogroup", "-G", &self.group]),
+            Member::No => args.extend(["-g", "nogroup"]),
+        }
+        args.push(&name);
+        admin("useradd", &args);
+        self.users.push(name.clone());
+        name
+    }
+
+    /// Adds the existing user `user` to the group.
+    fn join(&mut self, user: &str) {
+        admin("usermod", &["-aG", &self.group, user]);
+        self.joined.push(user.to_string());
+    }
+}
+
+impl Drop for Accounts {
+    fn drop(&mut self) {
+        for u in &self.users {
+            let _ = Command::new("userdel").arg(u).status();
+        }
+        for u in &self.joined {
+            let _ = Command::new("gpasswd")
+                .args(["-d", u, &self.group])
+                .output();
+        }
+        let _ = Command::new("groupdel").arg(&self.group).status();
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Member {
+    Primary,
+    Supplementary,
+    No,
+}
+
+/// Replaces the test's private device directory by a group device of
+/// `group`, made by `smclo dev init --group`, and checks its shape.
+fn group_device(env: &Env, group: &str) {
+    fs::remove_dir_all(&env.dev_dir).unwrap();
+    let o = Command::new(smclo_bin())
+        .args(["dev", "init", "--group", group])
+        .arg(&env.dev_dir)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "smclo dev init: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    use std::os::unix::fs::MetadataExt;
+    let d = fs::metadata(&env.dev_dir).unwrap();
+    assert_eq!(d.mode() & 0o7777, 0o2770, "directory mode");
+    let f = fs::metadata(env.dev_dir.join("device")).unwrap();
+    assert_eq!(f.mode() & 0o777, 0o660, "device file mode");
+    assert_eq!(f.gid(), d.gid(), "device file group");
+}
+
+/// The temp dir readable by the test's users (programs' files live there).
+fn open_tmp(env: &Env) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// An nginx config serving `root` on `port`, its workers running as `user`.
+fn nginx_conf(env: &Env, user: &str, port: u16, root: &Path) -> PathBuf {
+    let d = env.path("nginx");
+    fs::create_dir_all(d.join("body")).unwrap();
+    let conf = format!(
+        "user {user};\nworker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log info;\nevents {{ worker_connections 512; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  sendfile on;\n\
+           keepalive_timeout 30s;\n  default_type application/octet-stream;\n\
+           server {{\n    listen 127.0.0.1:{port};\n    root {r};\n  }}\n}}\n",
+        d = d.display(),
+        r = root.display()
+    );
+    let cf = d.join("nginx.conf");
+    fs::write(&cf, conf).unwrap();
+    cf
+}
+
+/// Starts nginx as root under `smclo run` (workers as `user`) and waits
+/// for its port.
+fn start_nginx_as(env: &mut Env, user: &str, port: u16, root: &Path) -> Proc {
+    let cf = nginx_conf(env, user, port, root);
+    let d = cf.parent().unwrap().display().to_string();
+    let e = format!("{d}/error.log");
+    let cmd = env.command(
+        Mode::Smclo,
+        None,
+        "nginx",
+        &["-c", cf.to_str().unwrap(), "-p", &d, "-e", &e],
+    );
+    let mut p = env.spawn_cmd("nginx", cmd);
+    wait_listen(&mut p, port);
+    p
+}
+
+/// `curl` run as `user` under `smclo run`, fetching `url` `times` times
+/// over one connection; returns what it wrote to stdout.
+fn curl_as(env: &mut Env, user: &str, url: &str, times: usize) -> (Vec<u8>, Proc) {
+    let mut args = vec!["-sS", "--fail", "--http1.1", "--max-time", "30"];
+    args.extend(std::iter::repeat_n(url, times));
+    let c = env.command_as(user, Mode::Smclo, "curl", &args);
+    let mut p = env.spawn_cmd("curl", c);
+    p.wait_ok(T);
+    (p.stdout(), p)
+}
+
+#[test]
+fn nginx_workers_and_client_of_two_group_members() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let mut env = Env::new("group-nginx");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let (root, big) = web_root(&env, b"small\n", 7);
+    let port = free_port();
+    let mut nginx = start_nginx_as(&mut env, &format!("{web} {}", acc.group), port, &root);
+    let before = env.stats();
+    let url = format!("http://127.0.0.1:{port}/big.bin");
+    let (body, curl) = curl_as(&mut env, &cli, &url, 3);
+    let after = env.stats();
+    assert!(
+        body.len() == 3 * big.len() && body.chunks(big.len()).all(|c| c == big),
+        "curl got {} bytes, not 3 copies of the file\n{}",
+        body.len(),
+        curl.stderr_str()
+    );
+    let d = delta(&before, &after);
+    // (curl's stdout is the binary file.)
+    let logs = format!("{}\n{}", nginx.logs(), curl.stderr_str());
+    assert_smc(
+        "nginx (workers as one member) and curl (another member)",
+        &d,
+        1,
+        3 * big.len() as u64,
+        4 * big.len() as u64,
+        &logs,
+    );
+    nginx.stop(Duration::from_secs(10));
+    drop(acc);
+}
+
+#[test]
+fn outsider_gets_eacces_and_falls_back() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let out = acc.user("out", Member::No);
+    let mut env = Env::new("group-outsider");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let (root, _) = web_root(&env, b"for members only\n", 3);
+    let port = free_port();
+    let mut nginx = start_nginx_as(&mut env, &format!("{web} {}", acc.group), port, &root);
+    let before = env.stats();
+    // The device file is out of reach: EACCES, from the kernel.
+    let dev = env.dev_dir.join("device");
+    let probe = format!(
+        "import os\ntry:\n    os.open({:?}, os.O_RDONLY)\n    print('opened')\nexcept OSError as e:\n    print(e.errno)\n",
+        dev.display()
+    );
+    let c = env.command_as(&out, Mode::Plain, "python3", &["-c", &probe]);
+    let mut p = env.spawn_cmd("open-device", c);
+    p.wait_ok(T);
+    assert_eq!(p.stdout_str().trim(), libc::EACCES.to_string(), "open");
+    // smclo says why it cannot use the device.
+    let o = Command::new(require("runuser"))
+        .args(["-u", &out, "--", "env"])
+        .arg(format!("SMCLO_DEVICE_DIR={}", env.dev_dir.display()))
+        .arg(smclo_bin())
+        .arg("stats")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("is not a member of that group"),
+        "smclo stats as an outsider: {err}"
+    );
+    // Its connections stay plain TCP and still work; it registered no
+    // listener, and the member's side counts no proposal.
+    env.extra_env
+        .push(("SMCLO_DEBUG".to_string(), "1".to_string()));
+    let url = format!("http://127.0.0.1:{port}/small.txt");
+    let (body, curl) = curl_as(&mut env, &out, &url, 2);
+    assert_eq!(body, b"for members only\nfor members only\n".to_vec());
+    let err = fs::read_to_string(&curl.err).unwrap();
+    assert!(
+        err.contains("unusable") && err.contains("not a member"),
+        "the outsider's debug log says why:\n{err}"
+    );
+    let after = env.stats();
+    let d = delta(&before, &after);
+    assert_eq!(d.conns_opened, 0, "{}", d.fallbacks_desc());
+    assert_eq!(after.listeners, before.listeners);
+    assert_eq!(
+        after.fallback(Reason::PeerNoSmc).1 - before.fallback(Reason::PeerNoSmc).1,
+        1,
+        "the member's side: no proposal from the outsider ({})",
+        d.fallbacks_desc()
+    );
+    nginx.stop(Duration::from_secs(10));
+}
+
+/// The newest `/usr/lib/postgresql/*/bin`.
+fn pg_bindir() -> PathBuf {
+    let mut v: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .unwrap_or_else(|_| panic!("PostgreSQL is missing: install the Debian package postgresql"))
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").is_file())
+        .collect();
+    v.sort();
+    v.pop().expect("no /usr/lib/postgresql/*/bin/postgres")
+}
+
+#[test]
+fn postgres_and_pgbench_of_two_group_members() {
+    const PG: &str = "postgres";
+    let mut acc = Accounts::new();
+    acc.join(PG);
+    let app = acc.user("app", Member::Supplementary);
+    let mut env = Env::new("group-postgres");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let home = env.path("pg");
+    fs::create_dir_all(&home).unwrap();
+    let st = Command::new("chown")
+        .args([PG, home.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "chown {}", home.display());
+    let bin = pg_bindir();
+    let data = home.join("data");
+    let (h, d) = (home.to_str().unwrap(), data.to_str().unwrap());
+    let c = env.command_as(
+        PG,
+        Mode::Plain,
+        bin.join("initdb").to_str().unwrap(),
+        &["-D", d, "-A", "trust", "-U", PG],
+    );
+    env.spawn_cmd("initdb", c).wait_ok(Duration::from_secs(120));
+    let port = free_port();
+    let ps = port.to_string();
+    let c = env.command_as(
+        PG,
+        Mode::Smclo,
+        bin.join("postgres").to_str().unwrap(),
+        &[
+            "-D",
+            d,
+            "-p",
+            &ps,
+            "-k",
+            h,
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "shared_buffers=32MB",
+        ],
+    );
+    let mut server = env.spawn_cmd("postgres", c);
+    wait_listen(&mut server, port);
+    let pg_args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["-h", "127.0.0.1", "-p", &ps, "-U", PG]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run_as_app = |env: &mut Env, mode: Mode, name: &str, prog: &str, extra: &[&str]| {
+        let a = pg_args(extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let c = env.command_as(&app, mode, prog, &a);
+        let mut p = env.spawn_cmd(name, c);
+        p.wait_ok(Duration::from_secs(120));
+        p
+    };
+    run_as_app(
+        &mut env,
+        Mode::Plain,
+        "pgbench-init",
+        "pgbench",
+        &["-i", "-s", "1", PG],
+    );
+    let before = env.stats();
+    let bench = run_as_app(
+        &mut env,
+        Mode::Smclo,
+        "pgbench",
+        "pgbench",
+        &["-S", "-c", "4", "-j", "2", "-T", "3", PG],
+    );
+    let out = bench.stdout_str();
+    assert!(
+        out.contains("number of failed transactions: 0")
+            && out.contains("number of transactions actually processed"),
+        "pgbench:\n{}",
+        bench.logs()
+    );
+    let q = "SELECT count(*) || ' ' || md5(string_agg(aid::text || filler || abalance::text, ',' ORDER BY aid)) FROM pgbench_accounts";
+    let smc = run_as_app(&mut env, Mode::Smclo, "psql", "psql", &["-At", "-c", q, PG]);
+    let after = env.stats();
+    let plain = run_as_app(
+        &mut env,
+        Mode::Plain,
+        "psql-plain",
+        "psql",
+        &["-At", "-c", q, PG],
+    );
+    let (smc, plain) = (smc.stdout_str(), plain.stdout_str());
+    assert!(smc.starts_with("100000 "), "psql over SMC-D: {smc:?}");
+    assert_eq!(smc, plain, "the table read over SMC-D differs from TCP's");
+    // pgbench's 4 clients and psql; psql's reply alone is the table's text.
+    let d = delta(&before, &after);
+    assert_smc(
+        "postgres (user postgres) and pgbench, psql (another member)",
+        &d,
+        5,
+        10_000,
+        u64::MAX,
+        &server.logs(),
+    );
+    server.stop(Duration::from_secs(10));
+}
+
+/// nginx started as root on root's private device, its workers switching
+/// to a user that may not use it: every connection falls back, and the
+/// counters and the client's debug log say that the uid changed.
+#[test]
+fn workers_that_change_to_an_outsider_fall_back_with_uid_changed() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::No);
+    let mut env = Env::new("group-uid-change");
+    open_tmp(&env);
+    let (root, _) = web_root(&env, b"served by an unprivileged worker\n", 5);
+    let port = free_port();
+    let mut nginx = start_nginx_as(&mut env, &format!("{web} nogroup"), port, &root);
+    let before = env.stats();
+    env.extra_env
+        .push(("SMCLO_DEBUG".to_string(), "1".to_string()));
+    let url = format!("http://127.0.0.1:{port}/small.txt");
+    let (body, curl) = curl_as(&mut env, "root", &url, 1);
+    assert_eq!(body, b"served by an unprivileged worker\n".to_vec());
+    let after = env.stats();
+    let d = delta(&before, &after);
+    eprintln!("fallbacks: {}", d.fallbacks_desc());
+    let changed = |s: &smclo::device::Stats| s.fallback(Reason::UidChanged);
+    assert_eq!(
+        (
+            changed(&after).0 - changed(&before).0,
+            changed(&after).1 - changed(&before).1
+        ),
+        (1, 1),
+        "UID_CHANGED on both sides, and nothing else: {}\n{}",
+        d.fallbacks_desc(),
+        nginx.logs()
+    );
+    assert_eq!(d.fallbacks(), 2, "{}", d.fallbacks_desc());
+    assert_eq!(d.conns_opened, 0);
+    let err = curl.stderr_str();
+    assert!(err.contains("UID_CHANGED"), "curl's debug log:\n{err}");
+    nginx.stop(Duration::from_secs(10));
+}
