@@ -866,6 +866,16 @@ impl Device {
         let e = self.dmb_entry(idx);
         let token = random_u64()?;
         let dmb = match crate::pool::take(ring_len, self.gid, token) {
+            // The last peer's bytes stay in a pooled ring: on a group
+            // device the next peer may be another user, who must not see
+            // them.
+            Some(d) if matches!(self.shape, Shape::Group { .. }) => match d.forget_ring() {
+                Ok(()) => d,
+                Err(err) => {
+                    e.head.free(claim);
+                    return Err(err.into());
+                }
+            },
             Some(d) => d,
             None => match Dmb::create_own(token, ring_len, self.gid, me.pid, me.start) {
                 Ok(d) => d,

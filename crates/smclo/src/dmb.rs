@@ -367,6 +367,28 @@ impl Dmb {
         self.word_at(CONS_OFFSET)
     }
 
+    /// Drops the ring's contents (the file's pages behind it read as zeros
+    /// again, `MADV_REMOVE`), before one of our pooled DMBs is handed to a
+    /// peer that may be another user than the last one.
+    pub(crate) fn forget_ring(&self) -> std::io::Result<()> {
+        // SAFETY: the first ring copy is a shared mapping of the memfd that
+        // this `Dmb` keeps mapped; MADV_REMOVE frees the file's pages in it
+        // (both copies, and every other mapping, then read zeros) and never
+        // unmaps anything. Only cursor-validated copies ever read the ring.
+        let r = unsafe {
+            libc::madvise(
+                self.ring_ptr().cast(),
+                self.ring_len() as usize,
+                libc::MADV_REMOVE,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// Start of the first copy of the ring. `ring_len * 2` bytes from here
     /// are mapped: the ring, then the ring again. Used by [`crate::ring`].
     pub(crate) fn ring_ptr(&self) -> *mut u8 {
