@@ -459,6 +459,79 @@ impl Drop for Env {
     }
 }
 
+/// Gives the calling test's thread a private mount namespace, which the
+/// programs it starts inherit: its mounts are seen by nobody else and vanish
+/// with the thread and its programs, even if the test dies.
+pub fn private_mounts() {
+    assert!(is_root(), "mounting a tmpfs needs root");
+    // SAFETY: unshare takes no pointers; mount gets a valid C string (the
+    // root path) and nulls. Neither has memory effects on this process.
+    let r = unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            -1
+        } else {
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        }
+    };
+    assert_eq!(
+        r,
+        0,
+        "private mount namespace: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A tmpfs of `size` (mode 0700) mounted on `at` in the test thread's
+/// private mount namespace ([`private_mounts`]), unmounted when dropped.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount_at(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("tmpfs")
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mount -t tmpfs on {} failed", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+
+    /// A fresh tmpfs in the test's temp dir.
+    pub fn mount(env: &Env, size: &str) -> Tmpfs {
+        private_mounts();
+        Tmpfs::mount_at(&env.path("tmpfs"), size)
+    }
+
+    /// Fills the filesystem until the kernel says ENOSPC.
+    pub fn fill(&self) {
+        let mut f = fs::File::create(self.0.join("filler")).unwrap();
+        let block = vec![0x5au8; 4096];
+        loop {
+            match std::io::Write::write(&mut f, &block) {
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// Runs `ip args`, panicking on failure.
 pub fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("run ip");
