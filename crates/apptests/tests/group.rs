@@ -439,3 +439,67 @@ fn workers_that_change_to_an_outsider_fall_back_with_uid_changed() {
     assert!(err.contains("UID_CHANGED"), "curl's debug log:\n{err}");
     nginx.stop(Duration::from_secs(10));
 }
+
+/// `/run/smclo`, made by `smclo dev init --group GROUP` without a
+/// directory, is the device of every member that sets no
+/// `SMCLO_DEVICE_DIR`: nginx started as root with its workers as one
+/// member, curl as another. The test thread has its own `/run` (a tmpfs in
+/// a private mount namespace), so the host's is never touched.
+#[test]
+fn run_smclo_is_every_members_default() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let mut env = Env::new("group-default");
+    open_tmp(&env);
+    private_mounts();
+    let run = Tmpfs::mount_at(Path::new("/run"), "16m");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&run.0, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let o = Command::new(smclo_bin())
+        .args(["dev", "init", "--group", &acc.group])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dev = smclo::device::Device::open(Path::new(smclo::config::SYSTEM_DEVICE_DIR)).unwrap();
+    let (root, big) = web_root(&env, b"small\n", 11);
+    let port = free_port();
+    let cf = nginx_conf(&env, &format!("{web} {}", acc.group), port, &root);
+    let d = cf.parent().unwrap().display().to_string();
+    let e = format!("{d}/error.log");
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        "nginx",
+        &["-c", cf.to_str().unwrap(), "-p", &d, "-e", &e],
+    );
+    cmd.env_remove("SMCLO_DEVICE_DIR");
+    let mut nginx = env.spawn_cmd("nginx", cmd);
+    wait_listen(&mut nginx, port);
+    let before = dev.stats();
+    let url = format!("http://127.0.0.1:{port}/big.bin");
+    let mut c = Command::new(require("runuser"));
+    c.args(["-u", &cli, "--"])
+        .arg(smclo_bin())
+        .args(["run", "--"])
+        .arg(require("curl"))
+        .args(["-sS", "--fail", "--max-time", "30", &url]);
+    c.env_remove("SMCLO_DEVICE_DIR").env_remove("LD_PRELOAD");
+    let mut curl = env.spawn_cmd("curl", c);
+    curl.wait_ok(T);
+    let after = dev.stats();
+    assert!(curl.stdout() == big, "curl's body differs from the file");
+    let logs = format!("{}\n{}", nginx.logs(), curl.stderr_str());
+    assert_smc(
+        "nginx and curl on /run/smclo by default",
+        &delta(&before, &after),
+        1,
+        big.len() as u64,
+        2 * big.len() as u64,
+        &logs,
+    );
+    nginx.stop(Duration::from_secs(10));
+    drop(run);
+}
