@@ -126,6 +126,16 @@ fn group_device(env: &Env, group: &str) {
     let f = fs::metadata(env.dev_dir.join("device")).unwrap();
     assert_eq!(f.mode() & 0o777, 0o660, "device file mode");
     assert_eq!(f.gid(), d.gid(), "device file group");
+    let o = Command::new(smclo_bin())
+        .args(["dev", "-v"])
+        .env("SMCLO_DEVICE_DIR", &env.dev_dir)
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        v.contains(&format!("the members of gid {}", d.gid())),
+        "smclo dev -v:\n{v}"
+    );
 }
 
 /// The temp dir readable by the test's users (programs' files live there).
