@@ -3,7 +3,8 @@
 //! `<dir>/device` (layout in [`smclo_wire::device_layout`]) holds the GID,
 //! CHID and SEID, the knobs, the counters, and three tables: DMBs, listeners
 //! ([`crate::registry`]) and handshake slots ([`crate::rendezvous`]). Every
-//! smclo process of the user maps it shared, for the rest of its life.
+//! smclo process that uses the directory (one user, or a group's members:
+//! [`crate::access`]) maps it shared, for the rest of its life.
 //!
 //! # Creation
 //! The file is built under a temporary name, fully allocated (no holes: a
