@@ -283,6 +283,46 @@ fn outsider_gets_eacces_and_falls_back() {
         "the member's side: no proposal from the outsider ({})",
         d.fallbacks_desc()
     );
+    // A server of the outsider registers no listener: a member's
+    // connection to it finds none (PEERNOSMC on the member's side).
+    let oport = free_port();
+    let op = oport.to_string();
+    let c = env.command_as(
+        &out,
+        Mode::Smclo,
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            &op,
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            root.to_str().unwrap(),
+        ],
+    );
+    let mut server = env.spawn_cmd("outsider-server", c);
+    wait_listen(&mut server, oport);
+    let before = env.stats();
+    let url = format!("http://127.0.0.1:{oport}/small.txt");
+    let (body, curl) = curl_as(&mut env, &web, &url, 1);
+    assert_eq!(body, b"for members only\n".to_vec(), "{}", curl.logs());
+    let after = env.stats();
+    assert_eq!(after.listeners, before.listeners, "the outsider's listener");
+    let d = delta(&before, &after);
+    assert_eq!(
+        (d.conns_opened, d.fallbacks()),
+        (0, 1),
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        after.fallback(Reason::PeerNoSmc).0 - before.fallback(Reason::PeerNoSmc).0,
+        1,
+        "the member's side: no listener of the outsider ({})",
+        d.fallbacks_desc()
+    );
+    server.stop(Duration::from_secs(5));
     nginx.stop(Duration::from_secs(10));
 }
 
