@@ -49,6 +49,9 @@ pub const F_CANDIDATE: u8 = 4;
 /// a descriptor without it (inherited, dup'ed, made by a raw system call)
 /// is asked with `getsockopt` instead.
 pub const F_TCP: u8 = 8;
+/// An epoll descriptor with SMC-D members: its waits are served by the
+/// event-loop fast path (`hooks::epoll`).
+pub const F_EPOLL: u8 = 16;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u8, on: bool) {

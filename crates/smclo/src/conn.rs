@@ -706,6 +706,9 @@ impl Conn {
         // and for ever: take what is there (the rest wakes it once).
         self.take_owed()?;
         self.rx_spin(cap)?;
+        // An event loop of this process may have the ring in its poll
+        // session: the sleep below needs the writer's doorbell.
+        self.poll_cancel()?;
         let s = self.rx_snap()?;
         if s.used > 0 || conn_state_flags(s.prod) != 0 {
             return Ok(RxNext::Retry);

@@ -91,6 +91,11 @@
 //! session clears the flag and looks at every ring again, so what was
 //! published without a bell is seen (and reported) by the poller.
 //!
+//! A session may stay open while its event loop works between waits (the
+//! loop looks at the rings at its next wait). Any other waiter of the
+//! process that sleeps in the kernel on the ring first clears the flag
+//! ([`poll_cancel`]) and looks at the ring itself.
+//!
 //! Unlike the spinning reader, a poller does not consume: after a skip the
 //! ring may hold data with no bell until it is read empty, so the channel
 //! alone no longer tells readability. Every wait that can see such a ring
@@ -526,6 +531,15 @@ pub fn poll_end<W: Word + ?Sized>(prod: &W, pollers: &W, ring_len: u32) -> Resul
         return set_polled(prod, ring_len, false);
     }
     Ok(())
+}
+
+/// A waiter of the reader's process that will sleep in the kernel on this
+/// ring (a blocking read, `poll`, another epoll set) while a poll session
+/// may be open: clears `POLLED` so that writers ring again; the caller
+/// then looks at the ring before it sleeps, as [`poll_end`]'s caller does.
+/// The open session polls on without the saving until it ends.
+pub fn poll_cancel<W: Word + ?Sized>(prod: &W, ring_len: u32) -> Result<(), CursorError> {
+    set_polled(prod, ring_len, false)
 }
 
 /// Sets `conn_state_flags` bits (closing flags) in a `prod` word; works on

@@ -8,7 +8,7 @@
 use super::records::{forget_fd_locked, lock, EPOLL, LISTENERS};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, F_LISTENER, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_EPOLL, F_INTERNAL, F_LISTENER, LOCK};
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::conn::Conn;
 use smclo::debug;
@@ -456,8 +456,9 @@ pub unsafe extern "C" fn setsockopt(
     0
 }
 
-/// Interposed `epoll_ctl(2)`: registrations of not-yet-connected TCP
-/// sockets are recorded, so the swap in `connect` can move them.
+/// Interposed `epoll_ctl(2)`: registrations of SMC-D connections join the
+/// set's shadow (the fast path, `hooks::epoll`); those of not-yet-connected
+/// TCP sockets are recorded, so the swap in `connect` can move them.
 #[no_mangle]
 pub unsafe extern "C" fn epoll_ctl(
     ep: c_int,
@@ -465,15 +466,25 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
+    // SAFETY: the application's event, valid when not null.
+    let event = (!ev.is_null()).then(|| unsafe { *ev });
+    if let Some(s) = table::get(fd) {
+        return super::epoll::ctl(ep, op, fd, event, &s);
+    }
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if r == 0 && table::has_flag(fd, F_CANDIDATE) {
+    if r != 0 {
+        return r;
+    }
+    if table::has_flag(fd, F_EPOLL) {
+        super::epoll::nest(fd);
+    }
+    if table::has_flag(fd, F_CANDIDATE) {
         let _g = LOCK.write();
         let mut e = lock(&EPOLL);
         e.retain(|(x, p, _)| !(*x == fd && *p == ep));
-        if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
-            // SAFETY: the application's event, valid for ADD and MOD.
-            e.push((fd, ep, unsafe { *ev }));
+        if let Some(event) = event.filter(|_| op != libc::EPOLL_CTL_DEL) {
+            e.push((fd, ep, event));
         }
     }
     r

@@ -16,6 +16,8 @@
 
 mod control;
 mod data;
+mod epoll;
+mod poll;
 mod process;
 mod records;
 mod setup;
@@ -24,6 +26,8 @@ mod unsupported;
 
 pub use control::*;
 pub use data::*;
+pub use epoll::{epoll_pwait, epoll_pwait2, epoll_wait};
+pub use poll::{poll, ppoll};
 pub use process::*;
 pub use setup::*;
 pub(crate) use swap::last_close;

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> pid_t {
     let g = LOCK.write();
+    let shadows = super::epoll::before_fork();
     let socks = if LIVE.load(Ordering::Relaxed) > 0 {
         table::all_locked()
     } else {
@@ -25,6 +26,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     };
     // SAFETY: plain fork; the lock is held so no table change is half done.
     let pid = unsafe { real::fork() };
+    drop(shadows);
     if pid == 0 {
         g.forget();
         LOCK.reset_in_child();

@@ -39,4 +39,5 @@ pub(super) fn forget_fd_locked(fd: RawFd) {
     if f & F_CANDIDATE != 0 {
         lock(&EPOLL).retain(|(x, _, _)| *x != fd);
     }
+    super::epoll::forget_fd(fd);
 }

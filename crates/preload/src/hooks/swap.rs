@@ -113,6 +113,7 @@ pub(super) fn swap_in(
                 io::Error::last_os_error()
             );
         } else {
+            super::epoll::adopt(ep, fd, Some(ev), &sock);
             debug!("fd {fd}: epoll registration in epfd {ep} moved to the SMC-D channel");
         }
     }

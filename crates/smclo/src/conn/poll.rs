@@ -71,6 +71,17 @@ impl Conn {
             .map_err(|e| self.violation("receive ring", e))
     }
 
+    /// Before this process sleeps in the kernel on the receive ring other
+    /// than through its own poll session: writers ring again
+    /// ([`doorbell::poll_cancel`]); the caller looks at the ring after.
+    pub fn poll_cancel(&self) -> io::Result<()> {
+        let l = &self.local;
+        if cursor::prod_flags(l.prod().load(Ordering::SeqCst)) & cursor::POLLED == 0 {
+            return Ok(());
+        }
+        doorbell::poll_cancel(l.prod(), l.ring_len()).map_err(|e| self.violation("receive ring", e))
+    }
+
     /// Ends a poll session ([`doorbell::poll_end`]); the caller must then
     /// look at [`Conn::ready`] once more before it sleeps.
     pub fn poll_end(&self) -> io::Result<()> {

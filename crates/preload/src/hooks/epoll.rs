@@ -1,0 +1,710 @@
+//! The event-loop fast path for epoll (see `smclo::poller` and
+//! docs/ARCHITECTURE.md "Event loops").
+//!
+//! `epoll_ctl` keeps, next to each kernel epoll set that holds SMC-D
+//! connections, a *shadow* of those members (descriptor, events, data,
+//! connection). `epoll_wait` on such a set looks at the members' rings
+//! first, polls the kernel for the set's other descriptors only every
+//! [`KERNEL_EVERY`] (so that under load a request costs no system call,
+//! yet a timer, listener or pipe in the set waits at most that long),
+//! spins for an adaptive budget while the members' writers skip their
+//! doorbells (`POLLED`), ends that session and looks again, and only then
+//! sleeps in the real `epoll_wait` with what is left of the timeout.
+//!
+//! What is reported is what the kernel would report: level-triggered
+//! members while their ring is ready; `EPOLLET` members once per change of
+//! the ring (new data, a closing flag, room made by the peer);
+//! `EPOLLONESHOT` members once until `EPOLL_CTL_MOD`; only the events asked
+//! for, plus `EPOLLHUP` and `EPOLLERR`; each registration at most once per
+//! call, whether the ring or the kernel (its doorbell) said so first.
+//!
+//! Sets the shadow cannot follow fall back to the real calls: a set with
+//! no SMC-D member, a set nested in another one (the outer set's kernel
+//! wait cannot see the rings, so its members never let writers skip), a
+//! number that is not the one the set was made under (a `dup` of an epoll
+//! descriptor).
+
+use super::records::lock;
+use super::{errno, set_errno};
+use crate::real;
+use crate::table::{self, Sock, F_EPOLL};
+use libc::{c_int, epoll_event, sigset_t, timespec};
+use smclo::poller::Budget;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often a set whose rings keep it busy asks the kernel about its
+/// other descriptors (and, with a signal mask, lets a signal in).
+const KERNEL_EVERY: Duration = Duration::from_micros(200);
+
+/// The events a registration can ask for that the rings can answer.
+const RING_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+/// Reported whether asked for or not.
+const ALWAYS: u32 = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
+const ET: u32 = libc::EPOLLET as u32;
+const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+
+/// One SMC-D registration in a set.
+struct Member {
+    fd: RawFd,
+    /// The application's view: what it asked for (0 once deleted).
+    events: u32,
+    data: u64,
+    /// The data of the kernel's registration, which kernel results carry.
+    kdata: u64,
+    /// Deleted by the application; the kernel's registration goes at the
+    /// next [`sync`].
+    gone: bool,
+    /// The kernel's registration differs from the application's view.
+    dirty: bool,
+    sock: Arc<Sock>,
+    /// `EPOLLONESHOT` fired: nothing more until `EPOLL_CTL_MOD`.
+    disabled: bool,
+    /// `EPOLLET`: the ring marks at the last report of `IN` and `OUT`.
+    last_in: Option<u64>,
+    last_out: Option<u64>,
+}
+
+impl Member {
+    /// What to report now, updating the edge and one-shot state.
+    fn take(&mut self) -> u32 {
+        if self.disabled || self.gone {
+            return 0;
+        }
+        let r = self.sock.conn.ready().bits();
+        let mut ev = r & (self.events & RING_EVENTS | ALWAYS);
+        if self.sock.shut_rd.load(Ordering::Relaxed) {
+            ev |= self.events & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+        }
+        if ev != 0 && self.events & ET != 0 {
+            ev = self.edges(ev);
+        }
+        if ev != 0 {
+            self.fired();
+        }
+        ev
+    }
+
+    /// The part of `ev` that is new since the last report.
+    fn edges(&mut self, ev: u32) -> u32 {
+        let mut out = 0;
+        let out_bit = libc::EPOLLOUT as u32;
+        if ev & !out_bit != 0 {
+            let m = self.sock.conn.rx_mark();
+            if self.last_in != Some(m) {
+                self.last_in = Some(m);
+                out |= ev & !out_bit;
+            }
+        }
+        if ev & out_bit != 0 {
+            let m = self.sock.conn.tx_mark();
+            if self.last_out != Some(m) {
+                self.last_out = Some(m);
+                out |= out_bit;
+            }
+        }
+        out
+    }
+
+    /// Re-registered (`EPOLL_CTL_MOD`, or `ADD` after a delete).
+    fn set(&mut self, ev: epoll_event) {
+        self.events = ev.events;
+        self.data = ev.u64;
+        self.gone = false;
+        self.dirty = true;
+        self.disabled = false;
+        self.last_in = None;
+        self.last_out = None;
+    }
+
+    /// The registration fired (from the ring or the kernel).
+    fn fired(&mut self) {
+        if self.events & ONESHOT != 0 {
+            self.disabled = true;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Set {
+    members: Vec<Member>,
+    /// Where the next scan starts, so that a small `maxevents` does not
+    /// starve the members after the first ones.
+    next: usize,
+    /// The set is itself in another epoll set: never let writers skip.
+    nested: bool,
+    /// Every change goes to the kernel at once: the set is shared with
+    /// another process (`fork`), whose shadow would not know of it.
+    eager: bool,
+}
+
+/// A set's shadow, shared by the threads that wait on it.
+#[derive(Default)]
+struct Shadow {
+    set: Mutex<Set>,
+    /// The connections of the open poll session ([`open`]).
+    session: Mutex<Option<Vec<Arc<Sock>>>>,
+    budget: Budget,
+    /// When the kernel was last asked (nanoseconds of [`now_ns`]).
+    kernel_at: AtomicU64,
+}
+
+/// Shadows by epoll descriptor number.
+static SHADOWS: Mutex<Option<HashMap<RawFd, Arc<Shadow>>>> = Mutex::new(None);
+/// How many shadows exist (closes skip the map at 0).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn shadow(ep: RawFd) -> Option<Arc<Shadow>> {
+    if !table::has_flag(ep, F_EPOLL) {
+        return None;
+    }
+    lock(&SHADOWS).as_ref()?.get(&ep).cloned()
+}
+
+/// The real `epoll_ctl`; `Err(errno)`.
+fn real_ctl(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<(), c_int> {
+    let mut e = ev.unwrap_or(epoll_event { events: 0, u64: 0 });
+    // SAFETY: a valid event for the call's duration.
+    if unsafe { real::epoll_ctl(ep, op, fd, &mut e) } < 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+fn shadow_or_new(ep: RawFd) -> Arc<Shadow> {
+    let mut g = lock(&SHADOWS);
+    g.get_or_insert_with(HashMap::new)
+        .entry(ep)
+        .or_insert_with(|| {
+            COUNT.fetch_add(1, Ordering::Relaxed);
+            table::set_flag(ep, F_EPOLL, true);
+            Arc::default()
+        })
+        .clone()
+}
+
+/// `epoll_ctl` on SMC-D descriptor `fd` (`sock`). A registration joins
+/// the set's shadow; changes of it (`MOD`, `DEL`) stay in the shadow and
+/// reach the kernel only before the set sleeps there ([`sync`]): event
+/// loops that change their interest per request (redis-benchmark, libevent)
+/// make no system call for it while they do not sleep.
+pub(super) fn ctl(
+    ep: RawFd,
+    op: c_int,
+    fd: RawFd,
+    ev: Option<epoll_event>,
+    sock: &Arc<Sock>,
+) -> c_int {
+    let r = match op {
+        libc::EPOLL_CTL_ADD => add(ep, fd, ev, sock),
+        libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL => change(ep, op, fd, ev),
+        _ => real_ctl(ep, op, fd, ev),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => super::fail(e),
+    }
+}
+
+fn add(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) -> Result<(), c_int> {
+    let sh = shadow(ep);
+    if let (Some(sh), Some(e)) = (&sh, ev) {
+        let mut set = lock(&sh.set);
+        if let Some(m) = set.members.iter_mut().find(|m| m.fd == fd) {
+            if !m.gone {
+                return Err(libc::EEXIST);
+            }
+            // Deleted, and the kernel's registration not yet: take it back.
+            m.set(e);
+            return Ok(());
+        }
+    }
+    real_ctl(ep, libc::EPOLL_CTL_ADD, fd, ev)?;
+    adopt(ep, fd, ev, sock);
+    Ok(())
+}
+
+/// A registration the kernel has now (`fd` added to `ep` with `ev`).
+pub(super) fn adopt(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) {
+    let Some(ev) = ev else { return };
+    let sh = shadow_or_new(ep);
+    join(&sh, sock);
+    let mut set = lock(&sh.set);
+    set.members.retain(|m| m.fd != fd);
+    set.members.push(Member {
+        fd,
+        events: ev.events,
+        data: ev.u64,
+        kdata: ev.u64,
+        gone: false,
+        dirty: false,
+        sock: sock.clone(),
+        disabled: false,
+        last_in: None,
+        last_out: None,
+    });
+}
+
+fn change(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<(), c_int> {
+    let exclusive = ev.is_some_and(|e| e.events & libc::EPOLLEXCLUSIVE as u32 != 0);
+    let Some(sh) = shadow(ep) else {
+        return real_ctl(ep, op, fd, ev);
+    };
+    let mut set = lock(&sh.set);
+    let eager = set.eager;
+    let Some(i) = set.members.iter().position(|m| m.fd == fd && !m.gone) else {
+        drop(set);
+        return real_ctl(ep, op, fd, ev);
+    };
+    if eager || exclusive {
+        // The kernel decides (and refuses EPOLLEXCLUSIVE in a MOD).
+        real_ctl(ep, op, fd, ev)?;
+    }
+    let m = &mut set.members[i];
+    if op == libc::EPOLL_CTL_DEL {
+        if eager {
+            set.members.remove(i);
+        } else {
+            m.gone = true;
+            m.dirty = true;
+        }
+        return Ok(());
+    }
+    let Some(e) = ev else {
+        return Err(libc::EFAULT);
+    };
+    m.set(e);
+    if eager {
+        m.dirty = false;
+        m.kdata = e.u64;
+    }
+    Ok(())
+}
+
+/// Brings the kernel's registrations up to the shadow's (before a sleep
+/// in the kernel, and before a close or a fork).
+fn sync_locked(set: &mut Set, ep: RawFd) {
+    for m in set.members.iter_mut().filter(|m| m.dirty) {
+        m.dirty = false;
+        if m.gone {
+            let _ = real_ctl(ep, libc::EPOLL_CTL_DEL, m.fd, None);
+            continue;
+        }
+        let ev = epoll_event {
+            events: m.events,
+            u64: m.data,
+        };
+        if real_ctl(ep, libc::EPOLL_CTL_MOD, m.fd, Some(ev)).is_ok() {
+            m.kdata = m.data;
+        }
+    }
+    set.members.retain(|m| !m.gone);
+}
+
+fn sync(sh: &Shadow, ep: RawFd) {
+    sync_locked(&mut lock(&sh.set), ep);
+}
+
+/// An epoll descriptor `inner` was added to another set (or removed).
+pub(super) fn nest(inner: RawFd) {
+    if let Some(sh) = shadow(inner) {
+        lock(&sh.set).nested = true;
+    }
+}
+
+/// Descriptor number `fd` was closed: it is no longer a member anywhere
+/// (a closed number cannot be deleted any more), nor a set.
+pub(super) fn forget_fd(fd: RawFd) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut g = lock(&SHADOWS);
+    let Some(map) = g.as_mut() else { return };
+    if let Some(sh) = map.remove(&fd) {
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+        close(&sh);
+    }
+    for (&ep, sh) in map.iter() {
+        let mut set = lock(&sh.set);
+        // Still open: what the shadow deleted leaves the kernel too.
+        for m in set
+            .members
+            .iter()
+            .filter(|m| m.fd == fd && m.gone && m.dirty)
+        {
+            let _ = real_ctl(ep, libc::EPOLL_CTL_DEL, m.fd, None);
+        }
+        set.members.retain(|x| x.fd != fd);
+    }
+}
+
+type SessionGuard = MutexGuard<'static, Option<Vec<Arc<Sock>>>>;
+
+/// Holds every shadow's locks across `fork` (in the order everything else
+/// takes them: the map, a session, its set), so that the child finds none
+/// of them held by a thread it does not have. Dropped (unlocked) in the
+/// parent and in the child.
+pub(super) struct ForkGuard {
+    // Fields drop in order: the guards before the shadows they borrow.
+    _locks: Vec<(SessionGuard, MutexGuard<'static, Set>)>,
+    _shadows: Vec<Arc<Shadow>>,
+    _map: MutexGuard<'static, Option<HashMap<RawFd, Arc<Shadow>>>>,
+}
+
+pub(super) fn before_fork() -> ForkGuard {
+    let map = lock(&SHADOWS);
+    let all: Vec<(RawFd, Arc<Shadow>)> = map
+        .iter()
+        .flat_map(|m| m.iter().map(|(&ep, sh)| (ep, sh.clone())))
+        .collect();
+    let mut locks = Vec::with_capacity(all.len());
+    for (ep, sh) in &all {
+        // SAFETY: `_shadows` keeps the shadow alive for as long as the
+        // guards exist: fields drop in declaration order, `_locks` first.
+        let sh: &'static Shadow = unsafe { &*Arc::as_ptr(sh) };
+        let session = lock(&sh.session);
+        let mut set = lock(&sh.set);
+        // Parent and child share the kernel's set from now on: each change
+        // must reach the kernel at once.
+        sync_locked(&mut set, *ep);
+        set.eager = true;
+        locks.push((session, set));
+    }
+    ForkGuard {
+        _locks: locks,
+        _shadows: all.into_iter().map(|(_, sh)| sh).collect(),
+        _map: map,
+    }
+}
+
+/// Reports what the rings of `sh`'s members say into `out`; returns how
+/// many entries it wrote.
+fn scan(sh: &Shadow, out: &mut [epoll_event]) -> usize {
+    let mut set = lock(&sh.set);
+    let len = set.members.len();
+    let start = set.next.min(len);
+    let mut n = 0;
+    for k in 0..len {
+        let i = (start + k) % len;
+        let m = &mut set.members[i];
+        let ev = m.take();
+        if ev == 0 {
+            continue;
+        }
+        out[n] = epoll_event {
+            events: ev,
+            u64: m.data,
+        };
+        n += 1;
+        if n == out.len() {
+            set.next = i + 1;
+            return n;
+        }
+    }
+    n
+}
+
+/// Merges the kernel's entries `out[n..n + k]` into `out[..n]`: an SMC-D
+/// member that fired already (one-shot) is dropped, one reported by the
+/// rings in this call is merged into that entry. Returns the new count.
+fn merge(sh: &Shadow, out: &mut [epoll_event], n: usize, k: usize) -> usize {
+    let mut set = lock(&sh.set);
+    let mut len = n;
+    for j in n..n + k {
+        let mut e = out[j];
+        if let Some(m) = set.members.iter_mut().find(|m| m.kdata == e.u64) {
+            // The application's view decides (the kernel's may be behind).
+            e.events &= m.events & !(ET | ONESHOT) | ALWAYS;
+            if m.disabled || m.gone || e.events == 0 {
+                continue;
+            }
+            e.u64 = m.data;
+            if let Some(x) = out[..n].iter_mut().find(|x| x.u64 == e.u64) {
+                x.events |= e.events;
+                continue;
+            }
+            m.fired();
+            if m.events & ET != 0 {
+                m.last_in = Some(m.sock.conn.rx_mark());
+                m.last_out = Some(m.sock.conn.tx_mark());
+            }
+        }
+        out[len] = e;
+        len += 1;
+    }
+    len
+}
+
+/// The real `epoll_pwait` into `out[n..]` with `ms`, merged; `Err(errno)`.
+fn kernel(
+    sh: &Shadow,
+    ep: RawFd,
+    out: &mut [epoll_event],
+    n: usize,
+    ms: c_int,
+    sigmask: *const sigset_t,
+) -> Result<usize, c_int> {
+    sh.kernel_at.store(now_ns(), Ordering::Relaxed);
+    let room = &mut out[n..];
+    // SAFETY: `room` is writable for its length; the mask is the caller's.
+    let r = unsafe { real::epoll_pwait(ep, room.as_mut_ptr(), room.len() as c_int, ms, sigmask) };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(merge(sh, out, n, r as usize))
+}
+
+fn kernel_due(sh: &Shadow) -> bool {
+    now_ns().saturating_sub(sh.kernel_at.load(Ordering::Relaxed)) >= KERNEL_EVERY.as_nanos() as u64
+}
+
+/// Opens the set's poll session, if none is open: its members get
+/// `POLLED`, so their writers skip the doorbell. The session stays open
+/// while the event loop runs (every wait looks at the rings first) and
+/// ends only when the loop is about to sleep in the kernel ([`close`]).
+/// Members that do not want `IN` now are in it too: loops that ask for
+/// `IN` only after they wrote a request (redis-benchmark) would otherwise
+/// have their replies rung; whatever arrives is seen by the first wait
+/// after they ask.
+fn open(sh: &Shadow) {
+    let mut session = lock(&sh.session);
+    if session.is_some() {
+        return;
+    }
+    let set = lock(&sh.set);
+    if set.nested {
+        return;
+    }
+    let mut v = Vec::with_capacity(set.members.len());
+    for m in set.members.iter().filter(|m| !m.gone) {
+        // An error aborted the connection; its readiness says so.
+        if m.sock.conn.poll_begin().is_ok() {
+            v.push(m.sock.clone());
+        }
+    }
+    *session = Some(v);
+}
+
+/// A member added while the set's session is open joins it.
+fn join(sh: &Shadow, sock: &Arc<Sock>) {
+    if let Some(v) = lock(&sh.session).as_mut() {
+        if sock.conn.poll_begin().is_ok() {
+            v.push(sock.clone());
+        }
+    }
+}
+
+/// Ends the set's poll session; the caller then looks at the rings once
+/// more before it sleeps (see `smclo::doorbell` "Pollers").
+fn close(sh: &Shadow) {
+    let Some(socks) = lock(&sh.session).take() else {
+        return;
+    };
+    for s in socks {
+        let _ = s.conn.poll_end();
+    }
+}
+
+/// The set will sleep in the kernel: its members' writers must ring even
+/// if another set's session (or another process of the family) polls
+/// them (see `Conn::poll_cancel`).
+fn cancel(sh: &Shadow) {
+    for m in lock(&sh.set).members.iter().filter(|m| !m.gone) {
+        let _ = m.sock.conn.poll_cancel();
+    }
+}
+
+/// Milliseconds until `deadline` (rounded up), -1 for none.
+fn ms_left(deadline: Option<Instant>) -> c_int {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
+        }
+    }
+}
+
+/// Spins for the set's budget (within the deadline), looking at the
+/// rings, and at the kernel every [`KERNEL_EVERY`].
+fn spin(
+    sh: &Shadow,
+    ep: RawFd,
+    out: &mut [epoll_event],
+    deadline: Option<Instant>,
+    sigmask: *const sigset_t,
+) -> Result<usize, c_int> {
+    let mut budget = sh.budget.next();
+    if let Some(d) = deadline {
+        budget = budget.min(d.saturating_duration_since(Instant::now()));
+    }
+    if budget.is_zero() {
+        return Ok(0);
+    }
+    let start = Instant::now();
+    let mut r = Ok(0);
+    while start.elapsed() < budget {
+        r = match scan(sh, out) {
+            0 if kernel_due(sh) => kernel(sh, ep, out, 0, 0, sigmask),
+            n => Ok(n),
+        };
+        if r != Ok(0) {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    sh.budget.note(r != Ok(0));
+    r
+}
+
+/// `epoll_pwait` over a shadowed set (`timeout` None: for ever).
+fn wait(
+    sh: &Shadow,
+    ep: RawFd,
+    out: &mut [epoll_event],
+    timeout: Option<Duration>,
+    sigmask: *const sigset_t,
+) -> Result<usize, c_int> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    open(sh);
+    let n = scan(sh, out);
+    if n > 0 {
+        if n < out.len() && kernel_due(sh) {
+            return kernel(sh, ep, out, n, 0, sigmask);
+        }
+        return Ok(n);
+    }
+    if timeout == Some(Duration::ZERO) {
+        return kernel(sh, ep, out, 0, 0, sigmask);
+    }
+    let n = spin(sh, ep, out, deadline, sigmask)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    close(sh);
+    cancel(sh);
+    let n = scan(sh, out);
+    if n > 0 {
+        return Ok(n);
+    }
+    sync(sh, ep);
+    let slept = Instant::now();
+    loop {
+        let n = kernel(sh, ep, out, 0, ms_left(deadline), sigmask)?;
+        if n > 0 && slept.elapsed() < smclo::conn::spin_budget() {
+            // A full spin would have caught it: spin again next time.
+            sh.budget.note(true);
+        }
+        if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(n);
+        }
+        // Woken only for one-shot members that had fired: sleep again.
+    }
+}
+
+/// The interposed waits, shadowed set or not.
+unsafe fn wait_entry(
+    ep: RawFd,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+    sigmask: *const sigset_t,
+    fallback: impl FnOnce() -> c_int,
+) -> c_int {
+    let Some(sh) = shadow(ep) else {
+        return fallback();
+    };
+    if events.is_null() || max <= 0 || max as usize > (c_int::MAX as usize) / 16 {
+        return fallback();
+    }
+    // SAFETY: the caller passes `max` writable events (as for the kernel);
+    // this process's own memory, which no peer writes.
+    let out = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
+    match wait(&sh, ep, out, timeout, sigmask) {
+        Ok(n) => n as c_int,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn ms_timeout(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// Interposed `epoll_wait(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    ep: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    // SAFETY: forwarded (or served over the caller's buffer).
+    unsafe {
+        wait_entry(
+            ep,
+            events,
+            max,
+            ms_timeout(timeout),
+            std::ptr::null(),
+            || real::epoll_wait(ep, events, max, timeout),
+        )
+    }
+}
+
+/// Interposed `epoll_pwait(2)`: the mask is in force for every kernel
+/// call of the wait, so a signal it lets in ends the spin too (`EINTR`).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sigmask: *const sigset_t,
+) -> c_int {
+    // SAFETY: as for epoll_wait.
+    unsafe {
+        wait_entry(ep, events, max, ms_timeout(timeout), sigmask, || {
+            real::epoll_pwait(ep, events, max, timeout, sigmask)
+        })
+    }
+}
+
+/// Interposed `epoll_pwait2(2)` (a `timespec` timeout; the fast path's
+/// sleep is in whole milliseconds, rounded up).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
+    let timeout = if ts.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's timespec.
+        let t = unsafe { *ts };
+        if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+            return super::fail(libc::EINVAL);
+        }
+        Some(Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+    };
+    // SAFETY: as for epoll_wait; the fallback is the system call itself
+    // (not every libc has the wrapper).
+    unsafe {
+        wait_entry(ep, events, max, timeout, sigmask, || {
+            libc::syscall(libc::SYS_epoll_pwait2, ep, events, max, ts, sigmask, 8) as c_int
+        })
+    }
+}
