@@ -67,12 +67,7 @@ fn show(verbose: bool) -> i32 {
             String::from_utf8_lossy(&dev.seid()).trim_end()
         );
         println!("directory {}", dev.dir().display());
-        match dev.shape() {
-            smclo::access::Shape::Private { uid } => println!("users     uid {uid} only"),
-            smclo::access::Shape::Group { owner, gid } => {
-                println!("users     uid {owner} and the members of gid {gid}")
-            }
-        }
+        println!("users     {}", dev.shape());
         print_knobs(&dev);
     }
     0

@@ -50,6 +50,17 @@ pub enum Shape {
     },
 }
 
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shape::Private { uid } => write!(f, "private to uid {uid}"),
+            Shape::Group { owner, gid } => {
+                write!(f, "shared by uid {owner} and the members of gid {gid}")
+            }
+        }
+    }
+}
+
 /// A process's credentials, as the kernel reports them for a peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Creds {

@@ -618,7 +618,7 @@ impl Device {
             return Ok(());
         }
         crate::debug!(
-            "this process changed its uid from {} to {uid} after opening the device in {}, which uid {uid} may not use ({:?}); for such a server use a group device (smclo dev init --group)",
+            "this process changed its uid from {} to {uid} after opening the device in {}, which uid {uid} may not use (the device is {}); for such a server use a group device (smclo dev init --group)",
             self.opened_by,
             self.dir.display(),
             self.shape

@@ -61,8 +61,9 @@ pub enum Reason {
     /// smclo extension: the peer's user may not share this device: it is
     /// neither our uid nor a member of the device directory's group.
     PeerCred = 0x0A00_0006,
-    /// smclo extension: this process changed its uid after it opened the
-    /// device, and the device does not admit the new uid.
+    /// smclo extension: a process (this one, or the peer that declined)
+    /// changed its uid after it opened the device, and the device does not
+    /// admit the new uid.
     UidChanged = 0x0A00_0007,
 }
 
@@ -190,7 +191,7 @@ impl Reason {
                 "peer's user may not share this device (not our uid, not in the device directory's group)"
             }
             Reason::UidChanged => {
-                "this process changed its uid after opening the device, which the new uid may not use"
+                "a process changed its uid after opening the device, which its new uid may not use"
             }
         }
     }
