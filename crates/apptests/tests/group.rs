@@ -553,3 +553,65 @@ fn run_smclo_is_every_members_default() {
     nginx.stop(Duration::from_secs(10));
     drop(run);
 }
+
+/// A process that leaves the group after it opened the device (it drops
+/// its supplementary groups and keeps its effective uid, so its own check
+/// sees no change) is refused by its peers: the server checks the client's
+/// credentials before it passes a DMB and declines with PEER_CRED, which
+/// both ends count. The client is a root process that runs as another
+/// user (effective uid) and keeps root as its saved uid to drop the group.
+#[test]
+fn a_peer_that_left_the_group_is_declined_with_peer_cred() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::No);
+    let mut env = Env::new("group-left");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let id = |flag: &str, name: &str| -> u32 {
+        let o = Command::new("id").args([flag, name]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+    };
+    let (gid, cli_uid) = (id("-g", &web), id("-u", &cli));
+    let port = free_port();
+    let server = format!(
+        "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('127.0.0.1', {port}))\ns.listen()\nc, _ = s.accept()\nc.sendall(c.recv(100))\nc.close()\n"
+    );
+    let c = env.command_as(&web, Mode::Smclo, "python3", &["-c", &server]);
+    let mut srv = env.spawn_cmd("server", c);
+    wait_listen(&mut srv, port);
+    env.extra_env
+        .push(("SMCLO_DEBUG".to_string(), "1".to_string()));
+    // A listener opens (and registers in) the device while the group is
+    // ours; then the group goes, the effective uid stays.
+    let client = format!(
+        "import os, socket\nos.setgroups([{gid}])\nos.setegid(65534)\nos.seteuid({cli_uid})\n\
+         l = socket.socket()\nl.bind(('127.0.0.1', 0))\nl.listen()\n\
+         os.seteuid(0)\nos.setgroups([])\nos.seteuid({cli_uid})\n\
+         c = socket.create_connection(('127.0.0.1', {port}))\nc.sendall(b'hello')\n\
+         print(c.recv(100).decode())\n"
+    );
+    let before = env.stats();
+    let c = env.command(Mode::Smclo, None, "python3", &["-c", &client]);
+    let mut cp = env.spawn_cmd("client", c);
+    cp.wait_ok(T);
+    srv.wait_ok(T);
+    assert_eq!(cp.stdout_str().trim(), "hello", "{}", cp.logs());
+    let after = env.stats();
+    let d = delta(&before, &after);
+    let refused = |s: &smclo::device::Stats| s.fallback(Reason::PeerCred);
+    assert_eq!(
+        (
+            refused(&after).0 - refused(&before).0,
+            refused(&after).1 - refused(&before).1
+        ),
+        (1, 1),
+        "PEER_CRED on both sides, nothing else: {}\n{}\n{}",
+        d.fallbacks_desc(),
+        cp.logs(),
+        srv.logs()
+    );
+    assert_eq!(d.fallbacks(), 2, "{}", d.fallbacks_desc());
+    assert!(cp.stderr_str().contains("PEER_CRED"), "{}", cp.logs());
+}
