@@ -7,7 +7,10 @@ mod conn_util;
 use conn_util::*;
 use smclo::conn::Mode;
 use smclo::dmb::Dmb;
-use smclo_wire::cursor::{Cursor, PEER_CONN_ABORT};
+use smclo_wire::cursor::{
+    with_bells, with_conn_state_flags, with_prod_flags, Cursor, CONN_STATE_KNOWN, PEER_CONN_ABORT,
+    PROD_FLAGS_KNOWN,
+};
 use std::io;
 use std::sync::atomic::Ordering;
 
@@ -66,7 +69,16 @@ fn consumer_ahead_or_too_far_behind_is_eproto() {
 
 #[test]
 fn unknown_flags_and_three_bells_are_eproto() {
-    for w in [0x0020u64 << 48, 0x01u64 << 56, 0x03u64 << 48, 0x02u64 << 48] {
+    // The lowest flag bit of each byte that no version of the protocol
+    // defines (derived, so that a new flag does not make it a known one).
+    let unknown_prod = 1u8 << (!PROD_FLAGS_KNOWN).trailing_zeros();
+    let unknown_state = 1u8 << (!CONN_STATE_KNOWN).trailing_zeros();
+    for w in [
+        with_prod_flags(0, unknown_prod),
+        with_conn_state_flags(0, unknown_state),
+        with_bells(0, 3),
+        with_bells(0, 2),
+    ] {
         let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
         Dmb::attach(&p.fa, 0xa, 0x5eed)
             .unwrap()

@@ -428,11 +428,11 @@ mod tests {
         ));
         // Unknown flags, too many bells.
         assert!(matches!(
-            distance(with_prod_flags(0, 0x20), 0, L),
+            distance(with_prod_flags(0, !PROD_FLAGS_KNOWN), 0, L),
             Err(CursorError::UnknownFlags { .. })
         ));
         assert!(matches!(
-            distance(with_conn_state_flags(0, 0x01), 0, L),
+            distance(with_conn_state_flags(0, !CONN_STATE_KNOWN), 0, L),
             Err(CursorError::UnknownFlags { .. })
         ));
         assert!(matches!(
