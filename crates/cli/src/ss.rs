@@ -3,13 +3,15 @@
 
 use crate::stats::json_str;
 use smclo::device::Role;
-use smclo::ss::{self, Listener, Process, SmcEnd};
+use smclo::ss::{self, Listener, Process, SmcEnd, SmcState, TcpEnd};
 use std::fmt::Write;
 
 const USAGE: &str = "\
-usage: smclo ss [-l|--listening] [--json]
+usage: smclo ss [-a|--all] [--json]
+       smclo ss -l|--listening [--json]
 
   (no option)      every SMC-D connection end of the device
+  -a, --all        also the connections that fell back to TCP, while open
   -l, --listening  the listeners registered on the device instead
   --json           one JSON object with stable keys
 ";
@@ -17,6 +19,7 @@ usage: smclo ss [-l|--listening] [--json]
 /// What to list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Opts {
+    all: bool,
     listening: bool,
     json: bool,
 }
@@ -24,11 +27,13 @@ struct Opts {
 /// Entry point of `smclo ss`.
 pub fn main(args: &[String]) -> i32 {
     let mut o = Opts {
+        all: false,
         listening: false,
         json: false,
     };
     for a in args {
         match a.as_str() {
+            "-a" | "--all" => o.all = true,
             "-l" | "--listening" => o.listening = true,
             "--json" | "-j" => o.json = true,
             "-h" | "--help" | "help" => {
@@ -42,23 +47,46 @@ pub fn main(args: &[String]) -> i32 {
             }
         }
     }
+    if o.all && o.listening {
+        eprintln!("smclo ss: --listening together with --all is not supported\n");
+        eprint!("{USAGE}");
+        return 2;
+    }
     let dev = match crate::open_device() {
         Ok(d) => d,
         Err(code) => return code,
     };
-    let out = match (o.listening, o.json) {
-        (false, false) => conns_table(&ss::smc_ends(&dev)),
-        (true, false) => listeners_table(&ss::listeners(&dev)),
-        (false, true) => format!(
-            "{{\"gid\":\"{:016x}\",\"connections\":[{}]}}\n",
-            dev.gid(),
-            join(ss::smc_ends(&dev).iter().map(conn_json))
-        ),
-        (true, true) => format!(
-            "{{\"gid\":\"{:016x}\",\"listeners\":[{}]}}\n",
-            dev.gid(),
-            join(ss::listeners(&dev).iter().map(listener_json))
-        ),
+    let gid = format!("{:016x}", dev.gid());
+    let out = if o.listening {
+        let ls = ss::listeners(&dev);
+        if o.json {
+            format!(
+                "{{\"gid\":\"{gid}\",\"listeners\":[{}]}}\n",
+                join(ls.iter().map(listener_json))
+            )
+        } else {
+            listeners_table(&ls)
+        }
+    } else {
+        let smc = ss::smc_ends(&dev);
+        let tcp = if o.all {
+            ss::tcp_ends(&dev)
+        } else {
+            Vec::new()
+        };
+        if o.json {
+            let fallbacks = if o.all {
+                format!(",\"fallbacks\":[{}]", join(tcp.iter().map(tcp_json)))
+            } else {
+                String::new()
+            };
+            format!(
+                "{{\"gid\":\"{gid}\",\"connections\":[{}]{fallbacks}}}\n",
+                join(smc.iter().map(conn_json))
+            )
+        } else {
+            conns_table(&smc, &tcp)
+        }
     };
     print!("{out}");
     0
@@ -93,48 +121,80 @@ fn process(p: &Process) -> String {
 /// Address columns are at least as wide as smcss's (23).
 const ADDR_WIDTH: usize = 23;
 
-fn conns_table(ends: &[SmcEnd]) -> String {
-    let aw = ends
+/// The columns of the connection table.
+const HEADER: [&str; 10] = [
+    "State",
+    "Process",
+    "Role",
+    "Local Address",
+    "Peer Address",
+    "Mode",
+    "Sent",
+    "Received",
+    "Ring",
+    "Fill",
+];
+
+fn smc_row(e: &SmcEnd) -> [String; 10] {
+    [
+        e.state.name().to_string(),
+        process(&e.process),
+        role(e.role).to_string(),
+        e.local.to_string(),
+        e.peer.to_string(),
+        mode(e).to_string(),
+        e.bytes_sent.to_string(),
+        e.bytes_received.to_string(),
+        e.ring_len.to_string(),
+        e.ring_fill
+            .map_or_else(|| "-".to_string(), |f| f.to_string()),
+    ]
+}
+
+/// A fallback's row: TCP and the reason; smclo does not count its bytes.
+fn tcp_row(e: &TcpEnd) -> [String; 10] {
+    let dash = || "-".to_string();
+    [
+        SmcState::Active.name().to_string(),
+        process(&e.process),
+        role(e.role).to_string(),
+        e.local.to_string(),
+        e.peer.to_string(),
+        format!("TCP/{}", e.reason.name()),
+        dash(),
+        dash(),
+        dash(),
+        dash(),
+    ]
+}
+
+fn conns_table(smc: &[SmcEnd], tcp: &[TcpEnd]) -> String {
+    let rows: Vec<[String; 10]> = smc
         .iter()
-        .flat_map(|e| [e.local.to_string().len(), e.peer.to_string().len()])
-        .fold(ADDR_WIDTH, usize::max);
-    let pw = ends
-        .iter()
-        .map(|e| process(&e.process).len())
-        .fold(7, usize::max);
+        .map(smc_row)
+        .chain(tcp.iter().map(tcp_row))
+        .collect();
+    let mut width = HEADER.map(str::len);
+    width[3] = width[3].max(ADDR_WIDTH);
+    width[4] = width[4].max(ADDR_WIDTH);
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
     let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "{:<15} {:<pw$} {:<6} {:<aw$} {:<aw$} {:<9} {:>12} {:>12} {:>8} {:>8}",
-        "State",
-        "Process",
-        "Role",
-        "Local Address",
-        "Peer Address",
-        "Mode",
-        "Sent",
-        "Received",
-        "Ring",
-        "Fill"
-    );
-    for e in ends {
-        let fill = e
-            .ring_fill
-            .map_or_else(|| "-".to_string(), |f| f.to_string());
-        let _ = writeln!(
-            o,
-            "{:<15} {:<pw$} {:<6} {:<aw$} {:<aw$} {:<9} {:>12} {:>12} {:>8} {:>8}",
-            e.state.name(),
-            process(&e.process),
-            role(e.role),
-            e.local.to_string(),
-            e.peer.to_string(),
-            mode(e),
-            e.bytes_sent,
-            e.bytes_received,
-            e.ring_len,
-            fill
-        );
+    let header = HEADER.map(str::to_string);
+    for r in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, (c, w)) in r.iter().zip(width).enumerate() {
+            // Text columns left, numbers right.
+            let _ = if i < 6 {
+                write!(line, "{c:<w$} ")
+            } else {
+                write!(line, "{c:>w$} ")
+            };
+        }
+        let _ = writeln!(o, "{}", line.trim_end());
     }
     o
 }
@@ -187,6 +247,19 @@ fn conn_json(e: &SmcEnd) -> String {
         e.bytes_received,
         e.ring_len,
         e.ring_fill.map_or("null".to_string(), |f| f.to_string())
+    )
+}
+
+fn tcp_json(e: &TcpEnd) -> String {
+    format!(
+        "{{\"state\":\"{}\",{},\"role\":\"{}\",\"local\":\"{}\",\"peer\":\"{}\",\"mode\":\"tcp\",\"reason\":\"{}\",\"reason_code\":\"0x{:08x}\"}}",
+        SmcState::Active.name(),
+        process_json(&e.process),
+        role(e.role),
+        e.local,
+        e.peer,
+        e.reason.name(),
+        e.reason.code()
     )
 }
 

@@ -7,6 +7,7 @@
 use smclo::api::{SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
+use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::fs::MetadataExt;
@@ -62,6 +63,13 @@ fn child_entry() {
         println!("SERVED");
         held.push(s);
     }
+    // A plain client: TCP, listed with -a while held.
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(
+        s.fallback_reason(),
+        Some(smclo_wire::reason::Reason::PeerNoSmc)
+    );
+    held.push(s);
     println!("DONE");
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
 }
@@ -178,6 +186,7 @@ fn ss_shows_every_field_of_known_connections() {
     c.write_all(&[3u8; 7]).unwrap();
     line(&mut out, "SERVED");
     dev.set_dmb_copy(false);
+    let plain_client = std::net::TcpStream::connect(server).unwrap();
     line(&mut out, "DONE");
     a.shutdown(Shutdown::Write).unwrap();
 
@@ -305,6 +314,70 @@ fn ss_shows_every_field_of_known_connections() {
             pidns(server_pid)
         )
     );
-    drop((a, b, c));
+
+    // -a: the fallbacks, both sides of the native API. A connection to a
+    // plain server is not listed (it costs no system call); one to a
+    // listener of our own process is (SELF_CONNECT), and so is its
+    // accepted end (PEERNOSMC: no proposal came).
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let plain_addr = plain.local_addr().unwrap();
+    let to_plain = SmcStream::connect_with(plain_addr, &cfg).unwrap();
+    assert_eq!(to_plain.fallback_reason(), Some(Reason::PeerNoSmc));
+    let own = SmcListener::bind_with("127.0.0.1:0", &cfg).unwrap();
+    let own_addr = own.local_addr().unwrap();
+    let to_own = SmcStream::connect_with(own_addr, &cfg).unwrap();
+    assert_eq!(to_own.fallback_reason(), Some(Reason::SelfConnect));
+    let (from_own, _) = own.accept().unwrap();
+    assert_eq!(from_own.fallback_reason(), Some(Reason::PeerNoSmc));
+    let tcp_rows = |text: &str| -> Vec<Vec<String>> {
+        let mut rows: Vec<Vec<String>> = text
+            .lines()
+            .filter(|l| l.contains("TCP/"))
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect();
+        rows.sort();
+        rows
+    };
+    let row = |pid: u32, role: &str, local: SocketAddr, peer: SocketAddr, r: Reason| {
+        let p = format!("{pid}/{prog}");
+        let mode = format!("TCP/{}", r.name());
+        let (l, pe) = (local.to_string(), peer.to_string());
+        ["ACTIVE", &p, role, &l, &pe, &mode, "-", "-", "-", "-"]
+            .map(str::to_string)
+            .to_vec()
+    };
+    let own_local = to_own.local_addr().unwrap();
+    let server_row = row(
+        server_pid,
+        "server",
+        server,
+        plain_client.local_addr().unwrap(),
+        Reason::PeerNoSmc,
+    );
+    let own_server_row = row(me, "server", own_addr, own_local, Reason::PeerNoSmc);
+    let own_client_row = row(me, "client", own_local, own_addr, Reason::SelfConnect);
+    assert!(tcp_rows(&smclo(&dir.0, &["ss"])).is_empty());
+    let text = smclo(&dir.0, &["ss", "-a"]);
+    assert_eq!(text.lines().count(), 1 + want.len() + 3, "{text}");
+    let mut expect = vec![server_row.clone(), own_server_row.clone(), own_client_row];
+    expect.sort();
+    assert_eq!(tcp_rows(&text), expect, "{text}");
+    let json = smclo(&dir.0, &["ss", "-a", "--json"]);
+    assert!(json.contains(",\"fallbacks\":[{"), "{json}");
+    assert!(
+        json.contains(&format!(
+            "{{\"state\":\"ACTIVE\",\"pid\":{me},\"pidns\":{},\"program\":\"{prog}\",\"role\":\"client\",\"local\":\"{own_local}\",\"peer\":\"{own_addr}\",\"mode\":\"tcp\",\"reason\":\"SELF_CONNECT\",\"reason_code\":\"0x{:08x}\"}}",
+            pidns(me),
+            Reason::SelfConnect.code()
+        )),
+        "{json}"
+    );
+    // Closed: no longer listed.
+    drop(to_own);
+    let mut expect = vec![server_row, own_server_row];
+    expect.sort();
+    assert_eq!(tcp_rows(&smclo(&dir.0, &["ss", "-a"])), expect);
+
+    drop((a, b, c, plain_client, to_plain, from_own));
     drop(child.0.stdin.take());
 }

@@ -52,6 +52,9 @@ pub const F_TCP: u8 = 8;
 /// An epoll descriptor with SMC-D members: its waits are served by the
 /// event-loop fast path (`hooks::epoll`).
 pub const F_EPOLL: u8 = 16;
+/// A TCP connection that fell back, listed in the device's fallback table
+/// until this descriptor is closed (`smclo ss -a`).
+pub const F_FALLBACK: u8 = 32;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u8, on: bool) {

@@ -16,7 +16,8 @@
 
 use crate::config::Config;
 use crate::conn;
-use crate::device::Device;
+use crate::device::{Device, Role};
+use crate::fallbacks::{self, FallbackRecord};
 use crate::handshake::{self, Decision, Established};
 use crate::registry::{self, ListenerGuard};
 use crate::sockaddr;
@@ -148,11 +149,14 @@ impl SmcListener {
         } else {
             handshake::Listening::Blocking
         };
-        let d = match &self.smc {
-            Some((dev, _)) => handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd(), listening),
-            None => Decision::Tcp(Reason::NoSmcdDev),
+        let s = match &self.smc {
+            Some((dev, _)) => {
+                let d = handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd(), listening);
+                SmcStream::new(tcp, d).on_device(dev, Role::Server, peer)
+            }
+            None => SmcStream::new(tcp, Decision::Tcp(Reason::NoSmcdDev)),
         };
-        Ok((SmcStream::new(tcp, d), peer))
+        Ok((s, peer))
     }
 
     /// The address the listener is bound to.
@@ -187,6 +191,8 @@ pub struct SmcStream {
     smc: Option<Established>,
     tcp: TcpStream,
     fallback: Option<Reason>,
+    /// A TCP stream's entry in the device's fallback table (`smclo ss -a`).
+    _listed: Option<FallbackRecord>,
 }
 
 impl SmcStream {
@@ -195,7 +201,21 @@ impl SmcStream {
             Decision::Smc(e) => (Some(e), None),
             Decision::Tcp(r) => (None, Some(r)),
         };
-        SmcStream { smc, tcp, fallback }
+        SmcStream {
+            smc,
+            tcp,
+            fallback,
+            _listed: None,
+        }
+    }
+
+    /// A stream on `dev`: a TCP one is listed in the fallback table while
+    /// it lives, as the `side` that decided, connected to `peer`.
+    fn on_device(mut self, dev: &Device, side: Role, peer: SocketAddr) -> SmcStream {
+        if let Some(r) = self.fallback {
+            self._listed = fallbacks::record(dev, self.tcp.as_raw_fd(), side, r, Some(peer));
+        }
+        self
     }
 
     /// Connects; upgrades to SMC-D if the server runs smclo on this
@@ -383,20 +403,25 @@ fn connect_one(dev: &Arc<Device>, cfg: &Config, dest: SocketAddr) -> io::Result<
     let tcp = unsafe { TcpStream::from_raw_fd(fd) };
     let proposal = handshake::client_propose(dev, cfg, fd, dest);
     let connected = sockaddr::connect(fd, dest);
-    let d = match proposal {
+    let (d, listed) = match proposal {
         Ok(mut p) => {
             p.syn_sent();
             connected?;
-            p.finish()
+            (p.finish(), true)
         }
         Err(r) => {
             connected?;
-            dev.count_fallback(r, crate::device::Role::Client);
+            dev.count_fallback(r, Role::Client);
             crate::debug!("client uses TCP to {dest}: {r}");
-            Decision::Tcp(r)
+            (Decision::Tcp(r), fallbacks::client_lists(r))
         }
     };
-    Ok(SmcStream::new(tcp, d))
+    let s = SmcStream::new(tcp, d);
+    Ok(if listed {
+        s.on_device(dev, Role::Client, dest)
+    } else {
+        s
+    })
 }
 
 impl Read for SmcStream {

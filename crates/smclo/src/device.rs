@@ -1,10 +1,11 @@
 //! The loopback-ism device: one shared file per device directory.
 //!
 //! `<dir>/device` (layout in [`smclo_wire::device_layout`]) holds the GID,
-//! CHID and SEID, the knobs, the counters, and three tables: DMBs, listeners
-//! ([`crate::registry`]) and handshake slots ([`crate::rendezvous`]). Every
-//! smclo process that uses the directory (one user, or a group's members:
-//! [`crate::access`]) maps it shared, for the rest of its life.
+//! CHID and SEID, the knobs, the counters, and four tables: DMBs, listeners
+//! ([`crate::registry`]), handshake slots ([`crate::rendezvous`]) and open
+//! fallback connections ([`crate::fallbacks`]). Every smclo process that
+//! uses the directory (one user, or a group's members: [`crate::access`])
+//! maps it shared, for the rest of its life.
 //!
 //! # Creation
 //! The file is built under a temporary name, fully allocated (no holes: a
@@ -16,7 +17,7 @@
 //! [`Error::Device`], never a crash.
 //!
 //! # Shared tables
-//! The three tables keep their entries with one protocol, [`crate::table`]
+//! The four tables keep their entries with one protocol, [`crate::table`]
 //! (claim, fill, publish, release, reclaim of dead owners, and why kill -9
 //! at any instant leaves them consistent). Opening the device joins the
 //! caller's pid namespace's membership lock, which that protocol needs
@@ -957,7 +958,7 @@ impl Device {
         }
     }
 
-    /// Removes what dead processes left: their DMB table entries, `dmb-*`
+    /// Removes what dead processes left: their DMB and fallback table entries, `dmb-*`
     /// files that older versions (which named DMBs in the directory) left
     /// behind, and temporary device files of dead creators.
     /// Runs on its own schedule inside [`Device::register_dmb`] and
@@ -966,6 +967,7 @@ impl Device {
         self.u64_at(layout::off::LAST_SWEEP_MS)
             .store(monotonic_ms(), Ordering::Relaxed);
         self.reclaim_dead_dmbs();
+        crate::fallbacks::reclaim_dead(self);
         self.remove_dead_files();
     }
 

@@ -17,6 +17,7 @@ pub mod device;
 pub mod dmb;
 pub mod doorbell;
 pub mod error;
+pub mod fallbacks;
 pub mod fdnum;
 pub mod handshake;
 pub mod owner;

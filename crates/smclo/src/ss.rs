@@ -10,14 +10,22 @@
 //! the peer as closed. The fill of an end's ring is what the peer wrote
 //! into it minus what it consumed, known while the peer's entry exists.
 //!
+//! With `-a`, the fallback connections still open are listed too, from the
+//! device's fallback table ([`crate::fallbacks`]): each stays there while
+//! the descriptor it was connected or accepted on is open in the process
+//! that made it (not through a `dup` of it after that descriptor closed,
+//! nor after an `exec`).
+//!
 //! Nothing here is more than the device file holds: who may read the device
 //! may read this.
 
 use crate::device::{Device, Role};
+use crate::fallbacks;
 use crate::owner::{Owner, PidNs};
 use crate::registry;
 use smclo_wire::device_layout::end_flags;
 use smclo_wire::ends;
+use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
@@ -176,6 +184,38 @@ pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
                 ring_fill: peer_end.map(|p| p.tx_bytes.saturating_sub(e.rx_bytes)),
                 state: SmcState::of(e.flags, peer_end.map(|p| p.flags)),
             })
+        })
+        .collect();
+    out.sort_by_key(|e| (e.local, e.peer));
+    out
+}
+
+/// One end of a TCP connection that fell back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpEnd {
+    /// The process that connected or accepted it.
+    pub process: Process,
+    /// Client (connected) or server (accepted).
+    pub role: Role,
+    /// The TCP connection's local address.
+    pub local: SocketAddr,
+    /// The TCP connection's peer address.
+    pub peer: SocketAddr,
+    /// Why it stayed TCP (the side that decided).
+    pub reason: Reason,
+}
+
+/// Every recorded fallback connection still open, ordered by local then
+/// peer address.
+pub fn tcp_ends(dev: &Device) -> Vec<TcpEnd> {
+    let mut out: Vec<TcpEnd> = fallbacks::open(dev)
+        .into_iter()
+        .map(|f| TcpEnd {
+            process: Process::of(f.owner),
+            role: f.role,
+            local: f.local,
+            peer: f.peer,
+            reason: f.reason,
         })
         .collect();
     out.sort_by_key(|e| (e.local, e.peer));

@@ -1,6 +1,7 @@
 //! The protocol of the device's shared tables: the DMB table
-//! ([`crate::device`]), the listener registry ([`crate::registry`]) and the
-//! rendezvous slots ([`crate::rendezvous`]) all keep their entries with it,
+//! ([`crate::device`]), the listener registry ([`crate::registry`]), the
+//! rendezvous slots ([`crate::rendezvous`]) and the fallback table
+//! ([`crate::fallbacks`]) all keep their entries with it,
 //! and add only their keys and payloads.
 //!
 //! # The entry head

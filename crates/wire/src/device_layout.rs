@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 3
+//!   8   version u32 = 4
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -18,6 +18,7 @@
 //!   64  gid u64                         random, never 0
 //!   72  chid u16 = 0xFFFF, 74 reserved
 //!   80  seid [u8; 32]                   blank padded ASCII
+//!   112 fallback table:   offset u32, entries u32, entry size u32
 //!   128 knobs (atomic u32 each): active, dmb_copy, dmb_type
 //!   192 counters (atomic u64 each): conns_opened, dmbs_registered,
 //!       xfer_bytes_retired, xfer_bytes_base, last_sweep_ms
@@ -27,6 +28,7 @@
 //! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
 //! LISTENER_OFF      listener registry, LISTENER_ENTRIES x 64 bytes
 //! RENDEZVOUS_OFF    rendezvous slots, RENDEZVOUS_ENTRIES x 2048 bytes
+//! FALLBACK_OFF      open fallback connections, FALLBACK_ENTRIES x 64 bytes
 //! ```
 //!
 //! Every table entry starts with the same 24-byte head (state word, owner
@@ -35,14 +37,15 @@
 //! would judge other namespaces' entries by pid. Version 3 doubled the DMB
 //! entry to carry what `smclo ss` shows (the connection's addresses, mode,
 //! bytes received, close flags): a version 2 process would read the
-//! listener registry at the wrong offset.
+//! listener registry at the wrong offset. Version 4 added the fallback
+//! table (`smclo ss -a`).
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
@@ -70,6 +73,15 @@ pub const RENDEZVOUS_ENTRY_LEN: u32 = 2048;
 /// Offset of the rendezvous slots.
 pub const RENDEZVOUS_OFF: u32 = LISTENER_OFF + LISTENER_ENTRIES * LISTENER_ENTRY_LEN;
 
+/// Entries in the fallback table: TCP connections that fell back, while
+/// their descriptor is open (`smclo ss -a`).
+pub const FALLBACK_ENTRIES: u32 = 1024;
+/// Bytes per fallback entry: one cache line (head and packed ends, whose
+/// table bits hold the reason index and the role).
+pub const FALLBACK_ENTRY_LEN: u32 = 64;
+/// Offset of the fallback table.
+pub const FALLBACK_OFF: u32 = RENDEZVOUS_OFF + RENDEZVOUS_ENTRIES * RENDEZVOUS_ENTRY_LEN;
+
 /// Size of each message area in a rendezvous slot.
 pub const MSG_AREA_LEN: u32 = 512;
 /// Offsets of the proposal, reply and confirm areas inside a slot.
@@ -80,7 +92,7 @@ pub const REASON_SLOTS: u32 = 32;
 
 /// Total size of the device file.
 pub const TOTAL_SIZE: u64 =
-    RENDEZVOUS_OFF as u64 + RENDEZVOUS_ENTRIES as u64 * RENDEZVOUS_ENTRY_LEN as u64;
+    FALLBACK_OFF as u64 + FALLBACK_ENTRIES as u64 * FALLBACK_ENTRY_LEN as u64;
 
 /// Bits of a DMB table entry's `flags` word: how the connection end moves
 /// data and how far it has closed (`smclo ss` derives SMC's socket states
@@ -122,6 +134,8 @@ pub mod off {
     pub const CHID: usize = 72;
     /// `seid`.
     pub const SEID: usize = 80;
+    /// Fallback table triple.
+    pub const FALLBACK_TABLE: usize = 112;
     /// Knob `active`.
     pub const ACTIVE: usize = 128;
     /// Knob `dmb_copy`.
@@ -246,6 +260,10 @@ pub fn encode_header(h: &DeviceHeader) -> Vec<u8> {
             off::RENDEZVOUS_TABLE,
             [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN],
         ),
+        (
+            off::FALLBACK_TABLE,
+            [FALLBACK_OFF, FALLBACK_ENTRIES, FALLBACK_ENTRY_LEN],
+        ),
     ] {
         for (i, v) in t.iter().enumerate() {
             put32(&mut b, o + 4 * i, *v);
@@ -317,7 +335,7 @@ pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, Layo
             })
         };
     }
-    let tables: [(&'static str, usize, [u32; 3]); 3] = [
+    let tables: [(&'static str, usize, [u32; 3]); 4] = [
         (
             "dmb table",
             off::DMB_TABLE,
@@ -332,6 +350,11 @@ pub fn validate_header(bytes: &[u8], file_len: u64) -> Result<DeviceHeader, Layo
             "rendezvous table",
             off::RENDEZVOUS_TABLE,
             [RENDEZVOUS_OFF, RENDEZVOUS_ENTRIES, RENDEZVOUS_ENTRY_LEN],
+        ),
+        (
+            "fallback table",
+            off::FALLBACK_TABLE,
+            [FALLBACK_OFF, FALLBACK_ENTRIES, FALLBACK_ENTRY_LEN],
         ),
     ];
     for (name, o, want) in tables {
@@ -379,7 +402,18 @@ mod tests {
 
     #[test]
     fn tables_fit_and_align() {
-        const { assert!(LISTENER_OFF.is_multiple_of(64) && RENDEZVOUS_OFF.is_multiple_of(64)) };
+        const {
+            assert!(
+                LISTENER_OFF.is_multiple_of(64)
+                    && RENDEZVOUS_OFF.is_multiple_of(64)
+                    && FALLBACK_OFF.is_multiple_of(64)
+            )
+        };
+        const {
+            assert!(
+                off::FALLBACK_TABLE + 12 <= off::ACTIVE && off::SEID + 32 <= off::FALLBACK_TABLE
+            )
+        };
         assert!(MSG_AREA_OFF[2] + MSG_AREA_LEN <= RENDEZVOUS_ENTRY_LEN);
         assert!(off::FALLBACK_SERVER + 8 * REASON_SLOTS as usize <= HEADER_LEN as usize);
     }

@@ -4,7 +4,7 @@
 //! the end of the program) closes each connection as the kernel closes a
 //! socket, unless another process of the family still holds it.
 
-use super::records::{lock, LISTENERS};
+use super::records::{lock, FALLBACKS, LISTENERS};
 use super::{fail, swap, LIVE};
 use crate::holders;
 use crate::real;
@@ -74,6 +74,11 @@ fn before_exec() {
         if let Some(m) = lock(&LISTENERS).as_mut() {
             // The new image does not know these listeners; unregister them
             // so clients do not wait for an answer that never comes.
+            m.clear();
+        }
+        if let Some(m) = lock(&FALLBACKS).as_mut() {
+            // Nor these connections: it could not unlist them when it
+            // closes them.
             m.clear();
         }
         drop(g);

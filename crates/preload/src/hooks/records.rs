@@ -1,12 +1,14 @@
 //! What the hooks remember about descriptors besides the table: which
-//! listeners are registered in the device (shared by their `dup`s) and the
-//! epoll registrations of not-yet-connected TCP sockets, which the swap
-//! moves to the channel. Both are only touched with the table's lock held
-//! for writing, so a closed or reused descriptor number is forgotten here
-//! in the same step as in the table.
+//! listeners are registered in the device (shared by their `dup`s), which
+//! fallback connections are listed in it, and the epoll registrations of
+//! not-yet-connected TCP sockets, which the swap moves to the channel. All
+//! are only touched with the table's lock held for writing, so a closed or
+//! reused descriptor number is forgotten here in the same step as in the
+//! table.
 
 use super::in_table_range;
-use crate::table::{self, F_CANDIDATE, F_LISTENER};
+use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER};
+use smclo::fallbacks::FallbackRecord;
 use smclo::registry::ListenerGuard;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -16,6 +18,11 @@ use std::sync::{Arc, Mutex};
 /// Registered listeners: descriptor → its registration, shared by `dup`s.
 /// Only touched with [`LOCK`](crate::table::LOCK) held for writing (so never held across fork).
 pub(super) static LISTENERS: Mutex<Option<HashMap<RawFd, Arc<ListenerGuard>>>> = Mutex::new(None);
+
+/// Fallback connections listed in the device: descriptor → its entry, which
+/// the descriptor's close frees (a `dup` does not keep it). Same locking as
+/// [`LISTENERS`].
+pub(super) static FALLBACKS: Mutex<Option<HashMap<RawFd, FallbackRecord>>> = Mutex::new(None);
 
 /// epoll registrations of candidate descriptors: (fd, epfd, event).
 /// Same locking as [`LISTENERS`].
@@ -38,6 +45,11 @@ pub(super) fn forget_fd_locked(fd: RawFd) {
     }
     if f & F_CANDIDATE != 0 {
         lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    }
+    if f & F_FALLBACK != 0 {
+        if let Some(m) = lock(&FALLBACKS).as_mut() {
+            m.remove(&fd);
+        }
     }
     super::epoll::forget_fd(fd);
 }

@@ -4,19 +4,21 @@
 //! the descriptor in. Anything that is not a TCP stream, or a peer that is
 //! not smclo, stays plain TCP.
 
-use super::records::{forget_fd_locked, lock, LISTENERS};
+use super::records::{forget_fd_locked, lock, FALLBACKS, LISTENERS};
 use super::swap::swap_in;
-use super::{ctx, disabled, errno, in_table_range, set_errno};
+use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_LISTENER, F_TCP, LOCK};
+use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_TCP, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
+use smclo::fallbacks;
 use smclo::handshake::{self, Decision, Listening};
 use smclo::registry;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -88,6 +90,24 @@ fn clear_stale(fd: RawFd) {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
         table::release(s);
     }
+}
+
+/// Lists the TCP connection on `fd`, which fell back for `reason` on
+/// `side`, in the device's fallback table until `fd` is closed (`smclo ss
+/// -a`). Keeps errno.
+fn list_fallback(c: &Ctx, fd: RawFd, side: Role, reason: Reason, peer: Option<SocketAddr>) {
+    if !in_table_range(fd) {
+        return;
+    }
+    let e = errno();
+    if let Some(rec) = fallbacks::record(&c.dev, fd, side, reason, peer) {
+        let _g = LOCK.write();
+        lock(&FALLBACKS)
+            .get_or_insert_with(HashMap::new)
+            .insert(fd, rec);
+        table::set_flag(fd, F_FALLBACK, true);
+    }
+    set_errno(e);
 }
 
 /// Interposed `listen(2)`: TCP listeners save SYNs and are registered in
@@ -177,6 +197,10 @@ fn listening(fd: RawFd) -> Listening {
 }
 
 unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // The size of the caller's address buffer: `accept` reports the
+    // address's full length, which may be more than it wrote.
+    // SAFETY: a non-null `len` is the caller's readable socklen_t.
+    let cap = if len.is_null() { 0 } else { unsafe { *len } };
     // SAFETY: the caller's arguments, forwarded.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     if nfd < 0 {
@@ -207,10 +231,59 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         Decision::Tcp(r) => {
             holders::forget(slot);
             debug!("fd {nfd}: accepted as TCP ({r})");
+            // SAFETY: `addr`, `len` and `cap` as `accept` left them.
+            let peer = unsafe { accepted_peer(addr, len, cap) };
+            list_fallback(c, nfd, Role::Server, r, peer);
         }
     }
     set_errno(e);
     nfd
+}
+
+/// The peer address `accept` wrote for the application, if it asked for
+/// it (saves a `getpeername`).
+///
+/// # Safety
+/// `addr` and `len` as `accept` left them (null, or a buffer of `cap`
+/// bytes whose first `min(cap, *len)` the kernel wrote).
+unsafe fn accepted_peer(
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    cap: socklen_t,
+) -> Option<SocketAddr> {
+    if addr.is_null() || len.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `len` is readable (the caller's contract).
+    let n = cap.min(unsafe { *len });
+    // `from_raw` reads a whole `sockaddr` before it looks at the family.
+    if (n as usize) < std::mem::size_of::<sockaddr>() {
+        return None;
+    }
+    // SAFETY: `n` bytes, at least a `sockaddr`, were written at `addr`.
+    unsafe { smclo::sockaddr::from_raw(addr, n) }
+}
+
+/// The real `connect` of a socket that stays TCP for `reason`, listed in
+/// the fallback table once it has its addresses (connected or in progress)
+/// if [`fallbacks::client_lists`] says so.
+///
+/// # Safety
+/// As `connect(2)`: `addr` points to `len` readable bytes.
+unsafe fn connect_listed(
+    c: &Ctx,
+    fd: RawFd,
+    addr: *const sockaddr,
+    len: socklen_t,
+    reason: Reason,
+    dest: SocketAddr,
+) -> c_int {
+    // SAFETY: forwarded unchanged (the caller's contract).
+    let r = unsafe { real::connect(fd, addr, len) };
+    if (r == 0 || errno() == libc::EINPROGRESS) && fallbacks::client_lists(reason) {
+        list_fallback(c, fd, Role::Client, reason, Some(dest));
+    }
+    r
 }
 
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
@@ -248,7 +321,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             debug!("fd {fd}: connect to {dest} stays TCP ({r})");
             table::set_flag(fd, F_CANDIDATE, false);
             // SAFETY: forwarded unchanged.
-            return unsafe { real::connect(fd, addr, len) };
+            return unsafe { connect_listed(c, fd, addr, len, r, dest) };
         }
     };
     let Some(slot) = holders::claim() else {
@@ -257,7 +330,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
         table::set_flag(fd, F_CANDIDATE, false);
         // SAFETY: forwarded unchanged.
-        return unsafe { real::connect(fd, addr, len) };
+        return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
     let start = Instant::now();
     // SAFETY: forwarded unchanged.
@@ -313,6 +386,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             drop(p);
             c.dev.count_fallback(Reason::Timeout, Role::Client);
             debug!("fd {fd}: non-blocking connect to {dest} not done in time; stays TCP");
+            list_fallback(c, fd, Role::Client, Reason::Timeout, Some(dest));
             table::set_flag(fd, F_CANDIDATE, false);
             set_errno(libc::EINPROGRESS);
             return -1;
@@ -332,10 +406,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                  SMCLO_NB_CONNECT_WAIT_MS ({} ms); stays TCP (TIMEOUT)",
                 c.cfg.nb_connect_wait.as_millis()
             );
+            list_fallback(c, fd, Role::Client, Reason::Timeout, Some(dest));
         }
         Decision::Tcp(r) => {
             holders::forget(slot);
             debug!("fd {fd}: connected to {dest} as TCP ({r})");
+            list_fallback(c, fd, Role::Client, r, Some(dest));
         }
     }
     table::set_flag(fd, F_CANDIDATE, false);
