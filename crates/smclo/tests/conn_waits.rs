@@ -305,3 +305,129 @@ fn a_writer_stopped_between_count_and_send_is_not_an_error() {
     let mut buf = [0u8; 2];
     assert_eq!(p.b.read(&mut buf).unwrap(), 2);
 }
+
+/// A process standing in for the peer whose state the reader judges:
+/// busy (always running or waiting for a CPU) or stopped. Killed on drop.
+struct PeerProcess(std::process::Child);
+
+impl PeerProcess {
+    fn busy() -> PeerProcess {
+        let c = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        PeerProcess(c)
+    }
+
+    fn stopped() -> PeerProcess {
+        let c = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        // SAFETY: signals our own child, which is alive (not reaped).
+        assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGSTOP) }, 0);
+        let stat = format!("/proc/{}/stat", c.id());
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+            assert!(t0.elapsed() < Duration::from_secs(5), "not stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        PeerProcess(c)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pair whose `b` end is, by its DMB's header, the process `writer`:
+/// the process that writes into `a`'s ring.
+fn pair_written_by(writer: u32) -> Pair {
+    let fa = smclo::dmb::memfd("conn-test-a").unwrap();
+    let fb = smclo::dmb::memfd("conn-test-b").unwrap();
+    let da = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
+    let db = Dmb::create(&fb, 0xb, RING, 0x5eed, writer, 0).unwrap();
+    let da_peer = Dmb::attach(&fa, 0xa, 0x5eed).unwrap();
+    let db_peer = Dmb::attach(&fb, 0xb, 0x5eed).unwrap();
+    let (ua, ub) = std::os::unix::net::UnixStream::pair().unwrap();
+    let a = Conn::new(da, db_peer, ua, Mode::NoCopy).unwrap();
+    let b = Conn::new(db, da_peer, ub, Mode::NoCopy).unwrap();
+    Pair { a, b, fa, fb }
+}
+
+/// `b`'s writer, by hand: publishes `data` into `a`'s ring and counts its
+/// doorbell, which it sends `after` later from another thread (the writer
+/// was descheduled between its count and its send).
+fn publish_and_ring_late(p: &Pair, data: &[u8], after: Duration) -> std::thread::JoinHandle<()> {
+    let w = Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap();
+    smclo::ring::copy_in(&w, 0, data);
+    assert_eq!(
+        doorbell::publish(w.prod(), w.cons(), RING, data.len() as u32).unwrap(),
+        1
+    );
+    let fd = p.b.fd();
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        // SAFETY: sends one byte from a static buffer on b's channel, which
+        // stays open until the caller joins this thread.
+        let r = unsafe { libc::send(fd, b"!".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+        assert_eq!(r, 1);
+    })
+}
+
+/// The reader consumed data whose doorbell the writer had counted but not
+/// sent yet (the writer was preempted between the two). The read waits for
+/// that doorbell while the writer can still send it (it is running or
+/// waiting for a CPU): had it returned at once, the doorbell would arrive
+/// later and make the descriptor readable with nothing to read, as TCP
+/// never is. A level-triggered poller would then call `read` and get
+/// EAGAIN, which wrk counts as a read error and answers by closing the
+/// connection (nginx under wrk lost connections that way).
+#[test]
+fn a_doorbell_sent_after_the_read_took_its_data_is_taken_by_that_read() {
+    let writer = PeerProcess::busy();
+    let p = pair_written_by(writer.pid());
+    p.a.set_nonblocking(true).unwrap();
+    let sender = publish_and_ring_late(&p, b"hello", Duration::from_millis(300));
+    let mut buf = [0u8; 16];
+    assert_eq!(p.a.read(&mut buf).unwrap(), 5);
+    sender.join().unwrap();
+    assert!(
+        !readable(p.a.fd()),
+        "the descriptor is readable with an empty ring: a poller wakes for nothing"
+    );
+    let e = p.a.read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    // The connection still works both ways.
+    p.b.write(b"world").unwrap();
+    assert!(readable(p.a.fd()));
+    assert_eq!(p.a.read(&mut buf).unwrap(), 5);
+    p.a.write(b"ok").unwrap();
+    assert_eq!(p.b.read(&mut buf).unwrap(), 2);
+}
+
+/// The same with a writer that is stopped (SIGSTOP) between its count and
+/// its send: the read does not wait for it (it may stay stopped for good),
+/// and the doorbell, once sent, is taken by the next call.
+#[test]
+fn a_read_does_not_wait_for_the_doorbell_of_a_stopped_writer() {
+    let writer = PeerProcess::stopped();
+    let p = pair_written_by(writer.pid());
+    p.a.set_nonblocking(true).unwrap();
+    let sender = publish_and_ring_late(&p, b"hello", Duration::from_secs(2));
+    let mut buf = [0u8; 16];
+    let t0 = Instant::now();
+    assert_eq!(p.a.read(&mut buf).unwrap(), 5);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    sender.join().unwrap();
+    let e = p.a.read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    assert!(!readable(p.a.fd()));
+}
