@@ -61,6 +61,7 @@
 use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
+use crate::owner::Owner;
 use crate::poller::Budget;
 use crate::ring;
 use smclo_wire::cursor::{
@@ -88,6 +89,14 @@ pub enum Mode {
         sndbuf_len: u32,
     },
 }
+
+/// The longest a reader waits for doorbells of data it took that the
+/// writer has not sent yet ([`Conn::take_owed`]), while the writer can run.
+const OWED_WAIT: Duration = Duration::from_secs(1);
+
+/// How often, in milliseconds, that wait looks whether the writer can
+/// still run.
+const OWED_RECHECK_MS: i32 = 5;
 
 /// Default busy-poll budget, microseconds (see `SMCLO_SPIN_US`).
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -469,13 +478,39 @@ impl Conn {
         self.take_owed()
     }
 
-    /// Takes the owed doorbells that are queued by now; the rest stay owed.
-    /// They are owed while the writer is between its count and its send,
-    /// which for a stopped writer lasts as long as it is stopped, so the
-    /// reader never waits for them: a later call takes them.
+    /// Takes the owed doorbells. One that the writer counted and has not
+    /// sent yet (it is between its CAS and its send, perhaps preempted
+    /// there) is waited for while the writer can still send it: sent after
+    /// this call returned, it would make the descriptor readable with
+    /// nothing to read, which a TCP socket never is (a level-triggered
+    /// poller then reads and gets EAGAIN, which wrk counts as an error and
+    /// answers by closing the connection). A writer that is neither
+    /// running nor waiting for a CPU (stopped, frozen, asleep) may stay so
+    /// for good: what it sent before it stopped running is taken, the rest
+    /// stays owed and a later call takes it.
     fn take_owed(&self) -> io::Result<()> {
+        let mut since = None;
+        while self.take_queued_owed()? > 0 {
+            let t0 = *since.get_or_insert_with(Instant::now);
+            if t0.elapsed() >= OWED_WAIT {
+                break;
+            }
+            if !self.writer_runnable() {
+                // It may have sent the doorbell and gone to sleep since
+                // the look at the queue.
+                self.take_queued_owed()?;
+                break;
+            }
+            doorbell::poll_fd(self.fd(), libc::POLLIN, OWED_RECHECK_MS)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the owed doorbells that are queued by now; returns how many
+    /// stay owed.
+    fn take_queued_owed(&self) -> io::Result<u32> {
         if self.rx_owed.load(Ordering::Relaxed) == 0 {
-            return Ok(());
+            return Ok(0);
         }
         // Claimed whole, so two threads never take the same doorbell.
         let n = self.rx_owed.swap(0, Ordering::Relaxed);
@@ -495,7 +530,19 @@ impl Conn {
             }
         };
         self.rx_owed.fetch_add(n - got, Ordering::Relaxed);
-        Ok(())
+        Ok(n - got)
+    }
+
+    /// Whether the process that writes into our ring (the owner of the
+    /// peer's DMB) has a thread running or waiting for a CPU. Our own
+    /// process is not judged: the calling thread is running whether or not
+    /// another of ours is the writer (outside tests a peer is never this
+    /// process: self-connects stay TCP). Nor is a peer of another pid
+    /// namespace: its pid names another process here, whose start time
+    /// differs.
+    fn writer_runnable(&self) -> bool {
+        let w = Owner::local(self.peer.owner_pid(), self.peer.owner_start());
+        w.pid != Owner::current().pid && w.has_runnable_thread()
     }
 
     /// Whether the UNIX end has reached end of file with nothing queued;

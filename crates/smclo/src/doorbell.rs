@@ -55,12 +55,12 @@
 //! counted, as many being taken); the minimum send buffer holds 6 one-byte
 //! sends, so a doorbell send does not block.
 //!
-//! The reader never waits for a doorbell it un-counted: the writer may not
-//! have sent it yet (it is between its CAS and its send, for as long as it
-//! is stopped there). Such a doorbell stays *owed* and a later call takes it
-//! ([`BellChannel::take_bells`]); until then its arrival may make the
-//! reader's descriptor readable with nothing to read (one spurious wake-up,
-//! which poll allows).
+//! A doorbell the reader un-counted may not be sent yet: the writer is
+//! between its CAS and its send. [`BellChannel::take_bells`] never waits
+//! for it; it stays *owed*. Its late arrival would make the reader's
+//! descriptor readable with nothing to read, so `Conn` waits for it while
+//! the writer can still run, and leaves it owed (a later call takes it)
+//! only for a writer that is stopped there.
 //!
 //! # Spinning readers
 //!
