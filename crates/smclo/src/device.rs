@@ -102,8 +102,10 @@ pub trait SmcdOps: Send + Sync {
     }
 }
 
-/// One DMB table entry: two cache lines, the first changed by the data
-/// path (byte counts), the second written when the connection is set up,
+/// One DMB table entry: two cache lines, the first changed by the sending
+/// side of the data path (`tx_bytes`), the second by the receiving side
+/// (`rx_bytes`), so that a reader and a writer thread of one connection do
+/// not share a line; the rest is written when the connection is set up,
 /// shut down or closed, and read by `smclo ss` ([`crate::ss`]).
 #[repr(C)]
 pub(crate) struct DmbEntry {
@@ -114,24 +116,25 @@ pub(crate) struct DmbEntry {
     role: AtomicU32,
     /// Bytes this end wrote into the peer's ring.
     tx_bytes: AtomicU64,
+    _pad: AtomicU64,
     /// Bytes this end's application consumed from its own ring.
     rx_bytes: AtomicU64,
     /// The TCP connection's local and peer addresses ([`ends`]).
     ends: [AtomicU64; ends::WORDS],
     /// [`end_flags`].
     flags: AtomicU64,
-    _reserved: [AtomicU64; 2],
+    _reserved: AtomicU64,
 }
+
+const _: () = assert!(std::mem::offset_of!(DmbEntry, rx_bytes) == 64);
 
 /// A connected DMB table entry as [`Device::connected_ends`] read it.
 pub(crate) struct RawEnd {
-    /// The owner (always set in what `connected_ends` returns).
-    pub owner: Option<Owner>,
+    pub owner: Owner,
+    pub role: Role,
     pub token: u64,
     pub peer_token: u64,
     pub ring_len: u32,
-    /// [`Role`] as stored.
-    pub role: u32,
     pub tx_bytes: u64,
     pub rx_bytes: u64,
     /// [`ends`]-packed addresses.
@@ -794,24 +797,32 @@ impl Device {
         (0..layout::DMB_ENTRIES as usize)
             .filter_map(|i| {
                 let e = self.dmb_entry(i);
-                let (w, mut end) = e.head.read(
-                    |w| w.state() == DMB_CONNECTED,
+                let w = e.head.word();
+                if w.state() != DMB_CONNECTED {
+                    return None;
+                }
+                let Holder::Known(owner) = e.head.holder(w)? else {
+                    return None;
+                };
+                let role = match e.role.load(Ordering::Relaxed) {
+                    r if r == Role::Server as u32 => Role::Server,
+                    _ => Role::Client,
+                };
+                // Read while the word (the incarnation judged) is unchanged.
+                let (_, end) = e.head.read(
+                    |now| now == w,
                     || RawEnd {
-                        owner: None,
+                        owner,
+                        role,
                         token: e.token.load(Ordering::Relaxed),
                         peer_token: e.peer_token.load(Ordering::Relaxed),
                         ring_len: e.ring_len.load(Ordering::Relaxed),
-                        role: e.role.load(Ordering::Relaxed),
                         tx_bytes: e.tx_bytes.load(Ordering::Relaxed),
                         rx_bytes: e.rx_bytes.load(Ordering::Relaxed),
                         ends: e.ends.each_ref().map(|a| a.load(Ordering::Relaxed)),
                         flags: e.flags.load(Ordering::Acquire),
                     },
                 )?;
-                match e.head.holder(w)? {
-                    Holder::Known(o) => end.owner = Some(o),
-                    Holder::Unrecorded(_) => return None,
-                }
                 Some(end)
             })
             .collect()

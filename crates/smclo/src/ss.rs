@@ -161,18 +161,13 @@ pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
         .iter()
         .filter_map(|e| {
             let (local, peer) = ends::unpack(&e.ends)?;
-            let owner = e.owner?;
             let peer_end = by_token
                 .get(&e.peer_token)
                 .map(|&i| &raw[i])
                 .filter(|p| p.peer_token == e.token);
             Some(SmcEnd {
-                process: Process::of(owner),
-                role: if e.role == Role::Server as u32 {
-                    Role::Server
-                } else {
-                    Role::Client
-                },
+                process: Process::of(e.owner),
+                role: e.role,
                 local,
                 peer,
                 copy: e.flags & end_flags::COPY != 0,

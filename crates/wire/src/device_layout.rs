@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 4
+//!   8   version u32 = 5
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -38,14 +38,15 @@
 //! entry to carry what `smclo ss` shows (the connection's addresses, mode,
 //! bytes received, close flags): a version 2 process would read the
 //! listener registry at the wrong offset. Version 4 added the fallback
-//! table (`smclo ss -a`).
+//! table (`smclo ss -a`); version 5 moved a DMB entry's `rx_bytes` to its
+//! second cache line.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
