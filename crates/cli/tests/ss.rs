@@ -2,7 +2,8 @@
 //! connections between this process (clients) and a child (server), with
 //! known byte counts each way, unread bytes left in two rings, one
 //! connection in copy mode and one half-closed; every field of the text
-//! and JSON output is checked, and the listener with `-l`.
+//! and JSON output is checked, the listener with `-l`, the fallbacks with
+//! `-a`, and what is left after the server is killed (SIGKILL).
 
 use smclo::api::{SmcListener, SmcStream};
 use smclo::config::Config;
@@ -374,10 +375,88 @@ fn ss_shows_every_field_of_known_connections() {
     );
     // Closed: no longer listed.
     drop(to_own);
-    let mut expect = vec![server_row, own_server_row];
+    let mut expect = vec![server_row, own_server_row.clone()];
     expect.sort();
     assert_eq!(tcp_rows(&smclo(&dir.0, &["ss", "-a"])), expect);
 
+    // The server killed (SIGKILL): its entries are reclaimed, and each
+    // client end sees its peer closed (fill unknown from now on).
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let text = smclo(&dir.0, &["ss"]);
+    let mut rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|r| r.split_whitespace().collect())
+        .collect();
+    rows.sort();
+    let p = format!("{me}/{prog}");
+    let (las, lbs, lcs, ss_) = (
+        la.to_string(),
+        lb.to_string(),
+        lc.to_string(),
+        server.to_string(),
+    );
+    let ring = CLIENT_RING.to_string();
+    let mut expect: Vec<Vec<&str>> = vec![
+        vec![
+            "APPFINCLOSEWAIT",
+            &p,
+            "client",
+            &las,
+            &ss_,
+            "SMCD",
+            "1000",
+            "2000",
+            &ring,
+            "-",
+        ],
+        vec![
+            "APPCLOSEWAIT1",
+            &p,
+            "client",
+            &lbs,
+            &ss_,
+            "SMCD",
+            "3000",
+            "0",
+            &ring,
+            "-",
+        ],
+        vec![
+            "APPCLOSEWAIT1",
+            &p,
+            "client",
+            &lcs,
+            &ss_,
+            "SMCD-copy",
+            "7",
+            "0",
+            &ring,
+            "-",
+        ],
+    ];
+    expect.sort();
+    assert_eq!(rows, expect, "{text}");
+    let text = smclo(&dir.0, &["ss", "-l"]);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|r| r.split_whitespace().collect())
+        .collect();
+    let my_netns = std::fs::metadata("/proc/self/ns/net")
+        .unwrap()
+        .ino()
+        .to_string();
+    assert_eq!(
+        rows,
+        vec![vec!["LISTEN", &own_addr.to_string(), &my_netns, &p]],
+        "only ours is left: {text}"
+    );
+    assert_eq!(
+        tcp_rows(&smclo(&dir.0, &["ss", "-a"])),
+        vec![own_server_row]
+    );
+
     drop((a, b, c, plain_client, to_plain, from_own));
-    drop(child.0.stdin.take());
 }
