@@ -69,6 +69,7 @@ fn package_of(prog: &str) -> &'static str {
         "psql" | "pgbench" => "postgresql-client",
         "node" => "nodejs",
         "runuser" => "util-linux",
+        "systemd-socket-activate" => "systemd",
         "useradd" | "usermod" | "userdel" | "groupadd" | "groupdel" | "gpasswd" => "passwd",
         _ => "(unknown package)",
     }

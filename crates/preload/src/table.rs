@@ -55,6 +55,12 @@ pub const F_EPOLL: u8 = 16;
 /// A TCP connection that fell back, listed in the device's fallback table
 /// until this descriptor is closed (`smclo ss -a`).
 pub const F_FALLBACK: u8 = 32;
+/// Known not to need a listener registration: not a listening TCP socket
+/// (asked once, or made by our `socket()` as something else), or one whose
+/// registration failed. `accept` and `epoll_ctl` on a descriptor with no
+/// flag and no table entry ask the kernel once whether it is a listener
+/// inherited through exec (`hooks::setup`).
+pub const F_PLAIN: u8 = 64;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u8, on: bool) {

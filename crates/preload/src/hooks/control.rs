@@ -471,6 +471,9 @@ pub unsafe extern "C" fn epoll_ctl(
     if let Some(s) = table::get(fd) {
         return super::epoll::ctl(ep, op, fd, event, &s);
     }
+    if op == libc::EPOLL_CTL_ADD {
+        super::setup::epoll_add(fd);
+    }
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
     if r != 0 {

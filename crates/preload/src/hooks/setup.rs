@@ -9,7 +9,7 @@ use super::swap::swap_in;
 use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_TCP, LOCK};
+use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_PLAIN, F_TCP, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
@@ -32,21 +32,7 @@ fn is_tcp_stream(fd: RawFd) -> bool {
 }
 
 fn kernel_says_tcp_stream(fd: RawFd) -> bool {
-    let get = |name| {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: the kernel writes at most `l` bytes into `v`.
-        let r = unsafe {
-            real::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                name,
-                (&mut v as *mut c_int).cast(),
-                &mut l,
-            )
-        };
-        (r == 0).then_some(v)
-    };
+    let get = |name| sockopt_int(fd, name);
     matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
         && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
         && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
@@ -64,9 +50,8 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         clear_stale(fd);
-        if tcp {
-            table::set_flag(fd, F_CANDIDATE | F_TCP, true);
-        }
+        let f = if tcp { F_CANDIDATE | F_TCP } else { F_PLAIN };
+        table::set_flag(fd, f, true);
     }
     fd
 }
@@ -124,9 +109,11 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return unsafe { real::listen(fd, backlog) };
     }
     let Some(c) = ctx() else {
+        table::set_flag(fd, F_PLAIN, true);
         // SAFETY: forwarded unchanged.
         return unsafe { real::listen(fd, backlog) };
     };
+    // Before the real listen: no SYN may arrive unsaved.
     let saved = smclo::tcp_syn::save_syns(fd);
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::listen(fd, backlog) };
@@ -134,14 +121,24 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return r;
     }
     let e = errno();
-    if let Err(err) = saved {
-        debug!("fd {fd}: TCP_SAVE_SYN failed ({err}); its connections stay TCP");
-        return 0;
-    }
-    match smclo::sockaddr::local(fd)
-        .map_err(smclo::Error::from)
-        .and_then(|a| registry::register_listener(&c.dev, a))
-    {
+    register(c, fd, saved);
+    set_errno(e);
+    0
+}
+
+/// Registers the listening TCP socket `fd` in the device once its SYNs are
+/// saved (`saved`), so that no client proposes before its SYN can be read
+/// back; on failure its connections stay TCP ([`F_PLAIN`]).
+fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
+    let registered = saved
+        .map_err(|err| format!("TCP_SAVE_SYN failed ({err})"))
+        .and_then(|()| {
+            smclo::sockaddr::local(fd)
+                .map_err(smclo::Error::from)
+                .and_then(|a| registry::register_listener(&c.dev, a))
+                .map_err(|err| format!("listener not registered ({err})"))
+        });
+    match registered {
         Ok(guard) => {
             let _g = LOCK.write();
             lock(&LISTENERS)
@@ -151,18 +148,100 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
             table::set_flag(fd, F_LISTENER, true);
             debug!("fd {fd}: listening, registered for SMC-D");
         }
-        Err(err) => debug!("fd {fd}: listener not registered ({err}); its connections stay TCP"),
+        Err(why) => {
+            table::set_flag(fd, F_PLAIN, true);
+            debug!("fd {fd}: {why}; its connections stay TCP");
+        }
+    }
+}
+
+/// Serialises [`adopt_if_unknown`], so that threads meeting the same
+/// inherited listener at once register it once.
+static ADOPT: Mutex<()> = Mutex::new(());
+
+/// Whether nothing is known about `fd`: no flag (our `socket`, `listen`
+/// and `accept` leave one on every descriptor they return) and no entry.
+#[inline]
+fn unknown(fd: RawFd) -> bool {
+    in_table_range(fd)
+        && table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0
+        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
+}
+
+/// `accept`, `accept4` and `epoll_ctl` meet `fd`: if nothing is known
+/// about it, it may be a listening TCP socket that this process did not
+/// make listen, inherited through exec (systemd socket activation with
+/// `LISTEN_FDS`, inetd's wait mode, a supervisor that binds and then execs
+/// the server). Such a listener is registered now, as `listen` would have;
+/// anything else is marked [`F_PLAIN`], so each descriptor is asked once
+/// and a known one costs one atomic load. Connections queued before the
+/// registration were made by clients that found no listener, so they never
+/// proposed: they stay TCP without waiting (the server's debug line says
+/// `NO_SAVED_SYN` for those the kernel queued before SYNs were saved).
+fn adopt_if_unknown(fd: RawFd) {
+    if !unknown(fd) || disabled() {
+        return;
+    }
+    let _a = lock(&ADOPT);
+    if !unknown(fd) {
+        return;
+    }
+    let e = errno();
+    match ctx().filter(|_| is_listening(fd) && is_tcp_stream(fd)) {
+        Some(c) => {
+            debug!("fd {fd}: a TCP listener inherited from another program; registering it");
+            register(c, fd, smclo::tcp_syn::save_syns(fd));
+        }
+        None => table::set_flag(fd, F_PLAIN, true),
     }
     set_errno(e);
-    0
+}
+
+/// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).
+fn is_listening(fd: RawFd) -> bool {
+    sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
+}
+
+/// An `int` socket option of level `SOL_SOCKET`, or `None` if it cannot be
+/// read (not a socket).
+fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: the kernel writes at most `l` bytes into `v`.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&mut v as *mut c_int).cast(),
+            &mut l,
+        )
+    };
+    (r == 0).then_some(v)
+}
+
+/// `epoll_ctl(EPOLL_CTL_ADD)` of `fd`: an event loop adds its listener
+/// before its first `accept`; registering it then accelerates the
+/// connections that arrive meanwhile too.
+pub(super) fn epoll_add(fd: RawFd) {
+    adopt_if_unknown(fd);
+}
+
+/// A descriptor returned by `accept`: a connected socket, never a listener.
+fn accepted(nfd: c_int) -> c_int {
+    if nfd >= 0 {
+        table::set_flag(nfd, F_PLAIN, true);
+    }
+    nfd
 }
 
 /// Interposed `accept(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    adopt_if_unknown(fd);
     if !table::has_flag(fd, F_LISTENER) {
         // SAFETY: forwarded unchanged.
-        return unsafe { real::accept(fd, addr, len) };
+        return accepted(unsafe { real::accept(fd, addr, len) });
     }
     // SAFETY: same arguments, flags 0 is what accept means.
     unsafe { accept_smc(fd, addr, len, 0) }
@@ -176,9 +255,10 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    adopt_if_unknown(fd);
     if !table::has_flag(fd, F_LISTENER) {
         // SAFETY: forwarded unchanged.
-        return unsafe { real::accept4(fd, addr, len, flags) };
+        return accepted(unsafe { real::accept4(fd, addr, len, flags) });
     }
     // SAFETY: forwarded.
     unsafe { accept_smc(fd, addr, len, flags) }
@@ -208,6 +288,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     }
     let e = errno();
     clear_stale(nfd);
+    accepted(nfd);
     let Some(c) = ctx() else { return nfd };
     if !in_table_range(nfd) {
         // Not upgradable: the client falls back after its bounded wait.
