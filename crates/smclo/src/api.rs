@@ -401,7 +401,8 @@ fn connect_one(dev: &Arc<Device>, cfg: &Config, dest: SocketAddr) -> io::Result<
     }
     // SAFETY: fd is a fresh socket nobody else owns.
     let tcp = unsafe { TcpStream::from_raw_fd(fd) };
-    let proposal = handshake::client_propose(dev, cfg, fd, dest);
+    let proposal =
+        handshake::client_propose_with(dev, cfg, fd, dest, handshake::SocketFacts::new_socket());
     let connected = sockaddr::connect(fd, dest);
     let (d, listed) = match proposal {
         Ok(mut p) => {

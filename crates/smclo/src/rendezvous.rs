@@ -205,19 +205,34 @@ pub(crate) struct SlotEntry {
     /// The client's TCP source port once known (`PORT_KNOWN | port`), 0
     /// before: see [`SlotRef::set_client_port`].
     client_port: AtomicU64,
-    _r0: [AtomicU64; 4],
+    /// [`Progress`] flags of this incarnation, 0 when proposed.
+    progress: AtomicU64,
+    _r0: [AtomicU64; 3],
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
     _r1: [AtomicU64; 48],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
-// head + key + lens + client_port + reserved = 128 bytes before the
-// message areas.
-const _: () =
-    assert!(crate::table::HEAD_LEN + 5 * 8 + 3 * 8 + 8 + 4 * 8 == layout::MSG_AREA_OFF[0] as usize);
+// head + key + lens + client_port + progress + reserved = 128 bytes before
+// the message areas.
+const _: () = assert!(
+    crate::table::HEAD_LEN + 5 * 8 + 3 * 8 + 8 + 8 + 3 * 8 == layout::MSG_AREA_OFF[0] as usize
+);
 
 /// Flag in `client_port`: the port is known.
 const PORT_KNOWN: u64 = 1 << 16;
+
+/// A step of the handshake taken on the UNIX channel, noted in the slot so
+/// that the side waiting for it can busy-poll shared memory instead of the
+/// socket (a system call per look). A hint only: the channel itself says
+/// what arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The server connected to the client's rendezvous socket.
+    ServerConnected = 1,
+    /// The client sent its DMB on the channel.
+    ClientDmbSent = 2,
+}
 
 const PROPOSAL: usize = 0;
 const REPLY: usize = 1;
@@ -261,6 +276,7 @@ impl SlotEntry {
         self.lens[REPLY].store(0, Ordering::Relaxed);
         self.lens[CONFIRM].store(0, Ordering::Relaxed);
         self.client_port.store(0, Ordering::Relaxed);
+        self.progress.store(0, Ordering::Relaxed);
         self.write_msg(PROPOSAL, proposal);
         self.head.publish(c, STATE_PROPOSED)
     }
@@ -428,6 +444,20 @@ impl SlotRef {
             return None;
         }
         Some(v as u16)
+    }
+
+    /// Notes that `step` was taken. Changes nothing once the slot is reused
+    /// (a late note could only make the next client look once too often).
+    pub fn note(&self, step: Progress) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            e.progress.fetch_or(step as u64, Ordering::Release);
+        }
+    }
+
+    /// Whether `step` was noted for this incarnation.
+    pub fn noted(&self, step: Progress) -> bool {
+        self.entry().progress.load(Ordering::Acquire) & step as u64 != 0
     }
 
     /// Current state (Acquire: the message areas written before the state

@@ -108,11 +108,19 @@ pub struct SavedMark {
     tos: i32,
 }
 
-/// Puts `mark` into the SYN the next `connect` on `fd` sends. IPv4-mapped
-/// destinations on an IPv6 socket leave as IPv4, so both families' options
-/// are set there.
-pub fn apply_mark(fd: RawFd, dest: &SocketAddr, mark: Mark) -> io::Result<SavedMark> {
-    let v6 = domain(fd)? == libc::AF_INET6;
+/// Puts `mark` into the SYN the next `connect` on `fd` sends. `dest` is
+/// the address as `connect` is given it, whose family is the socket's (a
+/// connect with another family fails). IPv4-mapped destinations on an IPv6
+/// socket leave as IPv4, so both families' options are set there.
+/// `defaults`: the socket's TTL and TOS (hop limit and traffic class) were
+/// never set, so they are put back to the defaults without being read.
+pub fn apply_mark(
+    fd: RawFd,
+    dest: &SocketAddr,
+    mark: Mark,
+    defaults: bool,
+) -> io::Result<SavedMark> {
+    let v6 = dest.is_ipv6();
     let (lvl, ttl_opt, tos_opt) = if v6 {
         (
             libc::IPPROTO_IPV6,
@@ -122,11 +130,21 @@ pub fn apply_mark(fd: RawFd, dest: &SocketAddr, mark: Mark) -> io::Result<SavedM
     } else {
         (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
     };
-    let saved = SavedMark {
-        fd,
-        v6,
-        ttl: getsockopt_int(fd, lvl, ttl_opt)?,
-        tos: getsockopt_int(fd, lvl, tos_opt)?,
+    let saved = if defaults {
+        // -1: the route's default TTL or hop limit, as on a new socket.
+        SavedMark {
+            fd,
+            v6,
+            ttl: -1,
+            tos: 0,
+        }
+    } else {
+        SavedMark {
+            fd,
+            v6,
+            ttl: getsockopt_int(fd, lvl, ttl_opt)?,
+            tos: getsockopt_int(fd, lvl, tos_opt)?,
+        }
     };
     setsockopt_int(fd, lvl, ttl_opt, mark.ttl as i32)?;
     setsockopt_int(fd, lvl, tos_opt, mark.tos() as i32)?;
@@ -240,6 +258,15 @@ mod tests {
 
     #[test]
     fn mark_reaches_the_saved_syn_and_is_restored() {
+        mark_round_trip(false);
+    }
+
+    #[test]
+    fn mark_on_a_new_socket_is_restored_to_the_defaults_unread() {
+        mark_round_trip(true);
+    }
+
+    fn mark_round_trip(defaults: bool) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         save_syns(l.as_raw_fd()).unwrap();
         let addr = l.local_addr().unwrap();
@@ -250,7 +277,7 @@ mod tests {
             ttl: 201,
             dscp: 0x2a,
         };
-        let saved = apply_mark(fd, &addr, mark).unwrap();
+        let saved = apply_mark(fd, &addr, mark, defaults).unwrap();
         let SocketAddr::V4(a4) = addr else {
             unreachable!()
         };
@@ -275,6 +302,10 @@ mod tests {
         assert_eq!(
             getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL).unwrap(),
             64
+        );
+        assert_eq!(
+            getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS).unwrap(),
+            0
         );
         // SAFETY: fd is ours and open; TcpStream takes ownership.
         let _c: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };

@@ -704,6 +704,44 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
     assert_eq!(dev.stats().fallback(Reason::Timeout), (1, 1));
 }
 
+/// A UNIX stream socket bound to `from`, connected to `to`.
+fn connect_named(
+    from: &std::os::unix::net::SocketAddr,
+    to: &std::os::unix::net::SocketAddr,
+) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let name = |a: &std::os::unix::net::SocketAddr| {
+        // SAFETY: all-zero bytes are a valid sockaddr_un.
+        let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let n = a.as_abstract_name().expect("an abstract name");
+        for (d, s) in sa.sun_path[1..].iter_mut().zip(n) {
+            *d = *s as libc::c_char;
+        }
+        let len = (std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + n.len()) as u32;
+        (sa, len)
+    };
+    // SAFETY: plain socket(2); owned right below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is the fresh socket above.
+    let s: std::os::unix::net::UnixStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    let (f, flen) = name(from);
+    let (t, tlen) = name(to);
+    // SAFETY: valid sockaddr_un values of the lengths given.
+    unsafe {
+        assert_eq!(
+            libc::bind(fd, (&f as *const libc::sockaddr_un).cast(), flen),
+            0
+        );
+        assert_eq!(
+            libc::connect(fd, (&t as *const libc::sockaddr_un).cast(), tlen),
+            0
+        );
+    }
+    s
+}
+
 /// Waits (bounded) until the listener has a connection to accept.
 fn wait_acceptable(l: &SmcListener) {
     let mut p = libc::pollfd {
@@ -821,9 +859,12 @@ fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
     };
     slot.answer(&ClcMsg::Accept(accept).to_bytes(), true)
         .unwrap();
+    // Connected from a socket named for the proposal, as a server does.
     let name = format!("smclo-{:016x}-u-{:016x}", dev.gid(), p.nonce);
     let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    drop(std::os::unix::net::UnixStream::connect_addr(&sa).unwrap());
+    let ours = format!("smclo-{:016x}-s-{:016x}", dev.gid(), p.token);
+    let ours = std::os::unix::net::SocketAddr::from_abstract_name(ours.as_bytes()).unwrap();
+    drop(connect_named(&ours, &sa));
     // The client cannot follow (no DMB) and must not carry the stream over
     // TCP, where this server, committed to SMC-D, would never read it.
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

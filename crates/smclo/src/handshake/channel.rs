@@ -1,6 +1,7 @@
-//! The handshake's plumbing: the client's rendezvous UNIX socket (by path or
-//! abstract name), the one-byte messages with a descriptor (`SCM_RIGHTS`)
-//! exchanged on it, and the bounded wait for it to become readable.
+//! The handshake's plumbing: the address of the client's rendezvous UNIX
+//! socket (by path or abstract name) and the server's named connection to
+//! it, the one-byte messages with a descriptor (`SCM_RIGHTS`) exchanged on
+//! that channel, and the bounded waits for it to become readable.
 
 use super::{HandshakeError, PeerMisbehaved};
 use crate::access::Shape;
@@ -8,7 +9,7 @@ use crate::device::Device;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 /// rendezvous socket is a path in the device directory (`u-<nonce>`) when
 /// the listener is in another network namespace: pathname sockets are
 /// reachable from any namespace that sees the directory. In the listener's
-/// own namespace it is an abstract socket (`\0smclo-<gid>-u-<nonce>`),
-/// which costs no file creation and removal per connection. An abstract
+/// own namespace it is an abstract socket (`\0smclo-<gid>-u-<nonce>`), one
+/// per process (see [`super::listener`]). An abstract
 /// socket, unlike the device directory, is reachable by every uid in the
 /// namespace, so both ends check the other's credentials
 /// ([`crate::access::check_peer`]) before passing a descriptor; its name is
@@ -67,9 +68,10 @@ impl RendezvousAddr {
         Ok((sa, len as libc::socklen_t))
     }
 
-    /// Connects to the client's rendezvous socket, waiting at most `bound`
-    /// for room in its backlog, and checks that its owner may share the
-    /// device of shape `shape` with us.
+    /// Connects to the client's rendezvous socket from a socket named for
+    /// the proposal whose DMB has `token` ([`server_name`]), waiting at most
+    /// `bound` for room in its backlog, and checks that its owner may share
+    /// the device of shape `shape` with us.
     ///
     /// The backlog is full only when others flood the socket (its one
     /// legitimate caller is the client's server), and a flooded client must
@@ -78,39 +80,105 @@ impl RendezvousAddr {
         &self,
         bound: Duration,
         shape: &Shape,
+        gid: u64,
+        token: u64,
     ) -> Result<UnixStream, HandshakeError> {
         let (sa, len) = self.sockaddr().map_err(HandshakeError::Io)?;
+        let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
         // SAFETY: plain socket(2); the descriptor is owned right below.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        let fd = unsafe { libc::socket(libc::AF_UNIX, flags, 0) };
         if fd < 0 {
             return Err(HandshakeError::Io(io::Error::last_os_error()));
         }
         // SAFETY: `fd` is the fresh socket above, owned by nothing else.
         let s = unsafe { UnixStream::from_raw_fd(fd) };
-        // A blocking connect to a full backlog waits for room for at most
-        // SO_SNDTIMEO, then fails with EAGAIN.
-        let deadline = Instant::now() + bound;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            s.set_write_timeout(Some(left.max(Duration::from_micros(1))))
-                .map_err(HandshakeError::Io)?;
-            // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes
-            // are the address.
-            let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
-            if rc == 0 {
-                break;
+        bind_abstract(fd, &server_name(gid, token)).map_err(HandshakeError::Io)?;
+        // Non-blocking, a connect with room in the backlog completes at
+        // once; only a full backlog needs the bounded blocking connect.
+        match connect_raw(fd, &sa, len) {
+            Ok(()) => s.set_nonblocking(false).map_err(HandshakeError::Io)?,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                s.set_nonblocking(false).map_err(HandshakeError::Io)?;
+                connect_bounded(&s, &sa, len, bound)?;
             }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) if !left.is_zero() => {}
-                Some(libc::EAGAIN | libc::EINTR) => return Err(HandshakeError::Timeout),
-                Some(libc::ENOENT | libc::ECONNREFUSED) => return Err(HandshakeError::PeerGone),
-                _ => return Err(HandshakeError::Io(e)),
-            }
+            Err(e) => return Err(connect_error(e)),
         }
-        s.set_write_timeout(None).map_err(HandshakeError::Io)?;
         check_peer(fd, shape)?;
         Ok(s)
+    }
+}
+
+/// `connect(2)` of `fd` to the first `len` bytes of `sa`.
+fn connect_raw(fd: RawFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
+    // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes are the
+    // address.
+    let rc = unsafe { libc::connect(fd, (sa as *const libc::sockaddr_un).cast(), len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// What a failed connect to the client's rendezvous socket means.
+fn connect_error(e: io::Error) -> HandshakeError {
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EINTR) => HandshakeError::Timeout,
+        Some(libc::ENOENT | libc::ECONNREFUSED) => HandshakeError::PeerGone,
+        _ => HandshakeError::Io(e),
+    }
+}
+
+/// A blocking connect of `s` that waits at most `bound` for room in the
+/// listener's backlog (`SO_SNDTIMEO`; the kernel then fails it with EAGAIN).
+fn connect_bounded(
+    s: &UnixStream,
+    sa: &libc::sockaddr_un,
+    len: libc::socklen_t,
+    bound: Duration,
+) -> Result<(), HandshakeError> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_write_timeout(Some(left.max(Duration::from_micros(1))))
+            .map_err(HandshakeError::Io)?;
+        match connect_raw(s.as_raw_fd(), sa, len) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) && !left.is_zero() => {}
+            Err(e) => return Err(connect_error(e)),
+        }
+    }
+    s.set_write_timeout(None).map_err(HandshakeError::Io)
+}
+
+/// The abstract name the server binds its end of the channel to before it
+/// connects: it tells the client's listener which of its proposals (the one
+/// whose DMB has `token`) the connection answers.
+pub(super) fn server_name(gid: u64, token: u64) -> Vec<u8> {
+    format!("smclo-{gid:016x}-s-{token:016x}").into_bytes()
+}
+
+/// The token a connection's [`server_name`] names, if it is one for the
+/// device with `gid`.
+pub(super) fn token_of(gid: u64, name: &[u8]) -> Option<u64> {
+    let prefix = format!("smclo-{gid:016x}-s-");
+    let hex = name.strip_prefix(prefix.as_bytes())?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}
+
+/// Binds the socket `fd` to the abstract `name`.
+fn bind_abstract(fd: RawFd, name: &[u8]) -> io::Result<()> {
+    let (sa, len) = RendezvousAddr::Abstract(name.to_vec()).sockaddr()?;
+    // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes are the
+    // address.
+    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -123,35 +191,10 @@ impl std::fmt::Display for RendezvousAddr {
     }
 }
 
-/// The client's rendezvous socket for `nonce`, and its path if it has one
-/// (to unlink).
-pub(super) fn bind_rendezvous(
-    dev: &Device,
-    nonce: u64,
-) -> io::Result<(UnixListener, Option<PathBuf>)> {
-    match RendezvousAddr::new(dev, nonce) {
-        RendezvousAddr::Path(p) => {
-            let l = UnixListener::bind(&p)?;
-            // Connecting needs write permission on the socket: a group
-            // device's members need it, others never get it.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(dev.file_mode()))?;
-            Ok((l, Some(p)))
-        }
-        RendezvousAddr::Abstract(n) => {
-            use std::os::linux::net::SocketAddrExt;
-            Ok((
-                UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(n)?)?,
-                None,
-            ))
-        }
-    }
-}
-
 /// Checks that the process at the other end of the UNIX socket `fd` (its
 /// creator, for a listening peer) may share the device of shape `shape`
 /// with us ([`crate::access::check_peer`]).
-fn check_peer(fd: RawFd, shape: &Shape) -> Result<(), HandshakeError> {
+pub(super) fn check_peer(fd: RawFd, shape: &Shape) -> Result<(), HandshakeError> {
     crate::access::check_peer(fd, shape).map_err(HandshakeError::PeerRefused)
 }
 
@@ -268,45 +311,21 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
     Ok(Received::Msg(fds.pop()))
 }
 
-/// Takes the next connection waiting on the rendezvous socket, without
-/// blocking: `Ok(None)` when there is none. A connection from a process
-/// that may not share the device (possible on an abstract socket, which
-/// any uid in the namespace can reach) is closed and reported, so our DMB
-/// goes to no one else.
-pub(super) fn accept_channel(
-    l: &UnixListener,
-    shape: &Shape,
-) -> Result<Option<UnixStream>, HandshakeError> {
-    l.set_nonblocking(true).map_err(HandshakeError::Io)?;
-    match l.accept() {
-        Ok((c, _)) => {
-            check_peer(c.as_raw_fd(), shape)?;
-            Ok(Some(c))
-        }
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => Ok(None),
-        Err(e) => Err(HandshakeError::Io(e)),
-    }
-}
-
 /// Blocks until `fd` is readable or `timeout` passes; true if readable.
 ///
 /// Busy-polls first, for the data path's spin budget (`SMCLO_SPIN_US`): each
 /// step of the handshake answers the previous one within microseconds, and
 /// sleeping for it would add a wake-up (a scheduler round trip on another
-/// CPU) per step.
-pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+/// CPU) per step. The spin looks at `hint` (shared memory: the peer says it
+/// sent) and asks the socket only once that says so.
+pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     let spin = crate::conn::spin_budget().min(timeout);
-    if !spin.is_zero() {
-        loop {
-            if readable_now(fd) {
-                return true;
-            }
-            if start.elapsed() >= spin {
-                break;
-            }
-            std::hint::spin_loop();
+    while start.elapsed() < spin {
+        if hint() && readable_now(fd) {
+            return true;
         }
+        std::hint::spin_loop();
     }
     let left = timeout.saturating_sub(start.elapsed());
     let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
@@ -314,20 +333,22 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
 }
 
 /// Busy-polls until `fd` is readable or `deadline` passes, never sleeping;
-/// true if readable. After the spin budget it yields the CPU between polls:
-/// the peer it waits for may need that CPU.
-pub(super) fn spin_readable(fd: RawFd, deadline: Instant) -> bool {
+/// true if readable. Looks at `hint` (see [`wait_readable`]) for the spin
+/// budget, then asks the socket and yields the CPU between looks: the peer
+/// it waits for may need that CPU.
+pub(super) fn spin_readable(fd: RawFd, deadline: Instant, hint: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     let spin = crate::conn::spin_budget();
     loop {
-        if readable_now(fd) {
+        let now = Instant::now();
+        let spinning = now.duration_since(start) < spin;
+        if (!spinning || hint()) && readable_now(fd) {
             return true;
         }
-        let now = Instant::now();
         if now >= deadline {
             return false;
         }
-        if now.duration_since(start) < spin {
+        if spinning {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();
@@ -340,7 +361,7 @@ fn readable_now(fd: RawFd) -> bool {
 }
 
 /// `poll` for POLLIN on `fd` for at most `ms` milliseconds.
-fn poll_in(fd: RawFd, ms: i32) -> bool {
+pub(super) fn poll_in(fd: RawFd, ms: i32) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -355,20 +376,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn server_names_carry_the_token() {
+        let name = server_name(0xab, 0x1234_5678_9abc_def0);
+        assert_eq!(token_of(0xab, &name), Some(0x1234_5678_9abc_def0));
+        // Another device's, a client's or a truncated name names no token.
+        assert_eq!(token_of(0xac, &name), None);
+        assert_eq!(
+            token_of(0xab, b"smclo-00000000000000ab-u-0000000000000001"),
+            None
+        );
+        assert_eq!(token_of(0xab, &name[..name.len() - 1]), None);
+    }
+
+    #[test]
     fn rendezvous_sockets_by_path_and_abstract() {
+        use super::super::listener::RendezvousListener;
         let dir = std::env::temp_dir().join(format!("smclo-hs-{}", std::process::id()));
         let dev = Device::open(&dir).unwrap();
-        for nonce in [0x1234u64, 0x1234 | ABSTRACT_NONCE] {
-            let (l, path) = bind_rendezvous(&dev, nonce).unwrap();
-            assert_eq!(path.is_some(), nonce & ABSTRACT_NONCE == 0);
+        for same_netns in [false, true] {
+            let l = RendezvousListener::for_proposal(&dev, same_netns).unwrap();
+            assert_eq!(l.nonce() & ABSTRACT_NONCE != 0, same_netns);
+            let path = match RendezvousAddr::new(&dev, l.nonce()) {
+                RendezvousAddr::Path(p) => Some(p),
+                RendezvousAddr::Abstract(_) => None,
+            };
             if let Some(p) = &path {
                 assert!(p.exists());
             }
-            let c = RendezvousAddr::new(&dev, nonce)
-                .connect_within(CONNECT_BOUND, &dev.shape())
+            let token = 0x1234 + same_netns as u64;
+            // A connection for a token that was never proposed is refused.
+            let stray = RendezvousAddr::new(&dev, l.nonce())
+                .connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), 7)
                 .unwrap();
-            let (a, _) = l.accept().unwrap();
+            l.expect(token);
+            let c = RendezvousAddr::new(&dev, l.nonce())
+                .connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), token)
+                .unwrap();
+            let a = l
+                .take(token, Duration::from_secs(5), || true)
+                .unwrap()
+                .unwrap();
             assert!(check_peer(a.as_raw_fd(), &dev.shape()).is_ok());
+            assert!(matches!(
+                recv_expected(stray.as_raw_fd(), CLIENT_DMB_BYTE),
+                Ok(Received::Closed)
+            ));
             // A descriptor goes through, with its byte.
             let f = crate::dmb::memfd("t").unwrap();
             send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, Some(f.as_raw_fd())).unwrap();
@@ -391,8 +443,10 @@ mod tests {
                 recv_expected(a.as_raw_fd(), CLIENT_DMB_BYTE),
                 Ok(Received::Closed)
             ));
+            l.forget(token, true);
+            drop(l);
             if let Some(p) = path {
-                std::fs::remove_file(p).unwrap();
+                assert!(!p.exists(), "a per-proposal listener's path is unlinked");
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,9 +2,9 @@
 //! server's answer and confirm it.
 
 use super::channel::{
-    accept_channel, bind_rendezvous, recv_expected, send_msg, wait_readable, Received,
-    RendezvousAddr, ABSTRACT_NONCE, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
+    recv_expected, send_msg, wait_readable, Received, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
+use super::listener::RendezvousListener;
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
     Decision, Established, HandshakeError, LOOPBACK_CHID,
@@ -14,7 +14,7 @@ use crate::debug;
 use crate::device::{self as device, Device, Role};
 use crate::owner::{self, Owner};
 use crate::registry;
-use crate::rendezvous::{OwnedSlot, Rendezvous, SlotRef, SlotState, REPLY_GRACE};
+use crate::rendezvous::{OwnedSlot, Progress, Rendezvous, SlotRef, SlotState, REPLY_GRACE};
 use crate::tcp_syn::{self, SavedMark};
 use smclo_wire::clc::{self, ClcMsg, Confirm, Proposal};
 use smclo_wire::reason::Reason;
@@ -23,24 +23,22 @@ use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A client's published proposal, between the moment it is written into the
 /// device and the moment the server answers.
 pub struct ClientProposal {
-    // Drop order matters: the rendezvous socket closes before the slot is
-    // freed, so a server waiting for our DMB sees a withdrawn proposal as
-    // end of file on its channel.
-    rendezvous: Option<UnixListener>,
+    /// The listener the server connects to, expecting a connection for
+    /// `token` until the proposal is withdrawn (see [`Self::withdraw`]).
+    rendezvous: Option<Arc<RendezvousListener>>,
     slot: Option<OwnedSlot>,
     dmb: Option<device::DmbHandle>,
+    /// The token of the DMB named in the Proposal.
+    token: u64,
     dev: Arc<Device>,
     cfg: Config,
-    /// Unlinked (once) when the proposal is withdrawn.
-    rendezvous_path: Option<PathBuf>,
     saved_mark: Option<SavedMark>,
     /// The caller's socket, and the source address of the slot key (whose
     /// port position holds the mark, see [`key_for`]).
@@ -67,6 +65,40 @@ pub fn client_propose(
     fd: RawFd,
     dest: SocketAddr,
 ) -> Result<ClientProposal, Reason> {
+    client_propose_with(dev, cfg, fd, dest, SocketFacts::default())
+}
+
+/// What the caller knows of the socket it proposes for, which spares the
+/// system calls that would ask.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SocketFacts {
+    /// Not bound: the source address is the one routing picks.
+    pub unbound: bool,
+    /// IP TTL and TOS (hop limit and traffic class) never set: they are
+    /// put back to the defaults after the SYN without being read first.
+    pub default_ip_options: bool,
+}
+
+impl SocketFacts {
+    /// A socket made just now for this connection.
+    pub fn new_socket() -> SocketFacts {
+        SocketFacts {
+            unbound: true,
+            default_ip_options: true,
+        }
+    }
+}
+
+/// [`client_propose`] for a socket of which `facts` are known. `dest` is
+/// the address as `connect` is given it.
+pub fn client_propose_with(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    fd: RawFd,
+    dest: SocketAddr,
+    facts: SocketFacts,
+) -> Result<ClientProposal, Reason> {
+    let given = dest;
     let dest = tcp_syn::canonical(dest);
     if !dev.active() {
         return Err(Reason::NoSmcdDev);
@@ -86,8 +118,13 @@ pub fn client_propose(
     // The key needs the source address before the SYN: the bound one, or
     // the one routing will choose. The port stays the kernel's choice at
     // `connect` (see `key_for`).
-    let src_ip = match local_addr(fd) {
-        Ok(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
+    let bound = if facts.unbound {
+        None
+    } else {
+        local_addr(fd).ok()
+    };
+    let src_ip = match bound {
+        Some(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
         _ => tcp_syn::canonical(SocketAddr::new(
             tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?,
             0,
@@ -98,28 +135,13 @@ pub fn client_propose(
         debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
         Reason::Mem
     })?;
-    // In the listener's network namespace the rendezvous socket needs no
-    // file (see `ABSTRACT_NONCE`); across namespaces only a path reaches it.
-    let mut nonce = random_u64() | ABSTRACT_NONCE;
-    if !listener.same_netns() {
-        nonce &= !ABSTRACT_NONCE;
-    }
-    let (rendezvous, rendezvous_path) = match bind_rendezvous(dev, nonce) {
-        Ok(r) => Ok(r),
-        Err(e) if nonce & ABSTRACT_NONCE != 0 => {
-            debug!("abstract rendezvous socket failed ({e}); using a path");
-            nonce &= !ABSTRACT_NONCE;
-            bind_rendezvous(dev, nonce)
-        }
-        Err(e) => Err(e),
-    }
-    .map_err(|e| {
-        debug!(
-            "cannot create the rendezvous socket {}: {e}",
-            RendezvousAddr::new(dev, nonce)
-        );
+    let rendezvous = RendezvousListener::for_proposal(dev, listener.same_netns()).map_err(|e| {
+        debug!("cannot create the rendezvous socket: {e}");
         Reason::IntErr
     })?;
+    let token = dmb.token();
+    rendezvous.expect(token);
+    let nonce = rendezvous.nonce();
     let mark = Mark::from_random(random_u64() as u32);
     let proposal = Proposal {
         gid: dev.gid(),
@@ -139,9 +161,9 @@ pub fn client_propose(
         rendezvous: Some(rendezvous),
         slot: None,
         dmb: Some(dmb),
+        token,
         dev: dev.clone(),
         cfg: cfg.clone(),
-        rendezvous_path,
         saved_mark: None,
         fd,
         src_ip,
@@ -156,10 +178,12 @@ pub fn client_propose(
             Reason::MaxDmb
         })?;
     p.slot = Some(slot);
-    p.saved_mark = Some(tcp_syn::apply_mark(fd, &dest, mark).map_err(|e| {
-        debug!("cannot mark the SYN: {e}");
-        Reason::IntErr
-    })?);
+    p.saved_mark = Some(
+        tcp_syn::apply_mark(fd, &given, mark, facts.default_ip_options).map_err(|e| {
+            debug!("cannot mark the SYN: {e}");
+            Reason::IntErr
+        })?,
+    );
     debug!(
         "proposed {src_ip} -> {dest} (mark ttl {} dscp {})",
         mark.ttl, mark.dscp
@@ -170,19 +194,24 @@ pub fn client_propose(
 impl ClientProposal {
     /// The token of the DMB offered in the Proposal.
     pub fn token(&self) -> u64 {
-        self.dmb.as_ref().map_or(0, |d| d.token())
+        self.token
     }
 
-    /// Puts the socket options back and publishes the source port the
-    /// kernel chose in the rendezvous slot (the server matches it against
-    /// the SYN); call right after `connect` returned (0 or `EINPROGRESS`):
-    /// the SYN has left by then.
+    /// Publishes the source port the kernel chose in the rendezvous slot
+    /// (the server matches it against the SYN), then puts the socket
+    /// options back; call right after `connect` returned (0 or
+    /// `EINPROGRESS`): the SYN has left by then. The port goes first: the
+    /// server may be waiting for it.
     pub fn syn_sent(&mut self) {
+        self.publish_port();
         if let Some(s) = self.saved_mark.take() {
             if let Err(e) = tcp_syn::restore_mark(s) {
                 debug!("restoring TTL/TOS after the SYN failed: {e}");
             }
         }
+    }
+
+    fn publish_port(&mut self) {
         if self.port_published {
             return;
         }
@@ -230,12 +259,14 @@ impl ClientProposal {
         d
     }
 
-    /// Closes the rendezvous socket, then frees the slot (see the field
-    /// order note on [`ClientProposal`]).
-    fn withdraw(&mut self) {
-        self.rendezvous = None;
-        if let Some(p) = self.rendezvous_path.take() {
-            let _ = std::fs::remove_file(p);
+    /// Stops expecting the server's connection, then frees the slot: a
+    /// server waiting for our DMB then sees end of file on its channel, or
+    /// (its connection not taken off the listener yet) a slot that is no
+    /// longer PROPOSED. `drain` takes such connections off the listener
+    /// now; it is not needed once ours was taken.
+    fn withdraw(&mut self, drain: bool) {
+        if let Some(l) = self.rendezvous.take() {
+            l.forget(self.token, drain);
         }
         self.slot = None;
     }
@@ -261,14 +292,14 @@ impl ClientProposal {
                 SlotState::Declined => {
                     let r = peer_decline(slot.reply());
                     drop(chan);
-                    self.withdraw();
+                    self.withdraw(true);
                     return Decision::Tcp(r);
                 }
                 SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
                 other => {
                     debug!("rendezvous slot in state {other:?} while waiting for the server");
                     drop(chan);
-                    self.withdraw();
+                    self.withdraw(true);
                     return Decision::Tcp(Reason::SyncErr);
                 }
             }
@@ -277,7 +308,7 @@ impl ClientProposal {
                 match slot.give_up() {
                     Ok(()) => {
                         drop(chan);
-                        self.withdraw();
+                        self.withdraw(true);
                         return Decision::Tcp(refused.unwrap_or(Reason::Timeout));
                     }
                     // The server decided first: follow it. Its DMB follows
@@ -301,18 +332,19 @@ impl ClientProposal {
             match &chan {
                 None => {
                     let listener = self.rendezvous.as_ref().expect("rendezvous socket");
-                    if wait_readable(listener.as_raw_fd(), deadline - now) {
-                        match self.pass_dmb() {
-                            Ok(c) => chan = c,
-                            Err(e) => {
-                                debug!("refused a rendezvous connection: {e}");
-                                refused = Some(e.reason());
-                            }
-                        }
+                    let connected = || slot.noted(Progress::ServerConnected);
+                    match listener.take(self.token, deadline - now, connected) {
+                        Some(Ok(c)) => chan = Some(self.pass_dmb(&slot, c)),
+                        Some(Err(r)) => refused = Some(r),
+                        None => {}
                     }
                 }
                 Some(c) if server_dmb.is_none() => {
-                    if !wait_readable(c.as_raw_fd(), deadline - now) {
+                    // The server sends its DMB right after its CAS to
+                    // ACCEPTED, and closes the channel when it declines.
+                    let decided =
+                        || matches!(slot.state(), SlotState::Accepted | SlotState::Declined);
+                    if !wait_readable(c.as_raw_fd(), deadline - now, decided) {
                         continue;
                     }
                     // Whatever the channel says but the server's DMB leaves
@@ -343,32 +375,25 @@ impl ClientProposal {
                 // server's connection reports a reset; ours must not carry
                 // the stream over TCP instead.
                 debug!("cannot follow the server's Accept ({r}): connection aborted");
-                self.withdraw();
+                self.withdraw(true);
                 abort_tcp(self.fd, r)
             }
         }
     }
 
-    /// Accepts the server's connection to our rendezvous socket, if one is
-    /// waiting, and passes our DMB on it: the server checks it before it
-    /// accepts. A failed send shows on the server's side (end of file, or
-    /// no descriptor). A connection from a process that may not share the
-    /// device is refused (closed, nothing passed) and reported.
-    fn pass_dmb(&self) -> Result<Option<UnixStream>, HandshakeError> {
-        let Some(listener) = self.rendezvous.as_ref() else {
-            return Ok(None);
-        };
-        let Some(c) = accept_channel(listener, &self.dev.shape())? else {
-            return Ok(None);
-        };
-        // The connection's channel if the handshake succeeds: out of
-        // the application's range of numbers (crate::fdnum).
+    /// Passes our DMB on the server's connection `c`: the server checks it
+    /// before it accepts. A failed send shows on the server's side (end of
+    /// file, or no descriptor).
+    fn pass_dmb(&self, slot: &SlotRef, c: UnixStream) -> UnixStream {
+        // The connection's channel if the handshake succeeds: out of the
+        // application's range of numbers (crate::fdnum).
         let c = crate::fdnum::move_high(c);
         let fd = self.dmb.as_ref().map(|d| d.fd());
-        if let Err(e) = send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
-            debug!("sending our DMB to the server failed: {e}");
+        match send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
+            Ok(()) => slot.note(Progress::ClientDmbSent),
+            Err(e) => debug!("sending our DMB to the server failed: {e}"),
         }
-        Ok(Some(c))
+        c
     }
 
     /// Waits (at most `timeout`) for the server's connection, passes our
@@ -376,11 +401,12 @@ impl ClientProposal {
     /// answer: a client stopped right after passing its DMB. For exercising
     /// the server's side; a normal client never calls it.
     pub fn pass_dmb_and_stop(&mut self, timeout: Duration) -> Option<UnixStream> {
-        let listener = self.rendezvous.as_ref()?;
-        if !wait_readable(listener.as_raw_fd(), timeout) {
-            return None;
-        }
-        self.pass_dmb().ok().flatten()
+        let slot = SlotRef::clone(self.slot.as_ref()?);
+        let c = self
+            .rendezvous
+            .as_ref()?
+            .take(self.token, timeout, || true)?;
+        Some(self.pass_dmb(&slot, c.ok()?))
     }
 
     fn confirm(
@@ -423,7 +449,7 @@ impl ClientProposal {
             debug!("rendezvous slot in state {st:?} at our Confirm");
             return Err(Reason::SyncErr);
         }
-        self.withdraw();
+        self.withdraw(false);
         let dmb = self.dmb.take().expect("client DMB");
         let local = self.src.unwrap_or(SocketAddr::new(self.src_ip, 0));
         let mode = mode(&self.dev, &self.cfg);
@@ -454,6 +480,6 @@ impl Drop for ClientProposal {
             // Abandoned before finish (connect failed): withdraw the proposal.
             let _ = slot.give_up();
         }
-        self.withdraw();
+        self.withdraw(true);
     }
 }

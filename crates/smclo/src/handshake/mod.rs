@@ -7,15 +7,18 @@
 //! agree by compare-and-swap on the slot, so a client that gives up and a
 //! server that answers late always reach the same decision.
 //!
-//! `client` and `server` are the two state machines; `channel` is
-//! their plumbing: the client's rendezvous UNIX socket, the descriptors
-//! passed on it (`SCM_RIGHTS`) and the bounded waits.
+//! `client` and `server` are the two state machines; `listener` is the
+//! client process's rendezvous UNIX socket, which hands each server's
+//! connection to the proposal it answers; `channel` is the plumbing: the
+//! rendezvous addresses, the descriptors passed on a connection
+//! (`SCM_RIGHTS`) and the bounded waits.
 
 mod channel;
 mod client;
+mod listener;
 mod server;
 
-pub use client::{client_propose, ClientProposal};
+pub use client::{client_propose, client_propose_with, ClientProposal, SocketFacts};
 pub use server::{server_accept, Listening};
 
 use crate::access::PeerRefused;

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::debug;
 use crate::device::{Device, Role};
 use crate::owner::Owner;
-use crate::rendezvous::{Rendezvous, SlotRef, SlotState};
+use crate::rendezvous::{Progress, Rendezvous, SlotRef, SlotState};
 use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
@@ -41,6 +41,10 @@ pub enum Listening {
 /// How long a runnable client past the budget is given before its state is
 /// looked at again.
 const RUNNABLE_RECHECK: Duration = Duration::from_millis(5);
+
+/// How often the wait for the client's DMB looks whether the client
+/// withdrew its proposal or died.
+const WITHDRAWN_CHECK: Duration = Duration::from_millis(10);
 
 /// What is left of the time `accept` may spend waiting on the client.
 ///
@@ -88,17 +92,24 @@ impl ClientWait {
         self.deadline.get().saturating_duration_since(now)
     }
 
-    /// Whether `fd` becomes readable within the budget.
-    fn readable(&self, fd: RawFd) -> bool {
+    /// Whether `fd` becomes readable within the budget; `hint` is the
+    /// client's note that it sent (see [`wait_readable`]). False as soon as
+    /// the client `withdrew`, asked every [`WITHDRAWN_CHECK`]: a withdrawn
+    /// client may never take our connection off its listener, so the
+    /// channel would not tell.
+    fn readable(&self, fd: RawFd, hint: impl Fn() -> bool, withdrew: impl Fn() -> bool) -> bool {
+        let mut first = true;
         loop {
             let left = self.left();
-            if left.is_zero() {
+            if left.is_zero() || (!first && withdrew()) {
                 return false;
             }
+            first = false;
+            let slice = left.min(WITHDRAWN_CHECK);
             let ready = if self.sleep {
-                wait_readable(fd, left)
+                wait_readable(fd, slice, &hint)
             } else {
-                spin_readable(fd, self.deadline.get())
+                spin_readable(fd, Instant::now() + slice, &hint)
             };
             if ready {
                 return true;
@@ -231,7 +242,9 @@ fn server_answer(
     conn_fd: RawFd,
     ends: (SocketAddr, SocketAddr),
 ) -> Decision {
-    let wake = RendezvousAddr::new(dev, proposal.nonce);
+    let client = RendezvousAddr::new(dev, proposal.nonce);
+    // Our end of the channel is named for the proposal it answers.
+    let wake = (&client, proposal.token);
     let checks = [
         (dev.active(), Reason::NoSmcdDev),
         (dev.check_caller().is_ok(), Reason::UidChanged),
@@ -240,36 +253,40 @@ fn server_answer(
             Reason::NoSmcd2Dev,
         ),
         (ueid_match(proposal, cfg), Reason::NoUeid),
-        (slot.client().is_alive_fast(), Reason::PeerDead),
     ];
     if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
-        return decline(dev, slot, *r, Some(&wake));
+        return decline(dev, slot, *r, Some(wake));
     }
     if !crate::fdnum::room_for_conn() {
-        return decline(dev, slot, Reason::Mem, Some(&wake));
+        return decline(dev, slot, Reason::Mem, Some(wake));
     }
     let dmb = match dev.register_dmb(cfg.rmem, Role::Server) {
         Ok(d) => d,
         Err(e) => {
             debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            return decline(dev, slot, Reason::Mem, Some(&wake));
+            return decline(dev, slot, Reason::Mem, Some(wake));
         }
     };
-    // A full backlog is waited on within the budget too.
-    let chan = match wake.connect_within(CONNECT_BOUND.min(wait.left()), &dev.shape()) {
+    // A full backlog is waited on within the budget too. A dead client's
+    // socket refuses the connection (PEER_DEAD).
+    let bound = CONNECT_BOUND.min(wait.left());
+    let chan = match client.connect_within(bound, &dev.shape(), dev.gid(), proposal.token) {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum).
         Ok(c) => crate::fdnum::move_high(c),
         Err(e) => {
-            debug!("cannot reach the client's rendezvous socket {wake}: {e}");
+            debug!("cannot reach the client's rendezvous socket {client}: {e}");
             return decline(dev, slot, e.reason(), None);
         }
     };
+    slot.note(Progress::ServerConnected);
     // The client passes its DMB as soon as it has accepted our connection;
     // check it before accepting. Declining closes the channel (drop), which
     // wakes the client.
+    let sent = || slot.noted(Progress::ClientDmbSent);
+    let withdrew = || slot.state() != SlotState::Proposed || !slot.client().is_alive_fast();
     let client_dmb = loop {
-        if !wait.readable(chan.as_raw_fd()) {
+        if !wait.readable(chan.as_raw_fd(), sent, withdrew) {
             debug!("the client passed no DMB in time");
             return decline(dev, slot, Reason::Timeout, None);
         }
@@ -365,8 +382,14 @@ fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
 }
 
 /// Declines the proposal in `slot` with reason `r` and wakes the client (by
-/// connecting to its rendezvous socket) so it does not wait for the timeout.
-fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr>) -> Decision {
+/// connecting to its rendezvous socket, named for the proposal's token) so
+/// it does not wait for the timeout.
+fn decline(
+    dev: &Device,
+    slot: &SlotRef,
+    r: Reason,
+    wake: Option<(&RendezvousAddr, u64)>,
+) -> Decision {
     if slot
         .answer(
             &ClcMsg::Decline(Decline::new(dev.gid(), r)).to_bytes(),
@@ -374,8 +397,8 @@ fn decline(dev: &Device, slot: &SlotRef, r: Reason, wake: Option<&RendezvousAddr
         )
         .is_ok()
     {
-        if let Some(w) = wake {
-            let _ = w.connect_within(CONNECT_BOUND, &dev.shape());
+        if let Some((client, token)) = wake {
+            let _ = client.connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), token);
         }
     }
     Decision::Tcp(r)

@@ -1,0 +1,309 @@
+//! The client's rendezvous listener: the UNIX listening socket the servers
+//! of its proposals connect to.
+//!
+//! In the registered listener's network namespace it is one abstract socket
+//! per process and device (`\0smclo-<gid>-u-<nonce>`), made at the first
+//! proposal and kept: a socket, `bind`, `listen` and `close` per connection
+//! were a tenth of a connection's time. Its name dies with the process
+//! (kill -9 included), and its nonce comes from `getrandom` and is bound
+//! before any proposal names it, so no other user can predict or take it
+//! first. Across network namespaces only a path reaches it, and a path
+//! would outlive a killed process, so there the listener is made per
+//! proposal (`u-<nonce>` in the device directory, unlinked when done).
+//!
+//! Any uid of the namespace can connect to an abstract socket, and the
+//! threads of one process share it, so every connection says which proposal
+//! it answers: the server binds its end to `\0smclo-<gid>-s-<token>`, the
+//! token of the client's DMB named in the Proposal (see
+//! [`super::channel::server_name`]). A connection is handed to the thread
+//! waiting for that token only if the token is one of this listener's live
+//! proposals and its peer may share the device
+//! ([`crate::access::check_peer`]); any other is closed.
+//!
+//! Whichever waiting thread accepts takes the pending connections and files
+//! each under its token; one thread at a time sleeps in `poll` on the
+//! socket, the others on a condition variable, signalled when a connection
+//! is filed or the poller leaves.
+
+use super::channel::{check_peer, poll_in, token_of, RendezvousAddr, ABSTRACT_NONCE};
+use crate::access::Shape;
+use crate::device::Device;
+use crate::owner::{self, Owner};
+use smclo_wire::reason::Reason;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Connections taken off the socket per look, so that a flood of foreign
+/// connections cannot keep a waiting thread from its own.
+const ACCEPT_BATCH: usize = 64;
+
+/// A client process's rendezvous listener (see the module documentation).
+pub(super) struct RendezvousListener {
+    sock: Option<UnixListener>,
+    nonce: u64,
+    gid: u64,
+    /// The process that made it: only it accepts on it and closes it.
+    pid: u32,
+    netns: u64,
+    /// The effective uid it was made under, on a group device: the
+    /// credentials servers check are those of its `listen`, so a process
+    /// that changed uid needs a new one. `None` on a private device, which
+    /// admits only its owner's uid anyway.
+    uid: Option<u32>,
+    shape: Shape,
+    /// Unlinked when the listener is dropped (per-proposal listeners).
+    path: Option<PathBuf>,
+    inbox: Mutex<Inbox>,
+    woken: Condvar,
+    _held: crate::fdnum::Held,
+}
+
+#[derive(Default)]
+struct Inbox {
+    /// The tokens of the live proposals, and the server's connection for
+    /// each once it arrived, or why one that named it was refused.
+    expected: HashMap<u64, Option<Result<UnixStream, Reason>>>,
+    /// A thread sleeps in `poll` on the socket.
+    polling: bool,
+    /// Threads waiting on the condition variable.
+    sleepers: usize,
+}
+
+/// The shared listeners of this process, one per device.
+static SHARED: Mutex<Vec<Arc<RendezvousListener>>> = Mutex::new(Vec::new());
+
+impl RendezvousListener {
+    /// The listener for a proposal to a listener in our network namespace
+    /// (`same_netns`: the shared abstract one) or in another (a new one
+    /// with a path).
+    pub(super) fn for_proposal(dev: &Device, same_netns: bool) -> io::Result<Arc<Self>> {
+        if !same_netns {
+            return Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE).map(Arc::new);
+        }
+        let me = Owner::current().pid;
+        let netns = owner::netns_inode();
+        let uid = group_uid(dev);
+        // try_lock: a fork child must not wait for a lock a lost thread
+        // holds; it then makes a listener of its own for this proposal.
+        let Ok(mut shared) = SHARED.try_lock() else {
+            return Self::bind_abstract(dev).map(Arc::new);
+        };
+        // A fork child inherits its parent's listeners but must not accept
+        // on them; a process that moved to another network namespace needs
+        // one there.
+        shared.retain(|l| l.pid == me && l.netns == netns && l.uid == uid);
+        if let Some(l) = shared.iter().find(|l| l.gid == dev.gid()) {
+            return Ok(l.clone());
+        }
+        let l = Arc::new(Self::bind_abstract(dev)?);
+        shared.push(l.clone());
+        Ok(l)
+    }
+
+    fn bind_abstract(dev: &Device) -> io::Result<Self> {
+        match Self::bind(dev, crate::rng::next_u64() | ABSTRACT_NONCE) {
+            Err(e) => {
+                crate::debug!("abstract rendezvous socket failed ({e}); using a path");
+                Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE)
+            }
+            ok => ok,
+        }
+    }
+
+    fn bind(dev: &Device, nonce: u64) -> io::Result<Self> {
+        let (sock, path) = match RendezvousAddr::new(dev, nonce) {
+            RendezvousAddr::Path(p) => {
+                let l = UnixListener::bind(&p)?;
+                // Connecting needs write permission on the socket: a group
+                // device's members need it, others never get it.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(dev.file_mode()))?;
+                (l, Some(p))
+            }
+            RendezvousAddr::Abstract(n) => {
+                use std::os::linux::net::SocketAddrExt;
+                let a = std::os::unix::net::SocketAddr::from_abstract_name(n)?;
+                (UnixListener::bind_addr(&a)?, None)
+            }
+        };
+        sock.set_nonblocking(true)?;
+        Ok(RendezvousListener {
+            sock: Some(crate::fdnum::move_high(sock)),
+            nonce,
+            gid: dev.gid(),
+            pid: Owner::current().pid,
+            netns: owner::netns_inode(),
+            uid: group_uid(dev),
+            shape: dev.shape(),
+            path,
+            inbox: Mutex::new(Inbox::default()),
+            woken: Condvar::new(),
+            _held: crate::fdnum::Held::new(),
+        })
+    }
+
+    /// The nonce that names this listener in a Proposal.
+    pub(super) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Announces a proposal whose DMB has `token`: from now on a server's
+    /// connection for it is kept for [`take`](Self::take).
+    pub(super) fn expect(&self, token: u64) {
+        self.lock().expected.insert(token, None);
+    }
+
+    /// Forgets the proposal with `token`, closing its server's connection
+    /// if it arrived and was not taken (the server then reads end of file).
+    /// With `drain`, also takes the connections waiting on the socket, so
+    /// that a server that connected for it is not left waiting.
+    pub(super) fn forget(&self, token: u64, drain: bool) {
+        let mut inbox = self.lock();
+        if drain && !inbox.polling {
+            self.collect(&mut inbox, None);
+        }
+        inbox.expected.remove(&token);
+    }
+
+    /// The server's connection for `token`, waiting at most `timeout`
+    /// (`None` when none came). A connection for it from a process that may
+    /// not share the device is refused and reported (`Some(Err)`) without
+    /// ending the wait: anyone in the namespace can connect to an abstract
+    /// socket, and must not be able to make us fall back. Busy-polls
+    /// `arrived` (a look at shared memory: has the server connected?) for
+    /// the spin budget, then sleeps.
+    ///
+    /// While one thread sleeps in `poll` on the socket, no other accepts on
+    /// it: a connection taken from under the poller would not wake it.
+    pub(super) fn take(
+        &self,
+        token: u64,
+        timeout: Duration,
+        arrived: impl Fn() -> bool,
+    ) -> Option<Result<UnixStream, Reason>> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let spin = crate::conn::spin_budget().min(timeout);
+        // Whether this thread slept: before that, the socket is asked only
+        // once `arrived` says so (a sleep in `poll` asks it anyway).
+        let mut slept = false;
+        loop {
+            while start.elapsed() < spin && !arrived() {
+                std::hint::spin_loop();
+            }
+            let mut inbox = self.lock();
+            if !inbox.polling && (slept || arrived()) {
+                self.collect(&mut inbox, Some(token));
+            }
+            if let Some(got) = inbox.expected.get_mut(&token).and_then(Option::take) {
+                return Some(got);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            if now - start < spin {
+                continue;
+            }
+            slept = true;
+            if inbox.polling {
+                inbox.sleepers += 1;
+                let mut inbox = match self.woken.wait_timeout(inbox, deadline - now) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+                inbox.sleepers -= 1;
+                continue;
+            }
+            inbox.polling = true;
+            drop(inbox);
+            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            poll_in(self.fd(), ms);
+            let mut inbox = self.lock();
+            inbox.polling = false;
+            // Another waiter takes over the socket.
+            self.wake(&inbox);
+        }
+    }
+
+    fn wake(&self, inbox: &Inbox) {
+        if inbox.sleepers > 0 {
+            self.woken.notify_all();
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        self.sock.as_ref().map_or(-1, |s| s.as_raw_fd())
+    }
+
+    /// Takes pending connections off the socket and files each under its
+    /// token, until the one for `want` is filed; closes those that answer
+    /// no live proposal of ours or come from another uid.
+    fn collect(&self, inbox: &mut Inbox, want: Option<u64>) {
+        let Some(sock) = &self.sock else { return };
+        let mut filed = false;
+        for _ in 0..ACCEPT_BATCH {
+            let (c, addr) = match sock.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    crate::debug!("accepting on the rendezvous socket failed: {e}");
+                    break;
+                }
+            };
+            use std::os::linux::net::SocketAddrExt;
+            let token = addr.as_abstract_name().and_then(|n| token_of(self.gid, n));
+            let Some(slot) = token.and_then(|t| inbox.expected.get_mut(&t)) else {
+                crate::debug!("refused a rendezvous connection for no proposal of ours");
+                continue;
+            };
+            *slot = Some(match check_peer(c.as_raw_fd(), &self.shape) {
+                Ok(()) => Ok(c),
+                Err(e) => {
+                    crate::debug!("refused a rendezvous connection: {e}");
+                    Err(e.reason())
+                }
+            });
+            filed = true;
+            if token == want {
+                break;
+            }
+        }
+        if filed {
+            self.wake(inbox);
+        }
+    }
+}
+
+impl Drop for RendezvousListener {
+    fn drop(&mut self) {
+        let Some(sock) = self.sock.take() else { return };
+        if Owner::current().pid != self.pid {
+            // A fork child's copy: the parent still listens on it, and the
+            // child may have closed the number and reused it already.
+            let _ = sock.into_raw_fd();
+            return;
+        }
+        drop(sock);
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The effective uid to key a listener by (see [`RendezvousListener`]'s
+/// `uid`).
+fn group_uid(dev: &Device) -> Option<u32> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    matches!(dev.shape(), Shape::Group { .. }).then(|| unsafe { libc::geteuid() })
+}
