@@ -61,6 +61,10 @@ pub const F_FALLBACK: u8 = 32;
 /// flag and no table entry ask the kernel once whether it is a listener
 /// inherited through exec (`hooks::setup`).
 pub const F_PLAIN: u8 = 64;
+/// The application set an IP option that the handshake's SYN mark changes
+/// (TTL or TOS, hop limit or traffic class): the mark must read it first to
+/// put it back. Without it, a socket with [`F_TCP`] has the defaults.
+pub const F_IP_OPTS: u8 = 128;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u8, on: bool) {

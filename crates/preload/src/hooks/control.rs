@@ -8,7 +8,7 @@
 use super::records::{forget_fd_locked, lock, EPOLL, LISTENERS};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_EPOLL, F_INTERNAL, F_LISTENER, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_LISTENER, LOCK};
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::conn::Conn;
 use smclo::debug;
@@ -420,6 +420,9 @@ pub unsafe extern "C" fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     let Some(s) = table::get(fd) else {
+        if marked_option(level, name) {
+            table::set_flag(fd, F_IP_OPTS, true);
+        }
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
     };
@@ -454,6 +457,19 @@ pub unsafe extern "C" fn setsockopt(
         _ => {}
     }
     0
+}
+
+/// Whether the option is one the handshake's SYN mark sets (see
+/// [`F_IP_OPTS`]).
+fn marked_option(level: c_int, name: c_int) -> bool {
+    matches!(
+        (level, name),
+        (libc::IPPROTO_IP, libc::IP_TTL | libc::IP_TOS)
+            | (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_UNICAST_HOPS | libc::IPV6_TCLASS
+            )
+    )
 }
 
 /// Interposed `epoll_ctl(2)`: registrations of SMC-D connections join the

@@ -9,7 +9,7 @@ use super::swap::swap_in;
 use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_PLAIN, F_TCP, LOCK};
+use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
@@ -395,7 +395,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };
     }
-    let mut p = match handshake::client_propose(&c.dev, &c.cfg, fd, dest) {
+    // A socket of our socket() whose IP options the application left alone
+    // needs no reading of them for the SYN mark.
+    let facts = handshake::SocketFacts {
+        unbound: false,
+        default_ip_options: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_IP_OPTS),
+    };
+    let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,
         Err(r) => {
             c.dev.count_fallback(r, Role::Client);
