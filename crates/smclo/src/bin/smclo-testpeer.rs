@@ -9,6 +9,10 @@
 //! smclo-testpeer connect ADDR WORKLOAD  connect (smclo) and run WORKLOAD
 //! smclo-testpeer stall ADDR STAGE       propose, connect, print "stalled", then
 //!                                       never answer the server (to be killed)
+//! smclo-testpeer churn N                start a server process, then open N
+//!                                       connections to it one after the other,
+//!                                       one byte each way on each; fails unless
+//!                                       every end of every one is SMC-D
 //! ```
 //! STAGE says where the client stops: `noport` before it publishes its
 //! source port, `nodmb` after (it never accepts the server's connection to
@@ -148,6 +152,59 @@ fn stall(addr: &str, stage: &str) -> io::Result<()> {
     }
 }
 
+/// `churn N`: the client side, which starts the server (`churn-serve N`).
+fn churn(n: u32) -> io::Result<()> {
+    use std::io::BufRead;
+    let mut server = std::process::Command::new(std::env::current_exe()?)
+        .args(["churn-serve", &n.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    io::BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or("")
+        .to_string();
+    for _ in 0..n {
+        let mut s = SmcStream::connect(&addr)?;
+        if !s.is_smc() {
+            return Err(io::Error::other(format!(
+                "fell back: {:?}",
+                s.fallback_reason()
+            )));
+        }
+        let mut b = [7u8];
+        s.write_all(&b)?;
+        s.read_exact(&mut b)?;
+    }
+    if !server.wait()?.success() {
+        return Err(io::Error::other("the churn server failed"));
+    }
+    println!("ok");
+    Ok(())
+}
+
+/// `churn-serve N`: accepts N connections, echoing one byte on each.
+fn churn_serve(n: u32) -> io::Result<()> {
+    let l = SmcListener::bind("127.0.0.1:0")?;
+    println!("listening {}", l.local_addr()?);
+    io::stdout().flush()?;
+    for _ in 0..n {
+        let (mut s, _) = l.accept()?;
+        if !s.is_smc() {
+            return Err(io::Error::other(format!(
+                "fell back: {:?}",
+                s.fallback_reason()
+            )));
+        }
+        let mut b = [0u8];
+        s.read_exact(&mut b)?;
+        s.write_all(&b)?;
+    }
+    Ok(())
+}
+
 fn socket_for(dest: SocketAddr) -> io::Result<OwnedFd> {
     let family = if dest.is_ipv4() {
         libc::AF_INET
@@ -175,9 +232,12 @@ fn main() -> ExitCode {
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
         ["stall", addr, stage @ ("noport" | "nodmb" | "noconfirm")] => stall(addr, stage),
+        ["churn", n] => n.parse().map_err(io::Error::other).and_then(churn),
+        ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
             eprintln!("       smclo-testpeer stall ADDR noport|nodmb|noconfirm");
+            eprintln!("       smclo-testpeer churn N");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,107 @@
+//! The system calls an SMC-D connection costs to set up, counted with
+//! `strace -f -c` over both processes (ARCHITECTURE.md, "Connection setup
+//! cost").
+
+use smclo::device::Device;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// System calls per connection (client and server together, connect,
+/// accept, one byte each way and close) above which setup has regressed.
+/// TCP's own are 11; with a UNIX listening socket per connection and the SYN
+/// mark's options read back, this count was 78.7.
+const BUDGET_PER_CONN: i64 = 72;
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Calls per system call name of `smclo-testpeer churn n` (both processes)
+/// under `strace -f -c`; `None` when strace cannot run here.
+fn churn(dir: &Dir, n: u32) -> Option<HashMap<String, i64>> {
+    let out = dir.0.with_extension(format!("strace-{n}"));
+    let r = Command::new("strace")
+        .arg("-f")
+        .arg("-c")
+        .arg("-o")
+        .arg(&out)
+        .arg(env!("CARGO_BIN_EXE_smclo-testpeer"))
+        .args(["churn", &n.to_string()])
+        .env("SMCLO_DEVICE_DIR", &dir.0)
+        // Waits sleep at once: a busy-poll's looks would be counted too, as
+        // many as the timing under strace allows.
+        .env("SMCLO_SPIN_US", "0")
+        .env_remove("SMCLO_DEBUG")
+        .stdin(Stdio::null())
+        .output();
+    let report = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            unchecked(&format!("strace is not usable ({e})"));
+            return None;
+        }
+    };
+    if !r.status.success() {
+        let err = String::from_utf8_lossy(&r.stderr);
+        if err.contains("ptrace") || err.contains("Operation not permitted") {
+            unchecked(&format!("strace may not trace here ({})", err.trim()));
+            return None;
+        }
+        panic!("churn under strace failed: {r:?}\n{report}");
+    }
+    // Rows: % time, seconds, usecs/call, calls, [errors,] syscall.
+    let mut calls = HashMap::new();
+    for l in report.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 5 && f[0].parse::<f64>().is_ok() {
+            if let Ok(c) = f[3].parse::<i64>() {
+                calls.insert(f[f.len() - 1].to_string(), c);
+            }
+        }
+    }
+    Some(calls)
+}
+
+fn unchecked(why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{why}: the setup budget cannot be checked, and CI must check it");
+    }
+    eprintln!("{why}: setup budget not checked");
+}
+
+#[test]
+fn smc_connection_setup_syscall_budget() {
+    let dir = Dir(PathBuf::from(format!(
+        "/dev/shm/smclo-test-syscalls-{}",
+        std::process::id()
+    )));
+    let (short, long) = (20u32, 120u32);
+    let (Some(a), Some(b)) = (churn(&dir, short), churn(&dir, long)) else {
+        return;
+    };
+    let grow = |k: &str| b.get(k).copied().unwrap_or(0) - a.get(k).copied().unwrap_or(0);
+    let n = (long - short) as i64;
+    let st = Device::open(&dir.0).unwrap().stats();
+    assert_eq!(st.conns_opened, (short + long) as u64, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    assert!(
+        grow("connect") >= 2 * n,
+        "a TCP and a UNIX connect per connection: {}",
+        grow("connect")
+    );
+    // The client's rendezvous listener is made once per process.
+    assert_eq!(grow("listen"), 0, "listen calls over {n} connections");
+    let per = grow("total") as f64 / n as f64;
+    eprintln!("system calls per SMC-D connection (both ends): {per:.1}");
+    assert!(
+        grow("total") <= BUDGET_PER_CONN * n,
+        "{per:.1} system calls per SMC-D connection, budget {BUDGET_PER_CONN}"
+    );
+}
