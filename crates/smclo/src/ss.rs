@@ -98,13 +98,21 @@ pub struct Process {
     pub program: Option<String>,
 }
 
-impl Process {
-    fn of(o: Owner) -> Process {
-        Process {
-            pid: o.pid,
-            pidns: o.pidns,
-            program: program(o),
-        }
+/// The processes of one listing: each owner's `/proc` files are read once,
+/// however many entries it owns.
+#[derive(Default)]
+struct Processes(HashMap<Owner, Process>);
+
+impl Processes {
+    fn of(&mut self, o: Owner) -> Process {
+        self.0
+            .entry(o)
+            .or_insert_with(|| Process {
+                pid: o.pid,
+                pidns: o.pidns,
+                program: program(o),
+            })
+            .clone()
     }
 }
 
@@ -156,6 +164,7 @@ pub struct SmcEnd {
 /// address.
 pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
     let raw = dev.connected_ends();
+    let mut procs = Processes::default();
     let by_token: HashMap<u64, usize> = raw.iter().enumerate().map(|(i, e)| (e.token, i)).collect();
     let mut out: Vec<SmcEnd> = raw
         .iter()
@@ -166,7 +175,7 @@ pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
                 .map(|&i| &raw[i])
                 .filter(|p| p.peer_token == e.token);
             Some(SmcEnd {
-                process: Process::of(e.owner),
+                process: procs.of(e.owner),
                 role: e.role,
                 local,
                 peer,
@@ -203,10 +212,11 @@ pub struct TcpEnd {
 /// Every recorded fallback connection still open, ordered by local then
 /// peer address.
 pub fn tcp_ends(dev: &Device) -> Vec<TcpEnd> {
+    let mut procs = Processes::default();
     let mut out: Vec<TcpEnd> = fallbacks::open(dev)
         .into_iter()
         .map(|f| TcpEnd {
-            process: Process::of(f.owner),
+            process: procs.of(f.owner),
             role: f.role,
             local: f.local,
             peer: f.peer,
@@ -230,10 +240,11 @@ pub struct Listener {
 
 /// Every live listener of the device, ordered by address.
 pub fn listeners(dev: &Device) -> Vec<Listener> {
+    let mut procs = Processes::default();
     let mut out: Vec<Listener> = registry::listeners(dev)
         .into_iter()
         .map(|l| Listener {
-            process: Process::of(l.owner),
+            process: procs.of(l.owner),
             addr: l.addr,
             netns: l.netns,
         })
