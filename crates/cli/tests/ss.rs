@@ -54,6 +54,14 @@ fn child_entry() {
     };
     let l = SmcListener::bind_with("127.0.0.1:0", &config(Path::new(&dir))).unwrap();
     println!("PORT={}", l.local_addr().unwrap().port());
+    if std::env::var_os("SMCLO_SS_TEST_HOLD").is_some() {
+        // Accept one connection and hold it until stdin closes.
+        let (s, _) = l.accept().unwrap();
+        assert!(s.is_smc(), "server fell back: {:?}", s.fallback_reason());
+        println!("DONE");
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        return;
+    }
     let mut held = Vec::new();
     for (read, write) in SERVER_SCRIPT {
         let (mut s, _) = l.accept().unwrap();
@@ -459,4 +467,71 @@ fn ss_shows_every_field_of_known_connections() {
     );
 
     drop((a, b, c, plain_client, to_plain, from_own));
+}
+
+/// A server in another pid namespace (`unshare --pid`, its own `/proc`) is
+/// shown by the pid it has there, its namespace, and no program name: its
+/// pid names another process here, whose name must not be shown.
+#[test]
+fn ss_names_no_program_of_another_pid_namespace() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "creating a pid namespace needs root"
+    );
+    let dir = Dir(PathBuf::from(format!(
+        "/dev/shm/smclo-test-ss-pidns-{}",
+        std::process::id()
+    )));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let mut child = ChildGuard(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_entry",
+                "--nocapture",
+                "--test-threads=1",
+                "-q",
+            ])
+            .env("SMCLO_SS_TEST_DIR", &dir.0)
+            .env("SMCLO_SS_TEST_HOLD", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux) runs"),
+    );
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let port: u16 = line(&mut out, "PORT=").parse().unwrap();
+    let server: SocketAddr = ([127, 0, 0, 1], port).into();
+    let c = SmcStream::connect_with(server, &config(&dir.0)).unwrap();
+    assert!(c.is_smc(), "client fell back: {:?}", c.fallback_reason());
+    line(&mut out, "DONE");
+    let mine = pidns(std::process::id());
+
+    let json = smclo(&dir.0, &["ss", "--json"]);
+    let server_end = format!("\"role\":\"server\",\"local\":\"{server}\"");
+    let obj = json
+        .split("},{")
+        .find(|o| o.contains(&server_end))
+        .unwrap_or_else(|| panic!("no server end in {json}"));
+    assert_eq!(field(obj, "pid"), "1", "{obj}");
+    assert_ne!(field(obj, "pidns"), mine.to_string(), "{obj}");
+    assert_eq!(field(obj, "program"), "null", "{obj}");
+    let text = smclo(&dir.0, &["ss", "-l"]);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|r| r.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert_eq!(
+        (rows[0][1], rows[0][3]),
+        (server.to_string().as_str(), "1/?"),
+        "{text}"
+    );
+    drop(c);
+    drop(child.0.stdin.take());
 }
