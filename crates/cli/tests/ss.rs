@@ -475,11 +475,8 @@ fn ss_shows_every_field_of_known_connections() {
 #[test]
 fn ss_names_no_program_of_another_pid_namespace() {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "creating a pid namespace needs root"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "creating a pid namespace needs root");
     let dir = Dir(PathBuf::from(format!(
         "/dev/shm/smclo-test-ss-pidns-{}",
         std::process::id()
