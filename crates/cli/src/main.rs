@@ -23,7 +23,8 @@ commands:
   dev init --group GROUP [DIR]  make DIR (default /run/smclo) a device shared by GROUP
   stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
   stats reset                   zero the counters
-  ss [-l] [--json]              SMC-D connections (-l: listeners), like smcss
+  ss [-a] [--json]              SMC-D connections (-a: and open fallbacks), like smcss
+  ss -l [--json]                the listeners registered on the device
   bench [...]                   built-in benchmarks (smclo bench --help)
   run [-d] [-r SIZE] [-t SIZE] [--] PROGRAM [ARGS]
                                 run PROGRAM with SMC-D acceleration (alias: smc_run)
