@@ -128,8 +128,11 @@ pub(crate) struct DmbEntry {
 
 const _: () = assert!(std::mem::offset_of!(DmbEntry, rx_bytes) == 64);
 
-/// A connected DMB table entry as [`Device::connected_ends`] read it.
+/// A published DMB table entry as [`Device::published_ends`] read it.
 pub(crate) struct RawEnd {
+    /// Part of an established connection (otherwise registered for a
+    /// handshake that has not finished here).
+    pub connected: bool,
     pub owner: Owner,
     pub role: Role,
     pub token: u64,
@@ -789,16 +792,17 @@ impl Device {
         }
     }
 
-    /// Every connected DMB table entry (one per SMC-D connection end), each
-    /// read consistently with its word; dead owners' entries are reclaimed
-    /// first, as for [`Device::stats`].
-    pub(crate) fn connected_ends(&self) -> Vec<RawEnd> {
+    /// Every published DMB table entry (connected: one per SMC-D connection
+    /// end; registered: a handshake under way), each read consistently
+    /// with its word; dead owners' entries are reclaimed first, as for
+    /// [`Device::stats`].
+    pub(crate) fn published_ends(&self) -> Vec<RawEnd> {
         self.reclaim_dead_dmbs();
         (0..layout::DMB_ENTRIES as usize)
             .filter_map(|i| {
                 let e = self.dmb_entry(i);
                 let w = e.head.word();
-                if w.state() != DMB_CONNECTED {
+                if !DMB_STATES.contains(&w.state()) {
                     return None;
                 }
                 let Holder::Known(owner) = e.head.holder(w)? else {
@@ -812,6 +816,7 @@ impl Device {
                 let (_, end) = e.head.read(
                     |now| now == w,
                     || RawEnd {
+                        connected: w.state() == DMB_CONNECTED,
                         owner,
                         role,
                         token: e.token.load(Ordering::Relaxed),

@@ -7,8 +7,10 @@
 //! from its own, and its close flags. The two ends of a connection are
 //! paired by token. The SMC socket state of an end is derived from both
 //! ends' flags ([`SmcState::of`]); an end whose peer's entry is gone sees
-//! the peer as closed. The fill of an end's ring is what the peer wrote
-//! into it minus what it consumed, known while the peer's entry exists.
+//! the peer as closed, one whose peer's entry is not connected yet (the
+//! peer's end of the handshake finishes a moment later) sees it active.
+//! The fill of an end's ring is what the peer wrote into it minus what it
+//! consumed, known while the peer's entry exists.
 //!
 //! With `-a`, the fallback connections still open are listed too, from the
 //! device's fallback table ([`crate::fallbacks`]): each stays there while
@@ -163,17 +165,20 @@ pub struct SmcEnd {
 /// Every SMC-D connection end of the device, ordered by local then peer
 /// address.
 pub fn smc_ends(dev: &Device) -> Vec<SmcEnd> {
-    let raw = dev.connected_ends();
+    let raw = dev.published_ends();
     let mut procs = Processes::default();
     let by_token: HashMap<u64, usize> = raw.iter().enumerate().map(|(i, e)| (e.token, i)).collect();
     let mut out: Vec<SmcEnd> = raw
         .iter()
+        .filter(|e| e.connected)
         .filter_map(|e| {
             let (local, peer) = ends::unpack(&e.ends)?;
+            // A peer entry not connected yet (its end of the handshake
+            // finishes after ours) is the peer, with nothing sent or done.
             let peer_end = by_token
                 .get(&e.peer_token)
                 .map(|&i| &raw[i])
-                .filter(|p| p.peer_token == e.token);
+                .filter(|p| !p.connected || p.peer_token == e.token);
             Some(SmcEnd {
                 process: procs.of(e.owner),
                 role: e.role,
