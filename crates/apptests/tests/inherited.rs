@@ -17,7 +17,7 @@ const T: Duration = Duration::from_secs(60);
 const SIZE: usize = 300_000;
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/inherited.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/echo_check.py")
 }
 
 /// Waits (at most 10 s) until a listener on `port` is registered in the
@@ -48,6 +48,7 @@ fn client(env: &mut Env, port: u16, count: u64, logs: &str) -> u64 {
         &[
             s.to_str().unwrap(),
             "client",
+            "127.0.0.1",
             &port.to_string(),
             &count.to_string(),
             &SIZE.to_string(),
@@ -55,7 +56,7 @@ fn client(env: &mut Env, port: u16, count: u64, logs: &str) -> u64 {
         T,
     );
     let [sent, received] = ok_numbers(&p, logs)[..] else {
-        panic!("inherited.py client printed no byte counts")
+        panic!("echo_check.py client printed no byte counts")
     };
     sent + received
 }

@@ -11,6 +11,16 @@
 //! whose owner is gone is freed by whoever finds it; one of another pid
 //! namespace only once that namespace has no process left on the device.
 //!
+//! A wildcard listener (`0.0.0.0`, `::`) is also registered under each
+//! address its network namespace has when it starts listening
+//! ([`sockaddr::namespace_addrs`]), as *aliases*: a client in another
+//! namespace (another container on a bridge or veth) matches a listener
+//! only by its exact address, and a container's server listens on the
+//! wildcard. An alias is an address configured on an interface of this
+//! host, so matching it proposes to nothing off the host; addresses added
+//! later are not registered. `smclo ss -l` and the listener count show the
+//! wildcard entry only.
+//!
 //! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
 //! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
 //! server answers, and the client falls back after its bounded wait.
@@ -18,6 +28,7 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::owner::{netns_inode, Owner};
+use crate::sockaddr;
 use crate::table::{Head, Holder, Judge, State, Ticket, Word};
 use crate::tcp_syn::is_local;
 use smclo_wire::device_layout as layout;
@@ -30,6 +41,14 @@ use std::sync::Arc;
 pub const PROBE: usize = 128;
 
 const LISTENING: State = State(2);
+
+/// `meta` bit of an alias entry: a concrete address of a wildcard
+/// listener's namespace.
+const ALIAS: u64 = 1 << 32;
+
+/// Aliases registered per wildcard listener at most: a namespace with many
+/// addresses must not fill the port's window.
+pub const MAX_ALIASES: usize = 8;
 
 /// One listener entry (one cache line).
 #[repr(C)]
@@ -86,7 +105,8 @@ impl ListenerInfo {
     }
 }
 
-/// Keeps a listener registered; dropping it removes the registration.
+/// Keeps a listener registered; dropping it removes the registration
+/// (and its aliases).
 ///
 /// A copy inherited through `fork` does nothing when dropped in the child.
 #[derive(Debug)]
@@ -94,6 +114,7 @@ pub struct ListenerGuard {
     dev: Arc<Device>,
     idx: usize,
     ticket: Ticket,
+    aliases: Vec<ListenerGuard>,
 }
 
 impl ListenerGuard {
@@ -112,11 +133,32 @@ impl Drop for ListenerGuard {
     }
 }
 
-/// Records that this process listens on `addr` (in its network namespace).
+/// Records that this process listens on `addr` (in its network namespace);
+/// a wildcard `addr` also under its namespace's addresses (aliases, as far
+/// as there is room: a wildcard without them still serves its namespace).
 ///
 /// Fails with `ENOSPC` when the [`PROBE`] entries of the port's window are
 /// all held by live listeners.
 pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard> {
+    let mut guard = register_entry(dev, addr, 0)?;
+    if addr.ip().is_unspecified() {
+        let ips = sockaddr::namespace_addrs(addr.is_ipv6()).unwrap_or_else(|e| {
+            crate::debug!("listener {addr}: addresses of its namespace unknown ({e})");
+            Vec::new()
+        });
+        for ip in ips.into_iter().take(MAX_ALIASES) {
+            let alias = SocketAddr::new(ip, addr.port());
+            match register_entry(dev, alias, ALIAS) {
+                Ok(g) => guard.aliases.push(g),
+                Err(e) => crate::debug!("listener {addr}: alias {alias} not registered ({e})"),
+            }
+        }
+    }
+    Ok(guard)
+}
+
+/// One registry entry for `addr`, with `flags` in its `meta` word.
+fn register_entry(dev: &Device, addr: SocketAddr, flags: u64) -> Result<ListenerGuard> {
     let me = Owner::current();
     let (fam, bytes) = canon(addr.ip());
     let h = home(addr.port());
@@ -129,7 +171,7 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
             };
             e.netns.store(netns_inode(), Ordering::Relaxed);
             e.meta
-                .store(fam | (addr.port() as u64) << 16, Ordering::Relaxed);
+                .store(fam | (addr.port() as u64) << 16 | flags, Ordering::Relaxed);
             for (cell, w) in e.addr.iter().zip(ends::to_words(bytes)) {
                 cell.store(w, Ordering::Relaxed);
             }
@@ -139,6 +181,7 @@ pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard
                 dev: dev.arc(),
                 idx: i,
                 ticket,
+                aliases: Vec::new(),
             });
         }
         if attempt == 0 {
@@ -196,7 +239,8 @@ fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
 }
 
 /// Finds a live smclo listener that accepts connections to `dest`: same
-/// port, and the same address or, in the caller's network namespace, the
+/// port, and the same address (a wildcard listener's aliases included)
+/// or, in the caller's network namespace, the
 /// family's wildcard (`0.0.0.0` for IPv4 destinations, `::` for any) when
 /// `dest` is an address of that namespace ([`is_local`]). A
 /// wildcard says nothing about where a destination is: matching it for any
@@ -252,8 +296,8 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     best.map(|(_, i)| i)
 }
 
-/// Every live listener registration (for `smclo ss -l`), in table order;
-/// frees dead ones.
+/// Every live listener registration (for `smclo ss -l`), in table order,
+/// without aliases; frees dead ones.
 pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
     let mut judge = Judge::new(dev.dir());
     let mut out = Vec::new();
@@ -269,20 +313,23 @@ pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
         else {
             continue;
         };
+        if meta & ALIAS != 0 {
+            continue;
+        }
         out.push(ListenerInfo { owner, netns, addr });
     }
     out
 }
 
-/// Number of live listener registrations (for stats); frees dead ones.
+/// Number of live listener registrations, aliases not counted (for
+/// stats); frees dead ones.
 pub fn live_listeners(dev: &Device) -> u64 {
     let mut judge = Judge::new(dev.dir());
     let mut n = 0;
     for i in 0..layout::LISTENER_ENTRIES as usize {
         let e = entry(dev, i);
-        let w = e.head.word();
-        if !w.is_free() && !reclaim(&mut judge, e) {
-            n += (w.state() == LISTENING) as u64;
+        if !e.head.word().is_free() && !reclaim(&mut judge, e) {
+            n += snapshot(e).is_some_and(|(_, f)| f.meta & ALIAS == 0) as u64;
         }
     }
     n

@@ -141,6 +141,51 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
     Ok(())
 }
 
+/// The addresses of the caller's network namespace by which a process in
+/// another namespace of this host reaches it: every interface address
+/// except loopback (each namespace has its own) and IPv6 link-local (which
+/// names an address only together with an interface); IPv4 only unless
+/// `v6`. In interface order, without repeats.
+pub fn namespace_addrs(v6: bool) -> io::Result<Vec<std::net::IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs stores the head of a list it allocated, which is
+    // freed below and not used after.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list, which is not freed yet.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points to a sockaddr, which begins
+        // with its family.
+        let len = match unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int {
+            libc::AF_INET => size_of::<libc::sockaddr_in>(),
+            libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
+            _ => continue,
+        };
+        // SAFETY: a sockaddr of those families is its family's struct.
+        let a = unsafe { from_raw(ifa.ifa_addr, len as libc::socklen_t) };
+        let Some(ip) = a.map(|a| a.ip()) else {
+            continue;
+        };
+        let link_local =
+            matches!(ip, std::net::IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80);
+        if ip.is_loopback() || link_local || (ip.is_ipv6() && !v6) || out.contains(&ip) {
+            continue;
+        }
+        out.push(ip);
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

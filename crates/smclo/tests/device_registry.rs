@@ -41,9 +41,10 @@ fn child_entry() {
         "listen" => {
             let g1 = register_listener(&dev, a("127.0.0.1:7001")).unwrap();
             // Fill the whole window of port 7002, so that only reclamation
-            // can make room there.
+            // can make room there (exact addresses: a wildcard also takes
+            // entries for its namespace's addresses).
             let fill: Vec<_> = (0..PROBE)
-                .map(|_| register_listener(&dev, a("0.0.0.0:7002")).unwrap())
+                .map(|_| register_listener(&dev, a("127.0.0.2:7002")).unwrap())
                 .collect();
             println!("READY");
             std::thread::sleep(Duration::from_secs(30));
@@ -168,4 +169,27 @@ fn dead_listeners_are_reclaimed() {
     assert_eq!(dev.stats().listeners, 1);
     drop(g);
     assert_eq!(dev.stats().listeners, 0);
+}
+
+/// A wildcard listener is also registered under its namespace's addresses
+/// (aliases), which a client of another namespace matches exactly; the
+/// listener count and `listeners` show the wildcard once.
+#[test]
+fn wildcard_aliases_are_registered_and_hidden() {
+    let t = TempDir::new("regalias");
+    let dev = Device::open(&t.0).unwrap();
+    let ips = smclo::sockaddr::namespace_addrs(false).unwrap();
+    let g = register_listener(&dev, a("0.0.0.0:5005")).unwrap();
+    assert_eq!(dev.stats().listeners, 1);
+    assert_eq!(smclo::registry::listeners(&dev).len(), 1);
+    for ip in &ips {
+        let dest = std::net::SocketAddr::new(*ip, 5005);
+        let found = find_listener(&dev, dest).expect("alias found");
+        assert_eq!(found.addr, dest, "the alias entry, an exact match");
+    }
+    drop(g);
+    assert_eq!(dev.stats().listeners, 0);
+    for ip in &ips {
+        assert!(find_listener(&dev, std::net::SocketAddr::new(*ip, 5005)).is_none());
+    }
 }
