@@ -510,18 +510,35 @@ fn traced_churn(
     port: u16,
     n: u32,
 ) -> Option<std::collections::HashMap<String, u64>> {
+    traced_peer(
+        dev,
+        preload,
+        &["client", "churn", &port.to_string(), &n.to_string()],
+        "connect",
+    )
+}
+
+/// System calls of `peer ARGS` (name → calls), counted by `strace -f -c`,
+/// which must have counted `key`; `None` when strace is missing or may not
+/// trace here.
+fn traced_peer(
+    dev: &DevDir,
+    preload: bool,
+    args: &[&str],
+    key: &str,
+) -> Option<std::collections::HashMap<String, u64>> {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "preload-churn-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
     let mut c = Command::new("strace");
-    c.arg("-f").arg("-c").arg("-o").arg(&out).arg(peer()).args([
-        "client",
-        "churn",
-        &port.to_string(),
-        &n.to_string(),
-    ]);
+    c.arg("-f")
+        .arg("-c")
+        .arg("-o")
+        .arg(&out)
+        .arg(peer())
+        .args(args);
     // No SMCLO_DEBUG: its messages would be system calls of their own.
     c.env("SMCLO_DEVICE_DIR", &dev.0)
         .env_remove("SMCLO_DEBUG")
@@ -547,7 +564,7 @@ fn traced_churn(
             budget_unchecked(&format!("strace may not trace here ({})", err.trim()));
             return None;
         }
-        panic!("peer client churn under strace failed: {r:?}\n{report}");
+        panic!("peer {args:?} under strace failed: {r:?}\n{report}");
     }
     // Rows: % time, seconds, usecs/call, calls, [errors,] syscall.
     let mut m = std::collections::HashMap::new();
@@ -559,7 +576,7 @@ fn traced_churn(
             }
         }
     }
-    assert!(m.contains_key("connect"), "no strace summary:\n{report}");
+    assert!(m.contains_key(key), "no strace summary:\n{report}");
     Some(m)
 }
 
@@ -624,6 +641,48 @@ fn plain_connect_syscall_budget() {
     assert_eq!(
         st.conns_opened, 0,
         "a plain server gets no SMC-D connection: {st:?}"
+    );
+}
+
+/// `accept` on a listener the preload did not make (here a UNIX one made
+/// by a raw system call, as a listener inherited through exec) asks the
+/// kernel once whether it is a TCP listener to register, then never
+/// again: no system call per accept beyond the program's own.
+#[test]
+fn unknown_listener_accept_syscall_budget() {
+    if !Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        budget_unchecked("strace is not installed");
+        return;
+    }
+    let dev = DevDir::new("abudget");
+    let (short, long) = (20u32, 120u32);
+    let mut per = Vec::new();
+    for preload in [false, true] {
+        let run = |n: u32| traced_peer(&dev, preload, &["unixchurn", &n.to_string()], "accept");
+        let (Some(a), Some(b)) = (run(short), run(long)) else {
+            return;
+        };
+        let calls =
+            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
+        assert_eq!(grow("accept"), (long - short) as i64, "accepts counted");
+        per.push((grow("getsockopt"), grow("total")));
+    }
+    let (base, pre) = (per[0], per[1]);
+    let n = (long - short) as i64;
+    assert_eq!(
+        pre.0 - base.0,
+        0,
+        "getsockopt calls added by the preload over {n} accepts"
+    );
+    assert!(
+        pre.1 - base.1 <= n / 20,
+        "system calls added by the preload over {n} accepts: {}",
+        pre.1 - base.1
     );
 }
 

@@ -3,6 +3,8 @@
  *   peer server MODE [v6]      listens on an ephemeral port, prints "READY <port>"
  *   peer client MODE PORT [v6]
  *   peer client churn PORT N   N plain connects (socket, connect, close)
+ *   peer unixchurn N           N accepts on a UNIX listener the preload did not
+ *                              make (as one inherited through exec)
  *   peer execchild             (the program an inetd-style server execs)
  * Exit status 0 and a last line "OK <bytes>" mean success; anything wrong
  * prints "FAIL ..." and exits 1. Every stream carries a known pattern, so
@@ -17,6 +19,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +27,8 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -609,9 +614,44 @@ static void client_churn(int port, int n) {
     }
 }
 
+/* ---- accept churn on a UNIX listener made by a raw system call (the
+ * preload knows nothing about it, as about a listener inherited through
+ * exec): a forked child connects N times, the parent accepts and closes,
+ * so a tracer can count what the preload adds per accept ---- */
+static int unix_churn(int n) {
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    int len = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "smclo-unixchurn-%d", (int)getpid()) + 1;
+    socklen_t alen = offsetof(struct sockaddr_un, sun_path) + len;
+    int lfd = (int)syscall(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, alen) != 0 || listen(lfd, 64) != 0)
+        fail("unix listener: %s", strerror(errno));
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        for (int i = 0; i < n; i++) {
+            int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
+            close(fd);
+        }
+        _exit(0);
+    }
+    for (int i = 0; i < n; i++) {
+        int c = accept(lfd, NULL, NULL);
+        if (c < 0) fail("accept %d: %s", i, strerror(errno));
+        close(c);
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("connecting child failed");
+    printf("OK 0\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
+    if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
     if (argc < 3) { fprintf(stderr, "usage\n"); return 2; }
     mode = argv[2];
     int server = !strcmp(argv[1], "server");
