@@ -684,6 +684,7 @@ impl Conn {
             }
             // Nothing (more) to read.
             if flags & PEER_CONN_ABORT != 0 {
+                self.record_flags(end_flags::PEER_ABORTED);
                 return if done > 0 {
                     Ok(done)
                 } else {
@@ -824,6 +825,9 @@ impl Conn {
                     len: s.used as usize,
                 });
             }
+            if flags & PEER_CONN_ABORT != 0 {
+                self.record_flags(end_flags::PEER_ABORTED);
+            }
             if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
                 return Err(errno(libc::ECONNRESET));
             }
@@ -856,6 +860,9 @@ impl Conn {
         // The peer's own flags (about its writing side) are in our local
         // `prod` word; closed or aborted means it reads no more.
         let w = self.local.prod().load(Ordering::SeqCst);
+        if conn_state_flags(w) & PEER_CONN_ABORT != 0 {
+            self.record_flags(end_flags::PEER_ABORTED);
+        }
         if conn_state_flags(w) & (PEER_CONN_CLOSED | PEER_CONN_ABORT) != 0
             || self.peer_gone.load(Ordering::Relaxed)
         {

@@ -48,8 +48,9 @@ pub enum SmcState {
     AppCloseWait2,
     /// This end shut down writing first, and the peer has closed.
     AppFinCloseWait,
-    /// This end closed or aborted, or its peer aborted; the application
-    /// may still hold the descriptor.
+    /// This end closed or aborted, or its peer aborted (and this end has
+    /// seen it, or the peer's entry still says so); the application may
+    /// still hold the descriptor.
     Closed,
 }
 
@@ -71,7 +72,7 @@ impl SmcState {
     /// `peer` (`None`: the peer's entry is gone, it closed or died), as the
     /// kernel's close state machine (`smc_close.c`) would have it.
     pub fn of(me: u64, peer: Option<u64>) -> SmcState {
-        let ended = end_flags::CLOSED | end_flags::ABORTED;
+        let ended = end_flags::CLOSED | end_flags::ABORTED | end_flags::PEER_ABORTED;
         if me & ended != 0 || peer.is_some_and(|p| p & end_flags::ABORTED != 0) {
             return SmcState::Closed;
         }
@@ -261,12 +262,12 @@ pub fn listeners(dev: &Device) -> Vec<Listener> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use end_flags::{ABORTED, CLOSED, SHUT_WR, SHUT_WR_PASSIVE};
+    use end_flags::{ABORTED, CLOSED, PEER_ABORTED, SHUT_WR, SHUT_WR_PASSIVE};
     use SmcState::*;
 
     #[test]
     fn states_follow_the_kernels_close_machine() {
-        let cases: [(u64, Option<u64>, SmcState); 14] = [
+        let cases: [(u64, Option<u64>, SmcState); 16] = [
             (0, Some(0), Active),
             (SHUT_WR, Some(0), PeerCloseWait1),
             (SHUT_WR, Some(SHUT_WR | SHUT_WR_PASSIVE), PeerCloseWait2),
@@ -281,6 +282,9 @@ mod tests {
             (CLOSED, Some(0), Closed),
             (ABORTED, Some(0), Closed),
             (0, Some(ABORTED), Closed),
+            // This end saw the peer's abort; the peer's entry may be gone.
+            (PEER_ABORTED, None, Closed),
+            (SHUT_WR | PEER_ABORTED, None, Closed),
             (SHUT_WR, Some(ABORTED), Closed),
         ];
         for (me, peer, want) in cases {

@@ -109,6 +109,8 @@ pub mod end_flags {
     pub const CLOSED: u64 = 1 << 3;
     /// The end aborted the connection (`PEER_CONN_ABORT` sent).
     pub const ABORTED: u64 = 1 << 4;
+    /// The end saw its peer's abort (`PEER_CONN_ABORT` received).
+    pub const PEER_ABORTED: u64 = 1 << 5;
 }
 
 /// Header field offsets (bytes from the start of the file).
