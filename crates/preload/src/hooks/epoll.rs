@@ -421,8 +421,12 @@ fn merge(sh: &Shadow, out: &mut [epoll_event], n: usize, k: usize) -> usize {
     for j in n..n + k {
         let mut e = out[j];
         if let Some(m) = set.members.iter_mut().find(|m| m.kdata == e.u64) {
-            // The application's view decides (the kernel's may be behind).
+            // The application's view decides (the kernel's may be behind),
+            // and an edge the rings reported already is not a new one.
             e.events &= m.events & !(ET | ONESHOT) | ALWAYS;
+            if m.events & ET != 0 && !m.disabled {
+                e.events = m.edges(e.events);
+            }
             if m.disabled || m.gone || e.events == 0 {
                 continue;
             }
@@ -432,10 +436,6 @@ fn merge(sh: &Shadow, out: &mut [epoll_event], n: usize, k: usize) -> usize {
                 continue;
             }
             m.fired();
-            if m.events & ET != 0 {
-                m.last_in = Some(m.sock.conn.rx_mark());
-                m.last_out = Some(m.sock.conn.tx_mark());
-            }
         }
         out[len] = e;
         len += 1;

@@ -1,0 +1,475 @@
+/* Event-loop semantics over one connection, for the preload's epoll and
+ * poll fast path. Usage: evloop MODE. The process listens on loopback and
+ * forks a peer that connects; the parent checks what epoll (or poll) reports
+ * while it tells the peer, over a pipe, what to do next (write 10 bytes,
+ * read, shut down, stream). Exit status 0 and "OK" mean every check held;
+ * "FAIL ..." and status 1 otherwise. Bytes carry a known pattern. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *mode = "";
+static int cmd_w, ack_r; /* parent: commands to the peer, acks back */
+
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stdout, "FAIL [%s %d] ", mode, (int)getpid());
+    vfprintf(stdout, fmt, ap);
+    fprintf(stdout, " (errno %d %s)\n", errno, strerror(errno));
+    fflush(stdout);
+    va_end(ap);
+    exit(1);
+}
+
+static unsigned char pat(uint64_t i) { return (unsigned char)(i * 131 + (i >> 11) + 7); }
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* ---- the peer ---------------------------------------------------------- */
+
+static uint64_t sent_off, read_off;
+
+static void peer_write(int fd, size_t n) {
+    unsigned char b[4096];
+    while (n) {
+        size_t k = n < sizeof b ? n : sizeof b;
+        for (size_t i = 0; i < k; i++) b[i] = pat(sent_off + i);
+        ssize_t r = write(fd, b, k);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) fail("peer write");
+        sent_off += r;
+        n -= r;
+    }
+}
+
+static void peer(int fd, int cmd_r, int ack_w) {
+    for (;;) {
+        char c;
+        ssize_t r = read(cmd_r, &c, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r != 1) exit(0);
+        if (c == 'w') peer_write(fd, 10);
+        else if (c == 'B') { for (int i = 0; i < 1000; i++) peer_write(fd, 100); }
+        else if (c == 'r') {
+            unsigned char b[4096];
+            ssize_t k = read(fd, b, sizeof b);
+            if (k <= 0) fail("peer read");
+        }
+        else if (c == 's') { if (shutdown(fd, SHUT_WR)) fail("peer shutdown"); }
+        else if (c == 'S') {
+            /* Stream small messages for a second. */
+            double end = now_ms() + 1000;
+            while (now_ms() < end) peer_write(fd, 64);
+        }
+        else if (c == 'q') exit(0);
+        if (write(ack_w, "k", 1) != 1) fail("ack");
+    }
+}
+
+/* ---- the checking side ------------------------------------------------- */
+
+static void tell(char c) {
+    if (write(cmd_w, &c, 1) != 1) fail("command");
+    char k;
+    if (read(ack_r, &k, 1) != 1) fail("no ack for %c", c);
+}
+
+static int wait1(int ep, struct epoll_event *ev, int timeout) {
+    int n;
+    do n = epoll_wait(ep, ev, 8, timeout); while (n < 0 && errno == EINTR);
+    if (n < 0) fail("epoll_wait");
+    return n;
+}
+
+static void expect(int ep, int fd, uint32_t events, int timeout) {
+    struct epoll_event ev[8];
+    int n = wait1(ep, ev, timeout);
+    if (n != 1) fail("epoll_wait returned %d events, expected 1", n);
+    if (ev[0].data.fd != fd) fail("event for data %d, expected %d", ev[0].data.fd, fd);
+    if (ev[0].events != events) fail("events %#x, expected %#x", ev[0].events, events);
+}
+
+/* Nothing within `ms`, and the wait lasted about `ms`. */
+static void expect_none(int ep, int ms) {
+    struct epoll_event ev[8];
+    double t0 = now_ms();
+    int n = wait1(ep, ev, ms);
+    double dt = now_ms() - t0;
+    if (n != 0) fail("epoll_wait returned %d events (%#x), expected none", n, ev[0].events);
+    if (dt < ms - 1 || dt > ms + 900) fail("a %d ms wait took %.1f ms", ms, dt);
+}
+
+static void read_pattern(int fd, size_t n) {
+    unsigned char b[4096];
+    while (n) {
+        ssize_t k = read(fd, b, n < sizeof b ? n : sizeof b);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) fail("read");
+        for (ssize_t i = 0; i < k; i++)
+            if (b[i] != pat(read_off + i)) fail("byte %llu wrong", (unsigned long long)(read_off + i));
+        read_off += k;
+        n -= k;
+    }
+}
+
+static int add(int ep, int fd, uint32_t events) {
+    struct epoll_event ev = {.events = events, .data.fd = fd};
+    return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+static void mod(int ep, int fd, uint32_t events) {
+    struct epoll_event ev = {.events = events, .data.fd = fd};
+    if (epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev)) fail("EPOLL_CTL_MOD");
+}
+
+static void check_lt(int fd, int ep) {
+    if (add(ep, fd, EPOLLIN)) fail("add");
+    expect_none(ep, 100);
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    expect(ep, fd, EPOLLIN, 0);
+    read_pattern(fd, 4);
+    expect(ep, fd, EPOLLIN, 2000);
+    read_pattern(fd, 6);
+    expect_none(ep, 100);
+    /* The same registration twice is refused; DEL then ADD works. */
+    if (add(ep, fd, EPOLLIN) == 0 || errno != EEXIST) fail("a second ADD was not EEXIST");
+    if (epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL)) fail("DEL");
+    tell('w');
+    expect_none(ep, 100);
+    if (add(ep, fd, EPOLLIN)) fail("add after DEL");
+    expect(ep, fd, EPOLLIN, 2000);
+    read_pattern(fd, 10);
+}
+
+static void check_et(int fd, int ep) {
+    if (add(ep, fd, EPOLLIN | EPOLLET)) fail("add");
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    /* Unread data, no new edge. */
+    expect_none(ep, 100);
+    read_pattern(fd, 5);
+    expect_none(ep, 100);
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    read_pattern(fd, 15);
+    expect_none(ep, 100);
+}
+
+static void check_oneshot(int fd, int ep) {
+    if (add(ep, fd, EPOLLIN | EPOLLONESHOT)) fail("add");
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    tell('w');
+    expect_none(ep, 100);
+    mod(ep, fd, EPOLLIN | EPOLLONESHOT);
+    expect(ep, fd, EPOLLIN, 2000);
+    expect_none(ep, 100);
+    read_pattern(fd, 20);
+}
+
+static void check_rdhup(int fd, int ep) {
+    if (add(ep, fd, EPOLLIN | EPOLLRDHUP)) fail("add");
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    read_pattern(fd, 10);
+    tell('s');
+    struct epoll_event ev[8];
+    int n = wait1(ep, ev, 2000);
+    if (n != 1 || !(ev[0].events & EPOLLIN) || !(ev[0].events & EPOLLRDHUP))
+        fail("after the peer's SHUT_WR: %d events %#x", n, n > 0 ? ev[0].events : 0);
+    char c;
+    if (read(fd, &c, 1) != 0) fail("no end of stream");
+}
+
+static void check_out(int fd, int ep) {
+    tell('w');
+    if (add(ep, fd, EPOLLOUT)) fail("add");
+    /* Readable too, but only EPOLLOUT was asked for. */
+    expect(ep, fd, EPOLLOUT, 2000);
+    read_pattern(fd, 10);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    unsigned char b[4096];
+    memset(b, 1, sizeof b);
+    size_t total = 0;
+    for (;;) {
+        ssize_t k = write(fd, b, sizeof b);
+        if (k < 0 && errno == EAGAIN) break;
+        if (k <= 0) fail("write");
+        total += k;
+        if (total > (1u << 30)) fail("the ring never filled");
+    }
+    expect_none(ep, 100);
+    tell('r');
+    expect(ep, fd, EPOLLOUT, 2000);
+    printf("filled %zu bytes\n", total);
+}
+
+static int ev_fd, pipe_w;
+
+static void *poke(void *arg) {
+    (void)arg;
+    usleep(100 * 1000);
+    uint64_t one = 1;
+    if (write(ev_fd, &one, 8) != 8) fail("eventfd write");
+    usleep(50 * 1000);
+    if (write(pipe_w, "x", 1) != 1) fail("pipe write");
+    return NULL;
+}
+
+/* A busy connection must not starve the set's other descriptors. */
+static void check_mixed(int fd, int ep) {
+    int pp[2];
+    if (pipe(pp)) fail("pipe");
+    pipe_w = pp[1];
+    ev_fd = eventfd(0, EFD_NONBLOCK);
+    int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
+    struct itimerspec its = {.it_value = {.tv_nsec = 50 * 1000 * 1000}};
+    if (add(ep, fd, EPOLLIN) || add(ep, pp[0], EPOLLIN) || add(ep, ev_fd, EPOLLIN) || add(ep, tfd, EPOLLIN))
+        fail("add");
+    if (write(cmd_w, "S", 1) != 1) fail("command");
+    double t0 = now_ms();
+    if (timerfd_settime(tfd, 0, &its, NULL)) fail("timerfd_settime");
+    pthread_t th;
+    pthread_create(&th, NULL, poke, NULL);
+    double seen_t = 0, seen_e = 0, seen_p = 0;
+    uint64_t conn_events = 0;
+    while (!(seen_t && seen_e && seen_p)) {
+        struct epoll_event ev[8];
+        int n = wait1(ep, ev, 3000);
+        if (n == 0) fail("nothing for 3 s");
+        for (int i = 0; i < n; i++) {
+            int x = ev[i].data.fd;
+            uint64_t v;
+            if (x == fd) {
+                unsigned char b[4096];
+                ssize_t k = read(fd, b, sizeof b);
+                if (k <= 0) fail("read");
+                for (ssize_t j = 0; j < k; j++)
+                    if (b[j] != pat(read_off + j)) fail("byte wrong");
+                read_off += k;
+                conn_events++;
+            } else if (x == tfd) {
+                if (read(tfd, &v, 8) == 8 && !seen_t) seen_t = now_ms() - t0;
+            } else if (x == ev_fd) {
+                if (read(ev_fd, &v, 8) == 8 && !seen_e) seen_e = now_ms() - t0;
+            } else if (x == pp[0]) {
+                char c;
+                if (read(pp[0], &c, 1) == 1 && !seen_p) seen_p = now_ms() - t0;
+            }
+        }
+    }
+    pthread_join(th, NULL);
+    printf("timerfd %.1f ms (due 50), eventfd %.1f ms (due 100), pipe %.1f ms (due 150), %llu connection events\n",
+           seen_t, seen_e, seen_p, (unsigned long long)conn_events);
+    if (seen_t < 49 || seen_t > 50 + 100) fail("timerfd reported at %.1f ms", seen_t);
+    if (seen_e < 99 || seen_e > 100 + 100) fail("eventfd reported at %.1f ms", seen_e);
+    if (seen_p < 149 || seen_p > 150 + 100) fail("pipe reported at %.1f ms", seen_p);
+    /* Drain the rest of the stream until the peer's ack. */
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    fcntl(ack_r, F_SETFL, O_NONBLOCK);
+    for (;;) {
+        unsigned char b[4096];
+        ssize_t r = read(fd, b, sizeof b);
+        if (r > 0) read_off += r;
+        char k;
+        if (read(ack_r, &k, 1) == 1) break;
+    }
+    fcntl(ack_r, F_SETFL, 0);
+    for (;;) {
+        unsigned char b[4096];
+        ssize_t r = read(fd, b, sizeof b);
+        if (r <= 0) break;
+        read_off += r;
+    }
+}
+
+static volatile sig_atomic_t got_usr1;
+static void on_usr1(int s) { (void)s; got_usr1 = 1; }
+
+static void *send_usr1(void *arg) {
+    usleep(100 * 1000);
+    kill(getpid(), SIGUSR1);
+    return arg;
+}
+
+/* epoll_pwait's mask lets SIGUSR1 in (blocked otherwise): EINTR. */
+static void check_sigmask(int fd, int ep) {
+    struct sigaction sa = {.sa_handler = on_usr1};
+    sigaction(SIGUSR1, &sa, NULL);
+    sigset_t block, during;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &block, &during);
+    sigdelset(&during, SIGUSR1);
+    if (add(ep, fd, EPOLLIN)) fail("add");
+    pthread_t th;
+    pthread_create(&th, NULL, send_usr1, NULL);
+    struct epoll_event ev[8];
+    double t0 = now_ms();
+    int n = epoll_pwait(ep, ev, 8, 5000, &during);
+    double dt = now_ms() - t0;
+    pthread_join(th, NULL);
+    if (n != -1 || errno != EINTR) fail("epoll_pwait returned %d, expected EINTR", n);
+    if (!got_usr1) fail("the handler did not run");
+    if (dt > 2000) fail("EINTR after %.1f ms", dt);
+    /* Without a signal, data still wakes it. */
+    tell('w');
+    n = epoll_pwait(ep, ev, 8, 2000, &during);
+    if (n != 1 || ev[0].events != EPOLLIN) fail("epoll_pwait after data: %d", n);
+    read_pattern(fd, 10);
+}
+
+static int th_ep, th_fd;
+static pthread_mutex_t th_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t th_events[2];
+
+static void *loop_thread(void *arg) {
+    int me = (int)(intptr_t)arg;
+    double idle_since = now_ms();
+    for (;;) {
+        struct epoll_event ev[8];
+        int n = epoll_wait(th_ep, ev, 8, 100);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("thread %d: epoll_wait", me);
+        pthread_mutex_lock(&th_mu);
+        int finished = read_off >= 100000;
+        pthread_mutex_unlock(&th_mu);
+        if (finished) return NULL;
+        if (n == 0) {
+            if (now_ms() - idle_since > 3000) fail("thread %d: nothing for 3 s", me);
+            continue;
+        }
+        idle_since = now_ms();
+        pthread_mutex_lock(&th_mu);
+        int done = read_off >= 100000;
+        if (!done) {
+            unsigned char b[4096];
+            ssize_t k = read(th_fd, b, sizeof b);
+            if (k > 0) {
+                for (ssize_t j = 0; j < k; j++)
+                    if (b[j] != pat(read_off + j)) fail("byte wrong");
+                read_off += k;
+            } else if (!(k < 0 && errno == EAGAIN)) fail("read");
+            done = read_off >= 100000;
+            th_events[me]++;
+        }
+        pthread_mutex_unlock(&th_mu);
+        mod(th_ep, th_fd, EPOLLIN | EPOLLONESHOT);
+        if (done) return NULL;
+    }
+}
+
+/* Two threads on one set, one-shot: each event goes to one of them. */
+static void check_threads(int fd, int ep) {
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    th_ep = ep;
+    th_fd = fd;
+    if (add(ep, fd, EPOLLIN | EPOLLONESHOT)) fail("add");
+    pthread_t a, b;
+    pthread_create(&a, NULL, loop_thread, (void *)0);
+    pthread_create(&b, NULL, loop_thread, (void *)1);
+    tell('B');
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    printf("thread events %llu and %llu\n", (unsigned long long)th_events[0], (unsigned long long)th_events[1]);
+}
+
+/* A set inherited across fork: the child waits on it and reads. */
+static void check_fork(int fd, int ep) {
+    if (add(ep, fd, EPOLLIN)) fail("add");
+    expect_none(ep, 50);
+    pid_t c = fork();
+    if (c == 0) {
+        mode = "fork-child";
+        expect_none(ep, 50);
+        tell('w');
+        expect(ep, fd, EPOLLIN, 2000);
+        read_pattern(fd, 10);
+        exit(0);
+    }
+    int st;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the fork child failed");
+    read_off += 10;
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    read_pattern(fd, 10);
+}
+
+/* poll(2) on the connection, LT, with a timeout. */
+static void check_poll(int fd, int ep) {
+    (void)ep;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    double t0 = now_ms();
+    if (poll(&p, 1, 100) != 0) fail("poll with nothing to read");
+    if (now_ms() - t0 < 99) fail("poll returned early");
+    tell('w');
+    if (poll(&p, 1, 2000) != 1 || p.revents != POLLIN) fail("poll: revents %#x", p.revents);
+    read_pattern(fd, 4);
+    if (poll(&p, 1, 0) != 1 || p.revents != POLLIN) fail("poll after a partial read: %#x", p.revents);
+    read_pattern(fd, 6);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) fail("usage: evloop MODE");
+    mode = argv[1];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 4) || getsockname(lfd, (struct sockaddr *)&a, &al))
+        fail("listen");
+    int c2p[2], p2c[2];
+    if (pipe(c2p) || pipe(p2c)) fail("pipe");
+    pid_t child = fork();
+    if (child == 0) {
+        close(lfd);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
+        peer(fd, p2c[0], c2p[1]);
+        exit(0);
+    }
+    cmd_w = p2c[1];
+    ack_r = c2p[0];
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0) fail("accept");
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (!strcmp(mode, "lt")) check_lt(fd, ep);
+    else if (!strcmp(mode, "et")) check_et(fd, ep);
+    else if (!strcmp(mode, "oneshot")) check_oneshot(fd, ep);
+    else if (!strcmp(mode, "rdhup")) check_rdhup(fd, ep);
+    else if (!strcmp(mode, "out")) check_out(fd, ep);
+    else if (!strcmp(mode, "mixed")) check_mixed(fd, ep);
+    else if (!strcmp(mode, "sigmask")) check_sigmask(fd, ep);
+    else if (!strcmp(mode, "threads")) check_threads(fd, ep);
+    else if (!strcmp(mode, "fork")) check_fork(fd, ep);
+    else if (!strcmp(mode, "poll")) check_poll(fd, ep);
+    else fail("unknown mode");
+    if (write(cmd_w, "q", 1) != 1) fail("quit");
+    int st;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed");
+    printf("OK %llu\n", (unsigned long long)read_off);
+    return 0;
+}

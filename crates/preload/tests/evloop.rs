@@ -1,0 +1,136 @@
+//! The event-loop fast path (`hooks::epoll`, `hooks::poll`) keeps the
+//! kernel's semantics: `tests/c/evloop.c` checks, over one SMC-D connection
+//! between two processes under the preload, level- and edge-triggered
+//! reports, one-shot, `EPOLLRDHUP`, `EPOLLOUT` on a full ring (and events
+//! not asked for never reported), exact timeouts, a signal let in by
+//! `epoll_pwait`'s mask, a set that mixes the connection with a pipe, an
+//! eventfd and a timerfd, two threads on one set, a set inherited across
+//! fork, and `poll`; with the default spin and with `SMCLO_SPIN_US=0`. The
+//! device's counters prove the connection was SMC-D.
+
+use smclo::device::Device;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+fn lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    let profile = deps.parent().expect("deps has a parent");
+    [deps, profile]
+        .iter()
+        .map(|d| d.join("libsmclo_preload.so"))
+        .find(|p| p.is_file())
+        .expect("libsmclo_preload.so next to the test (build the smclo-preload cdylib)")
+}
+
+fn evloop() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/evloop.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("preload-evloop-{}", std::process::id()));
+        let st = Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "compiling {} failed", src.display());
+        out
+    })
+}
+
+/// Runs `evloop mode` under the preload on a device of its own.
+fn check(mode: &str, spin_us: Option<&str>) {
+    let dev = PathBuf::from(format!(
+        "/dev/shm/smclo-evloop-test-{}-{}-{mode}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dev);
+    let mut c = Command::new("timeout");
+    c.arg("60").arg(evloop()).arg(mode);
+    c.env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev)
+        .env("SMCLO_DEBUG", "1")
+        .env_remove("SMCLO_DISABLE");
+    match spin_us {
+        Some(us) => c.env("SMCLO_SPIN_US", us),
+        None => c.env_remove("SMCLO_SPIN_US"),
+    };
+    let out = c.output().expect("run evloop");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stats = Device::open(&dev).expect("open the test device").stats();
+    let _ = std::fs::remove_dir_all(&dev);
+    let report = format!("stdout:\n{stdout}\nstderr:\n{stderr}\nstats: {stats:?}");
+    assert!(out.status.success(), "evloop {mode} failed\n{report}");
+    let read: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no OK line\n{report}"));
+    assert_eq!(stats.conns_opened, 1, "one SMC-D connection\n{report}");
+    assert_eq!(stats.fallbacks_total(), 0, "no fallback\n{report}");
+    assert!(
+        stats.xfer_bytes >= read,
+        "the {read} bytes read went through the rings\n{report}"
+    );
+}
+
+#[test]
+fn level_triggered_and_timeouts() {
+    check("lt", None);
+    check("lt", Some("0"));
+}
+
+#[test]
+fn edge_triggered() {
+    check("et", None);
+    check("et", Some("0"));
+}
+
+#[test]
+fn oneshot_until_mod() {
+    check("oneshot", None);
+}
+
+#[test]
+fn rdhup_on_the_peers_shutdown() {
+    check("rdhup", None);
+}
+
+#[test]
+fn epollout_waits_for_room_and_only_asked_events() {
+    check("out", None);
+}
+
+#[test]
+fn busy_connection_does_not_starve_pipe_eventfd_timerfd() {
+    check("mixed", None);
+    check("mixed", Some("0"));
+}
+
+#[test]
+fn epoll_pwait_mask_lets_a_signal_in() {
+    check("sigmask", None);
+}
+
+#[test]
+fn two_threads_one_set_oneshot() {
+    check("threads", None);
+}
+
+#[test]
+fn set_inherited_across_fork() {
+    check("fork", None);
+}
+
+#[test]
+fn poll_sees_the_ring() {
+    check("poll", None);
+}
