@@ -6,8 +6,9 @@
 //! mapping its root to U). Servers listen on the wildcard, as servers in
 //! containers do. Connections between the containers are SMC-D both ways,
 //! byte-exact; a connection to a plain server stays TCP; a client in a
-//! third network namespace with its own device falls back. Needs root
-//! (ip netns, unshare, setpriv); addresses from 10.196.0.0/16 and
+//! third network namespace with its own device falls back. Then two
+//! containers of two different users share a group device. Needs root
+//! (ip netns, unshare, setpriv); addresses from 10.195.0.0/16 to
 //! 10.197.0.0/16 on veths inside the test's namespaces.
 
 use smclo_apptests::*;
@@ -30,8 +31,8 @@ fn script() -> PathBuf {
 
 /// A uid of no account on this machine, below 65536 (the rootful
 /// container's identity map covers 0..65536).
-fn free_uid() -> u32 {
-    let mut u = 50_000 + std::process::id() % 9_000;
+fn free_uid(from: u32) -> u32 {
+    let mut u = from + std::process::id() % 4_000;
     // SAFETY: getpwuid returns a pointer into static storage or null; only
     // null is looked at.
     while !unsafe { libc::getpwuid(u) }.is_null() {
@@ -40,18 +41,46 @@ fn free_uid() -> u32 {
     u
 }
 
-/// The host side of the shared device: a private directory of uid `uid`,
-/// removed when dropped.
+/// A gid of no group on this machine, below 65536.
+fn free_gid() -> u32 {
+    let mut g = 60_000 + std::process::id() % 4_000;
+    // SAFETY: as getpwuid in free_uid.
+    while !unsafe { libc::getgrgid(g) }.is_null() {
+        g += 1;
+    }
+    g
+}
+
+/// The host side of the shared device, removed when dropped.
 struct HostDir(PathBuf);
 
 impl HostDir {
-    fn new(uid: u32) -> HostDir {
-        let p = PathBuf::from(format!("/dev/shm/smclo-ct-{}", std::process::id()));
+    fn path(label: &str) -> PathBuf {
+        let p = PathBuf::from(format!("/dev/shm/smclo-ct-{}-{label}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
+        p
+    }
+
+    /// A private directory of uid `uid`.
+    fn private(uid: u32) -> HostDir {
+        let p = HostDir::path("private");
         std::fs::create_dir(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
-        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
-        HostDir(p)
+        let d = HostDir(p);
+        std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&d.0, Some(uid), Some(uid)).unwrap();
+        d
+    }
+
+    /// A group device of gid `gid`, made by `smclo dev init --group` (root's).
+    fn group(gid: u32) -> HostDir {
+        let d = HostDir(HostDir::path("group"));
+        let o = Command::new(smclo_bin())
+            .args(["dev", "init", "--group", &gid.to_string()])
+            .arg(&d.0)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "smclo dev init: {o:?}");
+        d
     }
 }
 
@@ -59,6 +88,14 @@ impl Drop for HostDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Who a container's program runs as: uid U (its own gid U) and, if
+/// given, a supplementary group.
+#[derive(Clone, Copy)]
+struct User {
+    uid: u32,
+    group: Option<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,21 +118,16 @@ fn start(
     name: &str,
     kind: Container,
     ns: &Netns,
-    uid: u32,
+    user: User,
     host: &Path,
     smclo: bool,
     argv: &[&str],
 ) -> Proc {
-    let u = uid.to_string();
-    let drop_to_u = [
-        "setpriv",
-        "--reuid",
-        &u,
-        "--regid",
-        &u,
-        "--clear-groups",
-        "--",
-    ];
+    let u = user.uid.to_string();
+    let groups = user
+        .group
+        .map_or("--clear-groups".to_string(), |g| format!("--groups={g}"));
+    let drop_to_u = ["setpriv", "--reuid", &u, "--regid", &u, &groups, "--"];
     let mut c = Command::new("nsenter");
     c.arg(format!("--net=/run/netns/{}", ns.name)).arg("--");
     if kind == Container::Rootless {
@@ -240,8 +272,9 @@ impl Counts {
 fn containers_share_the_device_by_bind_mount() {
     assert!(is_root(), "this test makes namespaces and needs root");
     let mut env = Env::new("containers");
-    let uid = free_uid();
-    let host = HostDir::new(uid);
+    let uid = free_uid(50_000);
+    let user = User { uid, group: None };
+    let host = HostDir::private(uid);
     let (a, b, c) = (env.netns("cta"), env.netns("ctb"), env.netns("ctc"));
     let n = std::process::id() % 250;
     let (a_ip, b_ip) = (format!("10.197.{n}.1"), format!("10.197.{n}.2"));
@@ -265,7 +298,7 @@ fn containers_share_the_device_by_bind_mount() {
         "server-a",
         ful,
         &a,
-        uid,
+        user,
         &h,
         true,
         &[s, "listen", "0.0.0.0", p1, &k1],
@@ -275,7 +308,7 @@ fn containers_share_the_device_by_bind_mount() {
         "server-b",
         less,
         &b,
-        uid,
+        user,
         &h,
         true,
         &[s, "listen", "0.0.0.0", p2, &kk],
@@ -285,7 +318,7 @@ fn containers_share_the_device_by_bind_mount() {
         "plain-b",
         less,
         &b,
-        uid,
+        user,
         &h,
         false,
         &[s, "listen", "0.0.0.0", p3, "1"],
@@ -302,7 +335,7 @@ fn containers_share_the_device_by_bind_mount() {
         "client-b",
         less,
         &b,
-        uid,
+        user,
         &h,
         true,
         &[s, "client", &a_ip, p1, &kk, &size],
@@ -313,7 +346,7 @@ fn containers_share_the_device_by_bind_mount() {
         "client-a",
         ful,
         &a,
-        uid,
+        user,
         &h,
         true,
         &[s, "client", &b_ip, p2, &kk, &size],
@@ -339,7 +372,7 @@ fn containers_share_the_device_by_bind_mount() {
         "client-plain",
         ful,
         &a,
-        uid,
+        user,
         &h,
         true,
         &[s, "client", &b_ip, p3, "1", "1000"],
@@ -392,4 +425,71 @@ fn containers_share_the_device_by_bind_mount() {
     for p in [&mut srv_a, &mut srv_b, &mut plain_b] {
         p.wait_ok(T);
     }
+}
+
+/// Two rootful containers (identity-mapped user namespaces) whose programs
+/// run as two different uids, both in the device's group: the group device
+/// made by `smclo dev init --group`, bind-mounted into both, is used by
+/// both, and the peer credential check passes across the user namespaces.
+#[test]
+fn containers_of_two_users_share_a_group_device() {
+    assert!(is_root(), "this test makes namespaces and needs root");
+    let mut env = Env::new("containers-group");
+    let g = free_gid();
+    let (u, v) = (free_uid(50_000), free_uid(55_000));
+    let host = HostDir::group(g);
+    let (a, b) = (env.netns("cga"), env.netns("cgb"));
+    let n = std::process::id() % 250;
+    let (a_ip, b_ip) = (format!("10.195.{n}.1"), format!("10.195.{n}.2"));
+    veth(&a, &b, &a_ip, &b_ip);
+    let s = script();
+    let s = s.to_str().unwrap();
+    let k = 3u64;
+    let (kk, size, h) = (k.to_string(), SIZE.to_string(), host.0.clone());
+    let ful = Container::Rootful;
+    let (uu, vv) = (
+        User {
+            uid: u,
+            group: Some(g),
+        },
+        User {
+            uid: v,
+            group: Some(g),
+        },
+    );
+    let mut srv = start(
+        &mut env,
+        "server",
+        ful,
+        &a,
+        uu,
+        &h,
+        true,
+        &[s, "listen", "0.0.0.0", "7104", &kk],
+    );
+    ready(&mut srv);
+    let dev = smclo::device::Device::open(&h).unwrap();
+    let s0 = dev.stats();
+    let client = start(
+        &mut env,
+        "client",
+        ful,
+        &b,
+        vv,
+        &h,
+        true,
+        &[s, "client", &a_ip, "7104", &kk, &size],
+    );
+    let moved = checked(client, &srv.logs());
+    srv.wait_ok(T);
+    let d = delta(&s0, &dev.stats());
+    assert_smc(
+        "containers of two users, group device",
+        &d,
+        k,
+        moved,
+        moved,
+        &srv.logs(),
+    );
+    assert_eq!(d.conns_opened, k, "{d:?}");
 }
