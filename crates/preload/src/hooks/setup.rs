@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
@@ -155,10 +155,6 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     }
 }
 
-/// Serialises [`adopt_if_unknown`], so that threads meeting the same
-/// inherited listener at once register it once.
-static ADOPT: Mutex<()> = Mutex::new(());
-
 /// Whether nothing is known about `fd`: no flag (our `socket`, `listen`
 /// and `accept` leave one on every descriptor they return) and no entry.
 #[inline]
@@ -178,12 +174,12 @@ fn unknown(fd: RawFd) -> bool {
 /// registration were made by clients that found no listener, so they never
 /// proposed: they stay TCP without waiting (the server's debug line says
 /// `NO_SAVED_SYN` for those the kernel queued before SYNs were saved).
+///
+/// Threads that meet the same listener at once may both register it; the
+/// later registration replaces the earlier in [`LISTENERS`], whose guard
+/// then unregisters it. No lock is taken that a `fork` could leave held.
 fn adopt_if_unknown(fd: RawFd) {
     if !unknown(fd) || disabled() {
-        return;
-    }
-    let _a = lock(&ADOPT);
-    if !unknown(fd) {
         return;
     }
     let e = errno();
