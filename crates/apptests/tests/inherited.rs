@@ -1,10 +1,11 @@
 //! Listening sockets a program inherits through exec are accelerated like
 //! the ones it makes itself: systemd-socket-activate (a plain parent, as
 //! systemd) passes its listener to a server under `smclo run`
-//! (`LISTEN_FDS`), and a supervisor under `smclo run` binds, listens and
-//! execs the server with the socket. A python client under `smclo run`
-//! checks every byte; the device's counters say which connections went
-//! through shared memory.
+//! (`LISTEN_FDS`); a supervisor under `smclo run` binds, listens and execs
+//! the server with the socket; inetd's wait mode gives the server the
+//! listener as standard input. A python client under `smclo run` checks
+//! every byte; the device's counters say which connections went through
+//! shared memory.
 
 use smclo::device::Device;
 use smclo::registry;
@@ -170,6 +171,44 @@ fn supervisor_exec_listener_is_accelerated() {
         moved,
         &server.logs(),
     );
+    assert_eq!(d.conns_opened, count, "{d:?}");
+    assert_clean(&env, true);
+}
+
+/// inetd's wait mode: the server gets the listening socket as its standard
+/// input (descriptor 0) and accepts on it. Registered at its first
+/// `accept`, before any client connects here: every connection is SMC-D,
+/// byte-exact.
+#[test]
+fn inetd_wait_mode_listener_on_stdin_is_accelerated() {
+    let mut env = Env::new("inetd-wait");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let s = script();
+    let count = 3u64;
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        "python3",
+        &[
+            s.to_str().unwrap(),
+            "server",
+            "0",
+            "block",
+            &count.to_string(),
+        ],
+    );
+    cmd.stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+        listener,
+    )));
+    let mut server = env.spawn_cmd("inetd-wait-server", cmd);
+    let seen = registered(&env, port);
+    let s0 = env.stats();
+    let moved = client(&mut env, port, count, &server.logs());
+    server.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    assert!(seen, "the listener on descriptor 0 was never registered");
+    assert_smc("inetd wait mode", &d, count, moved, moved, &server.logs());
     assert_eq!(d.conns_opened, count, "{d:?}");
     assert_clean(&env, true);
 }
