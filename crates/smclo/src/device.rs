@@ -947,6 +947,14 @@ impl Device {
         Dmb::attach_peer(fd, token, self.gid, |uid| self.may_own_dmb(uid))
     }
 
+    /// Maps the peer's DMB `token` whose memfd is `id`, owned by `owner`,
+    /// from a mapping this process keeps of it since the peer last passed
+    /// it ([`crate::pool`]); `None` when it keeps none (the peer must pass
+    /// the descriptor).
+    pub fn attach_cached_dmb(&self, id: (u64, u64), token: u64, owner: Owner) -> Option<Dmb> {
+        Dmb::attach_cached(id, token, self.gid, (owner.pid, owner.start))
+    }
+
     /// Whether a peer's DMB (a memfd, owned by the uid that created it) may
     /// belong to `uid`: ours on a private device; on a group device any
     /// uid, as the handshake channel's credential check
@@ -1202,6 +1210,11 @@ impl DmbHandle {
     /// The memfd holding the DMB, to pass to the peer (`SCM_RIGHTS`).
     pub fn fd(&self) -> std::os::fd::RawFd {
         self.dmb.own_fd().expect("a registered DMB has its memfd")
+    }
+
+    /// The identity (device, inode) of the DMB's memfd.
+    pub fn id(&self) -> (u64, u64) {
+        self.dmb.own_id().expect("a registered DMB has its memfd")
     }
 
     /// The mapping and the registration, to be kept by different owners

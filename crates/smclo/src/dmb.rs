@@ -53,6 +53,9 @@ pub struct Dmb {
 pub(crate) struct Own {
     /// The sealed memfd.
     pub(crate) file: File,
+    /// The memfd's identity (device, inode): a peer that keeps a mapping
+    /// of this DMB finds it by this ([`Dmb::attach_cached`]).
+    pub(crate) id: (u64, u64),
     /// Fork generation in which this mapping was made or taken from the
     /// pool; a mapping from before a `fork` is never reused.
     pub(crate) fork_gen: u64,
@@ -128,7 +131,10 @@ impl Dmb {
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) } != 0 {
             return Err(io::Error::last_os_error().into());
         }
+        use std::os::unix::fs::MetadataExt;
+        let md = file.metadata()?;
         d.own = Some(Own {
+            id: (md.dev(), md.ino()),
             file,
             fork_gen: crate::owner::fork_gen(),
             reuse: true,
@@ -148,6 +154,11 @@ impl Dmb {
     /// The memfd of our own DMB (None for a peer's).
     pub(crate) fn own_fd(&self) -> Option<RawFd> {
         self.own.as_ref().map(|o| o.file.as_raw_fd())
+    }
+
+    /// The identity (device, inode) of our own DMB's memfd.
+    pub(crate) fn own_id(&self) -> Option<(u64, u64)> {
+        self.own.as_ref().map(|o| o.id)
     }
 
     pub(crate) fn own_mut(&mut self) -> Option<&mut Own> {
@@ -216,7 +227,7 @@ impl Dmb {
             return Err(AttachError::NotOurs.into());
         }
         let id = (md.dev(), md.ino());
-        let mut d = match crate::pool::take_peer(id) {
+        let d = match crate::pool::take_peer(id) {
             // The same file as a mapping we made and validated before (our
             // cached mapping keeps the inode alive, so the identity cannot
             // have been reused). Its static fields are those we validated
@@ -234,6 +245,36 @@ impl Dmb {
             None => Dmb::attach_inner(&file, token, gid, md.len())?,
         };
         drop(file);
+        Dmb::claim(d, id, token)
+    }
+
+    /// The peer's DMB whose memfd is `id`, from a mapping we keep of it
+    /// (see [`attach_peer`](Self::attach_peer)), without the peer passing
+    /// the descriptor again: `None` unless we keep one, its owner is
+    /// `owner` (pid and start time) and it holds `token` now. The mapping
+    /// was validated when the peer first passed it, sealed, and its
+    /// identity cannot be reused while we keep it.
+    pub(crate) fn attach_cached(
+        id: (u64, u64),
+        token: u64,
+        gid: u64,
+        owner: (u32, u64),
+    ) -> Option<Dmb> {
+        let d = crate::pool::take_peer(id)?;
+        use std::sync::atomic::Ordering;
+        let found = d.token_word().load(Ordering::SeqCst);
+        if (d.owner_pid(), d.owner_start()) != owner
+            || check_identity(found, d.gid(), token, gid).is_err()
+        {
+            crate::pool::put_peer(id, d);
+            return None;
+        }
+        Dmb::claim(d, id, token).ok()
+    }
+
+    /// Writes our attach record into the peer's DMB `d` (memfd `id`), which
+    /// holds `token`; fails if another attacher holds it.
+    fn claim(mut d: Dmb, id: (u64, u64), token: u64) -> Result<Dmb> {
         d.hdr.token = token;
         let rec = crate::rng::next_u64();
         use std::sync::atomic::Ordering;

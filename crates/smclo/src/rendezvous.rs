@@ -207,16 +207,19 @@ pub(crate) struct SlotEntry {
     client_port: AtomicU64,
     /// [`Progress`] flags of this incarnation, 0 when proposed.
     progress: AtomicU64,
-    _r0: [AtomicU64; 3],
+    /// The identity (device, inode) of the client's DMB memfd, (0, 0) until
+    /// published: see [`SlotRef::set_client_dmb`].
+    client_dmb: [AtomicU64; 2],
+    _r0: [AtomicU64; 1],
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
     _r1: [AtomicU64; 48],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
-// head + key + lens + client_port + progress + reserved = 128 bytes before
-// the message areas.
+// head + key + lens + client_port + progress + client_dmb + reserved = 128
+// bytes before the message areas.
 const _: () = assert!(
-    crate::table::HEAD_LEN + 5 * 8 + 3 * 8 + 8 + 8 + 3 * 8 == layout::MSG_AREA_OFF[0] as usize
+    crate::table::HEAD_LEN + 5 * 8 + 3 * 8 + 8 + 8 + 2 * 8 + 8 == layout::MSG_AREA_OFF[0] as usize
 );
 
 /// Flag in `client_port`: the port is known.
@@ -232,6 +235,10 @@ pub enum Progress {
     ServerConnected = 1,
     /// The client sent its DMB on the channel.
     ClientDmbSent = 2,
+    /// The server attached the client's DMB from a mapping it keeps
+    /// ([`SlotRef::client_dmb`]): the client does not send it. Noted before
+    /// the server connects, so the client knows when it accepts.
+    ServerHasClientDmb = 4,
 }
 
 const PROPOSAL: usize = 0;
@@ -277,6 +284,9 @@ impl SlotEntry {
         self.lens[CONFIRM].store(0, Ordering::Relaxed);
         self.client_port.store(0, Ordering::Relaxed);
         self.progress.store(0, Ordering::Relaxed);
+        for w in &self.client_dmb {
+            w.store(0, Ordering::Relaxed);
+        }
         self.write_msg(PROPOSAL, proposal);
         self.head.publish(c, STATE_PROPOSED)
     }
@@ -453,6 +463,26 @@ impl SlotRef {
         if self.mine(e.head.word()) {
             e.progress.fetch_or(step as u64, Ordering::Release);
         }
+    }
+
+    /// Client: publishes the identity (device, inode) of its DMB's memfd,
+    /// before its SYN leaves: a server that keeps a mapping of that DMB
+    /// (from an earlier connection) attaches it without the descriptor.
+    pub fn set_client_dmb(&self, id: (u64, u64)) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            e.client_dmb[0].store(id.0, Ordering::Relaxed);
+            e.client_dmb[1].store(id.1, Ordering::Release);
+        }
+    }
+
+    /// Server: the identity of the client's DMB memfd, if published for
+    /// this incarnation.
+    pub fn client_dmb(&self) -> Option<(u64, u64)> {
+        let e = self.entry();
+        let ino = e.client_dmb[1].load(Ordering::Acquire);
+        let dev = e.client_dmb[0].load(Ordering::Relaxed);
+        (ino != 0 && self.mine(e.head.word())).then_some((dev, ino))
     }
 
     /// Whether `step` was noted for this incarnation.

@@ -177,6 +177,11 @@ pub fn client_propose_with(
             debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
             Reason::MaxDmb
         })?;
+    // A server that keeps a mapping of this DMB (it reused it from our pool)
+    // needs no descriptor.
+    if let Some(d) = &p.dmb {
+        slot.set_client_dmb(d.id());
+    }
     p.slot = Some(slot);
     p.saved_mark = Some(
         tcp_syn::apply_mark(fd, &given, mark, facts.default_ip_options).map_err(|e| {
@@ -381,13 +386,17 @@ impl ClientProposal {
         }
     }
 
-    /// Passes our DMB on the server's connection `c`: the server checks it
-    /// before it accepts. A failed send shows on the server's side (end of
+    /// Passes our DMB on the server's connection `c` unless the server
+    /// noted that it has it: the server checks it before it accepts. A failed send shows on the server's side (end of
     /// file, or no descriptor).
     fn pass_dmb(&self, slot: &SlotRef, c: UnixStream) -> UnixStream {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum).
         let c = crate::fdnum::move_high(c);
+        if slot.noted(Progress::ServerHasClientDmb) {
+            // It attached our DMB from its own mapping: nothing to pass.
+            return c;
+        }
         let fd = self.dmb.as_ref().map(|d| d.fd());
         match send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
             Ok(()) => slot.note(Progress::ClientDmbSent),

@@ -9,9 +9,11 @@ use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, random_u64, Decision,
     HandshakeError, LOOPBACK_CHID,
 };
+use crate::access::Shape;
 use crate::config::Config;
 use crate::debug;
 use crate::device::{Device, Role};
+use crate::dmb::Dmb;
 use crate::owner::Owner;
 use crate::rendezvous::{Progress, Rendezvous, SlotRef, SlotState};
 use crate::tcp_syn;
@@ -21,6 +23,7 @@ use smclo_wire::syn::Mark;
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -267,6 +270,19 @@ fn server_answer(
             return decline(dev, slot, Reason::Mem, Some(wake));
         }
     };
+    // The client's DMB from a mapping we keep of it, if we do: it then
+    // passes no descriptor, which it learns before it accepts our
+    // connection. Only on a private device, where every process that can
+    // map a DMB runs as one uid: a mapping is kept per memfd, not per peer.
+    let cached = match (dev.shape(), slot.client_dmb()) {
+        (Shape::Private { .. }, Some(id)) => {
+            dev.attach_cached_dmb(id, proposal.token, slot.client())
+        }
+        _ => None,
+    };
+    if cached.is_some() {
+        slot.note(Progress::ServerHasClientDmb);
+    }
     // A full backlog is waited on within the budget too. A dead client's
     // socket refuses the connection (PEER_DEAD).
     let bound = CONNECT_BOUND.min(wait.left());
@@ -280,34 +296,12 @@ fn server_answer(
         }
     };
     slot.note(Progress::ServerConnected);
-    // The client passes its DMB as soon as it has accepted our connection;
-    // check it before accepting. Declining closes the channel (drop), which
-    // wakes the client.
-    let sent = || slot.noted(Progress::ClientDmbSent);
-    let withdrew = || slot.state() != SlotState::Proposed || !slot.client().is_alive_fast();
-    let client_dmb = loop {
-        if !wait.readable(chan.as_raw_fd(), sent, withdrew) {
-            debug!("the client passed no DMB in time");
-            return decline(dev, slot, Reason::Timeout, None);
-        }
-        match recv_expected(chan.as_raw_fd(), CLIENT_DMB_BYTE) {
-            Ok(Received::Msg(fd)) => break fd,
-            Ok(Received::Pending) => continue,
-            // Closed: the client withdrew (or died) before we answered.
-            Ok(Received::Closed) => return decline(dev, slot, Reason::Timeout, None),
-            Err(e) => {
-                debug!("receiving the client's DMB failed: {e}");
-                return decline(dev, slot, e.reason(), None);
-            }
-        }
-    };
-    let Some(client_dmb) = client_dmb else {
-        debug!("the client passed no DMB for token {:016x}", proposal.token);
-        return decline(dev, slot, Reason::ErrRtok, None);
-    };
-    let peer = match dev.attach_dmb(proposal.token, client_dmb) {
-        Ok(p) => p,
-        Err(e) => return decline(dev, slot, attach_error(e).reason(), None),
+    let peer = match cached {
+        Some(p) => p,
+        None => match receive_client_dmb(dev, slot, proposal, wait, &chan) {
+            Ok(p) => p,
+            Err(r) => return decline(dev, slot, r, None),
+        },
     };
     let accept = Accept {
         gid: dev.gid(),
@@ -336,6 +330,42 @@ fn server_answer(
             abort_tcp(conn_fd, Reason::IntErr)
         }
     }
+}
+
+/// The client's DMB, passed on `chan` as soon as the client has accepted
+/// our connection; checked before we accept. `Err`: the reason to decline
+/// with (declining closes the channel, which wakes the client).
+fn receive_client_dmb(
+    dev: &Device,
+    slot: &SlotRef,
+    proposal: &Proposal,
+    wait: &ClientWait,
+    chan: &UnixStream,
+) -> Result<Dmb, Reason> {
+    let sent = || slot.noted(Progress::ClientDmbSent);
+    let withdrew = || slot.state() != SlotState::Proposed || !slot.client().is_alive_fast();
+    let client_dmb = loop {
+        if !wait.readable(chan.as_raw_fd(), sent, withdrew) {
+            debug!("the client passed no DMB in time");
+            return Err(Reason::Timeout);
+        }
+        match recv_expected(chan.as_raw_fd(), CLIENT_DMB_BYTE) {
+            Ok(Received::Msg(fd)) => break fd,
+            Ok(Received::Pending) => continue,
+            // Closed: the client withdrew (or died) before we answered.
+            Ok(Received::Closed) => return Err(Reason::Timeout),
+            Err(e) => {
+                debug!("receiving the client's DMB failed: {e}");
+                return Err(e.reason());
+            }
+        }
+    };
+    let Some(client_dmb) = client_dmb else {
+        debug!("the client passed no DMB for token {:016x}", proposal.token);
+        return Err(Reason::ErrRtok);
+    };
+    dev.attach_dmb(proposal.token, client_dmb)
+        .map_err(|e| attach_error(e).reason())
 }
 
 /// What became of the client's source port.
