@@ -1,7 +1,8 @@
 //! `smclo ss -a` under `smclo run`: a python server and client with one
 //! SMC-D connection (known bytes each way, half-closed by the client), a
 //! plain client's connection to the server (a fallback, PEERNOSMC, listed
-//! until the server closes it) and the client's connection to a plain
+//! until the server has closed it and a duplicate of it) and the client's
+//! connection to a plain
 //! server (not listed: it costs no system call). Every field of the JSON
 //! output is checked.
 
@@ -13,8 +14,9 @@ const T: Duration = Duration::from_secs(30);
 
 /// Accepts two connections on port argv[1]: the first (SMC-D) reads 1111
 /// bytes and writes 2222, the second (a plain client) nothing; prints
-/// `served N` after each, closes the second once the file `close` exists
-/// (`closed`), and exits once `stop` exists.
+/// `served N` after each. Once the file `dup` exists it duplicates the
+/// second and closes the original (`dupped`), once `close` exists it
+/// closes the duplicate (`closed`), and it exits once `stop` exists.
 const SERVER: &str = r#"
 import os, socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -29,9 +31,14 @@ for i, (r, w) in enumerate([(1111, 2222), (0, 0)]):
     c.sendall(b"s" * w)
     held.append(c)
     print("served", i + 1, flush=True)
+while not os.path.exists("dup"):
+    time.sleep(0.01)
+d = os.dup(held[1].fileno())
+held[1].close()
+print("dupped", flush=True)
 while not os.path.exists("close"):
     time.sleep(0.01)
-held[1].close()
+os.close(d)
 print("closed", flush=True)
 while not os.path.exists("stop"):
     time.sleep(0.01)
@@ -251,7 +258,14 @@ fn ss_all_lists_smc_and_fallback_connections_of_programs() {
         "{text}"
     );
 
-    // A closed fallback is no longer listed.
+    // Listed while a duplicate of its descriptor is open, and no longer
+    // once that is closed too.
+    std::fs::write(env.path("dup"), b"").unwrap();
+    wait_line(&server, "dupped");
+    let json = ss(&env, &["-a", "--json"]);
+    let fbs = objects(&json, "fallbacks");
+    assert_eq!(fbs.len(), 1, "listed through the duplicate: {json}");
+    check(fbs[0], &want);
     std::fs::write(env.path("close"), b"").unwrap();
     wait_line(&server, "closed");
     let json = ss(&env, &["-a", "--json"]);

@@ -55,6 +55,9 @@ pub const F_EPOLL: u8 = 16;
 /// A TCP connection that fell back, listed in the device's fallback table
 /// until this descriptor is closed (`smclo ss -a`).
 pub const F_FALLBACK: u8 = 32;
+/// The flags whose records a duplicate of the descriptor shares
+/// (`hooks::records`): the record lasts until the last of them is closed.
+pub const F_DUP_SHARED: u8 = F_LISTENER | F_FALLBACK;
 /// Known not to need a listener registration: not a listening TCP socket
 /// (asked once, or made by our `socket()` as something else), or one whose
 /// registration failed. `accept` and `epoll_ctl` on a descriptor with no

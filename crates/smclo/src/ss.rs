@@ -14,9 +14,8 @@
 //!
 //! With `-a`, the fallback connections still open are listed too, from the
 //! device's fallback table ([`crate::fallbacks`]): each stays there while
-//! the descriptor it was connected or accepted on is open in the process
-//! that made it (not through a `dup` of it after that descriptor closed,
-//! nor after an `exec`).
+//! the descriptor it was connected or accepted on, or a duplicate of it, is
+//! open in the process that made it (not after an `exec`).
 //!
 //! Nothing here is more than the device file holds: who may read the device
 //! may read this.

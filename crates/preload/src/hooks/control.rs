@@ -5,10 +5,10 @@
 //! socket), and epoll_ctl (recording candidates' registrations for the
 //! swap).
 
-use super::records::{forget_fd_locked, lock, EPOLL, LISTENERS};
+use super::records::{forget_fd_locked, lock, share_records_locked, EPOLL};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_LISTENER, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, LOCK};
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::conn::Conn;
 use smclo::debug;
@@ -83,13 +83,8 @@ fn dup_into(s: Option<Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
         if in_table_range(new) {
             table::install_locked(new, &s, cloexec);
         }
-    } else if table::has_flag(old, F_LISTENER) && in_table_range(new) {
-        if let Some(m) = lock(&LISTENERS).as_mut() {
-            if let Some(gd) = m.get(&old).cloned() {
-                m.insert(new, gd);
-                table::set_flag(new, F_LISTENER, true);
-            }
-        }
+    } else {
+        share_records_locked(old, new);
     }
 }
 
@@ -97,7 +92,7 @@ fn dup_into(s: Option<Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let s = table::get(fd);
-    if s.is_none() && !table::has_flag(fd, F_LISTENER) {
+    if s.is_none() && !table::has_flag(fd, F_DUP_SHARED) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::dup(fd) };
     }
@@ -156,7 +151,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int {
     let s = table::get(old);
     let interesting = s.is_some()
-        || table::has_flag(old, F_LISTENER)
+        || table::has_flag(old, F_DUP_SHARED)
         || (in_table_range(new)
             && (table::FLAGS[new as usize].load(Ordering::Relaxed) != 0
                 || !table::TABLE[new as usize].load(Ordering::Relaxed).is_null()));
@@ -205,7 +200,8 @@ unsafe fn fcntl_impl(
 ) -> c_int {
     let s = table::get(fd);
     if s.is_none() {
-        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_LISTENER) {
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_DUP_SHARED)
+        {
             // SAFETY: forwarded.
             return unsafe { fcntl_dup(fd, None, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) };
         }

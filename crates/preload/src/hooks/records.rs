@@ -1,6 +1,6 @@
 //! What the hooks remember about descriptors besides the table: which
-//! listeners are registered in the device (shared by their `dup`s), which
-//! fallback connections are listed in it, and the epoll registrations of
+//! listeners are registered in the device and which fallback connections
+//! are listed in it (both shared by their `dup`s), and the epoll registrations of
 //! not-yet-connected TCP sockets, which the swap moves to the channel. All
 //! are only touched with the table's lock held for writing, so a closed or
 //! reused descriptor number is forgotten here in the same step as in the
@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 /// Only touched with [`LOCK`](crate::table::LOCK) held for writing (so never held across fork).
 pub(super) static LISTENERS: Mutex<Option<HashMap<RawFd, Arc<ListenerGuard>>>> = Mutex::new(None);
 
-/// Fallback connections listed in the device: descriptor → its entry, which
-/// the descriptor's close frees (a `dup` does not keep it). Same locking as
+/// Fallback connections listed in the device: descriptor → its entry,
+/// shared by `dup`s; the last one's close frees it. Same locking as
 /// [`LISTENERS`].
-pub(super) static FALLBACKS: Mutex<Option<HashMap<RawFd, FallbackRecord>>> = Mutex::new(None);
+pub(super) static FALLBACKS: Mutex<Option<HashMap<RawFd, Arc<FallbackRecord>>>> = Mutex::new(None);
 
 /// epoll registrations of candidate descriptors: (fd, epfd, event).
 /// Same locking as [`LISTENERS`].
@@ -30,6 +30,26 @@ pub(super) static EPOLL: Mutex<Vec<(RawFd, RawFd, libc::epoll_event)>> = Mutex::
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes `new`, a duplicate of `old`, share `old`'s listener registration
+/// and fallback listing.
+pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
+    fn share<T>(m: &Mutex<Option<HashMap<RawFd, Arc<T>>>>, flag: u8, old: RawFd, new: RawFd) {
+        if !table::has_flag(old, flag) {
+            return;
+        }
+        if let Some(m) = lock(m).as_mut() {
+            if let Some(r) = m.get(&old).cloned() {
+                m.insert(new, r);
+                table::set_flag(new, flag, true);
+            }
+        }
+    }
+    if in_table_range(new) {
+        share(&LISTENERS, F_LISTENER, old, new);
+        share(&FALLBACKS, F_FALLBACK, old, new);
+    }
 }
 
 /// Forgets what we knew about descriptor number `fd` (it was closed).

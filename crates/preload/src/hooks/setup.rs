@@ -89,7 +89,7 @@ fn list_fallback(c: &Ctx, fd: RawFd, side: Role, reason: Reason, peer: Option<So
         let _g = LOCK.write();
         lock(&FALLBACKS)
             .get_or_insert_with(HashMap::new)
-            .insert(fd, rec);
+            .insert(fd, Arc::new(rec));
         table::set_flag(fd, F_FALLBACK, true);
     }
     set_errno(e);
