@@ -2,9 +2,8 @@
 //! SMC-D connection (known bytes each way, half-closed by the client), a
 //! plain client's connection to the server (a fallback, PEERNOSMC, listed
 //! until the server has closed it and a duplicate of it) and the client's
-//! connection to a plain
-//! server (not listed: it costs no system call). Every field of the JSON
-//! output is checked.
+//! connection to a plain server (not listed: it costs no system call).
+//! Every field of the JSON output is checked.
 
 use smclo_apptests::*;
 use std::net::{SocketAddr, TcpListener, TcpStream};
