@@ -8,6 +8,7 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,6 +208,9 @@ def write_outputs(doc, out, readme, draw_chart=True):
 
 def main(argv):
     args = parse_args(argv)
+    # Stopped with SIGTERM, the suite still stops its servers and removes
+    # its directories and devices (the `finally` of measure()).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         import matplotlib  # noqa: F401  (fail before a long run, not after)
     except ImportError:

@@ -64,8 +64,9 @@ def wait_listening(port=None, path=None, proc=None, what="server", timeout=10.0)
     raise BenchError("%s does not listen after %.0f s" % (what, timeout))
 
 
-def _pids_of_session(sid):
-    pids = []
+def _session_stats(sid):
+    """(pid, stat fields after the command) of every process in session `sid`."""
+    found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -78,15 +79,25 @@ def _pids_of_session(sid):
         # field of the whole line is the session id.
         rest = stat.rsplit(")", 1)[1].split()
         if int(rest[3]) == sid:
-            pids.append(int(d))
-    return pids
+            found.append((int(d), rest))
+    return found
+
+
+def _pids_of_session(sid):
+    return [pid for pid, _ in _session_stats(sid)]
 
 
 def session_cpu_seconds(sid):
     """CPU time (user + system) of every thread of every process in session
-    `sid`, from schedstat (nanoseconds, unlike the 10 ms ticks of stat)."""
+    `sid`, from schedstat (nanoseconds, unlike the 10 ms ticks of stat),
+    plus that of the children they reaped: a process that served one
+    connection and exited (a postgres backend) counts only there, in its
+    parent's cutime and cstime."""
     total = 0
-    for pid in _pids_of_session(sid):
+    reaped_ticks = 0
+    for pid, stat in _session_stats(sid):
+        # stat fields 16 and 17, counted from the pid as 1.
+        reaped_ticks += int(stat[13]) + int(stat[14])
         try:
             tasks = os.listdir("/proc/%d/task" % pid)
         except OSError:
@@ -97,7 +108,7 @@ def session_cpu_seconds(sid):
                     total += int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
                 pass
-    return total / 1e9
+    return total / 1e9 + reaped_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def process_rss_kib(pid):
@@ -141,6 +152,20 @@ class Server:
     def cpu_seconds(self):
         return session_cpu_seconds(self.proc.pid)
 
+    def pids(self):
+        return set(_pids_of_session(self.proc.pid))
+
+    def settle(self, pids, timeout=10.0):
+        """Waits until the processes the server started after it had `pids`
+        (per-connection ones) have exited and been reaped, so that their
+        CPU time is in their parent's."""
+        deadline = time.monotonic() + timeout
+        while not self.pids() <= pids:
+            if time.monotonic() > deadline:
+                raise BenchError("server processes %s did not exit within %.0f s of the client"
+                                 % (sorted(self.pids() - pids), timeout))
+            time.sleep(0.01)
+
     def rss_kib(self):
         return sum(process_rss_kib(pid) for pid in _pids_of_session(self.proc.pid))
 
@@ -178,5 +203,10 @@ def run_client(argv, env, timeout):
         p.kill()
         p.communicate()
         raise BenchError("%s did not finish within %.0f s" % (" ".join(argv), timeout))
+    except BaseException:
+        # Interrupted: the client must not outlive the suite.
+        p.kill()
+        p.wait()
+        raise
     wall = time.monotonic() - start
     return p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), _children_cpu() - cpu0, wall

@@ -65,7 +65,10 @@ class Workload:
             before = ctx.counters(t).read() if t.device_dir else None
             s0 = srv.cpu_seconds()
             argv = pinned(ctx.client_cpu, self.client(ctx, t, addr), t.prefix)
+            pids = srv.pids() if self.forks_per_connection else None
             rc, out, err, ccpu, wall = run_client(argv, t.env(), timeout=ctx.seconds * 10 + 60)
+            if pids is not None:
+                srv.settle(pids)
             scpu = srv.cpu_seconds() - s0
             if srv.proc.poll() is not None and self.server_stays:
                 raise BenchError("server exited with status %s during the run" % srv.proc.returncode)
@@ -84,6 +87,10 @@ class Workload:
                 "parsed": parsed, "device": proof}
 
     server_stays = True
+    #: the server serves each connection in a process of its own that
+    #: exits with it (postgres): the run waits for them to be reaped, so
+    #: that their CPU time is counted.
+    forks_per_connection = False
 
 
 class Own(Workload):
