@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from . import chart, report
-from .procs import BenchError
+from .procs import BenchError, find_program
 from .transports import DeviceCounters, make_transports, smclo_knobs
 from .workloads import all_workloads
 
@@ -73,6 +73,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="scripts/bench-suite",
         description="The seeds' benchmarks (ipc-bench message rate, sockperf, iperf3, nginx + wrk, redis-benchmark), memcached + memcslap, "
+                    "postgres + pgbench -S, "
                     "connection setup and idle-connection memory, over TCP, a UNIX socket, smclo (no-copy and copy) "
                     "and the kernel's SMC-D loopback when the kernel offers it; transports alternate in every round; "
                     "medians, ratios to TCP, the kernel's published ratios, CPU time. Writes suite.md, suite.json "
@@ -110,12 +111,12 @@ def parse_args(argv):
 
 
 def check_programs(workloads, smclo):
-    missing = sorted({n for w in workloads for n in w.needs if not shutil.which(n) and not os.path.exists("/usr/sbin/" + n)})
+    missing = sorted({n for w in workloads for n in w.needs if not find_program(n)})
     if not os.access(smclo, os.X_OK):
         sys.exit("bench-suite: %s is missing: build first (cargo build --release --workspace, or ./demo.sh)" % smclo)
     if missing:
         sys.exit("bench-suite: missing programs: %s. On Debian: sudo scripts/install-packages.sh "
-                 "(or apt-get install sockperf iperf3 nginx-light wrk redis-server redis-tools memcached libmemcached-tools)" % " ".join(missing))
+                 "(or apt-get install sockperf iperf3 nginx-light wrk redis-server redis-tools memcached libmemcached-tools postgresql)" % " ".join(missing))
     if not shutil.which("taskset"):
         sys.exit("bench-suite: taskset is missing (util-linux)")
 
@@ -169,6 +170,8 @@ def measure(args):
                     print("round %d/%d %-12s %-11s %s" % (rnd, args.rounds, w.name, t.name, shown), file=sys.stderr)
                     time.sleep(0.2)
     finally:
+        for w in workloads:
+            w.close()
         shutil.rmtree(work, ignore_errors=True)
         for d in device_dirs:
             shutil.rmtree(d, ignore_errors=True)

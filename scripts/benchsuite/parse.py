@@ -99,3 +99,20 @@ def memcslap(text):
             raise ValueError("memcslap %s took %s seconds: too short to measure" % (test, secs))
         out[test.upper()] = int(n) / float(secs)
     return out
+
+
+def pgbench(text):
+    """``pgbench -T``: transactions per second without connection setup
+    ("without initial connection time", before PostgreSQL 14 "excluding
+    connections establishing") and the transactions done; a failed
+    transaction fails the run."""
+    m = re.search(r"^number of failed transactions: (\d+)", text, re.M)
+    if m and int(m.group(1)):
+        raise ValueError("pgbench: %s failed transactions" % m.group(1))
+    tps = _need(re.search(r"^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)",
+                          text, re.M), "tps without connection setup", text)
+    n = int(_need(re.search(r"^number of transactions actually processed: (\d+)", text, re.M),
+                  "transaction count", text).group(1))
+    if n <= 0:
+        raise ValueError("pgbench processed no transaction")
+    return {"value": float(tps.group(1)), "ops": float(n)}

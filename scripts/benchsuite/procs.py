@@ -1,8 +1,10 @@
 """Processes of one measurement: pinned servers and clients, their CPU time."""
 
+import glob
 import os
 import random
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,16 +140,39 @@ def pinned(cpu, argv, prefix=()):
     return ["taskset", "-c", str(cpu), *prefix, *argv]
 
 
+def _version_key(bindir):
+    """/usr/lib/postgresql/9.6/bin -> (9, 6), for sorting by version."""
+    v = os.path.basename(os.path.dirname(bindir))
+    return tuple(int(x) for x in v.split(".") if x.isdigit())
+
+
+def find_program(name):
+    """The path of program `name`: on PATH, in /usr/sbin, or among the
+    server programs of the newest PostgreSQL (Debian keeps them off PATH,
+    in /usr/lib/postgresql/VERSION/bin); None if it is nowhere."""
+    pg = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True)
+    return shutil.which(name) or shutil.which(name, path=os.pathsep.join(["/usr/sbin", *pg]))
+
+
+def as_user(pw):
+    """Popen arguments that run a process as the user of password entry
+    `pw` (None: as ourselves), with that user's groups and none of ours."""
+    if pw is None:
+        return {}
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(pw.pw_name, pw.pw_gid)}
+
+
 class Server:
     """A server in a session of its own (so that all its processes, such as
-    nginx's workers, are found and killed together)."""
+    nginx's workers, are found and killed together); as the user of
+    password entry `user` when given."""
 
-    def __init__(self, argv, env, log_path, stdout=None):
+    def __init__(self, argv, env, log_path, stdout=None, user=None, cwd=None):
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else self.log,
-            stderr=self.log, start_new_session=True)
+            stderr=self.log, start_new_session=True, cwd=cwd, **as_user(user))
 
     def cpu_seconds(self):
         return session_cpu_seconds(self.proc.pid)

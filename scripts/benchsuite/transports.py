@@ -1,5 +1,6 @@
 """The transports compared, and how each proves what it carried."""
 
+import copy
 import json
 import os
 import shutil
@@ -17,10 +18,13 @@ class Transport:
     ``smclo run`` they run their unchanged TCP code).
     """
 
-    def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None, knobs=None):
+    def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None, knobs=None,
+                 device_settings=()):
         self.name = name
         # SMCLO_* settings for this transport's processes.
         self.knobs = dict(knobs or {})
+        # `smclo dev set` knobs of its device (copy mode is one).
+        self.device_settings = list(device_settings)
         self.label = label
         self.code = code
         self.prefix = list(prefix)
@@ -30,6 +34,12 @@ class Transport:
     @property
     def available(self):
         return self.why_unavailable is None
+
+    def on_device(self, device_dir):
+        """This transport on another device directory of the same settings."""
+        t = copy.copy(self)
+        t.device_dir = device_dir
+        return t
 
     def env(self):
         env = dict(os.environ)
@@ -97,14 +107,27 @@ def smclo_knobs(dmb_size):
     return knobs
 
 
+def init_device(smclo, device_dir, settings, group=None):
+    """Makes `device_dir` an smclo device with the knobs `settings`; with
+    `group` (a gid), a device that group shares (``smclo dev init
+    --group``), for a server that runs as another user than its client."""
+    env = dict(os.environ, SMCLO_DEVICE_DIR=device_dir)
+    env.pop("LD_PRELOAD", None)
+    steps = [["dev", "init", "--group", str(group), device_dir]] if group is not None else []
+    for step in steps + [["dev", "set", *settings]]:
+        r = subprocess.run([smclo, *step], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BenchError("smclo %s: %s" % (" ".join(step), r.stderr.strip()))
+
+
 def make_transports(smclo, run_dir, knobs):
     """The five transports; smclo's two get device directories of their own
     (copy mode is a device knob, ``dmb_copy=1``) and the SMCLO_* `knobs`."""
     no_copy = os.path.join("/dev/shm", "smclo-suite-%d" % os.getpid())
-    copy = no_copy + "-copy"
-    for d, knob in ((no_copy, "dmb_copy=0"), (copy, "dmb_copy=1")):
-        env = dict(os.environ, SMCLO_DEVICE_DIR=d)
-        subprocess.run([smclo, "dev", "set", knob], env=env, check=True, stdout=subprocess.DEVNULL)
+    copy_dir = no_copy + "-copy"
+    settings = {no_copy: ["dmb_copy=0"], copy_dir: ["dmb_copy=1"]}
+    for d, s in settings.items():
+        init_device(smclo, d, s)
     why = kernel_smc_status(smclo)
     smc_run = shutil.which("smc_run")
     # smclo ships its own command named smc_run; the kernel's is smc-tools'.
@@ -113,7 +136,8 @@ def make_transports(smclo, run_dir, knobs):
     return [
         Transport("tcp", "TCP", "tcp"),
         Transport("unix", "UNIX", "unix"),
-        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy, knobs=knobs),
-        Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy, knobs=knobs),
+        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy, knobs=knobs, device_settings=settings[no_copy]),
+        Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy_dir, knobs=knobs,
+                  device_settings=settings[copy_dir]),
         Transport("kernel-smc", "kernel SMC-D lo", "kernel-smc", [smc_run] if smc_run else [], None, why),
-    ], [no_copy, copy]
+    ], [no_copy, copy_dir]

@@ -9,7 +9,7 @@ import os
 import select
 import subprocess
 
-from . import parse
+from . import parse, pgcluster
 from .procs import BenchError, Server, free_port, meminfo_kib, pinned, process_rss_kib, run_client, wait_listening
 
 
@@ -91,6 +91,10 @@ class Workload:
     #: exits with it (postgres): the run waits for them to be reaped, so
     #: that their CPU time is counted.
     forks_per_connection = False
+
+    def close(self):
+        """Removes what the workload keeps across runs (called once, at the
+        end of the suite, also after a failure)."""
 
 
 class Own(Workload):
@@ -416,6 +420,49 @@ class Memcached(Tool):
                 Row("memcached_get", "memcached -t 1 + memcslap -c 16 --binary: get", "ops/s", "GET")]
 
 
+class Postgres(Workload):
+    """PostgreSQL (the postmaster forks a backend per connection, which
+    waits in epoll) and pgbench -S (select-only: one indexed SELECT per
+    transaction), 8 connections on one pgbench thread (poll or select); over a
+    UNIX socket too (pgbench -h DIR). One throwaway cluster serves every
+    run (pgcluster)."""
+
+    name = "postgres"
+    needs = ("postgres", "initdb", "pgbench")
+    transports = ("tcp", "unix", "smclo", "smclo-copy", "kernel-smc")
+    cpu_unit = ("µs per transaction", 1e6)
+    forks_per_connection = True
+    conns = 8
+
+    def __init__(self):
+        self.cluster = pgcluster.Cluster()
+
+    def run(self, ctx, t):
+        self.cluster.prepare(ctx)
+        return Workload.run(self, ctx, self.cluster.transport(ctx, t))
+
+    def start(self, ctx, t):
+        return self.cluster.start(ctx, t)
+
+    def client(self, ctx, t, port):
+        host = self.cluster.dir if t.name == "unix" else "127.0.0.1"
+        # -n: the tables need no vacuum (nothing writes to them); -T takes
+        # whole seconds.
+        return [pgcluster.program("pgbench"), "-S", "-n", "-c", str(self.conns), "-j", "1",
+                "-T", str(max(1, round(ctx.seconds))), "-h", host, "-p", str(port), "-U", pgcluster.ROLE,
+                pgcluster.DATABASE]
+
+    def read(self, text):
+        return parse.pgbench(text)
+
+    def rows(self):
+        return [Row("pgbench_select", "postgres + pgbench -S -c %d -j 1: transactions (without connection setup)"
+                    % self.conns, "tps")]
+
+    def close(self):
+        self.cluster.close()
+
+
 def all_workloads(idle_conns=1000, redis_requests=100000):
     """The suite, in the seeds' order, then what the seeds did not measure."""
     return [
@@ -429,6 +476,7 @@ def all_workloads(idle_conns=1000, redis_requests=100000):
         Nginx("nginx-1mib", 1 << 20, 10),
         Redis(redis_requests),
         Memcached(),
+        Postgres(),
         Setup(),
         Idle(idle_conns),
     ]

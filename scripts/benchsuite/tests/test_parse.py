@@ -85,6 +85,26 @@ class MemcslapTest(unittest.TestCase):
             parse.memcslap("Time to set 800 keys by 4 threads: 0.1 seconds.\nTime to set 200 keys: 0.046 seconds.\n")
 
 
+class PgbenchTest(unittest.TestCase):
+    def test_rate_without_connection_setup(self):
+        self.assertEqual(parse.pgbench(fixture("pgbench.txt")), {"value": 10370.339775, "ops": 20086})
+
+    def test_before_postgresql_14(self):
+        text = ("number of transactions actually processed: 500\n"
+                "tps = 240.5 (including connections establishing)\ntps = 250.25 (excluding connections establishing)\n")
+        self.assertEqual(parse.pgbench(text), {"value": 250.25, "ops": 500})
+
+    def test_failed_transactions_fail(self):
+        text = fixture("pgbench.txt").replace("failed transactions: 0 (0.000%)", "failed transactions: 7 (0.035%)")
+        with self.assertRaisesRegex(ValueError, "7 failed"):
+            parse.pgbench(text)
+
+    def test_aborted_run(self):
+        text = fixture("pgbench.txt").split("latency average")[0] + "pgbench: error: Run was aborted; the above results are incomplete.\n"
+        with self.assertRaisesRegex(ValueError, "tps.*aborted"):
+            parse.pgbench(text)
+
+
 class OwnClientTest(unittest.TestCase):
     def test_metric_and_extras(self):
         self.assertEqual(parse.own_client("12.5\nops 100\nrtt_p99_us 3.25\n"), {"value": 12.5, "ops": 100, "rtt_p99_us": 3.25})
