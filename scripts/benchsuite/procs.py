@@ -66,9 +66,11 @@ def wait_listening(port=None, path=None, proc=None, what="server", timeout=10.0)
     raise BenchError("%s does not listen after %.0f s" % (what, timeout))
 
 
-def _session_stats(sid):
-    """(pid, stat fields after the command) of every process in session `sid`."""
-    found = []
+def _server_stats(sid):
+    """(pid, stat fields after the command) of every process of the server
+    whose session is `sid`: the session's, and their descendants in other
+    sessions (postgres makes every backend a session leader)."""
+    procs = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -77,27 +79,35 @@ def _session_stats(sid):
                 stat = f.read()
         except OSError:
             continue
-        # Fields after the command (which may contain spaces): the 6th
-        # field of the whole line is the session id.
-        rest = stat.rsplit(")", 1)[1].split()
-        if int(rest[3]) == sid:
-            found.append((int(d), rest))
-    return found
+        # Fields after the command (which may contain spaces): the 4th and
+        # 6th fields of the whole line are the parent and the session.
+        procs[int(d)] = stat.rsplit(")", 1)[1].split()
+    ours = {pid for pid, rest in procs.items() if int(rest[3]) == sid}
+    children = {}
+    for pid, rest in procs.items():
+        children.setdefault(int(rest[1]), []).append(pid)
+    todo = list(ours)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in ours:
+                ours.add(c)
+                todo.append(c)
+    return [(pid, procs[pid]) for pid in ours]
 
 
-def _pids_of_session(sid):
-    return [pid for pid, _ in _session_stats(sid)]
+def _server_pids(sid):
+    return [pid for pid, _ in _server_stats(sid)]
 
 
-def session_cpu_seconds(sid):
-    """CPU time (user + system) of every thread of every process in session
-    `sid`, from schedstat (nanoseconds, unlike the 10 ms ticks of stat),
-    plus that of the children they reaped: a process that served one
-    connection and exited (a postgres backend) counts only there, in its
-    parent's cutime and cstime."""
+def server_cpu_seconds(sid):
+    """CPU time (user + system) of every thread of every process of the
+    server whose session is `sid`, from schedstat (nanoseconds, unlike the
+    10 ms ticks of stat), plus that of the children they reaped: a process
+    that served one connection and exited (a postgres backend) counts only
+    there, in its parent's cutime and cstime."""
     total = 0
     reaped_ticks = 0
-    for pid, stat in _session_stats(sid):
+    for pid, stat in _server_stats(sid):
         # stat fields 16 and 17, counted from the pid as 1.
         reaped_ticks += int(stat[13]) + int(stat[14])
         try:
@@ -164,7 +174,9 @@ def as_user(pw):
 
 class Server:
     """A server in a session of its own (so that all its processes, such as
-    nginx's workers, are found and killed together); as the user of
+    nginx's workers, and their descendants that start sessions of their
+    own, such as postgres's backends, are found and killed together); as
+    the user of
     password entry `user` when given."""
 
     def __init__(self, argv, env, log_path, stdout=None, user=None, cwd=None):
@@ -175,10 +187,10 @@ class Server:
             stderr=self.log, start_new_session=True, cwd=cwd, **as_user(user))
 
     def cpu_seconds(self):
-        return session_cpu_seconds(self.proc.pid)
+        return server_cpu_seconds(self.proc.pid)
 
     def pids(self):
-        return set(_pids_of_session(self.proc.pid))
+        return set(_server_pids(self.proc.pid))
 
     def settle(self, pids, timeout=10.0):
         """Waits until the processes the server started after it had `pids`
@@ -192,13 +204,21 @@ class Server:
             time.sleep(0.01)
 
     def rss_kib(self):
-        return sum(process_rss_kib(pid) for pid in _pids_of_session(self.proc.pid))
+        return sum(process_rss_kib(pid) for pid in _server_pids(self.proc.pid))
 
     def stop(self):
+        # Listed first: a descendant in a session of its own is found only
+        # through its parent, which dies too.
+        strays = self.pids()
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
