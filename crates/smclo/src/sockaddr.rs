@@ -56,7 +56,8 @@ pub unsafe fn from_raw(sa: *const libc::sockaddr, len: libc::socklen_t) -> Optio
     // sa_family (checked above); read_unaligned because application buffers
     // need not be aligned. The reads below are sound for the same reasons,
     // each after `len` was checked against its family's struct size.
-    match unsafe { std::ptr::read_unaligned(sa) }.sa_family as i32 {
+    // Only the family field: `len` may be shorter than a whole sockaddr.
+    match unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*sa).sa_family)) } as i32 {
         libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
             // SAFETY: `len` covers a sockaddr_in (match guard); see above.
             let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
@@ -202,6 +203,33 @@ mod tests {
             // SAFETY: ss holds more than len - 1 bytes.
             let c = unsafe { from_raw((&ss as *const libc::sockaddr_storage).cast(), len - 1) };
             assert_eq!(c, None);
+        }
+    }
+
+    /// A buffer of just the family (`len` 2) that ends where readable
+    /// memory ends: nothing past `len` may be read.
+    #[test]
+    fn reads_nothing_past_len() {
+        // SAFETY: plain calls; the mapping is ours and unmapped at the end.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            assert_eq!(
+                libc::mprotect(m.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+                0
+            );
+            let fam = m.cast::<u8>().add(page - 2).cast::<libc::sa_family_t>();
+            fam.write_unaligned(libc::AF_INET as libc::sa_family_t);
+            assert_eq!(from_raw(fam.cast(), 2), None);
+            libc::munmap(m, 2 * page);
         }
     }
 }
