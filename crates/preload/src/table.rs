@@ -15,7 +15,7 @@
 use smclo::conn::Conn;
 use smclo::device::Registration;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Descriptors at or above this are never upgraded (they stay plain TCP).
@@ -27,50 +27,54 @@ pub const TAG_NO_CLOEXEC: usize = 1;
 #[allow(clippy::declare_interior_mutable_const)]
 const NULL_SOCK: AtomicPtr<Sock> = AtomicPtr::new(std::ptr::null_mut());
 #[allow(clippy::declare_interior_mutable_const)]
-const ZERO: AtomicU8 = AtomicU8::new(0);
+const ZERO: AtomicU16 = AtomicU16::new(0);
 
 /// Application descriptor → connection.
 pub static TABLE: [AtomicPtr<Sock>; MAX_FD] = [NULL_SOCK; MAX_FD];
 
 /// Per-descriptor flags that are not table entries (see the `F_*` bits).
-pub static FLAGS: [AtomicU8; MAX_FD] = [ZERO; MAX_FD];
+pub static FLAGS: [AtomicU16; MAX_FD] = [ZERO; MAX_FD];
 /// A listening TCP socket registered in the device.
-pub const F_LISTENER: u8 = 1;
+pub const F_LISTENER: u16 = 1;
 /// A descriptor the preload itself uses (a hidden TCP socket or a
 /// connection's channel): the application cannot close it by accident.
-pub const F_INTERNAL: u8 = 2;
+pub const F_INTERNAL: u16 = 2;
 /// A TCP socket that may be swapped later (created, not yet connected):
 /// its epoll registrations are recorded.
-pub const F_CANDIDATE: u8 = 4;
+pub const F_CANDIDATE: u16 = 4;
 /// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
 /// `SOCK_STREAM` TCP socket: its domain, type and protocol are known
 /// without asking the kernel (three `getsockopt` calls). Like every flag it
 /// is forgotten when the number is closed or reused through our functions;
 /// a descriptor without it (inherited, dup'ed, made by a raw system call)
 /// is asked with `getsockopt` instead.
-pub const F_TCP: u8 = 8;
+pub const F_TCP: u16 = 8;
 /// An epoll descriptor with SMC-D members: its waits are served by the
 /// event-loop fast path (`hooks::epoll`).
-pub const F_EPOLL: u8 = 16;
+pub const F_EPOLL: u16 = 16;
 /// A TCP connection that fell back, listed in the device's fallback table
 /// until this descriptor is closed (`smclo ss -a`).
-pub const F_FALLBACK: u8 = 32;
+pub const F_FALLBACK: u16 = 32;
 /// The flags whose records a duplicate of the descriptor shares
 /// (`hooks::records`): the record lasts until the last of them is closed.
-pub const F_DUP_SHARED: u8 = F_LISTENER | F_FALLBACK;
+pub const F_DUP_SHARED: u16 = F_LISTENER | F_FALLBACK;
 /// Known not to need a listener registration: not a listening TCP socket
 /// (asked once, or made by our `socket()` as something else), or one whose
 /// registration failed. `accept` and `epoll_ctl` on a descriptor with no
 /// flag and no table entry ask the kernel once whether it is a listener
 /// inherited through exec (`hooks::setup`).
-pub const F_PLAIN: u8 = 64;
+pub const F_PLAIN: u16 = 64;
 /// The application set an IP option that the handshake's SYN mark changes
 /// (TTL or TOS, hop limit or traffic class): the mark must read it first to
 /// put it back. Without it, a socket with [`F_TCP`] has the defaults.
-pub const F_IP_OPTS: u8 = 128;
+pub const F_IP_OPTS: u16 = 128;
+/// A non-blocking `connect` whose handshake has not decided yet: the
+/// descriptor is the TCP socket, not reported writable until it decides
+/// (`hooks::pending`).
+pub const F_PENDING: u16 = 256;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
-pub fn set_flag(fd: RawFd, f: u8, on: bool) {
+pub fn set_flag(fd: RawFd, f: u16, on: bool) {
     if let Some(a) = FLAGS.get(fd as usize) {
         if on {
             a.fetch_or(f, Ordering::Relaxed);
@@ -82,7 +86,7 @@ pub fn set_flag(fd: RawFd, f: u8, on: bool) {
 
 /// Whether `fd` has any of the flag bits `f`.
 #[inline]
-pub fn has_flag(fd: RawFd, f: u8) -> bool {
+pub fn has_flag(fd: RawFd, f: u16) -> bool {
     fd >= 0 && (fd as usize) < MAX_FD && FLAGS[fd as usize].load(Ordering::Relaxed) & f != 0
 }
 

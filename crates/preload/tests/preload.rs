@@ -332,8 +332,9 @@ fn nonblocking_connect_with_epoll() {
 }
 
 /// A non-blocking connect does not wait for the server application's
-/// `accept` (here 2 s late): it falls back within a short bound, and the
-/// connection carries the stream exactly.
+/// `accept` (here 2 s late): it returns at once, falls back when
+/// SMCLO_CLC_WAIT_MS passes without an answer, and the connection carries
+/// the stream exactly.
 #[test]
 fn nonblocking_connect_does_not_wait_for_accept() {
     let r = run("lateaccept", Side::Smc, Side::Smc, &[]);
@@ -359,6 +360,46 @@ fn nonblocking_connect_does_not_wait_for_accept() {
         "the debug log says why\n{}",
         r.report()
     );
+}
+
+/// A non-blocking connect to a server that accepts 300 ms late returns at
+/// once; the handshake goes on, driven by what the client does next, and
+/// decides SMC-D (before, the client fell back with TIMEOUT after
+/// SMCLO_NB_CONNECT_WAIT_MS): `how` is epoll or poll for writability, a
+/// write at once without polling, or blocking writes after clearing
+/// O_NONBLOCK.
+fn late_accept(how: &str, bytes: u64) -> Run {
+    let r = run(&format!("late{how}"), Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 2 * bytes);
+    r
+}
+
+#[test]
+fn nonblocking_connect_epoll_late_accept_is_smc() {
+    late_accept("epoll", BIG);
+}
+
+#[test]
+fn nonblocking_connect_poll_late_accept_is_smc() {
+    late_accept("poll", BIG);
+}
+
+#[test]
+fn nonblocking_connect_write_without_polling() {
+    let r = late_accept("write", 100);
+    assert!(
+        r.client.stdout.lines().any(|l| l
+            .strip_prefix("EAGAIN ")
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .is_some_and(|n| n > 0)),
+        "writes before the decision are EAGAIN\n{}",
+        r.report()
+    );
+}
+
+#[test]
+fn nonblocking_connect_then_blocking_write() {
+    late_accept("blockwrite", BIG);
 }
 
 #[test]

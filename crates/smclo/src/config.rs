@@ -5,10 +5,9 @@
 //! | `SMCLO_DEVICE_DIR` | the device directory | [`default_device_dir`] |
 //! | `SMCLO_RMEM` | receive DMB size (like `net.smc.rmem`), rounded up to a power of two in 16 KiB ..= 1 MiB; `k`/`m` suffixes | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_WMEM` | send buffer size in copy mode (like `net.smc.wmem`), same rules | [`DEFAULT_DMB_SIZE`] |
-//! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back | 1000 |
+//! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back (from `connect`; a non-blocking one returns at once and the handshake goes on) | 1000 |
 //! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
-//! | `SMCLO_NB_CONNECT_WAIT_MS` | the same for a non-blocking `connect` (under `smclo run`), TCP handshake included | [`DEFAULT_NB_CONNECT_WAIT_MS`] |
 //! | `SMCLO_NB_ACCEPT_WAIT_MS` | how long `accept` on a non-blocking listener busy-polls on the client, in all, before falling back | [`DEFAULT_NB_ACCEPT_WAIT_MS`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
@@ -75,13 +74,6 @@ fn millis(name: &str, v: &str) -> Result<Duration> {
         .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of milliseconds")))
 }
 
-/// Default of `SMCLO_NB_CONNECT_WAIT_MS`. A non-blocking `connect` must not
-/// wait on the server application's `accept`, but falling back forgoes
-/// SMC-D for the connection's life. Healthy servers (nginx under wrk, redis
-/// under redis-benchmark, the setup benchmark) answered within 30 ms on an
-/// overloaded 2-core machine; ARCHITECTURE.md "Handshake waits".
-pub const DEFAULT_NB_CONNECT_WAIT_MS: u64 = 100;
-
 /// Default of `SMCLO_NB_ACCEPT_WAIT_MS`. An event loop's `accept` must not
 /// wait on one client. A running client passes its DMB within
 /// microseconds; one that slept in `poll` on an overloaded 2-core machine
@@ -100,8 +92,6 @@ pub struct Config {
     pub wmem: u32,
     /// Bounded client wait for the server's Accept.
     pub clc_wait: Duration,
-    /// The same bound for a non-blocking `connect`.
-    pub nb_connect_wait: Duration,
     /// How long a non-blocking listener's `accept` busy-polls on the client.
     pub nb_accept_wait: Duration,
     /// User-defined EID (32 bytes, blank padded), if any.
@@ -130,10 +120,6 @@ impl Config {
             Some(v) => millis("SMCLO_CLC_WAIT_MS", &v)?,
             None => Duration::from_millis(1000),
         };
-        let nb_connect_wait = match var("SMCLO_NB_CONNECT_WAIT_MS") {
-            Some(v) => millis("SMCLO_NB_CONNECT_WAIT_MS", &v)?,
-            None => Duration::from_millis(DEFAULT_NB_CONNECT_WAIT_MS),
-        };
         let nb_accept_wait = match var("SMCLO_NB_ACCEPT_WAIT_MS") {
             Some(v) => millis("SMCLO_NB_ACCEPT_WAIT_MS", &v)?,
             None => Duration::from_millis(DEFAULT_NB_ACCEPT_WAIT_MS),
@@ -147,7 +133,6 @@ impl Config {
             rmem,
             wmem,
             clc_wait,
-            nb_connect_wait,
             nb_accept_wait,
             ueid,
             pool: PoolLimits::from_env()?,

@@ -91,6 +91,7 @@ fn dup_into(s: Option<Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
 /// Interposed `dup(2)`: the new descriptor names the same connection.
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    super::pending::settle(fd);
     let s = table::get(fd);
     if s.is_none() && !table::has_flag(fd, F_DUP_SHARED) {
         // SAFETY: forwarded unchanged.
@@ -149,6 +150,9 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int {
+    if old != new {
+        super::pending::settle(old);
+    }
     let s = table::get(old);
     let interesting = s.is_some()
         || table::has_flag(old, F_DUP_SHARED)
@@ -198,6 +202,9 @@ unsafe fn fcntl_impl(
     arg: c_ulong,
     f: unsafe fn(c_int, c_int, c_ulong) -> c_int,
 ) -> c_int {
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        super::pending::settle(fd);
+    }
     let s = table::get(fd);
     if s.is_none() {
         if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_DUP_SHARED)
@@ -317,6 +324,8 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    // SO_ERROR after a non-blocking connect: is it done?
+    super::pending::look(fd);
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
@@ -486,16 +495,23 @@ pub unsafe extern "C" fn epoll_ctl(
     if op == libc::EPOLL_CTL_ADD {
         super::setup::epoll_add(fd);
     }
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    // A candidate's registration is recorded in the same step as the
+    // kernel's, which gets no writability while its connect is pending.
+    let g = table::has_flag(fd, F_CANDIDATE).then(|| LOCK.write());
+    let mut kev = event.map(|e| super::pending::kernel_event(fd, e));
+    let kptr = match (&mut kev, g.is_some()) {
+        (Some(k), true) => k as *mut libc::epoll_event,
+        _ => ev,
+    };
+    // SAFETY: the application's arguments, or its event without EPOLLOUT.
+    let r = unsafe { real::epoll_ctl(ep, op, fd, kptr) };
     if r != 0 {
         return r;
     }
     if table::has_flag(fd, F_EPOLL) {
         super::epoll::nest(fd);
     }
-    if table::has_flag(fd, F_CANDIDATE) {
-        let _g = LOCK.write();
+    if g.is_some() {
         let mut e = lock(&EPOLL);
         e.retain(|(x, p, _)| !(*x == fd && *p == ep));
         if let Some(event) = event.filter(|_| op != libc::EPOLL_CTL_DEL) {

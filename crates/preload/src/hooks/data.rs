@@ -258,6 +258,9 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
 /// Interposed `read(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, false) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::read(fd, buf, n) };
@@ -293,6 +296,9 @@ pub unsafe extern "C" fn __read_chk(
 /// Interposed `write(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, false) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::write(fd, buf, n) };
@@ -312,6 +318,9 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// Interposed `recv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recv(fd, buf, n, flags) };
@@ -348,6 +357,9 @@ pub unsafe extern "C" fn __recv_chk(
 /// Interposed `send(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::send(fd, buf, n, flags) };
@@ -374,6 +386,9 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
@@ -424,6 +439,9 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
@@ -443,6 +461,9 @@ pub unsafe extern "C" fn sendto(
 /// Interposed `readv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, false) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::readv(fd, iov, cnt) };
@@ -456,6 +477,9 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// Interposed `writev(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, false) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::writev(fd, iov, cnt) };
@@ -469,6 +493,9 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 /// Interposed `recvmsg(2)`: no ancillary data, no address.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmsg(fd, msg, flags) };
@@ -494,6 +521,9 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 /// cannot travel through shared memory and fails loudly.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmsg(fd, msg, flags) };
@@ -522,6 +552,9 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     if table::get(fd).is_none() {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmmsg(fd, v, n, flags, t) };
@@ -557,6 +590,9 @@ pub unsafe extern "C" fn sendmmsg(
     n: c_uint,
     flags: c_int,
 ) -> c_int {
+    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+        return fail(e);
+    }
     if table::get(fd).is_none() {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
@@ -642,6 +678,9 @@ pub unsafe extern "C" fn sendfile(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
+    if let Err(e) = super::pending::before_io(out, false) {
+        return fail(e);
+    }
     match table::get(out) {
         Some(s) => do_sendfile(&s, inp, off, count),
         None if table::get(inp).is_some() => {
@@ -660,6 +699,9 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
+    if let Err(e) = super::pending::before_io(out, false) {
+        return fail(e);
+    }
     match table::get(out) {
         Some(s) => do_sendfile(&s, inp, off, count),
         None if table::get(inp).is_some() => {

@@ -610,8 +610,39 @@ fn wait(
     }
 }
 
-/// The interposed waits, shadowed set or not.
+/// The interposed waits, shadowed set or not; one that holds a pending
+/// connect is cut into slices that look at its handshake
+/// (`hooks::pending`).
 unsafe fn wait_entry(
+    ep: RawFd,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+    sigmask: *const sigset_t,
+    fallback: impl FnOnce() -> c_int,
+) -> c_int {
+    let slice = |t: Option<Duration>| {
+        // SAFETY: the caller's arguments, with a shorter timeout.
+        unsafe {
+            wait_set(ep, events, max, t, sigmask, || {
+                real::epoll_pwait(
+                    ep,
+                    events,
+                    max,
+                    ms_left(t.map(|t| Instant::now() + t)),
+                    sigmask,
+                )
+            })
+        }
+    };
+    if let Some(r) = super::pending::epoll_wait(ep, timeout, slice) {
+        return r;
+    }
+    // SAFETY: forwarded.
+    unsafe { wait_set(ep, events, max, timeout, sigmask, fallback) }
+}
+
+unsafe fn wait_set(
     ep: RawFd,
     events: *mut epoll_event,
     max: c_int,

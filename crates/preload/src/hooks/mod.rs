@@ -7,7 +7,8 @@
 //! straight through and nothing recurses.
 //!
 //! One file per concept: `setup` makes connections (socket, listen, accept,
-//! connect) and `swap` turns a TCP descriptor into an SMC-D one; `data`
+//! connect), `pending` carries a non-blocking connect whose handshake has
+//! not decided yet, and `swap` turns a TCP descriptor into an SMC-D one; `data`
 //! moves bytes; `control` covers the rest of a descriptor's life (close,
 //! dup, fcntl, ioctl, options, epoll); `process` handles fork, exec and
 //! exit; `unsupported` refuses what shared memory cannot do. `records`
@@ -17,6 +18,7 @@
 mod control;
 mod data;
 mod epoll;
+mod pending;
 mod poll;
 mod process;
 mod records;

@@ -17,6 +17,8 @@ use std::sync::atomic::Ordering;
 /// connection before any thread of the parent can close one.
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> pid_t {
+    // Parent and child could not both drive one handshake.
+    super::pending::settle_all();
     let g = LOCK.write();
     let shadows = super::epoll::before_fork();
     let socks = if LIVE.load(Ordering::Relaxed) > 0 {
@@ -69,6 +71,8 @@ pub unsafe extern "C" fn vfork() -> pid_t {
 /// stream once the peer closes). Never does the new program read doorbell
 /// bytes as data.
 fn before_exec() {
+    // The new image could not finish a handshake.
+    super::pending::settle_all();
     {
         let g = LOCK.write();
         if let Some(m) = lock(&LISTENERS).as_mut() {

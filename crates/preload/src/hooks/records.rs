@@ -7,7 +7,7 @@
 //! table.
 
 use super::in_table_range;
-use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER};
+use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_PENDING};
 use smclo::fallbacks::FallbackRecord;
 use smclo::registry::ListenerGuard;
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Makes `new`, a duplicate of `old`, share `old`'s listener registration
 /// and fallback listing.
 pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
-    fn share<T>(m: &Mutex<Option<HashMap<RawFd, Arc<T>>>>, flag: u8, old: RawFd, new: RawFd) {
+    fn share<T>(m: &Mutex<Option<HashMap<RawFd, Arc<T>>>>, flag: u16, old: RawFd, new: RawFd) {
         if !table::has_flag(old, flag) {
             return;
         }
@@ -65,6 +65,9 @@ pub(super) fn forget_fd_locked(fd: RawFd) {
     }
     if f & F_CANDIDATE != 0 {
         lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    }
+    if f & F_PENDING != 0 {
+        super::pending::forget_locked(fd);
     }
     if f & F_FALLBACK != 0 {
         if let Some(m) = lock(&FALLBACKS).as_mut() {

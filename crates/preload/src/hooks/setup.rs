@@ -4,6 +4,7 @@
 //! the descriptor in. Anything that is not a TCP stream, or a peer that is
 //! not smclo, stays plain TCP.
 
+use super::pending;
 use super::records::{forget_fd_locked, lock, FALLBACKS, LISTENERS};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
@@ -80,7 +81,13 @@ fn clear_stale(fd: RawFd) {
 /// Lists the TCP connection on `fd`, which fell back for `reason` on
 /// `side`, in the device's fallback table until `fd` is closed (`smclo ss
 /// -a`). Keeps errno.
-fn list_fallback(c: &Ctx, fd: RawFd, side: Role, reason: Reason, peer: Option<SocketAddr>) {
+pub(super) fn list_fallback(
+    c: &Ctx,
+    fd: RawFd,
+    side: Role,
+    reason: Reason,
+    peer: Option<SocketAddr>,
+) {
     if !in_table_range(fd) {
         return;
     }
@@ -363,12 +370,11 @@ unsafe fn connect_listed(
     r
 }
 
-/// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners
-/// and completes the handshake before returning (also for a non-blocking
-/// socket, which then returns 0 at once: a loopback connect may complete
-/// at once, so the application must accept that answer). A non-blocking
-/// connect waits at most `SMCLO_NB_CONNECT_WAIT_MS` in all, then keeps TCP
-/// (TIMEOUT): an event loop must not wait on the server's `accept`.
+/// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners.
+/// A blocking connect completes the handshake before it returns (bounded
+/// by `SMCLO_CLC_WAIT_MS`); a non-blocking one returns what the TCP
+/// connect returned (`EINPROGRESS`) and leaves the handshake pending
+/// (`hooks::pending`): an event loop never waits on the server's `accept`.
 ///
 /// A destination without a live smclo listener costs no system call
 /// besides the real `connect`: the candidate was recorded as a TCP stream
@@ -420,76 +426,32 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let r = unsafe { real::connect(fd, addr, len) };
     let e = errno();
     p.syn_sent();
-    // A non-blocking connect may complete at once on loopback (0): its
-    // flags say what the application expects.
+    if r != 0 && e != libc::EINPROGRESS {
+        // The TCP connect failed: report exactly its error.
+        holders::forget(slot);
+        drop(p);
+        set_errno(e);
+        return -1;
+    }
+    // A non-blocking connect may complete at once on loopback (0).
     let nonblock = r != 0 || {
         // SAFETY: F_GETFL on the caller's descriptor.
         let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
         fl >= 0 && fl & libc::O_NONBLOCK != 0
     };
-    // A non-blocking connect must not wait on the server application's
-    // accept: TCP connection and handshake together get the short budget.
-    let deadline = if nonblock {
-        start + c.cfg.nb_connect_wait
-    } else {
-        Instant::now() + c.cfg.clc_wait
-    };
-    if r != 0 {
-        if e != libc::EINPROGRESS {
-            // The TCP connect failed: report exactly its error.
-            holders::forget(slot);
-            drop(p);
-            set_errno(e);
-            return -1;
-        }
-        // Non-blocking: wait (bounded) for the TCP connection, leaving any
-        // error pending for the application to read.
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        loop {
-            let left = deadline
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(i32::MAX as u128) as c_int;
-            // SAFETY: one valid pollfd.
-            let n = unsafe { real::poll(&mut pfd, 1, left) };
-            if n < 0 && errno() == libc::EINTR && left > 0 {
-                continue;
-            }
-            break;
-        }
-        let connected = pfd.revents & libc::POLLOUT != 0
-            && pfd.revents & (libc::POLLERR | libc::POLLHUP) == 0
-            && smclo::sockaddr::peer(fd).is_ok();
-        if !connected {
-            holders::forget(slot);
-            drop(p);
-            c.dev.count_fallback(Reason::Timeout, Role::Client);
-            debug!("fd {fd}: non-blocking connect to {dest} not done in time; stays TCP");
-            list_fallback(c, fd, Role::Client, Reason::Timeout, Some(dest));
-            table::set_flag(fd, F_CANDIDATE, false);
-            set_errno(libc::EINPROGRESS);
-            return -1;
-        }
+    if nonblock {
+        // Non-blocking: the handshake goes on after connect returns, as
+        // TCP's does; the program's next wait or call on `fd` drives it.
+        pending::start(fd, p, slot, dest, start + c.cfg.clc_wait);
+        set_errno(e);
+        return r;
     }
-    match p.finish_by(deadline) {
+    match p.finish() {
         Decision::Smc(est) => {
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-            swap_in(fd, est, slot, nonblock, cloexec);
-        }
-        Decision::Tcp(Reason::Timeout) if nonblock => {
-            holders::forget(slot);
-            debug!(
-                "fd {fd}: non-blocking connect to {dest}: the server did not answer within \
-                 SMCLO_NB_CONNECT_WAIT_MS ({} ms); stays TCP (TIMEOUT)",
-                c.cfg.nb_connect_wait.as_millis()
-            );
-            list_fallback(c, fd, Role::Client, Reason::Timeout, Some(dest));
+            swap_in(fd, est, slot, false, cloexec);
         }
         Decision::Tcp(r) => {
             holders::forget(slot);

@@ -501,6 +501,57 @@ static void client_lateaccept(int port) {
     close(fd);
 }
 
+/* ---- non-blocking connect to a server that accepts 300 ms late: connect
+ * returns at once and the handshake goes on, driven by what the client
+ * does next (how): "epoll" or "poll" for writability, "write" at once
+ * without polling (EAGAIN until connected, then 100 bytes), "blockwrite"
+ * (blocking writes after clearing O_NONBLOCK). Returns the bytes echoed. */
+static uint64_t client_late(int port, const char *how) {
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_storage ss;
+    socklen_t len;
+    fill_addr(&ss, &len, port);
+    int r = connect(fd, (struct sockaddr *)&ss, len);
+    if (r < 0 && errno != EINPROGRESS) fail("connect");
+    if (!strcmp(how, "write")) {
+        unsigned char b[100];
+        fill(b, 100, 0);
+        ssize_t k;
+        int eagain = 0;
+        while ((k = write(fd, b, 100)) < 0 && errno == EAGAIN) {
+            eagain++;
+            usleep(1000);
+        }
+        if (k != 100) fail("write after EINPROGRESS: %zd", k);
+        printf("EAGAIN %d\n", eagain);
+        if (shutdown(fd, SHUT_WR) < 0) fail("shutdown");
+        set_nb(fd, 0);
+        recv_pattern(fd, 100, 0, 1);
+        close(fd);
+        return 100;
+    }
+    if (!strcmp(how, "epoll")) {
+        int ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLOUT, .data.u64 = 7}, out;
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0) fail("epoll_ctl");
+        if (epoll_wait(ep, &out, 1, 5000) != 1 || out.data.u64 != 7 || !(out.events & EPOLLOUT)) fail("EPOLLOUT after connect");
+        close(ep);
+    } else if (!strcmp(how, "poll")) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 5000) != 1 || !(p.revents & POLLOUT)) fail("POLLOUT after connect");
+    } else if (strcmp(how, "blockwrite")) fail("unknown late mode");
+    if (strcmp(how, "blockwrite")) {
+        int e = -1;
+        socklen_t l = sizeof e;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
+        if (e != 0) fail("SO_ERROR %d", e);
+    }
+    set_nb(fd, 0);
+    echo_client(fd, BIG);
+    close(fd);
+    return BIG;
+}
+
 /* ---- fork: the child talks, the parent closes its copy at once ---- */
 static void serve_fork(int lfd) {
     int fd = accept1(lfd);
@@ -668,6 +719,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "linger")) serve_linger(lfd);
         else if (!strcmp(mode, "nbconnect")) { int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "lateaccept")) { sleep(2); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
+        else if (!strncmp(mode, "late", 4)) { usleep(300000); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "fork")) serve_fork(lfd);
         else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0]);
         else if (!strcmp(mode, "oob")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
@@ -687,6 +739,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "linger")) client_linger(port);
         else if (!strcmp(mode, "nbconnect")) client_nbconnect(port);
         else if (!strcmp(mode, "lateaccept")) { client_lateaccept(port); moved = BIG; }
+        else if (!strncmp(mode, "late", 4)) moved = client_late(port, mode + 4);
         else if (!strcmp(mode, "exec")) client_exec(port);
         else if (!strcmp(mode, "oob")) client_oob(port);
         else if (!strcmp(mode, "churn")) client_churn(port, argc > 4 ? atoi(argv[4]) : 1);

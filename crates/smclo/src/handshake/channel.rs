@@ -311,7 +311,8 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
     Ok(Received::Msg(fds.pop()))
 }
 
-/// Blocks until `fd` is readable or `timeout` passes; true if readable.
+/// Blocks until `fd` is readable or `timeout` passes (a zero `timeout`
+/// only looks); true if readable.
 ///
 /// Busy-polls first, for the data path's spin budget (`SMCLO_SPIN_US`): each
 /// step of the handshake answers the previous one within microseconds, and
@@ -319,6 +320,9 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
 /// CPU) per step. The spin looks at `hint` (shared memory: the peer says it
 /// sent) and asks the socket only once that says so.
 pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> bool) -> bool {
+    if timeout.is_zero() {
+        return readable_now(fd);
+    }
     let start = Instant::now();
     let spin = crate::conn::spin_budget().min(timeout);
     while start.elapsed() < spin {

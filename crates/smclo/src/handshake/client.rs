@@ -48,6 +48,29 @@ pub struct ClientProposal {
     src: Option<SocketAddr>,
     dest: SocketAddr,
     port_published: bool,
+    wait: Wait,
+}
+
+/// How far the wait for the server's answer got, kept across calls of
+/// [`ClientProposal::decide_by`], so that a non-blocking `connect` can
+/// return before the server answers and come back.
+#[derive(Default)]
+struct Wait {
+    /// The UNIX channel, once the server has connected.
+    chan: Option<UnixStream>,
+    /// The server's message on it (its DMB descriptor), once received:
+    /// `Some(None)` when the channel closed or the message carried no
+    /// descriptor.
+    server_dmb: Option<Option<File>>,
+    /// The give-up failed: the server decided first, and we follow it.
+    following: bool,
+    /// Why the last connection to our rendezvous socket was refused: a
+    /// timeout after it is reported with that reason. Refusing does not
+    /// end the wait: anyone in the namespace can connect to an abstract
+    /// socket, and must not be able to make us fall back.
+    refused: Option<Reason>,
+    /// When the client gives up; `None` until the wait starts.
+    deadline: Option<Instant>,
 }
 
 fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
@@ -170,6 +193,7 @@ pub fn client_propose_with(
         src: None,
         dest,
         port_published: false,
+        wait: Wait::default(),
     };
     let key = key_for(src_ip, mark, dest);
     let slot =
@@ -249,11 +273,25 @@ impl ClientProposal {
     }
 
     /// [`finish`](Self::finish), giving up (TIMEOUT) at `deadline` unless
-    /// the server has decided by then: for a non-blocking `connect`, which
-    /// must not wait on the server application's `accept`.
+    /// the server has decided by then.
     pub fn finish_by(mut self, deadline: Instant) -> Decision {
+        loop {
+            if let Some(d) = self.decide_by(deadline, None) {
+                return d;
+            }
+        }
+    }
+
+    /// Advances the handshake without sleeping past `until` (`None`: until
+    /// it decides): `Some` once it has decided, `None` while the server has
+    /// not answered and `until` has passed. `deadline` is when the client
+    /// gives up (TIMEOUT); the first call fixes it. For a non-blocking
+    /// `connect`, which returns before the server answers and comes back
+    /// here from the application's next wait or call on the socket.
+    pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
         self.syn_sent();
-        let d = self.run(deadline);
+        self.wait.deadline.get_or_insert(deadline);
+        let d = self.run(until)?;
         match &d {
             Decision::Tcp(r) => {
                 self.dev.count_fallback(*r, Role::Client);
@@ -261,7 +299,7 @@ impl ClientProposal {
             }
             Decision::Smc(_) => self.dev.count_conn_opened(),
         }
-        d
+        Some(d)
     }
 
     /// Stops expecting the server's connection, then frees the slot: a
@@ -276,104 +314,62 @@ impl ClientProposal {
         self.slot = None;
     }
 
-    fn run(&mut self, mut deadline: Instant) -> Decision {
+    /// Ends the wait with `r` (TCP): the channel closes before the
+    /// proposal is withdrawn.
+    fn fall_back(&mut self, r: Reason) -> Option<Decision> {
+        self.wait.chan = None;
+        self.withdraw(true);
+        Some(Decision::Tcp(r))
+    }
+
+    fn run(&mut self, until: Option<Instant>) -> Option<Decision> {
         let slot: SlotRef = SlotRef::clone(self.slot.as_ref().expect("proposal without slot"));
-        // The UNIX channel, once the server has connected, and the server's
-        // message on it (its DMB descriptor), once received: `Some(None)`
-        // when the channel closed or the message carried no descriptor.
-        let mut chan: Option<UnixStream> = None;
-        let mut server_dmb: Option<Option<File>> = None;
-        let mut following = false;
-        // Why the last connection to our rendezvous socket was refused: a
-        // timeout after it is reported with that reason. Refusing does not
-        // end the wait: anyone in the namespace can connect to an abstract
-        // socket, and must not be able to make us fall back.
-        let mut refused: Option<Reason> = None;
         loop {
+            let deadline = self.wait.deadline.expect("wait started");
             let seen = slot.state();
             match seen {
                 // The server sends its DMB right after its CAS to ACCEPTED.
-                SlotState::Accepted if server_dmb.is_some() => break,
-                SlotState::Declined => {
-                    let r = peer_decline(slot.reply());
-                    drop(chan);
-                    self.withdraw(true);
-                    return Decision::Tcp(r);
-                }
+                SlotState::Accepted if self.wait.server_dmb.is_some() => break,
+                SlotState::Declined => return self.fall_back(peer_decline(slot.reply())),
                 SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
                 other => {
                     debug!("rendezvous slot in state {other:?} while waiting for the server");
-                    drop(chan);
-                    self.withdraw(true);
-                    return Decision::Tcp(Reason::SyncErr);
+                    return self.fall_back(Reason::SyncErr);
                 }
             }
             let now = Instant::now();
             if now >= deadline {
                 match slot.give_up() {
-                    Ok(()) => {
-                        drop(chan);
-                        self.withdraw(true);
-                        return Decision::Tcp(refused.unwrap_or(Reason::Timeout));
-                    }
+                    Ok(()) => return self.fall_back(self.wait.refused.unwrap_or(Reason::Timeout)),
                     // The server decided first: follow it. Its DMB follows
                     // its CAS to ACCEPTED at once, so it gets a grace, then
                     // counts as not sent.
-                    Err(_) if !following => {
-                        following = true;
-                        deadline = now + REPLY_GRACE;
+                    Err(_) if !self.wait.following => {
+                        self.wait.following = true;
+                        self.wait.deadline = Some(now + REPLY_GRACE);
                         continue;
                     }
                     Err(SlotState::Accepted) => {
-                        server_dmb.get_or_insert(None);
+                        self.wait.server_dmb.get_or_insert(None);
                         break;
                     }
                     Err(_) => continue,
                 }
             }
-            // Sleep in poll: first until the server connects to our
-            // rendezvous socket (it does so before it answers, also to wake
-            // us when it declines), then until its message or end of file.
-            match &chan {
-                None => {
-                    let listener = self.rendezvous.as_ref().expect("rendezvous socket");
-                    let connected = || slot.noted(Progress::ServerConnected);
-                    match listener.take(self.token, deadline - now, connected) {
-                        Some(Ok(c)) => chan = Some(self.pass_dmb(&slot, c)),
-                        Some(Err(r)) => refused = Some(r),
-                        None => {}
-                    }
-                }
-                Some(c) if server_dmb.is_none() => {
-                    // The server sends its DMB right after its CAS to
-                    // ACCEPTED, and closes the channel when it declines.
-                    let decided =
-                        || matches!(slot.state(), SlotState::Accepted | SlotState::Declined);
-                    if !wait_readable(c.as_raw_fd(), deadline - now, decided) {
-                        continue;
-                    }
-                    // Whatever the channel says but the server's DMB leaves
-                    // us without one: the slot then decides, or confirm
-                    // fails with ERR_RTOK and the connection is aborted.
-                    match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
-                        Ok(Received::Msg(fd)) => server_dmb = Some(fd),
-                        Ok(Received::Pending) => {}
-                        Ok(Received::Closed) => server_dmb = Some(None),
-                        Err(e) => {
-                            debug!("receiving the server's DMB failed: {e}");
-                            server_dmb = Some(None);
-                        }
-                    }
-                }
-                // The channel has said all it will; the slot decides.
-                Some(_) => {
-                    slot.wait_while(seen, deadline);
-                }
+            let stop = until.map_or(deadline, |u| u.min(deadline));
+            let moved = self.wait_step(seen, stop.saturating_duration_since(now), &slot);
+            if !moved && until.is_some_and(|u| u < deadline && Instant::now() >= u) {
+                return None;
             }
         }
-        let chan = chan.expect("a server message implies a channel");
-        match self.confirm(&slot, chan, server_dmb.flatten()) {
-            Ok(e) => Decision::Smc(e),
+        let chan = self
+            .wait
+            .chan
+            .take()
+            .expect("a server message implies a channel");
+        let server_dmb = self.wait.server_dmb.take().flatten();
+        match self.confirm(&slot, chan, server_dmb) {
+            Ok(e) => Some(Decision::Smc(e)),
             Err(r) => {
                 // ACCEPTED decided SMC-D and the server is committed to it.
                 // The channel is closed by now (confirm consumed it), so the
@@ -381,8 +377,51 @@ impl ClientProposal {
                 // the stream over TCP instead.
                 debug!("cannot follow the server's Accept ({r}): connection aborted");
                 self.withdraw(true);
-                abort_tcp(self.fd, r)
+                Some(abort_tcp(self.fd, r))
             }
+        }
+    }
+
+    /// One wait of at most `left` for the server's next step: first until
+    /// it connects to our rendezvous socket (it does so before it answers,
+    /// also to wake us when it declines), then until its message or end of
+    /// file on the channel, then for the slot to leave `seen`. Whether
+    /// anything moved.
+    fn wait_step(&mut self, seen: SlotState, left: Duration, slot: &SlotRef) -> bool {
+        match &self.wait.chan {
+            None => {
+                let listener = self.rendezvous.as_ref().expect("rendezvous socket");
+                let connected = || slot.noted(Progress::ServerConnected);
+                match listener.take(self.token, left, connected) {
+                    Some(Ok(c)) => self.wait.chan = Some(self.pass_dmb(slot, c)),
+                    Some(Err(r)) => self.wait.refused = Some(r),
+                    None => return false,
+                }
+                true
+            }
+            Some(c) if self.wait.server_dmb.is_none() => {
+                // The server sends its DMB right after its CAS to
+                // ACCEPTED, and closes the channel when it declines.
+                let decided = || matches!(slot.state(), SlotState::Accepted | SlotState::Declined);
+                if !wait_readable(c.as_raw_fd(), left, decided) {
+                    return false;
+                }
+                // Whatever the channel says but the server's DMB leaves
+                // us without one: the slot then decides, or confirm
+                // fails with ERR_RTOK and the connection is aborted.
+                self.wait.server_dmb = match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
+                    Ok(Received::Msg(fd)) => Some(fd),
+                    Ok(Received::Pending) => None,
+                    Ok(Received::Closed) => Some(None),
+                    Err(e) => {
+                        debug!("receiving the server's DMB failed: {e}");
+                        Some(None)
+                    }
+                };
+                self.wait.server_dmb.is_some()
+            }
+            // The channel has said all it will; the slot decides.
+            Some(_) => slot.wait_while(seen, Instant::now() + left) != seen,
         }
     }
 

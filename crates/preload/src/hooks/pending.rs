@@ -1,0 +1,427 @@
+//! Non-blocking connects whose handshake continues after `connect`
+//! returned, as a TCP connection's does (see docs/ARCHITECTURE.md
+//! "Handshake waits").
+//!
+//! Until the handshake decides, the descriptor is the TCP socket and is
+//! not reported writable: its epoll registrations are given to the kernel
+//! without `EPOLLOUT`, and `poll` does not ask for it. What the program
+//! does next with the descriptor drives the handshake: the interposed
+//! waits look at it between sleeps of at most [`SLICE`]; I/O and
+//! `getsockopt` look once (a non-blocking call then fails with `EAGAIN`,
+//! as on a TCP socket that is not connected yet) or wait for the decision
+//! (a blocking call); `dup`, `fork` and `exec` wait for it, so that no
+//! second descriptor or process inherits an undecided connection; `close`
+//! withdraws the proposal. SMC-D swaps the descriptor then (its epoll
+//! registrations move to the channel); TCP gives the registrations their
+//! `EPOLLOUT` back.
+
+use super::records::{lock, EPOLL};
+use super::setup::list_fallback;
+use super::swap::swap_in;
+use super::{ctx, errno, set_errno};
+use crate::holders;
+use crate::real;
+use crate::table::{self, F_CANDIDATE, F_PENDING, LOCK};
+use libc::{c_int, pollfd};
+use smclo::debug;
+use smclo::device::Role;
+use smclo::handshake::{ClientProposal, Decision};
+use smclo_wire::reason::Reason;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a wait over a pending connect sleeps in the kernel before it
+/// looks at the handshake again: the server's answer does not wake it.
+pub(super) const SLICE: Duration = Duration::from_millis(1);
+
+/// How long a blocking call waits on the handshake before it looks at the
+/// TCP connection again (a refused or reset connect ends the handshake).
+const CHUNK: Duration = Duration::from_millis(5);
+
+/// The writability a pending connect does not report.
+const OUT_POLL: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND;
+const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
+
+struct Pending {
+    p: ClientProposal,
+    /// The holder slot claimed for the connection.
+    slot: usize,
+    dest: SocketAddr,
+    /// `connect` + `SMCLO_CLC_WAIT_MS`: the client gives up then.
+    deadline: Instant,
+}
+
+/// Pending connects by descriptor; one being driven is out of the map.
+static PENDING: Mutex<Option<HashMap<RawFd, Pending>>> = Mutex::new(None);
+/// Descriptors with [`F_PENDING`] (the waits skip all this at 0).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread is driving a handshake: the swap's own calls on the
+    /// descriptor (its `dup`) must not wait for that handshake.
+    static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether any connect of this process is pending (and this thread may
+/// wait for one).
+pub(super) fn any() -> bool {
+    COUNT.load(Ordering::Relaxed) > 0 && !DRIVING.with(|d| d.get())
+}
+
+/// Whether `fd`'s connect is pending (see [`any`]).
+fn pending(fd: RawFd) -> bool {
+    table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
+}
+
+/// `connect` on `fd` returned before the server answered `p`.
+pub(super) fn start(
+    fd: RawFd,
+    p: ClientProposal,
+    slot: usize,
+    dest: SocketAddr,
+    deadline: Instant,
+) {
+    let _g = LOCK.write();
+    let pd = Pending {
+        p,
+        slot,
+        dest,
+        deadline,
+    };
+    lock(&PENDING)
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, pd);
+    COUNT.fetch_add(1, Ordering::Relaxed);
+    table::set_flag(fd, F_PENDING, true);
+    hide_out_locked(fd, true);
+}
+
+/// The epoll registrations of `fd` recorded so far, given to the kernel
+/// without (`hide`) or with their writability.
+fn hide_out_locked(fd: RawFd, hide: bool) {
+    for (_, ep, ev) in lock(&EPOLL).iter().filter(|(x, _, _)| *x == fd) {
+        let mut e = *ev;
+        if hide {
+            e.events &= !OUT_EPOLL;
+        }
+        // SAFETY: a valid event for the call's duration.
+        unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_MOD, fd, &mut e) };
+    }
+}
+
+/// The event the kernel gets for a registration of `fd` (epoll_ctl): no
+/// writability while its connect is pending. Call with the table's lock
+/// held for writing, so that the decision cannot come in between.
+pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_event {
+    let mut e = ev;
+    if table::has_flag(fd, F_PENDING) {
+        e.events &= !OUT_EPOLL;
+    }
+    e
+}
+
+/// Descriptor number `fd` was closed: its proposal is withdrawn. With the
+/// table's lock held for writing.
+pub(super) fn forget_locked(fd: RawFd) {
+    if let Some(pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) {
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+        holders::forget(pd.slot);
+        debug!(
+            "fd {fd}: closed before the handshake with {} decided",
+            pd.dest
+        );
+    }
+}
+
+/// How a pending connect ended.
+enum Outcome {
+    Decided(Box<Decision>),
+    /// The TCP connect itself failed: its error is the application's.
+    TcpFailed,
+}
+
+/// Whether the TCP connection of `fd` failed (refused, reset).
+fn tcp_failed(fd: RawFd) -> bool {
+    let mut p = pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { real::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+/// Advances `pd`, sleeping at most until `until` (`None`: until it ends).
+fn step(fd: RawFd, pd: &mut Pending, until: Option<Instant>) -> Option<Outcome> {
+    loop {
+        if tcp_failed(fd) {
+            return Some(Outcome::TcpFailed);
+        }
+        let u = until.unwrap_or_else(|| Instant::now() + CHUNK);
+        if let Some(d) = pd.p.decide_by(pd.deadline, Some(u)) {
+            return Some(Outcome::Decided(Box::new(d)));
+        }
+        if until.is_some() {
+            return None;
+        }
+    }
+}
+
+/// Looks at the handshake of `fd`, sleeping at most until `until`
+/// (`None`: until it decides); whether it has decided. Keeps errno.
+fn advance(fd: RawFd, until: Option<Instant>) -> bool {
+    if !pending(fd) {
+        return true;
+    }
+    let Some(pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) else {
+        // Another thread drives it (or it was just decided).
+        return !table::has_flag(fd, F_PENDING);
+    };
+    let e = errno();
+    DRIVING.with(|d| d.set(true));
+    let done = drive_one(fd, pd, until);
+    DRIVING.with(|d| d.set(false));
+    set_errno(e);
+    done
+}
+
+/// [`advance`] of `pd`, taken out of the map.
+fn drive_one(fd: RawFd, mut pd: Pending, until: Option<Instant>) -> bool {
+    match step(fd, &mut pd, until) {
+        None => {
+            let _g = LOCK.write();
+            // Closed meanwhile: dropping `pd` withdraws the proposal.
+            if table::has_flag(fd, F_PENDING) {
+                lock(&PENDING)
+                    .get_or_insert_with(HashMap::new)
+                    .insert(fd, pd);
+            } else {
+                holders::forget(pd.slot);
+                COUNT.fetch_sub(1, Ordering::Relaxed);
+            }
+            false
+        }
+        Some(o) => {
+            end(fd, pd, o);
+            true
+        }
+    }
+}
+
+/// The handshake of `fd` ended with `o`.
+fn end(fd: RawFd, pd: Pending, o: Outcome) {
+    let Pending { p, slot, dest, .. } = pd;
+    drop(p);
+    match o {
+        Outcome::Decided(d) => match *d {
+            Decision::Smc(est) => swap(fd, est, slot),
+            Decision::Tcp(r) => tcp(fd, slot, dest, r),
+        },
+        Outcome::TcpFailed => {
+            holders::forget(slot);
+            debug!("fd {fd}: the TCP connect to {dest} failed; handshake abandoned");
+            as_tcp(fd);
+        }
+    }
+    COUNT.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The handshake of `fd` decided SMC-D: the swap.
+fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize) {
+    // SAFETY: F_GETFL and F_GETFD on the application's descriptor.
+    let (fl, fdfl) = unsafe {
+        (
+            real::fcntl(fd, libc::F_GETFL, 0),
+            real::fcntl(fd, libc::F_GETFD, 0),
+        )
+    };
+    let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+    let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
+    swap_in(fd, est, slot, nonblock, cloexec);
+    let _g = LOCK.write();
+    table::set_flag(fd, F_PENDING, false);
+}
+
+/// The handshake of `fd` decided TCP for `r`.
+fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, r: Reason) {
+    holders::forget(slot);
+    if r == Reason::Timeout {
+        debug!(
+            "fd {fd}: non-blocking connect to {dest}: the server did not answer within \
+             SMCLO_CLC_WAIT_MS; stays TCP (TIMEOUT)"
+        );
+    } else {
+        debug!("fd {fd}: connected to {dest} as TCP ({r})");
+    }
+    if let Some(c) = ctx() {
+        list_fallback(c, fd, Role::Client, r, Some(dest));
+    }
+    as_tcp(fd);
+}
+
+/// `fd` stays the TCP socket: its registrations report writability again
+/// (an edge-triggered one too: the kernel looks again at a MOD).
+fn as_tcp(fd: RawFd) {
+    let _g = LOCK.write();
+    hide_out_locked(fd, false);
+    lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    table::set_flag(fd, F_CANDIDATE | F_PENDING, false);
+}
+
+/// Looks once at the handshake of `fd`, if its connect is pending.
+pub(super) fn look(fd: RawFd) {
+    if pending(fd) {
+        advance(fd, Some(Instant::now()));
+    }
+}
+
+/// Waits for the decision on `fd` (bounded by its deadline).
+pub(super) fn settle(fd: RawFd) {
+    while !advance(fd, None) {
+        // Another thread drives it.
+        std::thread::sleep(SLICE);
+    }
+}
+
+/// Waits for every pending decision (before `fork` and `exec`).
+pub(super) fn settle_all() {
+    if !any() {
+        return;
+    }
+    let fds: Vec<RawFd> = lock(&PENDING)
+        .as_ref()
+        .map(|m| m.keys().copied().collect())
+        .unwrap_or_default();
+    for fd in fds {
+        settle(fd);
+    }
+}
+
+/// An I/O call on `fd` (`dontwait`: `MSG_DONTWAIT`): whether it may go on
+/// (the connection has decided), or fails with this errno. A non-blocking
+/// call gets `EAGAIN` while the handshake is undecided, as on a TCP socket
+/// that is still connecting; a blocking call waits for the decision.
+pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
+    if !pending(fd) {
+        return Ok(());
+    }
+    // SAFETY: F_GETFL on the application's descriptor.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    if dontwait || (fl >= 0 && fl & libc::O_NONBLOCK != 0) {
+        if advance(fd, Some(Instant::now())) {
+            return Ok(());
+        }
+        return Err(libc::EAGAIN);
+    }
+    settle(fd);
+    Ok(())
+}
+
+/// Looks once at the handshakes of the pending connects among `fds`;
+/// `Some(SLICE)` if one is still undecided (the caller then sleeps at most
+/// that long before it looks again).
+fn drive(fds: impl Iterator<Item = RawFd>) -> Option<Duration> {
+    let mut left = false;
+    for fd in fds {
+        if pending(fd) && !advance(fd, Some(Instant::now())) {
+            left = true;
+        }
+    }
+    left.then_some(SLICE)
+}
+
+/// The pending connects registered in epoll set `ep`.
+fn in_epoll(ep: RawFd) -> Vec<RawFd> {
+    let _g = LOCK.write();
+    lock(&EPOLL)
+        .iter()
+        .filter(|(fd, e, _)| *e == ep && table::has_flag(*fd, F_PENDING))
+        .map(|(fd, _, _)| *fd)
+        .collect()
+}
+
+/// The shorter of two optional timeouts (`None`: for ever).
+fn min_timeout(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
+}
+
+/// A wait of at most `timeout` (`None`: for ever) made of calls of `once`
+/// (one wait of at most the given timeout) that drives the pending
+/// connects among `fds()` between them. `None` if there is none: the
+/// caller waits as usual.
+fn driving(
+    timeout: Option<Duration>,
+    fds: impl Fn() -> Vec<RawFd>,
+    mut once: impl FnMut(Option<Duration>) -> c_int,
+) -> Option<c_int> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut first = true;
+    loop {
+        let cap = drive(fds().into_iter());
+        if cap.is_none() && first {
+            return None;
+        }
+        first = false;
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let n = once(min_timeout(cap, left));
+        if n != 0 || cap.is_none() || left.is_some_and(|l| l <= cap.unwrap_or_default()) {
+            return Some(n);
+        }
+    }
+}
+
+/// An epoll wait on `ep` while it holds pending connects (see
+/// [`driving`]); `None` if it holds none.
+pub(super) fn epoll_wait(
+    ep: RawFd,
+    timeout: Option<Duration>,
+    once: impl FnMut(Option<Duration>) -> c_int,
+) -> Option<c_int> {
+    if !any() {
+        return None;
+    }
+    driving(timeout, || in_epoll(ep), once)
+}
+
+/// A `poll` over `fds` while it holds pending connects (see [`driving`]):
+/// they are asked for no writability until they decide; `None` if it
+/// holds none.
+pub(super) fn poll(
+    fds: &mut [pollfd],
+    timeout: Option<Duration>,
+    mut once: impl FnMut(&mut [pollfd], Option<Duration>) -> c_int,
+) -> Option<c_int> {
+    if !any() || !fds.iter().any(|p| pending(p.fd)) {
+        return None;
+    }
+    let list: Vec<RawFd> = fds.iter().map(|p| p.fd).collect();
+    driving(
+        timeout,
+        || list.clone(),
+        |t| {
+            let saved: Vec<(usize, i16)> = fds
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, p)| table::has_flag(p.fd, F_PENDING))
+                .map(|(i, p)| {
+                    let e = p.events;
+                    p.events &= !OUT_POLL;
+                    (i, e)
+                })
+                .collect();
+            let n = once(fds, t);
+            for (i, e) in saved {
+                fds[i].events = e;
+            }
+            n
+        },
+    )
+}
