@@ -180,6 +180,55 @@ fn redis_cli_1mib_value() {
     assert_clean(&env, true);
 }
 
+/// Stops (`SIGSTOP`) or continues every process of `p`'s group.
+fn signal_group(p: &Proc, sig: libc::c_int) {
+    // SAFETY: kill(2) on the group the harness made for `p`.
+    unsafe { libc::kill(-(p.pid() as i32), sig) };
+}
+
+/// redis-cli connects without blocking (hiredis: a non-blocking connect,
+/// `poll` for writability, `connect` again to see that it is done) to a
+/// redis-server that gets no CPU for 300 ms (stopped): the handshake waits
+/// for the server's `accept` after `connect` returned, and every connection
+/// is SMC-D. Before, each fell back with TIMEOUT after 100 ms
+/// (SMCLO_NB_CONNECT_WAIT_MS), as under load when redis-server did not get
+/// a CPU in time.
+#[test]
+fn redis_cli_waits_for_a_late_server() {
+    let mut env = Env::new("redis-late");
+    let (mut server, port) = start_redis(&mut env, Mode::Smclo);
+    let ps = port.to_string();
+    let s0 = env.stats();
+    let n = 3;
+    for i in 0..n {
+        signal_group(&server, libc::SIGSTOP);
+        let key = format!("k{i}");
+        let mut cli = env.spawn(
+            Mode::Smclo,
+            "redis-cli-late",
+            "redis-cli",
+            &["-p", &ps, "SET", &key, "v"],
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        signal_group(&server, libc::SIGCONT);
+        cli.wait_ok(T);
+        assert_eq!(cli.stdout_str(), "OK\n", "{}", cli.logs());
+    }
+    let d = delta(&s0, &env.stats());
+    // Each SET's request and its +OK reply, nothing else.
+    let want = n * ("*3\r\n$3\r\nSET\r\n$2\r\nk0\r\n$1\r\nv\r\n".len() + 5) as u64;
+    assert_smc(
+        "redis-cli to a late server",
+        &d,
+        n,
+        want,
+        want,
+        &server.logs(),
+    );
+    server.stop(Duration::from_secs(5));
+    assert_clean(&env, true);
+}
+
 #[test]
 fn redis_bgsave_during_load() {
     let mut env = Env::new("redis-bgsave");

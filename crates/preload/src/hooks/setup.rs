@@ -370,6 +370,17 @@ unsafe fn connect_listed(
     r
 }
 
+/// `connect` again on a socket whose connect is in progress or done (an
+/// event loop asking whether it is done, as hiredis does): `EALREADY`
+/// while the handshake is undecided (a blocking socket waits for it), then
+/// `EISCONN` for an SMC-D connection; `None` for the real call.
+fn connect_again(fd: RawFd) -> Option<c_int> {
+    if pending::before_io(fd, false).is_err() {
+        return Some(super::fail(libc::EALREADY));
+    }
+    table::get(fd).map(|_| super::fail(libc::EISCONN))
+}
+
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners.
 /// A blocking connect completes the handshake before it returns (bounded
 /// by `SMCLO_CLC_WAIT_MS`); a non-blocking one returns what the TCP
@@ -383,6 +394,9 @@ unsafe fn connect_listed(
 /// read only when the connection is about to be swapped.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(r) = connect_again(fd) {
+        return r;
+    }
     if disabled() || !table::has_flag(fd, F_CANDIDATE) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };
