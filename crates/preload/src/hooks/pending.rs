@@ -280,6 +280,21 @@ pub(super) fn look(fd: RawFd) {
     }
 }
 
+/// Looks once at every pending handshake (before another `connect`): a
+/// program that opens many connections before it waits (redis-benchmark
+/// makes all its clients first) must not leave the servers waiting for
+/// the first ones' DMBs meanwhile.
+pub(super) fn look_all() {
+    if !any() {
+        return;
+    }
+    let fds: Vec<RawFd> = lock(&PENDING)
+        .as_ref()
+        .map(|m| m.keys().copied().collect())
+        .unwrap_or_default();
+    drive(fds.into_iter());
+}
+
 /// Waits for the decision on `fd` (bounded by its deadline).
 pub(super) fn settle(fd: RawFd) {
     while !advance(fd, None) {
