@@ -141,3 +141,156 @@ fn server_short_of_descriptors_declines() {
         d.fallbacks_desc()
     );
 }
+
+/// The descriptors of process `pid`: (sockets, DMB memfds, all).
+fn fd_kinds(pid: u32) -> (usize, usize, usize) {
+    let (mut sockets, mut memfds, mut all) = (0, 0, 0);
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/PID/fd") {
+        let Ok(target) = std::fs::read_link(e.unwrap().path()) else {
+            continue; // closed meanwhile
+        };
+        let t = target.to_string_lossy();
+        all += 1;
+        if t.starts_with("socket:") {
+            sockets += 1;
+        } else if t.contains("memfd:smclo-dmb") {
+            memfds += 1;
+        }
+    }
+    (sockets, memfds, all)
+}
+
+/// The python echo server and a client that holds `n` connections open,
+/// both under `smclo run` with `RLIMIT_NOFILE` 20000 (far from the
+/// budget) and `rmem` as ring size. Returns, per process (server, client),
+/// how many sockets, DMB memfds and descriptors in all the `n` SMC-D
+/// connections added.
+fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usize); 2] {
+    let mut env = Env::new("fd-count");
+    env.extra_env.push(("SMCLO_RMEM".into(), rmem.into()));
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        "python3",
+        &[&script("echo_server.py"), &ps],
+    );
+    limit_nofile(&mut cmd, 20000);
+    let mut server = env.spawn_cmd("echo-server", cmd);
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let base_server = fd_kinds(server.pid());
+    let ns = n.to_string();
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        "python3",
+        &[&script("hold_client.py"), &ps, &ns],
+    );
+    limit_nofile(&mut cmd, 20000);
+    let mut client = env.spawn_cmd("hold-client", cmd);
+    let t0 = std::time::Instant::now();
+    while !client.stdout_str().contains("HELD") {
+        let logs = format!("{}\n{}", client.logs(), server.logs());
+        assert!(client.alive(), "the client failed\n{logs}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the client did not open its connections\n{logs}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The client's descriptors before it connected: python with the same
+    // script and no connection.
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        "python3",
+        &[&script("hold_client.py"), &ps, "0"],
+    );
+    limit_nofile(&mut cmd, 20000);
+    let mut idle = env.spawn_cmd("idle-client", cmd);
+    while !idle.stdout_str().contains("HELD") {
+        assert!(idle.alive(), "{}", idle.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.conns_opened,
+        n as u64,
+        "every connection is SMC-D: {}",
+        d.fallbacks_desc()
+    );
+    let sub =
+        |a: (usize, usize, usize), b: (usize, usize, usize)| (a.0 - b.0, a.1 - b.1, a.2 - b.2);
+    let counts = [
+        sub(fd_kinds(server.pid()), base_server),
+        sub(fd_kinds(client.pid()), fd_kinds(idle.pid())),
+    ];
+    eprintln!(
+        "{n} connections, rings {rmem}: (sockets, memfds, all) added: server {:?}, client {:?}",
+        counts[0], counts[1]
+    );
+    client.stop(Duration::from_secs(5));
+    idle.stop(Duration::from_secs(5));
+    server.stop(Duration::from_secs(5));
+    counts
+}
+
+/// An SMC-D connection holds, in each process, the program's descriptor
+/// (the channel itself) and the hidden TCP socket, plus its DMB's memfd
+/// while the pool could take the DMB back: 3 descriptors with a few
+/// connections, never the 4 of a channel beside the program's duplicate.
+#[test]
+fn descriptors_per_smcd_connection() {
+    const N: usize = 20;
+    for (who, (sockets, memfds, all)) in ["server", "client"]
+        .into_iter()
+        .zip(descriptors_of_held_connections(N, "256k"))
+    {
+        assert!(
+            sockets <= 2 * N + 2,
+            "{who}: {sockets} sockets for {N} connections (2 each: the channel, the hidden TCP socket)"
+        );
+        assert!(memfds <= N, "{who}: {memfds} memfds for {N} connections");
+        assert!(
+            all <= 3 * N + 2,
+            "{who}: {all} descriptors for {N} connections (at most 3 each)"
+        );
+    }
+}
+
+/// The program's descriptor is the connection's channel: duplicates, a
+/// close of the original number, `dup2` onto it and the reuse of a closed
+/// number behave as over TCP (`numbers_client.py` checks each), and every
+/// connection went through shared memory.
+#[test]
+fn the_programs_numbers_are_the_channels() {
+    let mut env = Env::new("fd-numbers");
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "echo-server",
+        "python3",
+        &[&script("echo_server.py"), &ps],
+    );
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let mut client = env.spawn(
+        Mode::Smclo,
+        "numbers-client",
+        "python3",
+        &[&script("numbers_client.py"), &ps],
+    );
+    let st = client.wait(Duration::from_secs(60));
+    let logs = format!("{}\n{}", client.logs(), server.logs());
+    assert!(st.success(), "{logs}");
+    assert_eq!(client.stdout_str().trim(), "OK 4", "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 4, "{}\n{logs}", d.fallbacks_desc());
+    assert_eq!(d.fallbacks(), 0, "{}\n{logs}", d.fallbacks_desc());
+    server.stop(Duration::from_secs(5));
+}
