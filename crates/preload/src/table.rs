@@ -2,8 +2,8 @@
 //!
 //! [`TABLE`] has one atomic pointer per descriptor below [`MAX_FD`]; a
 //! non-null entry is a counted reference to the connection ([`Sock`]) that
-//! the descriptor is a second name of (after the swap, the descriptor is a
-//! duplicate of the connection's UNIX channel). Bit 0 of the pointer is the
+//! the descriptor names (after the swap, the descriptor is the
+//! connection's UNIX channel itself, or a `dup` of it). Bit 0 of the pointer is the
 //! application's view of `FD_CLOEXEC` being *off* (the real descriptor
 //! always has it on, see [`crate::hooks`] on exec).
 //!
@@ -36,8 +36,9 @@ pub static TABLE: [AtomicPtr<Sock>; MAX_FD] = [NULL_SOCK; MAX_FD];
 pub static FLAGS: [AtomicU16; MAX_FD] = [ZERO; MAX_FD];
 /// A listening TCP socket registered in the device.
 pub const F_LISTENER: u16 = 1;
-/// A descriptor the preload itself uses (a hidden TCP socket or a
-/// connection's channel): the application cannot close it by accident.
+/// A descriptor the preload itself uses (a hidden TCP socket, or a
+/// connection's channel at a number the application has let go of): the
+/// application cannot close it by accident.
 pub const F_INTERNAL: u16 = 2;
 /// A TCP socket that may be swapped later (created, not yet connected):
 /// its epoll registrations are recorded.
@@ -72,6 +73,9 @@ pub const F_IP_OPTS: u16 = 128;
 /// descriptor is the TCP socket, not reported writable until it decides
 /// (`hooks::pending`).
 pub const F_PENDING: u16 = 256;
+/// An internal descriptor that a connection is closing: see
+/// [`settle`].
+pub const F_CLOSING: u16 = 512;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u16, on: bool) {
@@ -199,7 +203,9 @@ impl Drop for WriteGuard<'_> {
 
 /// One SMC-D connection as this process sees it.
 pub struct Sock {
-    /// The data path.
+    /// The data path. Its channel's descriptor is the application's own
+    /// (the number the connection was made on) while the application
+    /// keeps that number; see [`crate::hooks`] (`close`, `dup2`, exec).
     pub conn: Conn,
     /// This end's DMB registration (stats: bytes sent).
     pub reg: Registration,
@@ -222,12 +228,36 @@ pub struct Sock {
 }
 
 impl Drop for Sock {
+    /// Closes the channel, whose number may be one the application closed
+    /// while the connection still needed it (marked internal since), and
+    /// the hidden TCP socket ([`close_internal`]).
     fn drop(&mut self) {
-        set_flag(self.tcp, F_INTERNAL, false);
-        set_flag(self.conn.fd(), F_INTERNAL, false);
-        // SAFETY: the hidden socket is ours alone (nobody else has its number).
-        unsafe { crate::real::close(self.tcp) };
-        // The Conn closes its channel descriptor when it drops after this.
+        close_internal(self.conn.fd(), || self.conn.close_channel());
+        close_internal(self.tcp, || {
+            // SAFETY: the hidden socket is ours alone (nobody else has its
+            // number).
+            unsafe { crate::real::close(self.tcp) };
+        });
+    }
+}
+
+/// Closes internal descriptor `fd` with `close` and unmarks it. The number
+/// is free for the application's next `open` or `socket` as soon as it is
+/// closed, but marked until unmarked: [`F_CLOSING`] across the two tells
+/// `close` and `dup2` of the new file there to wait ([`settle`]) instead of
+/// ignoring it or refusing. No lock: a Sock may be dropped anywhere, also
+/// where the table lock is held.
+fn close_internal(fd: RawFd, close: impl FnOnce()) {
+    set_flag(fd, F_CLOSING, true);
+    close();
+    set_flag(fd, F_INTERNAL | F_CLOSING, false);
+}
+
+/// Waits until no connection is between closing `fd` and unmarking it
+/// ([`close_internal`]: a few instructions).
+pub fn settle(fd: RawFd) {
+    while has_flag(fd, F_CLOSING) {
+        std::thread::yield_now();
     }
 }
 
@@ -289,6 +319,25 @@ pub fn install_locked(fd: RawFd, sock: &Arc<Sock>, cloexec: bool) {
     // The descriptor now names the connection's channel, not a TCP socket.
     set_flag(fd, F_CANDIDATE | F_TCP, false);
     TABLE[fd as usize].store(p as *mut Sock, Ordering::Release);
+}
+
+/// `f` applied to the entry of `fd`, if any, without counting a
+/// reference: call with the write lock held, which keeps the entry alive.
+pub fn with_entry_locked<R>(fd: RawFd, f: impl FnOnce(&Sock) -> R) -> Option<R> {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return None;
+    }
+    let p = TABLE[fd as usize].load(Ordering::Acquire) as usize & !TAG_NO_CLOEXEC;
+    // SAFETY: a non-null entry owns a strong count of its Sock, and the
+    // write lock keeps anyone from taking it out meanwhile.
+    (p != 0).then(|| f(unsafe { &*(p as *const Sock) }))
+}
+
+/// Whether `fd` still names `sock` (write lock held): a `dup` of a
+/// descriptor that another thread closed meanwhile must fail as the
+/// kernel's would, not name a closed connection.
+pub fn names_locked(fd: RawFd, sock: &Arc<Sock>) -> bool {
+    with_entry_locked(fd, |s| std::ptr::eq(s, &**sock)).unwrap_or(false)
 }
 
 /// Removes the entry of `fd` (write lock held) and returns its reference;

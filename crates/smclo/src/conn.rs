@@ -58,6 +58,7 @@
 //! processes (after `fork`) on the same direction are not supported: each
 //! direction is single-producer, single-consumer.
 
+use crate::chan_sys;
 use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
@@ -69,6 +70,7 @@ use smclo_wire::cursor::{
 };
 use smclo_wire::device_layout::end_flags;
 use std::io;
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -153,8 +155,7 @@ impl Sleep {
             events,
             revents: 0,
         };
-        // SAFETY: `p` is one valid pollfd for the duration of the call.
-        if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
+        if chan_sys::poll(std::slice::from_mut(&mut p), ms) < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(p.revents)
@@ -203,7 +204,14 @@ fn partial(done: usize, e: io::Error) -> io::Result<usize> {
 pub struct Conn {
     local: Dmb,
     peer: Dmb,
-    chan: UnixStream,
+    /// The descriptor of my end of the UNIX stream pair, owned (closed on
+    /// drop), -1 once taken. Its number may change while the connection
+    /// lives ([`Conn::replace_channel`]): the preload makes the
+    /// application's own descriptor the channel.
+    chan: AtomicI32,
+    /// Held while `chan` counts against the descriptor budget
+    /// ([`crate::fdnum`]): not while it is the application's descriptor.
+    chan_held: Mutex<Option<crate::fdnum::Held>>,
     mode: Mode,
     /// Serialises readers; held across a [`ReadRegion`].
     rx: Mutex<()>,
@@ -231,8 +239,6 @@ pub struct Conn {
     /// Adaptive spin budgets, per direction.
     rx_spin: Budget,
     tx_spin: Budget,
-    /// `chan` counts against the descriptor budget ([`crate::fdnum`]).
-    _held: crate::fdnum::Held,
     /// Doorbells the reader un-counted that were not queued yet (the writer
     /// had counted them and not sent them): taken by a later call.
     rx_owed: AtomicU32,
@@ -279,8 +285,7 @@ impl Conn {
                 vec![0u8; sndbuf_len as usize]
             }
         };
-        // SAFETY: F_GETFL on the descriptor we own.
-        let fl = unsafe { libc::fcntl(chan.as_raw_fd(), libc::F_GETFL) };
+        let fl = chan_sys::fcntl(chan.as_raw_fd(), libc::F_GETFL, 0);
         if fl < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -288,7 +293,8 @@ impl Conn {
             nb_hint: AtomicBool::new(fl & libc::O_NONBLOCK != 0),
             local,
             peer,
-            chan,
+            chan: AtomicI32::new(chan.into_raw_fd()),
+            chan_held: Mutex::new(Some(crate::fdnum::Held::new())),
             mode,
             rx: Mutex::new(()),
             tx: Mutex::new(sndbuf),
@@ -301,7 +307,6 @@ impl Conn {
             record: None,
             rx_spin: Budget::new(),
             tx_spin: Budget::new(),
-            _held: crate::fdnum::Held::new(),
             rx_owed: AtomicU32::new(0),
             rcv_timeo_us: AtomicU64::new(0),
             snd_timeo_us: AtomicU64::new(0),
@@ -341,7 +346,63 @@ impl Conn {
     /// The UNIX end: poll/epoll it (readable iff data or end of stream,
     /// writable iff the peer's ring has room).
     pub fn fd(&self) -> RawFd {
-        self.chan.as_raw_fd()
+        self.chan.load(Ordering::Relaxed)
+    }
+
+    /// The channel, for one call; `EBADF` once taken.
+    fn chan(&self) -> io::Result<BorrowedFd<'_>> {
+        let fd = self.fd();
+        if fd < 0 {
+            return Err(errno(libc::EBADF));
+        }
+        // SAFETY: `fd` is not -1 and is open while the Conn owns it; a
+        // caller that renumbers it ([`Conn::replace_channel`]) or takes it
+        // ([`Conn::take_channel`]) guarantees that no call runs meanwhile.
+        Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Makes `new`, another descriptor of the same channel (a `dup`), the
+    /// one this Conn uses and owns, and returns the one it replaces. For a
+    /// caller that moves the channel to another number (the preload moves
+    /// it onto the application's descriptor, and away from a number the
+    /// application reuses): it must make sure that no other thread is in a
+    /// call on this Conn meanwhile, or that call may use the old number.
+    /// `counted`: whether `new` counts against the descriptor budget
+    /// ([`crate::fdnum`]); the application's own descriptor does not.
+    pub fn replace_channel(&self, new: OwnedFd, counted: bool) -> OwnedFd {
+        self.count_channel(counted);
+        let old = self.chan.swap(new.into_raw_fd(), Ordering::AcqRel);
+        // SAFETY: the Conn owned `old`; ownership passes to the caller.
+        unsafe { OwnedFd::from_raw_fd(old) }
+    }
+
+    /// Whether the channel counts against the descriptor budget (see
+    /// [`Conn::replace_channel`]): it does again once the application has
+    /// let go of its number while the Conn still needs it.
+    pub fn count_channel(&self, counted: bool) {
+        let mut h = lock(&self.chan_held);
+        if counted != h.is_some() {
+            *h = counted.then(crate::fdnum::Held::new);
+        }
+    }
+
+    /// Closes the channel's descriptor now (later calls fail with `EBADF`),
+    /// with the system call itself: its number may be the application's,
+    /// whose libc `close` an interposing library handles.
+    pub fn close_channel(&self) {
+        if let Some(fd) = self.take_channel() {
+            chan_sys::close(fd.into_raw_fd());
+        }
+    }
+
+    /// Takes the channel's descriptor out of the Conn (which no longer
+    /// closes it), for a caller that closes it itself or finds it closed
+    /// behind its back; later calls fail with `EBADF`. `None` if taken.
+    pub fn take_channel(&self) -> Option<OwnedFd> {
+        self.count_channel(false);
+        let fd = self.chan.swap(-1, Ordering::AcqRel);
+        // SAFETY: the Conn owned `fd`; ownership passes to the caller.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     /// The transfer mode.
@@ -351,7 +412,15 @@ impl Conn {
 
     /// Sets `O_NONBLOCK` on the UNIX end, which decides whether calls block.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        self.chan.set_nonblocking(on)?;
+        let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
+        let nfl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        if fl < 0 || chan_sys::fcntl(self.fd(), libc::F_SETFL, nfl as libc::c_long) < 0 {
+            return Err(io::Error::last_os_error());
+        }
         self.nb_hint.store(on, Ordering::Relaxed);
         Ok(())
     }
@@ -380,8 +449,7 @@ impl Conn {
 
     /// The descriptor's `O_NONBLOCK` now (a syscall; refreshes the hint).
     fn nonblocking_now(&self) -> io::Result<bool> {
-        // SAFETY: F_GETFL on our own open descriptor.
-        let fl = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+        let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
         if fl < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -428,9 +496,9 @@ impl Conn {
             .compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
         self.record_flags(end_flags::ABORTED);
         doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
-        // SAFETY: shutdown on our own descriptor; the peer's end becomes
-        // readable and hung up, our blocked callers wake.
-        unsafe { libc::shutdown(self.fd(), libc::SHUT_RDWR) };
+        // The peer's end becomes readable and hung up, our blocked callers
+        // wake.
+        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
         self.closed.store(true, Ordering::Relaxed);
     }
 
@@ -450,7 +518,7 @@ impl Conn {
         if n == 0 {
             return Ok(());
         }
-        match self.chan.send_bells(n) {
+        match self.chan().and_then(|c| c.send_bells(n)) {
             Ok(()) => Ok(()),
             // The peer's end is gone: the data is in its ring, but nobody
             // will read it; the next write reports EPIPE.
@@ -514,7 +582,7 @@ impl Conn {
         }
         // Claimed whole, so two threads never take the same doorbell.
         let n = self.rx_owed.swap(0, Ordering::Relaxed);
-        let got = match self.chan.take_bells(n) {
+        let got = match self.chan().and_then(|c| c.take_bells(n)) {
             Ok(Some(k)) => k,
             Ok(None) => {
                 self.peer_gone.store(true, Ordering::Relaxed);
@@ -552,7 +620,7 @@ impl Conn {
         let mut b = [0u8; 1];
         // SAFETY: peeks at most one byte into `b`.
         let r = unsafe {
-            libc::recv(
+            chan_sys::recv(
                 self.fd(),
                 b.as_mut_ptr().cast(),
                 1,
@@ -1118,8 +1186,7 @@ impl Conn {
         doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
         // The peer's descriptor becomes readable for good (end of file on
         // the channel), so it wakes and finds the flag.
-        // SAFETY: shutdown on our own descriptor.
-        if unsafe { libc::shutdown(self.fd(), libc::SHUT_WR) } < 0 {
+        if chan_sys::shutdown(self.fd(), libc::SHUT_WR) < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ENOTCONN) {
                 return Err(e);
@@ -1154,9 +1221,9 @@ impl Conn {
         };
         self.record_flags(record);
         doorbell::set_state_flags(self.peer.prod(), flag);
-        // SAFETY: shutdown on our own descriptor: the peer's end hangs up
-        // even if a forked child still holds a copy of ours.
-        unsafe { libc::shutdown(self.fd(), libc::SHUT_RDWR) };
+        // The peer's end hangs up even if a forked child still holds a copy
+        // of ours.
+        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
     }
 
     /// [`Conn::close`] through a shared reference, for a caller that cannot
@@ -1190,9 +1257,10 @@ impl Conn {
 }
 
 impl Drop for Conn {
-    /// Dropping without `close` closes.
+    /// Dropping without `close` closes; then the channel's descriptor goes.
     fn drop(&mut self) {
         self.close_inner();
+        self.close_channel();
     }
 }
 

@@ -123,6 +123,7 @@ use smclo_wire::cursor::{
     POLLED, READER_SPINNING, WRITE_BLOCKED,
 };
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
@@ -610,13 +611,25 @@ const BELL_SEND_TRIES: u32 = 64;
 
 impl BellChannel for UnixStream {
     fn send_bells(&self, n: u32) -> io::Result<()> {
+        self.as_fd().send_bells(n)
+    }
+
+    fn take_bells(&self, n: u32) -> io::Result<Option<u32>> {
+        self.as_fd().take_bells(n)
+    }
+}
+
+/// A UNIX stream end by its descriptor (the connection's channel, whose
+/// number may change).
+impl BellChannel for BorrowedFd<'_> {
+    fn send_bells(&self, n: u32) -> io::Result<()> {
         let fd = self.as_raw_fd();
         let mut left = n;
         let mut tries = 0;
         while left > 0 {
             // SAFETY: sends one byte from a valid static buffer.
             let r = unsafe {
-                libc::send(
+                crate::chan_sys::send(
                     fd,
                     b"!".as_ptr().cast(),
                     1,
@@ -648,7 +661,9 @@ impl BellChannel for UnixStream {
         while got < n {
             let want = ((n - got) as usize).min(buf.len());
             // SAFETY: receives at most `want <= 8` bytes into `buf`.
-            let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) };
+            let r = unsafe {
+                crate::chan_sys::recv(fd, buf.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT)
+            };
             if r > 0 {
                 got += r as u32;
                 continue;

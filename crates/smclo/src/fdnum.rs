@@ -53,12 +53,11 @@ pub fn floor() -> i32 {
 /// A close-on-exec duplicate of `fd` at or above [`floor`], or at any free
 /// number when there is none up there (a lowered `RLIMIT_NOFILE`, all taken).
 pub fn dup_high(fd: RawFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` and returns a new descriptor,
-    // which we own.
-    let mut n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor() as libc::c_long) };
+    // The system call itself: `fd` may be a connection's channel that is
+    // the application's descriptor (see crate::chan_sys).
+    let mut n = crate::chan_sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor() as libc::c_long);
     if n < 0 {
-        // SAFETY: as above.
-        n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0 as libc::c_long) };
+        n = crate::chan_sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
     }
     if n < 0 {
         return Err(std::io::Error::last_os_error());

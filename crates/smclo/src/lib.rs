@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod api;
+pub mod chan_sys;
 pub mod config;
 pub mod conn;
 pub mod debug;

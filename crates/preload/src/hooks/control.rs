@@ -1,6 +1,7 @@
 //! Everything about an SMC-D descriptor except its data: shutdown, close
 //! and the dup family (which must keep the table in step with the kernel's
-//! descriptors), fcntl and ioctl (answered for the connection where they
+//! descriptors, and the connection's channel, which is the application's
+//! own descriptor, open while the connection needs it), fcntl and ioctl (answered for the connection where they
 //! concern it), socket names and options (answered by the hidden TCP
 //! socket), and epoll_ctl (recording candidates' registrations for the
 //! swap).
@@ -55,20 +56,30 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
-    if flags & F_INTERNAL != 0 {
-        debug!("close({fd}) ignored: the descriptor belongs to an SMC-D connection");
-        return 0;
-    }
     close_slow(fd)
 }
 
 #[cold]
 fn close_slow(fd: RawFd) -> c_int {
+    // A connection may have just closed an internal number that the
+    // application got back from the kernel: wait until it is unmarked.
+    table::settle(fd);
     let g = LOCK.write();
+    if table::has_flag(fd, F_INTERNAL) {
+        drop(g);
+        debug!("close({fd}) ignored: the descriptor belongs to an SMC-D connection");
+        return 0;
+    }
     let s = table::take_locked(fd);
     forget_fd_locked(fd);
-    // SAFETY: closing the application's descriptor, as it asked.
-    let r = unsafe { real::close(fd) };
+    let r = match &s {
+        Some(s) if s.conn.fd() == fd => {
+            keep_channel_locked(s, fd);
+            0
+        }
+        // SAFETY: closing the application's descriptor, as it asked.
+        _ => unsafe { real::close(fd) },
+    };
     let e = errno();
     drop(g);
     if let Some(s) = s {
@@ -78,10 +89,22 @@ fn close_slow(fd: RawFd) -> c_int {
     r
 }
 
-fn dup_into(s: Option<Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
+/// The application closed `fd`, the number of `s`'s channel itself. The
+/// descriptor stays open, marked internal, until the connection goes
+/// (Sock's drop closes it): other threads may be in a call on it, and other
+/// descriptors of the application (`dup`s) may still name the connection,
+/// in which case it counts against the budget again.
+fn keep_channel_locked(s: &Sock, fd: RawFd) {
+    table::set_flag(fd, F_INTERNAL, true);
+    if s.fds.load(Ordering::Acquire) > 1 {
+        s.conn.count_channel(true);
+    }
+}
+
+fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
     if let Some(s) = s {
         if in_table_range(new) {
-            table::install_locked(new, &s, cloexec);
+            table::install_locked(new, s, cloexec);
         }
     } else {
         share_records_locked(old, new);
@@ -110,6 +133,10 @@ unsafe fn fcntl_dup(
     cloexec: bool,
 ) -> c_int {
     let g = LOCK.write();
+    if s.as_ref().is_some_and(|s| !table::names_locked(fd, s)) {
+        drop(g);
+        return fail(libc::EBADF); // closed by another thread meanwhile
+    }
     let real_cmd = if s.is_some() {
         libc::F_DUPFD_CLOEXEC
     } else {
@@ -128,7 +155,7 @@ unsafe fn fcntl_dup(
             return fail(libc::EMFILE);
         }
         forget_fd_locked(n);
-        dup_into(s, fd, n, cloexec);
+        dup_into(s.as_ref(), fd, n, cloexec);
     }
     drop(g);
     set_errno(e);
@@ -169,15 +196,27 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
             }
         };
     }
-    if table::has_flag(new, F_INTERNAL) {
-        debug!("dup2 onto fd {new} refused: it belongs to an SMC-D connection");
-        return fail(libc::EBUSY);
-    }
     if s.is_some() && !in_table_range(new) {
         debug!("dup2 of an SMC-D connection onto fd {new} (above the table) refused");
         return fail(libc::EBADF);
     }
+    table::settle(new); // as in close
     let g = LOCK.write();
+    if table::has_flag(new, F_INTERNAL) {
+        drop(g);
+        debug!("dup2 onto fd {new} refused: it belongs to an SMC-D connection");
+        return fail(libc::EBUSY);
+    }
+    if s.as_ref().is_some_and(|s| !table::names_locked(old, s)) {
+        drop(g);
+        return fail(libc::EBADF); // closed by another thread meanwhile
+    }
+    // A connection's channel at `new` moves away before `new` is replaced.
+    table::with_entry_locked(new, |p| {
+        if p.conn.fd() == new {
+            super::swap::move_channel_away(p, new);
+        }
+    });
     let real_flags = if s.is_some() { libc::O_CLOEXEC } else { flags };
     // SAFETY: the application's descriptors.
     let r = unsafe { real::dup3(old, new, real_flags) };
@@ -186,7 +225,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     if r >= 0 {
         prev = table::take_locked(new);
         forget_fd_locked(new);
-        dup_into(s, old, new, flags & libc::O_CLOEXEC != 0);
+        dup_into(s.as_ref(), old, new, flags & libc::O_CLOEXEC != 0);
     }
     drop(g);
     if let Some(p) = prev {

@@ -100,7 +100,11 @@ fn before_exec() {
         }
         if keep {
             s.linger0.store(true, Ordering::Relaxed);
-            // SAFETY: replaces the channel duplicate with the TCP socket.
+            if s.conn.fd() == *fd {
+                swap::move_channel_away(s, *fd);
+            }
+            // SAFETY: replaces the channel (or a dup of it) with the TCP
+            // socket.
             unsafe { real::dup3(s.tcp, *fd, 0) };
             debug!("exec: fd {fd} (SMC-D) cannot follow into the new program; it gets the TCP socket and the connection is reset");
         }

@@ -20,7 +20,7 @@ use smclo::registry;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,6 +71,13 @@ fn clear_stale(fd: RawFd) {
     let g = LOCK.write();
     let old = table::take_locked(fd);
     forget_fd_locked(fd);
+    if let Some(s) = &old {
+        if s.conn.fd() == fd {
+            // The channel was this number: it is gone, and the number is
+            // not the Conn's to close any more.
+            let _ = s.conn.take_channel().map(IntoRawFd::into_raw_fd);
+        }
+    }
     drop(g);
     if let Some(s) = old {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");

@@ -1,9 +1,10 @@
 //! The swap: once the handshake says SMC-D, the application's descriptor
-//! becomes a duplicate of the connection's UNIX channel, so poll, epoll and
-//! select work natively, while the TCP socket stays open at a hidden
-//! descriptor for identity and options. Also the other end of that life:
-//! what happens when the last descriptor of a connection in this process
-//! is gone.
+//! becomes the connection's UNIX channel itself (the handshake's
+//! descriptor of it is closed), so poll, epoll and select work natively,
+//! while the TCP socket stays open at a hidden descriptor for identity and
+//! options. Also the other end of that life: what happens when the
+//! application's number stops being the channel, and when the last
+//! descriptor of a connection in this process is gone.
 
 use super::records::{lock, EPOLL};
 use super::LIVE;
@@ -13,14 +14,15 @@ use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, LOCK};
 use smclo::debug;
 use smclo::handshake::Established;
 use std::io;
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Makes `fd` a second descriptor of the connection's channel (its readiness
-/// is the connection's, see docs/ARCHITECTURE.md "Readiness"):
-/// the TCP socket moves to a hidden descriptor, epoll registrations move
-/// with the number. On failure both sides had already committed to SMC-D,
+/// Makes `fd` the connection's channel (its readiness is the connection's,
+/// see docs/ARCHITECTURE.md "Readiness"): the TCP socket moves to a hidden
+/// descriptor, epoll registrations move with the number, and the Conn
+/// owns `fd` from then on (the application's `close` of it goes through
+/// [`crate::table::Sock`]'s drop). On failure both sides had already committed to SMC-D,
 /// so the connection is reset at both ends ([`abort_both`]).
 pub(super) fn swap_in(
     fd: RawFd,
@@ -72,7 +74,6 @@ pub(super) fn swap_in(
         _held: smclo::fdnum::Held::new(),
     });
     table::set_flag(tcp, F_INTERNAL, true);
-    table::set_flag(chan, F_INTERNAL, true);
     let g = LOCK.write();
     let recs: Vec<_> = {
         let mut e = lock(&EPOLL);
@@ -101,12 +102,18 @@ pub(super) fn swap_in(
         abort_both(fd, &sock.conn, slot, format_args!("dup3 failed ({e})"));
         return false; // dropping `sock` closes `tcp`
     }
+    // SAFETY: dup3 made `fd` a descriptor of the channel; the application
+    // reaches it only through our hooks, which leave its closing to the
+    // Conn from now on.
+    let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let handshake_chan = sock.conn.replace_channel(at_fd, false);
     table::install_locked(fd, &sock, cloexec);
     table::set_flag(fd, F_CANDIDATE, false);
     drop(g);
+    drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
     for (_, ep, mut ev) in recs {
-        // SAFETY: `fd` is now the channel duplicate; same events and data.
+        // SAFETY: `fd` is now the channel; same events and data.
         if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
             debug!(
                 "fd {fd}: moving an epoll registration failed: {}",
@@ -118,7 +125,7 @@ pub(super) fn swap_in(
         }
     }
     debug!(
-        "fd {fd}: SMC-D (channel fd {chan}, hidden TCP fd {tcp}, {}, {})",
+        "fd {fd}: SMC-D (the descriptor is the channel, hidden TCP fd {tcp}, {}, {})",
         if nonblock { "non-blocking" } else { "blocking" },
         match sock.conn.mode() {
             smclo::conn::Mode::NoCopy => "no-copy",
@@ -143,6 +150,28 @@ fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::A
     // (Our own connect hook passes an AF_UNSPEC connect straight through.)
     if let Err(e) = smclo::tcp_syn::reset(fd) {
         debug!("fd {fd}: resetting the TCP connection failed: {e}");
+    }
+}
+
+/// `n`, the number of `s`'s channel, is about to name something else (a
+/// `dup2` onto it, the TCP socket at exec): the channel moves to a high
+/// duplicate, marked internal and counted against the budget, and the
+/// number is left to the caller, whose `dup3` replaces it atomically.
+/// Call with the write lock held. Another thread in a call on `s` may
+/// still use `n` for a moment, as it would after a close of the number it
+/// passed. Without a free descriptor the Conn gives its channel up instead
+/// (its calls fail, and the peer sees the channel hang up once `n` is
+/// replaced).
+pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
+    match smclo::fdnum::dup_high(n) {
+        Ok(high) => {
+            table::set_flag(high.as_raw_fd(), F_INTERNAL, true);
+            let _ = s.conn.replace_channel(high, true).into_raw_fd();
+        }
+        Err(e) => {
+            debug!("fd {n}: no descriptor to keep the SMC-D channel in ({e}); it is given up");
+            let _ = s.conn.take_channel().map(IntoRawFd::into_raw_fd);
+        }
     }
 }
 
