@@ -159,6 +159,8 @@ static void check_lt(int fd, int ep) {
     if (epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL)) fail("DEL");
     tell('w');
     expect_none(ep, 100);
+    /* No event: EFAULT, and nothing registered. */
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, NULL) == 0 || errno != EFAULT) fail("ADD without an event was not EFAULT");
     if (add(ep, fd, EPOLLIN)) fail("add after DEL");
     expect(ep, fd, EPOLLIN, 2000);
     read_pattern(fd, 10);
