@@ -447,12 +447,17 @@ int main(int argc, char **argv) {
     if (pipe(c2p) || pipe(p2c)) fail("pipe");
     pid_t child = fork();
     if (child == 0) {
+        /* Only the parent's ends: its exit is this side's end of file. */
         close(lfd);
+        close(p2c[1]);
+        close(c2p[0]);
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
         peer(fd, p2c[0], c2p[1]);
         exit(0);
     }
+    close(p2c[0]);
+    close(c2p[1]);
     cmd_w = p2c[1];
     ack_r = c2p[0];
     int fd = accept(lfd, NULL, NULL);
