@@ -204,6 +204,11 @@ pub(super) fn ctl(
     sock: &Arc<Sock>,
 ) -> c_int {
     let r = match op {
+        // No event where one is needed: the kernel's answer (EFAULT).
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if ev.is_none() => {
+            // SAFETY: forwarded unchanged (a null event).
+            return unsafe { real::epoll_ctl(ep, op, fd, std::ptr::null_mut()) };
+        }
         libc::EPOLL_CTL_ADD => add(ep, fd, ev, sock),
         libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL => change(ep, op, fd, ev),
         _ => real_ctl(ep, op, fd, ev),
