@@ -294,3 +294,25 @@ fn the_programs_numbers_are_the_channels() {
     assert_eq!(d.fallbacks(), 0, "{}\n{logs}", d.fallbacks_desc());
     server.stop(Duration::from_secs(5));
 }
+
+/// A DMB keeps its memfd only while the pool could take it back: with 1 MiB
+/// rings the pool (`SMCLO_POOL_BYTES`, 16 MiB) holds 15 DMBs, so of 30
+/// held connections at most 15 keep a memfd in each process (all 30 did,
+/// though 15 of those DMBs were going to be unmapped when they closed).
+#[test]
+fn memfds_only_for_dmbs_the_pool_could_take_back() {
+    const N: usize = 30;
+    for (who, (sockets, memfds, _)) in ["server", "client"]
+        .into_iter()
+        .zip(descriptors_of_held_connections(N, "1m"))
+    {
+        assert!(
+            sockets <= 2 * N + 2,
+            "{who}: {sockets} sockets for {N} connections"
+        );
+        assert!(
+            memfds <= 15,
+            "{who}: {memfds} DMB memfds kept for {N} connections; the pool takes back 15"
+        );
+    }
+}
