@@ -1218,10 +1218,12 @@ impl DmbHandle {
     }
 
     /// The mapping and the registration, to be kept by different owners
-    /// (the handshake is done: the peer has the memfd). A process short of
-    /// descriptors closes the memfd now ([`Dmb::close_own_file`]).
+    /// (the handshake is done: the peer has the memfd). The memfd is closed
+    /// now ([`Dmb::close_own_file`]) unless the pool could take the DMB
+    /// back when the connection ends, and in a process short of
+    /// descriptors.
     pub fn into_parts(mut self) -> (Dmb, Registration) {
-        if crate::fdnum::pressed() {
+        if crate::fdnum::pressed() || !crate::pool::may_keep_memfd() {
             self.dmb.close_own_file();
         }
         (self.dmb, self.reg)

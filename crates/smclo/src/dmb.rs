@@ -64,6 +64,9 @@ pub(crate) struct Own {
     pub(crate) reuse: bool,
     /// `file` counts against the descriptor budget ([`crate::fdnum`]).
     pub(crate) _held: crate::fdnum::Held,
+    /// `file` counts against what the pool could take back
+    /// ([`crate::pool::may_keep_memfd`]).
+    pub(crate) _kept: crate::pool::KeptMemfd,
 }
 
 // SAFETY: `Dmb` owns its mapping (nothing else unmaps it); the pointers are
@@ -139,6 +142,7 @@ impl Dmb {
             fork_gen: crate::owner::fork_gen(),
             reuse: true,
             _held: crate::fdnum::Held::new(),
+            _kept: crate::pool::KeptMemfd::new(d.ring_len()),
         });
         Ok(d)
     }

@@ -269,6 +269,48 @@ pub(crate) fn put_peer(id: (u64, u64), d: Dmb) {
     );
 }
 
+/// Our own DMBs that keep their memfd, in use or pooled: how many, and
+/// their bytes.
+static KEPT: Mutex<(usize, u64)> = Mutex::new((0, 0));
+
+fn kept() -> std::sync::MutexGuard<'static, (usize, u64)> {
+    KEPT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One of our own DMBs that keeps its memfd (held next to it): the memfd is
+/// what passes the DMB to its next peer when the pool reuses it, and a
+/// descriptor of the program's while it is kept.
+#[derive(Debug)]
+pub(crate) struct KeptMemfd(u64);
+
+impl KeptMemfd {
+    /// Counts a DMB of `ring_len` bytes.
+    pub(crate) fn new(ring_len: u32) -> KeptMemfd {
+        let bytes = smclo_wire::dmb_header::HEADER_LEN as u64 + ring_len as u64;
+        let mut k = kept();
+        k.0 += 1;
+        k.1 += bytes;
+        KeptMemfd(bytes)
+    }
+}
+
+impl Drop for KeptMemfd {
+    fn drop(&mut self) {
+        let mut k = kept();
+        k.0 -= 1;
+        k.1 -= self.0;
+    }
+}
+
+/// Whether the pool could take back all of our DMBs that keep their memfd
+/// (the one asking included): at most [`FREE_MAX`] of them and
+/// [`PoolLimits::bytes`] in all. A DMB beyond that is not going back to
+/// the pool, so its memfd is closed once the peer has it.
+pub(crate) fn may_keep_memfd() -> bool {
+    let (n, bytes) = *kept();
+    n <= FREE_MAX && bytes <= limits().bytes
+}
+
 /// How many DMBs the pool holds (free, pending, idle peer mappings): for
 /// tests and diagnostics.
 pub fn held() -> (usize, usize, usize) {
