@@ -6,6 +6,7 @@
 //! opened and carried the bytes, or, for a plain peer, a fallback happened.
 
 use smclo::device::{Device, Stats};
+use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -790,6 +791,53 @@ fn so_sndtimeo_bounds_a_write() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no count\n{out}"));
     assert_eq!(stats.xfer_bytes, wrote, "{out}");
+}
+
+/// A process that accepts its own pending non-blocking connect on a
+/// listener its parent registered (an nginx worker proxying to a port the
+/// workers share) declines it at once (SELF_CONNECT): the handshake it
+/// would wait for continues in this very thread after `accept` returns.
+#[test]
+fn accepting_its_own_pending_connect_declines_at_once() {
+    let script = r#"
+import errno, os, select, socket, sys, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(8)
+l.setblocking(False)
+port = l.getsockname()[1]
+pid = os.fork()
+if pid == 0:
+    c = socket.socket()
+    c.setblocking(False)
+    e = c.connect_ex(("127.0.0.1", port))
+    assert e in (0, errno.EINPROGRESS), e
+    select.select([l], [], [], 5)
+    t0 = time.monotonic()
+    a, _ = l.accept()
+    took = time.monotonic() - t0
+    select.select([], [c], [], 5)
+    a.setblocking(True)
+    c.setblocking(True)
+    c.sendall(b"ping")
+    got = a.recv(4)
+    print("OK accept took %.3f s, got %r" % (took, got))
+    os._exit(0 if got == b"ping" else 1)
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]);
+    let (ok, out, stats) = run_preloaded("self-pending", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    // Before, the accept waited for the client until its budget ran out:
+    // TIMEOUT on both ends.
+    assert_eq!(
+        stats.fallback(Reason::SelfConnect),
+        (1, 1),
+        "SELF_CONNECT (client, server)\n{out}"
+    );
+    assert_eq!(stats.fallbacks_total(), 2, "fallbacks\n{out}");
 }
 
 /// A recv with MSG_DONTWAIT while another thread sleeps in a blocking recv

@@ -220,6 +220,13 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait
                 continue;
             }
         }
+        if proposer == Owner::current() {
+            // This process proposed (a worker connecting to a listener it
+            // shares with its siblings): its handshake continues in this
+            // process, perhaps on this very thread once `accept` returns,
+            // so waiting for it here could only run out of time.
+            return decline(dev, &slot, Reason::SelfConnect, None);
+        }
         let ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
         return server_answer(dev, cfg, &slot, &proposal, wait, conn_fd, ends);
     }
