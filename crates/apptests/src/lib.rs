@@ -674,6 +674,13 @@ impl Delta {
     pub fn fallbacks_desc(&self) -> String {
         describe_fallbacks(&self.fallback_client, &self.fallback_server)
     }
+    /// Fallbacks for reason `r`: (client, server).
+    pub fn fallback(&self, r: Reason) -> (u64, u64) {
+        (
+            self.fallback_client[r.index()],
+            self.fallback_server[r.index()],
+        )
+    }
 }
 
 /// Asserts that traffic went through shared memory: at least `min_conns`
