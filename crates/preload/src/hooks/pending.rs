@@ -30,7 +30,7 @@ use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -53,12 +53,22 @@ struct Pending {
     dest: SocketAddr,
     /// `connect` + `SMCLO_CLC_WAIT_MS`: the client gives up then.
     deadline: Instant,
+    /// Which connect of `fd` this is (see [`CURRENT`]).
+    id: u64,
 }
 
 /// Pending connects by descriptor; one being driven is out of the map.
 static PENDING: Mutex<Option<HashMap<RawFd, Pending>>> = Mutex::new(None);
 /// Descriptors with [`F_PENDING`] (the waits skip all this at 0).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The pending connect each descriptor number holds now, by id. A
+/// handshake being driven is out of [`PENDING`]; meanwhile another thread
+/// may close its number and connect a new socket at it, so the driver
+/// finishes (or puts back) only the connect whose id is still current.
+/// Only touched with the table's lock held for writing.
+static CURRENT: Mutex<Option<HashMap<RawFd, u64>>> = Mutex::new(None);
+/// The next connect's id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     /// This thread is driving a handshake: the swap's own calls on the
@@ -86,11 +96,16 @@ pub(super) fn start(
     deadline: Instant,
 ) {
     let _g = LOCK.write();
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    lock(&CURRENT)
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, id);
     let pd = Pending {
         p,
         slot,
         dest,
         deadline,
+        id,
     };
     lock(&PENDING)
         .get_or_insert_with(HashMap::new)
@@ -127,6 +142,9 @@ pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_even
 /// Descriptor number `fd` was closed: its proposal is withdrawn. With the
 /// table's lock held for writing.
 pub(super) fn forget_locked(fd: RawFd) {
+    if let Some(m) = lock(&CURRENT).as_mut() {
+        m.remove(&fd);
+    }
     if let Some(pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) {
         COUNT.fetch_sub(1, Ordering::Relaxed);
         holders::forget(pd.slot);
@@ -195,8 +213,9 @@ fn drive_one(fd: RawFd, mut pd: Pending, until: Option<Instant>) -> bool {
     match step(fd, &mut pd, until) {
         None => {
             let _g = LOCK.write();
-            // Closed meanwhile: dropping `pd` withdraws the proposal.
-            if table::has_flag(fd, F_PENDING) {
+            // Closed meanwhile (and perhaps its number reused): dropping
+            // `pd` withdraws the proposal.
+            if is_current(fd, pd.id) {
                 lock(&PENDING)
                     .get_or_insert_with(HashMap::new)
                     .insert(fd, pd);
@@ -213,10 +232,35 @@ fn drive_one(fd: RawFd, mut pd: Pending, until: Option<Instant>) -> bool {
     }
 }
 
+/// Whether `id` is the connect that `fd` holds now. With the table's lock
+/// held for writing.
+fn is_current(fd: RawFd, id: u64) -> bool {
+    lock(&CURRENT).as_ref().and_then(|m| m.get(&fd)) == Some(&id)
+}
+
 /// The handshake of `fd` ended with `o`.
 fn end(fd: RawFd, pd: Pending, o: Outcome) {
-    let Pending { p, slot, dest, .. } = pd;
+    let Pending {
+        p, slot, dest, id, ..
+    } = pd;
     drop(p);
+    let current = {
+        let _g = LOCK.write();
+        let c = is_current(fd, id);
+        if c {
+            lock(&CURRENT).as_mut().map(|m| m.remove(&fd));
+        }
+        c
+    };
+    if !current {
+        // Closed while it was being decided: its number may name another
+        // socket by now, which must not be touched. Dropping `o` closes
+        // an SMC-D connection (the peer sees it closed).
+        holders::forget(slot);
+        debug!("fd {fd}: closed while its handshake with {dest} decided");
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
     match o {
         Outcome::Decided(d) => match *d {
             Decision::Smc(est) => swap(fd, est, slot),
@@ -280,19 +324,12 @@ pub(super) fn look(fd: RawFd) {
     }
 }
 
-/// Looks once at every pending handshake (before another `connect`): a
-/// program that opens many connections before it waits (redis-benchmark
-/// makes all its clients first) must not leave the servers waiting for
-/// the first ones' DMBs meanwhile.
-pub(super) fn look_all() {
-    if !any() {
-        return;
-    }
-    let fds: Vec<RawFd> = lock(&PENDING)
+/// The descriptors whose connect is pending and not being driven.
+fn pending_fds() -> Vec<RawFd> {
+    lock(&PENDING)
         .as_ref()
         .map(|m| m.keys().copied().collect())
-        .unwrap_or_default();
-    drive(fds.into_iter());
+        .unwrap_or_default()
 }
 
 /// Waits for the decision on `fd` (bounded by its deadline).
@@ -305,15 +342,8 @@ pub(super) fn settle(fd: RawFd) {
 
 /// Waits for every pending decision (before `fork` and `exec`).
 pub(super) fn settle_all() {
-    if !any() {
-        return;
-    }
-    let fds: Vec<RawFd> = lock(&PENDING)
-        .as_ref()
-        .map(|m| m.keys().copied().collect())
-        .unwrap_or_default();
-    for fd in fds {
-        settle(fd);
+    if any() {
+        pending_fds().into_iter().for_each(settle);
     }
 }
 

@@ -442,7 +442,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwarded unchanged.
         return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
-    pending::look_all();
     let start = Instant::now();
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };
