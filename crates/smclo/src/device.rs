@@ -152,6 +152,10 @@ const DMB_CONNECTED: State = State(3);
 /// Both published states, for moves that accept either.
 const DMB_STATES: [State; 2] = [DMB_REGISTERED, DMB_CONNECTED];
 
+/// How long `stats` retries its sum of the byte counts while entries keep
+/// retiring ([`Device::xfer_total`]).
+const XFER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 const _: () = assert!(std::mem::size_of::<DmbEntry>() == layout::DMB_ENTRY_LEN as usize);
 
 // ---------------------------------------------------------------------------
@@ -1024,14 +1028,17 @@ impl Device {
 
     /// Bytes sent over the device's connections since it was created: the
     /// retired total plus the live entries' counts, taken while no entry
-    /// retired (the sequence was even and unchanged around the sum). A
-    /// retirer killed halfway leaves the sequence odd for good: after a few
-    /// tries the last sum is taken, off by at most that entry's bytes.
+    /// retired (the sequence was even and unchanged around the sum). Busy
+    /// retirers only delay the sum (tried again for up to [`XFER_WAIT`]); a
+    /// retirer killed halfway leaves the sequence odd for good: once it has
+    /// stayed odd and unchanged for a few tries the last sum is taken, off
+    /// by at most that entry's bytes.
     fn xfer_total(&self) -> u64 {
-        const TRIES: usize = 8;
+        const STUCK_TRIES: usize = 8;
         let seq = self.u64_at(layout::off::XFER_SEQ);
-        let mut total = 0;
-        for _ in 0..TRIES {
+        let until = std::time::Instant::now() + XFER_WAIT;
+        let (mut total, mut stuck, mut prev) = (0, 0, None);
+        while stuck < STUCK_TRIES && std::time::Instant::now() < until {
             let s0 = seq.load(Ordering::Acquire);
             let mut live: u64 = 0;
             for i in 0..layout::DMB_ENTRIES as usize {
@@ -1047,6 +1054,8 @@ impl Device {
             if s0.is_multiple_of(2) && seq.load(Ordering::Acquire) == s0 {
                 break;
             }
+            stuck = if prev == Some(s0) { stuck + 1 } else { 0 };
+            prev = Some(s0);
             std::thread::yield_now();
         }
         total
