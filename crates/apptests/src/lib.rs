@@ -103,23 +103,48 @@ pub fn require(prog: &str) -> PathBuf {
 /// ephemeral range (32768..) so that no client's source port takes it, and
 /// found without bind(port 0), which fails once tens of thousands of
 /// TIME_WAIT sockets (a connection-rate benchmark) hold the ephemeral range.
+/// No port is handed out twice by one process, and a port any socket still
+/// uses in any state (TIME_WAIT included) is skipped: a server that binds
+/// without SO_REUSEADDR (sockperf) fails on those.
 pub fn free_port() -> u16 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let seed = (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ time_seed();
+    let seed = *SEED.get_or_init(|| {
+        (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ time_seed()
+    });
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..2000 {
         let i = NEXT.fetch_add(1, Ordering::SeqCst) as u64;
         let port = 20000 + ((seed.wrapping_add(i * 7919)) % 12000) as u16;
-        if listening(port, None) {
+        if given.contains(&port) || port_in_use(port) {
             continue;
         }
         // std's TcpListener sets SO_REUSEADDR, as the servers do.
         if TcpListener::bind(("127.0.0.1", port)).is_ok()
             && TcpListener::bind(("::1", port)).is_ok()
         {
+            given.push(port);
             return port;
         }
     }
     panic!("no free port in 20000..32000 on 127.0.0.1");
+}
+
+/// Whether any TCP socket of this network namespace has `port` as its local
+/// port, whatever its state.
+fn port_in_use(port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|f| {
+        fs::read_to_string(format!("/proc/self/net/{f}")).is_ok_and(|t| {
+            t.lines().skip(1).any(|line| {
+                line.split_whitespace()
+                    .nth(1)
+                    .and_then(|local| local.rsplit(':').next())
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                    == Some(port)
+            })
+        })
+    })
 }
 
 fn time_seed() -> u64 {
