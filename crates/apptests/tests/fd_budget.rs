@@ -38,6 +38,32 @@ fn script(name: &str) -> String {
         .to_string()
 }
 
+/// `script` (in tests/fd_budget) under `smclo run` with `args` and an
+/// `RLIMIT_NOFILE` of `limit`.
+fn python(env: &mut Env, name: &str, script_name: &str, args: &[&str], limit: u64) -> Proc {
+    let path = script(script_name);
+    let mut argv = vec![path.as_str()];
+    argv.extend_from_slice(args);
+    let mut cmd = env.command(Mode::Smclo, None, "python3", &argv);
+    limit_nofile(&mut cmd, limit);
+    env.spawn_cmd(name, cmd)
+}
+
+/// The python echo server under `smclo run` with an `RLIMIT_NOFILE` of
+/// `limit`, listening; returns it and its port.
+fn echo_server(env: &mut Env, limit: u64) -> (Proc, u16) {
+    let port = free_port();
+    let mut server = python(
+        env,
+        "echo-server",
+        "echo_server.py",
+        &[&port.to_string()],
+        limit,
+    );
+    wait_listen(&mut server, port);
+    (server, port)
+}
+
 /// A python event-loop echo server and a client, both under `smclo run`,
 /// the server with `RLIMIT_NOFILE` 1024 and the client with
 /// `client_limit`, 900 concurrent connections with distinct payloads:
@@ -48,27 +74,16 @@ fn nine_hundred_connections(client_limit: u64) -> Delta {
     // A loaded machine must not turn a handshake into a TIMEOUT fallback.
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
-    let port = free_port();
-    let ps = port.to_string();
-    let mut cmd = env.command(
-        Mode::Smclo,
-        None,
-        "python3",
-        &[&script("echo_server.py"), &ps],
-    );
-    limit_nofile(&mut cmd, 1024);
-    let mut server = env.spawn_cmd("echo-server", cmd);
-    wait_listen(&mut server, port);
+    let (mut server, port) = echo_server(&mut env, 1024);
     let s0 = env.stats();
-    let n = CONNS.to_string();
-    let mut cmd = env.command(
-        Mode::Smclo,
-        None,
-        "python3",
-        &[&script("echo_client.py"), &ps, &n],
+    let (ps, n) = (port.to_string(), CONNS.to_string());
+    let mut client = python(
+        &mut env,
+        "echo-client",
+        "echo_client.py",
+        &[&ps, &n],
+        client_limit,
     );
-    limit_nofile(&mut cmd, client_limit);
-    let mut client = env.spawn_cmd("echo-client", cmd);
     // A fallback that waited for the handshake's timeout would take
     // 10 s per connection; a decline is answered at once.
     client.wait(Duration::from_secs(120));
@@ -170,28 +185,17 @@ fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usiz
     env.extra_env.push(("SMCLO_RMEM".into(), rmem.into()));
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
-    let port = free_port();
-    let ps = port.to_string();
-    let mut cmd = env.command(
-        Mode::Smclo,
-        None,
-        "python3",
-        &[&script("echo_server.py"), &ps],
-    );
-    limit_nofile(&mut cmd, 20000);
-    let mut server = env.spawn_cmd("echo-server", cmd);
-    wait_listen(&mut server, port);
+    let (mut server, port) = echo_server(&mut env, 20000);
     let s0 = env.stats();
     let base_server = fd_kinds(server.pid());
-    let ns = n.to_string();
-    let mut cmd = env.command(
-        Mode::Smclo,
-        None,
-        "python3",
-        &[&script("hold_client.py"), &ps, &ns],
+    let (ps, ns) = (port.to_string(), n.to_string());
+    let mut client = python(
+        &mut env,
+        "hold-client",
+        "hold_client.py",
+        &[&ps, &ns],
+        20000,
     );
-    limit_nofile(&mut cmd, 20000);
-    let mut client = env.spawn_cmd("hold-client", cmd);
     let t0 = std::time::Instant::now();
     while !client.stdout_str().contains("HELD") {
         let logs = format!("{}\n{}", client.logs(), server.logs());
@@ -204,14 +208,13 @@ fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usiz
     }
     // The client's descriptors before it connected: python with the same
     // script and no connection.
-    let mut cmd = env.command(
-        Mode::Smclo,
-        None,
-        "python3",
-        &[&script("hold_client.py"), &ps, "0"],
+    let mut idle = python(
+        &mut env,
+        "idle-client",
+        "hold_client.py",
+        &[&ps, "0"],
+        20000,
     );
-    limit_nofile(&mut cmd, 20000);
-    let mut idle = env.spawn_cmd("idle-client", cmd);
     while !idle.stdout_str().contains("HELD") {
         assert!(idle.alive(), "{}", idle.logs());
         std::thread::sleep(Duration::from_millis(20));
@@ -269,15 +272,8 @@ fn descriptors_per_smcd_connection() {
 #[test]
 fn the_programs_numbers_are_the_channels() {
     let mut env = Env::new("fd-numbers");
-    let port = free_port();
+    let (mut server, port) = echo_server(&mut env, 20000);
     let ps = port.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "echo-server",
-        "python3",
-        &[&script("echo_server.py"), &ps],
-    );
-    wait_listen(&mut server, port);
     let s0 = env.stats();
     let mut client = env.spawn(
         Mode::Smclo,
