@@ -1122,3 +1122,27 @@ pub fn compile_c(env: &Env, src: &Path, flags: &[&str]) -> PathBuf {
     assert!(st.success(), "compiling {} failed", src.display());
     exe
 }
+
+/// The newest PostgreSQL's `bin` directory (`/usr/lib/postgresql/*/bin`).
+pub fn postgres_bindir() -> PathBuf {
+    let mut v: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .unwrap_or_else(|_| panic!("PostgreSQL is missing: install the Debian package postgresql"))
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").is_file())
+        .collect();
+    v.sort();
+    v.pop().expect("no /usr/lib/postgresql/*/bin/postgres")
+}
+
+/// The arguments of a test's postgres server: data directory `data`, TCP
+/// on 127.0.0.1:`port`, its UNIX socket in `sockdir`, no fsync.
+pub fn postgres_server_args(data: &Path, port: u16, sockdir: &Path) -> Vec<String> {
+    let (d, p, k) = (data.display(), port, sockdir.display());
+    format!(
+        "-D {d} -p {p} -k {k} -c listen_addresses=127.0.0.1 -c fsync=off -c shared_buffers=32MB"
+    )
+    .split(' ')
+    .map(String::from)
+    .collect()
+}

@@ -326,18 +326,6 @@ fn outsider_gets_eacces_and_falls_back() {
     nginx.stop(Duration::from_secs(10));
 }
 
-/// The newest `/usr/lib/postgresql/*/bin`.
-fn pg_bindir() -> PathBuf {
-    let mut v: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
-        .unwrap_or_else(|_| panic!("PostgreSQL is missing: install the Debian package postgresql"))
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|p| p.join("postgres").is_file())
-        .collect();
-    v.sort();
-    v.pop().expect("no /usr/lib/postgresql/*/bin/postgres")
-}
-
 #[test]
 fn postgres_and_pgbench_of_two_group_members() {
     const PG: &str = "postgres";
@@ -354,9 +342,9 @@ fn postgres_and_pgbench_of_two_group_members() {
         .status()
         .unwrap();
     assert!(st.success(), "chown {}", home.display());
-    let bin = pg_bindir();
+    let bin = postgres_bindir();
     let data = home.join("data");
-    let (h, d) = (home.to_str().unwrap(), data.to_str().unwrap());
+    let d = data.to_str().unwrap();
     let c = env.command_as(
         PG,
         Mode::Plain,
@@ -366,24 +354,13 @@ fn postgres_and_pgbench_of_two_group_members() {
     env.spawn_cmd("initdb", c).wait_ok(Duration::from_secs(120));
     let port = free_port();
     let ps = port.to_string();
+    let server_args = postgres_server_args(&data, port, &home);
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
     let c = env.command_as(
         PG,
         Mode::Smclo,
         bin.join("postgres").to_str().unwrap(),
-        &[
-            "-D",
-            d,
-            "-p",
-            &ps,
-            "-k",
-            h,
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "fsync=off",
-            "-c",
-            "shared_buffers=32MB",
-        ],
+        &server_args,
     );
     let mut server = env.spawn_cmd("postgres", c);
     wait_listen(&mut server, port);

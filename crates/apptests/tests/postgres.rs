@@ -7,7 +7,7 @@ use smclo_apptests::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -99,18 +99,6 @@ fn psql_md5(env: &mut Env, dev: &Path, smclo: bool, port: u16) -> String {
     p.stdout_str().trim().to_string()
 }
 
-fn bindir() -> PathBuf {
-    let d = PathBuf::from("/usr/lib/postgresql");
-    let mut v: Vec<PathBuf> = fs::read_dir(&d)
-        .unwrap_or_else(|_| panic!("PostgreSQL is missing: install the Debian package postgresql"))
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|p| p.join("postgres").is_file())
-        .collect();
-    v.sort();
-    v.pop().expect("no /usr/lib/postgresql/*/bin/postgres")
-}
-
 #[test]
 fn postgres_pgbench_select_only() {
     assert!(
@@ -130,7 +118,7 @@ fn postgres_pgbench_select_only() {
     };
     chown(&home);
     fs::set_permissions(&env.tmp, fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = bindir();
+    let bin = postgres_bindir();
     let data = home.join("data");
     let init = as_postgres(
         &env,
@@ -143,20 +131,8 @@ fn postgres_pgbench_select_only() {
         .wait_ok(Duration::from_secs(120));
     let port = free_port();
     let ps = port.to_string();
-    let server_args = [
-        "-D",
-        data.to_str().unwrap(),
-        "-p",
-        &ps,
-        "-k",
-        home.to_str().unwrap(),
-        "-c",
-        "listen_addresses=127.0.0.1",
-        "-c",
-        "fsync=off",
-        "-c",
-        "shared_buffers=32MB",
-    ];
+    let server_args = postgres_server_args(&data, port, &home);
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
     let c = as_postgres(
         &env,
         &dev,
