@@ -10,6 +10,7 @@ use smclo::device::Device;
 use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -312,6 +313,33 @@ fn fallback_ueid_mismatch() {
     );
 }
 
+/// A client's proposal to `dest` made by hand on a fresh TCP socket, so
+/// that a test can meddle between its steps.
+fn raw_proposal(
+    dev: &std::sync::Arc<Device>,
+    cfg: &Config,
+    dest: std::net::SocketAddr,
+) -> (TcpStream, smclo::handshake::ClientProposal) {
+    // SAFETY: a fresh socket, owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
+    let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    let Ok(p) = smclo::handshake::client_propose(dev, cfg, fd, dest) else {
+        panic!("proposal");
+    };
+    (tcp, p)
+}
+
+/// The echo peer answers over the plain TCP connection `t`.
+fn echo_plain(mut t: TcpStream) {
+    t.write_all(b"plain").unwrap();
+    t.shutdown(Shutdown::Write).unwrap();
+    let mut back = String::new();
+    t.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "plain");
+}
+
 #[test]
 fn fallback_token_gone() {
     let dir = Dir::new();
@@ -319,14 +347,8 @@ fn fallback_token_gone() {
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let cfg = dir.cfg();
     let dev = dir.dev();
-    // SAFETY: a fresh socket, owned by the TcpStream below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0);
-    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
-    let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    let Ok(mut p) = smclo::handshake::client_propose(&dev, &cfg, fd, dest) else {
-        panic!("proposal");
-    };
+    let (tcp, mut p) = raw_proposal(&dev, &cfg, dest);
+    let fd = tcp.as_raw_fd();
     // The DMB named in the proposal is unregistered before the client
     // passes it: the server gets no DMB for the token.
     assert_ne!(p.token(), 0);
@@ -336,12 +358,7 @@ fn fallback_token_gone() {
     let d = p.finish();
     assert_eq!(d.fallback_reason(), Some(Reason::ErrRtok));
     assert_eq!(peer.line(), "smc=0 reason=ERR_RTOK");
-    let mut t = tcp;
-    t.write_all(b"plain").unwrap();
-    t.shutdown(Shutdown::Write).unwrap();
-    let mut back = String::new();
-    t.read_to_string(&mut back).unwrap();
-    assert_eq!(back, "plain");
+    echo_plain(tcp);
     peer.wait_ok();
 }
 
@@ -658,14 +675,8 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let cfg = dir.cfg();
     let dev = dir.dev();
-    // SAFETY: a fresh socket, owned by the TcpStream below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0);
-    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
-    let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    let Ok(mut p) = smclo::handshake::client_propose(&dev, &cfg, fd, dest) else {
-        panic!("proposal");
-    };
+    let (tcp, mut p) = raw_proposal(&dev, &cfg, dest);
+    let fd = tcp.as_raw_fd();
     // Another process of the namespace fills the client's rendezvous
     // backlog before the server connects to it.
     let name = abstract_rendezvous_name(dev.gid()).expect("abstract rendezvous socket");
@@ -694,12 +705,7 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
     );
     assert_eq!(p.finish().fallback_reason(), Some(Reason::Timeout));
     drop(flood);
-    let mut t = tcp;
-    t.write_all(b"plain").unwrap();
-    t.shutdown(Shutdown::Write).unwrap();
-    let mut back = String::new();
-    t.read_to_string(&mut back).unwrap();
-    assert_eq!(back, "plain");
+    echo_plain(tcp);
     peer.wait_ok();
     assert_eq!(dev.stats().fallback(Reason::Timeout), (1, 1));
 }
@@ -829,7 +835,6 @@ fn accept_does_not_wait_for_the_confirm() {
 fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
     use smclo::rendezvous::{Rendezvous, SlotKey};
     use smclo_wire::clc::{Accept, ClcMsg};
-    use std::os::fd::AsRawFd;
     use std::os::linux::net::SocketAddrExt;
     let dir = Dir::new();
     let dev = dir.dev();
