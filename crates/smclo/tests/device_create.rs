@@ -46,10 +46,9 @@ fn child_lines(c: &mut ChildGuard, prefix: &str) -> Vec<String> {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+    let Some((role, dir)) = common::child_role() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let arg = std::env::var("SMCLO_TEST_ARG").unwrap_or_default();
     match role.as_str() {
         "create" => {

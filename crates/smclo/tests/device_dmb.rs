@@ -3,14 +3,13 @@
 //! collection after kill -9, and isolation from other users.
 
 mod common;
-use common::{spawn_child, ChildGuard, TempDir};
+use common::{spawn_child, TempDir};
 use smclo::conn::Mode;
 use smclo::device::{Device, Role, SWEEP_INTERVAL_MS};
 use smclo::error::AttachError;
 use smclo::owner::Owner;
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -22,25 +21,6 @@ use std::time::Duration;
 const LO: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1));
 
 const RING: u32 = smclo_wire::dmb_header::MIN_RING_LEN;
-
-/// Reads the child's stdout up to the line `READY`, returning the lines
-/// before it.
-fn wait_ready(c: &mut ChildGuard) -> Vec<String> {
-    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
-    let mut seen = Vec::new();
-    loop {
-        let mut l = String::new();
-        assert!(
-            r.read_line(&mut l).unwrap() > 0,
-            "child exited before READY: {seen:?}"
-        );
-        let l = l.trim().to_string();
-        if l == "READY" {
-            return seen;
-        }
-        seen.push(l);
-    }
-}
 
 fn dmb_files(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -70,10 +50,9 @@ fn seals(f: &File) -> i32 {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+    let Some((role, dir)) = common::child_role() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
         "hold" => {
@@ -286,7 +265,7 @@ fn kill_9_leaves_nothing_behind() {
     let t = TempDir::new("kill9");
     let dev = Device::open(&t.0).unwrap();
     let mut c = spawn_child("hold", &t.0);
-    let lines = wait_ready(&mut c);
+    let lines = c.wait_ready();
     let pid: u32 = lines
         .iter()
         .find_map(|l| l.strip_prefix("PID="))
@@ -349,7 +328,7 @@ fn stats_reclaim_after_kill_9_without_registering() {
     let t = TempDir::new("kill9s");
     let dev = Device::open(&t.0).unwrap();
     let mut c = spawn_child("hold", &t.0);
-    wait_ready(&mut c);
+    c.wait_ready();
     assert_eq!(dev.stats().dmbs_cnt, 3);
     c.0.kill().unwrap();
     c.0.wait().unwrap();

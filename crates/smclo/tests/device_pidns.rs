@@ -12,17 +12,16 @@ use smclo::config::Config;
 use smclo::device::Device;
 use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+    let Some((role, dir)) = common::child_role() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     match role.as_str() {
         // What `smclo stats` does.
         "stats" => {

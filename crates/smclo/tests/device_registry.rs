@@ -2,28 +2,12 @@
 //! registrations of dead processes are reclaimed.
 
 mod common;
-use common::{spawn_child, ChildGuard, TempDir};
+use common::{spawn_child, TempDir};
 use smclo::device::Device;
 use smclo::owner::{netns_inode, Owner};
 use smclo::registry::{find_listener, register_listener, PROBE};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
-
-fn wait_ready(c: &mut ChildGuard) {
-    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(
-            r.read_line(&mut l).unwrap() > 0,
-            "child exited before READY"
-        );
-        if l.trim() == "READY" {
-            return;
-        }
-    }
-}
 
 fn a(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -32,10 +16,9 @@ fn a(s: &str) -> SocketAddr {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+    let Some((role, dir)) = common::child_role() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
         "listen" => {
@@ -142,7 +125,7 @@ fn dead_listeners_are_reclaimed() {
     let t = TempDir::new("regdead");
     let dev = Device::open(&t.0).unwrap();
     let mut c = spawn_child("listen", &t.0);
-    wait_ready(&mut c);
+    c.wait_ready();
     let pid = c.0.id();
     let info = find_listener(&dev, a("127.0.0.1:7001")).expect("child's listener");
     assert_eq!(info.owner.pid, pid);

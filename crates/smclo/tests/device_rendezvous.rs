@@ -9,7 +9,6 @@ use smclo::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
 use smclo::Error;
 use smclo_wire::syn::Mark;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -32,10 +31,9 @@ fn key(n: u16, sport: u16) -> SlotKey {
 /// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("SMCLO_TEST_ROLE") else {
+    let Some((role, dir)) = common::child_role() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap());
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
         "fill" => {

@@ -32,6 +32,38 @@ impl Drop for TempDir {
 /// Kills the child on drop, so a failing test leaves no process behind.
 pub struct ChildGuard(pub Child);
 
+impl ChildGuard {
+    /// Reads the child's stdout up to the line `READY`; returns the lines
+    /// before it.
+    pub fn wait_ready(&mut self) -> Vec<String> {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(self.0.stdout.as_mut().unwrap());
+        let mut seen = Vec::new();
+        loop {
+            let mut l = String::new();
+            assert!(
+                r.read_line(&mut l).unwrap() > 0,
+                "child exited before READY: {seen:?}"
+            );
+            let l = l.trim().to_string();
+            if l == "READY" {
+                return seen;
+            }
+            seen.push(l);
+        }
+    }
+}
+
+/// In a child made by [`spawn_child`]: its role and device directory;
+/// `None` in the test run itself.
+pub fn child_role() -> Option<(String, PathBuf)> {
+    let role = std::env::var("SMCLO_TEST_ROLE").ok()?;
+    Some((
+        role,
+        PathBuf::from(std::env::var("SMCLO_TEST_DIR").unwrap()),
+    ))
+}
+
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         let _ = self.0.kill();
