@@ -867,6 +867,17 @@ pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
     (p, port)
 }
 
+/// nginx under `smclo run` on 127.0.0.1 at a free port, serving `root`
+/// (configuration and logs tagged "a"); returns it and its port.
+pub fn start_local_nginx(env: &mut Env, root: &Path) -> (Proc, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    (
+        start_nginx(env, Mode::Smclo, None, &listen, root, "a"),
+        port,
+    )
+}
+
 /// Writes an nginx config (master + 2 workers, sendfile, keepalive, `daemon
 /// off`, every path in the temp dir) serving `root` on `listen`, and starts
 /// nginx in `mode`, optionally inside `netns`. Access log lines are

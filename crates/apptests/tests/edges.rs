@@ -141,15 +141,7 @@ fn nginx_client_killed_mid_transfer() {
     let mut env = Env::new("edge-kill-client");
     env.run_opts = ["-r", "16k"].map(String::from).to_vec();
     let (root, big) = www(&env);
-    let port = free_port();
-    let mut nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (mut nginx, port) = start_local_nginx(&mut env, &root);
     let url = format!("http://127.0.0.1:{port}/big.bin");
     // --limit-rate keeps curl reading slowly, the ring full.
     // On a busy machine a curl can be descheduled past the 300 ms and find
@@ -223,15 +215,7 @@ fn nginx_server_killed_mid_transfer() {
     let mut env = Env::new("edge-kill-server");
     env.run_opts = ["-r", "16k"].map(String::from).to_vec();
     let (root, _) = www(&env);
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let url = format!("http://127.0.0.1:{port}/big.bin");
     let cmd = env.command(
         Mode::Smclo,
@@ -399,15 +383,7 @@ fn descriptor_numbers_stay_dense() {
     let mut env = Env::new("edge-fds");
     let (root, _) = www(&env);
     fs::write(env.path("fdclient.py"), FD_CLIENT).unwrap();
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let n = 64;
     let mut max = Vec::new();
     for mode in [Mode::Plain, Mode::Smclo] {

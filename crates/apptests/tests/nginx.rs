@@ -15,15 +15,7 @@ fn www(env: &Env) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
 fn nginx_curl_small_and_1mib() {
     let mut env = Env::new("nginx-curl");
     let (root, small, big) = www(&env);
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let s0 = env.stats();
     let base = format!("http://127.0.0.1:{port}");
     // Both files over one keep-alive connection, then each on its own.
@@ -77,15 +69,7 @@ fn nginx_curl_small_and_1mib() {
 fn nginx_wrk() {
     let mut env = Env::new("nginx-wrk");
     let (root, small, _) = www(&env);
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
