@@ -18,11 +18,7 @@ fn perf_usable() -> bool {
 }
 
 fn unchecked(why: &str) {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}: CI must count system calls"
-    );
-    eprintln!("{why}: system calls not counted");
+    panic!("{why}: system calls cannot be counted (./test.sh runs as root with perf and strace installed)");
 }
 
 /// The count in a `perf stat -x,` output file.

@@ -359,10 +359,11 @@ fn other_users_cannot_open_the_device_or_a_dmb() {
     // (over /proc/<pid>/fd) and its mappings (/proc/<pid>/map_files), and
     // another uid may open neither.
     // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to switch to uid 65534");
-        return;
-    }
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "needs root to switch to uid 65534 (./test.sh runs as root)"
+    );
     let t = TempDir::new("uid");
     let dev = Device::open(&t.0).unwrap();
     let h = dev.register_dmb(RING, Role::Server).unwrap();

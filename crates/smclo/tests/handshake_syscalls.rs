@@ -71,10 +71,9 @@ fn churn(dir: &Dir, n: u32) -> Option<HashMap<String, i64>> {
 }
 
 fn unchecked(why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{why}: the setup budget cannot be checked, and CI must check it");
-    }
-    eprintln!("{why}: setup budget not checked");
+    panic!(
+        "{why}: the setup budget cannot be checked (./test.sh runs as root with strace installed)"
+    );
 }
 
 #[test]
