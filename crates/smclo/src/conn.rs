@@ -695,6 +695,12 @@ impl Conn {
 
     // ----- reading --------------------------------------------------------
 
+    /// How long the next blocking read would spin before it sleeps (the
+    /// adaptive budget; for tests and diagnostics).
+    pub fn read_spin_budget(&self) -> Duration {
+        self.rx_spin.next()
+    }
+
     /// Reads into `buf`; honours blocking mode; 0 = end of stream.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.recv(buf, false, false, false)
@@ -843,10 +849,12 @@ impl Conn {
         sleep: &mut Sleep,
     ) -> io::Result<MutexGuard<'a, ()>> {
         drop(g);
+        let slept = Instant::now();
         let rev = sleep.poll(self.fd(), libc::POLLIN)?;
         let g = lock(&self.rx);
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             let s = self.rx_snap()?;
+            self.rx_spin.woken(s.used > 0, slept);
             if s.used == 0 && cursor::bells(s.prod) == 0 && conn_state_flags(s.prod) == 0 {
                 // Readable with no bell counted: end of file (peer gone),
                 // an owed bell that arrived (the next look takes it), or a
@@ -1114,8 +1122,13 @@ impl Conn {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
                 drop(g);
+                let slept = Instant::now();
                 let rev = sleep.poll(self.fd(), libc::POLLOUT)?;
                 let g = lock(&self.tx);
+                if rev & libc::POLLOUT != 0 {
+                    let room = self.tx_snap()?.used < p.ring_len();
+                    self.tx_spin.woken(room, slept);
+                }
                 if rev & (libc::POLLHUP | libc::POLLERR) != 0 {
                     // Our end is hung up: the peer closed or died (or we
                     // shut down both ways); tx_allowed decides.

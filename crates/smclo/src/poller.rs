@@ -86,6 +86,18 @@ impl Budget {
         crate::conn::spin_budget() / (1 << self.misses.load(Ordering::Relaxed).min(MAX_HALVINGS))
     }
 
+    /// After a spin that found nothing and a sleep begun at `slept`:
+    /// when what it waited for (`arrived`) came within a full budget of
+    /// the sleep, a full spin would have caught it, so the next spin is
+    /// full again. Without this, two peers that both once missed (one was
+    /// descheduled) would answer each other only after a wake-up, longer
+    /// than their halved budgets, and stay asleep for good.
+    pub fn woken(&self, arrived: bool, slept: std::time::Instant) {
+        if arrived && slept.elapsed() < crate::conn::spin_budget() {
+            self.note(true);
+        }
+    }
+
     /// Records whether the spin found what it waited for.
     pub fn note(&self, hit: bool) {
         if hit {
@@ -94,5 +106,47 @@ impl Budget {
             let m = self.misses.load(Ordering::Relaxed);
             self.misses.store(m.saturating_add(1), Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Budget;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn misses_halve_the_budget_and_a_hit_restores_it() {
+        let b = Budget::new();
+        let full = b.next();
+        b.note(false);
+        assert_eq!(b.next(), full / 2);
+        for _ in 0..20 {
+            b.note(false);
+        }
+        assert_eq!(b.next(), full / 64);
+        b.note(true);
+        assert_eq!(b.next(), full);
+    }
+
+    /// A sleep that a full spin would have spared (the event came within
+    /// the budget) restores it; a long sleep, or a wake-up without the
+    /// event, leaves it halved. Before, a halved budget came back only
+    /// from a spin that hit, so two peers that had both slept once kept
+    /// answering each other after wake-ups and never spun again.
+    #[test]
+    fn an_event_soon_after_the_sleep_restores_the_budget() {
+        let b = Budget::new();
+        let full = b.next();
+        for _ in 0..6 {
+            b.note(false);
+        }
+        let low = b.next();
+        assert!(low < full);
+        b.woken(false, Instant::now());
+        assert_eq!(b.next(), low, "woken without the event");
+        b.woken(true, Instant::now() - full - Duration::from_micros(1));
+        assert_eq!(b.next(), low, "the event came after a full budget");
+        b.woken(true, Instant::now());
+        assert_eq!(b.next(), full, "the event came within a full budget");
     }
 }

@@ -431,3 +431,57 @@ fn a_read_does_not_wait_for_the_doorbell_of_a_stopped_writer() {
     assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
     assert!(!readable(p.a.fd()));
 }
+
+/// Two blocking readers in ping-pong that both once waited long (each
+/// answer came 2 ms late, so both spin budgets shrank) go back to spinning
+/// once answers come at once: a sleep woken by data within a full budget
+/// restores it. Before, only a spin that hit restored a budget, and with
+/// both peers asleep each answer came after a wake-up, longer than the
+/// shrunken spins, so neither ever spun again (the message rate was then
+/// that of two sleeping processes, by chance).
+#[test]
+fn ping_pong_readers_spin_again_after_a_slow_phase() {
+    if smclo::conn::spin_budget().is_zero() {
+        panic!("SMCLO_SPIN_US=0: nothing spins, nothing to check");
+    }
+    let (a, b) = pair();
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    const SLOW: usize = 10;
+    const FAST: usize = 300;
+    let echo = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1];
+            for i in 0..SLOW + FAST {
+                assert_eq!(b.read(&mut buf).unwrap(), 1);
+                if i < SLOW {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                assert_eq!(b.write(&buf).unwrap(), 1);
+            }
+        })
+    };
+    let mut buf = [0u8; 1];
+    let full = a.read_spin_budget();
+    let mut full_again = 0;
+    for i in 0..SLOW + FAST {
+        if i < SLOW {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(a.write(&[i as u8]).unwrap(), 1);
+        assert_eq!(a.read(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], i as u8);
+        if i == SLOW - 1 {
+            assert!(a.read_spin_budget() < full, "the slow phase shrank nothing");
+        }
+        if i >= SLOW && a.read_spin_budget() == full {
+            full_again += 1;
+        }
+    }
+    echo.join().unwrap();
+    assert!(
+        full_again > 0,
+        "after the slow phase, {FAST} prompt answers never restored the reader's spin budget"
+    );
+    assert!(b.read_spin_budget() > Duration::ZERO);
+}

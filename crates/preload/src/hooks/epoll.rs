@@ -604,10 +604,7 @@ fn wait(
     let slept = Instant::now();
     loop {
         let n = kernel(sh, ep, out, 0, ms_left(deadline), sigmask)?;
-        if n > 0 && slept.elapsed() < smclo::conn::spin_budget() {
-            // A full spin would have caught it: spin again next time.
-            sh.budget.note(true);
-        }
+        sh.budget.woken(n > 0, slept);
         if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(n);
         }
