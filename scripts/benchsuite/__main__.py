@@ -43,7 +43,7 @@ class Context:
 
 
 # Soft RLIMIT_NOFILE one idle smclo connection needs for all of them to be in
-# shared memory (4 descriptors each within 1/16 of the limit, and margin).
+# shared memory (3 descriptors each within 1/16 of the limit, and margin).
 FDS_PER_IDLE_CONN = 50
 
 
@@ -84,7 +84,7 @@ def parse_args(argv):
     p.add_argument("--only", help="comma-separated workloads: " + ",".join(w.name for w in all_workloads()))
     p.add_argument("--idle-conns", type=int, default=default_idle_conns(),
                    help="idle connections for the memory row (default 1000, or fewer where the hard RLIMIT_NOFILE "
-                        "is under %d: smclo keeps its descriptors, about 4 per connection, within 1/16 of the "
+                        "is under %d: smclo keeps its descriptors, 3 per connection, within 1/16 of the "
                         "limit, and a connection past that stays TCP; here %d)" % (1000 * FDS_PER_IDLE_CONN,
                                                                                  default_idle_conns()))
     p.add_argument("--redis-requests", type=int, default=100000, help="redis-benchmark -n (default 100000)")
