@@ -5,8 +5,10 @@
 //! not asked for never reported), exact timeouts, a signal let in by
 //! `epoll_pwait`'s mask, a set that mixes the connection with a pipe, an
 //! eventfd and a timerfd, two threads on one set, a set inherited across
-//! fork, and `poll`; with the default spin and with `SMCLO_SPIN_US=0`. The
-//! device's counters prove the connection was SMC-D.
+//! fork, `poll`, and `select`/`pselect` (timeouts and the time left,
+//! errors, signals, a pending connect, system calls per request); with the
+//! default spin and with `SMCLO_SPIN_US=0`. The device's counters prove the
+//! connection was SMC-D.
 
 use smclo::device::Device;
 use std::path::{Path, PathBuf};
@@ -46,14 +48,32 @@ fn evloop() -> &'static Path {
 
 /// Runs `evloop mode` under the preload on a device of its own.
 fn check(mode: &str, spin_us: Option<&str>) {
+    run(&[mode], spin_us, None);
+}
+
+/// Runs `evloop args` under the preload on a device of its own (under
+/// `perf stat`, counting system calls into `perf`, when given), checks
+/// that it succeeded over one SMC-D connection that moved the bytes it
+/// read, and returns its output.
+fn run(args: &[&str], spin_us: Option<&str>, perf: Option<&Path>) -> String {
+    let mode = args[0];
     let dev = PathBuf::from(format!(
         "/dev/shm/smclo-evloop-test-{}-{}-{mode}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&dev);
-    let mut c = Command::new("timeout");
-    c.arg("60").arg(evloop()).arg(mode);
+    let mut c = match perf {
+        Some(out) => {
+            let mut c = Command::new("perf");
+            c.args(["stat", "-e", "raw_syscalls:sys_enter", "-x,", "-o"])
+                .arg(out)
+                .args(["--", "timeout"]);
+            c
+        }
+        None => Command::new("timeout"),
+    };
+    c.arg("60").arg(evloop()).args(args);
     c.env("LD_PRELOAD", lib())
         .env("SMCLO_DEVICE_DIR", &dev)
         .env("SMCLO_DEBUG", "1")
@@ -80,6 +100,7 @@ fn check(mode: &str, spin_us: Option<&str>) {
         stats.xfer_bytes >= read,
         "the {read} bytes read went through the rings\n{report}"
     );
+    stdout.into_owned()
 }
 
 #[test]
@@ -133,4 +154,72 @@ fn set_inherited_across_fork() {
 #[test]
 fn poll_sees_the_ring() {
     check("poll", None);
+}
+
+#[test]
+fn select_semantics() {
+    check("select-semantics", None);
+    check("select-semantics", Some("0"));
+}
+
+/// A non-blocking connect whose server accepts after 300 ms: `select`
+/// reports it writable once the handshake decided (SMC-D), never before
+/// (a write would fail with `EAGAIN`: the program would spin).
+#[test]
+fn select_drives_a_pending_connect() {
+    check("select-connect", None);
+}
+
+/// Whether `perf stat` can count system-call tracepoints here.
+fn perf_usable() -> bool {
+    Command::new("perf")
+        .args(["stat", "-e", "raw_syscalls:sys_enter", "-x,", "--", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The count in a `perf stat -x,` output file.
+fn perf_count(path: &Path) -> u64 {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    s.lines()
+        .find(|l| l.contains("raw_syscalls:sys_enter"))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count in perf output:\n{s}"))
+}
+
+/// A request/response loop over `select` (and one over `pselect`), 64
+/// bytes each way, byte-checked, both ends waiting in select before they
+/// read: system calls per round trip, both processes together, counted by
+/// `perf stat` as the difference between 20000 and 2000 round trips (which
+/// cancels the setup). Each select used to be a kernel call, with a
+/// doorbell sent and received per message: about 6 per round trip.
+#[test]
+fn select_request_response_makes_almost_no_system_call() {
+    if !perf_usable() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must count system calls"
+        );
+        eprintln!("perf stat cannot count raw_syscalls:sys_enter: not checked");
+        return;
+    }
+    for mode in ["select", "pselect"] {
+        let count = |n: u64| {
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("evloop-perf-{}-{mode}-{n}", std::process::id()));
+            let stdout = run(&[mode, &n.to_string()], None, Some(&out));
+            let c = perf_count(&out);
+            let _ = std::fs::remove_file(&out);
+            (c, stdout)
+        };
+        let (few, _) = count(2000);
+        let (many, stdout) = count(20000);
+        let per = many.saturating_sub(few) as f64 / 18000.0;
+        eprintln!("{mode}: {per:.3} system calls per round trip ({few}, {many})");
+        assert!(
+            per < 1.5,
+            "{mode}: {per:.3} system calls per round trip ({few} for 2000, {many} for 20000)\n{stdout}"
+        );
+    }
 }

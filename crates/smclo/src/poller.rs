@@ -15,9 +15,11 @@
 //! [`Conn::poll_begin`]: crate::conn::Conn::poll_begin
 //! [`Conn::poll_end`]: crate::conn::Conn::poll_end
 
+use crate::conn::Conn;
+use std::io;
 use std::ops::BitOr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Readiness bits, with the values of `poll(2)`'s (which `epoll` shares).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,7 +94,7 @@ impl Budget {
     /// full again. Without this, two peers that both once missed (one was
     /// descheduled) would answer each other only after a wake-up, longer
     /// than their halved budgets, and stay asleep for good.
-    pub fn woken(&self, arrived: bool, slept: std::time::Instant) {
+    pub fn woken(&self, arrived: bool, slept: Instant) {
         if arrived && slept.elapsed() < crate::conn::spin_budget() {
             self.note(true);
         }
@@ -106,6 +108,229 @@ impl Budget {
             let m = self.misses.load(Ordering::Relaxed);
             self.misses.store(m.saturating_add(1), Ordering::Relaxed);
         }
+    }
+}
+
+/// How often a wait whose rings keep it busy asks the kernel about its
+/// other descriptors (and, with a signal mask, lets a signal in): under
+/// load a request costs no system call, and no other descriptor waits
+/// longer than this.
+pub const KERNEL_EVERY: Duration = Duration::from_micros(200);
+
+/// Nanoseconds since the first call in this process: a clock that fits in
+/// an atomic.
+pub fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// What a waiter carries from one wait to the next: its spin [`Budget`]
+/// and when it last asked the kernel ([`KERNEL_EVERY`]). One per thread
+/// of the preload's `poll` and `select`, one per [`crate::api::Poller`].
+#[derive(Debug, Default)]
+pub struct Pace {
+    budget: Budget,
+    kernel_at: AtomicU64,
+}
+
+impl Pace {
+    /// A fresh pace: the full budget, the kernel not asked yet.
+    pub const fn new() -> Pace {
+        Pace {
+            budget: Budget::new(),
+            kernel_at: AtomicU64::new(0),
+        }
+    }
+
+    fn kernel_due(&self) -> bool {
+        now_ns().saturating_sub(self.kernel_at.load(Ordering::Relaxed))
+            >= KERNEL_EVERY.as_nanos() as u64
+    }
+
+    fn kernel_asked(&self) {
+        self.kernel_at.store(now_ns(), Ordering::Relaxed);
+    }
+}
+
+/// An SMC-D connection among the descriptors of a [`poll`]: its ring
+/// answers for `fds[index]`.
+pub struct Member<'a> {
+    /// Its entry in the `pollfd` array.
+    pub index: usize,
+    /// The connection.
+    pub conn: &'a Conn,
+    /// Reported besides the ring's readiness (the preload's
+    /// `shutdown(SHUT_RD)`: readable, end of stream).
+    pub also: Ready,
+}
+
+/// The real wait: `ppoll(2)` over the given descriptors with a timeout
+/// (`None`: for ever; the signal mask, if any, is the closure's), giving
+/// the number of ready entries.
+pub trait Kernel: FnMut(&mut [libc::pollfd], Option<Duration>) -> io::Result<usize> {}
+impl<F: FnMut(&mut [libc::pollfd], Option<Duration>) -> io::Result<usize>> Kernel for F {}
+
+/// `ppoll(2)` over `fds`, of which `members` are SMC-D connections: their
+/// rings answer for them, the kernel for the others.
+///
+/// The rings are looked at first; with nothing ready the wait spins for
+/// the pace's budget in a poll session (the members' writers skip their
+/// doorbells, [`Conn::poll_begin`]), looking at the rings and, every
+/// [`KERNEL_EVERY`], at the other descriptors; then it ends the session,
+/// makes every member's writer ring ([`Conn::poll_cancel`]), looks once
+/// more and only then sleeps in `kernel` with every descriptor, where a
+/// doorbell wakes it. `masked`: the kernel calls carry a signal mask, so
+/// the kernel is asked every [`KERNEL_EVERY`] even with no other
+/// descriptor, to let a signal in. Returns the number of entries with
+/// `revents`, as `poll` does.
+///
+/// [`Conn::poll_begin`]: crate::conn::Conn::poll_begin
+/// [`Conn::poll_cancel`]: crate::conn::Conn::poll_cancel
+pub fn poll(
+    pace: &Pace,
+    fds: &mut [libc::pollfd],
+    members: &[Member<'_>],
+    timeout: Option<Duration>,
+    masked: bool,
+    kernel: impl Kernel,
+) -> io::Result<usize> {
+    let others = masked
+        || fds
+            .iter()
+            .enumerate()
+            .any(|(i, p)| p.fd >= 0 && !members.iter().any(|m| m.index == i));
+    let mut w = Wait {
+        pace,
+        fds,
+        members,
+        ring: vec![0; members.len()],
+        others,
+        kernel,
+    };
+    w.run(timeout)
+}
+
+/// One [`poll`] in progress.
+struct Wait<'a, 'm, K> {
+    pace: &'a Pace,
+    fds: &'a mut [libc::pollfd],
+    members: &'a [Member<'m>],
+    /// What the last look at the rings saw, by member.
+    ring: Vec<i16>,
+    /// The kernel has something to say besides the doorbells.
+    others: bool,
+    kernel: K,
+}
+
+impl<K: Kernel> Wait<'_, '_, K> {
+    fn run(&mut self, timeout: Option<Duration>) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        if self.look() {
+            let due = self.pace.kernel_due();
+            return self.report(due);
+        }
+        if let Some(n) = self.spin(deadline)? {
+            return Ok(n);
+        }
+        for m in self.members {
+            // An error aborted the connection; its readiness says so.
+            let _ = m.conn.poll_cancel();
+        }
+        if self.look() {
+            return self.report(true);
+        }
+        let slept = Instant::now();
+        self.pace.kernel_asked();
+        let left = deadline.map(|d| d.saturating_duration_since(slept));
+        let n = (self.kernel)(self.fds, left)?;
+        self.pace.budget.woken(n > 0, slept);
+        Ok(n)
+    }
+
+    /// Looks at the members' rings; whether any is ready.
+    fn look(&mut self) -> bool {
+        let mut any = false;
+        for (m, r) in self.members.iter().zip(self.ring.iter_mut()) {
+            let asked = self.fds[m.index].events | libc::POLLHUP | libc::POLLERR;
+            *r = (m.conn.ready() | m.also).bits() as i16 & asked;
+            any |= *r != 0;
+        }
+        any
+    }
+
+    /// Reports what the last look saw, with (`kernel`) the kernel's answer
+    /// for the other descriptors, asked without waiting; the count.
+    fn report(&mut self, kernel: bool) -> io::Result<usize> {
+        if kernel && self.others {
+            self.now()?;
+        } else {
+            self.fds.iter_mut().for_each(|p| p.revents = 0);
+        }
+        for (m, r) in self.members.iter().zip(&self.ring) {
+            self.fds[m.index].revents |= *r;
+        }
+        Ok(self.fds.iter().filter(|p| p.revents != 0).count())
+    }
+
+    /// Asks the kernel about the other descriptors without waiting: the
+    /// members' descriptors are left out (negative), since their doorbells
+    /// lag behind their rings.
+    fn now(&mut self) -> io::Result<usize> {
+        self.pace.kernel_asked();
+        let mut saved = Vec::with_capacity(self.members.len());
+        for m in self.members {
+            let p = &mut self.fds[m.index];
+            if p.fd >= 0 {
+                saved.push((m.index, p.fd));
+                p.fd = -1;
+            }
+        }
+        let r = (self.kernel)(self.fds, Some(Duration::ZERO));
+        for (i, fd) in saved {
+            self.fds[i].fd = fd;
+        }
+        r
+    }
+
+    /// Spins for the pace's budget (within the deadline) in a poll
+    /// session; what it found, if anything.
+    fn spin(&mut self, deadline: Option<Instant>) -> io::Result<Option<usize>> {
+        let mut budget = self.pace.budget.next();
+        if let Some(d) = deadline {
+            budget = budget.min(d.saturating_duration_since(Instant::now()));
+        }
+        if budget.is_zero() {
+            return Ok(None);
+        }
+        let begun: Vec<bool> = self
+            .members
+            .iter()
+            .map(|m| m.conn.poll_begin().is_ok())
+            .collect();
+        let r = self.spin_in_session(budget);
+        for (m, _) in self.members.iter().zip(begun).filter(|(_, b)| *b) {
+            let _ = m.conn.poll_end();
+        }
+        self.pace.budget.note(matches!(r, Ok(Some(_))));
+        r
+    }
+
+    fn spin_in_session(&mut self, budget: Duration) -> io::Result<Option<usize>> {
+        let start = Instant::now();
+        while start.elapsed() < budget {
+            if self.look() {
+                let due = self.pace.kernel_due();
+                return self.report(due).map(Some);
+            }
+            if self.others && self.pace.kernel_due() {
+                let n = self.report(true)?;
+                if n > 0 {
+                    return Ok(Some(n));
+                }
+            }
+            std::hint::spin_loop();
+        }
+        Ok(None)
     }
 }
 

@@ -29,16 +29,12 @@ use super::{errno, set_errno};
 use crate::real;
 use crate::table::{self, Sock, F_EPOLL};
 use libc::{c_int, epoll_event, sigset_t, timespec};
-use smclo::poller::Budget;
+use smclo::poller::{now_ns, Budget, KERNEL_EVERY};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// How often a set whose rings keep it busy asks the kernel about its
-/// other descriptors (and, with a signal mask, lets a signal in).
-const KERNEL_EVERY: Duration = Duration::from_micros(200);
 
 /// The events a registration can ask for that the rings can answer.
 const RING_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
@@ -156,11 +152,6 @@ struct Shadow {
 static SHADOWS: Mutex<Option<HashMap<RawFd, Arc<Shadow>>>> = Mutex::new(None);
 /// How many shadows exist (closes skip the map at 0).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-
-fn now_ns() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 fn shadow(ep: RawFd) -> Option<Arc<Shadow>> {
     if !table::has_flag(ep, F_EPOLL) {

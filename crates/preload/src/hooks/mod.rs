@@ -29,7 +29,7 @@ mod unsupported;
 pub use control::*;
 pub use data::*;
 pub use epoll::{epoll_pwait, epoll_pwait2, epoll_wait};
-pub use poll::{poll, ppoll};
+pub use poll::{__poll_chk, __ppoll_chk, __select, poll, ppoll, pselect, select};
 pub use process::*;
 pub use setup::*;
 pub(crate) use swap::last_close;

@@ -1,110 +1,139 @@
-//! `poll` and `ppoll` over SMC-D descriptors: the rings first.
+//! `poll`, `ppoll`, `select` and `pselect` over SMC-D descriptors: the
+//! rings first, through the core's wait (`smclo::poller::poll`).
 //!
-//! An event loop's poll session (`hooks::epoll`) lets writers skip their
-//! doorbells, so a ring may hold data its descriptor does not show to the
-//! kernel (see `smclo::doorbell` "Pollers"). These calls therefore clear
-//! `POLLED` on the connections they wait for (writers ring again), look at
-//! their rings, and report what is ready there together with what the
-//! kernel says at once; only with nothing ready do they sleep in the real
-//! call.
+//! A set without SMC-D descriptors or pending connects goes to the real
+//! call unchanged. Otherwise the rings answer for the SMC-D descriptors
+//! and the kernel for the others; a wait with nothing ready spins for an
+//! adaptive budget (per thread) while the connections' writers skip their
+//! doorbells, then makes them ring again and sleeps in `ppoll`. `select`
+//! and `pselect` are translated to that `pollfd` wait and back, as the
+//! kernel implements them.
 
+use super::{fail, os_err};
 use crate::real;
-use crate::table::{self, Sock};
-use libc::{c_int, nfds_t, pollfd, sigset_t, timespec};
+use crate::table::{self, Sock, F_PENDING};
+use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
+use smclo::poller::{Member, Pace, Ready};
+use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The SMC-D connections among `fds`, by index.
-fn smc_members(fds: &[pollfd]) -> Vec<(usize, Arc<Sock>)> {
-    fds.iter()
+thread_local! {
+    /// This thread's spin budget and kernel pace across its waits.
+    static PACE: Pace = const { Pace::new() };
+}
+
+/// The most descriptors a wait is served for; larger ones go to the
+/// kernel as they are.
+const MAX_FDS: nfds_t = 1 << 20;
+
+fn timespec_of(t: Duration) -> timespec {
+    timespec {
+        tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    }
+}
+
+/// A valid `timespec` as a duration (`None` for an invalid one, which the
+/// kernel refuses with `EINVAL`).
+fn duration_of(t: &timespec) -> Option<Duration> {
+    (t.tv_sec >= 0 && (0..1_000_000_000).contains(&t.tv_nsec))
+        .then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+}
+
+/// The real `ppoll` over `fds` with `t` (`None`: for ever) and `sigmask`.
+fn kernel(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> io::Result<usize> {
+    let ts = t.map(timespec_of);
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const timespec);
+    // SAFETY: `fds` is writable for its length; the timespec lives across
+    // the call; the mask is the caller's (or null).
+    let r = unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as nfds_t, tp, sigmask) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// The wait over `fds` of at most `t` (`None`: for ever), the rings of
+/// the SMC-D descriptors among them first; `poll`'s return value.
+fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_int {
+    let socks: Vec<(usize, Arc<Sock>)> = fds
+        .iter()
         .enumerate()
         .filter_map(|(i, p)| table::get(p.fd).map(|s| (i, s)))
-        .collect()
-}
-
-/// What the ring of `s` says for a `pollfd` asking for `events`.
-fn ring_revents(s: &Sock, events: i16) -> i16 {
-    let mut r = s.conn.ready().bits() as i16;
-    if s.shut_rd.load(std::sync::atomic::Ordering::Relaxed) {
-        r |= libc::POLLIN | libc::POLLRDHUP;
-    }
-    r & (events | libc::POLLHUP | libc::POLLERR)
-}
-
-/// The rings' answer merged into `fds` after a zero-timeout kernel call,
-/// or `None` when no ring is ready (then the caller sleeps in the kernel).
-fn rings_first(
-    fds: &mut [pollfd],
-    smc: &[(usize, Arc<Sock>)],
-    kernel_now: impl FnOnce(&mut [pollfd]) -> c_int,
-) -> Option<c_int> {
-    for (_, s) in smc {
-        // An error aborted the connection; its readiness says so.
-        let _ = s.conn.poll_cancel();
-    }
-    let ready: Vec<(usize, i16)> = smc
-        .iter()
-        .map(|(i, s)| (*i, ring_revents(s, fds[*i].events)))
-        .filter(|&(_, r)| r != 0)
         .collect();
-    if ready.is_empty() {
+    let r = if socks.is_empty() {
+        kernel(fds, t, sigmask)
+    } else {
+        let members: Vec<Member<'_>> = socks
+            .iter()
+            .map(|(i, s)| Member {
+                index: *i,
+                conn: &s.conn,
+                also: if s.shut_rd.load(Ordering::Relaxed) {
+                    Ready::IN | Ready::RDHUP
+                } else {
+                    Ready::EMPTY
+                },
+            })
+            .collect();
+        let k = |f: &mut [pollfd], t| kernel(f, t, sigmask);
+        PACE.with(|p| smclo::poller::poll(p, fds, &members, t, !sigmask.is_null(), k))
+    };
+    match r {
+        Ok(n) => n as c_int,
+        Err(e) => fail(os_err(&e)),
+    }
+}
+
+/// Whether `fds` holds an SMC-D descriptor or a pending connect.
+fn served(fds: &[pollfd]) -> bool {
+    fds.iter()
+        .any(|p| table::get(p.fd).is_some() || table::has_flag(p.fd, F_PENDING))
+}
+
+/// [`wait`], cut into slices that drive the pending connects among `fds`
+/// (`hooks::pending`).
+fn wait_driving(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_int {
+    let once = |f: &mut [pollfd], t| wait(f, t, sigmask);
+    super::pending::poll(fds, t, once).unwrap_or_else(|| wait(fds, t, sigmask))
+}
+
+/// The caller's `pollfd` array, when this wait is one to serve.
+///
+/// # Safety
+/// `fds` points to `n` pollfds (as for the kernel), or is null.
+unsafe fn served_slice<'a>(fds: *mut pollfd, n: nfds_t) -> Option<&'a mut [pollfd]> {
+    if fds.is_null() || n == 0 || n > MAX_FDS {
         return None;
     }
-    let r = kernel_now(fds);
-    if r < 0 {
-        return Some(r);
-    }
-    for (i, rev) in ready {
-        fds[i].revents |= rev;
-    }
-    Some(fds.iter().filter(|p| p.revents != 0).count() as c_int)
+    // SAFETY: the caller passes `n` pollfds; the program's own memory,
+    // which no peer writes.
+    let slice = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    served(slice).then_some(slice)
 }
 
-/// Milliseconds of `t` (rounded up), -1 for none.
-fn millis(t: Option<Duration>) -> c_int {
-    t.map_or(-1, |t| {
-        t.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
-    })
-}
-
-/// Interposed `poll(2)`; one over a pending connect is cut into slices
-/// that look at its handshake (`hooks::pending`).
+/// Interposed `poll(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    if fds.is_null() || n == 0 || n > 1 << 20 {
+    // SAFETY: the caller's arguments.
+    match unsafe { served_slice(fds, n) } {
+        Some(s) => wait_driving(s, ms_timeout(timeout), std::ptr::null()),
         // SAFETY: forwarded unchanged.
-        return unsafe { real::poll(fds, n, timeout) };
+        None => unsafe { real::poll(fds, n, timeout) },
     }
-    // SAFETY: the caller passes `n` pollfds (as for the kernel).
-    let slice = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-    let t = (timeout >= 0).then(|| Duration::from_millis(timeout as u64));
-    // SAFETY: the caller's pollfds, with a shorter timeout.
-    let once = |f: &mut [pollfd], t| unsafe { poll_set(f, millis(t)) };
-    if let Some(r) = super::pending::poll(slice, t, once) {
-        return r;
-    }
-    // SAFETY: as above.
-    unsafe { poll_set(slice, timeout) }
 }
 
-/// `poll` over `slice`: the rings first.
-unsafe fn poll_set(slice: &mut [pollfd], timeout: c_int) -> c_int {
-    let n = slice.len() as nfds_t;
-    let smc = smc_members(slice);
-    if !smc.is_empty() {
-        // SAFETY: the caller's pollfds.
-        let now = |f: &mut [pollfd]| unsafe { real::poll(f.as_mut_ptr(), n, 0) };
-        if let Some(r) = rings_first(slice, &smc, now) {
-            return r;
-        }
-    }
-    // SAFETY: the caller's pollfds and timeout.
-    unsafe { real::poll(slice.as_mut_ptr(), n, timeout) }
+/// `poll`'s timeout: negative for ever.
+fn ms_timeout(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-/// Interposed `ppoll(2)` (the mask applies to the zero-timeout call too,
-/// so a signal it lets in is reported as the kernel would); one over a
-/// pending connect is cut into slices as `poll` is.
+/// Interposed `ppoll(2)` (the mask applies to every kernel call of the
+/// wait, so a signal it lets in is reported as the kernel would).
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(
     fds: *mut pollfd,
@@ -112,53 +141,240 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     sigmask: *const sigset_t,
 ) -> c_int {
-    if fds.is_null() || n == 0 || n > 1 << 20 {
-        // SAFETY: forwarded unchanged.
-        return unsafe { real::ppoll(fds, n, ts, sigmask) };
-    }
-    // SAFETY: the caller passes `n` pollfds (as for the kernel).
-    let slice = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
     // SAFETY: the caller's timespec, when not null.
-    let t = (!ts.is_null()).then(|| unsafe { *ts });
-    let t = t.map(|t| {
-        Duration::new(
-            t.tv_sec.max(0) as u64,
-            t.tv_nsec.clamp(0, 999_999_999) as u32,
-        )
-    });
-    let once = |f: &mut [pollfd], t: Option<Duration>| {
-        let ts = t.map(|t| timespec {
-            tv_sec: t.as_secs() as libc::time_t,
-            tv_nsec: t.subsec_nanos() as libc::c_long,
-        });
-        let tp = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const timespec);
-        // SAFETY: the caller's pollfds and mask, with a shorter timeout.
-        unsafe { ppoll_set(f, tp, sigmask) }
-    };
-    if let Some(r) = super::pending::poll(slice, t, once) {
-        return r;
+    let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
+    // SAFETY: the caller's arguments.
+    match (unsafe { served_slice(fds, n) }, t) {
+        (Some(s), None) => wait_driving(s, None, sigmask),
+        (Some(s), Some(Some(t))) => wait_driving(s, Some(t), sigmask),
+        // SAFETY: forwarded unchanged (an invalid timeout: the kernel's EINVAL).
+        _ => unsafe { real::ppoll(fds, n, ts, sigmask) },
     }
-    // SAFETY: as above.
-    unsafe { ppoll_set(slice, ts, sigmask) }
 }
 
-/// `ppoll` over `slice`: the rings first.
-unsafe fn ppoll_set(slice: &mut [pollfd], ts: *const timespec, sigmask: *const sigset_t) -> c_int {
-    let n = slice.len() as nfds_t;
-    let smc = smc_members(slice);
-    if !smc.is_empty() {
-        let zero = timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: the caller's pollfds and mask.
-        let now = |f: &mut [pollfd]| unsafe { real::ppoll(f.as_mut_ptr(), n, &zero, sigmask) };
-        if let Some(r) = rings_first(slice, &smc, now) {
-            return r;
+/// Interposed `__poll_chk`, which `_FORTIFY_SOURCE` programs call
+/// (memcached, haproxy): the bound check, then `poll`.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    len: usize,
+) -> c_int {
+    check_len(n, len);
+    // SAFETY: the caller's arguments, checked as glibc does.
+    unsafe { poll(fds, n, timeout) }
+}
+
+/// Interposed `__ppoll_chk`: the bound check, then `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    sigmask: *const sigset_t,
+    len: usize,
+) -> c_int {
+    check_len(n, len);
+    // SAFETY: the caller's arguments, checked as glibc does.
+    unsafe { ppoll(fds, n, ts, sigmask) }
+}
+
+/// glibc's fortify check: `n` pollfds must fit in the `len` bytes the
+/// compiler knows of, or the program is aborted.
+fn check_len(n: nfds_t, len: usize) {
+    if (len / std::mem::size_of::<pollfd>()) < n as usize {
+        extern "C" {
+            fn __chk_fail() -> !;
         }
+        // SAFETY: glibc's own failure report; it does not return.
+        unsafe { __chk_fail() }
     }
-    // SAFETY: the caller's pollfds, mask and timeout.
-    unsafe { real::ppoll(slice.as_mut_ptr(), n, ts, sigmask) }
+}
+
+/// What `select` asks of a descriptor in each of its sets, and what
+/// `revents` put it back in them (the kernel's `POLLIN_SET`, `POLLOUT_SET`
+/// and `POLLEX_SET`).
+const SELECT_SETS: [(i16, i16); 3] = [
+    (
+        libc::POLLIN,
+        libc::POLLIN | libc::POLLRDNORM | libc::POLLRDBAND | libc::POLLHUP | libc::POLLERR,
+    ),
+    (
+        libc::POLLOUT,
+        libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND | libc::POLLERR,
+    ),
+    (libc::POLLPRI, libc::POLLPRI),
+];
+
+/// The three sets of a `select` call.
+struct FdSets([*mut fd_set; 3]);
+
+impl FdSets {
+    /// Whether `fd` is in set `k`.
+    ///
+    /// # Safety
+    /// Set `k` is null or holds at least `fd + 1` bits.
+    unsafe fn has(&self, k: usize, fd: c_int) -> bool {
+        // SAFETY: as the caller guarantees.
+        !self.0[k].is_null() && unsafe { libc::FD_ISSET(fd, self.0[k]) }
+    }
+
+    /// The `pollfd` array `select` waits on (`nfds` bits of each set).
+    ///
+    /// # Safety
+    /// As for [`FdSets::has`], for every `fd < nfds`.
+    unsafe fn pollfds(&self, nfds: c_int) -> Vec<pollfd> {
+        let mut v = Vec::new();
+        for fd in 0..nfds {
+            // SAFETY: fd < nfds.
+            let events = (0..3)
+                .filter(|&k| unsafe { self.has(k, fd) })
+                .fold(0, |e, k| e | SELECT_SETS[k].0);
+            if events != 0 {
+                v.push(pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+        v
+    }
+
+    /// Writes the result back as the kernel does (whole words up to
+    /// `nfds` cleared, then the ready bits set); the count of bits set.
+    ///
+    /// # Safety
+    /// Each set is null or holds at least `nfds` bits, rounded up to words.
+    unsafe fn write_back(&self, nfds: c_int, fds: &[pollfd]) -> c_int {
+        let words = (nfds as usize).div_ceil(64);
+        let mut count = 0;
+        for (k, &(asked, back)) in SELECT_SETS.iter().enumerate() {
+            let set = self.0[k];
+            if set.is_null() {
+                continue;
+            }
+            // SAFETY: the set holds `words` words (fd_set is an array of
+            // longs); the program's own memory.
+            unsafe { std::ptr::write_bytes(set.cast::<u64>(), 0, words) };
+            for p in fds
+                .iter()
+                .filter(|p| p.events & asked != 0 && p.revents & back != 0)
+            {
+                // SAFETY: p.fd < nfds.
+                unsafe { libc::FD_SET(p.fd, set) };
+                count += 1;
+            }
+        }
+        count
+    }
+}
+
+/// `select` over `nfds` bits of `sets` when a descriptor in them is served
+/// here (`None`: the caller makes the real call): the translation to
+/// [`wait_driving`] and back.
+///
+/// # Safety
+/// As for `select(2)`.
+unsafe fn select_served(
+    nfds: c_int,
+    sets: &FdSets,
+    t: Option<Duration>,
+    sigmask: *const sigset_t,
+) -> Option<c_int> {
+    if !(0..=libc::FD_SETSIZE as c_int).contains(&nfds) {
+        return None;
+    }
+    // SAFETY: the sets hold `nfds` bits (the caller's contract).
+    let mut fds = unsafe { sets.pollfds(nfds) };
+    if !served(&fds) {
+        return None;
+    }
+    let r = wait_driving(&mut fds, t, sigmask);
+    if r < 0 {
+        return Some(r);
+    }
+    if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        return Some(fail(libc::EBADF));
+    }
+    // SAFETY: as above.
+    Some(unsafe { sets.write_back(nfds, &fds) })
+}
+
+/// Interposed `select(2)`. As Linux's, it leaves the time not slept in
+/// `*tv` (on success and on `EINTR`).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    // SAFETY: the caller's timeval, when not null.
+    let t = (!tv.is_null()).then(|| unsafe { *tv });
+    let timeout = match t {
+        None => None,
+        Some(t) if t.tv_sec >= 0 && t.tv_usec >= 0 => {
+            Some(Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64))
+        }
+        // SAFETY: forwarded unchanged (the kernel's EINVAL).
+        Some(_) => return unsafe { real::select(nfds, r, w, e, tv) },
+    };
+    let start = Instant::now();
+    // SAFETY: the caller's sets, as for select(2).
+    let Some(n) = (unsafe { select_served(nfds, &FdSets([r, w, e]), timeout, std::ptr::null()) })
+    else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::select(nfds, r, w, e, tv) };
+    };
+    if let Some(t) = timeout {
+        let left = t.saturating_sub(start.elapsed());
+        // SAFETY: the caller's timeval (not null, since there is a timeout).
+        unsafe {
+            *tv = timeval {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_usec: left.subsec_micros() as libc::suseconds_t,
+            }
+        };
+    }
+    n
+}
+
+/// glibc's other name of `select`.
+#[no_mangle]
+pub unsafe extern "C" fn __select(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    // SAFETY: the same function.
+    unsafe { select(nfds, r, w, e, tv) }
+}
+
+/// Interposed `pselect(2)`: the mask applies to every kernel call of the
+/// wait; the timeout is not written back (glibc's does not either).
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    ts: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the caller's timespec, when not null.
+    let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
+    let served = match t {
+        // SAFETY: the caller's sets, as for pselect(2).
+        None => unsafe { select_served(nfds, &FdSets([r, w, e]), None, sigmask) },
+        // SAFETY: as above.
+        Some(Some(t)) => unsafe { select_served(nfds, &FdSets([r, w, e]), Some(t), sigmask) },
+        Some(None) => None,
+    };
+    // SAFETY: forwarded unchanged (including an invalid timeout: EINVAL).
+    served.unwrap_or_else(|| unsafe { real::pselect(nfds, r, w, e, ts, sigmask) })
 }

@@ -17,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/time.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -50,6 +53,74 @@ static double now_ms(void) {
 /* ---- the peer ---------------------------------------------------------- */
 
 static uint64_t sent_off, read_off;
+static long rr_n = 1000;  /* round trips of the "select" and "pselect" modes */
+static long selects;      /* select or pselect calls this process made */
+
+/* Waits until `fd` is readable (or writable), with select or, in mode
+ * "pselect", pselect. */
+static void sel_wait(int fd, int for_write) {
+    fd_set s;
+    FD_ZERO(&s);
+    FD_SET(fd, &s);
+    int n;
+    selects++;
+    if (!strcmp(mode, "pselect")) {
+        struct timespec ts = {.tv_sec = 5};
+        n = pselect(fd + 1, for_write ? NULL : &s, for_write ? &s : NULL, NULL, &ts, NULL);
+    } else {
+        struct timeval tv = {.tv_sec = 5};
+        n = select(fd + 1, for_write ? NULL : &s, for_write ? &s : NULL, NULL, &tv);
+    }
+    if (n < 0 && errno == EINTR) return;
+    if (n != 1 || !FD_ISSET(fd, &s)) fail("select for %s returned %d", for_write ? "writing" : "reading", n);
+}
+
+/* Moves exactly `n` bytes of the pattern at `*off` over non-blocking
+ * `fd`, as a select loop does: it reads what select says is readable,
+ * and writes until a write would block, then waits for writability. */
+static void move_sel(int fd, int out, uint64_t *off, size_t n) {
+    unsigned char b[256];
+    if (out)
+        for (size_t i = 0; i < n; i++) b[i] = pat(*off + i);
+    size_t done = 0;
+    while (done < n) {
+        if (!out) sel_wait(fd, 0);
+        ssize_t k = out ? write(fd, b + done, n - done) : read(fd, b + done, n - done);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+            if (out) sel_wait(fd, 1);
+            continue;
+        }
+        if (k <= 0) fail(out ? "write" : "read");
+        done += k;
+    }
+    if (!out)
+        for (size_t i = 0; i < n; i++)
+            if (b[i] != pat(*off + i)) fail("byte %llu wrong", (unsigned long long)(*off + i));
+    *off += n;
+}
+
+/* This process on CPU `cpu`, when there is one: the two ends of a
+ * request/response loop then run side by side. */
+static void pin(int cpu) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) < 2) return;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+/* The peer's half of a request/response loop: a 64-byte request, then
+ * the 64-byte answer, `rr_n` times, over select. */
+static void peer_rr(int fd) {
+    pin(0);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    for (long i = 0; i < rr_n; i++) {
+        move_sel(fd, 1, &sent_off, 64);
+        move_sel(fd, 0, &read_off, 64);
+    }
+    fcntl(fd, F_SETFL, 0);
+    fprintf(stderr, "peer: %ld selects for %ld round trips\n", selects, rr_n);
+}
 
 static void peer_write(int fd, size_t n) {
     unsigned char b[4096];
@@ -83,6 +154,7 @@ static void peer(int fd, int cmd_r, int ack_w) {
             double end = now_ms() + 1000;
             while (now_ms() < end) peer_write(fd, 64);
         }
+        else if (c == 'P') peer_rr(fd);
         else if (c == 'q') exit(0);
         if (write(ack_w, "k", 1) != 1) fail("ack");
     }
@@ -434,10 +506,209 @@ static void check_poll(int fd, int ep) {
     read_pattern(fd, 6);
 }
 
+/* The answering half of the select request/response loop. */
+static void check_select_rr(int fd, int ep) {
+    (void)ep;
+    if (write(cmd_w, "P", 1) != 1) fail("command");
+    pin(1);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    for (long i = 0; i < rr_n; i++) {
+        move_sel(fd, 0, &read_off, 64);
+        move_sel(fd, 1, &sent_off, 64);
+    }
+    fcntl(fd, F_SETFL, 0);
+    char k;
+    if (read(ack_r, &k, 1) != 1) fail("no ack for the loop");
+    printf("%ld selects for %ld round trips\n", selects, rr_n);
+}
+
+static volatile sig_atomic_t got_alrm;
+static void on_alrm(int s) { (void)s; got_alrm = 1; }
+
+/* select(2)'s semantics over the connection: exact timeouts and the time
+ * left written back, level-triggered readability, writability, a set
+ * mixed with a pipe, EINVAL and EBADF, a ring whose writer skipped the
+ * doorbell for an epoll session, EINTR, and pselect's mask. */
+static void check_select(int fd, int ep) {
+    fd_set r, w;
+    struct timeval tv = {.tv_usec = 100 * 1000};
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    double t0 = now_ms();
+    int n = select(fd + 1, &r, NULL, NULL, &tv);
+    double dt = now_ms() - t0;
+    if (n != 0 || FD_ISSET(fd, &r)) fail("select with nothing to read: %d", n);
+    if (dt < 99 || dt > 1000) fail("a 100 ms select took %.1f ms", dt);
+    if (tv.tv_sec || tv.tv_usec) fail("select left %ld.%06ld s after its timeout", (long)tv.tv_sec, (long)tv.tv_usec);
+
+    FD_ZERO(&w);
+    FD_SET(fd, &w);
+    tv = (struct timeval){.tv_sec = 2};
+    if (select(fd + 1, NULL, &w, NULL, &tv) != 1 || !FD_ISSET(fd, &w)) fail("not writable");
+
+    tell('w');
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    tv = (struct timeval){.tv_sec = 2};
+    n = select(fd + 1, &r, NULL, NULL, &tv);
+    if (n != 1 || !FD_ISSET(fd, &r)) fail("select after data: %d", n);
+    if (tv.tv_sec != 1 || tv.tv_usec < 500000) fail("2 s select left %ld.%06ld s", (long)tv.tv_sec, (long)tv.tv_usec);
+    read_pattern(fd, 4);
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    FD_ZERO(&w);
+    FD_SET(fd, &w);
+    tv = (struct timeval){0};
+    n = select(fd + 1, &r, &w, NULL, &tv);
+    if (n != 2 || !FD_ISSET(fd, &r) || !FD_ISSET(fd, &w)) fail("after a partial read: %d", n);
+    read_pattern(fd, 6);
+
+    /* A pipe beside the connection: only the pipe is ready. */
+    int pp[2];
+    if (pipe(pp)) fail("pipe");
+    if (write(pp[1], "x", 1) != 1) fail("pipe write");
+    int hi = (pp[0] > fd ? pp[0] : fd) + 1;
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    FD_SET(pp[0], &r);
+    tv = (struct timeval){.tv_sec = 2};
+    n = select(hi, &r, NULL, NULL, &tv);
+    if (n != 1 || !FD_ISSET(pp[0], &r) || FD_ISSET(fd, &r)) fail("select with a ready pipe: %d", n);
+
+    /* The kernel's errors. */
+    if (select(-1, &r, NULL, NULL, &tv) != -1 || errno != EINVAL) fail("select with nfds -1");
+    close(pp[1]);
+    hi = (pp[1] > hi - 1 ? pp[1] : hi - 1) + 1;
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    FD_SET(pp[1], &r);
+    tv = (struct timeval){.tv_sec = 2};
+    if (select(hi, &r, NULL, NULL, &tv) != -1 || errno != EBADF) fail("select with a closed descriptor");
+    close(pp[0]);
+
+    /* An epoll session lets the peer skip its doorbell; select must see
+     * the ring all the same. */
+    if (add(ep, fd, EPOLLIN)) fail("add");
+    struct epoll_event ev[8];
+    if (epoll_wait(ep, ev, 8, 0) != 0) fail("epoll_wait with nothing to read");
+    tell('w');
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    tv = (struct timeval){.tv_sec = 2};
+    t0 = now_ms();
+    n = select(fd + 1, &r, NULL, NULL, &tv);
+    if (n != 1 || !FD_ISSET(fd, &r)) fail("select after a skipped doorbell: %d after %.1f ms", n, now_ms() - t0);
+    read_pattern(fd, 10);
+
+    /* A signal handler ends select with EINTR; the time left is written. */
+    struct sigaction sa = {.sa_handler = on_alrm};
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {.it_value = {.tv_usec = 100 * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    tv = (struct timeval){.tv_sec = 5};
+    t0 = now_ms();
+    n = select(fd + 1, &r, NULL, NULL, &tv);
+    dt = now_ms() - t0;
+    if (n != -1 || errno != EINTR || !got_alrm) fail("select under SIGALRM returned %d", n);
+    if (dt > 2000) fail("EINTR after %.1f ms", dt);
+    if (tv.tv_sec < 3 || tv.tv_sec > 4) fail("interrupted select left %ld.%06ld s", (long)tv.tv_sec, (long)tv.tv_usec);
+
+    /* pselect's mask lets SIGUSR1 in (blocked otherwise): EINTR. */
+    struct sigaction su = {.sa_handler = on_usr1};
+    sigaction(SIGUSR1, &su, NULL);
+    sigset_t block, during;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &block, &during);
+    sigdelset(&during, SIGUSR1);
+    pthread_t th;
+    pthread_create(&th, NULL, send_usr1, NULL);
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    struct timespec ts = {.tv_sec = 5};
+    t0 = now_ms();
+    n = pselect(fd + 1, &r, NULL, NULL, &ts, &during);
+    dt = now_ms() - t0;
+    pthread_join(th, NULL);
+    if (n != -1 || errno != EINTR || !got_usr1) fail("pselect returned %d, expected EINTR", n);
+    if (dt > 2000) fail("EINTR after %.1f ms", dt);
+    tell('w');
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    if (pselect(fd + 1, &r, NULL, NULL, &ts, &during) != 1 || !FD_ISSET(fd, &r)) fail("pselect after data");
+    read_pattern(fd, 10);
+}
+
+/* A non-blocking connect whose server accepts only after 300 ms: select
+ * reports it writable once, when its handshake has decided, and the write
+ * that follows succeeds (a selecting program must not spin on EAGAIN). */
+static void check_select_connect(void) {
+    int ready[2];
+    if (pipe(ready)) fail("pipe");
+    pid_t c = fork();
+    if (c == 0) {
+        /* The server is another process: a connect to a listener of its
+         * own process stays TCP. */
+        mode = "select-connect-server";
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        int lfd = socket(AF_INET, SOCK_STREAM, 0);
+        if (bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 4) || getsockname(lfd, (struct sockaddr *)&a, &al))
+            fail("listen");
+        if (write(ready[1], &a, sizeof a) != sizeof a) fail("port");
+        usleep(300 * 1000);
+        int s = accept(lfd, NULL, NULL);
+        if (s < 0) fail("accept");
+        read_pattern(s, 10);
+        peer_write(s, 10);
+        char b;
+        if (read(s, &b, 1) != 0) fail("no end of file");
+        exit(0);
+    }
+    struct sockaddr_in a;
+    if (read(ready[0], &a, sizeof a) != sizeof a) fail("no port");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) fail("the connect did not wait for the server");
+    if (errno != EINPROGRESS) fail("connect");
+    long eagain = 0;
+    double t0 = now_ms();
+    for (;;) {
+        sel_wait(fd, 1);
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) fail("SO_ERROR %d", err);
+        unsigned char b[10];
+        for (int i = 0; i < 10; i++) b[i] = pat(sent_off + i);
+        ssize_t k = write(fd, b, 10);
+        if (k == 10) break;
+        if (k < 0 && errno == EAGAIN) {
+            if (++eagain > 100) fail("select said writable, write said EAGAIN, %ld times", eagain);
+            continue;
+        }
+        fail("write %zd", k);
+    }
+    sent_off += 10;
+    double dt = now_ms() - t0;
+    printf("connected after %.1f ms, %ld selects, %ld EAGAIN\n", dt, selects, eagain);
+    if (eagain) fail("write after select failed with EAGAIN %ld times", eagain);
+    if (dt < 250) fail("writable after %.1f ms, before the server accepted", dt);
+    fcntl(fd, F_SETFL, 0);
+    read_pattern(fd, 10);
+    close(fd);
+    int st;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the server failed");
+    printf("OK %llu\n", (unsigned long long)read_off);
+    exit(0);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: evloop MODE");
+    if (argc < 2) fail("usage: evloop MODE [ROUND-TRIPS]");
     mode = argv[1];
+    if (argc > 2) rr_n = atol(argv[2]);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!strcmp(mode, "select-connect")) check_select_connect();
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -473,6 +744,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "threads")) check_threads(fd, ep);
     else if (!strcmp(mode, "fork")) check_fork(fd, ep);
     else if (!strcmp(mode, "poll")) check_poll(fd, ep);
+    else if (!strcmp(mode, "select-semantics")) check_select(fd, ep);
+    else if (!strcmp(mode, "select") || !strcmp(mode, "pselect")) check_select_rr(fd, ep);
     else fail("unknown mode");
     if (write(cmd_w, "q", 1) != 1) fail("quit");
     int st;
