@@ -157,6 +157,12 @@ fn poll_sees_the_ring() {
 }
 
 #[test]
+fn epollexclusive_as_the_kernel() {
+    check("exclusive", None);
+    check("exclusive", Some("0"));
+}
+
+#[test]
 fn select_semantics() {
     check("select-semantics", None);
     check("select-semantics", Some("0"));

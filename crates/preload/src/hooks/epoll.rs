@@ -42,6 +42,7 @@ const RING_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as 
 const ALWAYS: u32 = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
 const ET: u32 = libc::EPOLLET as u32;
 const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+const EXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
 
 /// One SMC-D registration in a set.
 struct Member {
@@ -250,7 +251,7 @@ pub(super) fn adopt(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<So
 }
 
 fn change(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<(), c_int> {
-    let exclusive = ev.is_some_and(|e| e.events & libc::EPOLLEXCLUSIVE as u32 != 0);
+    let exclusive = ev.is_some_and(|e| e.events & EXCLUSIVE != 0);
     let Some(sh) = shadow(ep) else {
         return real_ctl(ep, op, fd, ev);
     };
@@ -260,11 +261,12 @@ fn change(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<()
         drop(set);
         return real_ctl(ep, op, fd, ev);
     };
-    if eager || exclusive {
-        // The kernel decides (and refuses EPOLLEXCLUSIVE in a MOD).
+    let m = &mut set.members[i];
+    if eager || exclusive || op == libc::EPOLL_CTL_MOD && m.events & EXCLUSIVE != 0 {
+        // The kernel decides: it refuses EPOLLEXCLUSIVE in a MOD, and a
+        // MOD of a registration made with it.
         real_ctl(ep, op, fd, ev)?;
     }
-    let m = &mut set.members[i];
     if op == libc::EPOLL_CTL_DEL {
         if eager {
             set.members.remove(i);

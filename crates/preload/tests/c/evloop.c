@@ -506,6 +506,59 @@ static void check_poll(int fd, int ep) {
     read_pattern(fd, 6);
 }
 
+static int ex_fd, ex_got[2];
+static int ex_ep[2];
+
+static void *ex_wait(void *arg) {
+    int me = (int)(intptr_t)arg;
+    struct epoll_event ev[8];
+    int n;
+    do n = epoll_wait(ex_ep[me], ev, 8, 1500); while (n < 0 && errno == EINTR);
+    if (n < 0) fail("thread %d: epoll_wait", me);
+    if (n == 1 && (ev[0].data.fd != ex_fd || ev[0].events != EPOLLIN)) fail("thread %d: event %#x", me, ev[0].events);
+    ex_got[me] = n;
+    return NULL;
+}
+
+/* EPOLLEXCLUSIVE on the connection in two sets, as the kernel has it:
+ * accepted with ADD, refused (EINVAL) in a MOD and with EPOLLONESHOT; a
+ * wake-up reaches at least one of two threads sleeping on the sets. */
+static void check_exclusive(int fd, int ep) {
+    int ep2 = epoll_create1(EPOLL_CLOEXEC), ep3 = epoll_create1(EPOLL_CLOEXEC);
+    if (add(ep, fd, EPOLLIN | EPOLLEXCLUSIVE)) fail("ADD with EPOLLEXCLUSIVE");
+    if (add(ep2, fd, EPOLLIN | EPOLLEXCLUSIVE)) fail("ADD with EPOLLEXCLUSIVE to a second set");
+    if (add(ep3, fd, EPOLLIN | EPOLLEXCLUSIVE | EPOLLONESHOT) != -1 || errno != EINVAL)
+        fail("ADD with EPOLLEXCLUSIVE | EPOLLONESHOT was not EINVAL");
+    struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(ep, EPOLL_CTL_MOD, fd, &e) != -1 || errno != EINVAL)
+        fail("MOD of an EPOLLEXCLUSIVE registration was not EINVAL");
+    e.events = EPOLLIN | EPOLLEXCLUSIVE;
+    if (epoll_ctl(ep2, EPOLL_CTL_MOD, fd, &e) != -1 || errno != EINVAL)
+        fail("MOD with EPOLLEXCLUSIVE was not EINVAL");
+    expect_none(ep, 100);
+    tell('w');
+    expect(ep, fd, EPOLLIN, 2000);
+    expect(ep2, fd, EPOLLIN, 2000);
+    read_pattern(fd, 10);
+    /* Two threads asleep, one per set: the data wakes at least one. */
+    ex_fd = fd;
+    ex_ep[0] = ep;
+    ex_ep[1] = ep2;
+    pthread_t a, b;
+    pthread_create(&a, NULL, ex_wait, (void *)0);
+    pthread_create(&b, NULL, ex_wait, (void *)1);
+    usleep(200 * 1000);
+    tell('w');
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    printf("woken: set 1 %d, set 2 %d\n", ex_got[0], ex_got[1]);
+    if (!ex_got[0] && !ex_got[1]) fail("no set woken");
+    read_pattern(fd, 10);
+    if (epoll_ctl(ep2, EPOLL_CTL_DEL, fd, NULL)) fail("DEL of an EPOLLEXCLUSIVE registration");
+    close(ep3);
+    close(ep2);
+}
+
 /* The answering half of the select request/response loop. */
 static void check_select_rr(int fd, int ep) {
     (void)ep;
@@ -745,6 +798,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "fork")) check_fork(fd, ep);
     else if (!strcmp(mode, "poll")) check_poll(fd, ep);
     else if (!strcmp(mode, "select-semantics")) check_select(fd, ep);
+    else if (!strcmp(mode, "exclusive")) check_exclusive(fd, ep);
     else if (!strcmp(mode, "select") || !strcmp(mode, "pselect")) check_select_rr(fd, ep);
     else fail("unknown mode");
     if (write(cmd_w, "q", 1) != 1) fail("quit");
