@@ -190,6 +190,55 @@ const void *smclo_peek(smclo_stream *s, size_t *len);
  */
 int smclo_release(smclo_stream *s, size_t n);
 
+/* ----- poller ------------------------------------------------------------ */
+
+/**
+ * One wait over several streams (and other descriptors) with the event-loop
+ * fast path: a shared-memory stream is answered by its ring without a
+ * system call; a wait with nothing ready spins briefly (SMCLO_SPIN_US,
+ * adaptive) while the peers skip their wake-ups, then sleeps in the kernel.
+ * TCP streams and other descriptors are answered by the kernel. Calls on
+ * one poller are serialized (use it from one thread at a time). A stream
+ * must be removed from every poller before smclo_close.
+ */
+typedef struct smclo_poller smclo_poller;
+
+/** One ready registration. */
+typedef struct smclo_event {
+    uint64_t token;  /* as given to smclo_poller_add */
+    uint32_t events; /* poll(2)'s bits: POLLIN, POLLOUT, POLLHUP, POLLERR, POLLRDHUP */
+} smclo_event;
+
+/** A new, empty poller; NULL with errno on error. */
+smclo_poller *smclo_poller_new(void);
+
+/**
+ * Waits for events (POLLIN, POLLOUT, POLLRDHUP) on s, reported with token;
+ * adding a stream again changes its events and token. 0, or -1 with errno.
+ */
+int smclo_poller_add(smclo_poller *p, const smclo_stream *s, uint32_t events, uint64_t token);
+
+/** The same for another descriptor (a listener's, a pipe). 0, or -1. */
+int smclo_poller_add_fd(smclo_poller *p, int fd, uint32_t events, uint64_t token);
+
+/** Stops waiting on s. 0, or -1 with errno (ENOENT: not registered). */
+int smclo_poller_remove(smclo_poller *p, const smclo_stream *s);
+
+/** Stops waiting on descriptor fd. 0, or -1 with errno (ENOENT). */
+int smclo_poller_remove_fd(smclo_poller *p, int fd);
+
+/**
+ * Waits at most timeout_ms (negative: for ever) until a registration is
+ * ready; writes at most max ready ones to out and returns their number (0
+ * after the timeout), -1 with errno (EINTR when a signal handler ended the
+ * wait). Level-triggered: what stays ready is reported again (when more
+ * are ready than fit, the next call starts after the last reported).
+ */
+int smclo_poller_wait(smclo_poller *p, smclo_event *out, int max, int timeout_ms);
+
+/** Frees the poller (NULL: no-op); its streams stay open. */
+void smclo_poller_free(smclo_poller *p);
+
 #ifdef __cplusplus
 }
 #endif

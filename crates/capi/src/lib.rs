@@ -9,6 +9,9 @@
 //!   `*_close` functions accept `NULL` and do nothing);
 //! - a panic never crosses the boundary: it is caught and reported as `EIO`.
 //!
+//! `smclo_poller_*` wrap [`smclo::api::Poller`]: one wait over several
+//! streams and descriptors, with the event-loop fast path.
+//!
 //! The zero-copy regions of the native API are memory the peer maps on
 //! SMC-D: C gets raw pointers to them, under the contract of
 //! [`smclo::api::ReadRegion::as_ptr`] and
@@ -19,7 +22,8 @@
 
 #![allow(non_camel_case_types)]
 
-use smclo::api::{ReadRegion, SmcListener, SmcStream, WriteRegion};
+use smclo::api::{Poller, ReadRegion, SmcListener, SmcStream, WriteRegion};
+use smclo::poller::Ready;
 use smclo_wire::reason::Reason;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io::{self, Read, Write};
@@ -28,6 +32,7 @@ use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 // ----- errors ---------------------------------------------------------------
 
@@ -566,4 +571,181 @@ pub unsafe extern "C" fn smclo_release(s: *mut smclo_stream, n: usize) -> c_int 
         r.release(n)?;
         Ok(0)
     })
+}
+
+// ----- poller ---------------------------------------------------------------
+
+/// A poller (opaque in C): [`Poller`] of the native API, one wait over
+/// several streams and other descriptors with the event-loop fast path.
+///
+/// It holds its streams as `&'static SmcStream`, which is sound under the
+/// header's contract: a stream is removed from every poller before
+/// `smclo_close` frees it (as a descriptor leaves an epoll set when it is
+/// closed), so no reference outlives its stream. Calls on one poller are
+/// serialized by the mutex.
+pub struct smclo_poller {
+    p: Mutex<Poller<'static>>,
+    /// Where the next report starts when more are ready than fit, so that
+    /// the last registrations are not starved.
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// One ready registration, as `smclo_poller_wait` reports it.
+#[repr(C)]
+pub struct smclo_event {
+    /// The token given to `smclo_poller_add`.
+    pub token: u64,
+    /// What is ready, in `poll(2)`'s bits (`POLLIN`, `POLLOUT`, `POLLHUP`,
+    /// `POLLERR`, `POLLRDHUP`).
+    pub events: u32,
+}
+
+impl smclo_poller {
+    fn lock(&self) -> MutexGuard<'_, Poller<'static>> {
+        self.p.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A new, empty poller; NULL with errno on error.
+#[no_mangle]
+pub extern "C" fn smclo_poller_new() -> *mut smclo_poller {
+    guard(std::ptr::null_mut(), || {
+        Ok(Box::into_raw(Box::new(smclo_poller {
+            p: Mutex::new(Poller::new()),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        })))
+    })
+}
+
+/// Waits for `events` (`POLLIN`, `POLLOUT`, `POLLRDHUP`) on `s`, reported
+/// with `token`; a stream added again gets the new events and token. 0, or
+/// -1 with errno.
+///
+/// # Safety
+/// `p` is NULL or a live poller; `s` is NULL or a live stream, which the
+/// caller removes before it closes it.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_add(
+    p: *mut smclo_poller,
+    s: *const smclo_stream,
+    events: u32,
+    token: u64,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: NULL or live handles, per the contract.
+        let (p, s) = unsafe { (obj(p)?, obj(s)?) };
+        p.lock().add(s.s_static(), token, Ready::from_bits(events));
+        Ok(0)
+    })
+}
+
+/// The same for any other descriptor (a listener's, a pipe), which the
+/// kernel answers for. 0, or -1 with errno.
+///
+/// # Safety
+/// `p` is NULL or a live poller.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_add_fd(
+    p: *mut smclo_poller,
+    fd: c_int,
+    events: u32,
+    token: u64,
+) -> c_int {
+    guard(-1, || {
+        if fd < 0 {
+            return Err(einval("negative descriptor"));
+        }
+        // SAFETY: NULL or a live poller, per the contract.
+        unsafe { obj(p) }?
+            .lock()
+            .add_fd(fd, token, Ready::from_bits(events));
+        Ok(0)
+    })
+}
+
+/// Stops waiting on `s`. 0, or -1 with errno (`ENOENT`: not registered).
+///
+/// # Safety
+/// `p` is NULL or a live poller; `s` is NULL or a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_remove(
+    p: *mut smclo_poller,
+    s: *const smclo_stream,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: NULL or live handles, per the contract.
+        let (p, s) = unsafe { (obj(p)?, obj(s)?) };
+        removed(p.lock().remove(s.s()))
+    })
+}
+
+/// Stops waiting on descriptor `fd`. 0, or -1 with errno (`ENOENT`).
+///
+/// # Safety
+/// `p` is NULL or a live poller.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_remove_fd(p: *mut smclo_poller, fd: c_int) -> c_int {
+    // SAFETY: NULL or a live poller, per the contract.
+    guard(-1, || removed(unsafe { obj(p) }?.lock().remove_fd(fd)))
+}
+
+fn removed(was: bool) -> io::Result<c_int> {
+    if was {
+        Ok(0)
+    } else {
+        Err(io::Error::from_raw_os_error(libc::ENOENT))
+    }
+}
+
+/// Waits at most `timeout_ms` (negative: for ever) until a registration
+/// is ready; writes at most `max` ready ones to `out` and returns their
+/// number (0 after the timeout), -1 with errno (`EINTR` when a signal
+/// handler ended the wait). Level-triggered.
+///
+/// # Safety
+/// `p` is NULL or a live poller whose streams are live; `out` is NULL or
+/// points to `max` writable events.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_wait(
+    p: *mut smclo_poller,
+    out: *mut smclo_event,
+    max: c_int,
+    timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: NULL or a live poller, per the contract.
+        let p = unsafe { obj(p) }?;
+        if out.is_null() || max <= 0 {
+            return Err(einval("no room for events"));
+        }
+        let timeout = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+        let mut ev = Vec::new();
+        let n = p.lock().wait(&mut ev, timeout)?;
+        let k = n.min(max as usize);
+        let start = p.next.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..k {
+            let e = ev[(start + i) % n];
+            let c = smclo_event {
+                token: e.token,
+                events: e.ready.bits(),
+            };
+            // SAFETY: i < max, and `out` holds `max` events (the contract).
+            unsafe { out.add(i).write(c) };
+        }
+        Ok(k as c_int)
+    })
+}
+
+/// Frees the poller (NULL: no-op); its streams stay open.
+///
+/// # Safety
+/// `p` is NULL or a live poller, not used again afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_poller_free(p: *mut smclo_poller) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` came from Box::into_raw in smclo_poller_new and the
+    // caller gives up its ownership here.
+    drop(unsafe { Box::from_raw(p) });
 }

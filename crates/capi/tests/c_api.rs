@@ -247,3 +247,50 @@ fn c_server_upgrades_with_a_smclo_client() {
     );
     assert_ok(&o, "ok listen");
 }
+
+/// An echo server (`smclo-testpeer`) on the device in `dir`, its port and
+/// its output.
+fn echo_server(dir: &Dir) -> (Kill, BufReader<std::process::ChildStdout>, String) {
+    let peer = Command::new(testpeer())
+        .args(["serve", "127.0.0.1:0", "echo"])
+        .env("SMCLO_DEVICE_DIR", &dir.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn smclo-testpeer");
+    let mut peer = Kill(peer);
+    let mut out = BufReader::new(peer.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("listening ")
+        .and_then(|a| a.rsplit(':').next())
+        .unwrap_or_else(|| panic!("testpeer said {line:?}"))
+        .to_string();
+    (peer, out, port)
+}
+
+/// `smclo_poller` from C over two SMC-D streams and a pipe; the device's
+/// counters prove both streams went through shared memory.
+#[test]
+fn c_poller_over_two_streams() {
+    let dir = Dir::new();
+    let (mut a, _oa, pa) = echo_server(&dir);
+    let (mut b, _ob, pb) = echo_server(&dir);
+    let o = run(
+        smoke_cmd(&dir, &["poller", &format!("{pa},{pb}")]),
+        Duration::from_secs(60),
+    );
+    assert_ok(&o, "ok poller");
+    for p in [&mut a, &mut b] {
+        let st = p.0.wait().unwrap();
+        assert!(st.success(), "smclo-testpeer: {st}");
+    }
+    let st = smclo::device::Device::open(&dir.0)
+        .expect("the test device")
+        .stats();
+    assert_eq!(st.conns_opened, 2, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    assert!(st.xfer_bytes >= 4 * 2000 * 64, "{st:?}");
+}

@@ -14,6 +14,10 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+mod poller;
+
+pub use poller::{Event, Poller};
+
 use crate::config::Config;
 use crate::conn;
 use crate::device::{Device, Role};

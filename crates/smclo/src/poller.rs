@@ -1,19 +1,19 @@
 //! Event loops over SMC-D connections: readiness from the rings and a
 //! spin that lets the peers' writers skip their doorbells.
 //!
-//! A wait over a set of connections (the preload's `epoll_wait`, `poll`
-//! and `select`) first looks at each ring ([`Conn::ready`]). When nothing
-//! is ready it polls the rings for an adaptive budget ([`Budget`]) inside
-//! a session ([`Conn::poll_begin`] .. [`Conn::poll_end`]) during which the
-//! peers' writes skip the doorbell (`POLLED`, see
-//! [`crate::doorbell`] "Pollers"); it then ends the session, looks at
-//! every ring once more, and only then sleeps in the kernel, where each
-//! ring's doorbell wakes it. In steady state a request and its response
-//! make no system call on either side.
+//! A wait over a set of connections first looks at each ring
+//! ([`Conn::ready`]). When nothing is ready it polls the rings for an
+//! adaptive budget ([`Budget`]) inside a session ([`Conn::poll_begin`] ..
+//! [`Conn::poll_end`]) during which the peers' writes skip the doorbell
+//! (`POLLED`, see [`crate::doorbell`] "Pollers"); it then ends the
+//! session, looks at every ring once more, and only then sleeps in the
+//! kernel, where each ring's doorbell wakes it. In steady state a request
+//! and its response make no system call on either side.
 //!
-//! [`Conn::ready`]: crate::conn::Conn::ready
-//! [`Conn::poll_begin`]: crate::conn::Conn::poll_begin
-//! [`Conn::poll_end`]: crate::conn::Conn::poll_end
+//! [`poll`] is that wait over a `pollfd` array, with a session per call:
+//! the preload's `poll`, `ppoll`, `select` and `pselect` and the native
+//! API's [`crate::api::Poller`] use it. The preload's epoll keeps a
+//! session open across the waits of a set, which outlives them.
 
 use crate::conn::Conn;
 use std::io;
@@ -38,6 +38,12 @@ impl Ready {
     pub const HUP: Ready = Ready(libc::POLLHUP as u32);
     /// The peer shut down its writing side (`POLLRDHUP`).
     pub const RDHUP: Ready = Ready(libc::POLLRDHUP as u32);
+
+    /// Readiness of these bits (`poll(2)`'s values; a `pollfd`'s
+    /// `revents` as `u16`).
+    pub const fn from_bits(bits: u32) -> Ready {
+        Ready(bits)
+    }
 
     /// The bits, as `poll(2)` and `epoll` spell them.
     pub const fn bits(self) -> u32 {
