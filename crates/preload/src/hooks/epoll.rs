@@ -331,14 +331,14 @@ pub(super) fn forget_fd(fd: RawFd) {
         close(&sh);
     }
     for (&ep, sh) in map.iter() {
+        let mut session = lock(&sh.session);
         let mut set = lock(&sh.set);
-        // Still open: what the shadow deleted leaves the kernel too.
-        for m in set
-            .members
-            .iter()
-            .filter(|m| m.fd == fd && m.gone && m.dirty)
-        {
-            let _ = real_ctl(ep, libc::EPOLL_CTL_DEL, m.fd, None);
+        for m in set.members.iter().filter(|m| m.fd == fd) {
+            // Still open: what the shadow deleted leaves the kernel too.
+            if m.gone && m.dirty {
+                let _ = real_ctl(ep, libc::EPOLL_CTL_DEL, m.fd, None);
+            }
+            leave(&mut session, &m.sock);
         }
         set.members.retain(|x| x.fd != fd);
     }
@@ -497,6 +497,17 @@ fn join(sh: &Shadow, sock: &Arc<Sock>) {
         if sock.conn.poll_begin().is_ok() {
             v.push(sock.clone());
         }
+    }
+}
+
+/// A closed member leaves the set's open session, if it is in it: the
+/// session lasts as long as the loop finds work, and the connection it
+/// held would keep its channel, hidden socket and DMB (and the kernel's
+/// registration of the channel) until the loop next slept.
+fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
+    let Some(v) = session.as_mut() else { return };
+    if let Some(i) = v.iter().position(|s| Arc::ptr_eq(s, sock)) {
+        let _ = v.swap_remove(i).conn.poll_end();
     }
 }
 
