@@ -803,6 +803,47 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     assert_eq!(st.fallbacks_total(), 3, "{st:?}");
 }
 
+/// A client that dies mid-handshake, after the server connected to its
+/// rendezvous socket and before it passed its DMB, is PEER_DEAD at the
+/// server, which returns at once: with the connection still in the dead
+/// client's backlog (the kernel resets it; INTERR before) and with the
+/// connection taken (end of file; a TIMEOUT before, as if the client had
+/// withdrawn). wrk exiting with connects in flight leaves such handshakes.
+#[test]
+fn a_client_killed_mid_handshake_is_peer_dead() {
+    let dir = Dir::new();
+    let mut cfg = dir.cfg();
+    // A TIMEOUT would take this long.
+    cfg.clc_wait = Duration::from_secs(10);
+    let l = SmcListener::bind_with("127.0.0.1:0", &cfg).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    for stage in ["nodmb", "taken"] {
+        let mut staller = Peer::spawn(&dir.0, &["stall", &addr, stage], &[]);
+        std::thread::scope(|sc| {
+            let server = sc.spawn(|| {
+                let (s, _) = l.accept().unwrap();
+                (s.fallback_reason(), Instant::now())
+            });
+            assert_eq!(staller.line(), "stalled", "{stage}");
+            // "nodmb": time for the server to connect to the client's
+            // rendezvous socket ("taken" is stalled only once it did).
+            std::thread::sleep(Duration::from_millis(200));
+            let killed = Instant::now();
+            staller.kill9();
+            let (reason, at) = server.join().unwrap();
+            assert_eq!(reason, Some(Reason::PeerDead), "{stage}");
+            let took = at.saturating_duration_since(killed);
+            assert!(
+                took < Duration::from_secs(3),
+                "{stage}: accept took {took:?}"
+            );
+        });
+    }
+    let st = dir.dev().stats();
+    assert_eq!(st.fallback(Reason::PeerDead).1, 2, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 2, "{st:?}");
+}
+
 #[test]
 fn accept_does_not_wait_for_the_confirm() {
     let dir = Dir::new();

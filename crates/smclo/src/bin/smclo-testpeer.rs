@@ -16,8 +16,9 @@
 //! ```
 //! STAGE says where the client stops: `noport` before it publishes its
 //! source port, `nodmb` after (it never accepts the server's connection to
-//! its rendezvous socket, so its DMB never arrives), `noconfirm` after it
-//! passed its DMB (it never reads the server's answer).
+//! its rendezvous socket, so its DMB never arrives), `taken` once it took
+//! the server's connection (it never passes its DMB on it), `noconfirm`
+//! after it passed its DMB (it never reads the server's answer).
 //! WORKLOAD is one of:
 //! - `echo`: copy everything read back until EOF;
 //! - `sink`: read until EOF, then write back the byte count and FNV-1a hash
@@ -139,11 +140,15 @@ fn stall(addr: &str, stage: &str) -> io::Result<()> {
     if stage != "noport" {
         p.syn_sent();
     }
-    let _chan = if stage == "noconfirm" {
-        let c = p.pass_dmb_and_stop(std::time::Duration::from_secs(10));
-        Some(c.ok_or_else(|| io::Error::other("the server did not connect"))?)
-    } else {
-        None
+    let wait = std::time::Duration::from_secs(10);
+    let chan = match stage {
+        "noconfirm" => Some(p.pass_dmb_and_stop(wait)),
+        "taken" => Some(p.take_channel_and_stop(wait)),
+        _ => None,
+    };
+    let _chan = match chan {
+        Some(c) => Some(c.ok_or_else(|| io::Error::other("the server did not connect"))?),
+        None => None,
     };
     println!("stalled");
     io::stdout().flush()?;
@@ -231,12 +236,12 @@ fn main() -> ExitCode {
             run(s, workload)
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
-        ["stall", addr, stage @ ("noport" | "nodmb" | "noconfirm")] => stall(addr, stage),
+        ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm")] => stall(addr, stage),
         ["churn", n] => n.parse().map_err(io::Error::other).and_then(churn),
         ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
-            eprintln!("       smclo-testpeer stall ADDR noport|nodmb|noconfirm");
+            eprintln!("       smclo-testpeer stall ADDR noport|nodmb|taken|noconfirm");
             eprintln!("       smclo-testpeer churn N");
             return ExitCode::from(2);
         }

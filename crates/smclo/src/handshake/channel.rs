@@ -248,7 +248,8 @@ pub(super) fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<(
 pub(super) enum Received {
     /// Nothing yet.
     Pending,
-    /// End of file: the peer closed the channel.
+    /// End of file, or a reset: the peer closed the channel (a listener
+    /// closed with our connection still in its backlog resets it).
     Closed,
     /// The expected message, with its descriptor if it carried one.
     Msg(Option<File>),
@@ -276,6 +277,7 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EAGAIN | libc::EINTR) => Ok(Received::Pending),
+            Some(libc::ECONNRESET) => Ok(Received::Closed),
             _ => Err(HandshakeError::Io(e)),
         };
     }

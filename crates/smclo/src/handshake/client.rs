@@ -450,11 +450,19 @@ impl ClientProposal {
     /// the server's side; a normal client never calls it.
     pub fn pass_dmb_and_stop(&mut self, timeout: Duration) -> Option<UnixStream> {
         let slot = SlotRef::clone(self.slot.as_ref()?);
-        let c = self
-            .rendezvous
+        let c = self.take_channel_and_stop(timeout)?;
+        Some(self.pass_dmb(&slot, c))
+    }
+
+    /// Waits (at most `timeout`) for the server's connection and returns
+    /// it without passing our DMB: a client stopped right after it took
+    /// the server's connection. For exercising the server's side; a normal
+    /// client never calls it.
+    pub fn take_channel_and_stop(&mut self, timeout: Duration) -> Option<UnixStream> {
+        self.rendezvous
             .as_ref()?
-            .take(self.token, timeout, || true)?;
-        Some(self.pass_dmb(&slot, c.ok()?))
+            .take(self.token, timeout, || true)?
+            .ok()
     }
 
     fn confirm(

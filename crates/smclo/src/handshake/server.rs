@@ -353,14 +353,12 @@ fn receive_client_dmb(
     let withdrew = || slot.state() != SlotState::Proposed || !slot.client().is_alive_fast();
     let client_dmb = loop {
         if !wait.readable(chan.as_raw_fd(), sent, withdrew) {
-            debug!("the client passed no DMB in time");
-            return Err(Reason::Timeout);
+            return Err(client_silent(slot, false));
         }
         match recv_expected(chan.as_raw_fd(), CLIENT_DMB_BYTE) {
             Ok(Received::Msg(fd)) => break fd,
             Ok(Received::Pending) => continue,
-            // Closed: the client withdrew (or died) before we answered.
-            Ok(Received::Closed) => return Err(Reason::Timeout),
+            Ok(Received::Closed) => return Err(client_silent(slot, true)),
             Err(e) => {
                 debug!("receiving the client's DMB failed: {e}");
                 return Err(e.reason());
@@ -373,6 +371,26 @@ fn receive_client_dmb(
     };
     dev.attach_dmb(proposal.token, client_dmb)
         .map_err(|e| attach_error(e).reason())
+}
+
+/// Why the client passed no DMB: PEER_DEAD when its process is gone (it
+/// exited or was killed mid-handshake), TIMEOUT when it withdrew or took
+/// too long. `closed`: its end of the channel closed. A live client that
+/// gives up moves its slot out of PROPOSED before it closes its end, so a
+/// slot still PROPOSED then was left by a dead client, even while its
+/// process does not look dead yet (the kernel closes a dying process's
+/// descriptors before it reaps it).
+fn client_silent(slot: &SlotRef, closed: bool) -> Reason {
+    if (closed && slot.state() == SlotState::Proposed) || !slot.client().is_alive() {
+        debug!("the client's process is gone: it died before passing its DMB");
+        Reason::PeerDead
+    } else if closed {
+        debug!("the client withdrew its proposal before passing its DMB");
+        Reason::Timeout
+    } else {
+        debug!("the client passed no DMB in time");
+        Reason::Timeout
+    }
 }
 
 /// What became of the client's source port.
