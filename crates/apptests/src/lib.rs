@@ -358,6 +358,9 @@ impl Env {
         c.env("SMCLO_DEVICE_DIR", &self.dev_dir);
         c.env_remove("LD_PRELOAD");
         c.env_remove("SMCLO_DEBUG");
+        if std::env::var_os("SMCLO_APPTEST_DEBUG").is_some() {
+            c.env("SMCLO_DEBUG", "1");
+        }
         c.env_remove("SMCLO_UEID");
         for (k, v) in &self.extra_env {
             c.env(k, v);
