@@ -16,7 +16,8 @@
 //!
 //! The same shape decides who may be the peer of a handshake: before any
 //! descriptor is passed on the handshake's UNIX channel, each end checks the
-//! other's credentials ([`check_peer`]: `SO_PEERCRED`, `SO_PEERGROUPS`). The
+//! other's credentials ([`check_peer`]: `SO_PEERCRED`, and `SO_PEERGROUPS`
+//! when the uid and gid do not decide). The
 //! peer must run as our uid, or, on a group device, as the directory's
 //! owner or a member of G.
 
@@ -237,6 +238,17 @@ pub fn set_mode(fd: RawFd, mode: u32) -> io::Result<()> {
 /// (its creator's at `connect` or `listen` time): `SO_PEERCRED` and
 /// `SO_PEERGROUPS`.
 pub fn peer_creds(fd: RawFd) -> io::Result<Creds> {
+    let (uid, gid) = peer_ids(fd)?;
+    Ok(Creds {
+        uid,
+        gid,
+        groups: peer_groups(fd)?,
+    })
+}
+
+/// `SO_PEERCRED`: the peer's effective uid and gid, without its
+/// supplementary groups.
+fn peer_ids(fd: RawFd) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -256,11 +268,7 @@ pub fn peer_creds(fd: RawFd) -> io::Result<Creds> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(Creds {
-        uid: cred.uid,
-        gid: cred.gid,
-        groups: peer_groups(fd)?,
-    })
+    Ok((cred.uid, cred.gid))
 }
 
 /// `SO_PEERGROUPS`: the peer's supplementary groups. The kernel says how
@@ -296,16 +304,24 @@ fn peer_groups(fd: RawFd) -> io::Result<Vec<u32>> {
 /// `shape` with us, if it may not: the one check every handshake channel
 /// passes before a descriptor goes over it.
 pub fn check_peer(fd: RawFd, shape: &Shape) -> Result<(), PeerRefused> {
-    let c = peer_creds(fd).map_err(PeerRefused::Unknown)?;
+    let (uid, gid) = peer_ids(fd).map_err(PeerRefused::Unknown)?;
+    let mut c = Creds {
+        uid,
+        gid,
+        groups: Vec::new(),
+    };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    if c.uid == me || shape.admits(&c) {
+    // The supplementary groups are asked only when the uid and the
+    // effective gid do not decide already (the usual peer is ourselves).
+    if uid == me || shape.admits(&c) {
+        return Ok(());
+    }
+    c.groups = peer_groups(fd).map_err(PeerRefused::Unknown)?;
+    if shape.admits(&c) {
         Ok(())
     } else {
-        Err(PeerRefused::NotPermitted {
-            uid: c.uid,
-            gid: c.gid,
-        })
+        Err(PeerRefused::NotPermitted { uid, gid })
     }
 }
 

@@ -272,6 +272,31 @@ impl Conn {
     /// end of the UNIX stream pair with the peer (the readiness channel; its
     /// fd is what applications poll).
     pub fn new(local: Dmb, peer: Dmb, chan: UnixStream, mode: Mode) -> io::Result<Conn> {
+        let fl = chan_sys::fcntl(chan.as_raw_fd(), libc::F_GETFL, 0);
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Self::with_flags(local, peer, chan, mode, fl & libc::O_NONBLOCK != 0)
+    }
+
+    /// [`Conn::new`] on a channel known to block (the handshake's own: it
+    /// made it so), which spares asking the descriptor.
+    pub(crate) fn new_blocking(
+        local: Dmb,
+        peer: Dmb,
+        chan: UnixStream,
+        mode: Mode,
+    ) -> io::Result<Conn> {
+        Self::with_flags(local, peer, chan, mode, false)
+    }
+
+    fn with_flags(
+        local: Dmb,
+        peer: Dmb,
+        chan: UnixStream,
+        mode: Mode,
+        nonblocking: bool,
+    ) -> io::Result<Conn> {
         doorbell::set_min_sndbuf(chan.as_raw_fd())?;
         let sndbuf = match mode {
             Mode::NoCopy => Vec::new(),
@@ -285,12 +310,8 @@ impl Conn {
                 vec![0u8; sndbuf_len as usize]
             }
         };
-        let fl = chan_sys::fcntl(chan.as_raw_fd(), libc::F_GETFL, 0);
-        if fl < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Conn {
-            nb_hint: AtomicBool::new(fl & libc::O_NONBLOCK != 0),
+            nb_hint: AtomicBool::new(nonblocking),
             local,
             peer,
             chan: AtomicI32::new(chan.into_raw_fd()),
@@ -418,7 +439,9 @@ impl Conn {
         } else {
             fl & !libc::O_NONBLOCK
         };
-        if fl < 0 || chan_sys::fcntl(self.fd(), libc::F_SETFL, nfl as libc::c_long) < 0 {
+        if fl < 0
+            || (nfl != fl && chan_sys::fcntl(self.fd(), libc::F_SETFL, nfl as libc::c_long) < 0)
+        {
             return Err(io::Error::last_os_error());
         }
         self.nb_hint.store(on, Ordering::Relaxed);

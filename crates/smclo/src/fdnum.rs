@@ -120,19 +120,36 @@ pub fn held() -> usize {
     HELD.load(Ordering::Relaxed)
 }
 
+/// The [`budget`] as [`room_for_conn`] last read it; 0 before.
+static BUDGET: AtomicUsize = AtomicUsize::new(0);
+
 /// How many descriptors smclo may hold: 1/[`BUDGET_SHARE`] of the soft
 /// `RLIMIT_NOFILE`, read now (the program may change its limit at any
-/// time; this is asked once per connection attempt and per pooled DMB).
+/// time; [`room_for_conn`] reads it once per connection attempt, and the
+/// rest of that connection's life uses that reading).
 pub fn budget() -> usize {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return 0;
+    let b = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        0
+    } else {
+        usize::try_from(rl.rlim_cur / BUDGET_SHARE).unwrap_or(usize::MAX)
+    };
+    BUDGET.store(b, Ordering::Relaxed);
+    b
+}
+
+/// The budget as the latest connection attempt read it (read now if none
+/// did): a connection's later checks ([`pressed`]) need no system call of
+/// their own.
+fn budget_last_read() -> usize {
+    match BUDGET.load(Ordering::Relaxed) {
+        0 => budget(),
+        b => b,
     }
-    usize::try_from(rl.rlim_cur / BUDGET_SHARE).unwrap_or(usize::MAX)
 }
 
 /// Whether one more SMC-D connection fits in the [`budget`]; when it does
@@ -159,7 +176,7 @@ pub fn room_for_conn() -> bool {
 /// closed as soon as they are passed, and dropped DMBs are not pooled, at
 /// the cost of creating the next DMB anew.
 pub fn pressed() -> bool {
-    held() * 2 > budget()
+    held() * 2 > budget_last_read()
 }
 
 #[cfg(test)]

@@ -139,6 +139,16 @@ fn note_verified(o: Owner) {
     v.push((o, now));
 }
 
+/// The calling process's pid: the cached one ([`Owner::current`]) or, before
+/// it is cached, `getpid`. Touches only atomics then (async-signal safe, for
+/// callers in `_exit` or a fork child); it fills no cache.
+pub fn current_pid() -> u32 {
+    match CACHED_PID.load(Ordering::Acquire) {
+        0 => getpid(),
+        pid => pid,
+    }
+}
+
 impl Owner {
     /// The calling process. Cached, and re-read after `fork` (a
     /// `pthread_atfork` child handler clears the cache).

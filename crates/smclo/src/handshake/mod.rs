@@ -202,7 +202,9 @@ fn establish(
 ) -> io::Result<Established> {
     let (local_dmb, registration) = dmb.into_parts();
     registration.set_connected(peer_token, local, peer, mode);
-    let mut conn = Conn::new(local_dmb, peer_dmb, chan, mode)?;
+    // The handshake's channels block: the client accepts them without
+    // O_NONBLOCK, the server clears it after its bounded connect.
+    let mut conn = Conn::new_blocking(local_dmb, peer_dmb, chan, mode)?;
     conn.set_record(registration.record());
     Ok(Established { conn, registration })
 }
