@@ -54,6 +54,7 @@ macro_rules! real {
 real! {
     fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     fn listen(fd: c_int, backlog: c_int) -> c_int;
     fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;

@@ -76,6 +76,14 @@ pub const F_PENDING: u16 = 256;
 /// An internal descriptor that a connection is closing: see
 /// [`settle`].
 pub const F_CLOSING: u16 = 512;
+/// The application set `SO_RCVTIMEO` or `SO_SNDTIMEO`, which the swap
+/// must copy to the connection. Without it, a socket with [`F_TCP`] has
+/// no timeouts, and the swap asks nothing.
+pub const F_TIMEO: u16 = 1024;
+/// `bind` was called on it: its source address is not routing's choice,
+/// so a proposal asks the socket (`getsockname`). Without it, a socket with
+/// [`F_TCP`] is unbound.
+pub const F_BOUND: u16 = 2048;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u16, on: bool) {

@@ -566,6 +566,17 @@ fn traced_peer(
     args: &[&str],
     key: &str,
 ) -> Option<std::collections::HashMap<String, u64>> {
+    traced_peer_env(dev, preload, args, key, &[])
+}
+
+/// [`traced_peer`] with more environment variables.
+fn traced_peer_env(
+    dev: &DevDir,
+    preload: bool,
+    args: &[&str],
+    key: &str,
+    env: &[(&str, &str)],
+) -> Option<std::collections::HashMap<String, u64>> {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "preload-churn-{}-{}",
         std::process::id(),
@@ -582,6 +593,7 @@ fn traced_peer(
     c.env("SMCLO_DEVICE_DIR", &dev.0)
         .env_remove("SMCLO_DEBUG")
         .env_remove("SMCLO_DISABLE")
+        .envs(env.iter().copied())
         .stdin(Stdio::null());
     if preload {
         c.env("LD_PRELOAD", lib());
@@ -722,6 +734,75 @@ fn unknown_listener_accept_syscall_budget() {
         pre.1 - base.1 <= n / 20,
         "system calls added by the preload over {n} accepts: {}",
         pre.1 - base.1
+    );
+}
+
+/// System calls per SMC-D connection under the preload, both ends together
+/// (connect, accept, one byte each way, close; ARCHITECTURE.md, "Connection
+/// setup cost"), above which setup has regressed. TCP's own are 12 here
+/// (the two `read`s and `write`s included); with a `getpid` per holder
+/// claim and close, the rlimit read three times per connection, the
+/// hidden socket's timeouts and the peer's groups always asked, and
+/// `getsockname` before every SYN, this count was 72.
+const PRELOAD_BUDGET_PER_CONN: i64 = 64;
+
+/// Counted with strace over two run lengths, so the start-up cancels out.
+/// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
+/// counted too, as many as the timing under strace allows.
+#[test]
+fn smc_setup_syscall_budget() {
+    if !Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        budget_unchecked("strace is not installed");
+        return;
+    }
+    let dev = DevDir::new("sbudget");
+    let (short, long) = (20u32, 120u32);
+    let run = |n: u32| {
+        traced_peer_env(
+            &dev,
+            true,
+            &["smcchurn", &n.to_string()],
+            "accept4",
+            &[("SMCLO_SPIN_US", "0")],
+        )
+    };
+    let (Some(a), Some(b)) = (run(short), run(long)) else {
+        return;
+    };
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, (short + long) as u64, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    let calls =
+        |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
+    let n = (long - short) as i64;
+    assert_eq!(
+        grow("accept4"),
+        2 * n,
+        "accepts (TCP and rendezvous) counted"
+    );
+    // The identity is cached, the limit read once per connection attempt.
+    assert!(
+        grow("getpid") <= n / 20,
+        "{} getpid calls over {n} connections",
+        grow("getpid")
+    );
+    assert!(
+        grow("prlimit64") <= 2 * n,
+        "{} rlimit reads over {n} connections",
+        grow("prlimit64")
+    );
+    // Neither end asks the peer's groups (same uid), nor the client its
+    // unbound socket's address before the SYN or its timeouts.
+    let per = grow("total") as f64 / n as f64;
+    eprintln!("system calls per SMC-D connection under the preload (both ends): {per:.1}");
+    assert!(
+        grow("total") <= PRELOAD_BUDGET_PER_CONN * n,
+        "{per:.1} system calls per SMC-D connection, budget {PRELOAD_BUDGET_PER_CONN}"
     );
 }
 

@@ -9,7 +9,9 @@
 use super::records::{forget_fd_locked, lock, share_records_locked, EPOLL};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, LOCK};
+use crate::table::{
+    self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK,
+};
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::conn::Conn;
 use smclo::debug;
@@ -467,6 +469,9 @@ pub unsafe extern "C" fn setsockopt(
         if marked_option(level, name) {
             table::set_flag(fd, F_IP_OPTS, true);
         }
+        if timeout_option(level, name) {
+            table::set_flag(fd, F_TIMEO, true);
+        }
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
     };
@@ -501,6 +506,16 @@ pub unsafe extern "C" fn setsockopt(
         _ => {}
     }
     0
+}
+
+/// Whether the option is a socket timeout, in either `timeval` layout
+/// (see [`F_TIMEO`]).
+fn timeout_option(level: c_int, name: c_int) -> bool {
+    level == libc::SOL_SOCKET
+        && matches!(
+            name,
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW
+        )
 }
 
 /// Whether the option is one the handshake's SYN mark sets (see

@@ -10,7 +10,9 @@ use super::swap::swap_in;
 use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, LOCK};
+use crate::table::{
+    self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, LOCK,
+};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
@@ -388,6 +390,17 @@ fn connect_again(fd: RawFd) -> Option<c_int> {
     table::get(fd).map(|_| super::fail(libc::EISCONN))
 }
 
+/// Interposed `bind(2)`: notes that the socket's source address is set, so
+/// that a proposal asks for it (see [`F_BOUND`]); an unbound socket of our
+/// `socket()` needs no `getsockname` before its SYN.
+#[no_mangle]
+pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // Before the call: a failed bind costs only the question.
+    table::set_flag(fd, F_BOUND, true);
+    // SAFETY: forwarded unchanged.
+    unsafe { real::bind(fd, addr, len) }
+}
+
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners.
 /// A blocking connect completes the handshake before it returns (bounded
 /// by `SMCLO_CLC_WAIT_MS`); a non-blocking one returns what the TCP
@@ -421,7 +434,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // A socket of our socket() whose IP options the application left alone
     // needs no reading of them for the SYN mark.
     let facts = handshake::SocketFacts {
-        unbound: false,
+        unbound: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_BOUND),
         default_ip_options: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_IP_OPTS),
     };
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {

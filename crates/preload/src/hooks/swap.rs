@@ -10,7 +10,7 @@ use super::records::{lock, EPOLL};
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, F_TCP, F_TIMEO, LOCK};
 use smclo::debug;
 use smclo::handshake::Established;
 use std::io;
@@ -59,8 +59,11 @@ pub(super) fn swap_in(
         return false;
     }
     // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
-    // from the listener) apply to it.
-    super::control::copy_timeouts(tcp, &conn);
+    // from the listener) apply to it; a socket of our socket() has none
+    // unless the application set them.
+    if !table::has_flag(fd, F_TCP) || table::has_flag(fd, F_TIMEO) {
+        super::control::copy_timeouts(tcp, &conn);
+    }
     let chan = conn.fd();
     let sock = Arc::new(Sock {
         conn,

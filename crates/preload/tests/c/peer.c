@@ -5,6 +5,8 @@
  *   peer client churn PORT N   N plain connects (socket, connect, close)
  *   peer unixchurn N           N accepts on a UNIX listener the preload did not
  *                              make (as one inherited through exec)
+ *   peer smcchurn N            N connections to itself from a fork child:
+ *                              connect, accept, 1 byte each way, close
  *   peer execchild             (the program an inetd-style server execs)
  * Exit status 0 and a last line "OK <bytes>" mean success; anything wrong
  * prints "FAIL ..." and exits 1. Every stream carries a known pattern, so
@@ -699,10 +701,45 @@ static int unix_churn(int n) {
     return 0;
 }
 
+/* ---- connection setup churn between two processes that both run the
+ * preload (the setup benchmark's workload): a fork child connects N times,
+ * writes a byte and reads it back, the parent accepts, echoes and closes,
+ * so a tracer can count what a connection costs ---- */
+static int smc_churn(int n) {
+    int lfd = mk_listener();
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        for (int i = 0; i < n; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            char c = (char)i;
+            if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
+            if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1 || c != (char)i) _exit(2);
+            close(fd);
+        }
+        _exit(0);
+    }
+    for (int i = 0; i < n; i++) {
+        int c = accept(lfd, NULL, NULL);
+        char b;
+        if (c < 0) fail("accept %d: %s", i, strerror(errno));
+        if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
+        close(c);
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("connecting child failed");
+    printf("OK %d\n", 2 * n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
     if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
     if (argc < 3) { fprintf(stderr, "usage\n"); return 2; }
     mode = argv[2];
     int server = !strcmp(argv[1], "server");
