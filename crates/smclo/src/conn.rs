@@ -77,7 +77,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+mod exec;
 mod poll;
+
+pub use exec::{ExecParts, ExecRefusal, ExecState};
 
 /// How writes reach the peer's ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

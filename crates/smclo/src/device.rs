@@ -944,6 +944,29 @@ impl Device {
         })
     }
 
+    /// The registration of DMB table entry `idx` holding `token` (an
+    /// accepting end's, or with `client` a connecting end's) that the image
+    /// of this process before an exec had: its owner is this process (same
+    /// pid and start time) or another of its fork family, which hands it
+    /// over when it lets go. `None` if the entry is no longer that.
+    pub fn adopt_registration(&self, idx: usize, token: u64, client: bool) -> Option<Registration> {
+        if idx >= layout::DMB_ENTRIES as usize {
+            return None;
+        }
+        let e = self.dmb_entry(idx);
+        let w = e.head.word();
+        if w.is_free() || e.token.load(Ordering::Relaxed) != token {
+            return None;
+        }
+        Some(Registration {
+            dev: self.arc(),
+            idx,
+            ticket: Ticket::of(w),
+            token,
+            role: if client { Role::Client } else { Role::Server },
+        })
+    }
+
     /// Maps the peer's DMB `token` from the memfd `fd` it passed over the
     /// handshake channel ([`Dmb::attach_peer`] checks seals, owner, size,
     /// header, token and GID); a refusal is an [`Error::Attach`].
@@ -1317,6 +1340,13 @@ impl Registration {
             idx: self.idx,
             gen: self.ticket.gen(),
         }
+    }
+
+    /// The DMB table entry and whether this end connected, for a new image
+    /// of this process (exec); `None` once the entry is gone.
+    pub fn exec_entry(&self) -> Option<(usize, bool)> {
+        self.entry(false)?;
+        Some((self.idx, self.role == Role::Client))
     }
 
     /// Makes process `to` (a fork child that still holds the connection)

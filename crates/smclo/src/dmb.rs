@@ -47,6 +47,9 @@ pub struct Dmb {
     /// ([`crate::pool`]), unless a fork happened since (a child may still
     /// use the mapping).
     attach: Option<(u64, u64, (u64, u64))>,
+    /// Our memfd of this DMB parked in [`crate::vault`] once closed (a
+    /// peer's, or our own without `own`): exec passes it to the new image.
+    kept: Option<crate::vault::Kept>,
 }
 
 /// The parts of a [`Dmb`] that only its owner has.
@@ -64,6 +67,8 @@ pub(crate) struct Own {
     pub(crate) reuse: bool,
     /// `file` counts against the descriptor budget ([`crate::fdnum`]).
     pub(crate) _held: crate::fdnum::Held,
+    /// `file`'s number is the core's ([`crate::fdnum::Mark`]).
+    pub(crate) _mark: crate::fdnum::Mark,
     /// `file` counts against what the pool could take back
     /// ([`crate::pool::may_keep_memfd`]).
     pub(crate) _kept: crate::pool::KeptMemfd,
@@ -136,12 +141,14 @@ impl Dmb {
         }
         use std::os::unix::fs::MetadataExt;
         let md = file.metadata()?;
+        let mark_fd = file.as_raw_fd();
         d.own = Some(Own {
             id: (md.dev(), md.ino()),
             file,
             fork_gen: crate::owner::fork_gen(),
             reuse: true,
             _held: crate::fdnum::Held::new(),
+            _mark: crate::fdnum::Mark::new(mark_fd),
             _kept: crate::pool::KeptMemfd::new(d.ring_len()),
         });
         Ok(d)
@@ -152,7 +159,10 @@ impl Dmb {
     /// connection's life, and the DMB is unmapped instead of pooled when it
     /// is dropped. For a process short of descriptors ([`crate::fdnum`]).
     pub(crate) fn close_own_file(&mut self) {
-        self.own = None;
+        if let Some(o) = self.own.take() {
+            use std::os::fd::AsFd;
+            self.kept = crate::vault::keep(o.id, o.file.as_fd());
+        }
     }
 
     /// The memfd of our own DMB (None for a peer's).
@@ -248,6 +258,11 @@ impl Dmb {
             }
             None => Dmb::attach_inner(&file, token, gid, md.len())?,
         };
+        let mut d = d;
+        if d.kept.is_none() {
+            use std::os::fd::AsFd;
+            d.kept = crate::vault::keep(id, file.as_fd());
+        }
         drop(file);
         Dmb::claim(d, id, token)
     }
@@ -290,6 +305,65 @@ impl Dmb {
             return Err(AttachError::AlreadyAttached.into());
         }
         d.attach = Some((rec, crate::owner::fork_gen(), id));
+        Ok(d)
+    }
+
+    /// A descriptor of this DMB's memfd for a new image of this process
+    /// (exec): our own memfd, or the one parked in [`crate::vault`].
+    /// Close-on-exec; the caller that passes it clears that.
+    pub(crate) fn exec_file(&self) -> Option<std::os::fd::OwnedFd> {
+        match (&self.own, &self.kept) {
+            (Some(o), _) => o.file.try_clone().ok().map(Into::into),
+            (None, Some(k)) => crate::vault::withdraw(k.id()),
+            (None, None) => None,
+        }
+    }
+
+    /// The attach record this process wrote into the peer's DMB.
+    pub(crate) fn attach_record(&self) -> Option<u64> {
+        self.attach.map(|a| a.0)
+    }
+
+    /// Our own DMB, from its memfd passed through exec by this process's
+    /// image before: validated as an attach is (header, `token`, `gid`).
+    /// The header names the process that created it, which may be another
+    /// of the fork family. Its memfd is kept or parked as after a
+    /// handshake ([`crate::device::DmbHandle::into_parts`]).
+    pub(crate) fn adopt_own(file: File, token: u64, gid: u64) -> Result<Dmb> {
+        let mut d = Dmb::attach(&file, token, gid)?;
+        use std::os::unix::fs::MetadataExt;
+        let md = file.metadata()?;
+        let mark_fd = file.as_raw_fd();
+        d.own = Some(Own {
+            id: (md.dev(), md.ino()),
+            file,
+            fork_gen: crate::owner::fork_gen(),
+            reuse: true,
+            _held: crate::fdnum::Held::new(),
+            _mark: crate::fdnum::Mark::new(mark_fd),
+            _kept: crate::pool::KeptMemfd::new(d.ring_len()),
+        });
+        if crate::fdnum::pressed() || !crate::pool::may_keep_memfd() {
+            d.close_own_file();
+        }
+        Ok(d)
+    }
+
+    /// The peer's DMB, from its memfd passed through exec: validated as an
+    /// attach is, and our attach record `rec` must still be in it (no one
+    /// else attached meanwhile). The memfd is parked, as after a handshake.
+    pub(crate) fn adopt_peer(file: File, token: u64, gid: u64, rec: u64) -> Result<Dmb> {
+        let mut d = Dmb::attach(&file, token, gid)?;
+        use std::sync::atomic::Ordering;
+        if rec == 0 || d.attach_word().load(Ordering::SeqCst) != rec {
+            return Err(AttachError::AlreadyAttached.into());
+        }
+        use std::os::unix::fs::MetadataExt;
+        let md = file.metadata()?;
+        let id = (md.dev(), md.ino());
+        d.attach = Some((rec, crate::owner::fork_gen(), id));
+        use std::os::fd::AsFd;
+        d.kept = crate::vault::keep(id, file.as_fd());
         Ok(d)
     }
 
@@ -373,6 +447,7 @@ impl Dmb {
             hdr,
             own: None,
             attach: None,
+            kept: None,
         })
     }
 
@@ -460,6 +535,7 @@ impl Drop for Dmb {
                     hdr: self.hdr,
                     own: None,
                     attach: None,
+                    kept: self.kept.take(),
                 };
                 self.base = std::ptr::null_mut();
                 crate::pool::put_peer(id, cached);
@@ -478,6 +554,7 @@ impl Drop for Dmb {
                         ..own
                     }),
                     attach: None,
+                    kept: None,
                 };
                 self.base = std::ptr::null_mut();
                 crate::pool::put(pooled);

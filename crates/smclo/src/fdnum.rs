@@ -115,6 +115,47 @@ impl Drop for Held {
     }
 }
 
+/// Numbers below this are marked in [`OURS`].
+const MARKED_MAX: usize = 65536;
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// One bit per descriptor number that the core keeps open beside the
+/// program's (see [`Mark`]).
+static OURS: [std::sync::atomic::AtomicU64; MARKED_MAX / 64] = [NO_MARKS; MARKED_MAX / 64];
+
+/// Marks descriptor number `fd` as the core's while this value lives (a
+/// DMB's memfd, the vault's pair): a program's `close_range` must leave
+/// it open (the preload asks [`is_ours`]), as it leaves the kernel's own
+/// files of a socket alone.
+#[derive(Debug)]
+pub struct Mark(RawFd);
+
+impl Mark {
+    /// Marks `fd`.
+    pub fn new(fd: RawFd) -> Mark {
+        if let Some(w) = OURS.get(fd as usize / 64) {
+            w.fetch_or(1 << (fd % 64), Ordering::Relaxed);
+        }
+        Mark(fd)
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        if let Some(w) = OURS.get(self.0 as usize / 64) {
+            w.fetch_and(!(1 << (self.0 % 64)), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether descriptor number `fd` is marked as the core's ([`Mark`]).
+pub fn is_ours(fd: RawFd) -> bool {
+    fd >= 0
+        && OURS
+            .get(fd as usize / 64)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (fd % 64)) != 0)
+}
+
 /// Descriptors smclo holds now in this process.
 pub fn held() -> usize {
     HELD.load(Ordering::Relaxed)

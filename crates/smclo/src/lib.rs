@@ -32,5 +32,6 @@ pub mod sockaddr;
 pub mod ss;
 pub mod table;
 pub mod tcp_syn;
+pub mod vault;
 
 pub use error::{Error, Result};
