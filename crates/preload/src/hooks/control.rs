@@ -10,9 +10,9 @@ use super::records::{forget_fd_locked, lock, share_records_locked, EPOLL};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
 use crate::table::{
-    self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK,
+    self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK, MAX_FD,
 };
-use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::conn::Conn;
 use smclo::debug;
 use std::os::fd::RawFd;
@@ -59,6 +59,56 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return unsafe { real::close(fd) };
     }
     close_slow(fd)
+}
+
+/// Interposed `close_range(2)`: the program's descriptors in the range
+/// close as with [`close`] (an SMC-D one ends its share of the
+/// connection), smclo's own (hidden TCP sockets, channels at hidden
+/// numbers, DMB memfds) stay open, as the kernel's own files behind a
+/// socket would. Python's `subprocess` closes every descriptor but those
+/// it passes this way before exec; the connections it passes need them.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let mut from = first;
+    let top = last.min(MAX_FD as c_uint - 1);
+    let mut fd = first;
+    while fd <= top {
+        let n = fd as RawFd;
+        let known = table::FLAGS[fd as usize].load(Ordering::Relaxed) != 0
+            || !table::TABLE[fd as usize].load(Ordering::Relaxed).is_null();
+        let ours = table::has_flag(n, F_INTERNAL) || smclo::fdnum::is_ours(n);
+        if known || ours {
+            if from < fd {
+                // SAFETY: the program's own descriptors, as it asked.
+                let r = unsafe { real::close_range(from, fd - 1, flags) };
+                if r != 0 {
+                    return r;
+                }
+            }
+            if known && !ours {
+                if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+                    table::set_app_cloexec(n, true);
+                } else {
+                    // SAFETY: as close(2), which the program asked for.
+                    unsafe { close(n) };
+                }
+            }
+            from = fd + 1;
+        }
+        fd += 1;
+    }
+    if from > last || from < first {
+        return 0;
+    }
+    // SAFETY: the rest of the program's range.
+    unsafe { real::close_range(from, last, flags) }
+}
+
+/// Interposed `closefrom(3)`: [`close_range`] up to the last number.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    // SAFETY: forwarded to our close_range.
+    unsafe { close_range(low.max(0) as c_uint, c_uint::MAX, 0) };
 }
 
 #[cold]
@@ -328,6 +378,12 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
                 Ok(()) => 0,
                 Err(e) => fail(os_err(&e)),
             }
+        }
+        // The program's view of FD_CLOEXEC, as F_SETFD (the real
+        // descriptor keeps it; exec passes what the view says).
+        libc::FIOCLEX | libc::FIONCLEX => {
+            table::set_app_cloexec(fd, req == libc::FIOCLEX);
+            0
         }
         SIOCOUTQ | SIOCATMARK => {
             // SAFETY: both take an int pointer.
