@@ -156,6 +156,21 @@ pub fn forget(slot: usize) {
     }
 }
 
+/// The other pids listed in `slot` (for exec: the new image's region
+/// lists them again).
+pub fn others(slot: usize) -> Vec<u32> {
+    let Some(r) = region() else {
+        return Vec::new();
+    };
+    let me = me();
+    r[slot]
+        .pids
+        .iter()
+        .map(|p| p.load(Ordering::Acquire))
+        .filter(|&p| p != 0 && p != me)
+        .collect()
+}
+
 const KCMP_FILE: libc::c_long = 0;
 
 /// Whether process `pid` still has our channel open at descriptor `chan`.

@@ -10,6 +10,7 @@
 //! - [`table`]: which application descriptors are SMC-D connections.
 //! - [`cork`]: TCP's 200 ms ceiling on corked data.
 //! - [`holders`]: which processes of a `fork` family hold a connection.
+//! - [`stdio`]: C stdio streams on connections adopted through exec.
 //! - [`real`]: the real libc functions behind ours.
 //!
 //! After an upgrade the application's descriptor is swapped (`dup3`) for a
@@ -26,4 +27,5 @@ pub mod cork;
 pub mod holders;
 pub mod hooks;
 pub mod real;
+pub mod stdio;
 pub mod table;

@@ -424,14 +424,26 @@ fn fork_child_keeps_connection() {
     );
 }
 
+/// The exec'd program runs with the preload too (LD_PRELOAD is inherited):
+/// it adopts the connection and echoes all of it through shared memory.
+/// (A program without the preload: crates/apptests/tests/exec.rs.)
 #[test]
-fn exec_falls_back_cleanly() {
+fn exec_keeps_the_connection() {
     let r = run("exec", Side::Smc, Side::Smc, &[]);
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
+    assert_eq!(r.fallbacks(), 0, "{}", r.report());
+    assert_eq!(r.stats.xfer_bytes, 2 * 4096, "{}", r.report());
     assert!(
-        r.server.stderr.contains("exec: fd"),
-        "no exec line in the debug output\n{}",
+        r.client.stdout.contains("EXEC eof after 4096"),
+        "{}",
+        r.report()
+    );
+    assert!(
+        r.server
+            .stderr
+            .contains("exec: adopted SMC-D connection on fd 0+1"),
+        "no adoption line in the debug output\n{}",
         r.report()
     );
 }

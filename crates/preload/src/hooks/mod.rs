@@ -15,6 +15,7 @@
 //! holds what the hooks remember besides the table. This file keeps only
 //! the small functions they all share.
 
+mod adopt;
 mod control;
 mod data;
 mod epoll;
@@ -24,6 +25,7 @@ mod process;
 mod records;
 mod setup;
 mod swap;
+mod target;
 mod unsupported;
 
 pub use control::*;

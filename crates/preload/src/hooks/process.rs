@@ -1,17 +1,20 @@
 //! The process around the connections: `fork` records the child as a
-//! holder of every connection, exec (all seven forms) keeps a channel from
-//! reaching a program that has no table, and exit (`_exit`, `_Exit` and
+//! holder of every connection, exec (all eight forms) passes them to a new
+//! program that loads this library (`hooks::adopt`) and keeps a channel
+//! from reaching one that does not, and exit (`_exit`, `_Exit` and
 //! the end of the program) closes each connection as the kernel closes a
 //! socket, unless another process of the family still holds it.
 
 use super::records::{lock, FALLBACKS, LISTENERS};
-use super::{fail, swap, LIVE};
+use super::target::{self, Target};
+use super::{adopt, fail, swap, LIVE};
 use crate::holders;
 use crate::real;
-use crate::table::{self, LOCK};
+use crate::table::{self, Sock, LOCK};
 use libc::{c_char, c_int, pid_t};
 use smclo::debug;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Interposed `fork(2)`: the child is recorded as a holder of every
 /// connection before any thread of the parent can close one.
@@ -63,37 +66,35 @@ pub unsafe extern "C" fn vfork() -> pid_t {
     unsafe { fork() }
 }
 
-/// Before exec: the new image has no table, so it must not inherit a
-/// channel. Every real table descriptor is close-on-exec; one the
-/// application wanted to pass (no FD_CLOEXEC in its view) is replaced by the
-/// hidden TCP socket, and the SMC-D connection is aborted if no other
-/// process holds it (the peer sees a reset; the new program sees end of
-/// stream once the peer closes). Never does the new program read doorbell
-/// bytes as data.
-fn before_exec() {
-    // The new image could not finish a handshake.
-    super::pending::settle_all();
-    {
-        let g = LOCK.write();
-        if let Some(m) = lock(&LISTENERS).as_mut() {
-            // The new image does not know these listeners; unregister them
-            // so clients do not wait for an answer that never comes.
-            m.clear();
-        }
-        if let Some(m) = lock(&FALLBACKS).as_mut() {
-            // Nor these connections: it could not unlist them when it
-            // closes them.
-            m.clear();
-        }
-        drop(g);
+/// Listener registrations and fallback records stay with this image: the
+/// new one registers the listeners it inherits again (`hooks::setup`), and
+/// a program without this library must not be proposed to.
+fn forget_records() {
+    let g = LOCK.write();
+    if let Some(m) = lock(&LISTENERS).as_mut() {
+        m.clear();
     }
-    if LIVE.load(Ordering::Relaxed) == 0 {
-        return;
+    if let Some(m) = lock(&FALLBACKS).as_mut() {
+        // The new image could not unlist these when it closes them.
+        m.clear();
     }
+    drop(g);
+}
+
+/// The connections (all, or those in `only`) cannot follow into the new
+/// program: their table entries go, and a descriptor the application
+/// wanted to pass (no FD_CLOEXEC in its view) is replaced by the hidden TCP
+/// socket, the SMC-D connection reset if no other process holds it (the
+/// peer sees a reset; the new program sees end of stream once the peer
+/// closes). Never does a new program read doorbell bytes as data.
+fn fall_back(only: Option<&[Arc<Sock>]>) {
     let g = LOCK.write();
     let all = table::all_locked();
     let mut taken = Vec::new();
     for (fd, s) in &all {
+        if only.is_some_and(|o| !o.iter().any(|x| Arc::ptr_eq(x, s))) {
+            continue;
+        }
         let keep = !table::app_cloexec(*fd);
         if let Some(t) = table::take_locked(*fd) {
             taken.push(t);
@@ -114,6 +115,61 @@ fn before_exec() {
     for t in taken {
         table::release(t);
     }
+}
+
+/// The environment exec passes when it is given none.
+fn environ() -> *const *const c_char {
+    extern "C" {
+        static environ: *const *const c_char;
+    }
+    // SAFETY: libc's environ, read once.
+    unsafe { environ }
+}
+
+/// Every exec form: the SMC-D connections go to the new program when it
+/// loads this library (`runs_preload`, and `LD_PRELOAD` in `envp`, the
+/// environment exec passes), with everything in flight (`hooks::adopt`);
+/// otherwise they fall back, unless there is no program file to run. `run` performs the exec with the environment
+/// it is given; if it returns, exec failed and the connections that went
+/// along stay here.
+fn exec_with(
+    runs_preload: impl FnOnce() -> Target,
+    envp: *const *const c_char,
+    run: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    // The new image could not finish a handshake.
+    super::pending::settle_all();
+    forget_records();
+    if LIVE.load(Ordering::Relaxed) == 0 {
+        return run(envp);
+    }
+    match runs_preload() {
+        // The exec fails: everything stays as it is.
+        Target::Missing => return run(envp),
+        Target::Plain => {
+            debug!("exec: the new program does not load LD_PRELOAD libraries (static, set-user-ID or unreadable); its SMC-D connections fall back");
+            fall_back(None);
+            return run(envp);
+        }
+        Target::Preloads if !target::preload_in(envp) => {
+            debug!("exec: LD_PRELOAD of the new program does not name smclo; its SMC-D connections fall back");
+            fall_back(None);
+            return run(envp);
+        }
+        Target::Preloads => {}
+    }
+    let (handoff, refused) = adopt::prepare();
+    if !refused.is_empty() {
+        fall_back(Some(&refused));
+    }
+    let Some(h) = handoff else {
+        fall_back(None);
+        return run(envp);
+    };
+    let env = h.envp(envp);
+    let r = run(env.as_ptr());
+    h.undo();
+    r
 }
 
 /// At exit: every connection this process holds is closed as the kernel
@@ -140,6 +196,11 @@ pub(crate) fn close_all() {
 }
 
 extern "C" fn at_exit() {
+    if LIVE.load(Ordering::Relaxed) > 0 {
+        // libc flushes its streams after this runs; bytes a stdio stream
+        // holds for a connection must reach it before it closes.
+        crate::stdio::flush_all();
+    }
     close_all();
 }
 
@@ -175,6 +236,7 @@ fn close_all_at_exit() {
 
 extern "C" fn at_load() {
     real::resolve_exit_path();
+    adopt::at_load();
 }
 
 /// Runs when the library is loaded.
@@ -213,25 +275,34 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::execve(path, argv, envp) }
+    exec_with(
+        || target::path_runs_preload(path),
+        envp,
+        // SAFETY: the caller's arguments, with our environment.
+        |env| unsafe { real::execve(path, argv, env) },
+    )
 }
 
 /// Interposed `execv(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::execv(path, argv) }
+    exec_with(
+        || target::path_runs_preload(path),
+        environ(),
+        // SAFETY: as execv, with the environment made explicit.
+        |env| unsafe { real::execve(path, argv, env) },
+    )
 }
 
 /// Interposed `execvp(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::execvp(file, argv) }
+    exec_with(
+        || target::file_runs_preload(file),
+        environ(),
+        // SAFETY: as execvp, with the environment made explicit.
+        |env| unsafe { real::execvpe(file, argv, env) },
+    )
 }
 
 /// Interposed `execvpe(3)`.
@@ -241,9 +312,12 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::execvpe(file, argv, envp) }
+    exec_with(
+        || target::file_runs_preload(file),
+        envp,
+        // SAFETY: the caller's arguments, with our environment.
+        |env| unsafe { real::execvpe(file, argv, env) },
+    )
 }
 
 /// Interposed `fexecve(3)`.
@@ -253,9 +327,12 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::fexecve(fd, argv, envp) }
+    exec_with(
+        || target::fd_runs_preload(fd),
+        envp,
+        // SAFETY: the caller's arguments, with our environment.
+        |env| unsafe { real::fexecve(fd, argv, env) },
+    )
 }
 
 // ----- the variadic exec functions ------------------------------------------------

@@ -1,0 +1,424 @@
+//! exec keeps SMC-D connections, as it keeps kernel sockets: when the new
+//! program loads this library too ([`super::target`]), each connection
+//! goes on in it at the same descriptor numbers with everything in flight.
+//!
+//! Before exec ([`prepare`]): for every connection of the table, the
+//! memfds of both DMBs (mappings do not survive exec; closed memfds come
+//! back from [`smclo::vault`]), its channel and hidden TCP socket are made
+//! inheritable, the descriptors the program passes (no `FD_CLOEXEC` in its
+//! view) too, and all of it is described in [`VAR`], added to the
+//! environment the exec passes. Nothing is torn down: if exec fails the
+//! descriptors get `FD_CLOEXEC` back ([`Handoff::undo`]) and the
+//! connections go on in this image. A connection the program does not
+//! pass (all its descriptors close-on-exec in the program's view) ends
+//! before exec, as the kernel would close it at exec, unless another
+//! process of the family holds it.
+//!
+//! At load ([`at_load`]): the new image removes [`VAR`] from its
+//! environment (its own children must not see it), maps the DMBs again,
+//! takes over the DMB table entries (same pid and start time), and fills
+//! its table. A connection it cannot adopt is reset at both ends, and its
+//! descriptors become the TCP socket (a debug line says why).
+
+use super::LIVE;
+use crate::holders;
+use crate::real;
+use crate::table::{self, Sock, F_INTERNAL, LOCK};
+use libc::c_char;
+use smclo::conn::{Conn, ExecParts, ExecState};
+use smclo::debug;
+use smclo::device::Device;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// The environment variable that carries the connections to the new image.
+const VAR: &str = "SMCLO_EXEC_CONNS";
+
+/// One connection as the new image receives it.
+struct Passed {
+    /// The program's descriptors of it (none: close it at once).
+    fds: Vec<RawFd>,
+    chan: RawFd,
+    tcp: RawFd,
+    local: RawFd,
+    peer: RawFd,
+    shut_rd: bool,
+    linger0: bool,
+    /// Other processes that hold it (fork family).
+    holders: Vec<u32>,
+    st: ExecState,
+}
+
+fn join<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join("+")
+}
+
+fn split<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
+    s.split('+')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().ok())
+        .collect()
+}
+
+impl Passed {
+    fn encode(&self) -> String {
+        let st = &self.st;
+        let b = |x: bool| x as u8;
+        format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            join(&self.fds),
+            self.chan,
+            self.tcp,
+            self.local,
+            self.peer,
+            b(self.shut_rd),
+            b(self.linger0),
+            join(&self.holders),
+            st.local_token,
+            st.entry,
+            b(st.client),
+            st.peer_token,
+            st.peer_attach,
+            st.sndbuf_len,
+            st.sent,
+            st.received,
+            st.rx_owed,
+            st.rcv_timeo_us,
+            st.snd_timeo_us,
+            b(st.cork),
+            b(st.shut_wr),
+            st.err
+        )
+    }
+
+    fn decode(s: &str) -> Option<Passed> {
+        let f: Vec<&str> = s.split(',').collect();
+        if f.len() != 22 {
+            return None;
+        }
+        let n = |i: usize| f[i].parse::<u64>().ok();
+        let fd = |i: usize| f[i].parse::<RawFd>().ok();
+        let b = |i: usize| n(i).map(|v| v != 0);
+        Some(Passed {
+            fds: split(f[0])?,
+            chan: fd(1)?,
+            tcp: fd(2)?,
+            local: fd(3)?,
+            peer: fd(4)?,
+            shut_rd: b(5)?,
+            linger0: b(6)?,
+            holders: split(f[7])?,
+            st: ExecState {
+                local_token: n(8)?,
+                entry: n(9)? as usize,
+                client: b(10)?,
+                peer_token: n(11)?,
+                peer_attach: n(12)?,
+                sndbuf_len: n(13)? as u32,
+                sent: n(14)?,
+                received: n(15)?,
+                rx_owed: n(16)? as u32,
+                rcv_timeo_us: n(17)?,
+                snd_timeo_us: n(18)?,
+                cork: b(19)?,
+                shut_wr: b(20)?,
+                err: f[21].parse().ok()?,
+            },
+        })
+    }
+}
+
+/// What [`prepare`] changed, to give exec its environment and to undo it
+/// if exec fails.
+pub(super) struct Handoff {
+    /// `VAR=...`.
+    var: CString,
+    /// Descriptors whose `FD_CLOEXEC` was cleared.
+    opened: Vec<RawFd>,
+    /// Descriptors made for the new image (the DMBs' memfds).
+    made: Vec<OwnedFd>,
+}
+
+fn set_cloexec(fd: RawFd, on: bool) {
+    let flag = if on { libc::FD_CLOEXEC } else { 0 };
+    // The system call itself: `fd` may be a table descriptor, whose libc
+    // fcntl the hooks answer with the program's view.
+    smclo::chan_sys::fcntl(fd, libc::F_SETFD, flag as libc::c_long);
+}
+
+/// An inheritable duplicate of `fd` at a high number (smclo::fdnum).
+fn inheritable_dup(fd: RawFd) -> Option<OwnedFd> {
+    let n = smclo::chan_sys::fcntl(fd, libc::F_DUPFD, smclo::fdnum::floor() as libc::c_long);
+    // SAFETY: `n` was just returned to us.
+    (n >= 0).then(|| unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+impl Handoff {
+    fn open(&mut self, fd: RawFd) {
+        set_cloexec(fd, false);
+        self.opened.push(fd);
+    }
+
+    /// `f` inheritable (moved to a high number); its number.
+    fn keep(&mut self, f: OwnedFd) -> Option<RawFd> {
+        let d = inheritable_dup(f.as_raw_fd())?;
+        let n = d.as_raw_fd();
+        self.made.push(d);
+        Some(n)
+    }
+
+    /// The environment for exec: `envp` without an old [`VAR`], plus ours.
+    pub(super) fn envp(&self, envp: *const *const c_char) -> Vec<*const c_char> {
+        let prefix = format!("{VAR}=");
+        let mut v: Vec<*const c_char> = super::target::entries(envp)
+            .into_iter()
+            .filter(|e| !e.to_bytes().starts_with(prefix.as_bytes()))
+            .map(|e| e.as_ptr())
+            .collect();
+        v.push(self.var.as_ptr());
+        v.push(std::ptr::null());
+        v
+    }
+
+    /// Exec failed: the connections go on here.
+    pub(super) fn undo(self) {
+        for fd in self.opened {
+            set_cloexec(fd, true);
+        }
+        debug!("exec failed; the SMC-D connections stay with this program");
+    }
+}
+
+/// Connections that do not go along: the program does not pass them, or
+/// they cannot follow (they fall back).
+pub(super) type Refused = Vec<Arc<Sock>>;
+
+/// Prepares every connection of the table for the new image (see the
+/// module documentation). Returns the handoff, and the program's
+/// descriptors of connections that cannot go along (they fall back as
+/// when the new program does not load this library).
+pub(super) fn prepare() -> (Option<Handoff>, Refused) {
+    let Some(ctx) = super::ctx() else {
+        return (None, Vec::new());
+    };
+    let g = LOCK.write();
+    let all = table::all_locked();
+    let mut h = Handoff {
+        var: CString::default(),
+        opened: Vec::new(),
+        made: Vec::new(),
+    };
+    let mut entries = Vec::new();
+    let mut refused = Vec::new();
+    let mut seen: Vec<*const Sock> = Vec::new();
+    for (_, s) in &all {
+        if seen.contains(&Arc::as_ptr(s)) {
+            continue;
+        }
+        seen.push(Arc::as_ptr(s));
+        let fds: Vec<RawFd> = all
+            .iter()
+            .filter(|(fd, x)| Arc::ptr_eq(x, s) && !table::app_cloexec(*fd))
+            .map(|(fd, _)| *fd)
+            .collect();
+        if fds.is_empty() {
+            // Close-on-exec in the program's view: it ends here, as the
+            // kernel closes such a socket (another process of the family
+            // may still hold it, recognised by the channel's number).
+            refused.push(s.clone());
+            continue;
+        }
+        match pass(&mut h, s, &fds) {
+            Ok(p) => entries.push(p.encode()),
+            Err(why) => {
+                debug!(
+                    "exec: SMC-D connection (channel fd {}) cannot follow: {why}",
+                    s.conn.fd()
+                );
+                refused.push(s.clone());
+            }
+        }
+    }
+    drop(g);
+    let dir = hex(ctx.dev.dir().as_os_str().as_encoded_bytes());
+    let var = format!("{VAR}={dir}:{}", entries.join(";"));
+    h.var = CString::new(var).expect("no NUL in numbers and hex");
+    debug!(
+        "exec: {} SMC-D connection(s) go to the new program",
+        entries.len()
+    );
+    (Some(h), refused)
+}
+
+/// Makes connection `s` (the program passes it as `fds`) ready to go.
+fn pass(h: &mut Handoff, s: &Sock, fds: &[RawFd]) -> Result<Passed, String> {
+    let ExecParts { local, peer, state } = s.conn.exec_export(&s.reg).map_err(|e| e.to_string())?;
+    let no_fd = || "no descriptor left".to_string();
+    let local = h.keep(local).ok_or_else(no_fd)?;
+    let peer = h.keep(peer).ok_or_else(no_fd)?;
+    // The channel keeps its number, even one the program let go of at
+    // exec (close-on-exec in its view; the new image holds it as an
+    // internal descriptor): the fork family recognises its holders by that
+    // number, and a process that still holds the connection must not
+    // take the new program for gone.
+    let chan = s.conn.fd();
+    if chan < 0 {
+        return Err("its channel is gone".into());
+    }
+    for fd in fds.iter().copied().chain([chan, s.tcp]) {
+        if !h.opened.contains(&fd) {
+            h.open(fd);
+        }
+    }
+    Ok(Passed {
+        fds: fds.to_vec(),
+        chan,
+        tcp: s.tcp,
+        local,
+        peer,
+        shut_rd: s.shut_rd.load(Ordering::Relaxed),
+        linger0: s.linger0.load(Ordering::Relaxed),
+        holders: holders::others(s.slot),
+        st: state,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// At load: adopts the connections an exec passed (see the module
+/// documentation).
+pub(crate) fn at_load() {
+    let Some(v) = std::env::var_os(VAR) else {
+        return;
+    };
+    // Only this image adopts them; its own children must not try.
+    std::env::remove_var(VAR);
+    let v = v.to_string_lossy().into_owned();
+    let Some((dir, list)) = v.split_once(':') else {
+        return;
+    };
+    let passed: Vec<Passed> = list.split(';').filter_map(Passed::decode).collect();
+    let dev = match unhex(dir).map(|d| {
+        // SAFETY: bytes that were an OsStr's encoded bytes in the image
+        // before exec, on this same platform.
+        std::path::PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(d) })
+    }) {
+        Some(d) if !super::disabled() => Device::open(&d).map_err(|e| e.to_string()),
+        Some(_) => Err("SMCLO_DISABLE is set".into()),
+        None => Err("unreadable description".into()),
+    };
+    for p in passed {
+        for fd in [p.chan, p.tcp, p.local, p.peer].iter().chain(&p.fds) {
+            set_cloexec(*fd, true);
+        }
+        let r = match &dev {
+            Ok(dev) => adopt(dev, &p).map_err(|e| (e, true)),
+            Err(e) => Err((e.clone(), false)),
+        };
+        if let Err((why, consumed)) = r {
+            reset(&p, &why, consumed);
+        }
+    }
+}
+
+/// Adopts one passed connection into the table. It owns the memfds and
+/// the channel from the start, even when it fails.
+fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
+    // SAFETY: the descriptors were passed to this image for this purpose
+    // and nothing else owns them.
+    let (local, peer, chan) = unsafe {
+        (
+            OwnedFd::from_raw_fd(p.local),
+            OwnedFd::from_raw_fd(p.peer),
+            OwnedFd::from_raw_fd(p.chan),
+        )
+    };
+    let parts = ExecParts {
+        local,
+        peer,
+        state: p.st,
+    };
+    let (conn, reg) = match Conn::exec_adopt(dev, parts, chan) {
+        Ok(x) => x,
+        Err(e) => return Err(e.to_string()),
+    };
+    let Some(slot) = holders::claim() else {
+        conn.abort();
+        return Err("no holder slot".into());
+    };
+    for pid in &p.holders {
+        holders::add(slot, *pid);
+    }
+    conn.count_channel(!p.fds.contains(&p.chan));
+    let sock = Arc::new(Sock {
+        conn,
+        reg,
+        tcp: p.tcp,
+        fds: AtomicUsize::new(0),
+        shut_rd: AtomicBool::new(p.shut_rd),
+        linger0: AtomicBool::new(p.linger0),
+        slot,
+        cork_armed: Default::default(),
+        _held: smclo::fdnum::Held::new(),
+    });
+    table::set_flag(p.tcp, F_INTERNAL, true);
+    if !p.fds.contains(&p.chan) {
+        table::set_flag(p.chan, F_INTERNAL, true);
+    }
+    let g = LOCK.write();
+    for fd in &p.fds {
+        table::install_locked(*fd, &sock, false);
+    }
+    drop(g);
+    LIVE.fetch_add(1, Ordering::Relaxed);
+    for fd in p.fds.iter().filter(|fd| (0..=2).contains(*fd)) {
+        crate::stdio::adopt_std(*fd);
+    }
+    debug!(
+        "exec: adopted SMC-D connection on fd {} (channel fd {}, hidden TCP fd {})",
+        join(&p.fds),
+        p.chan,
+        p.tcp
+    );
+    Ok(())
+}
+
+/// A passed connection this image cannot adopt: both ends see a reset (the
+/// peer through the channel closing without a close flag, this program
+/// through the TCP socket its descriptors become). `consumed`: [`adopt`]
+/// has closed the memfds and the channel already.
+fn reset(p: &Passed, why: &str, consumed: bool) {
+    debug!(
+        "exec: SMC-D connection on fd {} cannot be adopted ({why}); it is reset, the descriptors get the TCP socket",
+        join(&p.fds)
+    );
+    if let Err(e) = smclo::tcp_syn::reset(p.tcp) {
+        debug!("exec: resetting the TCP connection failed: {e}");
+    }
+    for fd in &p.fds {
+        // SAFETY: replaces the program's descriptor with the TCP socket.
+        unsafe { real::dup3(p.tcp, *fd, 0) };
+    }
+    let mine: &[RawFd] = if consumed {
+        &[p.tcp]
+    } else {
+        &[p.tcp, p.chan, p.local, p.peer]
+    };
+    for &fd in mine {
+        if !p.fds.contains(&fd) {
+            // SAFETY: a descriptor passed to this image for the connection.
+            unsafe { real::close(fd) };
+        }
+    }
+}
