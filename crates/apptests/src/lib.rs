@@ -70,6 +70,7 @@ fn package_of(prog: &str) -> &'static str {
         "node" => "nodejs",
         "runuser" => "util-linux",
         "systemd-socket-activate" => "systemd",
+        "socat" => "socat",
         "useradd" | "usermod" | "userdel" | "groupadd" | "groupdel" | "gpasswd" => "passwd",
         _ => "(unknown package)",
     }

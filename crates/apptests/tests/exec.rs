@@ -1,0 +1,309 @@
+//! exec keeps SMC-D connections: a program that passes a connection to a
+//! new program (inetd-style servers, `socat ... EXEC:...,nofork`, python's
+//! `subprocess` with `pass_fds`, shells, a chain of execs) and the new
+//! program both run under `smclo run`; the new program goes on with the
+//! connection in shared memory, byte-exact both ways, with what was in
+//! flight at the exec. Each test checks the device's counters: SMC-D
+//! connections, no fallback, and exactly the bytes both ends sent. A new
+//! program without the preload gets the clean, logged fallback (reset).
+
+use smclo_apptests::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+/// Larger than the default ring (256 KiB): the client blocks for room,
+/// so bytes are in flight at every exec.
+const N: usize = 300_000;
+/// The request line each client sends first.
+const LINE: u64 = 4;
+
+fn src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/exec")
+        .join(name)
+}
+
+fn write_script(env: &Env, name: &str) -> String {
+    let p = env.path(name);
+    std::fs::copy(src(name), &p).unwrap();
+    p.display().to_string()
+}
+
+/// Starts `args` (a server listening on `port`) under smclo with the debug
+/// log, with `vars` in its environment.
+fn server(env: &mut Env, port: u16, prog: &str, args: &[&str], vars: &[(&str, &str)]) -> Proc {
+    let mut c = env.command(Mode::Smclo, None, prog, args);
+    c.env("SMCLO_DEBUG", "1");
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let mut p = env.spawn_cmd("server", c);
+    wait_listen(&mut p, port);
+    p
+}
+
+/// Runs `clients` clients (client.py) at once against `port`, each
+/// checking what it reads byte for byte.
+fn clients(env: &mut Env, port: u16, clients: usize, check: &[&str], server: &Proc) {
+    let script = write_script(env, "client.py");
+    let (ps, ns) = (port.to_string(), N.to_string());
+    let mut args = vec![script.as_str(), ps.as_str(), ns.as_str()];
+    args.extend_from_slice(check);
+    let mut cs: Vec<Proc> = (0..clients)
+        .map(|i| {
+            let c = env.command(Mode::Smclo, None, "python3", &args);
+            env.spawn_cmd(&format!("client{i}"), c)
+        })
+        .collect();
+    for c in cs.iter_mut() {
+        let st = c.wait(T);
+        assert!(
+            st.success() && c.stdout_str().starts_with("ok "),
+            "{}\n{}",
+            c.logs(),
+            server.logs()
+        );
+    }
+}
+
+fn inetd(env: &Env) -> String {
+    compile_c(env, &src("inetd.c"), &[]).display().to_string()
+}
+
+fn filter(env: &Env) -> String {
+    compile_c(env, &src("filter.c"), &[]).display().to_string()
+}
+
+/// Bytes one connection moves: the client's request line and payload, the
+/// server's greeting, the payload back and the trailer.
+fn exchange(greeting: &str, trailer: &str) -> u64 {
+    LINE + N as u64 + greeting.len() as u64 + N as u64 + trailer.len() as u64
+}
+
+#[test]
+fn inetd_dup2_exec_c_filter() {
+    let mut env = Env::new("exec-inetd");
+    let (inetd, filter) = (inetd(&env), filter(&env));
+    let port = free_port();
+    let s0 = env.stats();
+    let mut srv = server(
+        &mut env,
+        port,
+        &inetd,
+        &[&port.to_string(), "3", &filter],
+        &[],
+    );
+    let trailer = format!("filter {N}\n");
+    clients(
+        &mut env,
+        port,
+        3,
+        &["hello from inetd\\n", &trailer.escape_default().to_string()],
+        &srv,
+    );
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = 3 * exchange("hello from inetd\n", &trailer);
+    assert_smc("inetd + exec'd filter", &d, 3, want, want, &srv.logs());
+    assert!(
+        srv.logs()
+            .contains("exec: adopted SMC-D connection on fd 0+1"),
+        "{}",
+        srv.logs()
+    );
+}
+
+#[test]
+fn chain_of_two_execs() {
+    let mut env = Env::new("exec-chain");
+    let (inetd, filter) = (inetd(&env), filter(&env));
+    let port = free_port();
+    let s0 = env.stats();
+    // inetd execs a filter that complements 100000 bytes and execs a
+    // filter that complements the rest.
+    let args = [&port.to_string() as &str, "1", &filter, "100000", &filter];
+    let mut srv = server(&mut env, port, &inetd, &args, &[]);
+    let trailer = format!("filter {}\n", N - 100_000);
+    clients(
+        &mut env,
+        port,
+        1,
+        &["hello from inetd\\n", &trailer.escape_default().to_string()],
+        &srv,
+    );
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = exchange("hello from inetd\n", &trailer);
+    assert_smc("inetd + two execs", &d, 1, want, want, &srv.logs());
+    assert_eq!(
+        srv.logs().matches("exec: adopted SMC-D connection").count(),
+        2,
+        "{}",
+        srv.logs()
+    );
+}
+
+#[test]
+fn inetd_exec_shell_with_stdio_program() {
+    let mut env = Env::new("exec-shell");
+    let inetd = inetd(&env);
+    let port = free_port();
+    let s0 = env.stats();
+    // The shell forks and execs tr (stdio on stdin and stdout), then
+    // writes its own line once tr has seen the end of the stream.
+    let args = [
+        &port.to_string() as &str,
+        "1",
+        "/bin/sh",
+        "-c",
+        "tr a-z A-Z; echo done",
+    ];
+    let mut srv = server(&mut env, port, &inetd, &args, &[]);
+    clients(
+        &mut env,
+        port,
+        1,
+        &["hello from inetd\\n", "done\\n", "upper"],
+        &srv,
+    );
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = exchange("hello from inetd\n", "done\n");
+    assert_smc("inetd + sh + tr", &d, 1, want, want, &srv.logs());
+}
+
+#[test]
+fn socat_exec_nofork() {
+    let mut env = Env::new("exec-socat");
+    let filter = filter(&env);
+    let port = free_port();
+    let s0 = env.stats();
+    let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork");
+    let exec = format!("EXEC:{filter},nofork");
+    let mut srv = server(&mut env, port, "socat", &[&listen, &exec], &[]);
+    // No request line is read by socat: it reaches the filter too.
+    let trailer = format!("filter {}\n", N as u64 + LINE);
+    clients(
+        &mut env,
+        port,
+        2,
+        &["", &trailer.escape_default().to_string(), "not", "raw"],
+        &srv,
+    );
+    let d = delta(&s0, &env.stats());
+    let want = 2 * (LINE + N as u64 + LINE + N as u64 + trailer.len() as u64);
+    srv.stop(Duration::from_secs(2));
+    assert_smc("socat EXEC:...,nofork", &d, 2, want, want, &srv.logs());
+}
+
+#[test]
+fn python_subprocess_pass_fds() {
+    let mut env = Env::new("exec-pass-fds");
+    let server_py = write_script(&env, "pass_fds_server.py");
+    let child_py = write_script(&env, "pass_fds_child.py");
+    let port = free_port();
+    let s0 = env.stats();
+    let args = [&server_py as &str, &port.to_string(), "2", &child_py];
+    let mut srv = server(&mut env, port, "python3", &args, &[]);
+    let trailer = format!("child {N}\n");
+    clients(
+        &mut env,
+        port,
+        2,
+        &[
+            "hello from python\\n",
+            &trailer.escape_default().to_string(),
+        ],
+        &srv,
+    );
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = 2 * exchange("hello from python\n", &trailer);
+    assert_smc("python pass_fds", &d, 2, want, want, &srv.logs());
+}
+
+#[test]
+fn failed_exec_keeps_the_connection() {
+    let mut env = Env::new("exec-fails");
+    let inetd = inetd(&env);
+    let port = free_port();
+    let s0 = env.stats();
+    let missing = env.path("no-such-program").display().to_string();
+    let vars = [("INETD_SERVE_ON_FAIL", "1")];
+    let mut srv = server(
+        &mut env,
+        port,
+        &inetd,
+        &[&port.to_string(), "1", &missing],
+        &vars,
+    );
+    let trailer = format!("inline {N}\n");
+    clients(
+        &mut env,
+        port,
+        1,
+        &["hello from inetd\\n", &trailer.escape_default().to_string()],
+        &srv,
+    );
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = exchange("hello from inetd\n", &trailer);
+    assert_smc("failed exec, served inline", &d, 1, want, want, &srv.logs());
+}
+
+#[test]
+fn exec_without_preload_resets_cleanly() {
+    let mut env = Env::new("exec-plain");
+    let (inetd, filter) = (inetd(&env), filter(&env));
+    let script = write_script(&env, "fallback_client.py");
+    let port = free_port();
+    let s0 = env.stats();
+    let vars = [("INETD_PLAIN", "1")];
+    let mut srv = server(
+        &mut env,
+        port,
+        &inetd,
+        &[&port.to_string(), "1", &filter],
+        &vars,
+    );
+    let t0 = Instant::now();
+    let c = env.run(
+        Mode::Smclo,
+        "client",
+        "python3",
+        &[&script, &port.to_string(), &N.to_string()],
+        T,
+    );
+    let out = c.stdout_str();
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "the client waited {:?}",
+        t0.elapsed()
+    );
+    // The peer sees a reset (or, had it read everything already, the end
+    // of the stream), never the filter's answer.
+    let short = out
+        .strip_prefix("eof ")
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .is_some_and(|n| n < N);
+    assert!(
+        out.starts_with("reset") || short,
+        "client: {out}\n{}\n{}",
+        c.logs(),
+        srv.logs()
+    );
+    srv.wait(T);
+    let logs = srv.logs();
+    assert!(
+        logs.contains("LD_PRELOAD of the new program does not name smclo")
+            && logs.contains("cannot follow into the new program"),
+        "{logs}"
+    );
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.conns_opened, 1,
+        "the connection was SMC-D before the exec: {d:?}"
+    );
+    assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());
+}
