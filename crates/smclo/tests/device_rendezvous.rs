@@ -297,3 +297,31 @@ fn full_window_is_an_error_and_dead_clients_slots_are_reclaimed() {
         .iter()
         .any(|s| s.proposal().unwrap() == b"mine"));
 }
+
+/// The server's lookup for a SYN stops at the first proposal whose client
+/// published the SYN's source port, in probe order, so it reads no more
+/// slots than it answers; without such a proposal it returns them all.
+#[test]
+fn lookup_for_a_syn_stops_at_its_published_port() {
+    let t = TempDir::new("rdvsyn");
+    let dev = Device::open(&t.0).unwrap();
+    let k = key(40040, 80);
+    let held: Vec<_> = (0..4)
+        .map(|_| Rendezvous::propose(&dev, k, b"x").unwrap())
+        .collect();
+    held[1].set_client_port(5001);
+    held[2].set_client_port(5002);
+    let port =
+        |v: &[smclo::rendezvous::SlotRef]| v.iter().map(|s| s.client_port()).collect::<Vec<_>>();
+    let found = Rendezvous::find_for_syn(&dev, k, 5001);
+    assert_eq!(port(&found), [None, Some(5001)]);
+    let found = Rendezvous::find_for_syn(&dev, k, 5002);
+    assert_eq!(port(&found), [None, Some(5001), Some(5002)]);
+    let all = Rendezvous::find_for_syn(&dev, k, 5003);
+    assert_eq!(
+        all.len(),
+        4,
+        "no proposal published 5003: all are candidates"
+    );
+    assert_eq!(Rendezvous::find_all(&dev, k).len(), 4);
+}

@@ -171,7 +171,7 @@ fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait
     let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
     // Proposals for this 4-tuple; more than one only when clients in other
     // network namespaces use the same addresses. The mark picks ours.
-    let candidates = Rendezvous::find_all(dev, key);
+    let candidates = Rendezvous::find_for_syn(dev, key, syn.src.port());
     if candidates.is_empty() {
         // The client does not run smclo: plain TCP, not one byte exchanged.
         return Decision::Tcp(Reason::PeerNoSmc);
