@@ -875,6 +875,17 @@ impl Device {
     /// dead processes first (at most every [`SWEEP_INTERVAL_MS`], and always
     /// when the table is full).
     pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
+        self.register_dmb_preferring(ring_len, role, None)
+    }
+
+    /// [`register_dmb`](Self::register_dmb), reusing the pooled DMB whose
+    /// memfd is `prefer` if it is free: the peer keeps a mapping of it.
+    pub fn register_dmb_preferring(
+        &self,
+        ring_len: u32,
+        role: Role,
+        prefer: Option<(u64, u64)>,
+    ) -> Result<DmbHandle> {
         self.maybe_sweep();
         let me = Owner::current();
         let (idx, claim) = match self.claim_dmb_entry(&me) {
@@ -887,7 +898,7 @@ impl Device {
         };
         let e = self.dmb_entry(idx);
         let token = random_u64()?;
-        let dmb = match crate::pool::take(ring_len, self.gid, token) {
+        let dmb = match crate::pool::take(ring_len, self.gid, token, prefer) {
             // The last peer's bytes stay in a pooled ring: on a group
             // device the next peer may be another user, who must not see
             // them.

@@ -280,11 +280,21 @@ impl Dmb {
         owner: (u32, u64),
     ) -> Option<Dmb> {
         let d = crate::pool::take_peer(id)?;
+        if (d.owner_pid(), d.owner_start()) != owner {
+            crate::pool::put_peer(id, d);
+            return None;
+        }
+        Dmb::attach_kept(d, id, token, gid)
+    }
+
+    /// Attaches the idle mapping `d` of the peer DMB whose memfd is `id`,
+    /// taken from the pool ([`crate::pool::take_peer_of`]): `None`, and `d`
+    /// back in the pool, unless it holds `token` of device `gid` now (its
+    /// owner renewed it for this connection).
+    pub(crate) fn attach_kept(d: Dmb, id: (u64, u64), token: u64, gid: u64) -> Option<Dmb> {
         use std::sync::atomic::Ordering;
         let found = d.token_word().load(Ordering::SeqCst);
-        if (d.owner_pid(), d.owner_start()) != owner
-            || check_identity(found, d.gid(), token, gid).is_err()
-        {
+        if check_identity(found, d.gid(), token, gid).is_err() {
             crate::pool::put_peer(id, d);
             return None;
         }

@@ -165,17 +165,22 @@ impl Pool {
 }
 
 /// Takes a free DMB of `ring_len` bytes on device `gid`, renewed with
-/// `token`, ready to be registered.
-pub(crate) fn take(ring_len: u32, gid: u64, token: u64) -> Option<Dmb> {
+/// `token`, ready to be registered: the one whose memfd is `prefer` if it
+/// is free (the peer keeps a mapping of it), else the most recently used.
+pub(crate) fn take(ring_len: u32, gid: u64, token: u64, prefer: Option<(u64, u64)>) -> Option<Dmb> {
     let mut out = Out::new();
     let mut p = Pool::lock(&mut out)?;
     p.promote(&mut out);
+    let fits =
+        |k: &Kept| k.kind == Kind::Free && k.dmb.ring_len() == ring_len && k.dmb.gid() == gid;
+    let preferred = prefer.and_then(|id| {
+        p.kept
+            .iter()
+            .position(|k| fits(k) && k.dmb.own_id() == Some(id))
+    });
     // The most recently used one: its pages are the likeliest to be warm,
     // and the others age towards the idle trim.
-    let i = p
-        .kept
-        .iter()
-        .rposition(|k| k.kind == Kind::Free && k.dmb.ring_len() == ring_len && k.dmb.gid() == gid);
+    let i = preferred.or_else(|| p.kept.iter().rposition(fits));
     let mut d = p.kept.remove(i?).dmb;
     drop(p);
     d.renew(token);
@@ -237,6 +242,24 @@ pub(crate) fn take_peer(id: (u64, u64)) -> Option<Dmb> {
     let mut p = Pool::lock(&mut out)?;
     let i = p.kept.iter().position(|k| k.kind == Kind::Peer(id))?;
     Some(p.kept.remove(i).dmb)
+}
+
+/// Takes the idle mapping of a peer DMB owned by process `pid` that was
+/// used last, with its memfd's identity: for a client to name in its
+/// proposal (the server may reuse that DMB, passing no descriptor). Put it
+/// back with [`put_peer`] if it is not used.
+pub(crate) fn take_peer_of(pid: u32) -> Option<((u64, u64), Dmb)> {
+    let mut out = Out::new();
+    let mut p = Pool::lock(&mut out)?;
+    let i = p
+        .kept
+        .iter()
+        .rposition(|k| matches!(k.kind, Kind::Peer(_)) && k.dmb.owner_pid() == pid)?;
+    let k = p.kept.remove(i);
+    match k.kind {
+        Kind::Peer(id) => Some((id, k.dmb)),
+        _ => None,
+    }
 }
 
 /// Keeps an idle mapping of a peer's DMB (called by `Dmb`'s drop, with a

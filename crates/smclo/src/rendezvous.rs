@@ -212,7 +212,10 @@ pub(crate) struct SlotEntry {
     client_dmb: [AtomicU64; 2],
     _r0: [AtomicU64; 1],
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
-    _r1: [AtomicU64; 48],
+    /// The identity of a DMB memfd of the server's that the client keeps a
+    /// mapping of, (0, 0) if none: see [`SlotRef::set_server_dmb_hint`].
+    server_dmb_hint: [AtomicU64; 2],
+    _r1: [AtomicU64; 46],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
@@ -239,6 +242,10 @@ pub enum Progress {
     /// ([`SlotRef::client_dmb`]): the client does not send it. Noted before
     /// the server connects, so the client knows when it accepts.
     ServerHasClientDmb = 4,
+    /// The server's DMB is the one the client keeps a mapping of
+    /// ([`SlotRef::server_dmb_hint`]): the server passes no descriptor.
+    /// Noted before its CAS to ACCEPTED.
+    ClientHasServerDmb = 8,
 }
 
 const PROPOSAL: usize = 0;
@@ -284,7 +291,7 @@ impl SlotEntry {
         self.lens[CONFIRM].store(0, Ordering::Relaxed);
         self.client_port.store(0, Ordering::Relaxed);
         self.progress.store(0, Ordering::Relaxed);
-        for w in &self.client_dmb {
+        for w in self.client_dmb.iter().chain(&self.server_dmb_hint) {
             w.store(0, Ordering::Relaxed);
         }
         self.write_msg(PROPOSAL, proposal);
@@ -494,6 +501,27 @@ impl SlotRef {
             e.client_dmb[0].store(id.0, Ordering::Relaxed);
             e.client_dmb[1].store(id.1, Ordering::Release);
         }
+    }
+
+    /// Client: publishes the identity (device, inode) of a DMB memfd of the
+    /// server's that it keeps a mapping of (from an earlier connection),
+    /// before its SYN leaves: a server that still pools that DMB reuses it
+    /// and passes no descriptor.
+    pub fn set_server_dmb_hint(&self, id: (u64, u64)) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            e.server_dmb_hint[0].store(id.0, Ordering::Relaxed);
+            e.server_dmb_hint[1].store(id.1, Ordering::Release);
+        }
+    }
+
+    /// Server: the identity the client published with
+    /// [`set_server_dmb_hint`](Self::set_server_dmb_hint), if any.
+    pub fn server_dmb_hint(&self) -> Option<(u64, u64)> {
+        let e = self.entry();
+        let ino = e.server_dmb_hint[1].load(Ordering::Acquire);
+        let dev = e.server_dmb_hint[0].load(Ordering::Relaxed);
+        (ino != 0 && self.mine(e.head.word())).then_some((dev, ino))
     }
 
     /// Server: the identity of the client's DMB memfd, if published for

@@ -49,6 +49,32 @@ pub struct ClientProposal {
     dest: SocketAddr,
     port_published: bool,
     wait: Wait,
+    /// The mapping of a DMB of the server's named in the slot
+    /// ([`SlotRef::set_server_dmb_hint`]), kept out of the pool until the
+    /// server says whether it reused that DMB.
+    server_dmb: Option<KeptPeer>,
+}
+
+/// An idle mapping of a peer's DMB taken from the pool; back to the pool
+/// when dropped unused.
+struct KeptPeer {
+    id: (u64, u64),
+    dmb: Option<crate::dmb::Dmb>,
+}
+
+impl KeptPeer {
+    /// The peer's DMB, attached if it holds `token` of device `gid` now.
+    fn attach(mut self, token: u64, gid: u64) -> Option<crate::dmb::Dmb> {
+        crate::dmb::Dmb::attach_kept(self.dmb.take()?, self.id, token, gid)
+    }
+}
+
+impl Drop for KeptPeer {
+    fn drop(&mut self) {
+        if let Some(d) = self.dmb.take() {
+            crate::pool::put_peer(self.id, d);
+        }
+    }
 }
 
 /// How far the wait for the server's answer got, kept across calls of
@@ -194,6 +220,7 @@ pub fn client_propose_with(
         dest,
         port_published: false,
         wait: Wait::default(),
+        server_dmb: None,
     };
     let key = key_for(src_ip, mark, dest);
     let slot =
@@ -205,6 +232,15 @@ pub fn client_propose_with(
     // needs no descriptor.
     if let Some(d) = &p.dmb {
         slot.set_client_dmb(d.id());
+    }
+    // And the other way round: a DMB of the listener's that we keep a
+    // mapping of, which its server reuses if it still pools it. Private
+    // devices only, as the server's side.
+    if matches!(dev.shape(), crate::access::Shape::Private { .. }) {
+        if let Some((id, d)) = crate::pool::take_peer_of(listener.owner.pid) {
+            slot.set_server_dmb_hint(id);
+            p.server_dmb = Some(KeptPeer { id, dmb: Some(d) });
+        }
     }
     p.slot = Some(slot);
     p.saved_mark = Some(
@@ -480,17 +516,30 @@ impl ClientProposal {
         if accept.gid != self.dev.gid() || accept.chid != LOOPBACK_CHID {
             return Err(Reason::NoSmcd2Dev);
         }
-        let Some(fd) = server_dmb else {
-            debug!(
-                "the server accepted but passed no DMB for token {:016x}",
-                accept.token
-            );
-            return Err(Reason::ErrRtok);
+        let kept = self.server_dmb.take();
+        let peer = match server_dmb {
+            Some(fd) => self
+                .dev
+                .attach_dmb(accept.token, fd)
+                .map_err(|e| attach_error(e).reason())?,
+            // It reused the DMB we keep a mapping of.
+            None if slot.noted(Progress::ClientHasServerDmb) => kept
+                .and_then(|k| k.attach(accept.token, self.dev.gid()))
+                .ok_or_else(|| {
+                    debug!(
+                        "the server's reused DMB does not hold token {:016x}",
+                        accept.token
+                    );
+                    Reason::ErrRtok
+                })?,
+            None => {
+                debug!(
+                    "the server accepted but passed no DMB for token {:016x}",
+                    accept.token
+                );
+                return Err(Reason::ErrRtok);
+            }
         };
-        let peer = self
-            .dev
-            .attach_dmb(accept.token, fd)
-            .map_err(|e| attach_error(e).reason())?;
         let dmb = self.dmb.as_ref().ok_or(Reason::ErrRtok)?;
         let confirm = Confirm {
             gid: self.dev.gid(),

@@ -270,7 +270,11 @@ fn server_answer(
     if !crate::fdnum::room_for_conn() {
         return decline(dev, slot, Reason::Mem, Some(wake));
     }
-    let dmb = match dev.register_dmb(cfg.rmem, Role::Server) {
+    // The DMB the client keeps a mapping of, if we still pool it: the
+    // client then needs no descriptor. Only on a private device, as below.
+    let private = matches!(dev.shape(), Shape::Private { .. });
+    let hint = slot.server_dmb_hint().filter(|_| private);
+    let dmb = match dev.register_dmb_preferring(cfg.rmem, Role::Server, hint) {
         Ok(d) => d,
         Err(e) => {
             debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
@@ -281,11 +285,9 @@ fn server_answer(
     // passes no descriptor, which it learns before it accepts our
     // connection. Only on a private device, where every process that can
     // map a DMB runs as one uid: a mapping is kept per memfd, not per peer.
-    let cached = match (dev.shape(), slot.client_dmb()) {
-        (Shape::Private { .. }, Some(id)) => {
-            dev.attach_cached_dmb(id, proposal.token, slot.client())
-        }
-        _ => None,
+    let cached = match slot.client_dmb().filter(|_| private) {
+        Some(id) => dev.attach_cached_dmb(id, proposal.token, slot.client()),
+        None => None,
     };
     if cached.is_some() {
         slot.note(Progress::ServerHasClientDmb);
@@ -310,6 +312,10 @@ fn server_answer(
             Err(r) => return decline(dev, slot, r, None),
         },
     };
+    let reused = hint.is_some_and(|h| dmb.id() == h);
+    if reused {
+        slot.note(Progress::ClientHasServerDmb);
+    }
     let accept = Accept {
         gid: dev.gid(),
         token: dmb.token(),
@@ -323,10 +329,12 @@ fn server_answer(
         return Decision::Tcp(Reason::Timeout);
     }
     // ACCEPTED decides: SMC-D for both ends. The client follows once it
-    // has our DMB, which also wakes it; the server does not wait for its
-    // Confirm. An end that cannot follow aborts the connection (here:
-    // closing the channel tells the client, which then aborts too).
-    if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, Some(dmb.fd())) {
+    // has our DMB (or our message that it has it already), which also
+    // wakes it; the server does not wait for its Confirm. An end that
+    // cannot follow aborts the connection (here: closing the channel tells
+    // the client, which then aborts too).
+    let fd = (!reused).then(|| dmb.fd());
+    if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, fd) {
         debug!("sending our DMB to the client failed ({e}): connection aborted");
         return abort_tcp(conn_fd, Reason::IntErr);
     }
