@@ -21,6 +21,8 @@
 //! after it passed its DMB (it never reads the server's answer).
 //! WORKLOAD is one of:
 //! - `echo`: copy everything read back until EOF;
+//! - `pollecho`: the same as a level-triggered event loop: non-blocking,
+//!   one read per readability a `Poller` reports;
 //! - `sink`: read until EOF, then write back the byte count and FNV-1a hash
 //!   (16 bytes) and close;
 //! - `source:N:SEED`: write N pseudo-random bytes (xorshift from SEED), then
@@ -29,9 +31,10 @@
 //!
 //! Each side prints `smc=<0|1> reason=<NAME|->` after the handshake.
 
-use smclo::api::{SmcListener, SmcStream};
+use smclo::api::{Event, Poller, SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
+use smclo::poller::Ready;
 use smclo::{handshake, sockaddr};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -77,6 +80,7 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
                 s.write_all(&buf[..n])?;
             }
         }
+        Some("pollecho") => poll_echo(&s),
         Some("sink") => {
             let mut buf = vec![0u8; 64 * 1024];
             let (mut n, mut h) = (0u64, 0xcbf29ce484222325u64);
@@ -224,6 +228,47 @@ fn socket_for(dest: SocketAddr) -> io::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `echo` as a level-triggered event loop does it: non-blocking, one read
+/// per readability a `Poller` reports (and a wait for writability when
+/// the peer's ring is full).
+fn poll_echo(s: &SmcStream) -> io::Result<()> {
+    fn wait<'a>(
+        p: &mut Poller<'a>,
+        s: &'a SmcStream,
+        ev: &mut Vec<Event>,
+        want: Ready,
+    ) -> io::Result<()> {
+        p.add(s, 0, want);
+        match p.wait(ev, None) {
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(()),
+        }
+    }
+    s.set_nonblocking(true)?;
+    let mut p = Poller::new();
+    let mut ev = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        wait(&mut p, s, &mut ev, Ready::IN)?;
+        let n = match (&*s).read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        let mut done = 0;
+        while done < n {
+            match (&*s).write(&buf[done..n]) {
+                Ok(k) => done += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait(&mut p, s, &mut ev, Ready::OUT)?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
