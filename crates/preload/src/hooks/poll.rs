@@ -291,15 +291,42 @@ unsafe fn select_served(
     if !served(&fds) {
         return None;
     }
-    let r = wait_driving(&mut fds, t, sigmask);
-    if r < 0 {
-        return Some(r);
+    let deadline = t.map(|t| Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let r = wait_driving(&mut fds, left, sigmask);
+        if r < 0 {
+            return Some(r);
+        }
+        if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+            return Some(fail(libc::EBADF));
+        }
+        if r == 0 || ignore_uncounted(&mut fds) == 0 {
+            // SAFETY: as above.
+            return Some(unsafe { sets.write_back(nfds, &fds) });
+        }
     }
-    if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
-        return Some(fail(libc::EBADF));
+}
+
+/// `poll` reports `POLLHUP` whatever was asked, which `select` counts only
+/// in the read set: a descriptor whose report no set counts (a hung-up
+/// pipe in the except set) is left out of the wait from now on, as the
+/// kernel's `select` keeps sleeping over it. How many were left out.
+fn ignore_uncounted(fds: &mut [pollfd]) -> usize {
+    let counted = |p: &pollfd| {
+        SELECT_SETS
+            .iter()
+            .any(|&(asked, back)| p.events & asked != 0 && p.revents & back != 0)
+    };
+    if fds.iter().any(|p| p.revents != 0 && counted(p)) {
+        return 0;
     }
-    // SAFETY: as above.
-    Some(unsafe { sets.write_back(nfds, &fds) })
+    let mut n = 0;
+    for p in fds.iter_mut().filter(|p| p.revents != 0) {
+        p.fd = -1;
+        n += 1;
+    }
+    n
 }
 
 /// Interposed `select(2)`. As Linux's, it leaves the time not slept in

@@ -628,6 +628,24 @@ static void check_select(int fd, int ep) {
     n = select(hi, &r, NULL, NULL, &tv);
     if (n != 1 || !FD_ISSET(pp[0], &r) || FD_ISSET(fd, &r)) fail("select with a ready pipe: %d", n);
 
+    /* A hung-up pipe in the except set only: poll would report POLLHUP,
+     * select keeps waiting (the timeout, then nothing set). */
+    int hp[2];
+    if (pipe(hp)) fail("pipe");
+    close(hp[1]);
+    fd_set x;
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    FD_ZERO(&x);
+    FD_SET(hp[0], &x);
+    tv = (struct timeval){.tv_usec = 100 * 1000};
+    t0 = now_ms();
+    n = select((hp[0] > fd ? hp[0] : fd) + 1, &r, NULL, &x, &tv);
+    dt = now_ms() - t0;
+    if (n != 0 || FD_ISSET(hp[0], &x) || FD_ISSET(fd, &r)) fail("select over a hung-up pipe's except bit: %d", n);
+    if (dt < 99 || dt > 1000) fail("a 100 ms select over a hung-up pipe took %.1f ms", dt);
+    close(hp[0]);
+
     /* The kernel's errors. */
     if (select(-1, &r, NULL, NULL, &tv) != -1 || errno != EINVAL) fail("select with nfds -1");
     close(pp[1]);
