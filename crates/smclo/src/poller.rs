@@ -94,6 +94,33 @@ impl Budget {
         crate::conn::spin_budget() / (1 << self.misses.load(Ordering::Relaxed).min(MAX_HALVINGS))
     }
 
+    /// How long a spin may last now: the budget, within `deadline`
+    /// (zero: do not spin).
+    pub fn spin_time(&self, deadline: Option<Instant>) -> Duration {
+        let b = self.next();
+        deadline.map_or(b, |d| b.min(d.saturating_duration_since(Instant::now())))
+    }
+
+    /// Spins for `time` ([`Budget::spin_time`]), calling `look` until it
+    /// finds something (`Some`) or fails, and records whether it found
+    /// something: the one spin of every wait (the preload's epoll, and
+    /// [`poll`]).
+    pub fn spin<T, E>(
+        &self,
+        time: Duration,
+        mut look: impl FnMut() -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, E> {
+        let start = Instant::now();
+        let r = loop {
+            match look() {
+                Ok(None) if start.elapsed() < time => std::hint::spin_loop(),
+                r => break r,
+            }
+        };
+        self.note(matches!(r, Ok(Some(_))));
+        r
+    }
+
     /// After a spin that found nothing and a sleep begun at `slept`:
     /// when what it waited for (`arrived`) came within a full budget of
     /// the sleep, a full spin would have caught it, so the next spin is
@@ -301,11 +328,8 @@ impl<K: Kernel> Wait<'_, '_, K> {
     /// Spins for the pace's budget (within the deadline) in a poll
     /// session; what it found, if anything.
     fn spin(&mut self, deadline: Option<Instant>) -> io::Result<Option<usize>> {
-        let mut budget = self.pace.budget.next();
-        if let Some(d) = deadline {
-            budget = budget.min(d.saturating_duration_since(Instant::now()));
-        }
-        if budget.is_zero() {
+        let time = self.pace.budget.spin_time(deadline);
+        if time.is_zero() {
             return Ok(None);
         }
         let begun: Vec<bool> = self
@@ -313,28 +337,22 @@ impl<K: Kernel> Wait<'_, '_, K> {
             .iter()
             .map(|m| m.conn.poll_begin().is_ok())
             .collect();
-        let r = self.spin_in_session(budget);
+        let pace = self.pace;
+        let r = pace.budget.spin(time, || self.look_once());
         for (m, _) in self.members.iter().zip(begun).filter(|(_, b)| *b) {
             let _ = m.conn.poll_end();
         }
-        self.pace.budget.note(matches!(r, Ok(Some(_))));
         r
     }
 
-    fn spin_in_session(&mut self, budget: Duration) -> io::Result<Option<usize>> {
-        let start = Instant::now();
-        while start.elapsed() < budget {
-            if self.look() {
-                let due = self.pace.kernel_due();
-                return self.report(due).map(Some);
-            }
-            if self.others && self.pace.kernel_due() {
-                let n = self.report(true)?;
-                if n > 0 {
-                    return Ok(Some(n));
-                }
-            }
-            std::hint::spin_loop();
+    /// One look of the spin: the rings, and the kernel when it is due.
+    fn look_once(&mut self) -> io::Result<Option<usize>> {
+        if self.look() {
+            let due = self.pace.kernel_due();
+            return self.report(due).map(Some);
+        }
+        if self.others && self.pace.kernel_due() {
+            return self.report(true).map(|n| (n > 0).then_some(n));
         }
         Ok(None)
     }

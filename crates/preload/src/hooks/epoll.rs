@@ -551,27 +551,18 @@ fn spin(
     deadline: Option<Instant>,
     sigmask: *const sigset_t,
 ) -> Result<usize, c_int> {
-    let mut budget = sh.budget.next();
-    if let Some(d) = deadline {
-        budget = budget.min(d.saturating_duration_since(Instant::now()));
-    }
-    if budget.is_zero() {
+    let time = sh.budget.spin_time(deadline);
+    if time.is_zero() {
         return Ok(0);
     }
-    let start = Instant::now();
-    let mut r = Ok(0);
-    while start.elapsed() < budget {
-        r = match scan(sh, out) {
-            0 if kernel_due(sh) => kernel(sh, ep, out, 0, 0, sigmask),
-            n => Ok(n),
+    let r = sh.budget.spin(time, || {
+        let n = match scan(sh, out) {
+            0 if kernel_due(sh) => kernel(sh, ep, out, 0, 0, sigmask)?,
+            n => n,
         };
-        if r != Ok(0) {
-            break;
-        }
-        std::hint::spin_loop();
-    }
-    sh.budget.note(r != Ok(0));
-    r
+        Ok::<_, c_int>((n > 0).then_some(n))
+    })?;
+    Ok(r.unwrap_or(0))
 }
 
 /// `epoll_pwait` over a shadowed set (`timeout` None: for ever).
