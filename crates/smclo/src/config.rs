@@ -8,7 +8,7 @@
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back (from `connect`; a non-blocking one returns at once and the handshake goes on) | 1000 |
 //! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
-//! | `SMCLO_NB_ACCEPT_WAIT_MS` | how long `accept` on a non-blocking listener busy-polls on the client, in all, before falling back | [`DEFAULT_NB_ACCEPT_WAIT_MS`] |
+//! | `SMCLO_NB_ACCEPT_WAIT_MS` | how long [`crate::handshake::server_accept`] on a non-blocking listener (the native API's) busy-polls on the client, in all, before falling back | [`DEFAULT_NB_ACCEPT_WAIT_MS`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 

@@ -608,8 +608,8 @@ fn wait(
 }
 
 /// The interposed waits, shadowed set or not; one that holds a pending
-/// connect is cut into slices that look at its handshake
-/// (`hooks::pending`).
+/// handshake also sleeps on the handshake's descriptor and looks at it
+/// between kernel waits (`hooks::pending`).
 unsafe fn wait_entry(
     ep: RawFd,
     events: *mut epoll_event,
@@ -632,7 +632,7 @@ unsafe fn wait_entry(
             })
         }
     };
-    if let Some(r) = super::pending::epoll_wait(ep, timeout, slice) {
+    if let Some(r) = super::pending::epoll_wait(ep, timeout, sigmask, slice) {
         return r;
     }
     // SAFETY: forwarded.

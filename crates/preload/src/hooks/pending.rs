@@ -1,12 +1,13 @@
-//! Non-blocking connects whose handshake continues after `connect`
-//! returned, as a TCP connection's does (see docs/ARCHITECTURE.md
-//! "Handshake waits").
+//! Handshakes that continue after `connect` or `accept` returned: a
+//! non-blocking connect's, as a TCP connection's does, and an event loop's
+//! accepted connection's (see docs/ARCHITECTURE.md "Handshake waits").
 //!
 //! Until the handshake decides, the descriptor is the TCP socket and is
 //! not reported writable: its epoll registrations are given to the kernel
 //! without `EPOLLOUT`, and `poll` does not ask for it. What the program
 //! does next with the descriptor drives the handshake: the interposed
-//! waits look at it between sleeps of at most [`SLICE`]; I/O and
+//! waits sleep in the kernel on the handshake's own descriptor too (the
+//! peer's answer wakes them, see [`Wake`]) and look at it then; I/O and
 //! `getsockopt` look once (a non-blocking call then fails with `EAGAIN`,
 //! as on a TCP socket that is not connected yet) or wait for the decision
 //! (a blocking call); `dup`, `fork` and `exec` wait for it, so that no
@@ -25,7 +26,7 @@ use crate::table::{self, F_CANDIDATE, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::debug;
 use smclo::device::Role;
-use smclo::handshake::{ClientProposal, Decision};
+use smclo::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,9 +35,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How long a wait over a pending connect sleeps in the kernel before it
-/// looks at the handshake again: the server's answer does not wake it.
-pub(super) const SLICE: Duration = Duration::from_millis(1);
+/// How long a thread waits before it looks again at a handshake that
+/// another thread drives.
+const SLICE: Duration = Duration::from_millis(1);
 
 /// How long a blocking call waits on the handshake before it looks at the
 /// TCP connection again (a refused or reset connect ends the handshake).
@@ -46,12 +47,53 @@ const CHUNK: Duration = Duration::from_millis(5);
 const OUT_POLL: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND;
 const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
 
+/// The two ends' handshakes, in steps.
+// Made once per connection and moved into the map once: boxing the larger
+// would cost an allocation per connect for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Handshake {
+    /// A non-blocking connect's.
+    Connect(ClientProposal),
+    /// An event loop's accepted connection's.
+    Accept(ServerHandshake),
+}
+
+impl Handshake {
+    fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
+        match self {
+            Handshake::Connect(p) => p.decide_by(deadline, until),
+            Handshake::Accept(h) => h.decide_by(deadline, until),
+        }
+    }
+
+    fn wake(&self) -> Wake {
+        match self {
+            Handshake::Connect(p) => p.wake(),
+            Handshake::Accept(h) => h.wake(),
+        }
+    }
+
+    fn woken(&self) {
+        if let Handshake::Connect(p) = self {
+            p.woken();
+        }
+    }
+
+    fn role(&self) -> Role {
+        match self {
+            Handshake::Connect(_) => Role::Client,
+            Handshake::Accept(_) => Role::Server,
+        }
+    }
+}
+
 struct Pending {
-    p: ClientProposal,
+    hs: Handshake,
     /// The holder slot claimed for the connection.
     slot: usize,
+    /// The other end's address.
     dest: SocketAddr,
-    /// `connect` + `SMCLO_CLC_WAIT_MS`: the client gives up then.
+    /// `connect` (`accept`) + `SMCLO_CLC_WAIT_MS`: this end gives up then.
     deadline: Instant,
     /// Which connect of `fd` this is (see [`CURRENT`]).
     id: u64,
@@ -87,21 +129,16 @@ fn pending(fd: RawFd) -> bool {
     table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
 }
 
-/// `connect` on `fd` returned before the server answered `p`.
-pub(super) fn start(
-    fd: RawFd,
-    p: ClientProposal,
-    slot: usize,
-    dest: SocketAddr,
-    deadline: Instant,
-) {
+/// `connect` (`accept`) returned `fd` before its handshake `hs` with
+/// `dest` decided.
+pub(super) fn start(fd: RawFd, hs: Handshake, slot: usize, dest: SocketAddr, deadline: Instant) {
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     lock(&CURRENT)
         .get_or_insert_with(HashMap::new)
         .insert(fd, id);
     let pd = Pending {
-        p,
+        hs,
         slot,
         dest,
         deadline,
@@ -111,7 +148,9 @@ pub(super) fn start(
         .get_or_insert_with(HashMap::new)
         .insert(fd, pd);
     COUNT.fetch_add(1, Ordering::Relaxed);
-    table::set_flag(fd, F_PENDING, true);
+    // Registrations are recorded (the swap moves them) and given to the
+    // kernel without writability until the handshake decides.
+    table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
     hide_out_locked(fd, true);
 }
 
@@ -181,7 +220,7 @@ fn step(fd: RawFd, pd: &mut Pending, until: Option<Instant>) -> Option<Outcome> 
             return Some(Outcome::TcpFailed);
         }
         let u = until.unwrap_or_else(|| Instant::now() + CHUNK);
-        if let Some(d) = pd.p.decide_by(pd.deadline, Some(u)) {
+        if let Some(d) = pd.hs.decide_by(pd.deadline, Some(u)) {
             return Some(Outcome::Decided(Box::new(d)));
         }
         if until.is_some() {
@@ -241,9 +280,10 @@ fn is_current(fd: RawFd, id: u64) -> bool {
 /// The handshake of `fd` ended with `o`.
 fn end(fd: RawFd, pd: Pending, o: Outcome) {
     let Pending {
-        p, slot, dest, id, ..
+        hs, slot, dest, id, ..
     } = pd;
-    drop(p);
+    let role = hs.role();
+    drop(hs);
     let current = {
         let _g = LOCK.write();
         let c = is_current(fd, id);
@@ -264,7 +304,7 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
     match o {
         Outcome::Decided(d) => match *d {
             Decision::Smc(est) => swap(fd, est, slot),
-            Decision::Tcp(r) => tcp(fd, slot, dest, r),
+            Decision::Tcp(r) => tcp(fd, slot, dest, role, r),
         },
         Outcome::TcpFailed => {
             holders::forget(slot);
@@ -291,19 +331,23 @@ fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize) {
     table::set_flag(fd, F_PENDING, false);
 }
 
-/// The handshake of `fd` decided TCP for `r`.
-fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, r: Reason) {
+/// The handshake of `fd` (this end `role`) decided TCP for `r`.
+fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason) {
     holders::forget(slot);
+    let (what, peer) = match role {
+        Role::Client => ("non-blocking connect to", "server"),
+        Role::Server => ("connection accepted from", "client"),
+    };
     if r == Reason::Timeout {
         debug!(
-            "fd {fd}: non-blocking connect to {dest}: the server did not answer within \
-             SMCLO_CLC_WAIT_MS; stays TCP (TIMEOUT)"
+            "fd {fd}: {what} {dest}: the {peer} did not answer within SMCLO_CLC_WAIT_MS; \
+             stays TCP (TIMEOUT)"
         );
     } else {
-        debug!("fd {fd}: connected to {dest} as TCP ({r})");
+        debug!("fd {fd}: {what} {dest} stays TCP ({r})");
     }
     if let Some(c) = ctx() {
-        list_fallback(c, fd, Role::Client, r, Some(dest));
+        list_fallback(c, fd, role, r, Some(dest));
     }
     as_tcp(fd);
 }
@@ -367,20 +411,68 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     Ok(())
 }
 
-/// Looks once at the handshakes of the pending connects among `fds`;
-/// `Some(SLICE)` if one is still undecided (the caller then sleeps at most
-/// that long before it looks again).
-fn drive(fds: impl Iterator<Item = RawFd>) -> Option<Duration> {
-    let mut left = false;
-    for fd in fds {
-        if pending(fd) && !advance(fd, Some(Instant::now())) {
-            left = true;
-        }
-    }
-    left.then_some(SLICE)
+/// What a wait over undecided handshakes sleeps on besides the program's
+/// own descriptors.
+struct Sleep {
+    /// The handshakes' descriptors (see [`Wake`]), each once.
+    fds: Vec<RawFd>,
+    /// Look again after this long at the latest (a handshake that only
+    /// shared memory tells about, or one's deadline).
+    within: Option<Duration>,
 }
 
-/// The pending connects registered in epoll set `ep`.
+/// Looks once at the handshakes pending among `fds`; what to sleep on if
+/// one is still undecided (`None`: all have decided).
+fn drive(fds: impl Iterator<Item = RawFd>) -> Option<Sleep> {
+    let left: Vec<RawFd> = fds
+        .filter(|&fd| pending(fd) && !advance(fd, Some(Instant::now())))
+        .collect();
+    (!left.is_empty()).then(|| sleep_for(&left))
+}
+
+/// What to sleep on for the handshakes of `fds` (those being driven by
+/// another thread are looked at again after [`SLICE`]).
+fn sleep_for(fds: &[RawFd]) -> Sleep {
+    let now = Instant::now();
+    let mut out = Sleep {
+        fds: Vec::new(),
+        within: None,
+    };
+    let map = lock(&PENDING);
+    for fd in fds {
+        let (wake, deadline) = match map.as_ref().and_then(|m| m.get(fd)) {
+            Some(pd) => (pd.hs.wake(), pd.deadline),
+            None => (
+                Wake {
+                    fd: None,
+                    within: Some(SLICE),
+                },
+                now + SLICE,
+            ),
+        };
+        let by_deadline = Some(deadline.saturating_duration_since(now));
+        out.within = min_timeout(out.within, min_timeout(wake.within, by_deadline));
+        if let Some(w) = wake.fd.filter(|w| !out.fds.contains(w)) {
+            out.fds.push(w);
+        }
+    }
+    out
+}
+
+/// The handshakes whose descriptor `ready` a wait found readable: a
+/// client takes the servers' connections off its rendezvous socket.
+fn woken(ready: &[RawFd]) {
+    if ready.is_empty() {
+        return;
+    }
+    if let Some(m) = lock(&PENDING).as_ref() {
+        m.values()
+            .filter(|pd| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
+            .for_each(|pd| pd.hs.woken());
+    }
+}
+
+/// The pending handshakes registered in epoll set `ep`.
 fn in_epoll(ep: RawFd) -> Vec<RawFd> {
     let _g = LOCK.write();
     lock(&EPOLL)
@@ -399,46 +491,116 @@ fn min_timeout(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 }
 
 /// A wait of at most `timeout` (`None`: for ever) made of calls of `once`
-/// (one wait of at most the given timeout) that drives the pending
-/// connects among `fds()` between them. `None` if there is none: the
-/// caller waits as usual.
+/// (one wait of at most the given timeout that also sleeps on the given
+/// handshake descriptors, reporting in their `revents` which are
+/// readable), driving the pending handshakes among `fds()` between them.
+/// `None` if there is none: the caller waits as usual.
 fn driving(
     timeout: Option<Duration>,
     fds: impl Fn() -> Vec<RawFd>,
-    mut once: impl FnMut(Option<Duration>) -> c_int,
+    mut once: impl FnMut(Option<Duration>, &mut [pollfd]) -> c_int,
 ) -> Option<c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut first = true;
     loop {
-        let cap = drive(fds().into_iter());
-        if cap.is_none() && first {
+        let sleep = drive(fds().into_iter());
+        if sleep.is_none() && first {
             return None;
         }
         first = false;
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let n = once(min_timeout(cap, left));
-        if n != 0 || cap.is_none() || left.is_some_and(|l| l <= cap.unwrap_or_default()) {
+        let Some(sleep) = sleep else {
+            return Some(once(left, &mut []));
+        };
+        let t = min_timeout(sleep.within, left);
+        let mut extra: Vec<pollfd> = sleep
+            .fds
+            .iter()
+            .map(|&fd| pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let n = once(t, &mut extra);
+        if n != 0 {
             return Some(n);
+        }
+        let ready: Vec<RawFd> = extra
+            .iter()
+            .filter(|p| p.revents != 0)
+            .map(|p| p.fd)
+            .collect();
+        woken(&ready);
+        let expired = deadline.is_some_and(|d| Instant::now() >= d);
+        if expired || (ready.is_empty() && left.is_some_and(|l| t.is_some_and(|t| l <= t))) {
+            return Some(0);
         }
     }
 }
 
-/// An epoll wait on `ep` while it holds pending connects (see
-/// [`driving`]); `None` if it holds none.
+/// An epoll wait on `ep` while it holds pending handshakes (see
+/// [`driving`]); `None` if it holds none. `once` is one wait on the set
+/// (of at most the given timeout); the handshakes' descriptors are slept
+/// on in a `ppoll` (with `sigmask`) beside the set's own descriptor,
+/// after `once` found nothing ready at once.
 pub(super) fn epoll_wait(
     ep: RawFd,
     timeout: Option<Duration>,
-    once: impl FnMut(Option<Duration>) -> c_int,
+    sigmask: *const libc::sigset_t,
+    mut once: impl FnMut(Option<Duration>) -> c_int,
 ) -> Option<c_int> {
     if !any() {
         return None;
     }
-    driving(timeout, || in_epoll(ep), once)
+    driving(
+        timeout,
+        || in_epoll(ep),
+        |t, extra| {
+            if extra.is_empty() {
+                return once(t);
+            }
+            let n = once(Some(Duration::ZERO));
+            if n != 0 || t.is_some_and(|t| t.is_zero()) {
+                return n;
+            }
+            let mut all = Vec::with_capacity(extra.len() + 1);
+            all.push(pollfd {
+                fd: ep,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            all.extend_from_slice(extra);
+            if kernel_ppoll(&mut all, t, sigmask) < 0 {
+                return -1;
+            }
+            extra.copy_from_slice(&all[1..]);
+            if all[0].revents != 0 {
+                return once(Some(Duration::ZERO));
+            }
+            0
+        },
+    )
 }
 
-/// A `poll` over `fds` while it holds pending connects (see [`driving`]):
-/// they are asked for no writability until they decide; `None` if it
-/// holds none.
+/// `ppoll(2)` of `fds` for at most `t` (`None`: for ever) with `sigmask`.
+fn kernel_ppoll(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const libc::sigset_t) -> c_int {
+    let ts = t.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` are valid pollfds, `tp` null or a valid timespec, and
+    // `sigmask` the caller's (null or a valid set).
+    unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, sigmask) }
+}
+
+/// A `poll` over `fds` while it holds pending handshakes (see
+/// [`driving`]): they are asked for no writability until they decide, and
+/// the handshakes' descriptors are polled after them; `None` if it holds
+/// none.
 pub(super) fn poll(
     fds: &mut [pollfd],
     timeout: Option<Duration>,
@@ -451,22 +613,23 @@ pub(super) fn poll(
     driving(
         timeout,
         || list.clone(),
-        |t| {
-            let saved: Vec<(usize, i16)> = fds
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, p)| table::has_flag(p.fd, F_PENDING))
-                .map(|(i, p)| {
-                    let e = p.events;
+        |t, extra| {
+            let mut all: Vec<pollfd> = fds.iter().copied().chain(extra.iter().copied()).collect();
+            for p in all.iter_mut().take(fds.len()) {
+                if table::has_flag(p.fd, F_PENDING) {
                     p.events &= !OUT_POLL;
-                    (i, e)
-                })
-                .collect();
-            let n = once(fds, t);
-            for (i, e) in saved {
-                fds[i].events = e;
+                }
             }
-            n
+            let n = once(&mut all, t);
+            if n < 0 {
+                return n;
+            }
+            let (mine, theirs) = all.split_at(fds.len());
+            for (p, q) in fds.iter_mut().zip(mine) {
+                p.revents = q.revents;
+            }
+            extra.copy_from_slice(theirs);
+            fds.iter().filter(|p| p.revents != 0).count() as c_int
         },
     )
 }

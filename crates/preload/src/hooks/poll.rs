@@ -95,8 +95,8 @@ fn served(fds: &[pollfd]) -> bool {
         .any(|p| table::get(p.fd).is_some() || table::has_flag(p.fd, F_PENDING))
 }
 
-/// [`wait`], cut into slices that drive the pending connects among `fds`
-/// (`hooks::pending`).
+/// [`wait`], also sleeping on the descriptors of the pending handshakes
+/// among `fds` and driving them between kernel waits (`hooks::pending`).
 fn wait_driving(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_int {
     let once = |f: &mut [pollfd], t| wait(f, t, sigmask);
     super::pending::poll(fds, t, once).unwrap_or_else(|| wait(fds, t, sigmask))

@@ -311,7 +311,54 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         debug!("fd {nfd}: no holder slot, stays TCP");
         return nfd;
     };
-    match handshake::server_accept(&c.dev, &c.cfg, nfd, listening(fd)) {
+    // SAFETY: `addr`, `len` and `cap` as `accept` left them.
+    let peer = unsafe { accepted_peer(addr, len, cap) };
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let listening = listening(fd);
+    if listening == Listening::Blocking && !nonblock {
+        let d = handshake::server_accept(&c.dev, &c.cfg, nfd, listening);
+        accept_decided(c, nfd, d, slot, flags, peer);
+    } else {
+        accept_in_steps(c, nfd, slot, flags, peer);
+    }
+    set_errno(e);
+    nfd
+}
+
+/// The handshake of `nfd`, accepted by an event loop (a non-blocking
+/// listener, or a non-blocking connection asked for): whatever the
+/// client's answer takes beyond the spin budget, `accept` returns without
+/// it, and the handshake goes on from the program's next calls on `nfd`
+/// (`hooks::pending`).
+fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<SocketAddr>) {
+    let now = Instant::now();
+    let deadline = now + c.cfg.clc_wait;
+    let mut h = handshake::ServerHandshake::new(&c.dev, &c.cfg, nfd);
+    if let Some(d) = h.decide_by(deadline, Some(now + smclo::conn::spin_budget())) {
+        return accept_decided(c, nfd, d, slot, flags, peer);
+    }
+    let Some(from) = peer.or_else(|| smclo::sockaddr::peer(nfd).ok()) else {
+        // Without the peer's address the connection cannot be listed; it
+        // is decided here instead (bounded by SMCLO_CLC_WAIT_MS).
+        let d = h
+            .decide_by(deadline, None)
+            .unwrap_or(Decision::Tcp(Reason::Timeout));
+        return accept_decided(c, nfd, d, slot, flags, peer);
+    };
+    debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
+    pending::start(nfd, pending::Handshake::Accept(h), slot, from, deadline);
+}
+
+/// The handshake of the accepted `nfd` decided `d`.
+fn accept_decided(
+    c: &Ctx,
+    nfd: RawFd,
+    d: Decision,
+    slot: usize,
+    flags: c_int,
+    peer: Option<SocketAddr>,
+) {
+    match d {
         Decision::Smc(est) => {
             swap_in(
                 nfd,
@@ -324,13 +371,9 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         Decision::Tcp(r) => {
             holders::forget(slot);
             debug!("fd {nfd}: accepted as TCP ({r})");
-            // SAFETY: `addr`, `len` and `cap` as `accept` left them.
-            let peer = unsafe { accepted_peer(addr, len, cap) };
             list_fallback(c, nfd, Role::Server, r, peer);
         }
     }
-    set_errno(e);
-    nfd
 }
 
 /// The peer address `accept` wrote for the application, if it asked for
@@ -476,7 +519,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     if nonblock {
         // Non-blocking: the handshake goes on after connect returns, as
         // TCP's does; the program's next wait or call on `fd` drives it.
-        pending::start(fd, p, slot, dest, start + c.cfg.clc_wait);
+        let deadline = start + c.cfg.clc_wait;
+        pending::start(fd, pending::Handshake::Connect(p), slot, dest, deadline);
         set_errno(e);
         return r;
     }

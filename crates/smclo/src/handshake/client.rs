@@ -7,7 +7,7 @@ use super::channel::{
 use super::listener::RendezvousListener;
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
-    Decision, Established, HandshakeError, LOOPBACK_CHID,
+    Decision, Established, HandshakeError, Wake, LOOPBACK_CHID,
 };
 use crate::config::Config;
 use crate::debug;
@@ -26,6 +26,16 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often a waiting program looks at a proposal whose server's
+/// connection another waiter of the process may file (see
+/// [`ClientProposal::wake`]).
+const SHARED_LOOK: Duration = Duration::from_millis(5);
+
+/// How often a waiting program looks at a slot that only shared memory
+/// tells about (the channel closed or the server's DMB came before the
+/// slot moved).
+const SLOT_LOOK: Duration = Duration::from_millis(1);
 
 /// A client's published proposal, between the moment it is written into the
 /// device and the moment the server answers.
@@ -336,6 +346,43 @@ impl ClientProposal {
             Decision::Smc(_) => self.dev.count_conn_opened(),
         }
         Some(d)
+    }
+
+    /// What a program waiting for the server's answer sleeps on: first our
+    /// rendezvous socket (the server connects to it before it answers),
+    /// then the channel (the server's DMB, or end of file when it
+    /// declines); once the channel has said all, the slot decides, which
+    /// only a look tells.
+    pub fn wake(&self) -> Wake {
+        match (&self.wait.chan, &self.rendezvous) {
+            (None, Some(l)) => match l.filed(self.token) {
+                (true, _) => Wake::now(),
+                // Another waiter of this process may take our connection
+                // off the socket and file it for us, which no descriptor
+                // tells: look now and then.
+                (false, shared) => Wake {
+                    fd: Some(l.fd()),
+                    within: shared.then_some(SHARED_LOOK),
+                },
+            },
+            (Some(c), _) if self.wait.server_dmb.is_none() => Wake {
+                fd: Some(c.as_raw_fd()),
+                within: None,
+            },
+            _ => Wake {
+                fd: None,
+                within: Some(SLOT_LOOK),
+            },
+        }
+    }
+
+    /// The descriptor of [`wake`](Self::wake) was reported readable: if it
+    /// is our rendezvous socket, takes the connections waiting on it (each
+    /// is filed for its proposal).
+    pub fn woken(&self) {
+        if let (None, Some(l)) = (&self.wait.chan, &self.rendezvous) {
+            l.collect_now();
+        }
     }
 
     /// Stops expecting the server's connection, then frees the slot: a

@@ -235,13 +235,31 @@ impl RendezvousListener {
         }
     }
 
+    /// Whether the server's connection for `token` is filed, waiting for
+    /// [`take`](Self::take), and whether other proposals than `token`
+    /// expect a connection on this socket too (their waiters may file it).
+    pub(super) fn filed(&self, token: u64) -> (bool, bool) {
+        let inbox = self.lock();
+        let mine = inbox.expected.get(&token).is_some_and(Option::is_some);
+        (mine, inbox.expected.len() > 1)
+    }
+
+    /// Takes the connections waiting on the socket, unless a thread sleeps
+    /// in `poll` on it (it takes them when it wakes).
+    pub(super) fn collect_now(&self) {
+        let mut inbox = self.lock();
+        if !inbox.polling {
+            self.collect(&mut inbox, None);
+        }
+    }
+
     fn wake(&self, inbox: &Inbox) {
         if inbox.sleepers > 0 {
             self.woken.notify_all();
         }
     }
 
-    fn fd(&self) -> i32 {
+    pub(super) fn fd(&self) -> i32 {
         self.sock.as_ref().map_or(-1, |s| s.as_raw_fd())
     }
 

@@ -19,7 +19,7 @@ mod listener;
 mod server;
 
 pub use client::{client_propose, client_propose_with, ClientProposal, SocketFacts};
-pub use server::{server_accept, Listening};
+pub use server::{server_accept, Listening, ServerHandshake};
 
 use crate::access::PeerRefused;
 use crate::config::Config;
@@ -63,6 +63,29 @@ impl Decision {
         match self {
             Decision::Smc(_) => None,
             Decision::Tcp(r) => Some(*r),
+        }
+    }
+}
+
+/// What a program that waits for a handshake in steps
+/// ([`ClientProposal::decide_by`], [`ServerHandshake::decide_by`]) sleeps
+/// on in the kernel between two looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wake {
+    /// Readable when the peer took its next step (a kernel wait may
+    /// include it), if a descriptor tells.
+    pub fd: Option<RawFd>,
+    /// Look again after this long at the latest, whatever `fd` says
+    /// (zero: at once); `None`: `fd` tells.
+    pub within: Option<std::time::Duration>,
+}
+
+impl Wake {
+    /// Look again at once.
+    pub fn now() -> Wake {
+        Wake {
+            fd: None,
+            within: Some(std::time::Duration::ZERO),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The server's state machine: from `accept`, find the proposal behind the
-//! saved SYN and answer it.
+//! saved SYN and answer it. [`server_accept`] runs it within `accept`;
+//! [`ServerHandshake`] lets it go on after `accept` returned.
 
 use super::channel::{
     recv_expected, send_msg, spin_readable, wait_readable, Received, RendezvousAddr,
@@ -7,12 +8,12 @@ use super::channel::{
 };
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, random_u64, Decision,
-    HandshakeError, LOOPBACK_CHID,
+    HandshakeError, Wake, LOOPBACK_CHID,
 };
 use crate::access::Shape;
 use crate::config::Config;
 use crate::debug;
-use crate::device::{Device, Role};
+use crate::device::{Device, DmbHandle, Role};
 use crate::dmb::Dmb;
 use crate::owner::Owner;
 use crate::rendezvous::{Progress, Rendezvous, SlotRef, SlotState};
@@ -48,6 +49,14 @@ const RUNNABLE_RECHECK: Duration = Duration::from_millis(5);
 /// How often the wait for the client's DMB looks whether the client
 /// withdrew its proposal or died.
 const WITHDRAWN_CHECK: Duration = Duration::from_millis(10);
+
+/// How often a program waiting in steps looks at the client's source
+/// port.
+const PORT_LOOK: Duration = Duration::from_millis(1);
+
+/// A sleeping wait's pause between two looks at the client's source port,
+/// which it writes in shared memory only.
+const PORT_NAP: Duration = Duration::from_micros(50);
 
 /// What is left of the time `accept` may spend waiting on the client.
 ///
@@ -94,52 +103,11 @@ impl ClientWait {
         }
         self.deadline.get().saturating_duration_since(now)
     }
-
-    /// Whether `fd` becomes readable within the budget; `hint` is the
-    /// client's note that it sent (see [`wait_readable`]). False as soon as
-    /// the client `withdrew`, asked every [`WITHDRAWN_CHECK`]: a withdrawn
-    /// client may never take our connection off its listener, so the
-    /// channel would not tell.
-    fn readable(&self, fd: RawFd, hint: impl Fn() -> bool, withdrew: impl Fn() -> bool) -> bool {
-        let mut first = true;
-        loop {
-            let left = self.left();
-            if left.is_zero() || (!first && withdrew()) {
-                return false;
-            }
-            first = false;
-            let slice = left.min(WITHDRAWN_CHECK);
-            let ready = if self.sleep {
-                wait_readable(fd, slice, &hint)
-            } else {
-                spin_readable(fd, Instant::now() + slice, &hint)
-            };
-            if ready {
-                return true;
-            }
-        }
-    }
-
-    /// One pause between two looks at what the client writes in shared
-    /// memory, `since` the wait began; false when the budget is spent. Spins
-    /// for the spin budget, then sleeps 50 µs or, never sleeping, yields.
-    fn pause(&self, since: Instant) -> bool {
-        if self.left().is_zero() {
-            return false;
-        }
-        if since.elapsed() < crate::conn::spin_budget() {
-            std::hint::spin_loop();
-        } else if self.sleep {
-            std::thread::sleep(Duration::from_micros(50));
-        } else {
-            std::thread::yield_now();
-        }
-        true
-    }
 }
 
 /// Server, in `accept`: answers the proposal (if any) of the client behind
-/// the freshly accepted TCP connection `conn_fd`.
+/// the freshly accepted TCP connection `conn_fd`, waiting on the client as
+/// `listening` allows.
 pub fn server_accept(
     dev: &Arc<Device>,
     cfg: &Config,
@@ -147,238 +115,532 @@ pub fn server_accept(
     listening: Listening,
 ) -> Decision {
     let wait = ClientWait::new(cfg, listening);
-    let d = server_run(dev, cfg, conn_fd, &wait);
-    if let Decision::Tcp(r) = &d {
-        dev.count_fallback(*r, Role::Server);
-        debug!("server keeps TCP: {r}");
-    }
-    d
+    let mut h = ServerHandshake::new(dev, cfg, conn_fd);
+    let d = loop {
+        let bound = CONNECT_BOUND.min(wait.left());
+        if let Some(d) = h.look(bound) {
+            break d;
+        }
+        if let Some(c) = h.client() {
+            wait.watch(c);
+        }
+        let left = wait.left();
+        if left.is_zero() {
+            break h.give_up();
+        }
+        h.wait_client(Instant::now() + left.min(WITHDRAWN_CHECK), wait.sleep);
+    };
+    h.counted(d)
 }
 
-fn server_run(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, wait: &ClientWait) -> Decision {
-    let syn = match tcp_syn::saved_syn(conn_fd) {
-        Ok(Some(Ok(s))) => s,
-        Ok(Some(Err(e))) => {
-            debug!("unreadable saved SYN: {e}");
-            return Decision::Tcp(Reason::NoSavedSyn);
-        }
-        Ok(None) => return Decision::Tcp(Reason::NoSavedSyn),
-        Err(e) => {
-            debug!("TCP_SAVED_SYN failed: {e}");
-            return Decision::Tcp(Reason::NoSavedSyn);
-        }
-    };
-    let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
-    // Proposals for this 4-tuple; more than one only when clients in other
-    // network namespaces use the same addresses. The mark picks ours.
-    let candidates = Rendezvous::find_for_syn(dev, key, syn.src.port());
-    if candidates.is_empty() {
-        // The client does not run smclo: plain TCP, not one byte exchanged.
-        return Decision::Tcp(Reason::PeerNoSmc);
+/// The server's half of one handshake, from `accept` on, in steps: an
+/// event loop's `accept` can return before the client has answered, and
+/// the handshake goes on from the application's next calls
+/// ([`decide_by`](Self::decide_by)), as a non-blocking connect's does.
+///
+/// Dropped undecided, it declines (TIMEOUT) if it had answered, so the
+/// client does not wait for it; its slot is left alone otherwise.
+pub struct ServerHandshake {
+    dev: Arc<Device>,
+    cfg: Config,
+    conn_fd: RawFd,
+    /// The SYN's source port: the proposal whose client published it is
+    /// the one to answer.
+    syn_port: u16,
+    /// This end's and the client's TCP addresses.
+    ends: (SocketAddr, SocketAddr),
+    /// When the wait on the client began (it spins first).
+    since: Instant,
+    /// Some candidate's mark did not match the SYN's, or its port differs.
+    mismatched: bool,
+    stage: Stage,
+}
+
+enum Stage {
+    /// Proposals for the SYN's addresses and mark whose client has not
+    /// published its source port yet.
+    Matching(Vec<(SlotRef, Proposal)>),
+    /// Connected to the client's rendezvous socket: waiting for its DMB.
+    Answering(Box<Answering>),
+    /// TCP, decided at once (no proposal, no saved SYN, ...), not yet
+    /// reported.
+    Decided(Reason),
+    /// Reported.
+    Done,
+}
+
+struct Answering {
+    slot: SlotRef,
+    proposal: Proposal,
+    dmb: DmbHandle,
+    chan: UnixStream,
+    /// `dmb` is the one the client keeps a mapping of: it is not passed.
+    reused: bool,
+}
+
+impl ServerHandshake {
+    /// The handshake of the freshly accepted TCP connection `conn_fd`:
+    /// reads its saved SYN and finds the proposals it may answer, without
+    /// waiting.
+    pub fn new(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> ServerHandshake {
+        let mut h = ServerHandshake {
+            dev: dev.clone(),
+            cfg: cfg.clone(),
+            conn_fd,
+            syn_port: 0,
+            ends: (
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+            ),
+            since: Instant::now(),
+            mismatched: false,
+            stage: Stage::Done,
+        };
+        h.stage = match h.candidates() {
+            Ok(c) => Stage::Matching(c),
+            Err(d) => Stage::Decided(d),
+        };
+        h
     }
-    let mut mismatched = false;
-    for slot in candidates {
-        let Some(bytes) = slot.proposal() else {
-            continue; // withdrawn meanwhile
+
+    /// The proposals with the SYN's addresses and mark, or the decision
+    /// when there can be none.
+    fn candidates(&mut self) -> Result<Vec<(SlotRef, Proposal)>, Reason> {
+        let syn = match tcp_syn::saved_syn(self.conn_fd) {
+            Ok(Some(Ok(s))) => s,
+            Ok(Some(Err(e))) => {
+                debug!("unreadable saved SYN: {e}");
+                return Err(Reason::NoSavedSyn);
+            }
+            Ok(None) => return Err(Reason::NoSavedSyn),
+            Err(e) => {
+                debug!("TCP_SAVED_SYN failed: {e}");
+                return Err(Reason::NoSavedSyn);
+            }
         };
-        let proposal = match expect_clc(&bytes, |m| match m {
-            ClcMsg::Proposal(p) => Some(p),
-            _ => None,
-        }) {
-            Ok(p) => p,
-            Err(m) => return decline(dev, &slot, HandshakeError::from(m).reason(), None),
-        };
-        if syn.mark
-            != (Mark {
+        self.syn_port = syn.src.port();
+        self.ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
+        let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
+        // Proposals for this 4-tuple; more than one only when clients in
+        // other network namespaces use the same addresses. The mark picks
+        // ours.
+        let mut out = Vec::new();
+        for slot in Rendezvous::find_for_syn(&self.dev, key, self.syn_port) {
+            let Some(bytes) = slot.proposal() else {
+                continue; // withdrawn meanwhile
+            };
+            let proposal = match expect_clc(&bytes, |m| match m {
+                ClcMsg::Proposal(p) => Some(p),
+                _ => None,
+            }) {
+                Ok(p) => p,
+                Err(m) => {
+                    let r = HandshakeError::from(m).reason();
+                    return Err(decline(&self.dev, &slot, r, None));
+                }
+            };
+            let mark = Mark {
                 ttl: proposal.mark_ttl,
                 dscp: proposal.mark_tos >> 2,
-            })
-        {
-            // Someone else's connection with the same 4-tuple: not ours to
-            // answer; its own server will.
-            mismatched = true;
-            continue;
-        }
-        // Same source address, server and mark: ours only if the client's
-        // port (published right after its connect) is the SYN's. A client
-        // that died before publishing it is the dead proposer; one that
-        // has not published it in time may be someone else's (the slot is
-        // left alone).
-        let proposer = slot.client();
-        wait.watch(proposer);
-        match wait_client_port(&slot, wait, proposer) {
-            Port::Published(p) if p == syn.src.port() => {}
-            Port::Gone if !proposer.is_alive_fast() => {
-                return decline(dev, &slot, Reason::PeerDead, None)
-            }
-            Port::Late => {
-                debug!("the client published no source port in time");
-                return Decision::Tcp(Reason::Timeout);
-            }
-            _ => {
-                mismatched = true;
-                continue;
+            };
+            if syn.mark == mark {
+                out.push((slot, proposal));
+            } else {
+                // Someone else's connection with the same 4-tuple: not
+                // ours to answer; its own server will.
+                self.mismatched = true;
             }
         }
-        if proposer == Owner::current() {
+        if out.is_empty() {
+            return Err(self.unmatched());
+        }
+        Ok(out)
+    }
+
+    /// No proposal is this connection's.
+    fn unmatched(&self) -> Reason {
+        if self.mismatched {
+            debug!(
+                "the SYN from {} matches no proposal to {}",
+                self.ends.1, self.ends.0
+            );
+            Reason::MarkMismatch
+        } else {
+            // The client does not run smclo: plain TCP, not one byte
+            // exchanged.
+            Reason::PeerNoSmc
+        }
+    }
+
+    /// The client being waited on, once known: its state decides whether
+    /// a non-blocking listener's `accept` gives it more time.
+    fn client(&self) -> Option<Owner> {
+        match &self.stage {
+            Stage::Matching(c) => c.first().map(|(s, _)| s.client()),
+            Stage::Answering(a) => Some(a.slot.client()),
+            _ => None,
+        }
+    }
+
+    /// The descriptor that becomes readable when the client takes its
+    /// next step (its DMB on the channel), if there is one. `None` while
+    /// matching its source port, which it writes in shared memory only.
+    fn wake_fd(&self) -> Option<RawFd> {
+        match &self.stage {
+            Stage::Answering(a) => Some(a.chan.as_raw_fd()),
+            _ => None,
+        }
+    }
+
+    /// What a program waiting for the client sleeps on (see
+    /// [`wake_fd`](Self::wake_fd)).
+    pub fn wake(&self) -> Wake {
+        match &self.stage {
+            Stage::Answering(a) => Wake {
+                fd: Some(a.chan.as_raw_fd()),
+                within: None,
+            },
+            Stage::Matching(_) => Wake {
+                fd: None,
+                within: Some(PORT_LOOK),
+            },
+            _ => Wake::now(),
+        }
+    }
+
+    /// Whether the client says in shared memory that it took its next step
+    /// (see [`wait_readable`]).
+    fn hint(&self) -> bool {
+        match &self.stage {
+            Stage::Matching(c) => c.iter().any(|(s, _)| s.client_port().is_some()),
+            Stage::Answering(a) => a.slot.noted(Progress::ClientDmbSent),
+            _ => true,
+        }
+    }
+
+    /// Advances the handshake without waiting past `until` (`None`: until
+    /// it decides): `Some` once it has decided (fallbacks counted), `None`
+    /// while the client has not answered and `until` has passed.
+    /// `deadline` is when the server gives up (TIMEOUT). Up to the spin
+    /// budget before `until` it busy-polls; a longer wait sleeps on
+    /// [`wake_fd`](Self::wake_fd).
+    pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
+        loop {
+            let now = Instant::now();
+            let stop = until.map_or(deadline, |u| u.min(deadline));
+            let bound = CONNECT_BOUND.min(stop.saturating_duration_since(now));
+            if let Some(d) = self.look(bound) {
+                return Some(self.counted(d));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let d = self.give_up();
+                return Some(self.counted(d));
+            }
+            if now >= stop {
+                return None;
+            }
+            self.wait_client(stop.min(now + WITHDRAWN_CHECK), true);
+        }
+    }
+
+    /// Waits at most until `stop` for the client's next step: spins for
+    /// the spin budget, then sleeps (`sleep`) or yields the CPU.
+    fn wait_client(&self, stop: Instant, sleep: bool) {
+        let now = Instant::now();
+        let left = stop.saturating_duration_since(now);
+        let sleep = sleep && left > crate::conn::spin_budget();
+        match self.wake_fd() {
+            Some(fd) if sleep => {
+                wait_readable(fd, left, || self.hint());
+            }
+            Some(fd) => {
+                spin_readable(fd, stop, || self.hint());
+            }
+            None if self.since.elapsed() < crate::conn::spin_budget() => std::hint::spin_loop(),
+            None if sleep => std::thread::sleep(PORT_NAP.min(left)),
+            None => std::thread::yield_now(),
+        }
+    }
+
+    /// One look at the client, never waiting but for room in its
+    /// rendezvous backlog (at most `bound`).
+    fn look(&mut self, bound: Duration) -> Option<Decision> {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Matching(c) => self.look_ports(c, bound),
+            Stage::Answering(a) => self.look_dmb(a),
+            Stage::Decided(r) => Some(Decision::Tcp(r)),
+            Stage::Done => Some(Decision::Tcp(Reason::IntErr)),
+        }
+    }
+
+    /// Same source address, server and mark: a proposal is ours only if
+    /// its client's port (published right after its `connect`) is the
+    /// SYN's. A client that died before publishing it is the dead
+    /// proposer; one that has not published it yet may be someone
+    /// else's (its slot is left alone).
+    fn look_ports(
+        &mut self,
+        candidates: Vec<(SlotRef, Proposal)>,
+        bound: Duration,
+    ) -> Option<Decision> {
+        let spun = self.since.elapsed() >= crate::conn::spin_budget();
+        let mut waiting = Vec::new();
+        for (slot, proposal) in candidates {
+            match slot.client_port() {
+                Some(p) if p == self.syn_port => return self.matched(slot, proposal, bound),
+                Some(_) => self.mismatched = true,
+                None if slot.state() != SlotState::Proposed => {
+                    if !slot.client().is_alive_fast() {
+                        return Some(Decision::Tcp(decline(
+                            &self.dev,
+                            &slot,
+                            Reason::PeerDead,
+                            None,
+                        )));
+                    }
+                    self.mismatched = true;
+                }
+                None if spun && !slot.client().is_alive_fast() => {
+                    return Some(Decision::Tcp(decline(
+                        &self.dev,
+                        &slot,
+                        Reason::PeerDead,
+                        None,
+                    )));
+                }
+                None => waiting.push((slot, proposal)),
+            }
+        }
+        if waiting.is_empty() {
+            return Some(Decision::Tcp(self.unmatched()));
+        }
+        self.stage = Stage::Matching(waiting);
+        None
+    }
+
+    /// The proposal in `slot` is this connection's: answer it.
+    fn matched(&mut self, slot: SlotRef, proposal: Proposal, bound: Duration) -> Option<Decision> {
+        if slot.client() == Owner::current() {
             // This process proposed (a worker connecting to a listener it
             // shares with its siblings): its handshake continues in this
             // process, perhaps on this very thread once `accept` returns,
             // so waiting for it here could only run out of time.
-            return decline(dev, &slot, Reason::SelfConnect, None);
+            return Some(Decision::Tcp(decline(
+                &self.dev,
+                &slot,
+                Reason::SelfConnect,
+                None,
+            )));
         }
-        let ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
-        return server_answer(dev, cfg, &slot, &proposal, wait, conn_fd, ends);
+        match self.connect_client(slot, proposal, bound) {
+            Ok(Connected::Waiting(a)) => {
+                self.stage = Stage::Answering(a);
+                None
+            }
+            Ok(Connected::Cached(a, peer)) => Some(self.finish(*a, peer)),
+            Err(r) => Some(Decision::Tcp(r)),
+        }
     }
-    if mismatched {
-        debug!(
-            "SYN mark {:?} matches no proposal for {} -> {}",
-            syn.mark, key.client, key.server
-        );
+    /// Checks the proposal, registers our DMB and connects to the client's
+    /// rendezvous socket (waiting at most `bound` for room in its backlog).
+    fn connect_client(
+        &self,
+        slot: SlotRef,
+        proposal: Proposal,
+        bound: Duration,
+    ) -> Result<Connected, Reason> {
+        let dev = &self.dev;
+        let client = RendezvousAddr::new(dev, proposal.nonce);
+        // Our end of the channel is named for the proposal it answers.
+        let wake = (&client, proposal.token);
+        let checks = [
+            (dev.active(), Reason::NoSmcdDev),
+            (dev.check_caller().is_ok(), Reason::UidChanged),
+            (
+                proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID,
+                Reason::NoSmcd2Dev,
+            ),
+            (ueid_match(&proposal, &self.cfg), Reason::NoUeid),
+        ];
+        if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(decline(dev, &slot, *r, Some(wake)));
+        }
+        if !crate::fdnum::room_for_conn() {
+            return Err(decline(dev, &slot, Reason::Mem, Some(wake)));
+        }
+        // The DMB the client keeps a mapping of, if we still pool it: the
+        // client then needs no descriptor. Only on a private device, as
+        // below.
+        let private = matches!(dev.shape(), Shape::Private { .. });
+        let hint = slot.server_dmb_hint().filter(|_| private);
+        let dmb = match dev.register_dmb_preferring(self.cfg.rmem, Role::Server, hint) {
+            Ok(d) => d,
+            Err(e) => {
+                debug!("registering a {} byte DMB failed: {e}", self.cfg.rmem);
+                return Err(decline(dev, &slot, Reason::Mem, Some(wake)));
+            }
+        };
+        // The client's DMB from a mapping we keep of it, if we do: it then
+        // passes no descriptor, which it learns before it accepts our
+        // connection. Only on a private device, where every process that
+        // can map a DMB runs as one uid: a mapping is kept per memfd, not
+        // per peer.
+        let cached = match slot.client_dmb().filter(|_| private) {
+            Some(id) => dev.attach_cached_dmb(id, proposal.token, slot.client()),
+            None => None,
+        };
+        if cached.is_some() {
+            slot.note(Progress::ServerHasClientDmb);
+        }
+        // A dead client's socket refuses the connection (PEER_DEAD).
+        let chan = match client.connect_within(bound, &dev.shape(), dev.gid(), proposal.token) {
+            // The connection's channel if the handshake succeeds: out of
+            // the application's range of numbers (crate::fdnum).
+            Ok(c) => crate::fdnum::move_high(c),
+            Err(e) => {
+                debug!("cannot reach the client's rendezvous socket {client}: {e}");
+                return Err(decline(dev, &slot, e.reason(), None));
+            }
+        };
+        slot.note(Progress::ServerConnected);
+        let reused = hint.is_some_and(|h| dmb.id() == h);
+        let a = Box::new(Answering {
+            slot,
+            proposal,
+            dmb,
+            chan,
+            reused,
+        });
+        Ok(match cached {
+            Some(peer) => Connected::Cached(a, peer),
+            None => Connected::Waiting(a),
+        })
     }
-    Decision::Tcp(if mismatched {
-        Reason::MarkMismatch
-    } else {
-        Reason::PeerNoSmc
-    })
-}
 
-fn server_answer(
-    dev: &Arc<Device>,
-    cfg: &Config,
-    slot: &SlotRef,
-    proposal: &Proposal,
-    wait: &ClientWait,
-    conn_fd: RawFd,
-    ends: (SocketAddr, SocketAddr),
-) -> Decision {
-    let client = RendezvousAddr::new(dev, proposal.nonce);
-    // Our end of the channel is named for the proposal it answers.
-    let wake = (&client, proposal.token);
-    let checks = [
-        (dev.active(), Reason::NoSmcdDev),
-        (dev.check_caller().is_ok(), Reason::UidChanged),
-        (
-            proposal.gid == dev.gid() && proposal.chid == LOOPBACK_CHID,
-            Reason::NoSmcd2Dev,
-        ),
-        (ueid_match(proposal, cfg), Reason::NoUeid),
-    ];
-    if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
-        return decline(dev, slot, *r, Some(wake));
-    }
-    if !crate::fdnum::room_for_conn() {
-        return decline(dev, slot, Reason::Mem, Some(wake));
-    }
-    // The DMB the client keeps a mapping of, if we still pool it: the
-    // client then needs no descriptor. Only on a private device, as below.
-    let private = matches!(dev.shape(), Shape::Private { .. });
-    let hint = slot.server_dmb_hint().filter(|_| private);
-    let dmb = match dev.register_dmb_preferring(cfg.rmem, Role::Server, hint) {
-        Ok(d) => d,
-        Err(e) => {
-            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            return decline(dev, slot, Reason::Mem, Some(wake));
-        }
-    };
-    // The client's DMB from a mapping we keep of it, if we do: it then
-    // passes no descriptor, which it learns before it accepts our
-    // connection. Only on a private device, where every process that can
-    // map a DMB runs as one uid: a mapping is kept per memfd, not per peer.
-    let cached = match slot.client_dmb().filter(|_| private) {
-        Some(id) => dev.attach_cached_dmb(id, proposal.token, slot.client()),
-        None => None,
-    };
-    if cached.is_some() {
-        slot.note(Progress::ServerHasClientDmb);
-    }
-    // A full backlog is waited on within the budget too. A dead client's
-    // socket refuses the connection (PEER_DEAD).
-    let bound = CONNECT_BOUND.min(wait.left());
-    let chan = match client.connect_within(bound, &dev.shape(), dev.gid(), proposal.token) {
-        // The connection's channel if the handshake succeeds: out of the
-        // application's range of numbers (crate::fdnum).
-        Ok(c) => crate::fdnum::move_high(c),
-        Err(e) => {
-            debug!("cannot reach the client's rendezvous socket {client}: {e}");
-            return decline(dev, slot, e.reason(), None);
-        }
-    };
-    slot.note(Progress::ServerConnected);
-    let peer = match cached {
-        Some(p) => p,
-        None => match receive_client_dmb(dev, slot, proposal, wait, &chan) {
-            Ok(p) => p,
-            Err(r) => return decline(dev, slot, r, None),
-        },
-    };
-    let reused = hint.is_some_and(|h| dmb.id() == h);
-    if reused {
-        slot.note(Progress::ClientHasServerDmb);
-    }
-    let accept = Accept {
-        gid: dev.gid(),
-        token: dmb.token(),
-        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
-        linkid: random_u64() as u32,
-        chid: LOOPBACK_CHID,
-    };
-    if let Err(st) = slot.answer(&ClcMsg::Accept(accept).to_bytes(), true) {
-        // The client gave up first (timeout): its decision is TCP.
-        debug!("client withdrew before our Accept (slot {st:?})");
-        return Decision::Tcp(Reason::Timeout);
-    }
-    // ACCEPTED decides: SMC-D for both ends. The client follows once it
-    // has our DMB (or our message that it has it already), which also
-    // wakes it; the server does not wait for its Confirm. An end that
-    // cannot follow aborts the connection (here: closing the channel tells
-    // the client, which then aborts too).
-    let fd = (!reused).then(|| dmb.fd());
-    if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, fd) {
-        debug!("sending our DMB to the client failed ({e}): connection aborted");
-        return abort_tcp(conn_fd, Reason::IntErr);
-    }
-    match establish(dmb, peer, chan, proposal.token, ends, mode(dev, cfg)) {
-        Ok(e) => Decision::Smc(e),
-        Err(e) => {
-            debug!("building the connection failed ({e}): connection aborted");
-            abort_tcp(conn_fd, Reason::IntErr)
-        }
-    }
-}
-
-/// The client's DMB, passed on `chan` as soon as the client has accepted
-/// our connection; checked before we accept. `Err`: the reason to decline
-/// with (declining closes the channel, which wakes the client).
-fn receive_client_dmb(
-    dev: &Device,
-    slot: &SlotRef,
-    proposal: &Proposal,
-    wait: &ClientWait,
-    chan: &UnixStream,
-) -> Result<Dmb, Reason> {
-    let sent = || slot.noted(Progress::ClientDmbSent);
-    let withdrew = || slot.state() != SlotState::Proposed || !slot.client().is_alive_fast();
-    let client_dmb = loop {
-        if !wait.readable(chan.as_raw_fd(), sent, withdrew) {
-            return Err(client_silent(slot, false));
-        }
-        match recv_expected(chan.as_raw_fd(), CLIENT_DMB_BYTE) {
-            Ok(Received::Msg(fd)) => break fd,
-            Ok(Received::Pending) => continue,
-            Ok(Received::Closed) => return Err(client_silent(slot, true)),
+    /// One look at the channel for the client's DMB, passed as soon as the
+    /// client has accepted our connection; checked before we accept.
+    fn look_dmb(&mut self, a: Box<Answering>) -> Option<Decision> {
+        let failed =
+            |a: &Answering, r: Reason| Some(Decision::Tcp(decline(&self.dev, &a.slot, r, None)));
+        let fd = match recv_expected(a.chan.as_raw_fd(), CLIENT_DMB_BYTE) {
+            Ok(Received::Msg(fd)) => fd,
+            Ok(Received::Pending) => {
+                // A withdrawn client may never take our connection off its
+                // listener, so the channel would not tell.
+                if a.slot.state() != SlotState::Proposed || !a.slot.client().is_alive_fast() {
+                    return failed(&a, client_silent(&a.slot, false));
+                }
+                self.stage = Stage::Answering(a);
+                return None;
+            }
+            Ok(Received::Closed) => return failed(&a, client_silent(&a.slot, true)),
             Err(e) => {
                 debug!("receiving the client's DMB failed: {e}");
-                return Err(e.reason());
+                return failed(&a, e.reason());
+            }
+        };
+        let Some(fd) = fd else {
+            debug!(
+                "the client passed no DMB for token {:016x}",
+                a.proposal.token
+            );
+            return failed(&a, Reason::ErrRtok);
+        };
+        match self.dev.attach_dmb(a.proposal.token, fd) {
+            Ok(peer) => Some(self.finish(*a, peer)),
+            Err(e) => failed(&a, attach_error(e).reason()),
+        }
+    }
+
+    /// Accepts the proposal, the client's DMB `peer` checked and attached.
+    fn finish(&self, a: Answering, peer: Dmb) -> Decision {
+        let Answering {
+            slot,
+            proposal,
+            dmb,
+            chan,
+            reused,
+        } = a;
+        if reused {
+            slot.note(Progress::ClientHasServerDmb);
+        }
+        let accept = Accept {
+            gid: self.dev.gid(),
+            token: dmb.token(),
+            dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+            linkid: random_u64() as u32,
+            chid: LOOPBACK_CHID,
+        };
+        if let Err(st) = slot.answer(&ClcMsg::Accept(accept).to_bytes(), true) {
+            // The client gave up first (timeout): its decision is TCP.
+            debug!("client withdrew before our Accept (slot {st:?})");
+            return Decision::Tcp(Reason::Timeout);
+        }
+        // ACCEPTED decides: SMC-D for both ends. The client follows once it
+        // has our DMB (or our message that it has it already), which also
+        // wakes it; the server does not wait for its Confirm. An end that
+        // cannot follow aborts the connection (here: closing the channel
+        // tells the client, which then aborts too).
+        let fd = (!reused).then(|| dmb.fd());
+        if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, fd) {
+            debug!("sending our DMB to the client failed ({e}): connection aborted");
+            return abort_tcp(self.conn_fd, Reason::IntErr);
+        }
+        let mode = mode(&self.dev, &self.cfg);
+        match establish(dmb, peer, chan, proposal.token, self.ends, mode) {
+            Ok(e) => Decision::Smc(e),
+            Err(e) => {
+                debug!("building the connection failed ({e}): connection aborted");
+                abort_tcp(self.conn_fd, Reason::IntErr)
             }
         }
-    };
-    let Some(client_dmb) = client_dmb else {
-        debug!("the client passed no DMB for token {:016x}", proposal.token);
-        return Err(Reason::ErrRtok);
-    };
-    dev.attach_dmb(proposal.token, client_dmb)
-        .map_err(|e| attach_error(e).reason())
+    }
+
+    /// The server's wait ran out: TIMEOUT. A client that has not published
+    /// its port may be another connection's proposer, so its slot is left
+    /// alone (it falls back after its own wait); one that was answered is
+    /// declined.
+    fn give_up(&mut self) -> Decision {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Matching(_) => debug!("the client published no source port in time"),
+            Stage::Answering(a) => {
+                let r = client_silent(&a.slot, false);
+                return Decision::Tcp(decline(&self.dev, &a.slot, r, None));
+            }
+            Stage::Decided(r) => return Decision::Tcp(r),
+            Stage::Done => {}
+        }
+        Decision::Tcp(Reason::Timeout)
+    }
+
+    /// `d`, reported: a fallback is counted and logged.
+    fn counted(&mut self, d: Decision) -> Decision {
+        self.stage = Stage::Done;
+        if let Decision::Tcp(r) = &d {
+            self.dev.count_fallback(*r, Role::Server);
+            debug!("server keeps TCP: {r}");
+        }
+        d
+    }
+}
+
+impl Drop for ServerHandshake {
+    fn drop(&mut self) {
+        if let Stage::Answering(a) = std::mem::replace(&mut self.stage, Stage::Done) {
+            // The connection was closed undecided: the client must not
+            // wait for us (it falls back; nothing is counted here).
+            decline(&self.dev, &a.slot, Reason::Timeout, None);
+        }
+    }
+}
+
+/// How the connection to the client's rendezvous socket went.
+enum Connected {
+    /// The client passes its DMB on the channel.
+    Waiting(Box<Answering>),
+    /// We attached the client's DMB from our own mapping of it.
+    Cached(Box<Answering>, Dmb),
 }
 
 /// Why the client passed no DMB: PEER_DEAD when its process is gone (it
@@ -401,42 +663,6 @@ fn client_silent(slot: &SlotRef, closed: bool) -> Reason {
     }
 }
 
-/// What became of the client's source port.
-enum Port {
-    /// Published (right after the client's `connect`).
-    Published(u16),
-    /// The proposal was withdrawn, or its client is gone.
-    Gone,
-    /// Not published within the budget.
-    Late,
-}
-
-/// Waits for the client to publish its source port: right after its
-/// `connect`, which on loopback may return a moment after our `accept`.
-///
-/// Busy-polls for the spin budget first: the client is running (its
-/// `connect` is returning) and publishes within microseconds, while a sleep
-/// costs at least the timer's 50 µs slack and a wake-up. Sleeping after a
-/// fixed 256 polls put that cost on most connections (one `clock_nanosleep`
-/// per accept under `strace`).
-fn wait_client_port(slot: &SlotRef, wait: &ClientWait, proposer: Owner) -> Port {
-    let start = Instant::now();
-    loop {
-        if let Some(p) = slot.client_port() {
-            return Port::Published(p);
-        }
-        if slot.state() != SlotState::Proposed {
-            return Port::Gone;
-        }
-        if start.elapsed() >= crate::conn::spin_budget() && !proposer.is_alive_fast() {
-            return Port::Gone;
-        }
-        if !wait.pause(start) {
-            return Port::Late;
-        }
-    }
-}
-
 fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
     match &cfg.ueid {
         None => p.ueids.is_empty(),
@@ -452,7 +678,7 @@ fn decline(
     slot: &SlotRef,
     r: Reason,
     wake: Option<(&RendezvousAddr, u64)>,
-) -> Decision {
+) -> Reason {
     if slot
         .answer(
             &ClcMsg::Decline(Decline::new(dev.gid(), r)).to_bytes(),
@@ -464,5 +690,5 @@ fn decline(
             let _ = client.connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), token);
         }
     }
-    Decision::Tcp(r)
+    r
 }

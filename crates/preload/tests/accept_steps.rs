@@ -1,0 +1,247 @@
+//! Handshakes that go on after `accept` and `connect` returned
+//! (`tests/c/accept_steps.c`, ARCHITECTURE.md "Handshake waits"): an event
+//! loop's `accept` does not wait on a client stopped mid-handshake and
+//! serves other clients over SMC-D meanwhile; the stopped client, once
+//! continued, gets its connection with every byte (a greeting the server
+//! writes at once, a payload the client writes at once, its echo); and a
+//! wait over an unanswered handshake sleeps until the answer instead of
+//! waking every millisecond.
+
+use smclo::device::{Device, Stats};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// Bytes each connection carries: the greeting, the payload and its echo
+/// (accept_steps.c's GREETING and PAYLOAD).
+const CONN_BYTES: u64 = 3000 + 2 * 60000;
+
+fn lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    let profile = deps.parent().expect("deps has a parent");
+    [deps, profile]
+        .iter()
+        .map(|d| d.join("libsmclo_preload.so"))
+        .find(|p| p.is_file())
+        .expect("libsmclo_preload.so next to the test (build the smclo-preload cdylib)")
+}
+
+fn program() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/accept_steps.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("preload-accept-steps-{}", std::process::id()));
+        let st = Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "compiling {} failed", src.display());
+        out
+    })
+}
+
+/// A device directory and the processes of one test, removed and killed
+/// when dropped.
+struct Setup {
+    dev: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Setup {
+    fn new(tag: &str) -> Setup {
+        let dev = PathBuf::from(format!(
+            "/dev/shm/smclo-accept-steps-{}-{}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dev);
+        Setup {
+            dev,
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts `accept_steps args` under the preload (killed when dropped;
+    /// every wait on it is bounded); its stdout lines arrive on the
+    /// receiver. Returns its index.
+    fn spawn(&mut self, args: &[&str]) -> (usize, Receiver<String>) {
+        let mut c = Command::new(program())
+            .args(args)
+            .env("LD_PRELOAD", lib())
+            .env("SMCLO_DEVICE_DIR", &self.dev)
+            .env("SMCLO_DEBUG", "1")
+            // Generous under load; the stop below is much shorter.
+            .env("SMCLO_CLC_WAIT_MS", "8000")
+            .env_remove("SMCLO_DISABLE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn accept_steps");
+        let rx = lines(c.stdout.take().expect("stdout"));
+        self.children.push(c);
+        (self.children.len() - 1, rx)
+    }
+
+    fn pid(&self, i: usize) -> i32 {
+        self.children[i].id() as i32
+    }
+
+    /// Waits (bounded) for child `i` to exit successfully.
+    fn wait_ok(&mut self, i: usize, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.children[i].try_wait().expect("try_wait") {
+                assert!(st.success(), "{what} failed: {st}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what} did not end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        Device::open(&self.dev)
+            .expect("open the test device")
+            .stats()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dev);
+    }
+}
+
+fn lines(out: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The next line starting with `prefix` (bounded), without it.
+fn expect(rx: &Receiver<String>, prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.starts_with("FAIL") => panic!("{l}"),
+            Ok(l) => {
+                if let Some(rest) = l.strip_prefix(prefix) {
+                    return rest.trim().to_string();
+                }
+            }
+            Err(e) => panic!("no line {prefix:?}: {e}"),
+        }
+    }
+}
+
+/// Whether process `pid` is stopped (state T in /proc/PID/stat).
+fn stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn event_loop_accept_does_not_wait_on_a_stopped_client() {
+    const FAST: usize = 3;
+    let mut s = Setup::new("stopped");
+    let total = (FAST + 1).to_string();
+    let (server, srx) = s.spawn(&["server", &total]);
+    let port = expect(&srx, "READY ");
+    // A client stopped right after its connect returned: its proposal and
+    // source port are published, its DMB never comes while it is stopped.
+    let (stopper, stop_rx) = s.spawn(&["stopper", &port]);
+    let stopper_pid = s.pid(stopper);
+    let t = Instant::now();
+    while !stopped(stopper_pid) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the client never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(expect(&srx, "ACCEPTED "), "1");
+    // Meanwhile the server serves others, through shared memory.
+    for k in 0..FAST {
+        let (c, rx) = s.spawn(&["client", &port]);
+        assert_eq!(expect(&srx, "ACCEPTED "), (k + 2).to_string());
+        expect(&rx, "OK");
+        s.wait_ok(c, "a client beside the stopped one");
+    }
+    let st = s.stats();
+    assert_eq!(st.conns_opened, FAST as u64, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(stopper_pid, libc::SIGCONT) };
+    expect(&stop_rx, "OK");
+    s.wait_ok(stopper, "the stopped client");
+    let max_us: u64 = expect(&srx, "MAXACCEPT ").parse().expect("microseconds");
+    expect(&srx, "OK");
+    s.wait_ok(server, "the server");
+    eprintln!("longest accept: {max_us} µs");
+    assert!(
+        max_us < 10_000,
+        "an accept took {max_us} µs while a client was stopped mid-handshake"
+    );
+    // The stopped client's connection went through shared memory too, and
+    // every byte of all of them.
+    let st = s.stats();
+    assert_eq!(st.conns_opened, FAST as u64 + 1, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    assert!(
+        st.xfer_bytes >= (FAST as u64 + 1) * CONN_BYTES,
+        "{} bytes through the rings: {st:?}",
+        st.xfer_bytes
+    );
+}
+
+#[test]
+fn an_unanswered_handshake_sleeps_until_the_answer() {
+    const MS: u64 = 500;
+    let mut s = Setup::new("idle");
+    let (server, srx) = s.spawn(&["listen"]);
+    let port = expect(&srx, "READY ");
+    let server_pid = s.pid(server);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(server_pid, libc::SIGSTOP) };
+    let (_, rx) = s.spawn(&["idle", &port, &MS.to_string()]);
+    let w = expect(&rx, "WAKEUPS ");
+    let n: Vec<u64> = w
+        .split_whitespace()
+        .map(|x| x.parse().expect("a count"))
+        .collect();
+    // SAFETY: as above.
+    unsafe { libc::kill(server_pid, libc::SIGCONT) };
+    eprintln!("voluntary context switches (epoll_wait, poll): {n:?}");
+    // Slices of 1 ms made about MS wakeups per wait; a sleep on the
+    // handshake's own descriptor a handful.
+    assert!(
+        n.iter().all(|&k| k < MS / 20),
+        "voluntary context switches of epoll_wait and poll over {MS} ms: {n:?}"
+    );
+}
