@@ -527,8 +527,12 @@ impl ServerHandshake {
             Ok(Received::Msg(fd)) => fd,
             Ok(Received::Pending) => {
                 // A withdrawn client may never take our connection off its
-                // listener, so the channel would not tell.
-                if a.slot.state() != SlotState::Proposed || !a.slot.client().is_alive_fast() {
+                // listener, so the channel would not tell. A running client
+                // answers within the spin budget: no liveness check then.
+                let spun = self.since.elapsed() >= crate::conn::spin_budget();
+                if a.slot.state() != SlotState::Proposed
+                    || (spun && !a.slot.client().is_alive_fast())
+                {
                     return failed(&a, client_silent(&a.slot, false));
                 }
                 self.stage = Stage::Answering(a);
