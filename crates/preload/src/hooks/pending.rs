@@ -22,7 +22,7 @@ use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_PENDING, LOCK};
+use crate::table::{self, F_CANDIDATE, F_EPOLL, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::debug;
 use smclo::device::Role;
@@ -36,7 +36,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a thread waits before it looks again at a handshake that
-/// another thread drives.
+/// another thread drives, or that it cannot sleep on (see
+/// [`epoll_wait`]).
 const SLICE: Duration = Duration::from_millis(1);
 
 /// How long a blocking call waits on the handshake before it looks at the
@@ -495,9 +496,14 @@ fn min_timeout(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// handshake descriptors, reporting in their `revents` which are
 /// readable), driving the pending handshakes among `fds()` between them.
 /// `None` if there is none: the caller waits as usual.
+///
+/// `kernel_sleeps()` says whether `once` can sleep on the handshakes'
+/// descriptors now; where it cannot, it is given none and is cut into
+/// waits of at most [`SLICE`].
 fn driving(
     timeout: Option<Duration>,
     fds: impl Fn() -> Vec<RawFd>,
+    kernel_sleeps: impl Fn() -> bool,
     mut once: impl FnMut(Option<Duration>, &mut [pollfd]) -> c_int,
 ) -> Option<c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -509,9 +515,13 @@ fn driving(
         }
         first = false;
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let Some(sleep) = sleep else {
+        let Some(mut sleep) = sleep else {
             return Some(once(left, &mut []));
         };
+        if !kernel_sleeps() {
+            sleep.fds.clear();
+            sleep.within = min_timeout(sleep.within, Some(SLICE));
+        }
         let t = min_timeout(sleep.within, left);
         let mut extra: Vec<pollfd> = sleep
             .fds
@@ -543,7 +553,9 @@ fn driving(
 /// [`driving`]); `None` if it holds none. `once` is one wait on the set
 /// (of at most the given timeout); the handshakes' descriptors are slept
 /// on in a `ppoll` (with `sigmask`) beside the set's own descriptor,
-/// after `once` found nothing ready at once.
+/// after `once` found nothing ready at once. Not while the set has SMC-D
+/// members (`F_EPOLL`): only the set's own wait makes their writers ring
+/// before it sleeps (`hooks::epoll`), so its waits are cut into slices.
 pub(super) fn epoll_wait(
     ep: RawFd,
     timeout: Option<Duration>,
@@ -556,6 +568,7 @@ pub(super) fn epoll_wait(
     driving(
         timeout,
         || in_epoll(ep),
+        || !table::has_flag(ep, F_EPOLL),
         |t, extra| {
             if extra.is_empty() {
                 return once(t);
@@ -613,6 +626,7 @@ pub(super) fn poll(
     driving(
         timeout,
         || list.clone(),
+        || true,
         |t, extra| {
             let mut all: Vec<pollfd> = fds.iter().copied().chain(extra.iter().copied()).collect();
             for p in all.iter_mut().take(fds.len()) {
