@@ -12,9 +12,9 @@
 //! as on a TCP socket that is not connected yet) or wait for the decision
 //! (a blocking call); `dup`, `fork` and `exec` wait for it, so that no
 //! second descriptor or process inherits an undecided connection; `close`
-//! withdraws the proposal. SMC-D swaps the descriptor then (its epoll
-//! registrations move to the channel); TCP gives the registrations their
-//! `EPOLLOUT` back.
+//! withdraws the proposal (the server's declines it). SMC-D swaps the
+//! descriptor then (its epoll registrations move to the channel); TCP
+//! gives the registrations their `EPOLLOUT` back.
 
 use super::records::{lock, EPOLL};
 use super::setup::list_fallback;
@@ -309,7 +309,7 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
         },
         Outcome::TcpFailed => {
             holders::forget(slot);
-            debug!("fd {fd}: the TCP connect to {dest} failed; handshake abandoned");
+            debug!("fd {fd}: the TCP connection with {dest} failed; handshake abandoned");
             as_tcp(fd);
         }
     }
