@@ -245,3 +245,34 @@ fn an_unanswered_handshake_sleeps_until_the_answer() {
         "voluntary context switches of epoll_wait and poll over {MS} ms: {n:?}"
     );
 }
+
+#[test]
+fn an_unanswered_handshake_beside_smc_d_connections_sleeps_until_the_answer() {
+    const MS: u64 = 500;
+    let mut s = Setup::new("idlemixed");
+    let (_, live_rx) = s.spawn(&["server", "1"]);
+    let live = expect(&live_rx, "READY ");
+    let (stopped, srx) = s.spawn(&["listen"]);
+    let port = expect(&srx, "READY ");
+    let stopped_pid = s.pid(stopped);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(stopped_pid, libc::SIGSTOP) };
+    let (client, rx) = s.spawn(&["idlemixed", &live, &port, &MS.to_string()]);
+    let n: u64 = expect(&rx, "WAKEUPS ").parse().expect("a count");
+    expect(&rx, "OK");
+    s.wait_ok(client, "the client");
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped_pid, libc::SIGCONT) };
+    eprintln!("voluntary context switches of epoll_wait: {n}");
+    // The set's SMC-D member makes it the event-loop fast path's: its
+    // sleep, too, ends on the handshake's descriptor, not every 1 ms.
+    let st = s.stats();
+    assert!(
+        st.conns_opened >= 1,
+        "the set held an SMC-D connection: {st:?}"
+    );
+    assert!(
+        n < MS / 20,
+        "voluntary context switches of epoll_wait over {MS} ms: {n}"
+    );
+}

@@ -36,6 +36,91 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+thread_local! {
+    /// Descriptors this thread's wait sleeps on beside the set
+    /// ([`with_also`]), with what the sleep found.
+    static ALSO: std::cell::RefCell<Vec<libc::pollfd>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `wait` (an `epoll_wait` on a set, see [`wait_entry`]) so that its
+/// kernel sleep also ends when one of `also` becomes readable (then it
+/// returns 0 early); `also`'s `revents` say which did. The pending
+/// handshakes' descriptors (`hooks::pending`): only the set's own wait
+/// knows when the members' writers ring again, so the sleep beside them
+/// must be that wait's.
+pub(super) fn with_also<R>(also: &mut [libc::pollfd], wait: impl FnOnce() -> R) -> R {
+    ALSO.with(|a| *a.borrow_mut() = also.to_vec());
+    let r = wait();
+    ALSO.with(|a| {
+        let found = std::mem::take(&mut *a.borrow_mut());
+        if found.len() == also.len() {
+            also.copy_from_slice(&found);
+        }
+    });
+    r
+}
+
+/// A kernel sleep on `ep` of at most `ms` (-1: for ever) beside this
+/// thread's [`ALSO`] descriptors: whether `ep` is ready (`Ok(false)`: one
+/// of those woke it, or the time is up).
+fn sleep_also(ep: RawFd, ms: c_int, sigmask: *const sigset_t) -> Result<bool, c_int> {
+    let mut fds = ALSO.with(|a| a.borrow().clone());
+    fds.insert(
+        0,
+        libc::pollfd {
+            fd: ep,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    );
+    let ts = (ms >= 0).then(|| timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: (ms % 1000) as libc::c_long * 1_000_000,
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const timespec);
+    // SAFETY: `fds` is writable for its length; the timespec lives across
+    // the call; the mask is the caller's (or null).
+    let r = unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, sigmask) };
+    if r < 0 {
+        return Err(errno());
+    }
+    ALSO.with(|a| *a.borrow_mut() = fds[1..].to_vec());
+    Ok(fds[0].revents != 0)
+}
+
+/// Whether this thread's wait sleeps beside other descriptors.
+fn also_any() -> bool {
+    ALSO.with(|a| !a.borrow().is_empty())
+}
+
+/// The kernel wait on `ep` of at most `ms`, beside this thread's [`ALSO`]
+/// descriptors if any: the real `epoll_pwait` into `room`, `Ok(0)` when
+/// one of those woke it.
+fn pwait(
+    ep: RawFd,
+    room: &mut [epoll_event],
+    ms: c_int,
+    sigmask: *const sigset_t,
+) -> Result<usize, c_int> {
+    let ms = if ms != 0 && also_any() {
+        if !sleep_also(ep, ms, sigmask)? {
+            return Ok(0);
+        }
+        0
+    } else {
+        ms
+    };
+    // SAFETY: `room` is writable for its length; the mask is the caller's.
+    let r = unsafe { real::epoll_pwait(ep, room.as_mut_ptr(), room.len() as c_int, ms, sigmask) };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(r as usize)
+}
+
 /// The events a registration can ask for that the rings can answer.
 const RING_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
 /// Reported whether asked for or not.
@@ -451,13 +536,8 @@ fn kernel(
     sigmask: *const sigset_t,
 ) -> Result<usize, c_int> {
     sh.kernel_at.store(now_ns(), Ordering::Relaxed);
-    let room = &mut out[n..];
-    // SAFETY: `room` is writable for its length; the mask is the caller's.
-    let r = unsafe { real::epoll_pwait(ep, room.as_mut_ptr(), room.len() as c_int, ms, sigmask) };
-    if r < 0 {
-        return Err(errno());
-    }
-    Ok(merge(sh, out, n, r as usize))
+    let r = pwait(ep, &mut out[n..], ms, sigmask)?;
+    Ok(merge(sh, out, n, r))
 }
 
 fn kernel_due(sh: &Shadow) -> bool {
@@ -600,7 +680,8 @@ fn wait(
     loop {
         let n = kernel(sh, ep, out, 0, ms_left(deadline), sigmask)?;
         sh.budget.woken(n > 0, slept);
-        if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+        let also = ALSO.with(|a| a.borrow().iter().any(|p| p.revents != 0));
+        if n > 0 || also || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(n);
         }
         // Woken only for one-shot members that had fired: sleep again.
@@ -622,17 +703,25 @@ unsafe fn wait_entry(
         // SAFETY: the caller's arguments, with a shorter timeout.
         unsafe {
             wait_set(ep, events, max, t, sigmask, || {
-                real::epoll_pwait(
-                    ep,
-                    events,
-                    max,
-                    ms_left(t.map(|t| Instant::now() + t)),
-                    sigmask,
-                )
+                let ms = ms_left(t.map(|t| Instant::now() + t));
+                if events.is_null() || max <= 0 {
+                    // The kernel's EFAULT or EINVAL.
+                    return real::epoll_pwait(ep, events, max, ms, sigmask);
+                }
+                // SAFETY: the caller passes `max` writable events; the
+                // program's own memory, which no peer writes.
+                let room = std::slice::from_raw_parts_mut(events, max as usize);
+                match pwait(ep, room, ms, sigmask) {
+                    Ok(n) => n as c_int,
+                    Err(e) => {
+                        set_errno(e);
+                        -1
+                    }
+                }
             })
         }
     };
-    if let Some(r) = super::pending::epoll_wait(ep, timeout, sigmask, slice) {
+    if let Some(r) = super::pending::epoll_wait(ep, timeout, slice) {
         return r;
     }
     // SAFETY: forwarded.

@@ -22,7 +22,7 @@ use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_EPOLL, F_PENDING, LOCK};
+use crate::table::{self, F_CANDIDATE, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::debug;
 use smclo::device::Role;
@@ -36,8 +36,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a thread waits before it looks again at a handshake that
-/// another thread drives, or that it cannot sleep on (see
-/// [`epoll_wait`]).
+/// another thread drives.
 const SLICE: Duration = Duration::from_millis(1);
 
 /// How long a blocking call waits on the handshake before it looks at the
@@ -496,14 +495,9 @@ fn min_timeout(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// handshake descriptors, reporting in their `revents` which are
 /// readable), driving the pending handshakes among `fds()` between them.
 /// `None` if there is none: the caller waits as usual.
-///
-/// `kernel_sleeps()` says whether `once` can sleep on the handshakes'
-/// descriptors now; where it cannot, it is given none and is cut into
-/// waits of at most [`SLICE`].
 fn driving(
     timeout: Option<Duration>,
     fds: impl Fn() -> Vec<RawFd>,
-    kernel_sleeps: impl Fn() -> bool,
     mut once: impl FnMut(Option<Duration>, &mut [pollfd]) -> c_int,
 ) -> Option<c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -515,13 +509,9 @@ fn driving(
         }
         first = false;
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let Some(mut sleep) = sleep else {
+        let Some(sleep) = sleep else {
             return Some(once(left, &mut []));
         };
-        if !kernel_sleeps() {
-            sleep.fds.clear();
-            sleep.within = min_timeout(sleep.within, Some(SLICE));
-        }
         let t = min_timeout(sleep.within, left);
         let mut extra: Vec<pollfd> = sleep
             .fds
@@ -551,15 +541,11 @@ fn driving(
 
 /// An epoll wait on `ep` while it holds pending handshakes (see
 /// [`driving`]); `None` if it holds none. `once` is one wait on the set
-/// (of at most the given timeout); the handshakes' descriptors are slept
-/// on in a `ppoll` (with `sigmask`) beside the set's own descriptor,
-/// after `once` found nothing ready at once. Not while the set has SMC-D
-/// members (`F_EPOLL`): only the set's own wait makes their writers ring
-/// before it sleeps (`hooks::epoll`), so its waits are cut into slices.
+/// (of at most the given timeout); its kernel sleep is also ended by the
+/// handshakes' descriptors (`hooks::epoll::with_also`).
 pub(super) fn epoll_wait(
     ep: RawFd,
     timeout: Option<Duration>,
-    sigmask: *const libc::sigset_t,
     mut once: impl FnMut(Option<Duration>) -> c_int,
 ) -> Option<c_int> {
     if !any() {
@@ -568,46 +554,8 @@ pub(super) fn epoll_wait(
     driving(
         timeout,
         || in_epoll(ep),
-        || !table::has_flag(ep, F_EPOLL),
-        |t, extra| {
-            if extra.is_empty() {
-                return once(t);
-            }
-            let n = once(Some(Duration::ZERO));
-            if n != 0 || t.is_some_and(|t| t.is_zero()) {
-                return n;
-            }
-            let mut all = Vec::with_capacity(extra.len() + 1);
-            all.push(pollfd {
-                fd: ep,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            all.extend_from_slice(extra);
-            if kernel_ppoll(&mut all, t, sigmask) < 0 {
-                return -1;
-            }
-            extra.copy_from_slice(&all[1..]);
-            if all[0].revents != 0 {
-                return once(Some(Duration::ZERO));
-            }
-            0
-        },
+        |t, extra| super::epoll::with_also(extra, || once(t)),
     )
-}
-
-/// `ppoll(2)` of `fds` for at most `t` (`None`: for ever) with `sigmask`.
-fn kernel_ppoll(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const libc::sigset_t) -> c_int {
-    let ts = t.map(|t| libc::timespec {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let tp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `fds` are valid pollfds, `tp` null or a valid timespec, and
-    // `sigmask` the caller's (null or a valid set).
-    unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, sigmask) }
 }
 
 /// A `poll` over `fds` while it holds pending handshakes (see
@@ -626,7 +574,6 @@ pub(super) fn poll(
     driving(
         timeout,
         || list.clone(),
-        || true,
         |t, extra| {
             let mut all: Vec<pollfd> = fds.iter().copied().chain(extra.iter().copied()).collect();
             for p in all.iter_mut().take(fds.len()) {

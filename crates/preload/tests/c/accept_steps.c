@@ -15,6 +15,10 @@
  *                              for writability for MS ms each while the
  *                              handshake is unanswered: "WAKEUPS <epoll> <poll>"
  *                              (voluntary context switches of each wait)
+ *   accept_steps idlemixed LIVE PORT MS
+ *                              as idle, epoll only, with a connection to the
+ *                              server at LIVE (its greeting read) in the set
+ *                              too; then that connection's payload and echo
  * Anything wrong prints "FAIL ..." and exits 1. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -243,6 +247,36 @@ static void idle(int port, int ms) {
     printf("WAKEUPS %ld %ld\n", by_epoll, nvcsw() - before);
 }
 
+static void idlemixed(int live_port, int port, int ms) {
+    int live = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = loopback(live_port);
+    if (live < 0 || connect(live, (struct sockaddr *)&a, sizeof a)) fail("connect");
+    static unsigned char got[GREETING + PAYLOAD];
+    read_exact(live, got, GREETING);
+    int fd = connect_nb(port);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLOUT, .data.fd = fd};
+    struct epoll_event lev = {.events = EPOLLIN, .data.fd = live};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, live, &lev) || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev))
+        fail("epoll");
+    long before = nvcsw();
+    if (epoll_wait(ep, &ev, 1, ms) != 0) fail("epoll_wait reported an event");
+    printf("WAKEUPS %ld\n", nvcsw() - before);
+    static unsigned char b[PAYLOAD];
+    for (size_t i = 0; i < PAYLOAD; i++) b[i] = pat(GREETING + i);
+    for (size_t done = 0; done < PAYLOAD;) {
+        ssize_t k = write(live, b + done, PAYLOAD - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) fail("client write");
+        done += k;
+    }
+    read_exact(live, got + GREETING, PAYLOAD);
+    for (size_t i = 0; i < sizeof got; i++)
+        if (got[i] != pat(i)) fail("wrong byte");
+    close(live);
+    printf("OK\n");
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "server")) server(atoi(argv[2]));
@@ -252,6 +286,8 @@ int main(int argc, char **argv) {
         listener();
         pause();
     } else if (argc >= 4 && !strcmp(argv[1], "idle")) idle(atoi(argv[2]), atoi(argv[3]));
+    else if (argc >= 5 && !strcmp(argv[1], "idlemixed"))
+        idlemixed(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     else {
         fprintf(stderr, "usage: see the source\n");
         return 2;
