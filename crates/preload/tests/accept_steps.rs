@@ -3,11 +3,13 @@
 //! loop's `accept` does not wait on a client stopped mid-handshake and
 //! serves other clients over SMC-D meanwhile; the stopped client, once
 //! continued, gets its connection with every byte (a greeting the server
-//! writes at once, a payload the client writes at once, its echo); and a
-//! wait over an unanswered handshake sleeps until the answer instead of
-//! waking every millisecond.
+//! writes at once, a payload the client writes at once, its echo): over
+//! SMC-D, or over TCP when both ends gave up meanwhile; and a wait over an
+//! unanswered handshake sleeps until the answer instead of waking every
+//! millisecond, also beside SMC-D connections.
 
 use smclo::device::{Device, Stats};
+use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -75,13 +77,18 @@ impl Setup {
     /// every wait on it is bounded); its stdout lines arrive on the
     /// receiver. Returns its index.
     fn spawn(&mut self, args: &[&str]) -> (usize, Receiver<String>) {
+        // Generous under load; the stops below are much shorter.
+        self.spawn_waiting(args, 8000)
+    }
+
+    /// [`spawn`](Self::spawn) with `SMCLO_CLC_WAIT_MS` set to `clc_ms`.
+    fn spawn_waiting(&mut self, args: &[&str], clc_ms: u64) -> (usize, Receiver<String>) {
         let mut c = Command::new(program())
             .args(args)
             .env("LD_PRELOAD", lib())
             .env("SMCLO_DEVICE_DIR", &self.dev)
             .env("SMCLO_DEBUG", "1")
-            // Generous under load; the stop below is much shorter.
-            .env("SMCLO_CLC_WAIT_MS", "8000")
+            .env("SMCLO_CLC_WAIT_MS", clc_ms.to_string())
             .env_remove("SMCLO_DISABLE")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -218,6 +225,40 @@ fn event_loop_accept_does_not_wait_on_a_stopped_client() {
         "{} bytes through the rings: {st:?}",
         st.xfer_bytes
     );
+}
+
+#[test]
+fn a_client_stopped_past_the_wait_gets_tcp_with_every_byte() {
+    const CLC_MS: u64 = 300;
+    let mut s = Setup::new("stopped-long");
+    let (server, srx) = s.spawn_waiting(&["server", "1"], CLC_MS);
+    let port = expect(&srx, "READY ");
+    let (stopper, stop_rx) = s.spawn_waiting(&["stopper", &port], CLC_MS);
+    let stopper_pid = s.pid(stopper);
+    let t = Instant::now();
+    while !stopped(stopper_pid) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the client never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(expect(&srx, "ACCEPTED "), "1");
+    // Both ends give up meanwhile: the server (its greeting then goes out
+    // over TCP) while the client is stopped, the client when it continues.
+    std::thread::sleep(Duration::from_millis(3 * CLC_MS));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(stopper_pid, libc::SIGCONT) };
+    expect(&stop_rx, "OK");
+    s.wait_ok(stopper, "the stopped client");
+    let max_us: u64 = expect(&srx, "MAXACCEPT ").parse().expect("microseconds");
+    expect(&srx, "OK");
+    s.wait_ok(server, "the server");
+    assert!(max_us < 10_000, "an accept took {max_us} µs");
+    let st = s.stats();
+    assert_eq!(st.conns_opened, 0, "{st:?}");
+    assert_eq!(st.fallback(Reason::Timeout), (1, 1), "{st:?}");
+    assert_eq!(st.fallbacks_total(), 2, "{st:?}");
 }
 
 #[test]
