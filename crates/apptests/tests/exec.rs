@@ -144,21 +144,22 @@ fn chain_of_two_execs() {
     );
 }
 
+/// The shell lists the device's connections (`smclo ss`, a program that
+/// inherits the connection on its stdin and lets go of it), then forks
+/// and execs tr (stdio on stdin and stdout), then writes its own line
+/// once tr has seen the end of the stream. `smclo ss` names the shell,
+/// with its pid, as the owner of the server's end.
 #[test]
 fn inetd_exec_shell_with_stdio_program() {
     let mut env = Env::new("exec-shell");
     let inetd = inetd(&env);
     let port = free_port();
     let s0 = env.stats();
-    // The shell forks and execs tr (stdio on stdin and stdout), then
-    // writes its own line once tr has seen the end of the stream.
-    let args = [
-        &port.to_string() as &str,
-        "1",
-        "/bin/sh",
-        "-c",
-        "tr a-z A-Z; echo done",
-    ];
+    let script = format!(
+        "{} ss --json > ss.json; echo $$ > sh.pid; tr a-z A-Z; echo done",
+        smclo_bin().display()
+    );
+    let args = [&port.to_string() as &str, "1", "/bin/sh", "-c", &script];
     let mut srv = server(&mut env, port, &inetd, &args, &[]);
     clients(
         &mut env,
@@ -171,6 +172,20 @@ fn inetd_exec_shell_with_stdio_program() {
     let d = delta(&s0, &env.stats());
     let want = exchange("hello from inetd\n", "done\n");
     assert_smc("inetd + sh + tr", &d, 1, want, want, &srv.logs());
+    let json = std::fs::read_to_string(env.path("ss.json")).unwrap();
+    let pid = std::fs::read_to_string(env.path("sh.pid")).unwrap();
+    let end = json
+        .split('{')
+        .find(|o| o.contains(&format!("\"pid\":{},", pid.trim())))
+        .unwrap_or_else(|| panic!("no end of pid {pid} in {json}"));
+    for field in [
+        "\"state\":\"ACTIVE\"",
+        "\"program\":\"sh\"",
+        "\"role\":\"server\"",
+        "\"mode\":\"smcd\"",
+    ] {
+        assert!(end.contains(field), "{field} in {end}");
+    }
 }
 
 #[test]
@@ -306,4 +321,33 @@ fn exec_without_preload_resets_cleanly() {
         "the connection was SMC-D before the exec: {d:?}"
     );
     assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());
+}
+
+/// What the preload emulates for the descriptor goes along: O_NONBLOCK,
+/// SO_RCVTIMEO and SO_SNDTIMEO (set, and in effect), TCP_CORK (set, and
+/// the lines written while corked arrive once uncorked), at the same
+/// number.
+#[test]
+fn exec_keeps_flags_and_options() {
+    let mut env = Env::new("exec-flags");
+    let prog = compile_c(&env, &src("keep_flags.c"), &[])
+        .display()
+        .to_string();
+    let script = write_script(&env, "flags_client.py");
+    let port = free_port();
+    let s0 = env.stats();
+    let mut srv = server(&mut env, port, &prog, &["serve", &port.to_string()], &[]);
+    let c = env.run(
+        Mode::Smclo,
+        "client",
+        "python3",
+        &[&script, &port.to_string()],
+        T,
+    );
+    srv.wait_ok(T);
+    let want = "nonblock 1\nrcvtimeo 300\nsndtimeo 700\ncork 1\neagain\ntimeout\n";
+    assert_eq!(c.stdout_str(), want, "{}\n{}", c.logs(), srv.logs());
+    let d = delta(&s0, &env.stats());
+    let bytes = LINE + want.len() as u64;
+    assert_smc("flags through exec", &d, 1, bytes, bytes, &srv.logs());
 }

@@ -334,12 +334,33 @@ impl Dmb {
         self.attach.map(|a| a.0)
     }
 
+    /// Whether a `fork` happened since this mapping was made or attached:
+    /// another process may then use the DMB through its copy.
+    pub(crate) fn forked_since(&self) -> bool {
+        let now = crate::owner::fork_gen();
+        self.own.as_ref().is_some_and(|o| o.fork_gen != now)
+            || self.attach.is_some_and(|a| a.1 != now)
+    }
+
+    /// The fork generation an adopted mapping records: the current one, or
+    /// one that never matches when the image before exec had forked since
+    /// (`forked`), so that, as in a fork child, the mapping is neither
+    /// pooled nor detached from.
+    fn adopted_gen(forked: bool) -> u64 {
+        if forked {
+            0
+        } else {
+            crate::owner::fork_gen()
+        }
+    }
+
     /// Our own DMB, from its memfd passed through exec by this process's
     /// image before: validated as an attach is (header, `token`, `gid`).
     /// The header names the process that created it, which may be another
     /// of the fork family. Its memfd is kept or parked as after a
-    /// handshake ([`crate::device::DmbHandle::into_parts`]).
-    pub(crate) fn adopt_own(file: File, token: u64, gid: u64) -> Result<Dmb> {
+    /// handshake ([`crate::device::DmbHandle::into_parts`]). `forked`: see
+    /// [`Dmb::adopted_gen`].
+    pub(crate) fn adopt_own(file: File, token: u64, gid: u64, forked: bool) -> Result<Dmb> {
         let mut d = Dmb::attach(&file, token, gid)?;
         use std::os::unix::fs::MetadataExt;
         let md = file.metadata()?;
@@ -347,7 +368,7 @@ impl Dmb {
         d.own = Some(Own {
             id: (md.dev(), md.ino()),
             file,
-            fork_gen: crate::owner::fork_gen(),
+            fork_gen: Dmb::adopted_gen(forked),
             reuse: true,
             _held: crate::fdnum::Held::new(),
             _mark: crate::fdnum::Mark::new(mark_fd),
@@ -362,7 +383,14 @@ impl Dmb {
     /// The peer's DMB, from its memfd passed through exec: validated as an
     /// attach is, and our attach record `rec` must still be in it (no one
     /// else attached meanwhile). The memfd is parked, as after a handshake.
-    pub(crate) fn adopt_peer(file: File, token: u64, gid: u64, rec: u64) -> Result<Dmb> {
+    /// `forked`: see [`Dmb::adopted_gen`].
+    pub(crate) fn adopt_peer(
+        file: File,
+        token: u64,
+        gid: u64,
+        rec: u64,
+        forked: bool,
+    ) -> Result<Dmb> {
         let mut d = Dmb::attach(&file, token, gid)?;
         use std::sync::atomic::Ordering;
         if rec == 0 || d.attach_word().load(Ordering::SeqCst) != rec {
@@ -371,7 +399,7 @@ impl Dmb {
         use std::os::unix::fs::MetadataExt;
         let md = file.metadata()?;
         let id = (md.dev(), md.ino());
-        d.attach = Some((rec, crate::owner::fork_gen(), id));
+        d.attach = Some((rec, Dmb::adopted_gen(forked), id));
         use std::os::fd::AsFd;
         d.kept = crate::vault::keep(id, file.as_fd());
         Ok(d)

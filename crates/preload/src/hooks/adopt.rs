@@ -67,7 +67,7 @@ impl Passed {
         let st = &self.st;
         let b = |x: bool| x as u8;
         format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             join(&self.fds),
             self.chan,
             self.tcp,
@@ -89,13 +89,14 @@ impl Passed {
             st.snd_timeo_us,
             b(st.cork),
             b(st.shut_wr),
-            st.err
+            st.err,
+            b(st.forked)
         )
     }
 
     fn decode(s: &str) -> Option<Passed> {
         let f: Vec<&str> = s.split(',').collect();
-        if f.len() != 22 {
+        if f.len() != 23 {
             return None;
         }
         let n = |i: usize| f[i].parse::<u64>().ok();
@@ -125,6 +126,7 @@ impl Passed {
                 cork: b(19)?,
                 shut_wr: b(20)?,
                 err: f[21].parse().ok()?,
+                forked: b(22)?,
             },
         })
     }

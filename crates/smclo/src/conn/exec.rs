@@ -44,6 +44,9 @@ pub struct ExecState {
     pub shut_wr: bool,
     /// Sticky errno after an abort (0: none).
     pub err: i32,
+    /// The image before exec had forked since the DMBs were set up: other
+    /// processes may use them too ([`Dmb::forked_since`]).
+    pub forked: bool,
 }
 
 /// What exec passes of one connection end: the memfds of both DMBs
@@ -109,6 +112,7 @@ impl Conn {
             cork: self.cork.load(Ordering::Relaxed),
             shut_wr: self.shut_wr.load(Ordering::Relaxed),
             err: self.err.load(Ordering::Relaxed),
+            forked: self.local.forked_since() || self.peer.forked_since(),
         };
         Ok(ExecParts { local, peer, state })
     }
@@ -125,8 +129,15 @@ impl Conn {
         let reg = dev
             .adopt_registration(st.entry, st.local_token, st.client)
             .ok_or(crate::error::AttachError::NotOurs)?;
-        let local = Dmb::adopt_own(parts.local.into(), st.local_token, dev.gid())?;
-        let peer = Dmb::adopt_peer(parts.peer.into(), st.peer_token, dev.gid(), st.peer_attach)?;
+        let gid = dev.gid();
+        let local = Dmb::adopt_own(parts.local.into(), st.local_token, gid, st.forked)?;
+        let peer = Dmb::adopt_peer(
+            parts.peer.into(),
+            st.peer_token,
+            gid,
+            st.peer_attach,
+            st.forked,
+        )?;
         let mode = match st.sndbuf_len {
             0 => Mode::NoCopy,
             n => Mode::Copy { sndbuf_len: n },
