@@ -8,6 +8,8 @@
 //! Programs that are missing make the test FAIL with the Debian package to
 //! install (`.ci/run` installs them); nothing is skipped silently.
 
+pub mod sockdiag;
+
 use smclo::device::{Device, Stats};
 use smclo_wire::reason::Reason;
 use std::fs;
@@ -607,29 +609,14 @@ pub fn veth(a: &Netns, b: &Netns, addr_a: &str, addr_b: &str) {
 }
 
 /// True if a socket listens on `port` in the network namespace of `pid`
-/// (or of this process), per /proc/<pid>/net/tcp{,6}. Reading the table
-/// instead of connecting keeps probe connections out of the counters.
+/// (or of this process), asked of the kernel ([`sockdiag`]); asking instead
+/// of connecting keeps probe connections out of the counters.
 pub fn listening(port: u16, pid: Option<u32>) -> bool {
-    let base = match pid {
-        Some(p) => format!("/proc/{p}/net"),
-        None => "/proc/self/net".to_string(),
+    let ports = match pid {
+        Some(p) => sockdiag::listening_ports_of(p),
+        None => sockdiag::listening_ports(),
     };
-    for f in ["tcp", "tcp6"] {
-        let Ok(t) = fs::read_to_string(format!("{base}/{f}")) else {
-            continue;
-        };
-        for line in t.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 3 && cols[3] == "0A" {
-                if let Some(p) = cols[1].rsplit(':').next() {
-                    if u16::from_str_radix(p, 16).ok() == Some(port) {
-                        return true;
-                    }
-                }
-            }
-        }
-    }
-    false
+    ports.is_ok_and(|v| v.contains(&port))
 }
 
 /// Waits until `proc` listens on `port` (in its own netns); panics with its
