@@ -316,7 +316,7 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
 /// Blocks until `fd` is readable or `timeout` passes (a zero `timeout`
 /// only looks); true if readable.
 ///
-/// Busy-polls first, for the data path's spin budget (`SMCLO_SPIN_US`): each
+/// Busy-polls first, for the handshake's spin budget ([`super::spin_budget`]): each
 /// step of the handshake answers the previous one within microseconds, and
 /// sleeping for it would add a wake-up (a scheduler round trip on another
 /// CPU) per step. The spin looks at `hint` (shared memory: the peer says it
@@ -326,7 +326,7 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
         return readable_now(fd);
     }
     let start = Instant::now();
-    let spin = crate::conn::spin_budget().min(timeout);
+    let spin = super::spin_budget().min(timeout);
     while start.elapsed() < spin {
         if hint() && readable_now(fd) {
             return true;
@@ -344,6 +344,8 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
 /// it waits for may need that CPU.
 pub(super) fn spin_readable(fd: RawFd, deadline: Instant, hint: impl Fn() -> bool) -> bool {
     let start = Instant::now();
+    // The data path's budget: this wait never sleeps, and spinning longer
+    // would only keep others (the client, perhaps) off the CPU.
     let spin = crate::conn::spin_budget();
     loop {
         let now = Instant::now();

@@ -192,7 +192,7 @@ impl RendezvousListener {
     ) -> Option<Result<UnixStream, Reason>> {
         let start = Instant::now();
         let deadline = start + timeout;
-        let spin = crate::conn::spin_budget().min(timeout);
+        let spin = super::spin_budget().min(timeout);
         // Whether this thread slept: before that, the socket is asked only
         // once `arrived` says so (a sleep in `poll` asks it anyway).
         let mut slept = false;

@@ -197,6 +197,22 @@ fn key_for(src_ip: std::net::IpAddr, mark: Mark, dest: SocketAddr) -> SlotKey {
     SlotKey::new(src_ip, mark, dest)
 }
 
+/// How many times the data path's spin budget a handshake wait busy-polls
+/// before it sleeps (see [`spin_budget`]).
+const SPIN_FACTOR: u32 = 4;
+
+/// How long a handshake wait that may sleep busy-polls first: [`SPIN_FACTOR`]
+/// times the data path's budget (`SMCLO_SPIN_US`, whose 0 turns it off
+/// here too). The peer of a handshake step was woken by the step before
+/// and answers as soon as it runs, which on a busy machine takes longer
+/// than a data-path reply; a sleep adds a wake-up on the other CPU per
+/// step, and two cost more CPU time than the spin they save. A wait that
+/// never sleeps (an event loop's `accept`) keeps the data path's budget
+/// before it yields.
+pub(crate) fn spin_budget() -> std::time::Duration {
+    crate::conn::spin_budget() * SPIN_FACTOR
+}
+
 fn random_u64() -> u64 {
     crate::rng::next_u64()
 }
