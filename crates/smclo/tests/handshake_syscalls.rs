@@ -14,8 +14,9 @@ use std::process::{Command, Stdio};
 /// passed on every connection, 67; with the rlimit read three times per
 /// connection and side, the peer's groups always asked and the channel's
 /// flags read when its Conn is built, 60.7; with the server's DMB passed on
-/// every connection, 52. 48 now.
-const BUDGET_PER_CONN: i64 = 51;
+/// every connection, 52. 48 now; the slack is for a loaded machine, where
+/// waits wake more often (56 was seen once beside a full test run).
+const BUDGET_PER_CONN: i64 = 54;
 
 struct Dir(PathBuf);
 
