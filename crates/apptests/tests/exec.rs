@@ -114,6 +114,26 @@ fn inetd_dup2_exec_c_filter() {
     );
 }
 
+/// The other exec forms: `execveat` and `fexecve`.
+#[test]
+fn execveat_and_fexecve() {
+    for how in ["execveat", "fexecve"] {
+        let mut env = Env::new(&format!("exec-{how}"));
+        let (inetd, filter) = (inetd(&env), filter(&env));
+        let port = free_port();
+        let s0 = env.stats();
+        let args = [&port.to_string() as &str, "1", &filter];
+        let mut srv = server(&mut env, port, &inetd, &args, &[("INETD_EXEC", how)]);
+        let trailer = format!("filter {N}\n");
+        let t = trailer.escape_default().to_string();
+        clients(&mut env, port, 1, &["hello from inetd\\n", &t], &srv);
+        srv.wait_ok(T);
+        let d = delta(&s0, &env.stats());
+        let want = exchange("hello from inetd\n", &trailer);
+        assert_smc(how, &d, 1, want, want, &srv.logs());
+    }
+}
+
 #[test]
 fn chain_of_two_execs() {
     let mut env = Env::new("exec-chain");

@@ -5,12 +5,15 @@
  * the greeting. The parent closes its copy at once and serves the next
  * client; it exits after `count` clients. With INETD_PLAIN set in its
  * environment, the program is started without LD_PRELOAD (execve with an
- * environment that lacks it). With INETD_SERVE_ON_FAIL set, a failed exec
+ * environment that lacks it). INETD_EXEC=execveat or fexecve starts it with
+ * that function instead of execv. With INETD_SERVE_ON_FAIL set, a failed exec
  * is not fatal: the child serves the connection itself as the filter would
  * (complemented bytes, then "inline N\n").
  *
  * usage: inetd PORT COUNT PROGRAM [ARGS...] */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,9 +104,16 @@ int main(int argc, char **argv) {
             if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
                 die("dup2");
             close(c);
+            const char *how = getenv("INETD_EXEC");
             if (getenv("INETD_PLAIN"))
                 execve(argv[3], argv + 3, plain_env());
-            else
+            else if (how && !strcmp(how, "execveat"))
+                execveat(AT_FDCWD, argv[3], argv + 3, environ, 0);
+            else if (how && !strcmp(how, "fexecve")) {
+                int prog = open(argv[3], O_RDONLY | O_CLOEXEC);
+                if (prog >= 0)
+                    fexecve(prog, argv + 3, environ);
+            } else
                 execv(argv[3], argv + 3);
             if (getenv("INETD_SERVE_ON_FAIL"))
                 return serve_inline();

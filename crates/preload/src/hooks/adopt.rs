@@ -35,6 +35,8 @@ use std::sync::Arc;
 
 /// The environment variable that carries the connections to the new image.
 const VAR: &str = "SMCLO_EXEC_CONNS";
+/// The version of its layout, first in its value.
+const FORMAT: &str = "1";
 
 /// One connection as the new image receives it.
 struct Passed {
@@ -245,7 +247,7 @@ pub(super) fn prepare() -> (Option<Handoff>, Refused) {
     }
     drop(g);
     let dir = hex(ctx.dev.dir().as_os_str().as_encoded_bytes());
-    let var = format!("{VAR}={dir}:{}", entries.join(";"));
+    let var = format!("{VAR}={FORMAT}:{dir}:{}", entries.join(";"));
     h.var = CString::new(var).expect("no NUL in numbers and hex");
     debug!(
         "exec: {} SMC-D connection(s) go to the new program",
@@ -307,7 +309,12 @@ pub(crate) fn at_load() {
     // Only this image adopts them; its own children must not try.
     std::env::remove_var(VAR);
     let v = v.to_string_lossy().into_owned();
-    let Some((dir, list)) = v.split_once(':') else {
+    let Some((dir, list)) = v
+        .strip_prefix(FORMAT)
+        .and_then(|v| v.strip_prefix(':'))
+        .and_then(|v| v.split_once(':'))
+    else {
+        debug!("exec: {VAR} is not of this smclo version; the passed connections are not adopted");
         return;
     };
     let passed: Vec<Passed> = list.split(';').filter_map(Passed::decode).collect();

@@ -1,5 +1,5 @@
 //! The process around the connections: `fork` records the child as a
-//! holder of every connection, exec (all eight forms) passes them to a new
+//! holder of every connection, exec (all nine forms) passes them to a new
 //! program that loads this library (`hooks::adopt`) and keeps a channel
 //! from reaching one that does not, and exit (`_exit`, `_Exit` and
 //! the end of the program) closes each connection as the kernel closes a
@@ -139,13 +139,18 @@ fn exec_with(
 ) -> c_int {
     // The new image could not finish a handshake.
     super::pending::settle_all();
-    forget_records();
     if LIVE.load(Ordering::Relaxed) == 0 {
+        forget_records();
         return run(envp);
     }
-    match runs_preload() {
+    let target = runs_preload();
+    if target == Target::Missing {
         // The exec fails: everything stays as it is.
-        Target::Missing => return run(envp),
+        return run(envp);
+    }
+    forget_records();
+    match target {
+        Target::Missing => {}
         Target::Plain => {
             debug!("exec: the new program does not load LD_PRELOAD libraries (static, set-user-ID or unreadable); its SMC-D connections fall back");
             fall_back(None);
@@ -332,6 +337,23 @@ pub unsafe extern "C" fn fexecve(
         envp,
         // SAFETY: the caller's arguments, with our environment.
         |env| unsafe { real::fexecve(fd, argv, env) },
+    )
+}
+
+/// Interposed `execveat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    flags: c_int,
+) -> c_int {
+    exec_with(
+        || target::at_runs_preload(dirfd, path, flags),
+        envp,
+        // SAFETY: the caller's arguments, with our environment.
+        |env| unsafe { real::execveat(dirfd, path, argv, env, flags) },
     )
 }
 

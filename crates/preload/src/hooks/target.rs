@@ -181,6 +181,36 @@ pub(super) fn file_runs_preload(file: *const c_char) -> Target {
         .map_or(Target::Missing, |p| path_target(&p))
 }
 
+/// As [`path_runs_preload`] for `execveat`'s `path` relative to `dirfd`
+/// (or `dirfd` itself with `AT_EMPTY_PATH` and an empty path).
+pub(super) fn at_runs_preload(dirfd: RawFd, path: *const c_char, flags: libc::c_int) -> Target {
+    if path.is_null() {
+        return Target::Missing;
+    }
+    // SAFETY: exec's path is a NUL-terminated string.
+    if flags & libc::AT_EMPTY_PATH != 0 && unsafe { *path } == 0 {
+        return fd_runs_preload(dirfd);
+    }
+    let nofollow = if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        libc::O_NOFOLLOW
+    } else {
+        0
+    };
+    // SAFETY: openat reads the path; the descriptor it returns is ours.
+    let fd = unsafe { libc::openat(dirfd, path, libc::O_RDONLY | libc::O_CLOEXEC | nofollow) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        return if matches!(e, Some(libc::ENOENT | libc::ENOTDIR)) {
+            Target::Missing
+        } else {
+            Target::Plain
+        };
+    }
+    // SAFETY: `fd` is ours.
+    let f = unsafe { File::from_raw_fd(fd) };
+    target(loads_preload(&f, 0))
+}
+
 /// As [`path_runs_preload`] for `fexecve`'s descriptor.
 pub(super) fn fd_runs_preload(fd: RawFd) -> Target {
     // SAFETY: a duplicate of the caller's descriptor, owned by the File.
