@@ -371,3 +371,16 @@ fn exec_keeps_flags_and_options() {
     let bytes = LINE + want.len() as u64;
     assert_smc("flags through exec", &d, 1, bytes, bytes, &srv.logs());
 }
+
+/// The preload's `close_range` (which python's subprocess uses before it
+/// execs, and which leaves smclo's own descriptors open) answers as the
+/// kernel's for the program's own descriptors, and for an empty range.
+#[test]
+fn close_range_as_the_kernels() {
+    let mut env = Env::new("exec-close-range");
+    let prog = compile_c(&env, &src("close_range.c"), &[])
+        .display()
+        .to_string();
+    let p = env.run(Mode::Smclo, "close-range", &prog, &[], T);
+    assert_eq!(p.stdout_str(), "ok\n", "{}", p.logs());
+}

@@ -69,6 +69,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// it passes this way before exec; the connections it passes need them.
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if first > last {
+        // SAFETY: forwarded unchanged (the kernel answers EINVAL).
+        return unsafe { real::close_range(first, last, flags) };
+    }
     let mut from = first;
     let top = last.min(MAX_FD as c_uint - 1);
     let mut fd = first;
@@ -97,7 +101,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         }
         fd += 1;
     }
-    if from > last || from < first {
+    if from > last {
         return 0;
     }
     // SAFETY: the rest of the program's range.
