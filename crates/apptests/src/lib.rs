@@ -117,10 +117,11 @@ pub fn free_port() -> u16 {
         (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ time_seed()
     });
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let in_use = sockdiag::ports_in_use().expect("sock_diag: TCP sockets in use");
     for _ in 0..2000 {
         let i = NEXT.fetch_add(1, Ordering::SeqCst) as u64;
         let port = 20000 + ((seed.wrapping_add(i * 7919)) % 12000) as u16;
-        if given.contains(&port) || port_in_use(port) {
+        if given.contains(&port) || in_use.contains(&port) {
             continue;
         }
         // std's TcpListener sets SO_REUSEADDR, as the servers do.
@@ -132,22 +133,6 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port in 20000..32000 on 127.0.0.1");
-}
-
-/// Whether any TCP socket of this network namespace has `port` as its local
-/// port, whatever its state.
-fn port_in_use(port: u16) -> bool {
-    ["tcp", "tcp6"].iter().any(|f| {
-        fs::read_to_string(format!("/proc/self/net/{f}")).is_ok_and(|t| {
-            t.lines().skip(1).any(|line| {
-                line.split_whitespace()
-                    .nth(1)
-                    .and_then(|local| local.rsplit(':').next())
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-                    == Some(port)
-            })
-        })
-    })
 }
 
 fn time_seed() -> u64 {

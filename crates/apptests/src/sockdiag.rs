@@ -14,6 +14,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `TCP_LISTEN` (linux/tcp_states.h): the state bit the dump asks for.
 const TCP_LISTEN: u32 = 10;
+/// Every TCP state (`TCP_ESTABLISHED` 1 to `TCP_NEW_SYN_RECV` 12).
+const ALL_STATES: u32 = 0x1ffe;
 /// `struct nlmsghdr`.
 const NLMSG_HDR: usize = 16;
 /// `struct inet_diag_req_v2`: family, protocol, ext, pad, states, and a
@@ -25,15 +27,25 @@ const SPORT: usize = 4;
 /// The local ports of the TCP sockets listening in the calling thread's
 /// network namespace.
 pub fn listening_ports() -> io::Result<Vec<u16>> {
+    ports_in_states(1 << TCP_LISTEN)
+}
+
+/// The local ports of every TCP socket of the calling thread's network
+/// namespace, whatever its state (TIME_WAIT included).
+pub fn ports_in_use() -> io::Result<Vec<u16>> {
+    ports_in_states(ALL_STATES)
+}
+
+fn ports_in_states(states: u32) -> io::Result<Vec<u16>> {
     let mut ports = Vec::new();
     for family in [libc::AF_INET, libc::AF_INET6] {
-        dump(family as u8, &mut ports)?;
+        dump(family as u8, states, &mut ports)?;
     }
     Ok(ports)
 }
 
-/// Adds the ports of `family`'s listening TCP sockets to `ports`.
-fn dump(family: u8, ports: &mut Vec<u16>) -> io::Result<()> {
+/// Adds the ports of `family`'s TCP sockets in `states` to `ports`.
+fn dump(family: u8, states: u32, ports: &mut Vec<u16>) -> io::Result<()> {
     let flags = libc::SOCK_DGRAM | libc::SOCK_CLOEXEC;
     // SAFETY: plain socket(2); the descriptor is owned right below.
     let fd = unsafe { libc::socket(libc::AF_NETLINK, flags, libc::NETLINK_SOCK_DIAG) };
@@ -49,7 +61,7 @@ fn dump(family: u8, ports: &mut Vec<u16>) -> io::Result<()> {
     req[6..8].copy_from_slice(&nl_flags.to_ne_bytes());
     req[NLMSG_HDR] = family;
     req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
-    req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
+    req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&states.to_ne_bytes());
     // SAFETY: all-zero bytes are a valid sockaddr_nl; pid 0 is the kernel.
     let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;

@@ -53,3 +53,62 @@ fn listening_is_fast_beside_many_time_wait_sockets() {
     );
     p.stop(Duration::from_secs(2));
 }
+
+/// A port whose only socket is in TIME_WAIT (the server closed first) is
+/// in use for `free_port`, though nothing listens on it: a server that
+/// binds without `SO_REUSEADDR` (sockperf) gets EADDRINUSE there.
+#[test]
+fn a_port_in_time_wait_is_not_free() {
+    let port = free_port();
+    let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (s, _) = l.accept().unwrap();
+    drop(l);
+    drop(s); // the server's end closes first: it goes to TIME_WAIT
+    let mut buf = [0u8; 1];
+    assert_eq!(std::io::Read::read(&mut &c, &mut buf).unwrap(), 0);
+    drop(c);
+    assert!(!listening(port, None), "nothing listens on {port} any more");
+    assert!(
+        sockdiag::ports_in_use().unwrap().contains(&port),
+        "the TIME_WAIT socket on {port} is not counted as in use"
+    );
+    let bound = bind_without_reuse(port);
+    assert_eq!(
+        bound.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EADDRINUSE)),
+        "a bind without SO_REUSEADDR should fail beside the TIME_WAIT socket"
+    );
+}
+
+/// bind(2) of a fresh TCP socket to 127.0.0.1:`port` without
+/// `SO_REUSEADDR` (std's listener sets it).
+fn bind_without_reuse(port: u16) -> std::io::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: plain socket(2); owned right below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is the fresh socket above, owned by nothing else.
+    let _sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sa` is a valid sockaddr_in for its size.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
