@@ -809,8 +809,15 @@ fn smc_setup_syscall_budget() {
         "{} rlimit reads over {n} connections",
         grow("prlimit64")
     );
-    // Neither end asks the peer's groups (same uid), nor the client its
-    // unbound socket's address before the SYN or its timeouts.
+    // Neither end asks the peer's groups (same uid) or its socket's
+    // timeouts (none set), nor the client its unbound socket's address
+    // before the SYN: `SO_PEERCRED` at each end and the server's
+    // `TCP_SAVED_SYN` are left.
+    assert!(
+        grow("getsockopt") <= 3 * n,
+        "{} getsockopt calls over {n} connections",
+        grow("getsockopt")
+    );
     let per = grow("total") as f64 / n as f64;
     eprintln!("system calls per SMC-D connection under the preload (both ends): {per:.1}");
     for k in ["getsockopt", "getsockname", "fcntl", "geteuid", "close"] {
@@ -873,6 +880,14 @@ fn signal_with_sa_restart_restarts() {
 #[test]
 fn so_rcvtimeo_is_eagain_and_forbids_restart() {
     intr("rcvtimeo");
+}
+
+/// SO_RCVTIMEO set on a listener applies to the SMC-D connections it
+/// accepts, as the kernel copies it to an accepted socket.
+#[test]
+fn listener_so_rcvtimeo_is_inherited() {
+    let (out, _) = intr("lrcvtimeo");
+    assert!(out.contains("OK peer recv timed out"), "{out}");
 }
 
 /// SO_SNDTIMEO bounds a write on a full ring: the partial count, then EAGAIN.

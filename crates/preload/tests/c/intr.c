@@ -8,6 +8,8 @@
  *   rcvtimeo  SO_RCVTIMEO 1 s (set before connect): -1 EAGAIN after 1 s; then
  *             SO_RCVTIMEO 3 s and an SA_RESTART handler: EINTR after the
  *             1 s alarm all the same
+ *   lrcvtimeo SO_RCVTIMEO 1 s on the peer's listener, inherited by the
+ *             connection it accepts: the peer's recv is -1 EAGAIN after 1 s
  *   sndtimeo  SO_SNDTIMEO 1 s, a peer that never reads: a large write returns
  *             its partial count after 1 s, the next write -1 EAGAIN after 1 s
  *   dontwait  while a second thread sleeps in a blocking recv, a recv with
@@ -97,9 +99,16 @@ static void peer(int port, int done, const char *mode) {
     if (lfd < 0 || bind(lfd, (void *)&a, sizeof a) || listen(lfd, 1) ||
         getsockname(lfd, (void *)&a, &al))
         fail("listen");
+    if (!strcmp(mode, "lrcvtimeo")) timeo(lfd, SO_RCVTIMEO, 1);
     if (write(port, &a, sizeof a) != sizeof a) fail("port");
     int c = accept(lfd, NULL, NULL);
     if (c < 0) fail("accept");
+    if (!strcmp(mode, "lrcvtimeo")) {
+        char x;
+        double t0 = now();
+        expect_fail("peer recv", recv(c, &x, 1, 0), EAGAIN);
+        took("peer recv timed out as its listener said (EAGAIN)", t0, 0.9, 3.5);
+    }
     if (!strcmp(mode, "restart") || !strcmp(mode, "dontwait")) {
         sleep(2);
         if (write(c, "x", 1) != 1) fail("peer write");
@@ -163,6 +172,9 @@ int main(int argc, char **argv) {
         alarm(1);
         expect_fail("recv", read(fd, buf, sizeof buf), EINTR);
         took("read with a timeout interrupted (EINTR despite SA_RESTART)", t0, 0.8, 2.9);
+    } else if (!strcmp(mode, "lrcvtimeo")) {
+        /* Holds the connection open while the peer's recv times out. */
+        sleep(4);
     } else if (!strcmp(mode, "sndtimeo")) {
         timeo(fd, SO_SNDTIMEO, 1);
         size_t big = 64 << 20;
