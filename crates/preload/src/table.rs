@@ -44,7 +44,8 @@ pub const F_INTERNAL: u16 = 2;
 /// its epoll registrations are recorded.
 pub const F_CANDIDATE: u16 = 4;
 /// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
-/// `SOCK_STREAM` TCP socket: its domain, type and protocol are known
+/// `SOCK_STREAM` TCP socket, or accepted on a listener that was: its
+/// domain, type and protocol are known
 /// without asking the kernel (three `getsockopt` calls). Like every flag it
 /// is forgotten when the number is closed or reused through our functions;
 /// a descriptor without it (inherited, dup'ed, made by a raw system call)
@@ -76,9 +77,10 @@ pub const F_PENDING: u16 = 256;
 /// An internal descriptor that a connection is closing: see
 /// [`settle`].
 pub const F_CLOSING: u16 = 512;
-/// The application set `SO_RCVTIMEO` or `SO_SNDTIMEO`, which the swap
-/// must copy to the connection. Without it, a socket with [`F_TCP`] has
-/// no timeouts, and the swap asks nothing.
+/// The application set `SO_RCVTIMEO` or `SO_SNDTIMEO` (on the socket, or on
+/// the listener that accepted it), which the swap must copy to the
+/// connection. Without it, a socket with [`F_TCP`] has no timeouts, and the
+/// swap asks nothing.
 pub const F_TIMEO: u16 = 1024;
 /// `bind` was called on it: its source address is not routing's choice,
 /// so a proposal asks the socket (`getsockname`). Without it, a socket with

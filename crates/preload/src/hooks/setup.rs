@@ -11,7 +11,7 @@ use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
 use crate::table::{
-    self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, LOCK,
+    self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
 };
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
@@ -247,6 +247,18 @@ fn accepted(nfd: c_int) -> c_int {
     nfd
 }
 
+/// What the accepted `nfd` is known to share with its listener `fd`: a TCP
+/// stream of the same family ([`F_TCP`]) and the listener's timeouts, which
+/// the kernel copies to it ([`F_TIMEO`]): the swap then asks for timeouts
+/// only if the program set some on the listener.
+fn inherit_flags(fd: c_int, nfd: c_int) {
+    for f in [F_TCP, F_TIMEO] {
+        if table::has_flag(fd, f) {
+            table::set_flag(nfd, f, true);
+        }
+    }
+}
+
 /// Interposed `accept(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
@@ -301,6 +313,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     let e = errno();
     clear_stale(nfd);
     accepted(nfd);
+    inherit_flags(fd, nfd);
     let Some(c) = ctx() else { return nfd };
     if !in_table_range(nfd) {
         // Not upgradable: the client falls back after its bounded wait.
