@@ -751,7 +751,7 @@ fn unknown_listener_accept_syscall_budget() {
 
 /// System calls per SMC-D connection under the preload, both ends together
 /// (connect, accept, one byte each way, close; ARCHITECTURE.md, "Connection
-/// setup cost"), above which setup has regressed: 60 now. With a `getpid`
+/// setup cost"), above which setup has regressed: 58 now. With a `getpid`
 /// per holder claim and close, the rlimit read three times per connection
 /// and side, the hidden socket's timeouts and the peer's groups always
 /// asked, and `getsockname` before every SYN, it was 82; with the server's
