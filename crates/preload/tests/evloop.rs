@@ -220,8 +220,11 @@ fn select_request_response_makes_almost_no_system_call() {
         let (many, stdout) = count(20000);
         let per = many.saturating_sub(few) as f64 / 18000.0;
         eprintln!("{mode}: {per:.3} system calls per round trip ({few}, {many})");
+        // 0.1 to 0.5 measured; a loaded machine that deschedules a spinner
+        // makes waits sleep more often, so the bound is half of the 6
+        // that a sleep and a doorbell per message cost.
         assert!(
-            per < 1.5,
+            per < 3.0,
             "{mode}: {per:.3} system calls per round trip ({few} for 2000, {many} for 20000)\n{stdout}"
         );
     }
