@@ -316,6 +316,17 @@ impl PeerProcess {
             .args(["-c", "while :; do :; done"])
             .spawn()
             .unwrap();
+        // Until it loops, a fresh child may be seen sleeping (loading sh):
+        // the reader would then rightly not wait for it.
+        let stat = format!("/proc/{}/stat", c.id());
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            while !std::fs::read_to_string(&stat).unwrap().contains(") R ") {
+                assert!(t0.elapsed() < Duration::from_secs(5), "not running");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         PeerProcess(c)
     }
 
