@@ -384,6 +384,19 @@ impl Env {
 
     /// Starts `cmd` with stdout/stderr in files of the temp dir.
     pub fn spawn_cmd(&mut self, name: &str, mut cmd: Command) -> Proc {
+        // A test run from a background job of a shell without job control
+        // (`./test.sh &`, nohup) inherits SIGINT and SIGQUIT ignored, and so
+        // would the programs: python then ignores the SIGINT a test stops it
+        // with. They start with the defaults, as from a terminal.
+        // SAFETY: signal(2) is async-signal-safe; the closure runs in the
+        // child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         self.seq += 1;
         let out = self.tmp.join(format!("{}-{name}.out", self.seq));
         let err = self.tmp.join(format!("{}-{name}.err", self.seq));

@@ -112,3 +112,25 @@ fn bind_without_reuse(port: u16) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// Programs start with SIGINT and SIGQUIT at their defaults even when the
+/// test run inherited them ignored (a background job of a shell without
+/// job control, as `./test.sh &` or nohup): python http.server then
+/// ignored the SIGINT its test stops it with, and the test hung 10 s.
+#[test]
+fn programs_do_not_inherit_an_ignored_sigint() {
+    // SAFETY: signal(2) with SIG_IGN and the returned old disposition.
+    let old = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let mut env = Env::new("harness-sigint");
+    let mut p = env.spawn(Mode::Plain, "status", "cat", &["/proc/self/status"]);
+    // SAFETY: restores the disposition read above.
+    unsafe { libc::signal(libc::SIGINT, old) };
+    p.wait_ok(Duration::from_secs(10));
+    let out = p.stdout_str();
+    let ign = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .expect("SigIgn line");
+    assert_eq!(ign & (1 << (libc::SIGINT - 1)), 0, "SIGINT ignored: {out}");
+}
