@@ -423,7 +423,7 @@ fn postgres_and_pgbench_of_two_group_members() {
         5,
         10_000,
         u64::MAX,
-        &server.logs(),
+        &format!("{}\n--- pgbench:\n{}", server.logs(), bench.logs()),
     );
     server.stop(Duration::from_secs(10));
 }
