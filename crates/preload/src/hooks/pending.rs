@@ -73,9 +73,9 @@ impl Handshake {
         }
     }
 
-    fn woken(&self) {
+    fn woken(&self, drives: bool) {
         if let Handshake::Connect(p) = self {
-            p.woken();
+            p.woken(drives);
         }
     }
 
@@ -445,6 +445,7 @@ fn sleep_for(fds: &[RawFd]) -> Sleep {
             None => (
                 Wake {
                     fd: None,
+                    also: None,
                     within: Some(SLICE),
                 },
                 now + SLICE,
@@ -452,23 +453,26 @@ fn sleep_for(fds: &[RawFd]) -> Sleep {
         };
         let by_deadline = Some(deadline.saturating_duration_since(now));
         out.within = min_timeout(out.within, min_timeout(wake.within, by_deadline));
-        if let Some(w) = wake.fd.filter(|w| !out.fds.contains(w)) {
-            out.fds.push(w);
+        for w in [wake.fd, wake.also].into_iter().flatten() {
+            if !out.fds.contains(&w) {
+                out.fds.push(w);
+            }
         }
     }
     out
 }
 
-/// The handshakes whose descriptor `ready` a wait found readable: a
-/// client takes the servers' connections off its rendezvous socket.
-fn woken(ready: &[RawFd]) {
+/// The handshakes whose descriptor `ready` a wait over `mine` found
+/// readable: a client takes the servers' connections off its rendezvous
+/// socket (another thread's wait is told of one filed for it).
+fn woken(ready: &[RawFd], mine: &[RawFd]) {
     if ready.is_empty() {
         return;
     }
     if let Some(m) = lock(&PENDING).as_ref() {
-        m.values()
-            .filter(|pd| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
-            .for_each(|pd| pd.hs.woken());
+        m.iter()
+            .filter(|(_, pd)| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
+            .for_each(|(fd, pd)| pd.hs.woken(mine.contains(fd)));
     }
 }
 
@@ -503,7 +507,8 @@ fn driving(
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut first = true;
     loop {
-        let sleep = drive(fds().into_iter());
+        let mine = fds();
+        let sleep = drive(mine.iter().copied());
         if sleep.is_none() && first {
             return None;
         }
@@ -531,7 +536,7 @@ fn driving(
             .filter(|p| p.revents != 0)
             .map(|p| p.fd)
             .collect();
-        woken(&ready);
+        woken(&ready, &mine);
         let expired = deadline.is_some_and(|d| Instant::now() >= d);
         if expired || (ready.is_empty() && left.is_some_and(|l| t.is_some_and(|t| l <= t))) {
             return Some(0);

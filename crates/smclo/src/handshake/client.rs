@@ -27,11 +27,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often a waiting program looks at a proposal whose server's
-/// connection another waiter of the process may file (see
-/// [`ClientProposal::wake`]).
-const SHARED_LOOK: Duration = Duration::from_millis(5);
-
 /// How often a waiting program looks at a slot that only shared memory
 /// tells about (the channel closed or the server's DMB came before the
 /// slot moved).
@@ -355,33 +350,43 @@ impl ClientProposal {
     /// only a look tells.
     pub fn wake(&self) -> Wake {
         match (&self.wait.chan, &self.rendezvous) {
-            (None, Some(l)) => match l.filed(self.token) {
-                (true, _) => Wake::now(),
-                // Another waiter of this process may take our connection
-                // off the socket and file it for us, which no descriptor
-                // tells: look now and then.
-                (false, shared) => Wake {
-                    fd: Some(l.fd()),
-                    within: shared.then_some(SHARED_LOOK),
-                },
-            },
+            (None, Some(l)) => l.wake_for(self.token),
             (Some(c), _) if self.wait.server_dmb.is_none() => Wake {
                 fd: Some(c.as_raw_fd()),
+                also: None,
                 within: None,
             },
             _ => Wake {
                 fd: None,
+                also: None,
                 within: Some(SLOT_LOOK),
             },
         }
     }
 
+    /// Where the wait for the server stands, for the debug log of a
+    /// TIMEOUT.
+    fn step(&self) -> &'static str {
+        match (&self.wait.chan, &self.rendezvous) {
+            (None, Some(l)) if l.filed(self.token) => {
+                "the server's connection was filed for us but not taken"
+            }
+            (None, _) => "no server connection on our rendezvous socket",
+            (Some(_), _) if self.wait.server_dmb.is_none() => {
+                "our DMB passed, no answer on the channel"
+            }
+            _ => "the channel said all, the slot did not move",
+        }
+    }
+
     /// The descriptor of [`wake`](Self::wake) was reported readable: if it
     /// is our rendezvous socket, takes the connections waiting on it (each
-    /// is filed for its proposal).
-    pub fn woken(&self) {
+    /// is filed for its proposal). `drives`: the caller looks at this
+    /// handshake next; otherwise its waiter is woken when its connection
+    /// is filed.
+    pub fn woken(&self, drives: bool) {
         if let (None, Some(l)) = (&self.wait.chan, &self.rendezvous) {
-            l.collect_now();
+            l.collect_now(self.token, !drives);
         }
     }
 
@@ -423,7 +428,10 @@ impl ClientProposal {
             let now = Instant::now();
             if now >= deadline {
                 match slot.give_up() {
-                    Ok(()) => return self.fall_back(self.wait.refused.unwrap_or(Reason::Timeout)),
+                    Ok(()) => {
+                        debug!("gave up waiting: {}", self.step());
+                        return self.fall_back(self.wait.refused.unwrap_or(Reason::Timeout));
+                    }
                     // The server decided first: follow it. Its DMB follows
                     // its CAS to ACCEPTED at once, so it gets a grace, then
                     // counts as not sent.

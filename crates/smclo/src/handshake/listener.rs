@@ -23,16 +23,19 @@
 //! Whichever waiting thread accepts takes the pending connections and files
 //! each under its token; one thread at a time sleeps in `poll` on the
 //! socket, the others on a condition variable, signalled when a connection
-//! is filed or the poller leaves.
+//! is filed or the poller leaves. A program's waits (a non-blocking
+//! connect's) sleep in the kernel instead, on the socket and on an eventfd
+//! readable while a filed connection waits to be taken.
 
 use super::channel::{check_peer, poll_in, token_of, RendezvousAddr, ABSTRACT_NONCE};
+use super::Wake;
 use crate::access::Shape;
 use crate::device::Device;
 use crate::owner::{self, Owner};
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -41,6 +44,10 @@ use std::time::{Duration, Instant};
 /// Connections taken off the socket per look, so that a flood of foreign
 /// connections cannot keep a waiting thread from its own.
 const ACCEPT_BATCH: usize = 64;
+
+/// How soon a waiter looks again while a connection filed for another
+/// waiter of the process is not taken yet (see [`RendezvousListener::wake_for`]).
+const OTHERS_LOOK: Duration = Duration::from_millis(1);
 
 /// A client process's rendezvous listener (see the module documentation).
 pub(super) struct RendezvousListener {
@@ -58,9 +65,15 @@ pub(super) struct RendezvousListener {
     shape: Shape,
     /// Unlinked when the listener is dropped (per-proposal listeners).
     path: Option<PathBuf>,
+    /// On the process's shared listener, readable while a connection one
+    /// thread filed for another's proposal waits to be taken: a waiter
+    /// asleep in the kernel on the socket would not see it (the socket is
+    /// no longer readable), so it sleeps on this too (see [`Self::wake_for`]).
+    filed_fd: Option<OwnedFd>,
     inbox: Mutex<Inbox>,
     woken: Condvar,
     _held: crate::fdnum::Held,
+    _held_filed: Option<crate::fdnum::Held>,
 }
 
 #[derive(Default)]
@@ -72,6 +85,8 @@ struct Inbox {
     polling: bool,
     /// Threads waiting on the condition variable.
     sleepers: usize,
+    /// The listener's eventfd is set (see [`RendezvousListener::note_filed`]).
+    signalled: bool,
 }
 
 /// The shared listeners of this process, one per device.
@@ -83,7 +98,7 @@ impl RendezvousListener {
     /// with a path).
     pub(super) fn for_proposal(dev: &Device, same_netns: bool) -> io::Result<Arc<Self>> {
         if !same_netns {
-            return Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE).map(Arc::new);
+            return Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE, false).map(Arc::new);
         }
         let me = Owner::current().pid;
         let netns = owner::netns_inode();
@@ -91,7 +106,7 @@ impl RendezvousListener {
         // try_lock: a fork child must not wait for a lock a lost thread
         // holds; it then makes a listener of its own for this proposal.
         let Ok(mut shared) = SHARED.try_lock() else {
-            return Self::bind_abstract(dev).map(Arc::new);
+            return Self::bind_abstract(dev, false).map(Arc::new);
         };
         // A fork child inherits its parent's listeners but must not accept
         // on them; a process that moved to another network namespace needs
@@ -100,22 +115,23 @@ impl RendezvousListener {
         if let Some(l) = shared.iter().find(|l| l.gid == dev.gid()) {
             return Ok(l.clone());
         }
-        let l = Arc::new(Self::bind_abstract(dev)?);
+        let l = Arc::new(Self::bind_abstract(dev, true)?);
         shared.push(l.clone());
         Ok(l)
     }
 
-    fn bind_abstract(dev: &Device) -> io::Result<Self> {
-        match Self::bind(dev, crate::rng::next_u64() | ABSTRACT_NONCE) {
+    /// `shared`: the process's shared listener.
+    fn bind_abstract(dev: &Device, shared: bool) -> io::Result<Self> {
+        match Self::bind(dev, crate::rng::next_u64() | ABSTRACT_NONCE, shared) {
             Err(e) => {
                 crate::debug!("abstract rendezvous socket failed ({e}); using a path");
-                Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE)
+                Self::bind(dev, crate::rng::next_u64() & !ABSTRACT_NONCE, shared)
             }
             ok => ok,
         }
     }
 
-    fn bind(dev: &Device, nonce: u64) -> io::Result<Self> {
+    fn bind(dev: &Device, nonce: u64, shared: bool) -> io::Result<Self> {
         let (sock, path) = match RendezvousAddr::new(dev, nonce) {
             RendezvousAddr::Path(p) => {
                 let l = UnixListener::bind(&p)?;
@@ -141,9 +157,11 @@ impl RendezvousListener {
             uid: group_uid(dev),
             shape: dev.shape(),
             path,
+            filed_fd: if shared { Some(eventfd()?) } else { None },
             inbox: Mutex::new(Inbox::default()),
             woken: Condvar::new(),
             _held: crate::fdnum::Held::new(),
+            _held_filed: shared.then(crate::fdnum::Held::new),
         })
     }
 
@@ -169,9 +187,10 @@ impl RendezvousListener {
     pub(super) fn forget(&self, token: u64, drain: bool) {
         let mut inbox = self.lock();
         if drain && !inbox.polling {
-            self.collect(&mut inbox, None);
+            self.collect(&mut inbox, None, true);
         }
         inbox.expected.remove(&token);
+        self.note_filed(&mut inbox, false);
     }
 
     /// The server's connection for `token`, waiting at most `timeout`
@@ -202,9 +221,10 @@ impl RendezvousListener {
             }
             let mut inbox = self.lock();
             if !inbox.polling && (slept || arrived()) {
-                self.collect(&mut inbox, Some(token));
+                self.collect(&mut inbox, Some(token), false);
             }
             if let Some(got) = inbox.expected.get_mut(&token).and_then(Option::take) {
+                self.note_filed(&mut inbox, false);
                 return Some(got);
             }
             let now = Instant::now();
@@ -236,20 +256,69 @@ impl RendezvousListener {
     }
 
     /// Whether the server's connection for `token` is filed, waiting for
-    /// [`take`](Self::take), and whether other proposals than `token`
-    /// expect a connection on this socket too (their waiters may file it).
-    pub(super) fn filed(&self, token: u64) -> (bool, bool) {
-        let inbox = self.lock();
-        let mine = inbox.expected.get(&token).is_some_and(Option::is_some);
-        (mine, inbox.expected.len() > 1)
+    /// [`take`](Self::take).
+    pub(super) fn filed(&self, token: u64) -> bool {
+        self.lock()
+            .expected
+            .get(&token)
+            .is_some_and(Option::is_some)
     }
 
-    /// Takes the connections waiting on the socket, unless a thread sleeps
-    /// in `poll` on it (it takes them when it wakes).
-    pub(super) fn collect_now(&self) {
+    /// What the waiter for `token`'s connection sleeps on in the kernel:
+    /// the socket, and on the shared listener the descriptor readable
+    /// once another thread's look filed a connection. While one is filed
+    /// for another waiter, that descriptor stays readable until its
+    /// waiter takes it: the others look again after [`OTHERS_LOOK`]
+    /// instead of spinning on it (and keeping that waiter off the CPU).
+    pub(super) fn wake_for(&self, token: u64) -> Wake {
+        let inbox = self.lock();
+        if inbox.expected.get(&token).is_some_and(Option::is_some) {
+            return Wake::now();
+        }
+        let others = inbox.expected.values().any(Option::is_some);
+        let (also, within) = match &self.filed_fd {
+            Some(_) if others => (None, Some(OTHERS_LOOK)),
+            Some(f) => (Some(f.as_raw_fd()), None),
+            None => (None, None),
+        };
+        Wake {
+            fd: Some(self.fd()),
+            also,
+            within,
+        }
+    }
+
+    /// Sets the descriptor of [`Self::wake_for`]'s `also` (`set`: a
+    /// connection was filed for another waiter than the filing thread), or
+    /// clears it once no filed connection waits to be taken: a system call
+    /// only when that changes, none when each thread files its own.
+    fn note_filed(&self, inbox: &mut Inbox, set: bool) {
+        let Some(fd) = &self.filed_fd else { return };
+        let on = set || (inbox.signalled && inbox.expected.values().any(Option::is_some));
+        if on == inbox.signalled {
+            return;
+        }
+        inbox.signalled = on;
+        let mut v: u64 = 1;
+        let p = (&mut v as *mut u64).cast();
+        if on {
+            // SAFETY: 8 bytes of our own to our eventfd.
+            unsafe { libc::write(fd.as_raw_fd(), p, 8) };
+        } else {
+            // SAFETY: 8 bytes into our own from our eventfd (set, so the
+            // non-blocking read does not fail).
+            unsafe { libc::read(fd.as_raw_fd(), p, 8) };
+        }
+    }
+
+    /// Takes the connections waiting on the socket until the one for
+    /// `token`, unless a thread sleeps in `poll` on it (it takes them when
+    /// it wakes). `elsewhere`: `token`'s waiter is another thread (a
+    /// connection filed for it must wake it).
+    pub(super) fn collect_now(&self, token: u64, elsewhere: bool) {
         let mut inbox = self.lock();
         if !inbox.polling {
-            self.collect(&mut inbox, None);
+            self.collect(&mut inbox, Some(token), elsewhere);
         }
     }
 
@@ -264,11 +333,12 @@ impl RendezvousListener {
     }
 
     /// Takes pending connections off the socket and files each under its
-    /// token, until the one for `want` is filed; closes those that answer
-    /// no live proposal of ours or come from another uid.
-    fn collect(&self, inbox: &mut Inbox, want: Option<u64>) {
+    /// token, until the one for `want` is filed (`elsewhere`: for a waiter
+    /// on another thread); closes those that answer no live proposal of
+    /// ours or come from another uid.
+    fn collect(&self, inbox: &mut Inbox, want: Option<u64>, elsewhere: bool) {
         let Some(sock) = &self.sock else { return };
-        let mut filed = false;
+        let (mut filed, mut others) = (false, false);
         for _ in 0..ACCEPT_BATCH {
             let (c, addr) = match sock.accept() {
                 Ok(x) => x,
@@ -294,11 +364,15 @@ impl RendezvousListener {
             });
             filed = true;
             if token == want {
+                others |= elsewhere;
                 break;
             }
+            crate::debug!("filed a server's connection for another waiter's proposal");
+            others = true;
         }
         if filed {
             self.wake(inbox);
+            self.note_filed(inbox, others);
         }
     }
 }
@@ -317,6 +391,17 @@ impl Drop for RendezvousListener {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// A new non-blocking eventfd, out of the application's range of numbers.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: no pointers; the flags are valid.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(crate::fdnum::move_high(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// The effective uid to key a listener by (see [`RendezvousListener`]'s

@@ -75,6 +75,9 @@ pub struct Wake {
     /// Readable when the peer took its next step (a kernel wait may
     /// include it), if a descriptor tells.
     pub fd: Option<RawFd>,
+    /// Readable too when the step may have come (a kernel wait includes
+    /// it as well): set by another thread that took the step for us.
+    pub also: Option<RawFd>,
     /// Look again after this long at the latest, whatever `fd` says
     /// (zero: at once); `None`: `fd` tells.
     pub within: Option<std::time::Duration>,
@@ -85,6 +88,7 @@ impl Wake {
     pub fn now() -> Wake {
         Wake {
             fd: None,
+            also: None,
             within: Some(std::time::Duration::ZERO),
         }
     }

@@ -298,10 +298,12 @@ impl ServerHandshake {
         match &self.stage {
             Stage::Answering(a) => Wake {
                 fd: Some(a.chan.as_raw_fd()),
+                also: None,
                 within: None,
             },
             Stage::Matching(_) => Wake {
                 fd: None,
+                also: None,
                 within: Some(PORT_LOOK),
             },
             _ => Wake::now(),
