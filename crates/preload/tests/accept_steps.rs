@@ -18,38 +18,18 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{compile, lib};
+
 static N: AtomicU32 = AtomicU32::new(0);
 
 /// Bytes each connection carries: the greeting, the payload and its echo
 /// (accept_steps.c's GREETING and PAYLOAD).
 const CONN_BYTES: u64 = 3000 + 2 * 60000;
 
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let profile = deps.parent().expect("deps has a parent");
-    [deps, profile]
-        .iter()
-        .map(|d| d.join("libsmclo_preload.so"))
-        .find(|p| p.is_file())
-        .expect("libsmclo_preload.so next to the test (build the smclo-preload cdylib)")
-}
-
 fn program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/accept_steps.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("preload-accept-steps-{}", std::process::id()));
-        let st = Command::new("cc")
-            .args(["-O2", "-g", "-Wall", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("running cc");
-        assert!(st.success(), "compiling {} failed", src.display());
-        out
-    })
+    EXE.get_or_init(|| compile("accept_steps", &[]))
 }
 
 /// A device directory and the processes of one test, removed and killed

@@ -16,34 +16,14 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-static N: AtomicU32 = AtomicU32::new(0);
+mod common;
+use common::{compile, lib};
 
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let profile = deps.parent().expect("deps has a parent");
-    [deps, profile]
-        .iter()
-        .map(|d| d.join("libsmclo_preload.so"))
-        .find(|p| p.is_file())
-        .expect("libsmclo_preload.so next to the test (build the smclo-preload cdylib)")
-}
+static N: AtomicU32 = AtomicU32::new(0);
 
 fn evloop() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/evloop.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("preload-evloop-{}", std::process::id()));
-        let st = Command::new("cc")
-            .args(["-O2", "-g", "-Wall", "-pthread", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("running cc");
-        assert!(st.success(), "compiling {} failed", src.display());
-        out
-    })
+    EXE.get_or_init(|| compile("evloop", &[]))
 }
 
 /// Runs `evloop mode` under the preload on a device of its own.

@@ -8,40 +8,18 @@
 //! was SMC-D.
 
 use smclo::device::Device;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// Rounds of two connections each (about one in two fell back).
 const ROUNDS: u32 = 10;
 
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let profile = deps.parent().expect("deps has a parent");
-    [deps, profile]
-        .iter()
-        .map(|d| d.join("libsmclo_preload.so"))
-        .find(|p| p.is_file())
-        .expect("libsmclo_preload.so next to the test (build the smclo-preload cdylib)")
-}
-
-fn compile() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pending_threads.c");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("preload-pending-threads-{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-O2", "-g", "-Wall", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "compiling {} failed", src.display());
-    out
-}
+mod common;
+use common::{compile, lib};
 
 #[test]
 fn a_connection_filed_by_another_thread_is_taken_in_time() {
-    let exe = compile();
+    let exe = compile("pending_threads", &[]);
     let dev = PathBuf::from(format!(
         "/dev/shm/smclo-pending-threads-test-{}",
         std::process::id()

@@ -14,63 +14,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-static N: AtomicU32 = AtomicU32::new(0);
+mod common;
+use common::{compile, lib};
 
-/// `libsmclo_preload.so` from this build: `deps/` next to the test
-/// executable (always written there by cargo) or `target/<profile>`.
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe
-        .parent()
-        .expect("test executable has a directory")
-        .to_path_buf();
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().unwrap().to_path_buf()
-    } else {
-        deps.clone()
-    };
-    for d in [&deps, &profile] {
-        let p = d.join("libsmclo_preload.so");
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!(
-        "libsmclo_preload.so is in neither {} nor {}: build the smclo-preload cdylib with the same profile \
-         and target directory (cargo test --workspace builds it)",
-        deps.display(),
-        profile.display()
-    );
-}
+static N: AtomicU32 = AtomicU32::new(0);
 
 /// Compiles peer.c once.
 fn peer() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| compile("peer"))
-}
-
-/// Compiles `tests/c/NAME.c` into the test's temporary directory.
-fn compile(name: &str) -> PathBuf {
-    {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("preload-{name}-{}", std::process::id()));
-        let st = Command::new("cc")
-            .args([
-                "-O2",
-                "-g",
-                "-Wall",
-                "-D_FORTIFY_SOURCE=2",
-                "-pthread",
-                "-o",
-            ])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("running cc");
-        assert!(st.success(), "compiling {} failed", src.display());
-        out
-    }
+    EXE.get_or_init(|| compile("peer", &["-D_FORTIFY_SOURCE=2"]))
 }
 
 /// A device directory for one test, removed when dropped.
@@ -852,7 +804,7 @@ fn run_preloaded(tag: &str, mut cmd: Command) -> (bool, String, Stats) {
 /// `tests/c/intr.c` in `mode`: its checks passed over one SMC-D connection.
 fn intr(mode: &str) -> (String, Stats) {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    let exe = EXE.get_or_init(|| compile("intr"));
+    let exe = EXE.get_or_init(|| compile("intr", &["-D_FORTIFY_SOURCE=2"]));
     let mut cmd = Command::new(exe);
     cmd.arg(mode);
     let (ok, out, stats) = run_preloaded(mode, cmd);
