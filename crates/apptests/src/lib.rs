@@ -1024,26 +1024,113 @@ end
     p
 }
 
-/// Parses wrk's output: (requests completed, checked, bad, socket errors
-/// line if any).
-pub fn parse_wrk(out: &str) -> (u64, u64, u64, Option<String>) {
-    let reqs = out
-        .lines()
-        .find(|l| l.contains(" requests in "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no request count in wrk output:\n{out}"));
-    let kv = |k: &str| -> u64 {
-        out.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {k}= in wrk output:\n{out}"))
-    };
-    let errs = out
-        .lines()
-        .find(|l| l.contains("Socket errors") || l.contains("Non-2xx"))
-        .map(|s| s.to_string());
-    (reqs, kv("checked"), kv("bad"), errs)
+/// What a wrk run with a [`wrk_check_script`] printed.
+pub struct Wrk {
+    /// Requests completed.
+    pub reqs: u64,
+    /// Responses the script checked, and those with a wrong status or
+    /// body length.
+    pub checked: u64,
+    pub bad: u64,
+    /// wrk's "Socket errors" or "Non-2xx" line, if any.
+    pub errs: Option<String>,
+    /// Its standard output, and its logs (stdout and stderr) as
+    /// [`Proc::logs`] shows them.
+    pub out: String,
+    pub logs: String,
+}
+
+impl Wrk {
+    /// Parses the output of the finished wrk `p`.
+    pub fn parse(p: &Proc) -> Wrk {
+        let out = p.stdout_str();
+        let reqs = out
+            .lines()
+            .find(|l| l.contains(" requests in "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no request count in wrk output:\n{out}"));
+        let kv = |k: &str| -> u64 {
+            out.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k}= in wrk output:\n{out}"))
+        };
+        let (checked, bad) = (kv("checked"), kv("bad"));
+        let errs = out
+            .lines()
+            .find(|l| l.contains("Socket errors") || l.contains("Non-2xx"))
+            .map(|s| s.to_string());
+        Wrk {
+            reqs,
+            checked,
+            bad,
+            errs,
+            out,
+            logs: p.logs(),
+        }
+    }
+
+    /// Every response was checked and right.
+    pub fn assert_all_right(&self, what: &str) {
+        assert_eq!(
+            (self.bad, self.checked),
+            (0, self.reqs),
+            "{what}: responses with a wrong status or body length\n{}",
+            self.out
+        );
+    }
+
+    /// No socket error, more than `min` requests, every response right.
+    /// `logs`: what to show when it fails (the programs' logs).
+    pub fn assert_clean(&self, what: &str, min: u64, logs: &str) {
+        assert!(
+            self.errs.is_none(),
+            "{what}: wrk: {:?}\n{}\n{logs}",
+            self.errs,
+            self.logs
+        );
+        assert!(
+            self.reqs > min,
+            "{what}: only {} requests\n{}",
+            self.reqs,
+            self.out
+        );
+        self.assert_all_right(what);
+    }
+}
+
+/// Runs wrk in `mode` (optionally in `netns`) with `args` and the check
+/// `script` against `url`, and waits for it.
+pub fn wrk(
+    env: &mut Env,
+    mode: Mode,
+    netns: Option<&str>,
+    name: &str,
+    args: &[&str],
+    script: &Path,
+    url: &str,
+) -> (Proc, Wrk) {
+    let mut p = spawn_wrk(env, mode, netns, name, args, script, url);
+    p.wait_ok(Duration::from_secs(60));
+    let w = Wrk::parse(&p);
+    (p, w)
+}
+
+/// [`wrk`] without waiting.
+pub fn spawn_wrk(
+    env: &mut Env,
+    mode: Mode,
+    netns: Option<&str>,
+    name: &str,
+    args: &[&str],
+    script: &Path,
+    url: &str,
+) -> Proc {
+    let mut a = args.to_vec();
+    a.extend(["-s", script.to_str().unwrap(), url]);
+    let cmd = env.command(mode, netns, "wrk", &a);
+    env.spawn_cmd(name, cmd)
 }
 
 /// After every program of the test has exited: no DMB, connection or

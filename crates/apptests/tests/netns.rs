@@ -19,27 +19,23 @@ fn wrk_in(
     script: &std::path::Path,
     url: &str,
 ) -> Proc {
-    let cmd = env.command(
+    spawn_wrk(
+        env,
         mode,
         Some(ns),
-        "wrk",
-        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), url],
-    );
-    env.spawn_cmd(name, cmd)
+        name,
+        &["-t2", "-c8", "-d2s"],
+        script,
+        url,
+    )
 }
 
 fn check_wrk(p: &mut Proc, what: &str) -> u64 {
     p.wait_ok(T);
-    let out = p.stdout_str();
-    let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(errs.is_none(), "{what}: {errs:?}\n{}", p.logs());
-    assert!(reqs > 200, "{what}: only {reqs} requests\n{out}");
-    assert_eq!(
-        bad, 0,
-        "{what}: {bad} responses with a wrong status or body (cross-talk?)\n{out}"
-    );
-    assert_eq!(checked, reqs, "{what}\n{out}");
-    reqs
+    let w = Wrk::parse(p);
+    // Wrong bodies here would be cross-talk between the pairs.
+    w.assert_clean(what, 200, "");
+    w.reqs
 }
 
 #[test]

@@ -73,27 +73,17 @@ fn nginx_wrk() {
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let wrk = env.run(
+    let (_, w) = wrk(
+        &mut env,
         Mode::Smclo,
+        None,
         "wrk",
-        "wrk",
-        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url],
-        Duration::from_secs(30),
+        &["-t2", "-c8", "-d2s"],
+        &script,
+        &url,
     );
-    let out = wrk.stdout_str();
-    let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(
-        errs.is_none(),
-        "wrk: {errs:?}\n{}\n{}",
-        wrk.logs(),
-        nginx.logs()
-    );
-    assert!(reqs > 1000, "only {reqs} requests\n{out}");
-    assert_eq!(
-        bad, 0,
-        "{bad} responses with a wrong status or body length\n{out}"
-    );
-    assert_eq!(checked, reqs, "{out}");
+    w.assert_clean("nginx + wrk", 1000, &nginx.logs());
+    let reqs = w.reqs;
     // nginx logs a request once it has sent the response. wrk stops with
     // up to one request in flight per connection (8): those may have been
     // read (and answered) but not counted by wrk, or be in the ring unread.

@@ -22,15 +22,7 @@ fn nginx_sendfile_small_rings() {
     let mut env = Env::new("stress-rings");
     env.run_opts = ["-r", "16k", "-t", "16k"].map(String::from).to_vec();
     let (root, _, big) = www(&env);
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let url = format!("http://127.0.0.1:{port}/big.bin");
     let s0 = env.stats();
     let (bodies, bytes) = curl(
@@ -58,23 +50,16 @@ fn nginx_sendfile_small_rings() {
     );
     // wrk on the 1 MiB file, every body length checked.
     let script = wrk_check_script(&env, "check", big.len());
-    let w = env.run(
+    let (_, w) = wrk(
+        &mut env,
         Mode::Smclo,
+        None,
         "wrk",
-        "wrk",
-        &["-t2", "-c8", "-d2s", "-s", script.to_str().unwrap(), &url],
-        T,
+        &["-t2", "-c8", "-d2s"],
+        &script,
+        &url,
     );
-    let out = w.stdout_str();
-    let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(
-        errs.is_none(),
-        "wrk: {errs:?}\n{}\n{}",
-        w.logs(),
-        nginx.logs()
-    );
-    assert!(reqs > 20, "only {reqs} requests of 1 MiB\n{out}");
-    assert_eq!((bad, checked), (0, reqs), "{out}");
+    w.assert_clean("wrk, 1 MiB, 16 KiB rings", 20, &nginx.logs());
     let d = delta(&s0, &env.stats());
     assert_eq!(d.fallbacks(), 0, "fallbacks: {}", d.fallbacks_desc());
 }
@@ -84,34 +69,21 @@ fn nginx_sendfile_small_rings() {
 fn nginx_wrk_200_connections() {
     let mut env = Env::new("stress-conns");
     let (root, small, _) = www(&env);
-    let port = free_port();
-    let nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (nginx, port) = start_local_nginx(&mut env, &root);
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let w = env.run(
+    let (_, w) = wrk(
+        &mut env,
         Mode::Smclo,
+        None,
         "wrk",
-        "wrk",
-        &["-t2", "-c200", "-d2s", "-s", script.to_str().unwrap(), &url],
-        T,
+        &["-t2", "-c200", "-d2s"],
+        &script,
+        &url,
     );
-    let out = w.stdout_str();
-    let (reqs, checked, bad, errs) = parse_wrk(&out);
-    assert!(
-        errs.is_none(),
-        "wrk: {errs:?}\n{}\n{}",
-        w.logs(),
-        nginx.logs()
-    );
-    assert_eq!((bad, checked), (0, reqs), "{out}");
+    w.assert_clean("nginx + wrk -c200", 0, &nginx.logs());
+    let reqs = w.reqs;
     let (logged, n, _) = nginx_log_bytes(&env, "a");
     assert!(
         n >= reqs && n <= reqs + 200,
@@ -212,25 +184,19 @@ fn redis_pipelined_small_rings() {
 fn nginx_reload_under_load() {
     let mut env = Env::new("stress-reload");
     let (root, small, _) = www(&env);
-    let port = free_port();
-    let mut nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (mut nginx, port) = start_local_nginx(&mut env, &root);
     let script = wrk_check_script(&env, "check", small.len());
     let url = format!("http://127.0.0.1:{port}/small.txt");
     let s0 = env.stats();
-    let cmd = env.command(
+    let mut w = spawn_wrk(
+        &mut env,
         Mode::Smclo,
         None,
         "wrk",
-        &["-t2", "-c8", "-d3s", "-s", script.to_str().unwrap(), &url],
+        &["-t2", "-c8", "-d3s"],
+        &script,
+        &url,
     );
-    let mut w = env.spawn_cmd("wrk", cmd);
     std::thread::sleep(Duration::from_millis(1000));
     let old = fs::read_to_string(format!("/proc/{0}/task/{0}/children", nginx.pid())).unwrap();
     // SAFETY: kill has no memory-safety preconditions; nginx is our child.
@@ -243,11 +209,9 @@ fn nginx_reload_under_load() {
             .all(|p| !new.split_whitespace().any(|q| q == p)),
         "workers not replaced: {old} -> {new}"
     );
-    let out = w.stdout_str();
-    let (reqs, checked, bad, _errs) = parse_wrk(&out);
     // Old workers close idle keep-alive connections when they exit, which
     // wrk may count as read errors, as with plain TCP; no body may be wrong.
-    assert_eq!((bad, checked), (0, reqs), "{out}");
+    Wrk::parse(&w).assert_all_right("wrk across the reload");
     let d = delta(&s0, &env.stats());
     assert_eq!(
         d.fallbacks(),
@@ -283,47 +247,32 @@ fn nginx_reload_under_load() {
 fn nginx_connection_churn() {
     let mut env = Env::new("stress-churn");
     let (root, small, _) = www(&env);
-    let port = free_port();
-    let mut nginx = start_nginx(
-        &mut env,
-        Mode::Smclo,
-        None,
-        &format!("127.0.0.1:{port}"),
-        &root,
-        "a",
-    );
+    let (mut nginx, port) = start_local_nginx(&mut env, &root);
     let script = wrk_check_script(&env, "check", small.len());
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/small.txt");
-    let w = env.run(
+    let (_, w) = wrk(
+        &mut env,
         Mode::Smclo,
+        None,
         "wrk",
-        "wrk",
-        &[
-            "-t2",
-            "-c8",
-            "-d2s",
-            "-H",
-            "Connection: close",
-            "-s",
-            script.to_str().unwrap(),
-            &url,
-        ],
-        T,
+        &["-t2", "-c8", "-d2s", "-H", "Connection: close"],
+        &script,
+        &url,
     );
-    let out = w.stdout_str();
-    let (reqs, checked, bad, errs) = parse_wrk(&out);
-    eprintln!("churn: {reqs} requests, {errs:?}");
-    assert!(reqs > 500, "only {reqs} requests\n{out}");
+    let reqs = w.reqs;
+    eprintln!("churn: {reqs} requests, {:?}", w.errs);
+    assert!(reqs > 500, "only {reqs} requests\n{}", w.out);
     // A failed connect is never TCP's doing here (a pending connect's
     // number reused by the next socket once got another's handshake).
-    let connect_errors = errs
+    let connect_errors = w
+        .errs
         .as_deref()
         .and_then(|e| e.split("connect ").nth(1))
         .and_then(|e| e.split(',').next())
         .map_or(0, |n| n.trim().parse::<u64>().unwrap_or(u64::MAX));
-    assert_eq!(connect_errors, 0, "{out}");
-    assert_eq!((bad, checked), (0, reqs), "{out}");
+    assert_eq!(connect_errors, 0, "{}", w.out);
+    w.assert_all_right("wrk with Connection: close");
     let d = delta(&s0, &env.stats());
     // One connection per request (plus those cut off when wrk stopped).
     assert!(
