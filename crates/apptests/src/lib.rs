@@ -998,6 +998,25 @@ pub fn curl(
     (outs.iter().map(|o| fs::read(o).unwrap()).collect(), bytes)
 }
 
+/// After wrk (`w`, over `conns` connections) against nginx [`start_nginx`]
+/// tagged "a", started after `s0`: nginx logged every request wrk
+/// completed, and the device moved exactly the bytes nginx logged, over
+/// SMC-D. nginx logs a request once it has sent the response; wrk stops
+/// with up to one request in flight per connection, which may have been
+/// read (and answered) but not counted by wrk, or be in the ring unread.
+pub fn assert_nginx_served(env: &Env, s0: &Stats, w: &Wrk, conns: u64, logs: &str) {
+    let (logged, n, _) = nginx_log_bytes(env, "a");
+    assert!(
+        n >= w.reqs && n <= w.reqs + conns,
+        "nginx logged {n} requests, wrk completed {}",
+        w.reqs
+    );
+    let per = logged / n.max(1);
+    let d = delta(s0, &env.stats());
+    let what = format!("nginx + wrk over {conns} connections");
+    assert_smc(&what, &d, conns, logged, logged + conns * per, logs);
+}
+
 /// A wrk Lua script that checks every response body against `body_len`
 /// bytes and status 200, and prints `checked=<n> bad=<n>` at the end.
 pub fn wrk_check_script(env: &Env, name: &str, body_len: usize) -> PathBuf {

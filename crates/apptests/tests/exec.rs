@@ -81,12 +81,33 @@ fn exchange(greeting: &str, trailer: &str) -> u64 {
     LINE + N as u64 + greeting.len() as u64 + N as u64 + trailer.len() as u64
 }
 
+/// `n` clients (client.py) against the server `srv` on `port`, each
+/// checking that it reads `greeting`, its payload back and `trailer`;
+/// then the server exits, and the device must have counted exactly their
+/// bytes, over SMC-D.
+fn served(
+    env: &mut Env,
+    srv: &mut Proc,
+    port: u16,
+    n: usize,
+    greeting: &str,
+    trailer: &str,
+    how: &str,
+) {
+    let s0 = env.stats();
+    let (g, t) = (greeting.escape_default(), trailer.escape_default());
+    clients(env, port, n, &[&g.to_string(), &t.to_string()], srv);
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let want = n as u64 * exchange(greeting, trailer);
+    assert_smc(how, &d, n as u64, want, want, &srv.logs());
+}
+
 #[test]
 fn inetd_dup2_exec_c_filter() {
     let mut env = Env::new("exec-inetd");
     let (inetd, filter) = (inetd(&env), filter(&env));
     let port = free_port();
-    let s0 = env.stats();
     let mut srv = server(
         &mut env,
         port,
@@ -95,17 +116,16 @@ fn inetd_dup2_exec_c_filter() {
         &[],
     );
     let trailer = format!("filter {N}\n");
-    clients(
+    let how = "inetd + exec'd filter";
+    served(
         &mut env,
+        &mut srv,
         port,
         3,
-        &["hello from inetd\\n", &trailer.escape_default().to_string()],
-        &srv,
+        "hello from inetd\n",
+        &trailer,
+        how,
     );
-    srv.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let want = 3 * exchange("hello from inetd\n", &trailer);
-    assert_smc("inetd + exec'd filter", &d, 3, want, want, &srv.logs());
     assert!(
         srv.logs()
             .contains("exec: adopted SMC-D connection on fd 0+1"),
@@ -121,16 +141,18 @@ fn execveat_and_fexecve() {
         let mut env = Env::new(&format!("exec-{how}"));
         let (inetd, filter) = (inetd(&env), filter(&env));
         let port = free_port();
-        let s0 = env.stats();
         let args = [&port.to_string() as &str, "1", &filter];
         let mut srv = server(&mut env, port, &inetd, &args, &[("INETD_EXEC", how)]);
         let trailer = format!("filter {N}\n");
-        let t = trailer.escape_default().to_string();
-        clients(&mut env, port, 1, &["hello from inetd\\n", &t], &srv);
-        srv.wait_ok(T);
-        let d = delta(&s0, &env.stats());
-        let want = exchange("hello from inetd\n", &trailer);
-        assert_smc(how, &d, 1, want, want, &srv.logs());
+        served(
+            &mut env,
+            &mut srv,
+            port,
+            1,
+            "hello from inetd\n",
+            &trailer,
+            how,
+        );
     }
 }
 
@@ -139,23 +161,21 @@ fn chain_of_two_execs() {
     let mut env = Env::new("exec-chain");
     let (inetd, filter) = (inetd(&env), filter(&env));
     let port = free_port();
-    let s0 = env.stats();
     // inetd execs a filter that complements 100000 bytes and execs a
     // filter that complements the rest.
     let args = [&port.to_string() as &str, "1", &filter, "100000", &filter];
     let mut srv = server(&mut env, port, &inetd, &args, &[]);
     let trailer = format!("filter {}\n", N - 100_000);
-    clients(
+    let how = "inetd + two execs";
+    served(
         &mut env,
+        &mut srv,
         port,
         1,
-        &["hello from inetd\\n", &trailer.escape_default().to_string()],
-        &srv,
+        "hello from inetd\n",
+        &trailer,
+        how,
     );
-    srv.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let want = exchange("hello from inetd\n", &trailer);
-    assert_smc("inetd + two execs", &d, 1, want, want, &srv.logs());
     assert_eq!(
         srv.logs().matches("exec: adopted SMC-D connection").count(),
         2,
@@ -238,24 +258,19 @@ fn python_subprocess_pass_fds() {
     let server_py = write_script(&env, "pass_fds_server.py");
     let child_py = write_script(&env, "pass_fds_child.py");
     let port = free_port();
-    let s0 = env.stats();
     let args = [&server_py as &str, &port.to_string(), "2", &child_py];
     let mut srv = server(&mut env, port, "python3", &args, &[]);
     let trailer = format!("child {N}\n");
-    clients(
+    let how = "python pass_fds";
+    served(
         &mut env,
+        &mut srv,
         port,
         2,
-        &[
-            "hello from python\\n",
-            &trailer.escape_default().to_string(),
-        ],
-        &srv,
+        "hello from python\n",
+        &trailer,
+        how,
     );
-    srv.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let want = 2 * exchange("hello from python\n", &trailer);
-    assert_smc("python pass_fds", &d, 2, want, want, &srv.logs());
 }
 
 #[test]
@@ -263,7 +278,6 @@ fn failed_exec_keeps_the_connection() {
     let mut env = Env::new("exec-fails");
     let inetd = inetd(&env);
     let port = free_port();
-    let s0 = env.stats();
     let missing = env.path("no-such-program").display().to_string();
     let vars = [("INETD_SERVE_ON_FAIL", "1")];
     let mut srv = server(
@@ -274,17 +288,16 @@ fn failed_exec_keeps_the_connection() {
         &vars,
     );
     let trailer = format!("inline {N}\n");
-    clients(
+    let how = "failed exec, served inline";
+    served(
         &mut env,
+        &mut srv,
         port,
         1,
-        &["hello from inetd\\n", &trailer.escape_default().to_string()],
-        &srv,
+        "hello from inetd\n",
+        &trailer,
+        how,
     );
-    srv.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let want = exchange("hello from inetd\n", &trailer);
-    assert_smc("failed exec, served inline", &d, 1, want, want, &srv.logs());
 }
 
 #[test]
