@@ -381,7 +381,15 @@ fn fork_child_keeps_connection() {
 /// (A program without the preload: crates/apptests/tests/exec.rs.)
 #[test]
 fn exec_keeps_the_connection() {
-    let r = run("exec", Side::Smc, Side::Smc, &[]);
+    for form in ["execl", "execlp", "execle"] {
+        exec_keeps_the_connection_with(form);
+    }
+}
+
+/// The server's child execs itself with `form` (one of the variadic exec
+/// functions) on the accepted connection.
+fn exec_keeps_the_connection_with(form: &str) {
+    let r = run("exec", Side::Smc, Side::Smc, &[form]);
     r.assert_ok();
     assert_eq!(r.stats.conns_opened, 1, "{}", r.report());
     assert_eq!(r.fallbacks(), 0, "{}", r.report());

@@ -383,248 +383,111 @@ fn l_args(
     Some((v, env))
 }
 
-/// Interposed `execl(3)` (see the section comment).
+/// Defines a variadic exec function `$name(first, a0, a1, ..., NULL)`:
+/// `$run` gets the list as a vector (`$v`) and the argument after its
+/// NULL (`$env`, execle's envp).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[no_mangle]
-pub unsafe extern "C" fn execl(
-    path: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-    a48: *const c_char,
-    a49: *const c_char,
-    a50: *const c_char,
-    a51: *const c_char,
-    a52: *const c_char,
-    a53: *const c_char,
-    a54: *const c_char,
-    a55: *const c_char,
-    a56: *const c_char,
-    a57: *const c_char,
-    a58: *const c_char,
-    a59: *const c_char,
-    a60: *const c_char,
-    a61: *const c_char,
-    a62: *const c_char,
-    a63: *const c_char,
-) -> c_int {
-    let Some((v, _)) = l_args(&[
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
-        a56, a57, a58, a59, a60, a61, a62, a63,
-    ]) else {
-        return fail(libc::E2BIG);
+macro_rules! exec_l {
+    ($(#[$doc:meta])* $name:ident($first:ident), |$v:ident, $env:pat_param| $run:expr) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            $first: *const c_char,
+            a0: *const c_char,
+            a1: *const c_char,
+            a2: *const c_char,
+            a3: *const c_char,
+            a4: *const c_char,
+            a5: *const c_char,
+            a6: *const c_char,
+            a7: *const c_char,
+            a8: *const c_char,
+            a9: *const c_char,
+            a10: *const c_char,
+            a11: *const c_char,
+            a12: *const c_char,
+            a13: *const c_char,
+            a14: *const c_char,
+            a15: *const c_char,
+            a16: *const c_char,
+            a17: *const c_char,
+            a18: *const c_char,
+            a19: *const c_char,
+            a20: *const c_char,
+            a21: *const c_char,
+            a22: *const c_char,
+            a23: *const c_char,
+            a24: *const c_char,
+            a25: *const c_char,
+            a26: *const c_char,
+            a27: *const c_char,
+            a28: *const c_char,
+            a29: *const c_char,
+            a30: *const c_char,
+            a31: *const c_char,
+            a32: *const c_char,
+            a33: *const c_char,
+            a34: *const c_char,
+            a35: *const c_char,
+            a36: *const c_char,
+            a37: *const c_char,
+            a38: *const c_char,
+            a39: *const c_char,
+            a40: *const c_char,
+            a41: *const c_char,
+            a42: *const c_char,
+            a43: *const c_char,
+            a44: *const c_char,
+            a45: *const c_char,
+            a46: *const c_char,
+            a47: *const c_char,
+            a48: *const c_char,
+            a49: *const c_char,
+            a50: *const c_char,
+            a51: *const c_char,
+            a52: *const c_char,
+            a53: *const c_char,
+            a54: *const c_char,
+            a55: *const c_char,
+            a56: *const c_char,
+            a57: *const c_char,
+            a58: *const c_char,
+            a59: *const c_char,
+            a60: *const c_char,
+            a61: *const c_char,
+            a62: *const c_char,
+            a63: *const c_char,
+        ) -> c_int {
+            let Some(($v, $env)) = l_args(&[
+                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37, a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55, a56, a57, a58, a59, a60, a61, a62, a63,
+            ]) else {
+                return fail(libc::E2BIG);
+            };
+            $run
+        }
     };
-    // SAFETY: a NULL-terminated vector of the caller's strings.
-    unsafe { execv(path, v.as_ptr()) }
 }
 
-/// Interposed `execlp(3)`.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[no_mangle]
-pub unsafe extern "C" fn execlp(
-    file: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-    a48: *const c_char,
-    a49: *const c_char,
-    a50: *const c_char,
-    a51: *const c_char,
-    a52: *const c_char,
-    a53: *const c_char,
-    a54: *const c_char,
-    a55: *const c_char,
-    a56: *const c_char,
-    a57: *const c_char,
-    a58: *const c_char,
-    a59: *const c_char,
-    a60: *const c_char,
-    a61: *const c_char,
-    a62: *const c_char,
-    a63: *const c_char,
-) -> c_int {
-    let Some((v, _)) = l_args(&[
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
-        a56, a57, a58, a59, a60, a61, a62, a63,
-    ]) else {
-        return fail(libc::E2BIG);
-    };
+exec_l!(
+    /// Interposed `execl(3)` (see the section comment).
+    execl(path),
     // SAFETY: a NULL-terminated vector of the caller's strings.
-    unsafe { execvp(file, v.as_ptr()) }
-}
+    |v, _| unsafe { execv(path, v.as_ptr()) }
+);
 
-/// Interposed `execle(3)`: the environment follows the NULL.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[no_mangle]
-pub unsafe extern "C" fn execle(
-    path: *const c_char,
-    a0: *const c_char,
-    a1: *const c_char,
-    a2: *const c_char,
-    a3: *const c_char,
-    a4: *const c_char,
-    a5: *const c_char,
-    a6: *const c_char,
-    a7: *const c_char,
-    a8: *const c_char,
-    a9: *const c_char,
-    a10: *const c_char,
-    a11: *const c_char,
-    a12: *const c_char,
-    a13: *const c_char,
-    a14: *const c_char,
-    a15: *const c_char,
-    a16: *const c_char,
-    a17: *const c_char,
-    a18: *const c_char,
-    a19: *const c_char,
-    a20: *const c_char,
-    a21: *const c_char,
-    a22: *const c_char,
-    a23: *const c_char,
-    a24: *const c_char,
-    a25: *const c_char,
-    a26: *const c_char,
-    a27: *const c_char,
-    a28: *const c_char,
-    a29: *const c_char,
-    a30: *const c_char,
-    a31: *const c_char,
-    a32: *const c_char,
-    a33: *const c_char,
-    a34: *const c_char,
-    a35: *const c_char,
-    a36: *const c_char,
-    a37: *const c_char,
-    a38: *const c_char,
-    a39: *const c_char,
-    a40: *const c_char,
-    a41: *const c_char,
-    a42: *const c_char,
-    a43: *const c_char,
-    a44: *const c_char,
-    a45: *const c_char,
-    a46: *const c_char,
-    a47: *const c_char,
-    a48: *const c_char,
-    a49: *const c_char,
-    a50: *const c_char,
-    a51: *const c_char,
-    a52: *const c_char,
-    a53: *const c_char,
-    a54: *const c_char,
-    a55: *const c_char,
-    a56: *const c_char,
-    a57: *const c_char,
-    a58: *const c_char,
-    a59: *const c_char,
-    a60: *const c_char,
-    a61: *const c_char,
-    a62: *const c_char,
-    a63: *const c_char,
-) -> c_int {
-    let Some((v, env)) = l_args(&[
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
-        a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,
-        a38, a39, a40, a41, a42, a43, a44, a45, a46, a47, a48, a49, a50, a51, a52, a53, a54, a55,
-        a56, a57, a58, a59, a60, a61, a62, a63,
-    ]) else {
-        return fail(libc::E2BIG);
-    };
+exec_l!(
+    /// Interposed `execlp(3)`.
+    execlp(file),
+    // SAFETY: a NULL-terminated vector of the caller's strings.
+    |v, _| unsafe { execvp(file, v.as_ptr()) }
+);
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+exec_l!(
+    /// Interposed `execle(3)`: the environment follows the NULL.
+    execle(path),
     // SAFETY: a NULL-terminated vector of the caller's strings and its envp.
-    unsafe { execve(path, v.as_ptr(), env) }
-}
+    |v, env| unsafe { execve(path, v.as_ptr(), env) }
+);

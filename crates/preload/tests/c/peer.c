@@ -573,15 +573,22 @@ static void serve_fork(int lfd) {
 }
 
 /* ---- exec: inetd style, the socket becomes stdin/stdout of a new program ---- */
-static void serve_exec(int lfd, const char *self) {
+/* `form`: which of the variadic exec functions runs the new program. */
+static void serve_exec(int lfd, const char *self, const char *form) {
     int fd = accept1(lfd);
     pid_t c = fork();
     if (c == 0) {
+        extern char **environ;
         close(lfd);
         dup2(fd, 0);
         dup2(fd, 1);
         close(fd);
-        execl(self, self, "execchild", (char *)NULL);
+        if (!strcmp(form, "execle"))
+            execle(self, self, "execchild", (char *)NULL, environ);
+        else if (!strcmp(form, "execlp"))
+            execlp(self, self, "execchild", (char *)NULL);
+        else
+            execl(self, self, "execchild", (char *)NULL);
         _exit(127);
     }
     close(fd);
@@ -758,7 +765,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "lateaccept")) { sleep(2); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strncmp(mode, "late", 4)) { usleep(300000); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "fork")) serve_fork(lfd);
-        else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0]);
+        else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0], argc > 3 ? argv[3] : "execl");
         else if (!strcmp(mode, "oob")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
         else fail("unknown mode");
         close(lfd);
