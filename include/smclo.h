@@ -71,15 +71,19 @@ typedef struct smclo_stream smclo_stream;
 smclo_listener *smclo_listen(const char *host, uint16_t port);
 
 /**
- * Accepts one connection and runs the handshake: the stream uses shared
- * memory if the client runs smclo, TCP otherwise. Returns NULL with errno on
- * error (EAGAIN when non-blocking and nothing is pending).
+ * Accepts one connection whose handshake decided: the stream uses shared
+ * memory if the client runs smclo, TCP otherwise. Non-blocking, it never
+ * waits on a client: a handshake that goes on is returned by a later call.
+ * Returns NULL with errno on error (EAGAIN when non-blocking and nothing
+ * has decided).
  */
 smclo_stream *smclo_accept(smclo_listener *l);
 
 /**
- * The listening socket's descriptor, for poll() (readable: a connection is
- * pending). Owned by the listener: do not close it. -1 with errno on error.
+ * The descriptor to poll() for smclo_accept: readable when it may return a
+ * connection (a pending one, or a handshake that may have decided). An
+ * epoll set, not the listening socket. Owned by the listener: do not close
+ * it. -1 with errno on error.
  */
 int smclo_listener_fd(const smclo_listener *l);
 
@@ -89,7 +93,8 @@ uint16_t smclo_listener_port(const smclo_listener *l);
 /** Non-blocking smclo_accept when on != 0. 0, or -1 with errno. */
 int smclo_listener_set_nonblocking(smclo_listener *l, int on);
 
-/** Closes and frees the listener (NULL: no-op); accepted streams stay open. */
+/** Closes and frees the listener (NULL: no-op); accepted streams stay open,
+ * connections whose handshake was still going on are reset. */
 void smclo_listener_close(smclo_listener *l);
 
 /* ----- stream ------------------------------------------------------------ */

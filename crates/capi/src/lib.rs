@@ -201,9 +201,11 @@ pub unsafe extern "C" fn smclo_listen(host: *const c_char, port: u16) -> *mut sm
     })
 }
 
-/// Accepts one connection and runs the handshake for it: the stream uses
-/// shared memory if the client runs smclo, TCP otherwise. NULL with errno on
-/// error (`EAGAIN` when non-blocking and no connection is pending).
+/// Accepts one connection whose handshake decided: the stream uses shared
+/// memory if the client runs smclo, TCP otherwise. Non-blocking, it never
+/// waits on a client: a handshake that goes on is returned by a later call
+/// ([`SmcListener::accept`]). NULL with errno on error (`EAGAIN` when
+/// non-blocking and no connection has decided).
 ///
 /// # Safety
 /// `l` is NULL or a live listener from [`smclo_listen`].
@@ -217,9 +219,10 @@ pub unsafe extern "C" fn smclo_accept(l: *mut smclo_listener) -> *mut smclo_stre
     })
 }
 
-/// The listening socket's descriptor, to poll for readability (a pending
-/// connection). Owned by the listener: do not close it. -1 with errno on
-/// error.
+/// The descriptor to poll for readability: readable when `smclo_accept`
+/// may return a connection (a pending one, or a handshake that may have
+/// decided). An epoll set, not the listening socket. Owned by the
+/// listener: do not close it. -1 with errno on error.
 ///
 /// # Safety
 /// `l` is NULL or a live listener.
@@ -257,7 +260,7 @@ pub unsafe extern "C" fn smclo_listener_set_nonblocking(
 }
 
 /// Closes the listener and frees it. NULL is a no-op. Streams accepted from
-/// it stay open.
+/// it stay open; connections whose handshake was still going on are reset.
 ///
 /// # Safety
 /// `l` is NULL or a live listener, not used again afterwards.

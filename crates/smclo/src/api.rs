@@ -14,8 +14,10 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+mod backlog;
 mod poller;
 
+use backlog::Backlog;
 pub use poller::{Event, Poller};
 
 use crate::config::Config;
@@ -30,6 +32,7 @@ use smclo_wire::reason::Reason;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// How long [`device`] reuses a device without re-validating its directory.
@@ -88,12 +91,27 @@ fn resolve<A: ToSocketAddrs>(addr: A) -> io::Result<Vec<SocketAddr>> {
 
 /// A TCP listener whose accepted connections use SMC-D when the client runs
 /// smclo, and plain TCP otherwise.
+///
+/// A blocking [`accept`](Self::accept) runs the handshake before it
+/// returns. A non-blocking one never waits on a client: a handshake that
+/// does not decide within the spin budget goes on after `accept` returned
+/// `WouldBlock`, and a later `accept` returns its connection once it
+/// decided, as the kernel's SMC does. So
+/// [`as_raw_fd`](AsRawFd::as_raw_fd) is not the listening socket but a
+/// descriptor for `poll`/`epoll` (an epoll set) that is readable when
+/// `accept` may have something to return: a new connection, or a
+/// handshake that may have decided.
 pub struct SmcListener {
+    // Field order matters: kept handshakes are declined and their
+    // connections reset before the listener closes.
+    backlog: Backlog,
     tcp: TcpListener,
     /// The device and the registration in it; `None` when the device is
     /// unusable (every connection is then plain TCP).
     smc: Option<(Arc<Device>, ListenerGuard)>,
     cfg: Config,
+    /// Whether `accept` is non-blocking (the socket's `O_NONBLOCK`).
+    nonblocking: AtomicBool,
 }
 
 impl SmcListener {
@@ -116,8 +134,8 @@ impl SmcListener {
         Err(last.expect("resolve returns at least one address"))
     }
 
-    /// Takes over a listening socket. SYNs that arrived before this call
-    /// were not saved, so those connections stay TCP.
+    /// Takes over a listening socket, blocking or not. SYNs that arrived
+    /// before this call were not saved, so those connections stay TCP.
     pub fn from_std(tcp: TcpListener) -> io::Result<SmcListener> {
         SmcListener::from_std_with(tcp, &env_config()?)
     }
@@ -133,34 +151,52 @@ impl SmcListener {
             }
             None => None,
         };
+        // SAFETY: F_GETFL on the listening socket we own.
+        let fl = unsafe { libc::fcntl(tcp.as_raw_fd(), libc::F_GETFL) };
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok(SmcListener {
+            backlog: Backlog::new(tcp.as_raw_fd())?,
             tcp,
             smc,
             cfg: cfg.clone(),
+            nonblocking: AtomicBool::new(fl & libc::O_NONBLOCK != 0),
         })
     }
 
-    /// Accepts a connection and runs the handshake for it: the stream is
-    /// SMC-D if the client proposed, TCP otherwise. On a non-blocking
-    /// listener the handshake never sleeps waiting on the client (see
-    /// [`handshake::Listening`]).
+    /// Accepts a connection whose handshake has decided: the stream is
+    /// SMC-D if the client proposed, TCP otherwise.
+    ///
+    /// Blocking, it returns a connection whose handshake went on after an
+    /// earlier non-blocking `accept` first, else accepts a new one and runs
+    /// its handshake (waiting on the client at most `SMCLO_CLC_WAIT_MS`).
+    /// Non-blocking, it never waits on a client: it returns the first
+    /// earlier connection whose handshake decided meanwhile, else accepts
+    /// new ones and gives each the spin budget; a handshake that does not
+    /// decide within it goes on, and `WouldBlock` means none decided. Every
+    /// accepted connection is returned once, SMC-D or TCP (TIMEOUT when the
+    /// client did not answer within `SMCLO_CLC_WAIT_MS`), with every byte
+    /// the client wrote; those still undecided when the listener is
+    /// dropped are reset, as the kernel resets a closed listener's queue.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let (tcp, peer) = self.tcp.accept()?;
-        // SAFETY: F_GETFL on the listening socket we own.
-        let fl = unsafe { libc::fcntl(self.tcp.as_raw_fd(), libc::F_GETFL) };
-        let listening = if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
-            handshake::Listening::NonBlocking
+        let Some((dev, _)) = &self.smc else {
+            let (tcp, peer) = self.tcp.accept()?;
+            return Ok((SmcStream::new(tcp, Decision::Tcp(Reason::NoSmcdDev)), peer));
+        };
+        let (tcp, peer, d) = if self.nonblocking.load(Ordering::Relaxed) {
+            self.backlog.accept(&self.tcp, dev, &self.cfg)?
+        } else if let Some(a) = self.backlog.accept_kept_blocking() {
+            a
         } else {
-            handshake::Listening::Blocking
+            let (tcp, peer) = self.tcp.accept()?;
+            let d = handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd());
+            (tcp, peer, d)
         };
-        let s = match &self.smc {
-            Some((dev, _)) => {
-                let d = handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd(), listening);
-                SmcStream::new(tcp, d).on_device(dev, Role::Server, peer)
-            }
-            None => SmcStream::new(tcp, Decision::Tcp(Reason::NoSmcdDev)),
-        };
-        Ok((s, peer))
+        Ok((
+            SmcStream::new(tcp, d).on_device(dev, Role::Server, peer),
+            peer,
+        ))
     }
 
     /// The address the listener is bound to.
@@ -168,16 +204,25 @@ impl SmcListener {
         self.tcp.local_addr()
     }
 
-    /// Non-blocking `accept`: the handshake then never sleeps waiting on
-    /// the client.
+    /// Non-blocking `accept`: it then never waits on a client (see
+    /// [`accept`](Self::accept)). Connections whose handshakes went on are
+    /// still returned after switching back to blocking, first.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        self.tcp.set_nonblocking(on)
+        self.tcp.set_nonblocking(on)?;
+        self.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
     }
 }
 
 impl AsRawFd for SmcListener {
+    /// The descriptor to wait on for [`accept`](SmcListener::accept), with
+    /// `poll`/`epoll` (or [`Poller::add_fd`]): readable when `accept` may
+    /// have something to return (a pending connection, or a handshake
+    /// that may have decided). It is not the listening socket: use
+    /// [`local_addr`](SmcListener::local_addr) for its address. Owned by
+    /// the listener.
     fn as_raw_fd(&self) -> RawFd {
-        self.tcp.as_raw_fd()
+        self.backlog.fd()
     }
 }
 

@@ -8,7 +8,6 @@
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back (from `connect`; a non-blocking one returns at once and the handshake goes on) | 1000 |
 //! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
-//! | `SMCLO_NB_ACCEPT_WAIT_MS` | how long [`crate::handshake::server_accept`] on a non-blocking listener (the native API's) busy-polls on the client, in all, before falling back | [`DEFAULT_NB_ACCEPT_WAIT_MS`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
@@ -74,13 +73,6 @@ fn millis(name: &str, v: &str) -> Result<Duration> {
         .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of milliseconds")))
 }
 
-/// Default of `SMCLO_NB_ACCEPT_WAIT_MS`. An event loop's `accept` must not
-/// wait on one client. A running client passes its DMB within
-/// microseconds; one that slept in `poll` on an overloaded 2-core machine
-/// took up to 17 ms to be scheduled (a client still runnable then gets
-/// more time); ARCHITECTURE.md "Handshake waits".
-pub const DEFAULT_NB_ACCEPT_WAIT_MS: u64 = 50;
-
 /// All settings a process reads from its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -92,8 +84,6 @@ pub struct Config {
     pub wmem: u32,
     /// Bounded client wait for the server's Accept.
     pub clc_wait: Duration,
-    /// How long a non-blocking listener's `accept` busy-polls on the client.
-    pub nb_accept_wait: Duration,
     /// User-defined EID (32 bytes, blank padded), if any.
     pub ueid: Option<[u8; 32]>,
     /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
@@ -120,10 +110,6 @@ impl Config {
             Some(v) => millis("SMCLO_CLC_WAIT_MS", &v)?,
             None => Duration::from_millis(1000),
         };
-        let nb_accept_wait = match var("SMCLO_NB_ACCEPT_WAIT_MS") {
-            Some(v) => millis("SMCLO_NB_ACCEPT_WAIT_MS", &v)?,
-            None => Duration::from_millis(DEFAULT_NB_ACCEPT_WAIT_MS),
-        };
         let ueid = match var("SMCLO_UEID") {
             Some(v) => Some(ueid(&v)?),
             None => None,
@@ -133,7 +119,6 @@ impl Config {
             rmem,
             wmem,
             clc_wait,
-            nb_accept_wait,
             ueid,
             pool: PoolLimits::from_env()?,
         })

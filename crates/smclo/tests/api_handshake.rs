@@ -748,7 +748,7 @@ fn connect_named(
     s
 }
 
-/// Waits (bounded) until the listener has a connection to accept.
+/// Waits (bounded) until `accept` may return something.
 fn wait_acceptable(l: &SmcListener) {
     let mut p = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(l),
@@ -759,17 +759,38 @@ fn wait_acceptable(l: &SmcListener) {
     assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "no connection");
 }
 
+/// A non-blocking listener's next connection (bounded), and its longest
+/// `accept` call.
+fn accept_ready(l: &SmcListener) -> (SmcStream, Duration) {
+    let start = Instant::now();
+    let mut longest = Duration::ZERO;
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(10), "no connection");
+        wait_acceptable(l);
+        let t = Instant::now();
+        let r = l.accept();
+        longest = longest.max(t.elapsed());
+        match r {
+            Ok((s, _)) => return (s, longest),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
 #[test]
 fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
     let dir = Dir::new();
     // The server's SMCLO_CLC_WAIT_MS is the default (1 s): a non-blocking
-    // accept must not wait that long on any one client, only its busy-poll
-    // bound (SMCLO_NB_ACCEPT_WAIT_MS, 50 ms).
+    // accept must not wait on any one client, and returns its connection
+    // once its handshake decides.
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     // A client asleep in something else than the handshake, before or
-    // after publishing its port, and one stopped (SIGSTOP).
+    // after publishing its port, and one stopped (SIGSTOP). Killed, it
+    // is PEER_DEAD: before publishing its port only a look at shared
+    // memory tells (the listener's timer), after it its channel does.
     for stage in ["noport", "nodmb", "stopped"] {
         let how = if stage == "stopped" { "nodmb" } else { stage };
         let mut staller = Peer::spawn(&dir.0, &["stall", &addr, how], &[]);
@@ -780,21 +801,22 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
         }
         wait_acceptable(&l);
         let t = Instant::now();
-        let (s, _) = l.accept().unwrap();
+        let e = l.accept().map(|_| ()).unwrap_err();
         let took = t.elapsed();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{stage}: {e}");
         assert!(
-            took < Duration::from_millis(150),
+            took < Duration::from_millis(25),
             "accept waited {took:?} on a client stalled at {stage}"
         );
-        assert_eq!(s.fallback_reason(), Some(Reason::Timeout), "{stage}");
         staller.kill9();
+        let (s, _) = accept_ready(&l);
+        assert_eq!(s.fallback_reason(), Some(Reason::PeerDead), "{stage}");
     }
     let st = dir.dev().stats();
-    assert_eq!(st.fallback(Reason::Timeout).1, 3, "server side: {st:?}");
+    assert_eq!(st.fallback(Reason::PeerDead).1, 3, "server side: {st:?}");
     // A healthy client right after is still upgraded.
     let peer = Peer::spawn(&dir.0, &["connect", &addr, "echo"], &[]);
-    wait_acceptable(&l);
-    let (s, _) = l.accept().unwrap();
+    let (s, _) = accept_ready(&l);
     assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
     echo_check(s);
     peer.wait_ok();
@@ -852,14 +874,14 @@ fn accept_does_not_wait_for_the_confirm() {
     let addr = l.local_addr().unwrap().to_string();
     // The client passes its DMB, then never reads the server's answer.
     let mut staller = Peer::spawn(&dir.0, &["stall", &addr, "noconfirm"], &[]);
-    wait_acceptable(&l);
-    let t = Instant::now();
-    let (mut s, _) = l.accept().unwrap();
-    let took = t.elapsed();
+    let (mut s, took) = accept_ready(&l);
     assert_eq!(staller.line(), "stalled");
     // The CAS to ACCEPTED decided: the server's end is SMC-D at once.
     assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
-    assert!(took < Duration::from_millis(100), "accept waited {took:?}");
+    assert!(
+        took < Duration::from_millis(100),
+        "an accept waited {took:?}"
+    );
     // Data goes into the client's ring; the client that never followed
     // breaks only this connection: when it dies, the server reads a reset.
     s.write_all(b"into the ring").unwrap();

@@ -17,7 +17,7 @@ use libc::{c_int, sockaddr, socklen_t};
 use smclo::debug;
 use smclo::device::Role;
 use smclo::fallbacks;
-use smclo::handshake::{self, Decision, Listening};
+use smclo::handshake::{self, Decision};
 use smclo::registry;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
@@ -290,14 +290,10 @@ pub unsafe extern "C" fn accept4(
 
 /// Whether the listening socket `fd` blocks: an event loop's non-blocking
 /// listener must not sleep in `accept` on one client.
-fn listening(fd: RawFd) -> Listening {
+fn listener_blocks(fd: RawFd) -> bool {
     // SAFETY: F_GETFL on the caller's listening socket.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
-        Listening::NonBlocking
-    } else {
-        Listening::Blocking
-    }
+    fl < 0 || fl & libc::O_NONBLOCK == 0
 }
 
 unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
@@ -327,9 +323,8 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // SAFETY: `addr`, `len` and `cap` as `accept` left them.
     let peer = unsafe { accepted_peer(addr, len, cap) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    let listening = listening(fd);
-    if listening == Listening::Blocking && !nonblock {
-        let d = handshake::server_accept(&c.dev, &c.cfg, nfd, listening);
+    if listener_blocks(fd) && !nonblock {
+        let d = handshake::server_accept(&c.dev, &c.cfg, nfd);
         accept_decided(c, nfd, d, slot, flags, peer);
     } else {
         accept_in_steps(c, nfd, slot, flags, peer);

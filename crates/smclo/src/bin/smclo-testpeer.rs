@@ -9,6 +9,9 @@
 //! smclo-testpeer connect ADDR WORKLOAD  connect (smclo) and run WORKLOAD
 //! smclo-testpeer stall ADDR STAGE       propose, connect, print "stalled", then
 //!                                       never answer the server (to be killed)
+//! smclo-testpeer stopper ADDR           as `connect ADDR sink`, but stops itself
+//!                                       (SIGSTOP) right after its connect
+//!                                       returned, before it answers the server
 //! smclo-testpeer churn N                start a server process, then open N
 //!                                       connections to it one after the other,
 //!                                       one byte each way on each; fails unless
@@ -81,21 +84,7 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
             }
         }
         Some("pollecho") => poll_echo(&s),
-        Some("sink") => {
-            let mut buf = vec![0u8; 64 * 1024];
-            let (mut n, mut h) = (0u64, 0xcbf29ce484222325u64);
-            loop {
-                let k = s.read(&mut buf)?;
-                if k == 0 {
-                    break;
-                }
-                fnv(&mut h, &buf[..k]);
-                n += k as u64;
-            }
-            let mut out = n.to_le_bytes().to_vec();
-            out.extend_from_slice(&h.to_le_bytes());
-            s.write_all(&out)
-        }
+        Some("sink") => sink(&s),
         Some("source") => {
             let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
             let mut seed: u64 = parts
@@ -126,6 +115,90 @@ fn run(mut s: SmcStream, workload: &str) -> io::Result<()> {
             format!("unknown workload {workload:?}"),
         )),
     }
+}
+
+/// Reads until EOF, then writes back the byte count and FNV-1a hash.
+fn sink(mut s: impl Read + Write) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut n, mut h) = (0u64, 0xcbf29ce484222325u64);
+    loop {
+        let k = s.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        fnv(&mut h, &buf[..k]);
+        n += k as u64;
+    }
+    let mut out = n.to_le_bytes().to_vec();
+    out.extend_from_slice(&h.to_le_bytes());
+    s.write_all(&out)
+}
+
+/// A connection whose handshake this program ran itself.
+enum Ends {
+    /// Through shared memory; the TCP connection only for identity (it
+    /// closes after the SMC-D end).
+    Smc {
+        smc: Box<handshake::Established>,
+        _tcp: TcpStream,
+    },
+    Tcp(TcpStream),
+}
+
+impl Read for &Ends {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Ends::Smc { smc, .. } => smc.conn.read(buf),
+            Ends::Tcp(t) => (&*t).read(buf),
+        }
+    }
+}
+
+impl Write for &Ends {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Ends::Smc { smc, .. } => smc.conn.write(buf),
+            Ends::Tcp(t) => (&*t).write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `stopper ADDR`: proposes and connects, stops itself (SIGSTOP) before
+/// it answers the server, and once continued (SIGCONT) finishes the
+/// handshake, prints `smc=<0|1> reason=<NAME|->` and runs `sink`.
+fn stopper(addr: &str) -> io::Result<()> {
+    let cfg = Config::from_env().map_err(io::Error::from)?;
+    let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
+    let dest: SocketAddr = addr
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+    let tcp = TcpStream::from(socket_for(dest)?);
+    let mut p = handshake::client_propose(&dev, &cfg, tcp.as_raw_fd(), dest)
+        .map_err(|r| io::Error::other(format!("no proposal: {}", r.name())))?;
+    sockaddr::connect(tcp.as_raw_fd(), dest)?;
+    p.syn_sent();
+    // SAFETY: raise(2) with a constant signal; the process stops here.
+    unsafe { libc::raise(libc::SIGSTOP) };
+    let (ends, reason) = match p.finish() {
+        handshake::Decision::Smc(smc) => (
+            Ends::Smc {
+                smc: Box::new(smc),
+                _tcp: tcp,
+            },
+            None,
+        ),
+        handshake::Decision::Tcp(r) => (Ends::Tcp(tcp), Some(r)),
+    };
+    println!(
+        "smc={} reason={}",
+        reason.is_none() as u8,
+        reason.map_or("-", |r| r.name())
+    );
+    io::stdout().flush()?;
+    sink(&ends)
 }
 
 /// A client that proposes and connects, then stops servicing the
@@ -282,11 +355,13 @@ fn main() -> ExitCode {
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
         ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm")] => stall(addr, stage),
+        ["stopper", addr] => stopper(addr),
         ["churn", n] => n.parse().map_err(io::Error::other).and_then(churn),
         ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
             eprintln!("       smclo-testpeer stall ADDR noport|nodmb|taken|noconfirm");
+            eprintln!("       smclo-testpeer stopper ADDR");
             eprintln!("       smclo-testpeer churn N");
             return ExitCode::from(2);
         }

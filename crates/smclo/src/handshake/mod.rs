@@ -19,7 +19,7 @@ mod listener;
 mod server;
 
 pub use client::{client_propose, client_propose_with, ClientProposal, SocketFacts};
-pub use server::{server_accept, Listening, ServerHandshake};
+pub use server::{server_accept, ServerHandshake};
 
 use crate::access::PeerRefused;
 use crate::config::Config;

@@ -1,6 +1,6 @@
 //! The server's state machine: from `accept`, find the proposal behind the
-//! saved SYN and answer it. [`server_accept`] runs it within `accept`;
-//! [`ServerHandshake`] lets it go on after `accept` returned.
+//! saved SYN and answer it. [`server_accept`] runs it within a blocking
+//! `accept`; [`ServerHandshake`] lets it go on after `accept` returned.
 
 use super::channel::{
     recv_expected, send_msg, spin_readable, wait_readable, Received, RendezvousAddr,
@@ -21,30 +21,11 @@ use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
 use smclo_wire::syn::Mark;
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How the listening socket blocks, which decides how long `accept` may
-/// wait on the client (ARCHITECTURE.md, "Handshake waits").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Listening {
-    /// `accept` may block: all its waits on the client together last at
-    /// most `SMCLO_CLC_WAIT_MS`, sleeping in `poll` after the spin budget.
-    Blocking,
-    /// An event loop's listener: `accept` never sleeps on the client. It
-    /// busy-polls at most `SMCLO_NB_ACCEPT_WAIT_MS` in all (more for a
-    /// client that is runnable then), then declines (TIMEOUT) and
-    /// returns the TCP connection.
-    NonBlocking,
-}
-
-/// How long a runnable client past the budget is given before its state is
-/// looked at again.
-const RUNNABLE_RECHECK: Duration = Duration::from_millis(5);
 
 /// How often the wait for the client's DMB looks whether the client
 /// withdrew its proposal or died.
@@ -58,79 +39,12 @@ const PORT_LOOK: Duration = Duration::from_millis(1);
 /// which it writes in shared memory only.
 const PORT_NAP: Duration = Duration::from_micros(50);
 
-/// What is left of the time `accept` may spend waiting on the client.
-///
-/// A non-blocking listener's budget is short, but a client that is runnable
-/// when it runs out (it waits for a CPU: it will answer as soon as it is
-/// scheduled) is given more, a few milliseconds at a time, up to
-/// `SMCLO_CLC_WAIT_MS`; a stopped or sleeping client is not: it is not
-/// servicing the handshake.
-struct ClientWait {
-    deadline: Cell<Instant>,
-    limit: Instant,
-    sleep: bool,
-    client: Cell<Option<Owner>>,
-}
-
-impl ClientWait {
-    fn new(cfg: &Config, listening: Listening) -> ClientWait {
-        let now = Instant::now();
-        let (budget, sleep) = match listening {
-            Listening::Blocking => (cfg.clc_wait, true),
-            Listening::NonBlocking => (cfg.nb_accept_wait, false),
-        };
-        ClientWait {
-            deadline: Cell::new(now + budget),
-            limit: now + budget.max(cfg.clc_wait),
-            sleep,
-            client: Cell::new(None),
-        }
-    }
-
-    /// The client, once known: its state decides whether it gets more time.
-    fn watch(&self, client: Owner) {
-        self.client.set(Some(client));
-    }
-
-    /// What is left of the budget.
-    fn left(&self) -> Duration {
-        let now = Instant::now();
-        if now >= self.deadline.get()
-            && now < self.limit
-            && self.client.get().is_some_and(|c| c.has_runnable_thread())
-        {
-            self.deadline.set((now + RUNNABLE_RECHECK).min(self.limit));
-        }
-        self.deadline.get().saturating_duration_since(now)
-    }
-}
-
-/// Server, in `accept`: answers the proposal (if any) of the client behind
-/// the freshly accepted TCP connection `conn_fd`, waiting on the client as
-/// `listening` allows.
-pub fn server_accept(
-    dev: &Arc<Device>,
-    cfg: &Config,
-    conn_fd: RawFd,
-    listening: Listening,
-) -> Decision {
-    let wait = ClientWait::new(cfg, listening);
-    let mut h = ServerHandshake::new(dev, cfg, conn_fd);
-    let d = loop {
-        let bound = CONNECT_BOUND.min(wait.left());
-        if let Some(d) = h.look(bound) {
-            break d;
-        }
-        if let Some(c) = h.client() {
-            wait.watch(c);
-        }
-        let left = wait.left();
-        if left.is_zero() {
-            break h.give_up();
-        }
-        h.wait_client(Instant::now() + left.min(WITHDRAWN_CHECK), wait.sleep);
-    };
-    h.counted(d)
+/// Server, in a blocking `accept`: answers the proposal (if any) of the
+/// client behind the freshly accepted TCP connection `conn_fd`, waiting on
+/// the client at most `SMCLO_CLC_WAIT_MS` (sleeping in `poll` after the
+/// spin budget).
+pub fn server_accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
+    ServerHandshake::new(dev, cfg, conn_fd).finish_by(Instant::now() + cfg.clc_wait)
 }
 
 /// The server's half of one handshake, from `accept` on, in steps: an
@@ -272,16 +186,6 @@ impl ServerHandshake {
         }
     }
 
-    /// The client being waited on, once known: its state decides whether
-    /// a non-blocking listener's `accept` gives it more time.
-    fn client(&self) -> Option<Owner> {
-        match &self.stage {
-            Stage::Matching(c) => c.first().map(|(s, _)| s.client()),
-            Stage::Answering(a) => Some(a.slot.client()),
-            _ => None,
-        }
-    }
-
     /// The descriptor that becomes readable when the client takes its
     /// next step (its DMB on the channel), if there is one. `None` while
     /// matching its source port, which it writes in shared memory only.
@@ -342,16 +246,26 @@ impl ServerHandshake {
             if now >= stop {
                 return None;
             }
-            self.wait_client(stop.min(now + WITHDRAWN_CHECK), true);
+            self.wait_client(stop.min(now + WITHDRAWN_CHECK));
+        }
+    }
+
+    /// [`decide_by`](Self::decide_by) without `until`: waits for the
+    /// decision, giving up (TIMEOUT) at `deadline`.
+    pub fn finish_by(mut self, deadline: Instant) -> Decision {
+        loop {
+            if let Some(d) = self.decide_by(deadline, None) {
+                return d;
+            }
         }
     }
 
     /// Waits at most until `stop` for the client's next step: spins for
-    /// the spin budget, then sleeps (`sleep`) or yields the CPU.
-    fn wait_client(&self, stop: Instant, sleep: bool) {
+    /// the spin budget, then sleeps.
+    fn wait_client(&self, stop: Instant) {
         let now = Instant::now();
         let left = stop.saturating_duration_since(now);
-        let sleep = sleep && left > crate::conn::spin_budget();
+        let sleep = left > crate::conn::spin_budget();
         match self.wake_fd() {
             Some(fd) if sleep => {
                 wait_readable(fd, left, || self.hint());
