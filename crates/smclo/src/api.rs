@@ -323,7 +323,12 @@ impl SmcStream {
         &self.tcp
     }
 
-    /// Non-blocking mode for reads and writes.
+    /// Non-blocking mode for reads and writes. The only way to change it:
+    /// the stream keeps the flag and, while no other process shares its
+    /// descriptor, does not ask it again, so an `fcntl` on the raw
+    /// descriptor is not seen. After a `fork` it is asked; a program that
+    /// passes the descriptor to another process otherwise (`SCM_RIGHTS`)
+    /// must not change the flag there.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.tcp.set_nonblocking(on)?;
         match &self.smc {

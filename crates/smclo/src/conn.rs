@@ -27,7 +27,20 @@
 //! microseconds at most, adaptive; the reader sets `READER_SPINNING` so the
 //! writer can skip the doorbell syscall), then sleep in `poll(2)` on the
 //! UNIX end. Whether a call blocks follows the descriptor's `O_NONBLOCK`
-//! (read at the moment a call would block) and `MSG_DONTWAIT`.
+//! and `MSG_DONTWAIT`. The flag lives in the open file description, which
+//! other processes may share; the `Conn` keeps it as last set through
+//! [`Conn::set_nonblocking`] and trusts that copy while the description is
+//! known to be this process's alone: made here, no `fork` since, not
+//! passed on ([`Conn::share_file`]). Otherwise a call that cannot proceed
+//! asks the descriptor (`F_GETFL`) before it sleeps or fails with `EAGAIN`.
+//!
+//! A peer that died without setting its closing flag (`kill -9`) shows only
+//! as the channel's end of file. A non-blocking read that finds nothing
+//! looks for it (`MSG_PEEK`) only when a wait saw the channel ready in the
+//! kernel with no doorbell counted ([`Conn::kernel_ready`], which also
+//! takes a hang-up as the death itself), or when neither data nor a look
+//! came for [`EOF_LOOK_EVERY`]: a loop that reads until `EAGAIN` makes no
+//! system call for it.
 //!
 //! A sleep ends, as a socket's does in the kernel, when a signal handler
 //! runs (`EINTR`, [`io::ErrorKind::Interrupted`]) or when the direction's
@@ -63,7 +76,7 @@ use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
 use crate::owner::Owner;
-use crate::poller::Budget;
+use crate::poller::{Budget, Ready};
 use crate::ring;
 use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
@@ -102,6 +115,11 @@ const OWED_WAIT: Duration = Duration::from_secs(1);
 /// How often, in milliseconds, that wait looks whether the writer can
 /// still run.
 const OWED_RECHECK_MS: i32 = 5;
+
+/// How long after the last data read (or the last look) a read that finds
+/// nothing looks for the channel's end of file (a peer that died): as often
+/// as a busy wait asks the kernel about its other descriptors.
+pub const EOF_LOOK_EVERY: Duration = crate::poller::KERNEL_EVERY;
 
 /// Default busy-poll budget, microseconds (see `SMCLO_SPIN_US`).
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -228,11 +246,21 @@ pub struct Conn {
     shut_wr: AtomicBool,
     /// close/abort ran (so drop does not close again).
     closed: AtomicBool,
-    /// Last known `O_NONBLOCK` of the descriptor. Only a hint, to keep
-    /// `fcntl` off the fast path: it is checked against the descriptor
-    /// before any call sleeps or returns WouldBlock (another process
-    /// sharing the descriptor may change the flag).
+    /// `O_NONBLOCK` of the descriptor as last set or read: the flag itself
+    /// while `nb_own_gen` holds, else a hint checked against the
+    /// descriptor before a call sleeps or returns WouldBlock.
     nb_hint: AtomicBool,
+    /// The fork generation ([`crate::owner::fork_gen`]) in which the
+    /// channel's open file description is this process's alone, so that
+    /// no other process can change its `O_NONBLOCK`; 0 (no generation)
+    /// once it may be shared ([`Conn::share_file`]).
+    nb_own_gen: AtomicU64,
+    /// A wait saw the channel ready in the kernel: the next read that finds
+    /// nothing looks for end of file ([`Conn::kernel_ready`]).
+    eof_due: AtomicBool,
+    /// When data was last read or end of file last looked for
+    /// ([`mono_ns`]), 0 for never.
+    looked_at: AtomicU64,
     /// Stats, counted by this process.
     sent: AtomicU64,
     received: AtomicU64,
@@ -315,6 +343,9 @@ impl Conn {
         };
         Ok(Conn {
             nb_hint: AtomicBool::new(nonblocking),
+            nb_own_gen: AtomicU64::new(crate::owner::fork_gen()),
+            eof_due: AtomicBool::new(false),
+            looked_at: AtomicU64::new(0),
             local,
             peer,
             chan: AtomicI32::new(chan.into_raw_fd()),
@@ -356,6 +387,7 @@ impl Conn {
 
     fn count_received(&self, n: usize) {
         self.received.fetch_add(n as u64, Ordering::Relaxed);
+        self.looked_at.store(mono_ns(), Ordering::Relaxed);
         if let Some(r) = &self.record {
             r.add_rx(n as u64);
         }
@@ -435,6 +467,9 @@ impl Conn {
     }
 
     /// Sets `O_NONBLOCK` on the UNIX end, which decides whether calls block.
+    /// The only way to change it while the descriptor is this process's
+    /// alone: an `fcntl` on [`Conn::fd`] is not seen (the preload turns the
+    /// application's `fcntl` and `ioctl(FIONBIO)` into this call).
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
         let nfl = if on {
@@ -473,6 +508,24 @@ impl Conn {
         timeout_of(&self.snd_timeo_us)
     }
 
+    /// The channel's open file description may be shared with another
+    /// process from now on (its descriptor is sent with `SCM_RIGHTS`, or
+    /// was inherited through exec), which may change its `O_NONBLOCK`
+    /// unseen: calls that cannot proceed ask the descriptor from now on.
+    /// (`fork` needs no call: it starts a new fork generation.)
+    pub fn share_file(&self) {
+        self.nb_own_gen.store(0, Ordering::Relaxed);
+    }
+
+    /// The descriptor's `O_NONBLOCK`: the kept flag while the open file
+    /// description is this process's alone, else asked.
+    fn nonblocking(&self) -> io::Result<bool> {
+        if self.nb_own_gen.load(Ordering::Relaxed) == crate::owner::fork_gen() {
+            return Ok(self.nb_hint.load(Ordering::Relaxed));
+        }
+        self.nonblocking_now()
+    }
+
     /// The descriptor's `O_NONBLOCK` now (a syscall; refreshes the hint).
     fn nonblocking_now(&self) -> io::Result<bool> {
         let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
@@ -485,9 +538,10 @@ impl Conn {
     }
 
     /// Whether a call that cannot proceed must not wait: `MSG_DONTWAIT`,
-    /// or the descriptor is non-blocking (syscall only if the hint says so).
+    /// or the descriptor is non-blocking (a syscall only if the hint says
+    /// so and the flag may be shared).
     fn must_not_wait(&self, dontwait: bool) -> io::Result<bool> {
-        Ok(dontwait || (self.nb_hint.load(Ordering::Relaxed) && self.nonblocking_now()?))
+        Ok(dontwait || (self.nb_hint.load(Ordering::Relaxed) && self.nonblocking()?))
     }
 
     /// Bytes written by this process into the peer's ring.
@@ -637,6 +691,44 @@ impl Conn {
     fn writer_runnable(&self) -> bool {
         let w = Owner::local(self.peer.owner_pid(), self.peer.owner_start());
         w.pid != Owner::current().pid && w.has_runnable_thread()
+    }
+
+    /// Whether a read that found nothing and must not wait looks for the
+    /// channel's end of file now ([`Conn::chan_eof`], a system call): once
+    /// after a wait saw the channel ready in the kernel, and when neither
+    /// data nor a look came for [`EOF_LOOK_EVERY`]. A loop that reads until
+    /// `EAGAIN` right after its data never looks while requests keep
+    /// coming; a busy loop looks every [`EOF_LOOK_EVERY`].
+    fn eof_look_due(&self) -> bool {
+        let now = mono_ns();
+        let at = self.looked_at.load(Ordering::Relaxed);
+        let due = self.eof_due.load(Ordering::Relaxed)
+            || at == 0
+            || now.saturating_sub(at) >= EOF_LOOK_EVERY.as_nanos() as u64;
+        if due {
+            self.eof_due.store(false, Ordering::Relaxed);
+            self.looked_at.store(now, Ordering::Relaxed);
+        }
+        due
+    }
+
+    /// A wait saw the channel ready in the kernel (`r`, as `poll(2)`
+    /// reports it). A hang-up with no closing flag set is the peer's death
+    /// (an honest peer sets its flag before it shuts its end down). Being
+    /// readable with no doorbell counted (nothing in the ring explains it)
+    /// makes the next read that finds nothing look for end of file.
+    pub fn kernel_ready(&self, r: Ready) {
+        let w = self.local.prod().load(Ordering::SeqCst);
+        if r.intersects(Ready::HUP) && conn_state_flags(w) == 0 {
+            self.peer_gone.store(true, Ordering::Relaxed);
+        }
+        let rung = cursor::bells(w) > 0 || cursor::prod_flags(w) & cursor::LOOSE_BELL != 0;
+        if r.intersects(Ready::IN | Ready::HUP | Ready::ERR)
+            && !rung
+            && !self.eof_due.load(Ordering::Relaxed)
+        {
+            self.eof_due.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether the UNIX end has reached end of file with nothing queued;
@@ -831,7 +923,7 @@ impl Conn {
                 }
                 RxNext::NoWait => {}
             }
-            if done == 0 && self.chan_eof() {
+            if done == 0 && self.eof_look_due() && self.chan_eof() {
                 // The peer's end is gone (or just closed): decide above.
                 continue;
             }
@@ -861,7 +953,7 @@ impl Conn {
         if s.used > 0 || conn_state_flags(s.prod) != 0 {
             return Ok(RxNext::Retry);
         }
-        if self.nonblocking_now()? {
+        if self.nonblocking()? {
             return Ok(RxNext::NoWait);
         }
         Ok(RxNext::Sleep)
@@ -944,7 +1036,7 @@ impl Conn {
                 }
                 RxNext::NoWait => {}
             }
-            if self.chan_eof() {
+            if self.eof_look_due() && self.chan_eof() {
                 continue;
             }
             return Err(io::ErrorKind::WouldBlock.into());
@@ -1136,8 +1228,8 @@ impl Conn {
         if !nonblocking && self.tx_spin() {
             return Ok(g);
         }
-        // About to arm the doorbells and sleep: check the real flag.
-        nonblocking = nonblocking || self.nonblocking_now()?;
+        // About to arm the doorbells and sleep: check the flag.
+        nonblocking = nonblocking || self.nonblocking()?;
         match doorbell::writer_block(p.prod(), p.cons(), p.ring_len(), need)
             .map_err(|e| self.violation("send ring", e))?
         {

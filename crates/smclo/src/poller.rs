@@ -277,6 +277,12 @@ impl<K: Kernel> Wait<'_, '_, K> {
         let left = deadline.map(|d| d.saturating_duration_since(slept));
         let n = (self.kernel)(self.fds, left)?;
         self.pace.budget.woken(n > 0, slept);
+        for m in self.members {
+            let kr = Ready::from_bits(self.fds[m.index].revents as u16 as u32);
+            if !kr.is_empty() {
+                m.conn.kernel_ready(kr);
+            }
+        }
         Ok(n)
     }
 

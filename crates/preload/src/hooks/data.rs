@@ -517,6 +517,46 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     n
 }
 
+/// The SMC-D connections whose descriptors `msg` passes (`SCM_RIGHTS`):
+/// the receiving process shares their open files from now on, and may
+/// change `O_NONBLOCK` there ([`smclo::conn::Conn::share_file`]). Marked
+/// before the message leaves: the receiver may act as soon as it arrives.
+fn share_passed(msg: *const msghdr) {
+    if msg.is_null() || super::LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    // SAFETY: the application's msghdr, which the kernel reads next.
+    let m = unsafe { &*msg };
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    // SAFETY: the CMSG macros walk the application's control buffer
+    // within `msg_controllen` (they return null past its end); each
+    // header and descriptor is read unaligned, as a copy.
+    unsafe {
+        let end = m.msg_control.cast::<u8>().add(m.msg_controllen);
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            let h = std::ptr::read_unaligned(c);
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const c_int;
+                // Within the buffer even if the header lies (the kernel
+                // refuses such a message).
+                let room = (end as usize).saturating_sub(data as usize);
+                let len = (h.cmsg_len as usize)
+                    .saturating_sub(libc::CMSG_LEN(0) as usize)
+                    .min(room);
+                for i in 0..len / std::mem::size_of::<c_int>() {
+                    if let Some(s) = table::get(std::ptr::read_unaligned(data.add(i))) {
+                        s.conn.share_file();
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+}
+
 /// Interposed `sendmsg(2)`: ancillary data (SCM_RIGHTS and the like)
 /// cannot travel through shared memory and fails loudly.
 #[no_mangle]
@@ -525,6 +565,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
+        share_passed(msg);
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmsg(fd, msg, flags) };
     };
@@ -594,6 +635,10 @@ pub unsafe extern "C" fn sendmmsg(
         return fail(e);
     }
     if table::get(fd).is_none() {
+        for i in 0..n as usize {
+            // SAFETY: the application passes `n` mmsghdrs.
+            share_passed(unsafe { &(*v.add(i)).msg_hdr });
+        }
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
     }

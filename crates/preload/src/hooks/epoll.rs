@@ -29,7 +29,7 @@ use super::{errno, set_errno};
 use crate::real;
 use crate::table::{self, Sock, F_EPOLL};
 use libc::{c_int, epoll_event, sigset_t, timespec};
-use smclo::poller::{now_ns, Budget, KERNEL_EVERY};
+use smclo::poller::{now_ns, Budget, Ready, KERNEL_EVERY};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -504,6 +504,9 @@ fn merge(sh: &Shadow, out: &mut [epoll_event], n: usize, k: usize) -> usize {
     for j in n..n + k {
         let mut e = out[j];
         if let Some(m) = set.members.iter_mut().find(|m| m.kdata == e.u64) {
+            // A dead peer's end of file (a hang-up) changes the ring's
+            // mark, so that an edge-triggered member reports it.
+            m.sock.conn.kernel_ready(Ready::from_bits(e.events));
             // The application's view decides (the kernel's may be behind),
             // and an edge the rings reported already is not a new one.
             e.events &= m.events & !(ET | ONESHOT) | ALWAYS;

@@ -143,6 +143,8 @@ impl Conn {
             n => Mode::Copy { sndbuf_len: n },
         };
         let mut c = Conn::new(local, peer, UnixStream::from(chan), mode)?;
+        // The image before exec may have shared the channel's open file.
+        c.share_file();
         c.set_record(reg.record());
         c.sent.store(st.sent, Ordering::Relaxed);
         c.received.store(st.received, Ordering::Relaxed);

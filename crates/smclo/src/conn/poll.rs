@@ -49,12 +49,16 @@ impl Conn {
         }
     }
 
-    /// Changes whenever data or a closing flag arrives (position and
-    /// flags of the local `prod` word, without the doorbell state): an
+    /// Changes whenever data or a closing flag arrives, or the peer is
+    /// found dead (position and flags of the local `prod` word, without
+    /// the doorbell state, and `peer_gone`): an
     /// edge-triggered poller reports `IN` again only after it changed.
     pub fn rx_mark(&self) -> u64 {
         let w = self.local.prod().load(Ordering::SeqCst);
-        w & (cursor::POSITION_MASK | 0xFF << 56)
+        // The peer's death is a change too; bit 48 is a doorbell flag,
+        // never part of the mark otherwise.
+        let gone = self.peer_gone.load(Ordering::Relaxed) as u64;
+        w & (cursor::POSITION_MASK | 0xFF << 56) | gone << 48
     }
 
     /// Changes whenever the peer makes room (its consumer position): an
