@@ -244,6 +244,16 @@ int smclo_poller_wait(smclo_poller *p, smclo_event *out, int max, int timeout_ms
 /** Frees the poller (NULL: no-op); its streams stay open. */
 void smclo_poller_free(smclo_poller *p);
 
+/* ----- signals ----------------------------------------------------------- */
+
+/**
+ * Call from every signal handler the program installs (async-signal-safe):
+ * a blocking read or write, or smclo_poller_wait, that is spinning in this
+ * thread before it would sleep then fails with EINTR, as the kernel's sleep
+ * would have; without it the handler runs and the wait goes on to sleep.
+ */
+void smclo_signal_handler_ran(int sig);
+
 #ifdef __cplusplus
 }
 #endif

@@ -752,3 +752,12 @@ pub unsafe extern "C" fn smclo_poller_free(p: *mut smclo_poller) {
     // caller gives up its ownership here.
     drop(unsafe { Box::from_raw(p) });
 }
+
+/// Tells smclo that a signal handler for `sig` runs in this thread: a
+/// wait of this thread that spins before it would sleep (a blocking read
+/// or write, [`smclo_poller_wait`]) then fails with `EINTR`, as the
+/// kernel's sleep would. Async-signal-safe; call it from every handler.
+#[no_mangle]
+pub extern "C" fn smclo_signal_handler_ran(sig: c_int) {
+    smclo::signal::handler_ran(sig);
+}

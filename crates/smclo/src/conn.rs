@@ -43,7 +43,9 @@
 //! system call for it.
 //!
 //! A sleep ends, as a socket's does in the kernel, when a signal handler
-//! runs (`EINTR`, [`io::ErrorKind::Interrupted`]) or when the direction's
+//! runs (`EINTR`, [`io::ErrorKind::Interrupted`]; a handler that ran
+//! during the call's spin ends the spin, and the call then fails the same
+//! way instead of sleeping, see [`crate::signal`]) or when the direction's
 //! timeout ([`Conn::set_read_timeout`], [`Conn::set_write_timeout`]: the
 //! `SO_RCVTIMEO`/`SO_SNDTIMEO` of the socket, counted from the call's first
 //! sleep) has passed (`EAGAIN`); a call that already moved bytes returns
@@ -78,6 +80,7 @@ use crate::doorbell::{self, BellChannel, Block, Snap};
 use crate::owner::Owner;
 use crate::poller::{Budget, Ready};
 use crate::ring;
+use crate::signal::Watch;
 use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
 };
@@ -137,11 +140,14 @@ pub fn spin_budget() -> Duration {
     }))
 }
 
-/// One call's sleeping: interruptible by signal handlers and bounded by
-/// its direction's timeout, counted from the first sleep.
+/// One call's sleeping: interruptible by signal handlers (those that run
+/// in the sleep, and those that ran since the call began, in a spin:
+/// [`crate::signal`]) and bounded by its direction's timeout, counted from
+/// the first sleep.
 struct Sleep {
     timeout: Option<Duration>,
     end: Option<Instant>,
+    signals: Watch,
 }
 
 impl Sleep {
@@ -153,6 +159,7 @@ impl Sleep {
                 us => Some(Duration::from_micros(us)),
             },
             end: None,
+            signals: Watch::begin(None),
         }
     }
 
@@ -160,6 +167,7 @@ impl Sleep {
     /// `revents` (0 when the timeout ran out, then the next call reports
     /// it). `EINTR` when a signal handler ran, `EAGAIN` after the timeout.
     fn poll(&mut self, fd: RawFd, events: i16) -> io::Result<i16> {
+        self.signals.check()?;
         let ms = match self.timeout {
             None => -1,
             Some(t) => {
@@ -759,8 +767,9 @@ impl Conn {
 
     // ----- spinning -------------------------------------------------------
 
-    /// Busy-polls `word` until it differs from `from` or the budget runs out.
-    fn spin_on(word: &AtomicU64, from: u64, budget: Duration) -> bool {
+    /// Busy-polls `word` until it differs from `from`, the budget runs
+    /// out or a signal handler runs (the sleep that follows then fails).
+    fn spin_on(word: &AtomicU64, from: u64, budget: Duration, signals: &Watch) -> bool {
         let start = Instant::now();
         loop {
             for _ in 0..32 {
@@ -769,7 +778,7 @@ impl Conn {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= budget {
+            if start.elapsed() >= budget || signals.interrupted() {
                 return false;
             }
         }
@@ -778,7 +787,7 @@ impl Conn {
     /// Reader: spin until the local `prod` word changes. With `cap`, sets
     /// `READER_SPINNING` so small writes skip their doorbell; the caller
     /// must then consume up to `cap` bytes of whatever is there.
-    fn rx_spin(&self, cap: Option<usize>) -> io::Result<()> {
+    fn rx_spin(&self, cap: Option<usize>, signals: &Watch) -> io::Result<()> {
         let budget = self.rx_spin.next();
         if budget.is_zero() {
             return Ok(());
@@ -790,7 +799,7 @@ impl Conn {
             None => false,
         };
         let from = l.prod().load(Ordering::SeqCst);
-        let hit = Self::spin_on(l.prod(), from, budget);
+        let hit = Self::spin_on(l.prod(), from, budget, signals);
         if rs {
             doorbell::spin_end(l.prod(), l.ring_len())
                 .map_err(|e| self.violation("receive ring", e))?;
@@ -800,13 +809,13 @@ impl Conn {
     }
 
     /// Writer: spin until the peer's `cons` word moves (room appears).
-    fn tx_spin(&self) -> bool {
+    fn tx_spin(&self, signals: &Watch) -> bool {
         let budget = self.tx_spin.next();
         if budget.is_zero() {
             return false;
         }
         let c = self.peer.cons();
-        let hit = Self::spin_on(c, c.load(Ordering::SeqCst), budget);
+        let hit = Self::spin_on(c, c.load(Ordering::SeqCst), budget, signals);
         self.tx_spin.note(hit);
         hit
     }
@@ -912,7 +921,7 @@ impl Conn {
                 self.recv_bells(take)?;
             }
             let cap = if peek { None } else { Some(buf.len() - done) };
-            match self.rx_next(cap, dontwait)? {
+            match self.rx_next(cap, dontwait, &sleep.signals)? {
                 RxNext::Retry => continue,
                 RxNext::Sleep => {
                     g = match self.rx_sleep(g, &mut sleep) {
@@ -938,14 +947,14 @@ impl Conn {
     /// Reader, nothing to read: whether it must not wait (`MSG_DONTWAIT`
     /// or non-blocking), or, after spinning (up to `cap` bytes, see
     /// [`Conn::rx_spin`]), whether something changed or it must sleep.
-    fn rx_next(&self, cap: Option<usize>, dontwait: bool) -> io::Result<RxNext> {
+    fn rx_next(&self, cap: Option<usize>, dontwait: bool, signals: &Watch) -> io::Result<RxNext> {
         if self.must_not_wait(dontwait)? {
             return Ok(RxNext::NoWait);
         }
         // Owed doorbells arriving must not make the sleep below end at once
         // and for ever: take what is there (the rest wakes it once).
         self.take_owed()?;
-        self.rx_spin(cap)?;
+        self.rx_spin(cap, signals)?;
         // An event loop of this process may have the ring in its poll
         // session: the sleep below needs the writer's doorbell.
         self.poll_cancel()?;
@@ -1028,7 +1037,7 @@ impl Conn {
             let take = doorbell::reader_settle(l.prod(), l.cons(), l.ring_len())
                 .map_err(|e| self.violation("receive ring", e))?;
             self.recv_bells(take)?;
-            match self.rx_next(None, false)? {
+            match self.rx_next(None, false, &sleep.signals)? {
                 RxNext::Retry => continue,
                 RxNext::Sleep => {
                     g = self.rx_sleep(g, &mut sleep)?;
@@ -1225,7 +1234,7 @@ impl Conn {
     ) -> io::Result<MutexGuard<'a, Vec<u8>>> {
         let p = &self.peer;
         let mut nonblocking = self.must_not_wait(dontwait)?;
-        if !nonblocking && self.tx_spin() {
+        if !nonblocking && self.tx_spin(&sleep.signals) {
             return Ok(g);
         }
         // About to arm the doorbells and sleep: check the flag.

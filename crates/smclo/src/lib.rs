@@ -28,6 +28,7 @@ pub mod registry;
 pub mod rendezvous;
 pub mod ring;
 mod rng;
+pub mod signal;
 pub mod sockaddr;
 pub mod ss;
 pub mod table;

@@ -16,6 +16,7 @@
 //! session open across the waits of a set, which outlives them.
 
 use crate::conn::Conn;
+use crate::signal::Watch;
 use std::io;
 use std::ops::BitOr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -102,18 +103,22 @@ impl Budget {
     }
 
     /// Spins for `time` ([`Budget::spin_time`]), calling `look` until it
-    /// finds something (`Some`) or fails, and records whether it found
-    /// something: the one spin of every wait (the preload's epoll, and
-    /// [`poll`]).
+    /// finds something (`Some`), fails, or `signals` sees a handler run
+    /// (the wait then does not sleep, [`Watch::check`]), and records
+    /// whether it found something: the one spin of every wait (the
+    /// preload's epoll, and [`poll`]).
     pub fn spin<T, E>(
         &self,
         time: Duration,
+        signals: &Watch,
         mut look: impl FnMut() -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
         let start = Instant::now();
         let r = loop {
             match look() {
-                Ok(None) if start.elapsed() < time => std::hint::spin_loop(),
+                Ok(None) if start.elapsed() < time && !signals.interrupted() => {
+                    std::hint::spin_loop()
+                }
                 r => break r,
             }
         };
@@ -212,10 +217,12 @@ impl<F: FnMut(&mut [libc::pollfd], Option<Duration>) -> io::Result<usize>> Kerne
 /// [`KERNEL_EVERY`], at the other descriptors; then it ends the session,
 /// makes every member's writer ring ([`Conn::poll_cancel`]), looks once
 /// more and only then sleeps in `kernel` with every descriptor, where a
-/// doorbell wakes it. `masked`: the kernel calls carry a signal mask, so
+/// doorbell wakes it. `mask`: the signal mask the kernel calls carry, so
 /// the kernel is asked every [`KERNEL_EVERY`] even with no other
-/// descriptor, to let a signal in. Returns the number of entries with
-/// `revents`, as `poll` does.
+/// descriptor, to let a signal in. A signal handler that runs in this
+/// thread during the wait (and that `mask` would not block) ends the spin,
+/// and the wait fails with `EINTR` instead of sleeping ([`crate::signal`]).
+/// Returns the number of entries with `revents`, as `poll` does.
 ///
 /// [`Conn::poll_begin`]: crate::conn::Conn::poll_begin
 /// [`Conn::poll_cancel`]: crate::conn::Conn::poll_cancel
@@ -224,10 +231,11 @@ pub fn poll(
     fds: &mut [libc::pollfd],
     members: &[Member<'_>],
     timeout: Option<Duration>,
-    masked: bool,
+    mask: Option<&libc::sigset_t>,
     kernel: impl Kernel,
 ) -> io::Result<usize> {
-    let others = masked
+    let signals = Watch::begin(mask);
+    let others = mask.is_some()
         || fds
             .iter()
             .enumerate()
@@ -240,7 +248,7 @@ pub fn poll(
         others,
         kernel,
     };
-    w.run(timeout)
+    w.run(timeout, &signals)
 }
 
 /// One [`poll`] in progress.
@@ -256,13 +264,14 @@ struct Wait<'a, 'm, K> {
 }
 
 impl<K: Kernel> Wait<'_, '_, K> {
-    fn run(&mut self, timeout: Option<Duration>) -> io::Result<usize> {
+    /// The wait; `signals`: the handlers run since it began.
+    fn run(&mut self, timeout: Option<Duration>, signals: &Watch) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
         if self.look() {
             let due = self.pace.kernel_due();
             return self.report(due);
         }
-        if let Some(n) = self.spin(deadline)? {
+        if let Some(n) = self.spin(deadline, signals)? {
             return Ok(n);
         }
         for m in self.members {
@@ -272,6 +281,7 @@ impl<K: Kernel> Wait<'_, '_, K> {
         if self.look() {
             return self.report(true);
         }
+        signals.check()?;
         let slept = Instant::now();
         self.pace.kernel_asked();
         let left = deadline.map(|d| d.saturating_duration_since(slept));
@@ -332,8 +342,8 @@ impl<K: Kernel> Wait<'_, '_, K> {
     }
 
     /// Spins for the pace's budget (within the deadline) in a poll
-    /// session; what it found, if anything.
-    fn spin(&mut self, deadline: Option<Instant>) -> io::Result<Option<usize>> {
+    /// session, until a signal handler runs; what it found, if anything.
+    fn spin(&mut self, deadline: Option<Instant>, signals: &Watch) -> io::Result<Option<usize>> {
         let time = self.pace.budget.spin_time(deadline);
         if time.is_zero() {
             return Ok(None);
@@ -344,7 +354,7 @@ impl<K: Kernel> Wait<'_, '_, K> {
             .map(|m| m.conn.poll_begin().is_ok())
             .collect();
         let pace = self.pace;
-        let r = pace.budget.spin(time, || self.look_once());
+        let r = pace.budget.spin(time, signals, || self.look_once());
         for (m, _) in self.members.iter().zip(begun).filter(|(_, b)| *b) {
             let _ = m.conn.poll_end();
         }

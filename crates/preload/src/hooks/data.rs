@@ -17,6 +17,7 @@
 //! Python, which never sets it); a program that mixes both sees `EINTR`
 //! also after a restarting handler.
 
+use super::signal::FAULTS;
 use super::{errno, fail, os_err, unsupported};
 use crate::real;
 use crate::table::{self, Sock};
@@ -33,15 +34,6 @@ const RECV_OK: c_int = libc::MSG_PEEK
     | libc::MSG_NOSIGNAL
     | libc::MSG_CMSG_CLOEXEC;
 const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
-
-/// Signals the kernel raises for a fault of the running thread.
-const FAULTS: [c_int; 5] = [
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGFPE,
-    libc::SIGILL,
-    libc::SIGTRAP,
-];
 
 /// Whether every signal handler that can run in this thread now was
 /// installed with `SA_RESTART` (see the module docs).

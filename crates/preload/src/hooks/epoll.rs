@@ -30,6 +30,7 @@ use crate::real;
 use crate::table::{self, Sock, F_EPOLL};
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use smclo::poller::{now_ns, Budget, Ready, KERNEL_EVERY};
+use smclo::signal::Watch;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -626,19 +627,21 @@ fn ms_left(deadline: Option<Instant>) -> c_int {
 }
 
 /// Spins for the set's budget (within the deadline), looking at the
-/// rings, and at the kernel every [`KERNEL_EVERY`].
+/// rings, and at the kernel every [`KERNEL_EVERY`], until a signal handler
+/// runs (`signals`).
 fn spin(
     sh: &Shadow,
     ep: RawFd,
     out: &mut [epoll_event],
     deadline: Option<Instant>,
     sigmask: *const sigset_t,
+    signals: &Watch,
 ) -> Result<usize, c_int> {
     let time = sh.budget.spin_time(deadline);
     if time.is_zero() {
         return Ok(0);
     }
-    let r = sh.budget.spin(time, || {
+    let r = sh.budget.spin(time, signals, || {
         let n = match scan(sh, out) {
             0 if kernel_due(sh) => kernel(sh, ep, out, 0, 0, sigmask)?,
             n => n,
@@ -648,7 +651,10 @@ fn spin(
     Ok(r.unwrap_or(0))
 }
 
-/// `epoll_pwait` over a shadowed set (`timeout` None: for ever).
+/// `epoll_pwait` over a shadowed set (`timeout` None: for ever). A signal
+/// handler that runs in this thread during the wait (one `sigmask` would
+/// not block) ends the spin, and the wait fails with `EINTR` instead of
+/// sleeping (`smclo::signal`).
 fn wait(
     sh: &Shadow,
     ep: RawFd,
@@ -656,6 +662,8 @@ fn wait(
     timeout: Option<Duration>,
     sigmask: *const sigset_t,
 ) -> Result<usize, c_int> {
+    // SAFETY: the caller's signal set, when not null.
+    let signals = Watch::begin(unsafe { sigmask.as_ref() });
     let deadline = timeout.map(|t| Instant::now() + t);
     open(sh);
     let n = scan(sh, out);
@@ -668,7 +676,7 @@ fn wait(
     if timeout == Some(Duration::ZERO) {
         return kernel(sh, ep, out, 0, 0, sigmask);
     }
-    let n = spin(sh, ep, out, deadline, sigmask)?;
+    let n = spin(sh, ep, out, deadline, sigmask, &signals)?;
     if n > 0 {
         return Ok(n);
     }
@@ -681,6 +689,9 @@ fn wait(
     sync(sh, ep);
     let slept = Instant::now();
     loop {
+        if signals.interrupted() {
+            return Err(libc::EINTR);
+        }
         let n = kernel(sh, ep, out, 0, ms_left(deadline), sigmask)?;
         sh.budget.woken(n > 0, slept);
         let also = ALSO.with(|a| a.borrow().iter().any(|p| p.revents != 0));

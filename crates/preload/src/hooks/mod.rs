@@ -24,6 +24,7 @@ mod poll;
 mod process;
 mod records;
 mod setup;
+mod signal;
 mod swap;
 mod target;
 mod unsupported;
@@ -34,6 +35,7 @@ pub use epoll::{epoll_pwait, epoll_pwait2, epoll_wait};
 pub use poll::{__poll_chk, __ppoll_chk, __select, poll, ppoll, pselect, select};
 pub use process::*;
 pub use setup::*;
+pub use signal::{__sysv_signal, bsd_signal, sigaction, siginterrupt, signal, sigset, sysv_signal};
 pub(crate) use swap::last_close;
 pub use unsupported::*;
 

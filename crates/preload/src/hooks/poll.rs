@@ -81,7 +81,9 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
             })
             .collect();
         let k = |f: &mut [pollfd], t| kernel(f, t, sigmask);
-        PACE.with(|p| smclo::poller::poll(p, fds, &members, t, !sigmask.is_null(), k))
+        // SAFETY: the caller's signal set, when not null.
+        let mask = unsafe { sigmask.as_ref() };
+        PACE.with(|p| smclo::poller::poll(p, fds, &members, t, mask, k))
     };
     match r {
         Ok(n) => n as c_int,

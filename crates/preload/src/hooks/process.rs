@@ -241,6 +241,7 @@ fn close_all_at_exit() {
 
 extern "C" fn at_load() {
     real::resolve_exit_path();
+    super::signal::at_load();
     adopt::at_load();
 }
 

@@ -162,7 +162,7 @@ impl<'a> Poller<'a> {
                 Source::Fd(_) => None,
             })
             .collect();
-        poller::poll(&self.pace, &mut fds, &members, timeout, false, kernel)?;
+        poller::poll(&self.pace, &mut fds, &members, timeout, None, kernel)?;
         events.extend(
             self.entries
                 .iter()

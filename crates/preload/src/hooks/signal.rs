@@ -1,0 +1,313 @@
+//! Signal handlers: each one the program installs runs through a
+//! trampoline that first tells the core it ran
+//! ([`smclo::signal::handler_ran`]), so that a wait spinning in user space
+//! stops and fails with `EINTR` (or restarts, `hooks::data`) as the
+//! kernel's sleep would have.
+//!
+//! `sigaction`, `signal`, `bsd_signal`, `sysv_signal`, `sigset` and
+//! `siginterrupt` are interposed (glibc's `signal` family calls its own
+//! `sigaction` directly, not ours). The wrapping is invisible: the kernel
+//! gets the program's mask and flags (`SA_RESTART`, `SA_RESETHAND`,
+//! `SA_NODEFER`, `SA_ONSTACK`, ...) with `SA_SIGINFO` added, and queries
+//! answer with the program's handler and flags. `SIG_IGN`, `SIG_DFL` and
+//! the handlers of fault signals ([`FAULTS`]: a thread that spins raises
+//! none) are installed as given. The trampoline calls the program's
+//! handler with the kernel's arguments and leaves `errno` as the handler
+//! does. Handlers installed with the raw system call are not wrapped; a
+//! wait does not see them run until it sleeps.
+
+use crate::real;
+use libc::{c_int, c_void, sighandler_t, siginfo_t};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Signals the kernel raises for a fault of the running thread.
+pub(super) const FAULTS: [c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+];
+
+/// Linux's signals are 1..=64.
+const NSIG: usize = 65;
+
+/// `sigset`'s disposition that blocks the signal instead.
+const SIG_HOLD: sighandler_t = 2;
+
+/// The program's handler of each signal: in `INFO` when it was installed
+/// with `SA_SIGINFO` (three arguments), in `PLAIN` otherwise; the other
+/// entry is 0. Atomics, as the trampoline reads them in a signal handler.
+static PLAIN: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+static INFO: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+
+/// Signals `siginterrupt` made interrupting: `signal` installs their
+/// handlers without `SA_RESTART`, as glibc's does.
+static INTERRUPTING: AtomicU64 = AtomicU64::new(0);
+
+/// What the kernel runs for a wrapped signal.
+extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
+    smclo::signal::handler_ran(sig);
+    let Some(i) = slot(sig) else { return };
+    let f = INFO[i].load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: `f` is the program's SA_SIGINFO handler, of this type.
+        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(f) };
+        return f(sig, info, ctx);
+    }
+    let f = PLAIN[i].load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: `f` is the program's one-argument handler.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(f) };
+        f(sig);
+    }
+}
+
+fn trampoline_addr() -> sighandler_t {
+    trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as sighandler_t
+}
+
+/// The table index of `sig`, if it is a signal.
+fn slot(sig: c_int) -> Option<usize> {
+    usize::try_from(sig)
+        .ok()
+        .filter(|&i| (1..NSIG).contains(&i))
+}
+
+/// The program's handler of slot `i`, as the table has it: (handler,
+/// installed with `SA_SIGINFO`).
+fn entry(i: usize) -> (sighandler_t, bool) {
+    match INFO[i].load(Ordering::Acquire) {
+        0 => (PLAIN[i].load(Ordering::Acquire), false),
+        f => (f, true),
+    }
+}
+
+fn set_entry(i: usize, (f, info): (sighandler_t, bool)) {
+    let (set, clear) = if info {
+        (&INFO, &PLAIN)
+    } else {
+        (&PLAIN, &INFO)
+    };
+    set[i].store(f, Ordering::Release);
+    clear[i].store(0, Ordering::Release);
+}
+
+/// A program's action the kernel gets with the trampoline in its place.
+struct Wrapped {
+    /// What the kernel gets.
+    act: libc::sigaction,
+    /// The table slot and entry of the program's handler.
+    slot: usize,
+    entry: (sighandler_t, bool),
+}
+
+/// `act` wrapped, when it is one to wrap.
+fn wrapped(sig: c_int, act: &libc::sigaction) -> Option<Wrapped> {
+    let h = act.sa_sigaction;
+    let i = slot(sig)?;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN || h == trampoline_addr() || FAULTS.contains(&sig) {
+        return None;
+    }
+    let mut w = *act;
+    w.sa_sigaction = trampoline_addr();
+    w.sa_flags |= libc::SA_SIGINFO;
+    Some(Wrapped {
+        act: w,
+        slot: i,
+        entry: (h, act.sa_flags & libc::SA_SIGINFO != 0),
+    })
+}
+
+/// A kernel answer made the program's: the trampoline becomes the handler
+/// of `prev` (the table entry at the time), with the program's flags.
+fn unwrap(old: &mut libc::sigaction, prev: (sighandler_t, bool)) {
+    if old.sa_sigaction != trampoline_addr() {
+        return;
+    }
+    old.sa_sigaction = prev.0;
+    if !prev.1 {
+        old.sa_flags &= !libc::SA_SIGINFO;
+    }
+}
+
+/// Interposed `sigaction(2)` (see the module docs). Async-signal-safe, as
+/// the real one: atomics and the real call.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    // SAFETY: the caller's action, when not null.
+    let wrap = unsafe { act.as_ref() }.and_then(|a| wrapped(sig, a));
+    let prev = slot(sig).map(entry);
+    let r = match &wrap {
+        Some(w) => {
+            // The trampoline may run as soon as the kernel has it.
+            set_entry(w.slot, w.entry);
+            // SAFETY: a valid action and the caller's `old`.
+            let r = unsafe { real::sigaction(sig, &w.act, old) };
+            if let (true, Some(p)) = (r != 0, prev) {
+                set_entry(w.slot, p);
+            }
+            r
+        }
+        // SAFETY: forwarded unchanged.
+        None => unsafe { real::sigaction(sig, act, old) },
+    };
+    // SAFETY: the caller's `old`, filled by the real call.
+    if let (0, Some(old), Some(p)) = (r, unsafe { old.as_mut() }, prev) {
+        unwrap(old, p);
+    }
+    r
+}
+
+/// `sigaction` with `handler`, `flags` and a mask of `mask` (or none):
+/// the previous handler, or `SIG_ERR`.
+fn install(sig: c_int, handler: sighandler_t, flags: c_int, mask: Option<c_int>) -> sighandler_t {
+    if handler == libc::SIG_ERR {
+        super::set_errno(libc::EINVAL);
+        return libc::SIG_ERR;
+    }
+    // SAFETY: an all-zero sigaction is a valid start (empty mask below).
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = flags;
+    // SAFETY: initialises the action's own mask.
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        if let Some(m) = mask {
+            libc::sigaddset(&mut act.sa_mask, m);
+        }
+    }
+    // SAFETY: as the zeroed action above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid action and storage.
+    if unsafe { sigaction(sig, &act, &mut old) } < 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+fn interrupting(sig: c_int) -> bool {
+    slot(sig).is_some_and(|i| INTERRUPTING.load(Ordering::Relaxed) & (1 << (i - 1)) != 0)
+}
+
+/// Interposed `signal(3)`: BSD semantics (`SA_RESTART` unless
+/// `siginterrupt` said otherwise, the signal blocked in its handler), as
+/// glibc's.
+#[no_mangle]
+pub extern "C" fn signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
+    let flags = if interrupting(sig) {
+        0
+    } else {
+        libc::SA_RESTART
+    };
+    install(sig, handler, flags, Some(sig))
+}
+
+/// Interposed `bsd_signal(3)`: `signal`.
+#[no_mangle]
+pub extern "C" fn bsd_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
+    signal(sig, handler)
+}
+
+/// Interposed `sysv_signal(3)`: System V semantics (reset on delivery,
+/// not blocked in its handler, no restart), as glibc's.
+#[no_mangle]
+pub extern "C" fn sysv_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
+    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, None)
+}
+
+/// glibc's other name of `sysv_signal`.
+#[no_mangle]
+pub extern "C" fn __sysv_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
+    sysv_signal(sig, handler)
+}
+
+/// Blocks (`SIG_BLOCK`) or unblocks `sig` in this thread; whether it was
+/// blocked before (`None`: failed).
+fn mask_one(how: c_int, sig: c_int) -> Option<bool> {
+    // SAFETY: all-zero sigsets are valid storage; sigemptyset initialises.
+    let (mut set, mut old): (libc::sigset_t, libc::sigset_t) = unsafe { std::mem::zeroed() };
+    // SAFETY: local sets; the thread's mask.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        if libc::sigaddset(&mut set, sig) < 0 || libc::sigprocmask(how, &set, &mut old) < 0 {
+            return None;
+        }
+        Some(libc::sigismember(&old, sig) == 1)
+    }
+}
+
+/// Interposed `sigset(3)`, as glibc's: `SIG_HOLD` blocks the signal;
+/// another disposition is installed (no flags) and unblocks it. The
+/// previous disposition, `SIG_HOLD` if the signal was blocked.
+#[no_mangle]
+pub extern "C" fn sigset(sig: c_int, disp: sighandler_t) -> sighandler_t {
+    if disp == SIG_HOLD {
+        return match mask_one(libc::SIG_BLOCK, sig) {
+            None => libc::SIG_ERR,
+            Some(true) => SIG_HOLD,
+            Some(false) => install_query(sig),
+        };
+    }
+    let old = install(sig, disp, 0, None);
+    if old == libc::SIG_ERR {
+        return old;
+    }
+    match mask_one(libc::SIG_UNBLOCK, sig) {
+        None => libc::SIG_ERR,
+        Some(true) => SIG_HOLD,
+        Some(false) => old,
+    }
+}
+
+/// The program's handler of `sig`, or `SIG_ERR`.
+fn install_query(sig: c_int) -> sighandler_t {
+    // SAFETY: an all-zero sigaction is valid storage for the query.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (no new action).
+    if unsafe { sigaction(sig, std::ptr::null(), &mut old) } < 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+/// Interposed `siginterrupt(3)`, as glibc's: `SA_RESTART` off (`flag`
+/// non-zero) or on for the handler of `sig`, and for those `signal`
+/// installs later.
+#[no_mangle]
+pub extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
+    // SAFETY: an all-zero sigaction is valid storage for the query.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (no new action).
+    if unsafe { sigaction(sig, std::ptr::null(), &mut act) } < 0 {
+        return -1;
+    }
+    let bit = slot(sig).map_or(0, |i| 1u64 << (i - 1));
+    if flag != 0 {
+        INTERRUPTING.fetch_or(bit, Ordering::Relaxed);
+        act.sa_flags &= !libc::SA_RESTART;
+    } else {
+        INTERRUPTING.fetch_and(!bit, Ordering::Relaxed);
+        act.sa_flags |= libc::SA_RESTART;
+    }
+    // SAFETY: the program's own action, changed in one flag.
+    unsafe { sigaction(sig, &act, std::ptr::null_mut()) }
+}
+
+/// Finds the real `sigaction` ahead of time: the first call may come from
+/// a signal handler, where `dlsym` must not run.
+pub(super) fn at_load() {
+    // SAFETY: an all-zero sigaction is valid storage for the query.
+    let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (no new action); errno is put back.
+    unsafe {
+        let e = super::errno();
+        real::sigaction(libc::SIGUSR1, std::ptr::null(), &mut a);
+        super::set_errno(e);
+    }
+}
