@@ -233,7 +233,9 @@ impl AsRawFd for SmcListener {
 /// `poll`/`epoll` report readable and writable exactly when `read`/`write`
 /// would make progress. A blocking call that a signal handler interrupts
 /// before it moved any byte fails with [`io::ErrorKind::Interrupted`]
-/// (`read_exact` and `write_all` retry it, as for a `TcpStream`).
+/// (`read_exact` and `write_all` retry it, as for a `TcpStream`); while
+/// the call spins before it sleeps, only a handler that calls
+/// [`crate::signal::handler_ran`] is seen.
 pub struct SmcStream {
     // Field order matters: the SMC-D end closes (and delivers its close
     // flag) before the TCP connection, which only carries identity.

@@ -137,7 +137,9 @@ impl<'a> Poller<'a> {
     /// Waits at most `timeout` (`None`: for ever) until a registration is
     /// ready, and puts every ready one in `events` (cleared first); their
     /// number. Level-triggered: what stays ready is reported again. A
-    /// signal handler ends a wait that sleeps (`ErrorKind::Interrupted`).
+    /// signal handler ends a wait that sleeps (`ErrorKind::Interrupted`),
+    /// and one that spins if the handler calls
+    /// [`crate::signal::handler_ran`].
     pub fn wait(&self, events: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<usize> {
         events.clear();
         let mut fds: Vec<libc::pollfd> = self
