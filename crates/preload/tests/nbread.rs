@@ -23,17 +23,24 @@ fn nbread() -> &'static Path {
     EXE.get_or_init(|| compile("nbread", &[]))
 }
 
-/// What [`run`] counts under `perf`: every system call, `fcntl`, and
-/// `recvfrom` with `MSG_PEEK | MSG_DONTWAIT` (the look for a dead peer's
-/// end of file; taking a doorbell does not peek).
-const EVENTS: [&str; 6] = [
+/// What [`run`] counts under `perf`: every system call, `fcntl`, the
+/// kernel's `select` (either call), and last `recvfrom` with `MSG_PEEK |
+/// MSG_DONTWAIT` (the look for a dead peer's end of file; taking a
+/// doorbell does not peek).
+const EVENTS: [&str; 10] = [
     "-e",
     "raw_syscalls:sys_enter",
     "-e",
     "syscalls:sys_enter_fcntl",
     "-e",
+    "syscalls:sys_enter_select",
+    "-e",
+    "syscalls:sys_enter_pselect6",
+    "-e",
     "syscalls:sys_enter_recvfrom",
 ];
+/// How many counts [`EVENTS`] gives.
+const COUNTS: usize = EVENTS.len() / 2;
 const PEEK_FILTER: &str = "flags == 0x42";
 
 /// Runs `nbread args` under the preload on a device of its own (under
@@ -98,7 +105,7 @@ fn perf_usable() -> bool {
 }
 
 /// The counts of [`EVENTS`], in order, in a `perf stat -x,` output file.
-fn perf_counts(path: &Path) -> [u64; 3] {
+fn perf_counts(path: &Path) -> [u64; COUNTS] {
     let s = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<u64> = s
         .lines()
@@ -106,18 +113,13 @@ fn perf_counts(path: &Path) -> [u64; 3] {
         .filter_map(|l| l.split(',').next()?.trim().parse().ok())
         .collect();
     v.try_into()
-        .unwrap_or_else(|_| panic!("not 3 counts in perf output:\n{s}"))
+        .unwrap_or_else(|_| panic!("not {COUNTS} counts in perf output:\n{s}"))
 }
 
-/// An edge-triggered epoll echo server that reads until `EAGAIN`, and a
-/// client under the preload too that sends 64-byte requests and reads each
-/// answer: system calls per request, both processes together, as the
-/// difference between 20000 and 2000 requests (which cancels the setup).
-/// The read that found the ring empty made an `fcntl(F_GETFL)` (is the
-/// descriptor still non-blocking?) and a `recvfrom(MSG_PEEK)` (has a dead
-/// peer's channel reached end of file?) per request: about 1 of each.
-#[test]
-fn read_until_eagain_makes_no_system_call() {
+/// System calls per request of `nbread mode N` ([`EVENTS`], both processes
+/// together), as the difference between 20000 and 2000 requests (which
+/// cancels the setup), and the line that tells them.
+fn per_request(mode: &str) -> (Vec<f64>, String) {
     assert!(
         perf_usable(),
         "perf stat cannot count system-call tracepoints: system calls cannot be counted \
@@ -125,27 +127,39 @@ fn read_until_eagain_makes_no_system_call() {
     );
     let count = |n: u64| {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("nbread-perf-{}-{n}", std::process::id()));
-        run(&["echo", &n.to_string()], Some(&out));
+            .join(format!("nbread-perf-{}-{mode}-{n}", std::process::id()));
+        run(&[mode, &n.to_string()], Some(&out));
         let c = perf_counts(&out);
         let _ = std::fs::remove_file(&out);
         c
     };
     let few = count(2000);
     let many = count(20000);
-    let per: Vec<f64> = (0..3)
+    let per: Vec<f64> = (0..COUNTS)
         .map(|i| many[i].saturating_sub(few[i]) as f64 / 18000.0)
         .collect();
     let msg = format!(
-        "per request: {:.3} system calls, {:.3} fcntl, {:.3} recvfrom(MSG_PEEK) ({few:?} for 2000, {many:?} for 20000)",
-        per[0], per[1], per[2]
+        "per request: {:.3} system calls, {:.3} fcntl, {:.3} select, {:.3} recvfrom(MSG_PEEK) ({few:?} for 2000, {many:?} for 20000)",
+        per[0], per[1], per[2] + per[3], per[4]
     );
+    (per, msg)
+}
+
+/// An edge-triggered epoll echo server that reads until `EAGAIN`, and a
+/// client under the preload too that sends 64-byte requests and reads each
+/// answer ([`per_request`]). The read that found the ring empty made an
+/// `fcntl(F_GETFL)` (is the descriptor still non-blocking?) and a
+/// `recvfrom(MSG_PEEK)` (has a dead peer's channel reached end of file?)
+/// per request: about 1 of each.
+#[test]
+fn read_until_eagain_makes_no_system_call() {
+    let (per, msg) = per_request("echo");
     eprintln!("{msg}");
     // Both were about 1 per request. The total depends on how often the
     // waits had to sleep (a loaded machine deschedules the spinners), so
     // it is only shown.
     assert!(per[1] < 0.05, "fcntl per request: {msg}");
-    assert!(per[2] < 0.05, "peeks per request: {msg}");
+    assert!(per[4] < 0.05, "peeks per request: {msg}");
 }
 
 /// A fork child that shares the open file turns it blocking, then
@@ -176,4 +190,17 @@ fn peer_killed_during_edge_triggered_wait() {
 fn peer_killed_during_busy_read_loop() {
     let out = run(&["kill-busy"], None);
     eprintln!("{out}");
+}
+
+/// `select` with a set larger than `FD_SETSIZE` (2048 bits, the connection
+/// at descriptor 1500) is served as a smaller one: the rings answer for
+/// the connection. It went to the real `select`, where only the channel
+/// answered: a system call per wait, and a doorbell per message.
+#[test]
+fn select_above_fd_setsize_is_served() {
+    let (per, msg) = per_request("select-high");
+    eprintln!("{msg}");
+    // About 1 per request before (and the rest as for a smaller set).
+    assert!(per[2] + per[3] < 0.05, "kernel selects per request: {msg}");
+    run(&["shutrd-high"], None);
 }

@@ -13,9 +13,9 @@ use super::{fail, os_err};
 use crate::real;
 use crate::table::{self, Sock, F_PENDING};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
-use smclo::poller::{Member, Pace, Ready};
+use smclo::poller::{now_ns, Member, Pace, Ready};
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -209,17 +209,43 @@ const SELECT_SETS: [(i16, i16); 3] = [
     (libc::POLLPRI, libc::POLLPRI),
 ];
 
-/// The three sets of a `select` call.
+/// The three sets of a `select` call. A set holds as many bits as the
+/// call's `nfds` names, which may be more than `fd_set`'s `FD_SETSIZE`
+/// (programs that allocate larger sets), so its bits are reached as an
+/// array of words, never through `fd_set`'s fixed-size type.
 struct FdSets([*mut fd_set; 3]);
 
+/// Bits per word of an `fd_set`.
+const SET_WORD_BITS: usize = libc::c_ulong::BITS as usize;
+
 impl FdSets {
+    /// The word of set `k` that holds `fd`'s bit, and the bit.
+    fn word(&self, k: usize, fd: c_int) -> (*mut libc::c_ulong, libc::c_ulong) {
+        let fd = fd as usize;
+        let w = self.0[k]
+            .cast::<libc::c_ulong>()
+            .wrapping_add(fd / SET_WORD_BITS);
+        (w, 1 << (fd % SET_WORD_BITS))
+    }
+
     /// Whether `fd` is in set `k`.
     ///
     /// # Safety
     /// Set `k` is null or holds at least `fd + 1` bits.
     unsafe fn has(&self, k: usize, fd: c_int) -> bool {
-        // SAFETY: as the caller guarantees.
-        !self.0[k].is_null() && unsafe { libc::FD_ISSET(fd, self.0[k]) }
+        let (w, bit) = self.word(k, fd);
+        // SAFETY: as the caller guarantees; the program's own memory.
+        !self.0[k].is_null() && unsafe { w.read_unaligned() } & bit != 0
+    }
+
+    /// Adds `fd` to set `k` (not null).
+    ///
+    /// # Safety
+    /// As for [`FdSets::has`].
+    unsafe fn set(&self, k: usize, fd: c_int) {
+        let (w, bit) = self.word(k, fd);
+        // SAFETY: as the caller guarantees; the program's own memory.
+        unsafe { w.write_unaligned(w.read_unaligned() | bit) };
     }
 
     /// The `pollfd` array `select` waits on (`nfds` bits of each set).
@@ -228,7 +254,18 @@ impl FdSets {
     /// As for [`FdSets::has`], for every `fd < nfds`.
     unsafe fn pollfds(&self, nfds: c_int) -> Vec<pollfd> {
         let mut v = Vec::new();
-        for fd in 0..nfds {
+        let mut fd = 0;
+        while fd < nfds {
+            let empty = |k: usize| {
+                // SAFETY: fd < nfds; a set's word is whole (sets are arrays
+                // of words).
+                self.0[k].is_null() || unsafe { self.word(k, fd).0.read_unaligned() } == 0
+            };
+            if (0..3).all(empty) {
+                // A word with no bit in any set (most of a large set).
+                fd += SET_WORD_BITS as c_int;
+                continue;
+            }
             // SAFETY: fd < nfds.
             let events = (0..3)
                 .filter(|&k| unsafe { self.has(k, fd) })
@@ -240,6 +277,7 @@ impl FdSets {
                     revents: 0,
                 });
             }
+            fd += 1;
         }
         v
     }
@@ -250,7 +288,7 @@ impl FdSets {
     /// # Safety
     /// Each set is null or holds at least `nfds` bits, rounded up to words.
     unsafe fn write_back(&self, nfds: c_int, fds: &[pollfd]) -> c_int {
-        let words = (nfds as usize).div_ceil(64);
+        let words = (nfds as usize).div_ceil(SET_WORD_BITS);
         let mut count = 0;
         for (k, &(asked, back)) in SELECT_SETS.iter().enumerate() {
             let set = self.0[k];
@@ -259,13 +297,13 @@ impl FdSets {
             }
             // SAFETY: the set holds `words` words (fd_set is an array of
             // longs); the program's own memory.
-            unsafe { std::ptr::write_bytes(set.cast::<u64>(), 0, words) };
+            unsafe { std::ptr::write_bytes(set.cast::<libc::c_ulong>(), 0, words) };
             for p in fds
                 .iter()
                 .filter(|p| p.events & asked != 0 && p.revents & back != 0)
             {
                 // SAFETY: p.fd < nfds.
-                unsafe { libc::FD_SET(p.fd, set) };
+                unsafe { self.set(k, p.fd) };
                 count += 1;
             }
         }
@@ -285,7 +323,7 @@ unsafe fn select_served(
     t: Option<Duration>,
     sigmask: *const sigset_t,
 ) -> Option<c_int> {
-    if !(0..=libc::FD_SETSIZE as c_int).contains(&nfds) {
+    if nfds < 0 || !select_readable(nfds) {
         return None;
     }
     // SAFETY: the sets hold `nfds` bits (the caller's contract).
@@ -308,6 +346,49 @@ unsafe fn select_served(
             return Some(unsafe { sets.write_back(nfds, &fds) });
         }
     }
+}
+
+/// This process's descriptor table size (`FDSize` of /proc/self/status)
+/// as last read, 0 before; the table never shrinks while the process
+/// lives (a fork child's may be smaller: [`forget_fd_table`]).
+static FD_TABLE: AtomicI32 = AtomicI32::new(0);
+/// When [`FD_TABLE`] was last read ([`now_ns`]).
+static FD_TABLE_AT: AtomicU64 = AtomicU64::new(0);
+/// How often a `select` with more bits than the known table reads it
+/// again (in between such calls go to the kernel as they are).
+const FD_TABLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether the sets of a `select` over `nfds` are read here: the kernel
+/// reads no bit beyond its descriptor table, so a program may pass a
+/// larger `nfds` than its sets hold (`getdtablesize()` with `fd_set`s).
+/// Up to `FD_SETSIZE` (an `fd_set`'s size) or the table's size the sets
+/// hold `nfds` bits; beyond, the kernel answers.
+fn select_readable(nfds: c_int) -> bool {
+    if nfds <= libc::FD_SETSIZE as c_int || nfds <= FD_TABLE.load(Ordering::Relaxed) {
+        return true;
+    }
+    let at = FD_TABLE_AT.load(Ordering::Relaxed);
+    if at != 0 && now_ns().saturating_sub(at) < FD_TABLE_EVERY.as_nanos() as u64 {
+        return false;
+    }
+    FD_TABLE_AT.store(now_ns().max(1), Ordering::Relaxed);
+    let size = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|st| {
+            st.lines()
+                .find_map(|l| l.strip_prefix("FDSize:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    FD_TABLE.store(size, Ordering::Relaxed);
+    nfds <= size
+}
+
+/// In a fork child, whose descriptor table may be smaller than the
+/// parent's: [`FD_TABLE`] is read again when needed.
+pub(super) fn forget_fd_table() {
+    FD_TABLE.store(0, Ordering::Relaxed);
+    FD_TABLE_AT.store(0, Ordering::Relaxed);
 }
 
 /// `poll` reports `POLLHUP` whatever was asked, which `select` counts only

@@ -35,6 +35,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     if pid == 0 {
         g.forget();
         LOCK.reset_in_child();
+        super::poll::forget_fd_table();
         drop(socks);
         return 0;
     }

@@ -12,7 +12,11 @@
  *              SCM_RIGHTS
  *   kill-et    the peer is killed (SIGKILL) while the server waits in an
  *              edge-triggered epoll_wait: it is told, and reads the end
- *   kill-busy  the same while the server busy-loops on non-blocking reads */
+ *   kill-busy  the same while the server busy-loops on non-blocking reads
+ *   select-high N  "echo" over select on a descriptor above FD_SETSIZE (a
+ *              set of 2048 bits, as programs that allocate larger sets)
+ *   shutrd-high  select reports that descriptor readable after a local
+ *              shutdown(SHUT_RD), which only the preload knows */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -108,6 +113,59 @@ static void echo_server(int fd) {
         if (n != 1) fail("epoll_wait returned %d", n);
         if (drain_echo(fd)) break;
     }
+    close(fd);
+}
+
+/* A descriptor above FD_SETSIZE for the connection `fd` (closed). */
+#define HIGH_FD 1500
+#define BIG_BITS 2048
+static int move_high(int fd) {
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r)) fail("getrlimit");
+    if (r.rlim_cur < BIG_BITS) {
+        r.rlim_cur = BIG_BITS;
+        if (r.rlim_max < BIG_BITS) r.rlim_max = BIG_BITS;
+        if (setrlimit(RLIMIT_NOFILE, &r)) fail("setrlimit");
+    }
+    if (dup2(fd, HIGH_FD) != HIGH_FD) fail("dup2 to %d", HIGH_FD);
+    close(fd);
+    return HIGH_FD;
+}
+
+/* select for reading on `fd` with a set of BIG_BITS bits; its result. */
+static int select_big(int fd, int timeout_ms) {
+    unsigned long set[BIG_BITS / (8 * sizeof(unsigned long))];
+    memset(set, 0, sizeof set);
+    set[fd / (8 * sizeof(unsigned long))] |= 1UL << (fd % (8 * sizeof(unsigned long)));
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
+    int n = select(fd + 1, (fd_set *)set, NULL, NULL, &tv);
+    if (n < 0) fail("select");
+    int in = (set[fd / (8 * sizeof(unsigned long))] >> (fd % (8 * sizeof(unsigned long)))) & 1;
+    if (n != in) fail("select returned %d with the bit %d", n, in);
+    return n;
+}
+
+static void select_echo_server(int fd) {
+    fd = move_high(fd);
+    set_nb(fd, 1);
+    for (;;) {
+        if (select_big(fd, 10000) != 1) fail("select timed out");
+        if (drain_echo(fd)) break;
+    }
+    close(fd);
+}
+
+static void check_shutrd_high(int fd) {
+    fd = move_high(fd);
+    set_nb(fd, 1);
+    if (select_big(fd, 0) != 0) fail("readable before the shutdown");
+    if (shutdown(fd, SHUT_RD)) fail("shutdown");
+    double t0 = now_ms();
+    int n = select_big(fd, 2000);
+    double dt = now_ms() - t0;
+    if (n != 1 || dt > 1000) fail("select after SHUT_RD returned %d after %.0f ms", n, dt);
+    char c;
+    if (read(fd, &c, 1) != 0) fail("read after SHUT_RD");
     close(fd);
 }
 
@@ -306,7 +364,7 @@ int main(int argc, char **argv) {
         if (sv[0] >= 0) close(sv[0]);
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
-        if (!strcmp(mode, "echo")) {
+        if (!strcmp(mode, "echo") || !strcmp(mode, "select-high")) {
             echo_client(fd, n);
         } else if (!strncmp(mode, "kill-", 5)) {
             unsigned char b[64];
@@ -327,6 +385,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "scm")) check_scm(fd, sv[0]);
     else if (!strcmp(mode, "kill-et")) check_kill(fd, 1);
     else if (!strcmp(mode, "kill-busy")) check_kill(fd, 0);
+    else if (!strcmp(mode, "select-high")) select_echo_server(fd);
+    else if (!strcmp(mode, "shutrd-high")) check_shutrd_high(fd);
     else fail("unknown mode");
     close(quit[1]);
     int st;
