@@ -147,7 +147,7 @@ pub fn spin_budget() -> Duration {
 struct Sleep {
     timeout: Option<Duration>,
     end: Option<Instant>,
-    signals: Watch,
+    signals: Watch<'static>,
 }
 
 impl Sleep {

@@ -42,39 +42,33 @@ pub fn handler_ran(sig: libc::c_int) {
 /// began ([`Watch::begin`]), leaving out those the wait's signal mask
 /// blocks.
 #[derive(Debug)]
-pub struct Watch {
+pub struct Watch<'m> {
     /// What [`RAN`] held when the watch began: given back at its end, so
     /// that a wait inside a signal handler does not hide the handler from
     /// the wait it interrupted.
     before: u64,
-    /// Signals the wait's mask blocks: the kernel would not have let them
-    /// interrupt it, so their handlers (which ran now, and not after the
-    /// wait, only because the spin runs with the thread's own mask) do not.
-    blocked: u64,
+    /// The wait's signal mask: the kernel would not have let the signals
+    /// it blocks interrupt the wait, so their handlers (which ran now, and
+    /// not after the wait, only because the spin runs with the thread's
+    /// own mask) do not.
+    mask: Option<&'m libc::sigset_t>,
 }
 
-impl Watch {
+impl<'m> Watch<'m> {
     /// Begins watching for handlers in this thread; `mask`: the wait's
     /// signal mask, if it has one (`ppoll`, `pselect`, `epoll_pwait`).
-    pub fn begin(mask: Option<&libc::sigset_t>) -> Watch {
-        let blocked = mask.map_or(0, |m| {
-            (1..=64).fold(0, |b, sig| {
-                // SAFETY: `m` is an initialised signal set.
-                match unsafe { libc::sigismember(m, sig) } {
-                    1 => b | bit(sig),
-                    _ => b,
-                }
-            })
-        });
+    pub fn begin(mask: Option<&'m libc::sigset_t>) -> Watch<'m> {
         Watch {
             before: RAN.with(|r| r.swap(0, Ordering::Relaxed)),
-            blocked,
+            mask,
         }
     }
 
     /// Whether a handler that interrupts this wait ran since it began.
     pub fn interrupted(&self) -> bool {
-        RAN.with(|r| r.load(Ordering::Relaxed)) & !self.blocked != 0
+        let ran = RAN.with(|r| r.load(Ordering::Relaxed));
+        // The mask is looked at only once a handler ran: rarely.
+        ran != 0 && ran & !self.mask.map_or(0, blocked) != 0
     }
 
     /// Before a sleep: `EINTR` if a handler that interrupts this wait ran
@@ -87,7 +81,18 @@ impl Watch {
     }
 }
 
-impl Drop for Watch {
+/// The signals `mask` blocks, as bits.
+fn blocked(mask: &libc::sigset_t) -> u64 {
+    (1..=64).fold(0, |b, sig| {
+        // SAFETY: `mask` is an initialised signal set.
+        match unsafe { libc::sigismember(mask, sig) } {
+            1 => b | bit(sig),
+            _ => b,
+        }
+    })
+}
+
+impl Drop for Watch<'_> {
     fn drop(&mut self) {
         RAN.with(|r| r.fetch_or(self.before, Ordering::Relaxed));
     }
