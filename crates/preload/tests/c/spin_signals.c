@@ -2,14 +2,16 @@
  * would sleep in the kernel) interrupt it as they would the kernel's sleep
  * (signal(7)). Usage: spin_signals MODE, one of
  *   eintr    each wait on an idle SMC-D connection (epoll_wait, epoll_pwait
- *            with an empty mask, poll, ppoll, select, pselect, all with 5 s;
+ *            with an empty mask, epoll_pwait2, poll, ppoll, select, pselect,
+ *            all with 5 s;
  *            a blocking recv; a blocking send on a full ring) with a SIGUSR1
  *            handler without SA_RESTART, signalled once 20 ms after the
  *            wait began: -1 EINTR. A second signal 3 s later rescues a wait
  *            the first did not end, so that a failure says how long it took
  *   masked   epoll_pwait and ppoll of 300 ms whose mask blocks SIGUSR1: the
  *            handler runs (the thread's own mask lets it in) but the wait is
- *            not interrupted and times out, as the kernel's would
+ *            not interrupted and times out, as the kernel's would; and a
+ *            poll of 300 ms while the handler runs in another thread
  *   restart  the handler with SA_RESTART: poll still fails with EINTR, a
  *            blocking recv is restarted and returns the byte the peer sends
  *            after 500 ms
@@ -102,6 +104,20 @@ static int w_epoll(int ms, int masked) {
     return r;
 }
 
+/* epoll_pwait2 without a mask (a timespec timeout). */
+static int w_epoll2(int ms, int masked) {
+    (void)masked;
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) fail("epoll");
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    int r = epoll_pwait2(ep, &ev, 1, &ts, NULL);
+    int e = errno;
+    close(ep);
+    errno = e;
+    return r;
+}
+
 static int w_poll(int ms, int masked) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (masked < 0) return poll(&p, 1, ms);
@@ -157,15 +173,26 @@ struct wait {
     int (*fn)(int ms, int masked);
     int ms, masked;
     pthread_t thread;
+    /* Signal this thread instead of the waiting one, when set. */
+    pthread_t other;
+    int has_other;
     volatile int done;
 };
 
 static void *shooter(void *arg) {
     struct wait *w = arg;
+    pthread_t to = w->has_other ? w->other : w->thread;
     usleep(20000);
-    pthread_kill(w->thread, SIGUSR1);
+    pthread_kill(to, SIGUSR1);
     for (int i = 0; i < 300 && !w->done; i++) usleep(10000);
-    if (!w->done) pthread_kill(w->thread, SIGUSR1);
+    if (!w->done) pthread_kill(to, SIGUSR1);
+    return NULL;
+}
+
+/* A thread that only takes signals, until the process ends. */
+static void *bystander(void *arg) {
+    (void)arg;
+    for (;;) pause();
     return NULL;
 }
 
@@ -186,11 +213,20 @@ static void *waiter(void *arg) {
     return NULL;
 }
 
-static void run(const char *name, int (*fn)(int, int), int ms, int masked) {
+static void run_to(const char *name, int (*fn)(int, int), int ms, int masked,
+                   const pthread_t *other) {
     struct wait w = {.name = name, .fn = fn, .ms = ms, .masked = masked};
+    if (other) {
+        w.other = *other;
+        w.has_other = 1;
+    }
     pthread_t t;
     if (pthread_create(&t, NULL, waiter, &w)) fail("pthread_create");
     pthread_join(t, NULL);
+}
+
+static void run(const char *name, int (*fn)(int, int), int ms, int masked) {
+    run_to(name, fn, ms, masked, NULL);
 }
 
 /* ----- the peer ----------------------------------------------------------- */
@@ -362,6 +398,7 @@ int main(int argc, char **argv) {
         handler(0);
         run("epoll_wait", w_epoll, 5000, -1);
         run("epoll_pwait", w_epoll, 5000, 0);
+        run("epoll_pwait2", w_epoll2, 5000, -1);
         run("poll", w_poll, 5000, -1);
         run("ppoll", w_poll, 5000, 0);
         run("select", w_select, 5000, -1);
@@ -373,6 +410,10 @@ int main(int argc, char **argv) {
         handler(0);
         run("epoll_pwait", w_epoll, 300, 1);
         run("ppoll", w_poll, 300, 1);
+        /* A handler in another thread does not interrupt this one's wait. */
+        pthread_t b;
+        if (pthread_create(&b, NULL, bystander, NULL)) fail("pthread_create");
+        run_to("poll_other_thread", w_poll, 300, -1, &b);
     } else if (!strcmp(mode, "restart")) {
         handler(SA_RESTART);
         run("poll", w_poll, 5000, -1);
