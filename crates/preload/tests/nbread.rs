@@ -204,3 +204,17 @@ fn select_above_fd_setsize_is_served() {
     assert!(per[2] + per[3] < 0.05, "kernel selects per request: {msg}");
     run(&["shutrd-high"], None);
 }
+
+/// `EAGAIN` itself: non-blocking reads on an empty ring in a busy loop,
+/// and non-blocking writes into a full ring (the first one arms the
+/// doorbells; the rest find them armed). Each made an `fcntl(F_GETFL)`,
+/// and each read a `recvfrom(MSG_PEEK)` too; the reads now look for end
+/// of file every 200 us only ([`peer_killed_during_busy_read_loop`]).
+#[test]
+fn eagain_in_a_busy_loop_makes_no_system_call() {
+    for mode in ["eagain-read", "eagain-write"] {
+        let (per, msg) = per_request(mode);
+        eprintln!("{mode}: {msg}");
+        assert!(per[0] < 0.05, "{mode}: system calls per call: {msg}");
+    }
+}

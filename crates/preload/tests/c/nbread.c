@@ -16,7 +16,9 @@
  *   select-high N  "echo" over select on a descriptor above FD_SETSIZE (a
  *              set of 2048 bits, as programs that allocate larger sets)
  *   shutrd-high  select reports that descriptor readable after a local
- *              shutdown(SHUT_RD), which only the preload knows */
+ *              shutdown(SHUT_RD), which only the preload knows
+ *   eagain-read N   N non-blocking reads on the empty ring, each EAGAIN
+ *   eagain-write N  the ring filled, then N non-blocking writes, each EAGAIN */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -166,6 +168,19 @@ static void check_shutrd_high(int fd) {
     if (n != 1 || dt > 1000) fail("select after SHUT_RD returned %d after %.0f ms", n, dt);
     char c;
     if (read(fd, &c, 1) != 0) fail("read after SHUT_RD");
+    close(fd);
+}
+
+static void check_eagain(int fd, int out, long n) {
+    set_nb(fd, 1);
+    static char b[65536];
+    if (out)
+        while (write(fd, b, sizeof b) > 0) {
+        }
+    for (long i = 0; i < n; i++) {
+        ssize_t k = out ? write(fd, b, 1) : read(fd, b, 1);
+        if (!(k < 0 && errno == EAGAIN)) fail("%s %ld returned %zd", out ? "write" : "read", i, k);
+    }
     close(fd);
 }
 
@@ -387,6 +402,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "kill-busy")) check_kill(fd, 0);
     else if (!strcmp(mode, "select-high")) select_echo_server(fd);
     else if (!strcmp(mode, "shutrd-high")) check_shutrd_high(fd);
+    else if (!strcmp(mode, "eagain-read")) check_eagain(fd, 0, n);
+    else if (!strcmp(mode, "eagain-write")) check_eagain(fd, 1, n);
     else fail("unknown mode");
     close(quit[1]);
     int st;
