@@ -192,6 +192,14 @@ fn peer_killed_during_busy_read_loop() {
     eprintln!("{out}");
 }
 
+/// The same while the server waits in `poll` (the core's wait, which
+/// tells the connection what the kernel reported).
+#[test]
+fn peer_killed_during_poll() {
+    let out = run(&["kill-poll"], None);
+    eprintln!("{out}");
+}
+
 /// `select` with a set larger than `FD_SETSIZE` (2048 bits, the connection
 /// at descriptor 1500) is served as a smaller one: the rings answer for
 /// the connection. It went to the real `select`, where only the channel

@@ -189,3 +189,40 @@ fn killed_peer_with_nonblocking_survivor() {
     };
     assert_eq!(end, Some(libc::ECONNRESET));
 }
+
+/// The connection keeps `O_NONBLOCK` as `set_nonblocking` set it and does
+/// not ask the descriptor while no other process shares its open file;
+/// after a `fork` it asks: a child that turns the shared open file
+/// blocking makes the parent's read wait (here, for its 300 ms timeout),
+/// as the kernel's would, where the kept flag said non-blocking.
+#[test]
+fn fork_child_turns_the_shared_open_file_blocking() {
+    let _g = FORKING.lock().unwrap_or_else(|p| p.into_inner());
+    let (a, _b) = pair();
+    a.set_nonblocking(true).unwrap();
+    a.set_read_timeout(Some(Duration::from_millis(300)));
+    let mut buf = [0u8; 16];
+    let t0 = Instant::now();
+    let e = a.read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    assert!(t0.elapsed() < Duration::from_millis(200), "non-blocking");
+    // SAFETY: the child makes one fcntl and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: the child's copy of the channel; then out, no unwinding.
+        unsafe {
+            libc::fcntl(a.fd(), libc::F_SETFL, 0);
+            libc::_exit(0);
+        }
+    }
+    assert_eq!(wait(pid), 0);
+    let t0 = Instant::now();
+    let e = a.read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "the read timeout");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "the read did not wait: {:?}",
+        t0.elapsed()
+    );
+}

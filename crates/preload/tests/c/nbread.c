@@ -13,6 +13,7 @@
  *   kill-et    the peer is killed (SIGKILL) while the server waits in an
  *              edge-triggered epoll_wait: it is told, and reads the end
  *   kill-busy  the same while the server busy-loops on non-blocking reads
+ *   kill-poll  the same while the server waits in poll
  *   select-high N  "echo" over select on a descriptor above FD_SETSIZE (a
  *              set of 2048 bits, as programs that allocate larger sets)
  *   shutrd-high  select reports that descriptor readable after a local
@@ -24,6 +25,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -308,17 +310,19 @@ static void check_dead_end(ssize_t k, int e, double since_kill) {
     printf("death seen %.1f ms after the kill\n", since_kill);
 }
 
-static void check_kill(int fd, int et) {
+/* How "kill-*" waits for the ring: 0 not at all, 1 epoll (edge-triggered),
+ * 2 poll. */
+static void check_kill(int fd, int wait) {
     set_nb(fd, 1);
     char b[64];
     int ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = fd};
-    if (et && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) fail("epoll_ctl");
+    if (wait == 1 && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) fail("epoll_ctl");
     /* The peer's 64 bytes (reported by the set: its edge is taken), then
      * nothing: the ring is empty. */
     size_t got = 0;
     while (got < 64) {
-        if (et && epoll_wait(ep, &ev, 1, 10000) != 1) fail("epoll_wait for the first bytes");
+        if (wait == 1 && epoll_wait(ep, &ev, 1, 10000) != 1) fail("epoll_wait for the first bytes");
         for (;;) {
             ssize_t k = read(fd, b + got, 64 - got);
             if (k > 0) got += k;
@@ -335,9 +339,14 @@ static void check_kill(int fd, int et) {
     ssize_t k;
     int e;
     for (;;) {
-        if (et) {
+        if (wait == 1) {
             int n = epoll_wait(ep, &ev, 1, 10000);
             if (n != 1) fail("epoll_wait returned %d %.0f ms after the start", n, now_ms() - t0);
+        }
+        if (wait == 2) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            int n = poll(&p, 1, 10000);
+            if (n != 1) fail("poll returned %d %.0f ms after the start", n, now_ms() - t0);
         }
         k = read(fd, b, sizeof b);
         e = errno;
@@ -400,6 +409,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "scm")) check_scm(fd, sv[0]);
     else if (!strcmp(mode, "kill-et")) check_kill(fd, 1);
     else if (!strcmp(mode, "kill-busy")) check_kill(fd, 0);
+    else if (!strcmp(mode, "kill-poll")) check_kill(fd, 2);
     else if (!strcmp(mode, "select-high")) select_echo_server(fd);
     else if (!strcmp(mode, "shutrd-high")) check_shutrd_high(fd);
     else if (!strcmp(mode, "eagain-read")) check_eagain(fd, 0, n);
