@@ -121,12 +121,16 @@ fn wrapped(sig: c_int, act: &libc::sigaction) -> Option<Wrapped> {
 }
 
 /// A kernel answer made the program's: the trampoline becomes the handler
-/// of `prev` (the table entry at the time), with the program's flags.
+/// of `prev` (the table entry at the time), with the program's flags. A
+/// `SIG_DFL` with an entry is a wrapped handler the kernel reset on
+/// delivery (`SA_RESETHAND`): its flags are the program's too.
 fn unwrap(old: &mut libc::sigaction, prev: (sighandler_t, bool)) {
-    if old.sa_sigaction != trampoline_addr() {
+    let h = old.sa_sigaction;
+    if h == trampoline_addr() {
+        old.sa_sigaction = prev.0;
+    } else if h != libc::SIG_DFL || prev.0 == 0 {
         return;
     }
-    old.sa_sigaction = prev.0;
     if !prev.1 {
         old.sa_flags &= !libc::SA_SIGINFO;
     }
@@ -154,8 +158,15 @@ pub unsafe extern "C" fn sigaction(
             }
             r
         }
-        // SAFETY: forwarded unchanged.
-        None => unsafe { real::sigaction(sig, act, old) },
+        None => {
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { real::sigaction(sig, act, old) };
+            if let (0, false, Some(i)) = (r, act.is_null(), slot(sig)) {
+                // Not wrapped any more: no entry (see `unwrap`).
+                set_entry(i, (0, false));
+            }
+            r
+        }
     };
     // SAFETY: the caller's `old`, filled by the real call.
     if let (0, Some(old), Some(p)) = (r, unsafe { old.as_mut() }, prev) {

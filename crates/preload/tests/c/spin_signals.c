@@ -328,7 +328,9 @@ static void actions(void) {
     expect(plain_sig == SIGUSR1, "the plain handler ran");
     expect(errno == 77, "errno is as the handler left it");
     if (sigaction(SIGUSR1, NULL, &old)) fail("sigaction query");
-    expect(old.sa_handler == SIG_DFL, "SA_RESETHAND reset the handler");
+    expect(old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO) &&
+               (old.sa_flags & ~SA_RESTORER) == (SA_RESETHAND | SA_NODEFER),
+           "SA_RESETHAND reset the handler, the flags kept");
 
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_IGN;
