@@ -248,6 +248,27 @@ fn c_server_upgrades_with_a_smclo_client() {
     assert_ok(&o, "ok listen");
 }
 
+/// A non-blocking C listener beside a client stopped mid-handshake:
+/// `smclo_accept` fails with `EAGAIN` at once, `smclo_listener_fd` stays
+/// quiet until the continued client's handshake decides, then the
+/// connection is SMC-D, byte-checked.
+#[test]
+fn c_nonblocking_accept_does_not_wait_on_a_stopped_client() {
+    let dir = Dir::new();
+    let tp = testpeer();
+    let o = run(
+        smoke_cmd(&dir, &["nbaccept", tp.to_str().unwrap()]),
+        Duration::from_secs(60),
+    );
+    assert_ok(&o, "ok nbaccept");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("smc=1 reason=-"), "the client's end: {out}");
+    let st = smclo::device::Device::open(&dir.0).unwrap().stats();
+    assert_eq!(st.conns_opened, 1, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    assert!(st.xfer_bytes >= 1024 * 1024, "{st:?}");
+}
+
 /// An echo server (`smclo-testpeer`) on the device in `dir`, its port and
 /// its output.
 fn echo_server(dir: &Dir) -> (Kill, BufReader<std::process::ChildStdout>, String) {

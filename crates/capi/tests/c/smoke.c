@@ -10,6 +10,12 @@
  *   smoke poller PORTA,PORTB  connect to two smclo echo servers and run a
  *                         request/response loop over both with a poller
  *                         (and a pipe beside them)
+ *   smoke nbaccept TESTPEER  a non-blocking listener beside `TESTPEER stopper
+ *                         ADDR`, stopped before it answers the handshake:
+ *                         smclo_accept returns EAGAIN at once and the
+ *                         listener's descriptor stays quiet; continued, the
+ *                         client's handshake decides, the descriptor becomes
+ *                         readable and the connection is SMC-D, then as listen
  *
  * Every failed check prints its line and exits with status 1.
  */
@@ -21,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -189,30 +196,30 @@ static void null_checks(void)
     CHECK(strcmp(smclo_reason_name(0x7fffffffu), "UNKNOWN") == 0);
 }
 
-/* The C side listens; smclo-testpeer connects with the sink workload. */
-static void listen_workload(const char *testpeer)
+/* Starts `testpeer ARGS... 127.0.0.1:<l's port> [last]`. */
+static pid_t spawn_peer(const char *testpeer, smclo_listener *l, const char *mode,
+                        const char *last)
 {
-    smclo_listener *l = smclo_listen("127.0.0.1", 0);
-    CHECK(l != NULL);
     uint16_t port = smclo_listener_port(l);
     CHECK(port != 0);
-    CHECK(smclo_listener_fd(l) >= 0);
-
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        execl(testpeer, testpeer, "connect", addr, "sink", (char *)NULL);
+        /* A failed check exits: the client must not outlive it (stopped,
+         * it would hold the test's output pipe open). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(testpeer, testpeer, mode, addr, last, (char *)NULL);
         _exit(127);
     }
+    return pid;
+}
 
-    struct pollfd pfd = { .fd = smclo_listener_fd(l), .events = POLLIN };
-    CHECK(poll(&pfd, 1, 10000) == 1);
-    smclo_stream *s = smclo_accept(l);
-    CHECK(s != NULL);
-    CHECK(smclo_is_smc(s) == 1);
-    CHECK(smclo_fallback_reason(s) == 0);
+/* Sends 1 MiB on s to a sink client and checks its count and hash, then
+ * closes s and l and waits for the client (pid) to succeed. */
+static void serve_sink(smclo_stream *s, smclo_listener *l, pid_t pid)
+{
 
     static unsigned char buf[CHUNK];
     uint64_t seed = 12345, h = 0xcbf29ce484222325ull;
@@ -239,11 +246,59 @@ static void listen_workload(const char *testpeer)
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* The C side listens; smclo-testpeer connects with the sink workload. */
+static void listen_workload(const char *testpeer)
+{
+    smclo_listener *l = smclo_listen("127.0.0.1", 0);
+    CHECK(l != NULL);
+    CHECK(smclo_listener_fd(l) >= 0);
+    pid_t pid = spawn_peer(testpeer, l, "connect", "sink");
+
+    struct pollfd pfd = { .fd = smclo_listener_fd(l), .events = POLLIN };
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    smclo_stream *s = smclo_accept(l);
+    CHECK(s != NULL);
+    CHECK(smclo_is_smc(s) == 1);
+    CHECK(smclo_fallback_reason(s) == 0);
+    serve_sink(s, l, pid);
+}
+
 static int64_t ms_since(const struct timespec *t0)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* A non-blocking listener never waits on a stopped client (see the usage
+ * at the top). */
+static void nbaccept_workload(const char *testpeer)
+{
+    smclo_listener *l = smclo_listen("127.0.0.1", 0);
+    CHECK(l != NULL);
+    CHECK(smclo_listener_set_nonblocking(l, 1) == 0);
+    pid_t pid = spawn_peer(testpeer, l, "stopper", NULL);
+    int st;
+    CHECK(waitpid(pid, &st, WUNTRACED) == pid && WIFSTOPPED(st));
+
+    struct pollfd pfd = { .fd = smclo_listener_fd(l), .events = POLLIN };
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    errno = 0;
+    CHECK(smclo_accept(l) == NULL && errno == EAGAIN);
+    int64_t took = ms_since(&t0);
+    printf("accept took %lld ms\n", (long long)took);
+    CHECK(took < 25);
+    CHECK(poll(&pfd, 1, 300) == 0);
+
+    CHECK(kill(pid, SIGCONT) == 0);
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    smclo_stream *s = smclo_accept(l);
+    CHECK(s != NULL);
+    CHECK(smclo_is_smc(s) == 1);
+    CHECK(smclo_fallback_reason(s) == 0);
+    serve_sink(s, l, pid);
 }
 
 /* A handler as the header asks for: it tells smclo it ran. */
@@ -332,7 +387,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc != 3) {
-        fprintf(stderr, "usage: smoke smc|tcp PORT | smoke listen TESTPEER\n");
+        fprintf(stderr, "usage: smoke smc|tcp PORT | smoke listen|nbaccept TESTPEER\n");
         return 2;
     }
     null_checks();
@@ -344,6 +399,11 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "listen") == 0) {
         listen_workload(argv[2]);
         printf("ok listen\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "nbaccept") == 0) {
+        nbaccept_workload(argv[2]);
+        printf("ok nbaccept\n");
         return 0;
     }
     int want_smc = strcmp(argv[1], "smc") == 0;
