@@ -226,3 +226,15 @@ fn eagain_in_a_busy_loop_makes_no_system_call() {
         assert!(per[0] < 0.05, "{mode}: system calls per call: {msg}");
     }
 }
+
+/// `fcntl(F_SETFL)` and `ioctl(FIONBIO)` on an SMC-D descriptor cost one
+/// system call each, as on a TCP socket: the flag is set on the channel's
+/// open file and the connection's copy follows. Each asked the descriptor
+/// again (`F_GETFL`), and `FIONBIO` set it with `F_GETFL` and `F_SETFL`:
+/// 4 per pair, now 2. The reads after them block or not as the flag says.
+#[test]
+fn setting_o_nonblock_costs_one_system_call() {
+    let (per, msg) = per_request("toggle");
+    eprintln!("{msg}");
+    assert!(per[0] < 2.2, "system calls per fcntl + ioctl pair: {msg}");
+}

@@ -516,6 +516,13 @@ impl Conn {
         timeout_of(&self.snd_timeo_us)
     }
 
+    /// The caller set `O_NONBLOCK` to `on` on the channel's open file
+    /// itself (the preload forwards the application's `fcntl(F_SETFL)` and
+    /// `ioctl(FIONBIO)`): the connection's copy follows, without asking.
+    pub fn nonblocking_set(&self, on: bool) {
+        self.nb_hint.store(on, Ordering::Relaxed);
+    }
+
     /// The channel's open file description may be shared with another
     /// process from now on (its descriptor is sent with `SCM_RIGHTS`, or
     /// was inherited through exec), which may change its `O_NONBLOCK`

@@ -331,7 +331,7 @@ unsafe fn fcntl_impl(
             let r = unsafe { f(fd, cmd, arg) };
             if r == 0 {
                 let s = s.expect("table entry");
-                let _ = s.conn.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+                s.conn.nonblocking_set(arg as c_int & libc::O_NONBLOCK != 0);
             }
             r
         }
@@ -376,12 +376,16 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             Err(e) => fail(os_err(&e)),
         },
         libc::FIONBIO => {
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            match s.conn.set_nonblocking(on) {
-                Ok(()) => 0,
-                Err(e) => fail(os_err(&e)),
+            // SAFETY: the flag lives in the channel's open file; set it
+            // there (the kernel reads the int pointer).
+            let r = unsafe { real::ioctl(fd, req, arg) };
+            if r == 0 {
+                // SAFETY: FIONBIO's argument is an int pointer, which the
+                // kernel has just read.
+                s.conn
+                    .nonblocking_set(unsafe { *(arg as *const c_int) } != 0);
             }
+            r
         }
         // The program's view of FD_CLOEXEC, as F_SETFD (the real
         // descriptor keeps it; exec passes what the view says).

@@ -19,7 +19,8 @@
  *   shutrd-high  select reports that descriptor readable after a local
  *              shutdown(SHUT_RD), which only the preload knows
  *   eagain-read N   N non-blocking reads on the empty ring, each EAGAIN
- *   eagain-write N  the ring filled, then N non-blocking writes, each EAGAIN */
+ *   eagain-write N  the ring filled, then N non-blocking writes, each EAGAIN
+ *   toggle N   N times O_NONBLOCK off and on, with fcntl and ioctl(FIONBIO) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -186,6 +188,8 @@ static void check_eagain(int fd, int out, long n) {
     close(fd);
 }
 
+static void check_toggle(int fd, long n);
+
 static volatile sig_atomic_t alarms;
 static void on_alarm(int sig) {
     (void)sig;
@@ -290,6 +294,20 @@ static void check_scm(int fd, int unix_fd) {
     ask_helper(unix_fd, 'n', -1);
     expect_read(fd, 0);
     close(unix_fd);
+}
+
+static void check_toggle(int fd, long n) {
+    for (long i = 0; i < n; i++) {
+        int on = 0;
+        set_nb(fd, 1);
+        if (ioctl(fd, FIONBIO, &on)) fail("FIONBIO");
+    }
+    expect_read(fd, 1);
+    set_nb(fd, 0);
+    int on = 1;
+    if (ioctl(fd, FIONBIO, &on)) fail("FIONBIO");
+    expect_read(fd, 0);
+    close(fd);
 }
 
 static pid_t victim;
@@ -414,6 +432,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "shutrd-high")) check_shutrd_high(fd);
     else if (!strcmp(mode, "eagain-read")) check_eagain(fd, 0, n);
     else if (!strcmp(mode, "eagain-write")) check_eagain(fd, 1, n);
+    else if (!strcmp(mode, "toggle")) check_toggle(fd, n);
     else fail("unknown mode");
     close(quit[1]);
     int st;
