@@ -499,3 +499,56 @@ fn dropping_the_listener_resets_a_kept_connection_and_leaves_nothing() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// In a child forked from the test: runs `f`, then leaves without
+/// unwinding into the harness (status 1 on a panic).
+fn in_child(f: impl FnOnce()) -> ! {
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    // SAFETY: leaving the child without running the parent's state's
+    // destructors a second time.
+    unsafe { libc::_exit(code) }
+}
+
+#[test]
+fn a_fork_child_leaves_the_parents_kept_connection_alone() {
+    let clc = Duration::from_secs(20);
+    let dir = TempDir::new("backlog-fork");
+    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
+    let addr = l.local_addr().unwrap().to_string();
+    let mut ev = Loop::new(&l);
+    let stopper = Client::stopped(&dir.0, &addr, clc);
+    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
+    ev.assert_kept();
+    // SAFETY: the child only uses its copy of the listener and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // The child neither takes the parent's kept connection nor, closing
+        // its listener, declines or resets it.
+        drop(ev);
+        in_child(move || {
+            let e = l.accept().map(|_| ()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+            assert!(!listener_readable(&l, Duration::ZERO));
+            drop(l);
+        });
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the fork child failed: {st:#x}"
+    );
+    stopper.cont();
+    ev.until_done(1);
+    assert_eq!(ev.done, vec![(true, None)]);
+    assert_eq!(stopper.line(), "smc=1 reason=-");
+    stopper.wait_ok();
+    let st = stats(&dir.0);
+    assert_eq!(st.conns_opened, 1, "{st:?}");
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+}

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::debug;
 use crate::device::Device;
 use crate::handshake::{Decision, ServerHandshake};
+use crate::owner::current_pid;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -32,20 +33,30 @@ const UNWATCHED_LOOK: Duration = Duration::from_millis(1);
 pub(super) type Accepted = (TcpStream, SocketAddr, Decision);
 
 /// The kept handshakes and the set that tells when to look at them.
+///
+/// Both belong to one process. A fork child's copy shares the parent's
+/// set and timer (one open file in both) and holds copies of the parent's
+/// kept handshakes: at its first use the child makes a set and a timer of
+/// its own at the same descriptor numbers and drops those copies without
+/// declining or resetting anything, as a TCP listener's queue stays the
+/// parent's.
 pub(super) struct Backlog {
     /// The epoll set: the TCP listener, [`timer`](Self::timer) and the
     /// watched wake descriptors, level-triggered.
     set: OwnedFd,
     /// A timerfd, armed for the earliest look only time tells.
     timer: OwnedFd,
+    /// The listening socket.
+    listener: RawFd,
     queue: Mutex<Queue>,
 }
 
-#[derive(Default)]
 struct Queue {
     entries: VecDeque<Kept>,
     /// Whether the timer may be armed or have fired.
     armed: bool,
+    /// The process the set, the timer and the entries belong to.
+    pid: u32,
 }
 
 /// One kept handshake.
@@ -62,26 +73,58 @@ struct Kept {
 impl Backlog {
     /// An empty backlog for the listening socket `listener`.
     pub(super) fn new(listener: RawFd) -> io::Result<Backlog> {
-        // SAFETY: epoll_create1 with a constant flag; the result is
-        // checked and owned right away.
-        let set = owned(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        let flags = libc::TFD_NONBLOCK | libc::TFD_CLOEXEC;
-        // SAFETY: timerfd_create with constant arguments; checked and
-        // owned right away.
-        let timer = owned(unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) })?;
+        let (set, timer) = set_and_timer()?;
         let b = Backlog {
             set,
             timer,
-            queue: Mutex::new(Queue::default()),
+            listener,
+            queue: Mutex::new(Queue {
+                entries: VecDeque::new(),
+                armed: false,
+                pid: current_pid(),
+            }),
         };
-        b.ctl(libc::EPOLL_CTL_ADD, listener)?;
-        b.ctl(libc::EPOLL_CTL_ADD, b.timer.as_raw_fd())?;
+        b.fill_set()?;
         Ok(b)
+    }
+
+    /// Puts the listener and the timer in the set.
+    fn fill_set(&self) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, self.listener)?;
+        self.ctl(libc::EPOLL_CTL_ADD, self.timer.as_raw_fd())
+    }
+
+    /// The queue, this process's (see [`Backlog`]).
+    fn own(&self) -> MutexGuard<'_, Queue> {
+        let mut q = lock(&self.queue);
+        if q.pid != current_pid() {
+            self.renew(&mut q);
+        }
+        q
+    }
+
+    /// In a fork child: a set and a timer of its own in place of the
+    /// parent's, and no kept handshake (the parent's copies are dropped:
+    /// they do not decline, and closing a copy of a socket leaves it open
+    /// in the parent).
+    fn renew(&self, q: &mut Queue) {
+        q.entries.clear();
+        q.armed = false;
+        q.pid = current_pid();
+        let replaced = set_and_timer().and_then(|(set, timer)| {
+            replace(&set, &self.set)?;
+            replace(&timer, &self.timer)?;
+            self.fill_set()
+        });
+        if let Err(e) = replaced {
+            debug!("a fork child's accept set could not be made its own: {e}");
+        }
     }
 
     /// The descriptor to wait on: readable when `accept` may have
     /// something to return.
     pub(super) fn fd(&self) -> RawFd {
+        drop(self.own());
         self.set.as_raw_fd()
     }
 
@@ -94,7 +137,7 @@ impl Backlog {
         dev: &Arc<Device>,
         cfg: &Config,
     ) -> io::Result<Accepted> {
-        let mut q = lock(&self.queue);
+        let mut q = self.own();
         let r = self.accept_locked(&mut q, tcp, dev, cfg);
         self.rearm(&mut q);
         r
@@ -135,7 +178,7 @@ impl Backlog {
     /// else the oldest one, decided waiting (at most until its deadline);
     /// `None` when none is kept.
     pub(super) fn accept_kept_blocking(&self) -> Option<Accepted> {
-        let mut q = lock(&self.queue);
+        let mut q = self.own();
         let decided = self.take_decided(&mut q);
         let oldest = match decided {
             Some(_) => None,
@@ -253,8 +296,14 @@ impl Drop for Backlog {
     /// client; see [`ServerHandshake`]'s `Drop`), then its TCP connection
     /// is reset.
     fn drop(&mut self) {
-        let q = std::mem::take(&mut *lock(&self.queue));
-        for k in q.entries {
+        let mut q = lock(&self.queue);
+        if q.pid != current_pid() {
+            // A fork child's copies (see `renew`): closed, nothing more.
+            return;
+        }
+        let entries = std::mem::take(&mut q.entries);
+        drop(q);
+        for k in entries {
             let Kept { tcp, peer, hs, .. } = k;
             drop(hs);
             debug!("listener closed: the connection from {peer} is reset (TIMEOUT)");
@@ -274,6 +323,30 @@ fn next_look(k: &Kept, now: Instant) -> Instant {
         None => w.within,
     };
     within.map_or(k.deadline, |d| k.deadline.min(now + d))
+}
+
+/// A new epoll set and timerfd (non-blocking), both close-on-exec.
+fn set_and_timer() -> io::Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: epoll_create1 with a constant flag; the result is checked
+    // and owned right away.
+    let set = owned(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    let flags = libc::TFD_NONBLOCK | libc::TFD_CLOEXEC;
+    // SAFETY: timerfd_create with constant arguments; checked and owned
+    // right away.
+    let timer = owned(unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) })?;
+    Ok((set, timer))
+}
+
+/// Makes `at`'s descriptor number refer to `new`'s open file (`new`'s own
+/// number is closed when it is dropped).
+fn replace(new: &OwnedFd, at: &OwnedFd) -> io::Result<()> {
+    // SAFETY: two descriptors we own; dup3 swaps the file `at` refers to
+    // atomically, and `at` stays owned by its OwnedFd.
+    let r = unsafe { libc::dup3(new.as_raw_fd(), at.as_raw_fd(), libc::O_CLOEXEC) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn timespec(d: Duration) -> libc::timespec {

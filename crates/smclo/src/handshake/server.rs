@@ -53,7 +53,8 @@ pub fn server_accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decisio
 /// ([`decide_by`](Self::decide_by)), as a non-blocking connect's does.
 ///
 /// Dropped undecided, it declines (TIMEOUT) if it had answered, so the
-/// client does not wait for it; its slot is left alone otherwise.
+/// client does not wait for it; its slot is left alone otherwise, and by
+/// the copy a fork child inherited.
 pub struct ServerHandshake {
     dev: Arc<Device>,
     cfg: Config,
@@ -68,6 +69,9 @@ pub struct ServerHandshake {
     /// Some candidate's mark did not match the SYN's, or its port differs.
     mismatched: bool,
     stage: Stage,
+    /// The process that accepted the connection: a copy a fork child
+    /// inherited is not its to decline.
+    pid: u32,
 }
 
 enum Stage {
@@ -109,6 +113,7 @@ impl ServerHandshake {
             since: Instant::now(),
             mismatched: false,
             stage: Stage::Done,
+            pid: crate::owner::current_pid(),
         };
         h.stage = match h.candidates() {
             Ok(c) => Stage::Matching(c),
@@ -550,7 +555,9 @@ impl Drop for ServerHandshake {
         if let Stage::Answering(a) = std::mem::replace(&mut self.stage, Stage::Done) {
             // The connection was closed undecided: the client must not
             // wait for us (it falls back; nothing is counted here).
-            decline(&self.dev, &a.slot, Reason::Timeout, None);
+            if self.pid == crate::owner::current_pid() {
+                decline(&self.dev, &a.slot, Reason::Timeout, None);
+            }
         }
     }
 }
