@@ -527,7 +527,7 @@ fn connect(t: Transport, addr: &str) -> io::Result<Box<dyn Duplex>> {
                     s.fallback_reason()
                 )));
             }
-            s.tcp().set_nodelay(true)?;
+            s.set_nodelay(true)?;
             Box::new(s)
         }
         Transport::KernelSmc => {
@@ -870,7 +870,7 @@ fn peer_main(args: &[String]) -> io::Result<()> {
                         s.fallback_reason()
                     )));
                 }
-                s.tcp().set_nodelay(true)?;
+                s.set_nodelay(true)?;
                 Ok(Box::new(s))
             })
         }

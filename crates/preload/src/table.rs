@@ -223,6 +223,9 @@ pub struct Sock {
     /// for getsockname/getpeername/options, and its close ends the TCP
     /// connection.
     pub tcp: RawFd,
+    /// The SYN mark still on `tcp`, put back before the program sees its
+    /// IP options (`getsockopt`, `setsockopt`, exec).
+    pub syn_mark: smclo::tcp_syn::LeftMark,
     /// Application descriptors naming this connection in this process.
     pub fds: AtomicUsize,
     /// `shutdown(SHUT_RD)` was called: reads return end of stream.

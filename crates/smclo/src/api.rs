@@ -320,8 +320,12 @@ impl SmcStream {
         self.tcp.local_addr()
     }
 
-    /// The TCP connection underneath (idle while SMC-D is in use).
+    /// The TCP connection underneath (idle while SMC-D is in use), with
+    /// its IP options as the program left them (the SYN mark put back).
     pub fn tcp(&self) -> &TcpStream {
+        if let Some(e) = &self.smc {
+            e.syn_mark.put_back(self.tcp.as_raw_fd());
+        }
         &self.tcp
     }
 
@@ -356,6 +360,17 @@ impl SmcStream {
             e.conn.set_write_timeout(t);
         }
         Ok(())
+    }
+
+    /// `TCP_NODELAY` of the TCP connection; turning it on sends what a cork
+    /// holds, as TCP does. Unlike [`SmcStream::tcp`], leaves the SYN mark
+    /// (see docs/ARCHITECTURE.md, "Handshake") where it is.
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nodelay(on)?;
+        match &self.smc {
+            Some(e) if on => e.conn.flush(),
+            _ => Ok(()),
+        }
     }
 
     /// `TCP_CORK`: while on, writes are held and sent together when it is

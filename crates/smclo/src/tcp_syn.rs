@@ -102,7 +102,6 @@ pub fn saved_syn(conn: RawFd) -> io::Result<Option<Result<Syn, syn::SynError>>> 
 /// The values a socket had before [`apply_mark`], to put back after `connect`.
 #[derive(Clone, Copy, Debug)]
 pub struct SavedMark {
-    fd: RawFd,
     v6: bool,
     ttl: i32,
     tos: i32,
@@ -133,14 +132,12 @@ pub fn apply_mark(
     let saved = if defaults {
         // -1: the route's default TTL or hop limit, as on a new socket.
         SavedMark {
-            fd,
             v6,
             ttl: -1,
             tos: 0,
         }
     } else {
         SavedMark {
-            fd,
             v6,
             ttl: getsockopt_int(fd, lvl, ttl_opt)?,
             tos: getsockopt_int(fd, lvl, tos_opt)?,
@@ -155,26 +152,81 @@ pub fn apply_mark(
     Ok(saved)
 }
 
-/// Restores what [`apply_mark`] changed, once the SYN has left.
-pub fn restore_mark(s: SavedMark) -> io::Result<()> {
+/// Restores on `fd` what [`apply_mark`] changed, once the SYN has left.
+pub fn restore_mark(fd: RawFd, s: SavedMark) -> io::Result<()> {
     if s.v6 {
         // -1 restores the route's default hop limit.
-        setsockopt_int(s.fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, s.ttl)?;
-        setsockopt_int(s.fd, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, s.tos)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, s.ttl)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, s.tos)?;
         // A mapped connection uses the IPv4 options; -1 is not valid for
         // IP_TTL, so fall back to the kernel default explicitly.
-        let _ = setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos.max(0));
+        let _ = setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos.max(0));
         let _ = setsockopt_int(
-            s.fd,
+            fd,
             libc::IPPROTO_IP,
             libc::IP_TTL,
             if s.ttl > 0 { s.ttl } else { 64 },
         );
     } else {
-        setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TTL, s.ttl)?;
-        setsockopt_int(s.fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL, s.ttl)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS, s.tos)?;
     }
     Ok(())
+}
+
+/// Whether `(level, name)` is an option the SYN mark sets.
+pub fn is_mark_option(level: i32, name: i32) -> bool {
+    matches!(
+        (level, name),
+        (libc::IPPROTO_IP, libc::IP_TTL | libc::IP_TOS)
+            | (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_UNICAST_HOPS | libc::IPV6_TCLASS
+            )
+    )
+}
+
+/// The SYN mark left on the TCP socket of an SMC-D connection. That socket
+/// carries no data, and its few packets (ACKs, FIN) go where the marked
+/// SYN went, to a listener on this host, so putting the options back
+/// after every SYN (two `setsockopt`s per connection) is left until the
+/// program reads or sets one of them ([`LeftMark::put_back`]). One atomic
+/// word (lock-free: also taken in a fork child before exec): 0 when no
+/// mark is left, else [`LeftMark::PRESENT`], [`LeftMark::V6`], the TTL to
+/// put back (as `u16`, -1 included) in bits 16..32 and the TOS in 0..16.
+#[derive(Debug, Default)]
+pub struct LeftMark(std::sync::atomic::AtomicU64);
+
+impl LeftMark {
+    const PRESENT: u64 = 1 << 63;
+    const V6: u64 = 1 << 62;
+
+    /// The mark `m` left on a socket, if any.
+    pub fn new(m: Option<SavedMark>) -> LeftMark {
+        let word = m.map_or(0, |m| {
+            Self::PRESENT
+                | if m.v6 { Self::V6 } else { 0 }
+                | (m.ttl as u16 as u64) << 16
+                | m.tos as u16 as u64
+        });
+        LeftMark(word.into())
+    }
+
+    /// Puts the options of the socket `fd` back, if the mark is still on it.
+    pub fn put_back(&self, fd: RawFd) {
+        let w = self.0.swap(0, std::sync::atomic::Ordering::AcqRel);
+        if w & Self::PRESENT == 0 {
+            return;
+        }
+        let m = SavedMark {
+            v6: w & Self::V6 != 0,
+            ttl: (w >> 16) as u16 as i16 as i32,
+            tos: w as u16 as i16 as i32,
+        };
+        if let Err(e) = restore_mark(fd, m) {
+            crate::debug!("restoring TTL/TOS after the SYN failed: {e}");
+        }
+    }
 }
 
 fn is_v4_mapped(a: &SocketAddr) -> bool {
@@ -298,7 +350,7 @@ mod tests {
             )
         };
         assert_eq!(rc, 0);
-        restore_mark(saved).unwrap();
+        restore_mark(fd, saved).unwrap();
         assert_eq!(
             getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_TTL).unwrap(),
             64
@@ -315,6 +367,47 @@ mod tests {
         assert_eq!(syn.dst, addr);
         // Read once: a second read finds nothing.
         assert!(saved_syn(s.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn left_mark_is_put_back_once_as_it_was() {
+        for (v6, ttl, tos) in [(false, 33, 0x10), (false, -1, 0), (true, 255, 0xfc)] {
+            let m = SavedMark { v6, ttl, tos };
+            let (l, fd) = if v6 {
+                (TcpListener::bind("[::1]:0"), libc::AF_INET6)
+            } else {
+                (TcpListener::bind("127.0.0.1:0"), libc::AF_INET)
+            };
+            let l = l.unwrap();
+            // SAFETY: plain socket(2), owned by a TcpStream right away.
+            let s: TcpStream = unsafe {
+                std::os::fd::FromRawFd::from_raw_fd(libc::socket(fd, libc::SOCK_STREAM, 0))
+            };
+            let fd = s.as_raw_fd();
+            let (lvl, t, c) = if v6 {
+                (
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_UNICAST_HOPS,
+                    libc::IPV6_TCLASS,
+                )
+            } else {
+                (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
+            };
+            let left = LeftMark::new(Some(m));
+            setsockopt_int(fd, lvl, t, 7).unwrap();
+            setsockopt_int(fd, lvl, c, 0x28).unwrap();
+            left.put_back(fd);
+            let want_ttl = if ttl < 0 { 64 } else { ttl };
+            assert_eq!(getsockopt_int(fd, lvl, t).unwrap(), want_ttl);
+            assert_eq!(getsockopt_int(fd, lvl, c).unwrap(), tos);
+            // Taken: a second call leaves what the program set since.
+            setsockopt_int(fd, lvl, t, 9).unwrap();
+            left.put_back(fd);
+            assert_eq!(getsockopt_int(fd, lvl, t).unwrap(), 9);
+            drop(l);
+        }
+        let none = LeftMark::new(None);
+        none.put_back(-1);
     }
 
     #[test]

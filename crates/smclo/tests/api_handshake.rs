@@ -202,6 +202,38 @@ fn upgrades_and_moves_bytes_exactly_both_ways() {
     assert!(dir.leftovers().is_empty(), "left: {:?}", dir.leftovers());
 }
 
+/// The SYN mark stays on an SMC-D stream's TCP socket until the program
+/// looks: `tcp()` shows the default TTL and TOS, and `set_nodelay` does not
+/// need to put them back.
+#[test]
+fn smc_stream_tcp_shows_no_syn_mark() {
+    let dir = Dir::new();
+    let n = 1000u64;
+    let (peer, addr) = Peer::serve(&dir.0, &format!("source:{n}:7"));
+    let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
+    assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
+    s.set_nodelay(true).unwrap();
+    let t = s.tcp();
+    assert_eq!(t.ttl().unwrap(), 64);
+    let mut tos: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `tos`.
+    let r = unsafe {
+        libc::getsockopt(
+            t.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_TOS,
+            (&mut tos as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!((r, tos), (0, 0));
+    assert!(t.nodelay().unwrap());
+    assert_eq!(read_to_end_hash(&s).unwrap(), (n, source_hash(n, 7)));
+    peer.wait_ok();
+    assert_eq!(dir.dev().stats().conns_opened, 1);
+}
+
 #[test]
 fn server_speaks_first_through_shared_memory() {
     let dir = Dir::new();

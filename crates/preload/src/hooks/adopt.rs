@@ -374,6 +374,8 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
         conn,
         reg,
         tcp: p.tcp,
+        // The old image put it back before exec.
+        syn_mark: Default::default(),
         fds: AtomicUsize::new(0),
         shut_rd: AtomicBool::new(p.shut_rd),
         linger0: AtomicBool::new(p.linger0),

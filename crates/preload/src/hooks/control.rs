@@ -449,6 +449,9 @@ pub unsafe extern "C" fn getsockopt(
         }
         return 0;
     }
+    if smclo::tcp_syn::is_mark_option(level, name) {
+        s.syn_mark.put_back(s.tcp);
+    }
     // SAFETY: forwarded to the hidden socket.
     unsafe { real::getsockopt(s.tcp, level, name, val, len) }
 }
@@ -530,7 +533,7 @@ pub unsafe extern "C" fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     let Some(s) = table::get(fd) else {
-        if marked_option(level, name) {
+        if smclo::tcp_syn::is_mark_option(level, name) {
             table::set_flag(fd, F_IP_OPTS, true);
         }
         if timeout_option(level, name) {
@@ -541,6 +544,10 @@ pub unsafe extern "C" fn setsockopt(
     };
     if level == libc::IPPROTO_TCP && name == libc::TCP_CORK {
         return set_cork(&s, val, len);
+    }
+    if smclo::tcp_syn::is_mark_option(level, name) {
+        // The other option of the pair must not keep the mark either.
+        s.syn_mark.put_back(s.tcp);
     }
     // SAFETY: forwarded to the hidden socket (which validates the arguments).
     let r = unsafe { real::setsockopt(s.tcp, level, name, val, len) };
@@ -580,19 +587,6 @@ fn timeout_option(level: c_int, name: c_int) -> bool {
             name,
             libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW
         )
-}
-
-/// Whether the option is one the handshake's SYN mark sets (see
-/// [`F_IP_OPTS`]).
-fn marked_option(level: c_int, name: c_int) -> bool {
-    matches!(
-        (level, name),
-        (libc::IPPROTO_IP, libc::IP_TTL | libc::IP_TOS)
-            | (
-                libc::IPPROTO_IPV6,
-                libc::IPV6_UNICAST_HOPS | libc::IPV6_TCLASS
-            )
-    )
 }
 
 /// Interposed `epoll_ctl(2)`: registrations of SMC-D connections join the

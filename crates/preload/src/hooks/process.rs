@@ -118,6 +118,14 @@ fn fall_back(only: Option<&[Arc<Sock>]>) {
     }
 }
 
+/// Every connection's TCP socket goes to the new program, either as its
+/// hidden socket or as the descriptor it falls back to: none keeps a SYN
+/// mark, since the new image does not know about it.
+fn put_back_marks() {
+    let _g = LOCK.write();
+    table::for_each_locked(|s| s.syn_mark.put_back(s.tcp));
+}
+
 /// The environment exec passes when it is given none.
 fn environ() -> *const *const c_char {
     extern "C" {
@@ -150,6 +158,7 @@ fn exec_with(
         return run(envp);
     }
     forget_records();
+    put_back_marks();
     match target {
         Target::Missing => {}
         Target::Plain => {

@@ -31,7 +31,11 @@ pub(super) fn swap_in(
     nonblock: bool,
     cloexec: bool,
 ) -> bool {
-    let Established { conn, registration } = est;
+    let Established {
+        conn,
+        registration,
+        syn_mark,
+    } = est;
     // A high number keeps the hidden socket out of the application's way
     // (smclo::fdnum, like the channel and the DMB memfd); where there is
     // none, any free number will do (it is F_INTERNAL).
@@ -69,6 +73,7 @@ pub(super) fn swap_in(
         conn,
         reg: registration,
         tcp,
+        syn_mark,
         fds: AtomicUsize::new(0),
         shut_rd: Default::default(),
         linger0: Default::default(),

@@ -268,14 +268,19 @@ impl ClientProposal {
     }
 
     /// Publishes the source port the kernel chose in the rendezvous slot
-    /// (the server matches it against the SYN), then puts the socket
-    /// options back; call right after `connect` returned (0 or
-    /// `EINPROGRESS`): the SYN has left by then. The port goes first: the
-    /// server may be waiting for it.
+    /// (the server matches it against the SYN); call right after `connect`
+    /// returned (0 or `EINPROGRESS`): the SYN has left by then. The socket
+    /// options stay marked until the handshake decides: TCP puts them back
+    /// before the stream carries data, SMC-D leaves them
+    /// ([`tcp_syn::LeftMark`]).
     pub fn syn_sent(&mut self) {
         self.publish_port();
+    }
+
+    /// Puts the socket options back now, if they are still marked.
+    fn restore_mark(&mut self) {
         if let Some(s) = self.saved_mark.take() {
-            if let Err(e) = tcp_syn::restore_mark(s) {
+            if let Err(e) = tcp_syn::restore_mark(self.fd, s) {
                 debug!("restoring TTL/TOS after the SYN failed: {e}");
             }
         }
@@ -335,6 +340,7 @@ impl ClientProposal {
         let d = self.run(until)?;
         match &d {
             Decision::Tcp(r) => {
+                self.restore_mark();
                 self.dev.count_fallback(*r, Role::Client);
                 debug!("client falls back to TCP: {r}");
             }
@@ -614,7 +620,10 @@ impl ClientProposal {
         let local = self.src.unwrap_or(SocketAddr::new(self.src_ip, 0));
         let mode = mode(&self.dev, &self.cfg);
         match establish(dmb, peer, chan, accept.token, (local, self.dest), mode) {
-            Ok(e) => Ok(e),
+            Ok(mut e) => {
+                e.syn_mark = tcp_syn::LeftMark::new(self.saved_mark.take());
+                Ok(e)
+            }
             Err(e) => {
                 debug!("building the connection failed: {e}");
                 Err(Reason::IntErr)
@@ -633,9 +642,7 @@ impl ClientProposal {
 
 impl Drop for ClientProposal {
     fn drop(&mut self) {
-        if let Some(s) = self.saved_mark.take() {
-            let _ = tcp_syn::restore_mark(s);
-        }
+        self.restore_mark();
         if let Some(slot) = &self.slot {
             // Abandoned before finish (connect failed): withdraw the proposal.
             let _ = slot.give_up();

@@ -44,6 +44,9 @@ pub struct Established {
     pub conn: Conn,
     /// This end's DMB registration: its table entry carries the stats.
     pub registration: Registration,
+    /// The client's SYN mark, still on its TCP socket: put it back before
+    /// the program sees that socket's IP options.
+    pub syn_mark: crate::tcp_syn::LeftMark,
 }
 
 /// What the handshake decided for one TCP connection.
@@ -249,7 +252,11 @@ fn establish(
     // O_NONBLOCK, the server clears it after its bounded connect.
     let mut conn = Conn::new_blocking(local_dmb, peer_dmb, chan, mode)?;
     conn.set_record(registration.record());
-    Ok(Established { conn, registration })
+    Ok(Established {
+        conn,
+        registration,
+        syn_mark: Default::default(),
+    })
 }
 
 /// The failure of attaching the peer's DMB.
