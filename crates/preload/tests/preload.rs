@@ -711,14 +711,15 @@ fn unknown_listener_accept_syscall_budget() {
 
 /// System calls per SMC-D connection under the preload, both ends together
 /// (connect, accept, one byte each way, close; ARCHITECTURE.md, "Connection
-/// setup cost"), above which setup has regressed: 56 now. With a `getpid`
+/// setup cost"), above which setup has regressed: 52 now. With a `getpid`
 /// per holder claim and close, the rlimit read three times per connection
 /// and side, the hidden socket's timeouts and the peer's groups always
 /// asked, and `getsockname` before every SYN, it was 82; with the server's
 /// DMB passed on every connection, 64; with the SYN mark put back after
-/// every SYN, 58. The slack is for a loaded machine, where waits wake more
-/// often.
-const PRELOAD_BUDGET_PER_CONN: i64 = 63;
+/// every SYN, 58; with the channel's `O_NONBLOCK` read at the swap and
+/// each read's, 56. The slack is for a loaded machine, where waits wake
+/// more often.
+const PRELOAD_BUDGET_PER_CONN: i64 = 59;
 
 /// Counted with strace over two run lengths, so the start-up cancels out.
 /// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
@@ -785,6 +786,15 @@ fn smc_setup_syscall_budget() {
         grow("setsockopt") <= 4 * n,
         "{} setsockopt calls over {n} connections",
         grow("setsockopt")
+    );
+    // Each end: the hidden socket's and the channel's high numbers, and the
+    // blocking listener's (server) or socket's (client) `F_GETFL`; the
+    // client's `F_GETFD` of the program's socket. The swap does not ask the
+    // channel's `O_NONBLOCK`, which the connection keeps.
+    assert!(
+        grow("fcntl") <= 7 * n + n / 20,
+        "{} fcntl calls over {n} connections",
+        grow("fcntl")
     );
     let per = grow("total") as f64 / n as f64;
     eprintln!("system calls per SMC-D connection under the preload (both ends): {per:.1}");

@@ -479,6 +479,13 @@ impl Conn {
     /// alone: an `fcntl` on [`Conn::fd`] is not seen (the preload turns the
     /// application's `fcntl` and `ioctl(FIONBIO)` into this call).
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        if self.nb_own_gen.load(Ordering::Relaxed) == crate::owner::fork_gen()
+            && self.nb_hint.load(Ordering::Relaxed) == on
+        {
+            // The kept flag is the descriptor's, and already as asked (the
+            // preload's swap of a blocking connection).
+            return Ok(());
+        }
         let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
         let nfl = if on {
             fl | libc::O_NONBLOCK
