@@ -408,11 +408,17 @@ fn a_doorbell_sent_after_the_read_took_its_data_is_taken_by_that_read() {
     p.a.set_nonblocking(true).unwrap();
     let sender = publish_and_ring_late(&p, b"hello", Duration::from_millis(300));
     let mut buf = [0u8; 16];
+    let t0 = Instant::now();
     assert_eq!(p.a.read(&mut buf).unwrap(), 5);
+    // Near 300 ms when the read waited for the doorbell; the writer's
+    // state tells why it did not.
+    let took = t0.elapsed();
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", writer.pid()));
     sender.join().unwrap();
     assert!(
         !readable(p.a.fd()),
-        "the descriptor is readable with an empty ring: a poller wakes for nothing"
+        "the descriptor is readable with an empty ring: a poller wakes for nothing \
+         (the read returned after {took:?}; the writer: {state:?})"
     );
     let e = p.a.read(&mut buf).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
