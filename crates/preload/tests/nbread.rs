@@ -7,16 +7,11 @@
 //! SIGKILL during an edge-triggered wait and during a busy read loop. The
 //! device's counters prove the connection was SMC-D.
 
-use smclo::device::Device;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 mod common;
-use common::{compile, lib};
-
-static N: AtomicU32 = AtomicU32::new(0);
+use common::{compile, run_smc};
 
 fn nbread() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
@@ -27,7 +22,7 @@ fn nbread() -> &'static Path {
 /// kernel's `select` (either call), and last `recvfrom` with `MSG_PEEK |
 /// MSG_DONTWAIT` (the look for a dead peer's end of file; taking a
 /// doorbell does not peek).
-const EVENTS: [&str; 10] = [
+const EVENTS: [&str; 12] = [
     "-e",
     "raw_syscalls:sys_enter",
     "-e",
@@ -38,109 +33,26 @@ const EVENTS: [&str; 10] = [
     "syscalls:sys_enter_pselect6",
     "-e",
     "syscalls:sys_enter_recvfrom",
+    "--filter",
+    "flags == 0x42",
 ];
 /// How many counts [`EVENTS`] gives.
-const COUNTS: usize = EVENTS.len() / 2;
-const PEEK_FILTER: &str = "flags == 0x42";
+const COUNTS: usize = 5;
 
-/// Runs `nbread args` under the preload on a device of its own (under
-/// `perf stat` counting [`EVENTS`] into `perf`, when given), checks that it
-/// succeeded over one SMC-D connection that moved the bytes it read, and
-/// returns its output.
-fn run(args: &[&str], perf: Option<&Path>) -> String {
-    let mode = args[0];
-    let dev = PathBuf::from(format!(
-        "/dev/shm/smclo-nbread-test-{}-{}-{mode}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dev);
-    let mut c = match perf {
-        Some(out) => {
-            let mut c = Command::new("perf");
-            c.arg("stat")
-                .args(EVENTS)
-                .args(["--filter", PEEK_FILTER, "-x,", "-o"])
-                .arg(out)
-                .args(["--", "timeout"]);
-            c
-        }
-        None => Command::new("timeout"),
-    };
-    c.arg("60").arg(nbread()).args(args);
-    c.env("LD_PRELOAD", lib())
-        .env("SMCLO_DEVICE_DIR", &dev)
-        .env("SMCLO_DEBUG", "1")
-        .env_remove("SMCLO_DISABLE")
-        .env_remove("SMCLO_SPIN_US");
-    let out = c.output().expect("run nbread");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stats = Device::open(&dev).expect("open the test device").stats();
-    let _ = std::fs::remove_dir_all(&dev);
-    let report = format!("stdout:\n{stdout}\nstderr:\n{stderr}\nstats: {stats:?}");
-    assert!(out.status.success(), "nbread {mode} failed\n{report}");
-    let read: u64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("OK "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no OK line\n{report}"));
-    assert_eq!(stats.conns_opened, 1, "one SMC-D connection\n{report}");
-    assert_eq!(stats.fallbacks_total(), 0, "no fallback\n{report}");
-    assert!(
-        stats.xfer_bytes >= read,
-        "the {read} bytes read went through the rings\n{report}"
-    );
-    stdout.into_owned()
+/// Runs `nbread args` under the preload on a device of its own.
+fn run(args: &[&str]) -> String {
+    run_smc(nbread(), args, None, None)
 }
 
-/// Whether `perf stat` can count the system-call tracepoints here.
-fn perf_usable() -> bool {
-    Command::new("perf")
-        .arg("stat")
-        .args(EVENTS)
-        .args(["--filter", PEEK_FILTER, "-x,", "--", "true"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// The counts of [`EVENTS`], in order, in a `perf stat -x,` output file.
-fn perf_counts(path: &Path) -> [u64; COUNTS] {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let v: Vec<u64> = s
-        .lines()
-        .filter(|l| l.contains("syscalls:sys_enter"))
-        .filter_map(|l| l.split(',').next()?.trim().parse().ok())
-        .collect();
-    v.try_into()
-        .unwrap_or_else(|_| panic!("not {COUNTS} counts in perf output:\n{s}"))
-}
-
-/// System calls per request of `nbread mode N` ([`EVENTS`], both processes
-/// together), as the difference between 20000 and 2000 requests (which
-/// cancels the setup), and the line that tells them.
+/// [`EVENTS`] per request of `nbread mode N` ([`per_request`]), and the
+/// line that tells them.
 fn per_request(mode: &str) -> (Vec<f64>, String) {
-    assert!(
-        perf_usable(),
-        "perf stat cannot count system-call tracepoints: system calls cannot be counted \
-         (./test.sh runs as root with perf installed)"
-    );
-    let count = |n: u64| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("nbread-perf-{}-{mode}-{n}", std::process::id()));
-        run(&[mode, &n.to_string()], Some(&out));
-        let c = perf_counts(&out);
-        let _ = std::fs::remove_file(&out);
-        c
-    };
-    let few = count(2000);
-    let many = count(20000);
-    let per: Vec<f64> = (0..COUNTS)
-        .map(|i| many[i].saturating_sub(few[i]) as f64 / 18000.0)
-        .collect();
+    let r = common::per_request(nbread(), mode, &EVENTS);
+    assert_eq!(r.per.len(), COUNTS, "counts of {EVENTS:?}: {:?}", r.many);
+    let per = r.per;
     let msg = format!(
-        "per request: {:.3} system calls, {:.3} fcntl, {:.3} select, {:.3} recvfrom(MSG_PEEK) ({few:?} for 2000, {many:?} for 20000)",
-        per[0], per[1], per[2] + per[3], per[4]
+        "per request: {:.3} system calls, {:.3} fcntl, {:.3} select, {:.3} recvfrom(MSG_PEEK) ({:?} for 2000, {:?} for 20000)",
+        per[0], per[1], per[2] + per[3], per[4], r.few, r.many
     );
     (per, msg)
 }
@@ -167,13 +79,13 @@ fn read_until_eagain_makes_no_system_call() {
 /// over TCP, though the parent's own copy of the flag never changed.
 #[test]
 fn fork_child_changes_the_shared_flag() {
-    run(&["fork"], None);
+    run(&["fork"]);
 }
 
 /// The same by a process that got the descriptor with `SCM_RIGHTS`.
 #[test]
 fn scm_rights_receiver_changes_the_shared_flag() {
-    run(&["scm"], None);
+    run(&["scm"]);
 }
 
 /// The peer dies (SIGKILL, no closing flag) while the server waits in an
@@ -181,14 +93,14 @@ fn scm_rights_receiver_changes_the_shared_flag() {
 /// the read gets `ECONNRESET` within 3 s (measured: milliseconds).
 #[test]
 fn peer_killed_during_edge_triggered_wait() {
-    let out = run(&["kill-et"], None);
+    let out = run(&["kill-et"]);
     eprintln!("{out}");
 }
 
 /// The same while the server busy-loops on non-blocking reads.
 #[test]
 fn peer_killed_during_busy_read_loop() {
-    let out = run(&["kill-busy"], None);
+    let out = run(&["kill-busy"]);
     eprintln!("{out}");
 }
 
@@ -196,7 +108,7 @@ fn peer_killed_during_busy_read_loop() {
 /// tells the connection what the kernel reported).
 #[test]
 fn peer_killed_during_poll() {
-    let out = run(&["kill-poll"], None);
+    let out = run(&["kill-poll"]);
     eprintln!("{out}");
 }
 
@@ -210,7 +122,7 @@ fn select_above_fd_setsize_is_served() {
     eprintln!("{msg}");
     // About 1 per request before (and the rest as for a smaller set).
     assert!(per[2] + per[3] < 0.05, "kernel selects per request: {msg}");
-    run(&["shutrd-high"], None);
+    run(&["shutrd-high"]);
 }
 
 /// `EAGAIN` itself: non-blocking reads on an empty ring in a busy loop,
