@@ -28,27 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *mode = "";
+#include "check.h"
+
 static int cmd_w, ack_r; /* parent: commands to the peer, acks back */
-
-static void fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stdout, "FAIL [%s %d] ", mode, (int)getpid());
-    vfprintf(stdout, fmt, ap);
-    fprintf(stdout, " (errno %d %s)\n", errno, strerror(errno));
-    fflush(stdout);
-    va_end(ap);
-    exit(1);
-}
-
-static unsigned char pat(uint64_t i) { return (unsigned char)(i * 131 + (i >> 11) + 7); }
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 /* ---- the peer ---------------------------------------------------------- */
 

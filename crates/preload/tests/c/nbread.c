@@ -43,27 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *mode = "";
+#include "check.h"
+
 static uint64_t read_off;
-
-static void fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stdout, "FAIL [%s %d] ", mode, (int)getpid());
-    vfprintf(stdout, fmt, ap);
-    fprintf(stdout, " (errno %d %s)\n", errno, strerror(errno));
-    fflush(stdout);
-    va_end(ap);
-    exit(1);
-}
-
-static unsigned char pat(uint64_t i) { return (unsigned char)(i * 131 + (i >> 11) + 7); }
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static void set_nb(int fd, int on) {
     if (fcntl(fd, F_SETFL, on ? O_NONBLOCK : 0)) fail("F_SETFL");

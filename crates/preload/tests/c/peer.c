@@ -36,21 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *mode = "";
+#include "check.h"
+
 static int v6 = 0;
-
-static void fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stdout, "FAIL [%s %d] ", mode, (int)getpid());
-    vfprintf(stdout, fmt, ap);
-    fprintf(stdout, " (errno %d %s)\n", errno, strerror(errno));
-    fflush(stdout);
-    va_end(ap);
-    exit(1);
-}
-
-static unsigned char pat(uint64_t i) { return (unsigned char)(i * 131 + (i >> 11) + 7); }
 
 static void fill(unsigned char *b, size_t n, uint64_t off) {
     for (size_t i = 0; i < n; i++) b[i] = pat(off + i);
