@@ -216,6 +216,14 @@ impl Served {
 }
 
 /// A level-triggered event loop over the listener and its connections.
+/// A listener on a device of its own (`name`), whose handshakes wait
+/// `clc`.
+fn listener(name: &str, clc: Duration) -> (TempDir, SmcListener) {
+    let dir = TempDir::new(name);
+    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
+    (dir, l)
+}
+
 struct Loop<'l> {
     l: &'l SmcListener,
     conns: Vec<Served>,
@@ -290,6 +298,16 @@ impl<'l> Loop<'l> {
         }
     }
 
+    /// A client that stops itself mid-handshake: the loop accepts its
+    /// TCP connection and keeps its handshake ([`Loop::assert_kept`]).
+    fn stopped_client(&mut self, dir: &Path, clc: Duration) -> Client {
+        let addr = self.l.local_addr().unwrap().to_string();
+        let c = Client::stopped(dir, &addr, clc);
+        assert!(self.turn(Duration::from_secs(5)), "no connection arrived");
+        self.assert_kept();
+        c
+    }
+
     /// Checks that `accept` kept the stopped client's handshake: it did not
     /// return its connection, nor wait on it.
     fn assert_kept(&self) {
@@ -340,20 +358,17 @@ fn event_loop_accept_does_not_wait_on_a_stopped_client() {
     // Generous: the stopped client's handshake must still be going on
     // when it is continued.
     let clc = Duration::from_secs(20);
-    let dir = TempDir::new("backlog-stopped");
-    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
+    let (dir, l) = listener("backlog-stopped", clc);
     let mut ev = Loop::new(&l);
-    let stopper = Client::stopped(&dir.0, &addr, clc);
     // Its TCP connection is accepted; its handshake goes on.
-    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
-    ev.assert_kept();
+    let stopper = ev.stopped_client(&dir.0, clc);
     // Nothing to return while it is stopped: the listener stays quiet.
     assert!(
         !listener_readable(&l, Duration::from_millis(300)),
         "the listener is readable while the only handshake waits on a stopped client"
     );
     // Meanwhile the loop serves others, through shared memory.
+    let addr = l.local_addr().unwrap().to_string();
     for k in 0..FAST {
         let c = Client::spawn(&dir.0, &["connect", &addr, "sink"], clc);
         ev.until_done(k + 1);
@@ -395,13 +410,9 @@ fn event_loop_accept_does_not_wait_on_a_stopped_client() {
 #[test]
 fn a_client_stopped_past_the_wait_gets_tcp_with_every_byte() {
     let clc = Duration::from_millis(300);
-    let dir = TempDir::new("backlog-timeout");
-    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
+    let (dir, l) = listener("backlog-timeout", clc);
     let mut ev = Loop::new(&l);
-    let stopper = Client::stopped(&dir.0, &addr, clc);
-    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
-    ev.assert_kept();
+    let stopper = ev.stopped_client(&dir.0, clc);
     let kept = Instant::now();
     // The server's wait runs out while the client is still stopped: the
     // listener becomes readable (its timer), and accept returns the
@@ -433,13 +444,9 @@ fn a_client_stopped_past_the_wait_gets_tcp_with_every_byte() {
 #[test]
 fn switching_back_to_blocking_returns_kept_connections_first() {
     let clc = Duration::from_secs(20);
-    let dir = TempDir::new("backlog-blocking");
-    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
+    let (dir, l) = listener("backlog-blocking", clc);
     let mut ev = Loop::new(&l);
-    let stopper = Client::stopped(&dir.0, &addr, clc);
-    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
-    ev.assert_kept();
+    let stopper = ev.stopped_client(&dir.0, clc);
     l.set_nonblocking(false).unwrap();
     // A blocking accept waits for the kept handshake (no other connection
     // comes), which decides once the client is continued.
@@ -469,13 +476,9 @@ fn switching_back_to_blocking_returns_kept_connections_first() {
 #[test]
 fn dropping_the_listener_resets_a_kept_connection_and_leaves_nothing() {
     let clc = Duration::from_secs(20);
-    let dir = TempDir::new("backlog-drop");
-    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
+    let (dir, l) = listener("backlog-drop", clc);
     let mut ev = Loop::new(&l);
-    let stopper = Client::stopped(&dir.0, &addr, clc);
-    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
-    ev.assert_kept();
+    let stopper = ev.stopped_client(&dir.0, clc);
     // The server's DMB for the kept handshake is registered.
     assert_eq!(stats(&dir.0).dmbs_cnt, 2, "{:?}", stats(&dir.0));
     drop(ev);
@@ -518,13 +521,9 @@ fn in_child(f: impl FnOnce()) -> ! {
 #[test]
 fn a_fork_child_leaves_the_parents_kept_connection_alone() {
     let clc = Duration::from_secs(20);
-    let dir = TempDir::new("backlog-fork");
-    let l = SmcListener::bind_with("127.0.0.1:0", &cfg(&dir.0, clc)).expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
+    let (dir, l) = listener("backlog-fork", clc);
     let mut ev = Loop::new(&l);
-    let stopper = Client::stopped(&dir.0, &addr, clc);
-    assert!(ev.turn(Duration::from_secs(5)), "no connection arrived");
-    ev.assert_kept();
+    let stopper = ev.stopped_client(&dir.0, clc);
     // SAFETY: the child only uses its copy of the listener and _exits.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
