@@ -152,6 +152,13 @@ fn stopped(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The longest an event loop's `accept4` may take, in microseconds: a
+/// handful of system calls and the spin budget (0.3 to 0.6 ms measured),
+/// with room for a loaded machine's scheduling (10.2 ms seen in a full
+/// test run). The wait on the client this replaced took 50 ms, and left
+/// the stopped client on TCP, which the counters check as well.
+const ACCEPT_BOUND_US: u64 = 40_000;
+
 #[test]
 fn event_loop_accept_does_not_wait_on_a_stopped_client() {
     const FAST: usize = 3;
@@ -192,7 +199,7 @@ fn event_loop_accept_does_not_wait_on_a_stopped_client() {
     s.wait_ok(server, "the server");
     eprintln!("longest accept: {max_us} µs");
     assert!(
-        max_us < 10_000,
+        max_us < ACCEPT_BOUND_US,
         "an accept took {max_us} µs while a client was stopped mid-handshake"
     );
     // The stopped client's connection went through shared memory too, and
@@ -234,7 +241,7 @@ fn a_client_stopped_past_the_wait_gets_tcp_with_every_byte() {
     let max_us: u64 = expect(&srx, "MAXACCEPT ").parse().expect("microseconds");
     expect(&srx, "OK");
     s.wait_ok(server, "the server");
-    assert!(max_us < 10_000, "an accept took {max_us} µs");
+    assert!(max_us < ACCEPT_BOUND_US, "an accept took {max_us} µs");
     let st = s.stats();
     assert_eq!(st.conns_opened, 0, "{st:?}");
     assert_eq!(st.fallback(Reason::Timeout), (1, 1), "{st:?}");
