@@ -30,10 +30,13 @@ step=loom
 # one reader (crates/smclo/tests/loom_doorbell.rs), and of event-loop
 # pollers skipping doorbells (crates/smclo/tests/loom_poller.rs); and the shared tables'
 # claim / publish / release / reclaim protocol: claimers racing a reclaimer
-# of a dead owner's entry (crates/smclo/tests/loom_table.rs). Their own
+# of a dead owner's entry (crates/smclo/tests/loom_table.rs); and a
+# client's early-byte count racing its server's seal
+# (crates/smclo/tests/loom_early.rs). Their own
 # target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
-    cargo test --release -p smclo --test loom_doorbell --test loom_poller --test loom_table
+    cargo test --release -p smclo --test loom_doorbell --test loom_poller --test loom_table \
+    --test loom_early
 
 step=bench-suite
 # The suite's parsers, tables and chart; then every workload over every

@@ -755,10 +755,12 @@ fn smc_setup_syscall_budget() {
         |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
     let n = (long - short) as i64;
-    assert_eq!(
-        grow("accept4"),
-        2 * n,
-        "accepts (TCP and rendezvous) counted"
+    // The TCP and the rendezvous accept; a pending connect's look may find
+    // its rendezvous socket empty once in a while.
+    assert!(
+        (2 * n..=2 * n + n / 20).contains(&grow("accept4")),
+        "{} accepts over {n} connections (TCP and rendezvous)",
+        grow("accept4")
     );
     // The identity is cached, the limit read once per connection attempt.
     assert!(
@@ -805,6 +807,9 @@ fn smc_setup_syscall_budget() {
         "fcntl",
         "geteuid",
         "close",
+        "poll",
+        "ppoll",
+        "sendto",
     ] {
         eprintln!("  {k}: {:.2}", grow(k) as f64 / n as f64);
     }
@@ -932,6 +937,64 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
         "SELF_CONNECT (client, server)\n{out}"
     );
     assert_eq!(stats.fallbacks_total(), 2, "fallbacks\n{out}");
+}
+
+/// A blocking client's first request travels with the handshake (early
+/// bytes, `smclo::handshake::early`): once an earlier connection joined
+/// the two processes, `connect` returns before the server answers, the
+/// request goes into the TCP stream, and the server moves it into its ring
+/// before it accepts, so its application finds it at once, as a TCP server
+/// finds it in its socket. Before, the client's `connect` waited for the
+/// server's `accept` and wrote only after it: the server found nothing.
+#[test]
+fn blocking_clients_first_request_comes_with_the_handshake() {
+    let script = r#"
+import array, fcntl, os, select, socket, termios, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(4)
+port = l.getsockname()[1]
+reqs = [b"first contact", b"the request that comes early"]
+pid = os.fork()
+if pid == 0:
+    l.close()
+    for r in reqs:
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(r)
+        got = c.recv(64)
+        c.close()
+        if got != r[::-1]:
+            os._exit(1)
+    os._exit(0)
+for i, r in enumerate(reqs):
+    if i:
+        # The client has long written its request when the server accepts.
+        select.select([l], [], [], 10)
+        time.sleep(0.2)
+    a, _ = l.accept()
+    n = array.array("i", [0])
+    fcntl.ioctl(a, termios.FIONREAD, n)
+    got = a.recv(64)
+    a.sendall(got[::-1])
+    a.close()
+    print("connection %d: %d bytes there at accept, read %r" % (i, n[0], got))
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]);
+    let (ok, out, stats) = run_preloaded("early", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(
+        out.contains(
+            "connection 1: 28 bytes there at accept, read b'the request that comes early'"
+        ),
+        "{out}"
+    );
+    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+    // Both requests and both answers through the rings.
+    assert!(stats.xfer_bytes >= 2 * (13 + 28), "{out}\n{stats:?}");
 }
 
 /// The SYN mark stays on an SMC-D connection's TCP socket (see

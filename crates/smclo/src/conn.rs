@@ -386,6 +386,14 @@ impl Conn {
         self.record = Some(r);
     }
 
+    /// Counts the client's early bytes, which its server moved into its
+    /// ring from the TCP stream (`handshake::early`), as sent.
+    pub(crate) fn count_early(&self, n: u32) {
+        if n > 0 {
+            self.count_sent(n);
+        }
+    }
+
     fn count_sent(&self, n: u32) {
         self.sent.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(r) = &self.record {

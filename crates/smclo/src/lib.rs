@@ -17,6 +17,7 @@ pub mod debug;
 pub mod device;
 pub mod dmb;
 pub mod doorbell;
+pub mod early_count;
 pub mod error;
 pub mod fallbacks;
 pub mod fdnum;

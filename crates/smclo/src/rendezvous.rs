@@ -210,7 +210,10 @@ pub(crate) struct SlotEntry {
     /// The identity (device, inode) of the client's DMB memfd, (0, 0) until
     /// published: see [`SlotRef::set_client_dmb`].
     client_dmb: [AtomicU64; 2],
-    _r0: [AtomicU64; 1],
+    /// The client's early bytes: how many it wrote into the TCP stream
+    /// before the server answered, and whether the server took the count
+    /// (see [`crate::early_count`]).
+    early: AtomicU64,
     msgs: [[AtomicU64; MSG_LEN / 8]; 3],
     /// The identity of a DMB memfd of the server's that the client keeps a
     /// mapping of, (0, 0) if none: see [`SlotRef::set_server_dmb_hint`].
@@ -291,6 +294,7 @@ impl SlotEntry {
         self.lens[CONFIRM].store(0, Ordering::Relaxed);
         self.client_port.store(0, Ordering::Relaxed);
         self.progress.store(0, Ordering::Relaxed);
+        self.early.store(0, Ordering::Relaxed);
         for w in self.client_dmb.iter().chain(&self.server_dmb_hint) {
             w.store(0, Ordering::Relaxed);
         }
@@ -595,6 +599,48 @@ impl SlotRef {
             Err(w) if self.mine(w) => Err(SlotState::from_state(w.state())),
             Err(_) => Err(SlotState::Stale),
         }
+    }
+
+    /// Client: counts `n` more early bytes, which it writes into the TCP
+    /// stream right after (before the server answered, a blocking client's
+    /// first request: its server then finds it in its ring at once,
+    /// instead of waiting for the client to learn the answer and write
+    /// it). `false` once the server took the count ([`Self::accept_early`])
+    /// or when the total would pass [`EARLY_MAX`]: the bytes then wait for
+    /// the decision. Counting first and sending second means the count
+    /// never misses a byte in the stream; a server that finds fewer bytes
+    /// than counted declines, and the stream carries them as plain TCP.
+    pub fn add_early(&self, n: usize) -> bool {
+        crate::early_count::add(&self.entry().early, n)
+    }
+
+    /// Server: accepts with `reply` as [`answer`](Self::answer) does, but
+    /// first, with the reply area claimed (REPLYING), takes the count of
+    /// the client's early bytes, so that no more are counted, and asks
+    /// `ready` whether that many are in the TCP stream: if not (a client
+    /// stopped between counting and sending), it writes `ready`'s Decline
+    /// instead. `Ok(Some(n))`: ACCEPTED with `n` early bytes, which the
+    /// server must move into its ring; `Ok(None)`: DECLINED.
+    pub fn accept_early(
+        &self,
+        reply: &[u8],
+        ready: impl FnOnce(u32) -> std::result::Result<(), Vec<u8>>,
+    ) -> std::result::Result<Option<u32>, SlotState> {
+        if reply.len() > MSG_LEN {
+            return Err(SlotState::Invalid);
+        }
+        self.cas(SlotState::Proposed, SlotState::Replying)?;
+        let n = crate::early_count::seal(&self.entry().early);
+        if let Err(decline) = ready(n) {
+            self.entry()
+                .write_msg(REPLY, &decline[..decline.len().min(MSG_LEN)]);
+            return self
+                .cas(SlotState::Replying, SlotState::Declined)
+                .map(|()| None);
+        }
+        self.entry().write_msg(REPLY, reply);
+        self.cas(SlotState::Replying, SlotState::Accepted)
+            .map(|()| Some(n))
     }
 
     /// Server: answers the Proposal. Claims the reply area (PROPOSED →

@@ -394,6 +394,106 @@ fn fallback_token_gone() {
     peer.wait_ok();
 }
 
+/// A client's proposal made by hand, connected, with `early` written into
+/// its TCP stream as counted early bytes (`Some`), or counted but not sent
+/// (`None`: a client stopped between the two).
+fn early_proposal(
+    dir: &Dir,
+    cfg: &Config,
+    addr: &str,
+    early: Option<&[u8]>,
+) -> (TcpStream, smclo::handshake::ClientProposal) {
+    let dest: std::net::SocketAddr = addr.parse().unwrap();
+    let (mut tcp, mut p) = raw_proposal(&dir.dev(), cfg, dest);
+    smclo::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
+    p.syn_sent();
+    // A first contact: the server waits for our DMB, so it cannot have
+    // taken the count yet.
+    assert!(p.add_early(early.map_or(5, <[u8]>::len)));
+    if let Some(b) = early {
+        tcp.write_all(b).unwrap();
+    }
+    (tcp, p)
+}
+
+#[test]
+fn early_bytes_reach_an_smc_server_first_and_in_order() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, Some(b"early"));
+    let smclo::handshake::Decision::Smc(e) = p.finish() else {
+        panic!("the handshake fell back");
+    };
+    assert_eq!(peer.line(), "smc=1 reason=-");
+    assert_eq!(e.conn.write(b", then the ring").unwrap(), 15);
+    e.conn.shutdown_write().unwrap();
+    let mut back = Vec::new();
+    let mut b = [0u8; 64];
+    loop {
+        match e.conn.read(&mut b).unwrap() {
+            0 => break,
+            n => back.extend_from_slice(&b[..n]),
+        }
+    }
+    assert_eq!(back, b"early, then the ring");
+    drop(e);
+    drop(tcp);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!((st.conns_opened, st.fallbacks_total()), (1, 0), "{st:?}");
+    // Both ways: the echo peer read all 20 bytes from its ring.
+    assert_eq!(st.xfer_bytes, 40, "{st:?}");
+}
+
+#[test]
+fn early_bytes_counted_but_not_in_the_stream_keep_tcp() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, None);
+    assert_eq!(p.finish().fallback_reason(), Some(Reason::SyncErr));
+    assert_eq!(peer.line(), "smc=0 reason=SYNCERR");
+    // The stream is exactly what was sent on it: nothing.
+    echo_plain(tcp);
+    peer.wait_ok();
+    let st = dir.dev().stats();
+    assert_eq!(st.fallback(Reason::SyncErr), (1, 1), "{st:?}");
+}
+
+#[test]
+fn early_bytes_stay_in_the_stream_when_the_server_declines() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve_env(&dir.0, "echo", &[("SMCLO_UEID", "TENANT-A")]);
+    let mut cfg = dir.cfg();
+    cfg.ueid = Some(*b"TENANT-B                        ");
+    let (mut tcp, p) = early_proposal(&dir, &cfg, &addr, Some(b"early"));
+    assert_eq!(p.finish().fallback_reason(), Some(Reason::NoUeid));
+    assert_eq!(peer.line(), "smc=0 reason=NOUEID");
+    tcp.write_all(b", then plain").unwrap();
+    tcp.shutdown(Shutdown::Write).unwrap();
+    let mut back = String::new();
+    tcp.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "early, then plain");
+    peer.wait_ok();
+}
+
+#[test]
+fn early_bytes_of_a_client_gone_after_its_write_arrive() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut client = Peer::spawn(&dir.0, &["stall", &addr, "early"], &[]);
+    assert_eq!(client.line(), "stalled");
+    let st = client.child.wait().unwrap();
+    assert!(st.success(), "{st}");
+    // It exited with its proposal standing and its early bytes counted:
+    // the server cannot reach it, keeps TCP, and reads them there.
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(s.fallback_reason(), Some(Reason::PeerDead));
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"early");
+}
+
 #[test]
 fn fallback_timeout_when_server_accepts_late() {
     let dir = Dir::new();

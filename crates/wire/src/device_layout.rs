@@ -39,14 +39,16 @@
 //! bytes received, close flags): a version 2 process would read the
 //! listener registry at the wrong offset. Version 4 added the fallback
 //! table (`smclo ss -a`); version 5 moved a DMB entry's `rx_bytes` to its
-//! second cache line.
+//! second cache line. Version 6 gave a rendezvous slot's reserved word the
+//! client's early-byte count: a version 5 server would ignore it and leave
+//! the counted bytes in its TCP stream ahead of the ring's.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 

@@ -300,6 +300,9 @@ unsafe fn fcntl_impl(
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
         super::pending::settle(fd);
     }
+    if cmd == libc::F_SETFL {
+        super::pending::mode_changing(fd);
+    }
     let s = table::get(fd);
     if s.is_none() {
         if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_DUP_SHARED)
@@ -362,6 +365,9 @@ const SIOCATMARK: c_ulong = 0x8905;
 /// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if req == libc::FIONBIO {
+        super::pending::mode_changing(fd);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::ioctl(fd, req, arg) };

@@ -288,6 +288,9 @@ pub unsafe extern "C" fn __read_chk(
 /// Interposed `write(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(r) = super::pending::early_send(fd, buf, n, 0) {
+        return r;
+    }
     if let Err(e) = super::pending::before_io(fd, false) {
         return fail(e);
     }
@@ -349,6 +352,9 @@ pub unsafe extern "C" fn __recv_chk(
 /// Interposed `send(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
+        return r;
+    }
     if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -431,6 +437,9 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
+    if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
+        return r;
+    }
     if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }

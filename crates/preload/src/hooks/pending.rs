@@ -22,10 +22,11 @@ use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_PENDING, LOCK};
+use crate::table::{self, F_CANDIDATE, F_MODE_KNOWN, F_NONBLOCK, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::debug;
 use smclo::device::Role;
+use smclo::early_count::EARLY_MAX;
 use smclo::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
@@ -131,7 +132,14 @@ fn pending(fd: RawFd) -> bool {
 
 /// `connect` (`accept`) returned `fd` before its handshake `hs` with
 /// `dest` decided.
-pub(super) fn start(fd: RawFd, hs: Handshake, slot: usize, dest: SocketAddr, deadline: Instant) {
+pub(super) fn start(
+    fd: RawFd,
+    hs: Handshake,
+    slot: usize,
+    dest: SocketAddr,
+    deadline: Instant,
+    nonblock: Option<bool>,
+) {
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     lock(&CURRENT)
@@ -151,7 +159,30 @@ pub(super) fn start(fd: RawFd, hs: Handshake, slot: usize, dest: SocketAddr, dea
     // Registrations are recorded (the swap moves them) and given to the
     // kernel without writability until the handshake decides.
     table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
+    if let Some(nb) = nonblock {
+        table::set_flag(fd, F_NONBLOCK, nb);
+        table::set_flag(fd, F_MODE_KNOWN, true);
+    }
     hide_out_locked(fd, true);
+}
+
+/// Whether `fd` (a pending connect's socket) is non-blocking: as `connect`
+/// found it unless the program changed it since ([`F_MODE_KNOWN`]).
+fn nonblocking(fd: RawFd) -> bool {
+    if table::has_flag(fd, F_MODE_KNOWN) {
+        return table::has_flag(fd, F_NONBLOCK);
+    }
+    // SAFETY: F_GETFL on the application's descriptor.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// The program may change the `O_NONBLOCK` of `fd` (`F_SETFL`, `FIONBIO`):
+/// ask the kernel from now on.
+pub(super) fn mode_changing(fd: RawFd) {
+    if table::has_flag(fd, F_MODE_KNOWN) {
+        table::set_flag(fd, F_MODE_KNOWN, false);
+    }
 }
 
 /// The epoll registrations of `fd` recorded so far, given to the kernel
@@ -317,18 +348,13 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
 
 /// The handshake of `fd` decided SMC-D: the swap.
 fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize) {
-    // SAFETY: F_GETFL and F_GETFD on the application's descriptor.
-    let (fl, fdfl) = unsafe {
-        (
-            real::fcntl(fd, libc::F_GETFL, 0),
-            real::fcntl(fd, libc::F_GETFD, 0),
-        )
-    };
-    let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+    let nonblock = nonblocking(fd);
+    // SAFETY: F_GETFD on the application's descriptor.
+    let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
     swap_in(fd, est, slot, nonblock, cloexec);
     let _g = LOCK.write();
-    table::set_flag(fd, F_PENDING, false);
+    table::set_flag(fd, F_PENDING | F_MODE_KNOWN, false);
 }
 
 /// The handshake of `fd` (this end `role`) decided TCP for `r`.
@@ -358,7 +384,7 @@ fn as_tcp(fd: RawFd) {
     let _g = LOCK.write();
     hide_out_locked(fd, false);
     lock(&EPOLL).retain(|(x, _, _)| *x != fd);
-    table::set_flag(fd, F_CANDIDATE | F_PENDING, false);
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_MODE_KNOWN, false);
 }
 
 /// Looks once at the handshake of `fd`, if its connect is pending.
@@ -399,9 +425,7 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     if !pending(fd) {
         return Ok(());
     }
-    // SAFETY: F_GETFL on the application's descriptor.
-    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    if dontwait || (fl >= 0 && fl & libc::O_NONBLOCK != 0) {
+    if dontwait || nonblocking(fd) {
         if advance(fd, Some(Instant::now())) {
             return Ok(());
         }
@@ -409,6 +433,52 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     }
     settle(fd);
     Ok(())
+}
+
+/// A blocking send of `n` bytes at `buf` (`flags`: none but
+/// `MSG_NOSIGNAL`) on `fd`, whose connect is pending: when its proposal
+/// counts them as early bytes (the server has not taken the count, and
+/// they fit [`EARLY_MAX`]), they go into the TCP stream now and `Some` is
+/// the result, which the server moves into its ring if it accepts (see
+/// `smclo::handshake::early`). `None`: the caller waits for the decision
+/// ([`before_io`]).
+pub(super) fn early_send(
+    fd: RawFd,
+    buf: *const libc::c_void,
+    n: usize,
+    flags: c_int,
+) -> Option<libc::ssize_t> {
+    if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !libc::MSG_NOSIGNAL != 0 {
+        return None;
+    }
+    if nonblocking(fd) {
+        return None;
+    }
+    {
+        let mut map = lock(&PENDING);
+        // Being driven by another thread (out of the map): wait instead.
+        let pd = map.as_mut()?.get_mut(&fd)?;
+        let Handshake::Connect(p) = &mut pd.hs else {
+            return None;
+        };
+        if !p.add_early(n) {
+            return None;
+        }
+    }
+    // Counted: every byte must now reach the stream, as a blocking TCP
+    // send delivers all of them (a signal does not cut it short here).
+    let mut done = 0usize;
+    while done < n {
+        // SAFETY: the caller's `n` readable bytes at `buf`, from `done` on.
+        let r = unsafe { real::send(fd, buf.cast::<u8>().add(done).cast(), n - done, flags) };
+        match r {
+            r if r >= 0 => done += r as usize,
+            _ if errno() == libc::EINTR => {}
+            _ if done == 0 => return Some(-1),
+            _ => break,
+        }
+    }
+    Some(done as libc::ssize_t)
 }
 
 /// What a wait over undecided handshakes sleeps on besides the program's

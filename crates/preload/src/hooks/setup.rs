@@ -354,7 +354,14 @@ fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<
         return accept_decided(c, nfd, d, slot, flags, peer);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
-    pending::start(nfd, pending::Handshake::Accept(h), slot, from, deadline);
+    pending::start(
+        nfd,
+        pending::Handshake::Accept(h),
+        slot,
+        from,
+        deadline,
+        None,
+    );
 }
 
 /// The handshake of the accepted `nfd` decided `d`.
@@ -453,10 +460,13 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 }
 
 /// Interposed `connect(2)`: proposes SMC-D to registered smclo listeners.
-/// A blocking connect completes the handshake before it returns (bounded
-/// by `SMCLO_CLC_WAIT_MS`); a non-blocking one returns what the TCP
-/// connect returned (`EINPROGRESS`) and leaves the handshake pending
-/// (`hooks::pending`): an event loop never waits on the server's `accept`.
+/// A non-blocking connect returns what the TCP connect returned
+/// (`EINPROGRESS`) and leaves the handshake pending (`hooks::pending`): an
+/// event loop never waits on the server's `accept`. So does a blocking
+/// one whose server can answer without it (an earlier connection joined
+/// the two processes), so that the program's first request travels with
+/// the handshake (early bytes); otherwise a blocking connect completes
+/// the handshake before it returns (bounded by `SMCLO_CLC_WAIT_MS`).
 ///
 /// A destination without a live smclo listener costs no system call
 /// besides the real `connect`: the candidate was recorded as a TCP stream
@@ -524,11 +534,24 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
         fl >= 0 && fl & libc::O_NONBLOCK != 0
     };
-    if nonblock {
-        // Non-blocking: the handshake goes on after connect returns, as
-        // TCP's does; the program's next wait or call on `fd` drives it.
+    if nonblock || p.answer_expected_unaided() {
+        // The handshake goes on after connect returns, as TCP's does: the
+        // program's next wait or call on `fd` drives it. A blocking
+        // program's first request, written before the server answered,
+        // goes into the TCP stream as early bytes (`pending::early_send`),
+        // so that the server finds it with the connection instead of
+        // waiting for it. Only when the server can answer without us: a
+        // program that idles after connect would keep a first contact's
+        // server waiting for our DMB until it gives up.
         let deadline = start + c.cfg.clc_wait;
-        pending::start(fd, pending::Handshake::Connect(p), slot, dest, deadline);
+        pending::start(
+            fd,
+            pending::Handshake::Connect(p),
+            slot,
+            dest,
+            deadline,
+            Some(nonblock),
+        );
         set_errno(e);
         return r;
     }

@@ -217,6 +217,17 @@ fn stall(addr: &str, stage: &str) -> io::Result<()> {
     if stage != "noport" {
         p.syn_sent();
     }
+    if stage == "early" {
+        // Early bytes in the stream, then gone without withdrawing (as if
+        // killed): the server must still get them.
+        if !p.add_early(5) {
+            return Err(io::Error::other("the early bytes were not counted"));
+        }
+        (&tcp).write_all(b"early")?;
+        println!("stalled");
+        io::stdout().flush()?;
+        std::process::exit(0);
+    }
     let wait = std::time::Duration::from_secs(10);
     let chan = match stage {
         "noconfirm" => Some(p.pass_dmb_and_stop(wait)),
@@ -354,7 +365,9 @@ fn main() -> ExitCode {
             run(s, workload)
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
-        ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm")] => stall(addr, stage),
+        ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm" | "early")] => {
+            stall(addr, stage)
+        }
         ["stopper", addr] => stopper(addr),
         ["churn", n] => n.parse().map_err(io::Error::other).and_then(churn),
         ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),

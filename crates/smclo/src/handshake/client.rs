@@ -58,6 +58,8 @@ pub struct ClientProposal {
     /// ([`SlotRef::set_server_dmb_hint`]), kept out of the pool until the
     /// server says whether it reused that DMB.
     server_dmb: Option<KeptPeer>,
+    /// Early bytes counted in the slot ([`Self::add_early`]).
+    early: u32,
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool
@@ -226,6 +228,7 @@ pub fn client_propose_with(
         port_published: false,
         wait: Wait::default(),
         server_dmb: None,
+        early: 0,
     };
     let key = key_for(src_ip, mark, dest);
     let slot =
@@ -275,6 +278,29 @@ impl ClientProposal {
     /// ([`tcp_syn::LeftMark`]).
     pub fn syn_sent(&mut self) {
         self.publish_port();
+    }
+
+    /// Whether the server is likely to answer without this client's help:
+    /// we named a DMB of the listener's process that we keep a mapping of,
+    /// so an earlier connection joined the two processes and each keeps
+    /// the other's DMB mapped (on a private device). A blocking `connect`
+    /// may then return before the answer, so that the program's first
+    /// request goes out as early bytes ([`Self::add_early`]); a first
+    /// contact, whose server waits for our DMB, finishes in `connect`.
+    pub fn answer_expected_unaided(&self) -> bool {
+        self.server_dmb.is_some()
+    }
+
+    /// Counts `n` bytes that the caller then writes into the TCP stream,
+    /// before the server answered (a blocking client's first request; see
+    /// [`SlotRef::add_early`]): `false` when they must wait for the
+    /// decision instead (the server took the count, or too many).
+    pub fn add_early(&mut self, n: usize) -> bool {
+        let counted = self.port_published && self.slot.as_ref().is_some_and(|s| s.add_early(n));
+        if counted {
+            self.early += n as u32;
+        }
+        counted
     }
 
     /// Puts the socket options back now, if they are still marked.
@@ -622,6 +648,8 @@ impl ClientProposal {
         match establish(dmb, peer, chan, accept.token, (local, self.dest), mode) {
             Ok(mut e) => {
                 e.syn_mark = tcp_syn::LeftMark::new(self.saved_mark.take());
+                // The server moved them into its ring: sent through it.
+                e.conn.count_early(self.early);
                 Ok(e)
             }
             Err(e) => {

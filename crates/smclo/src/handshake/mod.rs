@@ -15,6 +15,7 @@
 
 mod channel;
 mod client;
+mod early;
 mod listener;
 mod server;
 

@@ -7,7 +7,7 @@ use super::channel::{
     CLIENT_DMB_BYTE, CONNECT_BOUND, SERVER_DMB_BYTE,
 };
 use super::{
-    abort_tcp, attach_error, establish, expect_clc, key_for, mode, random_u64, Decision,
+    abort_tcp, attach_error, early, establish, expect_clc, key_for, mode, random_u64, Decision,
     HandshakeError, Wake, LOOPBACK_CHID,
 };
 use crate::access::Shape;
@@ -497,10 +497,34 @@ impl ServerHandshake {
             linkid: random_u64() as u32,
             chid: LOOPBACK_CHID,
         };
-        if let Err(st) = slot.answer(&ClcMsg::Accept(accept).to_bytes(), true) {
-            // The client gave up first (timeout): its decision is TCP.
-            debug!("client withdrew before our Accept (slot {st:?})");
-            return Decision::Tcp(Reason::Timeout);
+        // The client's early bytes must all be in our socket before we
+        // accept: then they move into our ring (below). A client stopped
+        // between counting and sending them gets a Decline, and its
+        // stream carries them as TCP.
+        let fd = self.conn_fd;
+        let gid = self.dev.gid();
+        let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
+            if n == 0 || (n < dmb.dmb().ring_len() && early::arrived(fd, n)) {
+                return Ok(());
+            }
+            debug!("the client's {n} early bytes are not in the TCP stream");
+            Err(ClcMsg::Decline(Decline::new(gid, Reason::SyncErr)).to_bytes())
+        });
+        let early = match early {
+            Ok(Some(n)) => n,
+            Ok(None) => return Decision::Tcp(Reason::SyncErr),
+            Err(st) => {
+                // The client gave up first (timeout): its decision is TCP.
+                debug!("client withdrew before our Accept (slot {st:?})");
+                return Decision::Tcp(Reason::Timeout);
+            }
+        };
+        if early > 0 {
+            if let Err(e) = early::take_into(fd, dmb.dmb(), early) {
+                debug!("taking the client's {early} early bytes failed ({e}): connection aborted");
+                drop(chan);
+                return abort_tcp(fd, Reason::IntErr);
+            }
         }
         // ACCEPTED decides: SMC-D for both ends. The client follows once it
         // has our DMB (or our message that it has it already), which also
