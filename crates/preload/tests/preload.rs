@@ -997,6 +997,47 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     assert!(stats.xfer_bytes >= 2 * (13 + 28), "{out}\n{stats:?}");
 }
 
+/// A blocking connect that returned before the server answered (a server
+/// process this one was connected to before) and whose program then idles
+/// past its own handshake deadline still ends up SMC-D: the server, which
+/// keeps a mapping of the client's DMB, answered without the client, and
+/// the client follows that answer at its first call. Nothing falls back.
+#[test]
+fn an_idle_client_after_an_early_connect_follows_the_server() {
+    let script = r#"
+import os, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(4)
+port = l.getsockname()[1]
+pid = os.fork()
+if pid == 0:
+    l.close()
+    for idle in (0, 0.8):
+        c = socket.create_connection(("127.0.0.1", port))
+        time.sleep(idle)
+        c.sendall(b"ping")
+        got = c.recv(4)
+        c.close()
+        if got != b"pong":
+            os._exit(1)
+    os._exit(0)
+for _ in range(2):
+    a, _ = l.accept()
+    got = a.recv(4)
+    a.sendall(b"pong" if got == b"ping" else b"FAIL")
+    a.close()
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]).env("SMCLO_CLC_WAIT_MS", "300");
+    let (ok, out, stats) = run_preloaded("early-idle", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+}
+
 /// The SYN mark stays on an SMC-D connection's TCP socket (see
 /// `tcp_syn::LeftMark`), but the program never sees it: its IP options
 /// read as it left them (the default, or what it set before connect), and

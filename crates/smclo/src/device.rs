@@ -875,16 +875,16 @@ impl Device {
     /// dead processes first (at most every [`SWEEP_INTERVAL_MS`], and always
     /// when the table is full).
     pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
-        self.register_dmb_preferring(ring_len, role, None)
+        self.register_dmb_preferring(ring_len, role, crate::pool::Prefer::default())
     }
 
-    /// [`register_dmb`](Self::register_dmb), reusing the pooled DMB whose
-    /// memfd is `prefer` if it is free: the peer keeps a mapping of it.
+    /// [`register_dmb`](Self::register_dmb), reusing the pooled DMB that
+    /// `prefer` names if it is free: the peer keeps a mapping of it.
     pub fn register_dmb_preferring(
         &self,
         ring_len: u32,
         role: Role,
-        prefer: Option<(u64, u64)>,
+        prefer: crate::pool::Prefer,
     ) -> Result<DmbHandle> {
         self.maybe_sweep();
         let me = Owner::current();

@@ -65,6 +65,10 @@ pub(crate) struct Own {
     /// Whether dropping the mapping hands it to the pool (true for DMBs in
     /// use; false for the pool's own copies, which really unmap).
     pub(crate) reuse: bool,
+    /// The pid of the peer whose connection used it last (0: none yet): a
+    /// client's next connection to that process prefers it, since that
+    /// process likely keeps a mapping of it ([`crate::pool::Prefer`]).
+    pub(crate) last_peer: u32,
     /// `file` counts against the descriptor budget ([`crate::fdnum`]).
     pub(crate) _held: crate::fdnum::Held,
     /// `file`'s number is the core's ([`crate::fdnum::Mark`]).
@@ -147,6 +151,7 @@ impl Dmb {
             file,
             fork_gen: crate::owner::fork_gen(),
             reuse: true,
+            last_peer: 0,
             _held: crate::fdnum::Held::new(),
             _mark: crate::fdnum::Mark::new(mark_fd),
             _kept: crate::pool::KeptMemfd::new(d.ring_len()),
@@ -177,6 +182,12 @@ impl Dmb {
 
     pub(crate) fn own_mut(&mut self) -> Option<&mut Own> {
         self.own.as_mut()
+    }
+
+    /// The pid of the peer that used our own DMB last (0: none, or not
+    /// ours): see [`Own::last_peer`].
+    pub(crate) fn last_peer(&self) -> u32 {
+        self.own.as_ref().map_or(0, |o| o.last_peer)
     }
 
     /// Gives this pooled DMB a new token (so that a stale holder of its
@@ -370,6 +381,7 @@ impl Dmb {
             file,
             fork_gen: Dmb::adopted_gen(forked),
             reuse: true,
+            last_peer: 0,
             _held: crate::fdnum::Held::new(),
             _mark: crate::fdnum::Mark::new(mark_fd),
             _kept: crate::pool::KeptMemfd::new(d.ring_len()),

@@ -164,20 +164,38 @@ impl Pool {
     }
 }
 
+/// Which free DMB [`take`] prefers: one the peer keeps a mapping of.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prefer {
+    /// The one whose memfd has this identity (the client named it).
+    pub memfd: Option<(u64, u64)>,
+    /// Else the most recently used of those whose last connection was
+    /// with this process ([`crate::dmb::Own::last_peer`]).
+    pub last_peer: Option<u32>,
+}
+
 /// Takes a free DMB of `ring_len` bytes on device `gid`, renewed with
-/// `token`, ready to be registered: the one whose memfd is `prefer` if it
-/// is free (the peer keeps a mapping of it), else the most recently used.
-pub(crate) fn take(ring_len: u32, gid: u64, token: u64, prefer: Option<(u64, u64)>) -> Option<Dmb> {
+/// `token`, ready to be registered: the one `prefer` names if one is free,
+/// else the most recently used.
+pub(crate) fn take(ring_len: u32, gid: u64, token: u64, prefer: Prefer) -> Option<Dmb> {
     let mut out = Out::new();
     let mut p = Pool::lock(&mut out)?;
     p.promote(&mut out);
     let fits =
         |k: &Kept| k.kind == Kind::Free && k.dmb.ring_len() == ring_len && k.dmb.gid() == gid;
-    let preferred = prefer.and_then(|id| {
-        p.kept
-            .iter()
-            .position(|k| fits(k) && k.dmb.own_id() == Some(id))
-    });
+    let preferred = prefer
+        .memfd
+        .and_then(|id| {
+            p.kept
+                .iter()
+                .position(|k| fits(k) && k.dmb.own_id() == Some(id))
+        })
+        .or_else(|| {
+            let pid = prefer.last_peer.filter(|&pid| pid != 0)?;
+            p.kept
+                .iter()
+                .rposition(|k| fits(k) && k.dmb.last_peer() == pid)
+        });
     // The most recently used one: its pages are the likeliest to be warm,
     // and the others age towards the idle trim.
     let i = preferred.or_else(|| p.kept.iter().rposition(fits));

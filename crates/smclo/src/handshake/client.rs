@@ -60,6 +60,8 @@ pub struct ClientProposal {
     server_dmb: Option<KeptPeer>,
     /// Early bytes counted in the slot ([`Self::add_early`]).
     early: u32,
+    /// See [`Self::answer_expected_unaided`].
+    unaided: bool,
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool
@@ -187,10 +189,19 @@ pub fn client_propose_with(
         ))
         .ip(),
     };
-    let dmb = dev.register_dmb(cfg.rmem, Role::Client).map_err(|e| {
-        debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-        Reason::Mem
-    })?;
+    // Preferably the DMB our last connection with the listener's process
+    // used: that process likely keeps a mapping of it, and then needs
+    // nothing from us to answer.
+    let prefer = crate::pool::Prefer {
+        memfd: None,
+        last_peer: Some(listener.owner.pid),
+    };
+    let dmb = dev
+        .register_dmb_preferring(cfg.rmem, Role::Client, prefer)
+        .map_err(|e| {
+            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
+            Reason::Mem
+        })?;
     let rendezvous = RendezvousListener::for_proposal(dev, listener.same_netns()).map_err(|e| {
         debug!("cannot create the rendezvous socket: {e}");
         Reason::IntErr
@@ -229,6 +240,7 @@ pub fn client_propose_with(
         wait: Wait::default(),
         server_dmb: None,
         early: 0,
+        unaided: false,
     };
     let key = key_for(src_ip, mark, dest);
     let slot =
@@ -248,6 +260,10 @@ pub fn client_propose_with(
         if let Some((id, d)) = crate::pool::take_peer_of(listener.owner.pid) {
             slot.set_server_dmb_hint(id);
             p.server_dmb = Some(KeptPeer { id, dmb: Some(d) });
+            p.unaided = p
+                .dmb
+                .as_ref()
+                .is_some_and(|d| d.dmb().last_peer() == listener.owner.pid);
         }
     }
     p.slot = Some(slot);
@@ -280,15 +296,16 @@ impl ClientProposal {
         self.publish_port();
     }
 
-    /// Whether the server is likely to answer without this client's help:
-    /// we named a DMB of the listener's process that we keep a mapping of,
-    /// so an earlier connection joined the two processes and each keeps
-    /// the other's DMB mapped (on a private device). A blocking `connect`
-    /// may then return before the answer, so that the program's first
-    /// request goes out as early bytes ([`Self::add_early`]); a first
-    /// contact, whose server waits for our DMB, finishes in `connect`.
+    /// Whether the server is likely to answer without this client's help
+    /// (on a private device): we named a DMB of the listener's process
+    /// that we keep a mapping of, and ours is the one our last connection
+    /// with that process used, which it likely keeps a mapping of in turn
+    /// (its cache of peers' DMBs). A blocking `connect` may then return
+    /// before the answer, so that the program's first request goes out as
+    /// early bytes ([`Self::add_early`]); otherwise (a first contact) the
+    /// server waits for our DMB, and `connect` finishes the handshake.
     pub fn answer_expected_unaided(&self) -> bool {
-        self.server_dmb.is_some()
+        self.unaided
     }
 
     /// Counts `n` bytes that the caller then writes into the TCP stream,

@@ -247,7 +247,10 @@ fn establish(
     (local, peer): (SocketAddr, SocketAddr),
     mode: Mode,
 ) -> io::Result<Established> {
-    let (local_dmb, registration) = dmb.into_parts();
+    let (mut local_dmb, registration) = dmb.into_parts();
+    if let Some(own) = local_dmb.own_mut() {
+        own.last_peer = peer_dmb.owner_pid();
+    }
     registration.set_connected(peer_token, local, peer, mode);
     // The handshake's channels block: the client accepts them without
     // O_NONBLOCK, the server clears it after its bounded connect.

@@ -395,7 +395,11 @@ impl ServerHandshake {
         // below.
         let private = matches!(dev.shape(), Shape::Private { .. });
         let hint = slot.server_dmb_hint().filter(|_| private);
-        let dmb = match dev.register_dmb_preferring(self.cfg.rmem, Role::Server, hint) {
+        let prefer = crate::pool::Prefer {
+            memfd: hint,
+            last_peer: None,
+        };
+        let dmb = match dev.register_dmb_preferring(self.cfg.rmem, Role::Server, prefer) {
             Ok(d) => d,
             Err(e) => {
                 debug!("registering a {} byte DMB failed: {e}", self.cfg.rmem);
