@@ -755,10 +755,13 @@ fn smc_setup_syscall_budget() {
         |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
     let n = (long - short) as i64;
-    // The TCP and the rendezvous accept; a pending connect's look may find
-    // its rendezvous socket empty once in a while.
+    // The TCP and the rendezvous accept. A blocking call that waits for a
+    // pending connect's handshake (an early connect's first read) wakes
+    // every 5 ms to look at the TCP connection, and then at its rendezvous
+    // socket, which is empty when the traced server has not connected yet
+    // (6 such looks over 100 connections in a full test run).
     assert!(
-        (2 * n..=2 * n + n / 20).contains(&grow("accept4")),
+        (2 * n..=2 * n + n / 5).contains(&grow("accept4")),
         "{} accepts over {n} connections (TCP and rendezvous)",
         grow("accept4")
     );
