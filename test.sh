@@ -61,4 +61,4 @@ mkdir -p fuzz/corpus/clc_parse
 cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
     -- -max_total_time=$fuzz_seconds
 
-echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom models of the doorbell and shared-table protocols, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom models of the doorbell, shared-table and early-byte protocols, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
