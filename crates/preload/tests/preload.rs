@@ -1041,6 +1041,58 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
+/// A program that connects and closes without a word (a health check),
+/// after an early connect whose server has already answered: the server's
+/// application reads end of file, as after a TCP client's close. Before,
+/// the close hung for good (dropping the withdrawn proposal closed the
+/// server's connection through the interposed `close` under the table's
+/// lock, which that `close` took again), and with that mended the server
+/// read a reset (the client vanished from an accepted connection).
+#[test]
+fn a_client_that_closes_right_after_an_early_connect_ends_cleanly() {
+    let script = r#"
+import os, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(8)
+port = l.getsockname()[1]
+pid = os.fork()
+if pid == 0:
+    l.close()
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"x")
+    c.recv(1)
+    c.close()
+    for _ in range(4):
+        c = socket.create_connection(("127.0.0.1", port))
+        time.sleep(0.05)
+        c.close()
+    os._exit(0)
+a, _ = l.accept()
+a.recv(1)
+a.sendall(b"y")
+a.close()
+seen = []
+for _ in range(4):
+    a, _ = l.accept()
+    try:
+        seen.append("eof" if a.recv(10) == b"" else "data")
+    except OSError as e:
+        seen.append(e.strerror)
+    a.close()
+_, st = os.waitpid(pid, 0)
+print("seen", seen)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]);
+    let (ok, out, stats) = run_preloaded("early-close", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(out.contains("seen ['eof', 'eof', 'eof', 'eof']"), "{out}");
+    assert_eq!(stats.conns_opened, 5, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+}
+
 /// The SYN mark stays on an SMC-D connection's TCP socket (see
 /// `tcp_syn::LeftMark`), but the program never sees it: its IP options
 /// read as it left them (the default, or what it set before connect), and

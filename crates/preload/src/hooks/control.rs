@@ -127,7 +127,7 @@ fn close_slow(fd: RawFd) -> c_int {
         return 0;
     }
     let s = table::take_locked(fd);
-    forget_fd_locked(fd);
+    let pending = forget_fd_locked(fd);
     let r = match &s {
         Some(s) if s.conn.fd() == fd => {
             keep_channel_locked(s, fd);
@@ -138,6 +138,7 @@ fn close_slow(fd: RawFd) -> c_int {
     };
     let e = errno();
     drop(g);
+    drop(pending);
     if let Some(s) = s {
         table::release(s);
     }
@@ -201,6 +202,7 @@ unsafe fn fcntl_dup(
     // SAFETY: duplicating the application's descriptor.
     let n = unsafe { real::fcntl(fd, real_cmd, min) };
     let e = errno();
+    let mut pending = None;
     if n >= 0 {
         if s.is_some() && !in_table_range(n) {
             // A duplicate the table cannot name would read doorbells.
@@ -210,10 +212,11 @@ unsafe fn fcntl_dup(
             debug!("dup of fd {fd} above the table: EMFILE");
             return fail(libc::EMFILE);
         }
-        forget_fd_locked(n);
+        pending = forget_fd_locked(n);
         dup_into(s.as_ref(), fd, n, cloexec);
     }
     drop(g);
+    drop(pending);
     set_errno(e);
     n
 }
@@ -277,13 +280,14 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     // SAFETY: the application's descriptors.
     let r = unsafe { real::dup3(old, new, real_flags) };
     let e = errno();
-    let mut prev = None;
+    let (mut prev, mut pending) = (None, None);
     if r >= 0 {
         prev = table::take_locked(new);
-        forget_fd_locked(new);
+        pending = forget_fd_locked(new);
         dup_into(s.as_ref(), old, new, flags & libc::O_CLOEXEC != 0);
     }
     drop(g);
+    drop(pending);
     if let Some(p) = prev {
         table::release(p);
     }

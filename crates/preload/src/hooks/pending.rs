@@ -209,20 +209,32 @@ pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_even
     e
 }
 
-/// Descriptor number `fd` was closed: its proposal is withdrawn. With the
-/// table's lock held for writing.
-pub(super) fn forget_locked(fd: RawFd) {
+/// A handshake whose descriptor number was closed: dropping it withdraws
+/// the proposal (or declines), which closes descriptors of its own (a
+/// server's connection filed for it on the rendezvous socket). Their
+/// interposed `close` takes the table's lock, so it must be dropped after
+/// that lock is released, never under it.
+#[must_use = "drop it after the table's lock is released"]
+pub(super) struct Forgotten(#[allow(dead_code)] Pending);
+
+/// Descriptor number `fd` was closed: its proposal is to be withdrawn
+/// (by dropping what this returns, see [`Forgotten`]). With the table's
+/// lock held for writing.
+pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
     if let Some(m) = lock(&CURRENT).as_mut() {
         m.remove(&fd);
     }
-    if let Some(pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) {
-        COUNT.fetch_sub(1, Ordering::Relaxed);
-        holders::forget(pd.slot);
-        debug!(
-            "fd {fd}: closed before the handshake with {} decided",
-            pd.dest
-        );
+    let mut pd = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd))?;
+    if let Handshake::Connect(p) = &mut pd.hs {
+        p.socket_closed();
     }
+    COUNT.fetch_sub(1, Ordering::Relaxed);
+    holders::forget(pd.slot);
+    debug!(
+        "fd {fd}: closed before the handshake with {} decided",
+        pd.dest
+    );
+    Some(Forgotten(pd))
 }
 
 /// How a pending connect ended.

@@ -52,10 +52,13 @@ pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
     }
 }
 
-/// Forgets what we knew about descriptor number `fd` (it was closed).
-pub(super) fn forget_fd_locked(fd: RawFd) {
+/// Forgets what we knew about descriptor number `fd` (it was closed). A
+/// handshake still pending on it comes back, to be dropped once the
+/// table's lock is released ([`super::pending::Forgotten`]).
+#[must_use = "drop it after the table's lock is released"]
+pub(super) fn forget_fd_locked(fd: RawFd) -> Option<super::pending::Forgotten> {
     if !in_table_range(fd) {
-        return;
+        return None;
     }
     let f = table::FLAGS[fd as usize].swap(0, Ordering::Relaxed);
     if f & F_LISTENER != 0 {
@@ -66,13 +69,16 @@ pub(super) fn forget_fd_locked(fd: RawFd) {
     if f & F_CANDIDATE != 0 {
         lock(&EPOLL).retain(|(x, _, _)| *x != fd);
     }
-    if f & F_PENDING != 0 {
-        super::pending::forget_locked(fd);
-    }
+    let pending = if f & F_PENDING != 0 {
+        super::pending::forget_locked(fd)
+    } else {
+        None
+    };
     if f & F_FALLBACK != 0 {
         if let Some(m) = lock(&FALLBACKS).as_mut() {
             m.remove(&fd);
         }
     }
     super::epoll::forget_fd(fd);
+    pending
 }

@@ -72,7 +72,7 @@ fn clear_stale(fd: RawFd) {
     }
     let g = LOCK.write();
     let old = table::take_locked(fd);
-    forget_fd_locked(fd);
+    let pending = forget_fd_locked(fd);
     if let Some(s) = &old {
         if s.conn.fd() == fd {
             // The channel was this number: it is gone, and the number is
@@ -81,6 +81,7 @@ fn clear_stale(fd: RawFd) {
         }
     }
     drop(g);
+    drop(pending);
     if let Some(s) = old {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
         table::release(s);

@@ -320,6 +320,29 @@ impl ClientProposal {
         counted
     }
 
+    /// The program closed the socket with the handshake pending: its number
+    /// may name another descriptor by now, so nothing here touches it any
+    /// more (the mark needs no putting back on a closed socket).
+    pub fn socket_closed(&mut self) {
+        self.saved_mark = None;
+        self.fd = -1;
+    }
+
+    /// Dropped with the server's SMC-D answer standing (the program closed
+    /// the socket before it looked): ends that connection as the program's
+    /// close of it would have, so that the server's application reads end
+    /// of file, as after a TCP client's close, not a reset.
+    fn end_accepted(&mut self) {
+        self.wait.following = true;
+        self.wait.deadline = Some(Instant::now() + REPLY_GRACE);
+        if let Some(Decision::Smc(e)) = self.run(None) {
+            self.dev.count_conn_opened();
+            if let Err(err) = e.conn.close() {
+                debug!("closing the connection the server accepted failed: {err}");
+            }
+        }
+    }
+
     /// Puts the socket options back now, if they are still marked.
     fn restore_mark(&mut self) {
         if let Some(s) = self.saved_mark.take() {
@@ -689,8 +712,12 @@ impl Drop for ClientProposal {
     fn drop(&mut self) {
         self.restore_mark();
         if let Some(slot) = &self.slot {
-            // Abandoned before finish (connect failed): withdraw the proposal.
-            let _ = slot.give_up();
+            // Abandoned before it decided (connect failed, or the program
+            // closed the socket): withdraw the proposal, unless the server
+            // accepted first.
+            if slot.give_up() == Err(SlotState::Accepted) {
+                self.end_accepted();
+            }
         }
         self.withdraw(true);
     }
