@@ -386,12 +386,19 @@ impl Conn {
         self.record = Some(r);
     }
 
-    /// Counts the client's early bytes, which its server moved into its
-    /// ring from the TCP stream (`handshake::early`), as sent.
-    pub(crate) fn count_early(&self, n: u32) {
-        if n > 0 {
-            self.count_sent(n);
+    /// The client's `n` early bytes, which its server copied into its ring
+    /// from the TCP stream (`handshake::early`) without a doorbell: counted
+    /// as sent, and rung for if the server has not read them yet, so that
+    /// its descriptor is readable as after any write.
+    pub(crate) fn early_published(&self, n: u32) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
         }
+        self.count_sent(n);
+        let p = &self.peer;
+        let bells = doorbell::ring_for_unread(p.prod(), p.cons(), p.ring_len())
+            .map_err(|e| self.violation("send ring", e))?;
+        self.send_bells(bells)
     }
 
     fn count_sent(&self, n: u32) {

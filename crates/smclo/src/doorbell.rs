@@ -272,6 +272,20 @@ pub fn publish<W: Word + ?Sized>(
     }
 }
 
+/// Writer: bytes were published into the ring on its behalf without a
+/// doorbell (a client's early bytes, which its server copied from the TCP
+/// stream before it accepted, see `handshake::early`). Rings now, as a
+/// publish would have, if the reader has not taken them all and is neither
+/// spinning for them nor polling the ring. Returns how many doorbells the
+/// caller must send (0 or 1).
+pub fn ring_for_unread<W: Word + ?Sized>(
+    prod: &W,
+    cons: &W,
+    ring_len: u32,
+) -> Result<u32, CursorError> {
+    post_check(prod, cons, ring_len)
+}
+
 /// After publishing without a bell for a spinning reader: still fine only
 /// if it is still spinning and everything unread fits its capacity, or a
 /// poller looks at the ring; otherwise ring now.

@@ -1079,3 +1079,33 @@ fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
     assert_eq!(st.fallback(Reason::ErrRtok).0, 1, "{st:?}");
     assert_eq!(st.conns_opened, 0, "{st:?}");
 }
+
+/// A client's early bytes make the server's descriptor readable, as any
+/// write does: an event loop that polls `as_raw_fd` (mio, tokio) is woken
+/// by the request. Before, the server moved them into its ring with no
+/// doorbell: `poll` timed out while `read` found them.
+#[test]
+fn early_bytes_make_the_server_descriptor_readable() {
+    let dir = Dir::new();
+    let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut client = Peer::spawn(&dir.0, &["stall", &addr, "earlyfinish"], &[]);
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(s.fallback_reason(), None, "fell back");
+    assert_eq!(client.line(), "decided smc=1");
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, 2000) };
+    let mut b = [0u8; 16];
+    let got = (&s).read(&mut b).unwrap();
+    assert_eq!(&b[..got], b"early");
+    assert_eq!(
+        n, 1,
+        "the early bytes are in the ring but the descriptor is not readable"
+    );
+    let _ = client.child.kill();
+}

@@ -144,9 +144,15 @@ fn pos(w: u64, len: u32) -> usize {
 /// `Conn::send` does (block protocol, then wait until writable); with
 /// `app.et_write`, as a non-blocking `Conn::send` whose caller waits for an
 /// EPOLLOUT edge after every short write.
-fn writer(s: &Shared, len: u32, chunks: &[u32], app: App) {
-    let mut next = 0u8;
+fn writer(s: &Shared, len: u32, early: u32, chunks: &[u32], app: App) {
+    let mut next = early as u8;
     let mut seen = 0;
+    if early > 0 {
+        // The client follows the server's Accept: it rings for the early
+        // bytes the server copied into its ring, if still unread.
+        let b = doorbell::ring_for_unread(&s.prod, &s.cons, len).unwrap();
+        s.chan.send_bells(b).unwrap();
+    }
     for &n in chunks {
         let mut left = n;
         while left > 0 {
@@ -327,24 +333,33 @@ fn reader(s: &Shared, len: u32, total: u32, app: App) {
 }
 
 fn model(len: u32, chunks: &'static [u32], app: App, preemptions: usize) {
+    model_early(len, 0, chunks, app, preemptions);
+}
+
+/// [`model`] of a connection whose ring starts with `early` bytes that the
+/// server published without a doorbell (a client's early bytes,
+/// `handshake::early`); the writer, the client, rings for them first.
+fn model_early(len: u32, early: u32, chunks: &'static [u32], app: App, preemptions: usize) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(preemptions);
     b.check(move || {
         let s = Arc::new(Shared {
-            prod: AtomicU64::new(0),
+            prod: AtomicU64::new(cursor::advance(0, early, len)),
             cons: AtomicU64::new(0),
-            ring: (0..len).map(|_| UnsafeCell::new(0)).collect(),
+            ring: (0..len)
+                .map(|i| UnsafeCell::new(if i < early { i as u8 } else { 0 }))
+                .collect(),
             chan: Chan {
                 q: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
             },
             owed: Default::default(),
         });
-        let total: u32 = chunks.iter().sum();
-        assert!(app.leftover <= len);
+        let total: u32 = early + chunks.iter().sum::<u32>();
+        assert!(app.leftover <= len && early <= len);
         let w = {
             let s = s.clone();
-            loom::thread::spawn(move || writer(&s, len, chunks, app))
+            loom::thread::spawn(move || writer(&s, len, early, chunks, app))
         };
         reader(&s, len, total, app);
         w.join().unwrap();
@@ -506,6 +521,32 @@ fn edge_triggered_fionread_full_ring() {
             cap: 1,
             fionread: true,
             ..EDGE
+        },
+        3,
+    );
+}
+
+/// A client's early bytes in the server's ring, published there without a
+/// doorbell: the client's ring for what is unread, racing the server's
+/// reads and settles, leaves no unread data without a bell (a poller that
+/// waits for readability first, and an edge-triggered one, are woken).
+#[test]
+fn early_bytes_then_writes() {
+    model_early(3, 2, &[2], PLAIN, 3);
+    model_early(3, 2, &[2], EDGE, 3);
+}
+
+/// Early bytes the server leaves unread: the client's ring must make the
+/// server's descriptor readable.
+#[test]
+fn early_bytes_left_unread() {
+    model_early(
+        3,
+        2,
+        &[],
+        App {
+            leftover: 2,
+            ..PLAIN
         },
         3,
     );

@@ -21,7 +21,10 @@
 //! source port, `nodmb` after (it never accepts the server's connection to
 //! its rendezvous socket, so its DMB never arrives), `taken` once it took
 //! the server's connection (it never passes its DMB on it), `noconfirm`
-//! after it passed its DMB (it never reads the server's answer).
+//! after it passed its DMB (it never reads the server's answer), `early`
+//! after it wrote 5 early bytes into the TCP stream (it exits), and
+//! `earlyfinish` the same, but it then follows the server's answer, prints
+//! "decided smc=0|1" and holds the connection.
 //! WORKLOAD is one of:
 //! - `echo`: copy everything read back until EOF;
 //! - `pollecho`: the same as a level-triggered event loop: non-blocking,
@@ -228,6 +231,23 @@ fn stall(addr: &str, stage: &str) -> io::Result<()> {
         io::stdout().flush()?;
         std::process::exit(0);
     }
+    if stage == "earlyfinish" {
+        // Early bytes, then the client follows the server's answer and
+        // holds the connection (until killed).
+        if !p.add_early(5) {
+            return Err(io::Error::other("the early bytes were not counted"));
+        }
+        (&tcp).write_all(b"early")?;
+        let d = p.finish();
+        println!(
+            "decided smc={}",
+            matches!(d, handshake::Decision::Smc(_)) as u8
+        );
+        io::stdout().flush()?;
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        drop(d);
+        return Ok(());
+    }
     let wait = std::time::Duration::from_secs(10);
     let chan = match stage {
         "noconfirm" => Some(p.pass_dmb_and_stop(wait)),
@@ -365,7 +385,7 @@ fn main() -> ExitCode {
             run(s, workload)
         }),
         ["connect", addr, workload] => SmcStream::connect(addr).and_then(|s| run(s, workload)),
-        ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm" | "early")] => {
+        ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm" | "early" | "earlyfinish")] => {
             stall(addr, stage)
         }
         ["stopper", addr] => stopper(addr),
@@ -373,7 +393,9 @@ fn main() -> ExitCode {
         ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),
         _ => {
             eprintln!("usage: smclo-testpeer serve|connect ADDR echo|sink|source:N:SEED|hold");
-            eprintln!("       smclo-testpeer stall ADDR noport|nodmb|taken|noconfirm");
+            eprintln!(
+                "       smclo-testpeer stall ADDR noport|nodmb|taken|noconfirm|early|earlyfinish"
+            );
             eprintln!("       smclo-testpeer stopper ADDR");
             eprintln!("       smclo-testpeer churn N");
             return ExitCode::from(2);

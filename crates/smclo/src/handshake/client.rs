@@ -689,7 +689,10 @@ impl ClientProposal {
             Ok(mut e) => {
                 e.syn_mark = tcp_syn::LeftMark::new(self.saved_mark.take());
                 // The server moved them into its ring: sent through it.
-                e.conn.count_early(self.early);
+                if let Err(err) = e.conn.early_published(self.early) {
+                    debug!("ringing for our early bytes failed: {err}");
+                    return Err(Reason::IntErr);
+                }
                 Ok(e)
             }
             Err(e) => {

@@ -9,8 +9,11 @@
 //! reads them as from any TCP client; so does one whose client is killed
 //! after its write returned. Nothing is lost or reordered either way: the
 //! client counts before it sends, the server takes the count (no more is
-//! counted after) before it decides, and accepts only when that many bytes
-//! are in its socket.
+//! counted after) before it decides, accepts only when that many bytes
+//! are in its socket, copies them into its ring before its Accept (so the
+//! client cannot have written there yet), and drops them from the stream
+//! only after its message to the client went out: a client that died
+//! before leaves a TCP connection whose stream still holds them.
 
 use crate::dmb::Dmb;
 use crate::ring;
@@ -56,20 +59,32 @@ pub(super) fn arrived(fd: RawFd, n: u32) -> bool {
     }
 }
 
-/// Moves the `n` early bytes ([`arrived`]) from TCP socket `fd` into the
+/// Copies the `n` early bytes ([`arrived`]) from TCP socket `fd` into the
 /// ring of our DMB `local` at its start and publishes them, as if the
 /// client had written them there: its writes follow them (the writer reads
-/// the producer word), and our reader finds them at once.
-pub(super) fn take_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
+/// the producer word), and our reader finds them at once. They stay in the
+/// socket (`MSG_PEEK`) until [`consume`]: called while the slot is
+/// REPLYING, before the client can write into the ring, and a handshake
+/// that then ends in TCP leaves them in the stream.
+///
+/// No doorbell is counted: the client rings for what is still unread once
+/// it follows our Accept (`Conn::ring_for_unread`), as a writer does when it
+/// publishes. Until then only waits that look at the ring see the bytes.
+pub(super) fn copy_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
     let mut buf = vec![0u8; n as usize];
-    let mut got = 0;
-    while got < buf.len() {
-        let rest = &mut buf[got..];
-        // SAFETY: receives into the private buffer's `rest.len()` writable bytes.
-        let r = unsafe { libc::recv(fd, rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) };
+    loop {
+        // SAFETY: peeks into the private buffer's `n` writable bytes.
+        let r = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
         match r {
-            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            r if r > 0 => got += r as usize,
+            r if r >= 0 && r as usize == buf.len() => break,
+            r if r >= 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
             _ => {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -82,5 +97,36 @@ pub(super) fn take_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
     // The ring is fresh (registration zeroes both words), so the producer
     // word is the count alone; Release orders the bytes before it.
     local.prod().store(u64::from(n), Ordering::Release);
+    Ok(())
+}
+
+/// Drops from TCP socket `fd`'s stream the `n` early bytes that
+/// [`copy_into`] put into our ring, once the connection is SMC-D: they now
+/// travel through the ring. They are queued (peeked before), so this does
+/// not wait; `MSG_TRUNC` discards them without a copy.
+pub(super) fn consume(fd: RawFd, n: u32) -> io::Result<()> {
+    let mut left = n as usize;
+    while left > 0 {
+        // SAFETY: MSG_TRUNC on a TCP socket discards without writing to the
+        // (null) buffer.
+        let r = unsafe {
+            libc::recv(
+                fd,
+                std::ptr::null_mut(),
+                left,
+                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        match r {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            r if r > 0 => left -= (r as usize).min(left),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
     Ok(())
 }

@@ -502,13 +502,18 @@ impl ServerHandshake {
             chid: LOOPBACK_CHID,
         };
         // The client's early bytes must all be in our socket before we
-        // accept: then they move into our ring (below). A client stopped
-        // between counting and sending them gets a Decline, and its
-        // stream carries them as TCP.
+        // accept: they are copied into our ring now, while the client
+        // cannot write there, and leave the stream once our message is
+        // out (below). A client stopped between counting and sending them
+        // gets a Decline, and its stream carries them as TCP.
         let fd = self.conn_fd;
         let gid = self.dev.gid();
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
-            if n == 0 || (n < dmb.dmb().ring_len() && early::arrived(fd, n)) {
+            if n == 0
+                || (n < dmb.dmb().ring_len()
+                    && early::arrived(fd, n)
+                    && early::copy_into(fd, dmb.dmb(), n).is_ok())
+            {
                 return Ok(());
             }
             debug!("the client's {n} early bytes are not in the TCP stream");
@@ -523,22 +528,28 @@ impl ServerHandshake {
                 return Decision::Tcp(Reason::Timeout);
             }
         };
-        if early > 0 {
-            if let Err(e) = early::take_into(fd, dmb.dmb(), early) {
-                debug!("taking the client's {early} early bytes failed ({e}): connection aborted");
-                drop(chan);
-                return abort_tcp(fd, Reason::IntErr);
-            }
-        }
         // ACCEPTED decides: SMC-D for both ends. The client follows once it
         // has our DMB (or our message that it has it already), which also
         // wakes it; the server does not wait for its Confirm. An end that
         // cannot follow aborts the connection (here: closing the channel
         // tells the client, which then aborts too).
-        let fd = (!reused).then(|| dmb.fd());
-        if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, fd) {
+        let dmb_fd = (!reused).then(|| dmb.fd());
+        if let Err(e) = send_msg(chan.as_raw_fd(), SERVER_DMB_BYTE, dmb_fd) {
+            if client_ended(fd) {
+                // Nobody will read the rings, and the stream holds what the
+                // client sent (its early bytes too) and its end: TCP's.
+                debug!("the client ended before our message ({e}): stays TCP");
+                return Decision::Tcp(Reason::PeerDead);
+            }
             debug!("sending our DMB to the client failed ({e}): connection aborted");
-            return abort_tcp(self.conn_fd, Reason::IntErr);
+            return abort_tcp(fd, Reason::IntErr);
+        }
+        if early > 0 {
+            if let Err(e) = early::consume(fd, early) {
+                debug!("dropping the client's {early} early bytes from the stream failed ({e}): connection aborted");
+                drop(chan);
+                return abort_tcp(fd, Reason::IntErr);
+            }
         }
         let mode = mode(&self.dev, &self.cfg);
         match establish(dmb, peer, chan, proposal.token, self.ends, mode) {
@@ -616,6 +627,20 @@ fn client_silent(slot: &SlotRef, closed: bool) -> Reason {
         debug!("the client passed no DMB in time");
         Reason::Timeout
     }
+}
+
+/// Whether the client's end of TCP connection `fd` has closed (its process
+/// ended, or was killed, before it could follow our Accept): then nobody
+/// will read the rings, and the stream is what it sent.
+fn client_ended(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
