@@ -87,12 +87,10 @@ pub const F_TIMEO: u16 = 1024;
 /// [`F_TCP`] is unbound.
 pub const F_BOUND: u16 = 2048;
 
-/// A pending connect's socket whose `O_NONBLOCK` is known without asking
-/// the kernel: [`F_NONBLOCK`] says it, as `connect` found it; an
-/// `F_SETFL` or `FIONBIO` on the number clears it (`hooks::pending`).
-pub const F_MODE_KNOWN: u16 = 4096;
-/// With [`F_MODE_KNOWN`]: the socket is non-blocking.
-pub const F_NONBLOCK: u16 = 8192;
+/// With [`F_PENDING`]: a blocking connect that returned connected, whose
+/// writes go into the stream as early bytes (`hooks::pending`): reported
+/// writable, as the TCP socket is.
+pub const F_EARLY: u16 = 4096;
 
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u16, on: bool) {

@@ -24,6 +24,11 @@ use std::time::Duration;
 /// sent, then end of stream); SHUT_RD is local, as in SMC.
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // An undecided connection: an end of stream said to the TCP socket now
+    // would not reach a peer that then reads the rings.
+    if super::pending::any() {
+        super::pending::settle(fd);
+    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::shutdown(fd, how) };
@@ -304,9 +309,6 @@ unsafe fn fcntl_impl(
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
         super::pending::settle(fd);
     }
-    if cmd == libc::F_SETFL {
-        super::pending::mode_changing(fd);
-    }
     let s = table::get(fd);
     if s.is_none() {
         if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_DUP_SHARED)
@@ -369,9 +371,6 @@ const SIOCATMARK: c_ulong = 0x8905;
 /// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
-    if req == libc::FIONBIO {
-        super::pending::mode_changing(fd);
-    }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::ioctl(fd, req, arg) };

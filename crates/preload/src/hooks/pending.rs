@@ -22,7 +22,7 @@ use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_MODE_KNOWN, F_NONBLOCK, F_PENDING, LOCK};
+use crate::table::{self, F_CANDIDATE, F_EARLY, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::debug;
 use smclo::device::Role;
@@ -138,7 +138,7 @@ pub(super) fn start(
     slot: usize,
     dest: SocketAddr,
     deadline: Instant,
-    nonblock: Option<bool>,
+    early: bool,
 ) {
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -159,30 +159,23 @@ pub(super) fn start(
     // Registrations are recorded (the swap moves them) and given to the
     // kernel without writability until the handshake decides.
     table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
-    if let Some(nb) = nonblock {
-        table::set_flag(fd, F_NONBLOCK, nb);
-        table::set_flag(fd, F_MODE_KNOWN, true);
-    }
-    hide_out_locked(fd, true);
+    table::set_flag(fd, F_EARLY, early);
+    hide_out_locked(fd, !early);
 }
 
-/// Whether `fd` (a pending connect's socket) is non-blocking: as `connect`
-/// found it unless the program changed it since ([`F_MODE_KNOWN`]).
-fn nonblocking(fd: RawFd) -> bool {
-    if table::has_flag(fd, F_MODE_KNOWN) {
-        return table::has_flag(fd, F_NONBLOCK);
-    }
+/// Whether `fd`'s writability is hidden: its connect is pending and its
+/// writes could not go early.
+fn out_hidden(fd: RawFd) -> bool {
+    table::has_flag(fd, F_PENDING) && !table::has_flag(fd, F_EARLY)
+}
+
+/// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
+/// each time: the open file may be shared with descriptors and processes
+/// made before the connect, whose `F_SETFL` no hook on `fd` sees.
+pub(super) fn nonblocking(fd: RawFd) -> bool {
     // SAFETY: F_GETFL on the application's descriptor.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
     fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
-/// The program may change the `O_NONBLOCK` of `fd` (`F_SETFL`, `FIONBIO`):
-/// ask the kernel from now on.
-pub(super) fn mode_changing(fd: RawFd) {
-    if table::has_flag(fd, F_MODE_KNOWN) {
-        table::set_flag(fd, F_MODE_KNOWN, false);
-    }
 }
 
 /// The epoll registrations of `fd` recorded so far, given to the kernel
@@ -203,7 +196,7 @@ fn hide_out_locked(fd: RawFd, hide: bool) {
 /// held for writing, so that the decision cannot come in between.
 pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_event {
     let mut e = ev;
-    if table::has_flag(fd, F_PENDING) {
+    if out_hidden(fd) {
         e.events &= !OUT_EPOLL;
     }
     e
@@ -235,6 +228,20 @@ pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
         pd.dest
     );
     Some(Forgotten(pd))
+}
+
+/// The process exits: every handshake not being driven is dropped as a
+/// close would (see [`forget_locked`]), so that a server that accepted is
+/// followed and reads the end of the stream, as from a TCP client that
+/// exited. With the table's lock held for writing.
+pub(super) fn forget_all_locked() -> Vec<Forgotten> {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    pending_fds()
+        .into_iter()
+        .filter_map(forget_locked)
+        .collect()
 }
 
 /// How a pending connect ended.
@@ -366,7 +373,7 @@ fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize) {
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
     swap_in(fd, est, slot, nonblock, cloexec);
     let _g = LOCK.write();
-    table::set_flag(fd, F_PENDING | F_MODE_KNOWN, false);
+    table::set_flag(fd, F_PENDING | F_EARLY, false);
 }
 
 /// The handshake of `fd` (this end `role`) decided TCP for `r`.
@@ -394,9 +401,11 @@ fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason) {
 /// (an edge-triggered one too: the kernel looks again at a MOD).
 fn as_tcp(fd: RawFd) {
     let _g = LOCK.write();
-    hide_out_locked(fd, false);
+    if out_hidden(fd) {
+        hide_out_locked(fd, false);
+    }
     lock(&EPOLL).retain(|(x, _, _)| *x != fd);
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_MODE_KNOWN, false);
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
 }
 
 /// Looks once at the handshake of `fd`, if its connect is pending.
@@ -447,8 +456,8 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     Ok(())
 }
 
-/// A blocking send of `n` bytes at `buf` (`flags`: none but
-/// `MSG_NOSIGNAL`) on `fd`, whose connect is pending: when its proposal
+/// A send of `n` bytes at `buf` (`flags`: none but `MSG_NOSIGNAL` and
+/// `MSG_DONTWAIT`) on `fd`, a blocking socket whose connect is pending: when its proposal
 /// counts them as early bytes (the server has not taken the count, and
 /// they fit [`EARLY_MAX`]), they go into the TCP stream now and `Some` is
 /// the result, which the server moves into its ring if it accepts (see
@@ -460,7 +469,8 @@ pub(super) fn early_send(
     n: usize,
     flags: c_int,
 ) -> Option<libc::ssize_t> {
-    if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !libc::MSG_NOSIGNAL != 0 {
+    let allowed = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !allowed != 0 {
         return None;
     }
     if nonblocking(fd) {
@@ -479,6 +489,9 @@ pub(super) fn early_send(
     }
     // Counted: every byte must now reach the stream, as a blocking TCP
     // send delivers all of them (a signal does not cut it short here).
+    // Even with MSG_DONTWAIT: a fresh connection's send buffer holds
+    // EARLY_MAX bytes, so the socket (a blocking one) does not wait.
+    let flags = flags & !libc::MSG_DONTWAIT;
     let mut done = 0usize;
     while done < n {
         // SAFETY: the caller's `n` readable bytes at `buf`, from `done` on.
@@ -664,7 +677,7 @@ pub(super) fn poll(
         |t, extra| {
             let mut all: Vec<pollfd> = fds.iter().copied().chain(extra.iter().copied()).collect();
             for p in all.iter_mut().take(fds.len()) {
-                if table::has_flag(p.fd, F_PENDING) {
+                if out_hidden(p.fd) {
                     p.events &= !OUT_POLL;
                 }
             }

@@ -189,13 +189,15 @@ fn exec_with(
 
 /// At exit: every connection this process holds is closed as the kernel
 /// closes a socket at exit (orderly, or a reset if unread data remains),
-/// unless another process of the family still holds it. Without this the
+/// unless another process of the family still holds it; so is every
+/// undecided handshake, as its `close` would (`pending::forget_all_locked`). Without this the
 /// peer would see the channel vanish with no flag and report a reset.
 pub(crate) fn close_all() {
-    if LIVE.load(Ordering::Relaxed) == 0 {
+    if LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any() {
         return;
     }
     let g = LOCK.write();
+    let undecided = super::pending::forget_all_locked();
     let all = table::all_locked();
     let mut taken = Vec::new();
     for (fd, _) in &all {
@@ -205,6 +207,9 @@ pub(crate) fn close_all() {
     }
     drop(g);
     drop(all);
+    // Their drops close descriptors of their own, through our `close`,
+    // which takes the lock.
+    drop(undecided);
     for t in taken {
         table::release(t);
     }

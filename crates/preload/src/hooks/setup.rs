@@ -361,7 +361,7 @@ fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<
         slot,
         from,
         deadline,
-        None,
+        false,
     );
 }
 
@@ -529,13 +529,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         set_errno(e);
         return -1;
     }
-    // A non-blocking connect may complete at once on loopback (0).
-    let nonblock = r != 0 || {
-        // SAFETY: F_GETFL on the caller's descriptor.
-        let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-        fl >= 0 && fl & libc::O_NONBLOCK != 0
-    };
-    if nonblock || p.answer_expected_unaided() {
+    // EINPROGRESS: a non-blocking socket, or a blocking one whose
+    // SO_SNDTIMEO ran out; TCP's connect goes on either way (the pending
+    // handshake asks the socket's mode when it matters). A non-blocking
+    // connect may also complete at once on loopback (0).
+    let connecting = r != 0 || pending::nonblocking(fd);
+    if connecting || p.answer_expected_unaided() {
         // The handshake goes on after connect returns, as TCP's does: the
         // program's next wait or call on `fd` drives it. A blocking
         // program's first request, written before the server answered,
@@ -551,7 +550,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             slot,
             dest,
             deadline,
-            Some(nonblock),
+            !connecting,
         );
         set_errno(e);
         return r;
