@@ -316,6 +316,9 @@ impl ClientProposal {
         let counted = self.port_published && self.slot.as_ref().is_some_and(|s| s.add_early(n));
         if counted {
             self.early += n as u32;
+            // The SYN's TTL and TOS told the server which proposal it
+            // answers; the stream's data carries the program's own.
+            self.restore_mark();
         }
         counted
     }
