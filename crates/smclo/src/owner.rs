@@ -397,19 +397,29 @@ mod tests {
             .spawn()
             .unwrap();
         let c = Owner::of(child.id()).unwrap();
-        // Runnable for a moment (exec, the signal's delivery), then not.
-        // The bound only limits a failing run: 5 s was once too short
-        // while builds and other tests kept both CPUs busy.
+        // Runnable for moments (exec, the signal's delivery), then not: a
+        // first look that finds it not runnable may come before such a
+        // moment, so it must stay so for several looks. The bound only
+        // limits a failing run.
         let settles = || {
             let t = std::time::Instant::now();
-            while c.has_runnable_thread() && t.elapsed() < std::time::Duration::from_secs(60) {
+            let mut quiet = 0;
+            while quiet < 5 && t.elapsed() < std::time::Duration::from_secs(60) {
+                quiet = if c.has_runnable_thread() {
+                    0
+                } else {
+                    quiet + 1
+                };
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            !c.has_runnable_thread()
+            quiet == 5
         };
         assert!(settles(), "a sleeping process");
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        let mut st = 0;
+        // SAFETY: waitpid on our own child; reports it once stopped.
+        unsafe { libc::waitpid(child.id() as i32, &mut st, libc::WUNTRACED) };
         assert!(settles(), "a stopped process");
         assert!(!Owner::local(c.pid, c.start + 1).has_runnable_thread());
         let _ = child.kill();
