@@ -1104,6 +1104,16 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 /// that runs `serve` (which accepts it) on its second connection: shared by the
 /// early-byte tests below. The output has the server's `print`s.
 fn early_pair(tag: &str, body: &str, serve: &str) -> (bool, String, Stats) {
+    early_pair_with(tag, body, serve, &[])
+}
+
+/// [`early_pair`] with more environment variables.
+fn early_pair_with(
+    tag: &str,
+    body: &str,
+    serve: &str,
+    env: &[(&str, &str)],
+) -> (bool, String, Stats) {
     let indent = |s: &str, n: usize| {
         s.lines()
             .map(|l| format!("{}{l}\n", " ".repeat(n)))
@@ -1135,7 +1145,7 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
         indent(serve, 0)
     );
     let mut cmd = Command::new("python3");
-    cmd.args(["-c", &script]);
+    cmd.args(["-c", &script]).envs(env.iter().copied());
     run_preloaded(tag, cmd)
 }
 
@@ -1578,5 +1588,115 @@ a.close()
         "{out}"
     );
     assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+}
+
+/// An early connect's socket turned non-blocking, in an edge-triggered
+/// epoll set: a send that must wait for the decision (more than the early
+/// bytes' bound) fails with EAGAIN, and the program waits for the next
+/// EPOLLOUT edge, which the decision brings, here TCP (the server accepts
+/// after the client's `SMCLO_CLC_WAIT_MS`). Before, the fallback left the
+/// registration alone (writability had never been hidden), no edge came
+/// and the request was never sent.
+#[test]
+fn an_early_connect_that_falls_back_wakes_an_edge_triggered_writer() {
+    let (ok, out, stats) = early_pair_with(
+        "early-et",
+        r#"c = socket.create_connection(("127.0.0.1", port))
+c.setblocking(False)
+ep = select.epoll()
+ep.register(c.fileno(), select.EPOLLOUT | select.EPOLLET)
+ep.poll(1)
+big = b"z" * 10000
+sent = 0
+try:
+    sent = c.send(big)
+except BlockingIOError:
+    print("EAGAIN before the decision", flush=True)
+    print("then %d events" % len(ep.poll(3)), flush=True)
+c.setblocking(True)
+c.sendall(big[sent:])
+if c.recv(64) != b"reply":
+    os._exit(1)
+c.close()
+"#,
+        r#"time.sleep(0.6)
+a, _ = l.accept()
+buf = b""
+while len(buf) < 10000:
+    buf += a.recv(65536)
+print("read %d bytes" % len(buf))
+a.sendall(b"reply")
+a.close()
+"#,
+        &[("SMCLO_CLC_WAIT_MS", "300")],
+    );
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(out.contains("EAGAIN before the decision"), "{out}");
+    assert!(out.contains("then 1 events"), "{out}");
+    assert!(out.contains("read 10000 bytes"), "{out}");
+    // The first contact over SMC-D, the second fell back (TIMEOUT).
+    assert_eq!(stats.conns_opened, 1, "{out}\n{stats:?}");
+    assert!(stats.fallback(Reason::Timeout).0 >= 1, "{out}\n{stats:?}");
+}
+
+/// An event loop's `shutdown` on a connection whose handshake is still
+/// undecided (its client stopped right after its connect) returns at
+/// once; the end of stream reaches the client when the handshake decides,
+/// here SMC-D. Before, `shutdown` waited for the stopped client.
+#[test]
+fn an_event_loops_shutdown_of_an_undecided_connection_does_not_wait() {
+    let script = r#"
+import os, select, signal, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(4)
+port = l.getsockname()[1]
+pid = os.fork()
+if pid == 0:
+    l.close()
+    c = socket.socket()
+    c.setblocking(False)
+    try:
+        c.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    os.kill(os.getpid(), signal.SIGSTOP)
+    select.select([], [c], [], 10)
+    c.setblocking(True)
+    c.settimeout(5)
+    print("client read %r" % c.recv(64), flush=True)
+    c.close()
+    os._exit(0)
+os.waitpid(pid, os.WUNTRACED)
+l.setblocking(False)
+select.select([l], [], [], 5)
+a, _ = l.accept()
+a.setblocking(False)
+t0 = time.time()
+a.shutdown(socket.SHUT_WR)
+print("shutdown took %d ms" % int((time.time() - t0) * 1000))
+os.kill(pid, signal.SIGCONT)
+a.setblocking(True)
+a.settimeout(5)
+print("server read %r" % a.recv(64))
+a.close()
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]).env("SMCLO_CLC_WAIT_MS", "5000");
+    let (ok, out, stats) = run_preloaded("shutdown-undecided", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    let took: u64 = out
+        .split("shutdown took ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(took < 500, "shutdown waited {took} ms\n{out}");
+    assert!(out.contains("client read b''"), "{out}");
+    assert!(out.contains("server read b''"), "{out}");
+    assert_eq!(stats.conns_opened, 1, "{out}\n{stats:?}");
     assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }

@@ -24,10 +24,10 @@ use std::time::Duration;
 /// sent, then end of stream); SHUT_RD is local, as in SMC.
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    // An undecided connection: an end of stream said to the TCP socket now
-    // would not reach a peer that then reads the rings.
     if super::pending::any() {
-        super::pending::settle(fd);
+        if let Some(r) = super::pending::shutdown(fd, how) {
+            return r;
+        }
     }
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.

@@ -30,6 +30,7 @@ use smclo::early_count::EARLY_MAX;
 use smclo::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -98,6 +99,32 @@ struct Pending {
     deadline: Instant,
     /// Which connect of `fd` this is (see [`CURRENT`]).
     id: u64,
+    /// A non-blocking `shutdown` made while it was undecided, carried out
+    /// when it decides (see [`shutdown`]).
+    shut: Shut,
+}
+
+/// The directions a [`shutdown`] of an undecided connection closed.
+#[derive(Clone, Copy, Default)]
+struct Shut {
+    rd: bool,
+    wr: bool,
+}
+
+impl Shut {
+    fn add(&mut self, how: c_int) {
+        self.rd |= how != libc::SHUT_WR;
+        self.wr |= how != libc::SHUT_RD;
+    }
+
+    fn how(self) -> Option<c_int> {
+        match (self.rd, self.wr) {
+            (true, true) => Some(libc::SHUT_RDWR),
+            (true, false) => Some(libc::SHUT_RD),
+            (false, true) => Some(libc::SHUT_WR),
+            (false, false) => None,
+        }
+    }
 }
 
 /// Pending connects by descriptor; one being driven is out of the map.
@@ -151,6 +178,7 @@ pub(super) fn start(
         dest,
         deadline,
         id,
+        shut: Shut::default(),
     };
     lock(&PENDING)
         .get_or_insert_with(HashMap::new)
@@ -238,10 +266,12 @@ pub(super) fn forget_all_locked() -> Vec<Forgotten> {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return Vec::new();
     }
-    pending_fds()
-        .into_iter()
-        .filter_map(forget_locked)
-        .collect()
+    let fds = pending_fds();
+    for &fd in &fds {
+        table::set_flag(fd, F_PENDING | F_CANDIDATE | F_EARLY, false);
+    }
+    lock(&EPOLL).retain(|(x, _, _)| !fds.contains(x));
+    fds.into_iter().filter_map(forget_locked).collect()
 }
 
 /// How a pending connect ended.
@@ -330,7 +360,12 @@ fn is_current(fd: RawFd, id: u64) -> bool {
 /// The handshake of `fd` ended with `o`.
 fn end(fd: RawFd, pd: Pending, o: Outcome) {
     let Pending {
-        hs, slot, dest, id, ..
+        hs,
+        slot,
+        dest,
+        id,
+        shut,
+        ..
     } = pd;
     let role = hs.role();
     drop(hs);
@@ -363,6 +398,15 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
         }
     }
     COUNT.fetch_sub(1, Ordering::Relaxed);
+    if let Some(how) = shut.how() {
+        // SAFETY: the interposed shutdown, on the decided connection.
+        if unsafe { super::control::shutdown(fd, how) } < 0 {
+            debug!(
+                "fd {fd}: the shutdown made before the decision failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 /// The handshake of `fd` decided SMC-D: the swap.
@@ -401,9 +445,9 @@ fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason) {
 /// (an edge-triggered one too: the kernel looks again at a MOD).
 fn as_tcp(fd: RawFd) {
     let _g = LOCK.write();
-    if out_hidden(fd) {
-        hide_out_locked(fd, false);
-    }
+    // Also where writability was not hidden (an early connect's): the MOD
+    // gives an edge-triggered registration the edge it may wait for.
+    hide_out_locked(fd, false);
     lock(&EPOLL).retain(|(x, _, _)| *x != fd);
     table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
 }
@@ -450,10 +494,58 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
         if advance(fd, Some(Instant::now())) {
             return Ok(());
         }
+        hide_early_out(fd);
         return Err(libc::EAGAIN);
     }
     settle(fd);
     Ok(())
+}
+
+/// A non-blocking call on `fd`, an early connect's socket, cannot go on
+/// before the decision: from now on its writability is hidden as a
+/// non-blocking connect's, so that a poller waits for the decision (which
+/// gives it back, with an edge) instead of finding the socket writable
+/// and failing again.
+fn hide_early_out(fd: RawFd) {
+    if !table::has_flag(fd, F_EARLY) {
+        return;
+    }
+    let _g = LOCK.write();
+    if table::has_flag(fd, F_PENDING) && table::has_flag(fd, F_EARLY) {
+        table::set_flag(fd, F_EARLY, false);
+        hide_out_locked(fd, true);
+    }
+}
+
+/// `shutdown(fd, how)` while `fd`'s connection may be undecided: `None`
+/// when the caller goes on as for any descriptor (it was decided, or a
+/// blocking socket waited for the decision, as its I/O does); `Some(0)`
+/// when a non-blocking socket's undecided handshake has it noted, to be
+/// carried out when it decides, so that an event loop never waits on the
+/// peer. Said to the TCP socket now, an end of stream would not reach a
+/// peer that reads the rings.
+pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
+    if !pending(fd) || !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+        return None;
+    }
+    if !nonblocking(fd) {
+        settle(fd);
+        return None;
+    }
+    if advance(fd, Some(Instant::now())) {
+        return None;
+    }
+    let noted = lock(&PENDING)
+        .as_mut()
+        .and_then(|m| m.get_mut(&fd))
+        .map(|pd| pd.shut.add(how))
+        .is_some();
+    if noted {
+        return Some(0);
+    }
+    // Another thread drives it: its decision is at hand.
+    settle(fd);
+    None
 }
 
 /// A send of `n` bytes at `buf` (`flags`: none but `MSG_NOSIGNAL` and
