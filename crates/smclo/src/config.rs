@@ -89,6 +89,12 @@ pub struct Config {
     /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
     /// process; here so that a malformed value is reported).
     pub pool: PoolLimits,
+    /// The caller moves a new connection's channel to a number of its own
+    /// at once (the preload's swap puts it at the application's socket
+    /// number): the handshake leaves it where the kernel put it instead of
+    /// moving it to smclo's high numbers first (`crate::fdnum`), which
+    /// would cost a `fcntl` and a `close` more. Not from the environment.
+    pub channel_placed_by_caller: bool,
 }
 
 impl Config {
@@ -121,6 +127,7 @@ impl Config {
             clc_wait,
             ueid,
             pool: PoolLimits::from_env()?,
+            channel_placed_by_caller: false,
         })
     }
 }

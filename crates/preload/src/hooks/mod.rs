@@ -70,7 +70,11 @@ fn ctx() -> Option<&'static Ctx> {
             return None;
         }
         let cfg = match Config::from_env() {
-            Ok(c) => c,
+            // The swap puts each new channel at the application's number.
+            Ok(c) => Config {
+                channel_placed_by_caller: true,
+                ..c
+            },
             Err(e) => {
                 eprintln!(
                     "smclo[{}]: {e}; connections stay plain TCP",

@@ -596,8 +596,13 @@ impl ClientProposal {
     /// file, or no descriptor).
     fn pass_dmb(&self, slot: &SlotRef, c: UnixStream) -> UnixStream {
         // The connection's channel if the handshake succeeds: out of the
-        // application's range of numbers (crate::fdnum).
-        let c = crate::fdnum::move_high(c);
+        // application's range of numbers (crate::fdnum), unless the caller
+        // puts it elsewhere at once.
+        let c = if self.cfg.channel_placed_by_caller {
+            c
+        } else {
+            crate::fdnum::move_high(c)
+        };
         if slot.noted(Progress::ServerHasClientDmb) {
             // It attached our DMB from its own mapping: nothing to pass.
             return c;

@@ -421,7 +421,9 @@ impl ServerHandshake {
         // A dead client's socket refuses the connection (PEER_DEAD).
         let chan = match client.connect_within(bound, &dev.shape(), dev.gid(), proposal.token) {
             // The connection's channel if the handshake succeeds: out of
-            // the application's range of numbers (crate::fdnum).
+            // the application's range of numbers (crate::fdnum), unless
+            // the caller puts it elsewhere at once.
+            Ok(c) if self.cfg.channel_placed_by_caller => c,
             Ok(c) => crate::fdnum::move_high(c),
             Err(e) => {
                 debug!("cannot reach the client's rendezvous socket {client}: {e}");
