@@ -422,8 +422,9 @@ impl ServerHandshake {
         let chan = match client.connect_within(bound, &dev.shape(), dev.gid(), proposal.token) {
             // The connection's channel if the handshake succeeds: out of
             // the application's range of numbers (crate::fdnum), unless
-            // the caller puts it elsewhere at once.
-            Ok(c) if self.cfg.channel_placed_by_caller => c,
+            // the caller puts it elsewhere as soon as we decide, which is
+            // now when we have the client's DMB already.
+            Ok(c) if self.cfg.channel_placed_by_caller && cached.is_some() => c,
             Ok(c) => crate::fdnum::move_high(c),
             Err(e) => {
                 debug!("cannot reach the client's rendezvous socket {client}: {e}");
