@@ -554,3 +554,29 @@ fn a_fork_child_leaves_the_parents_kept_connection_alone() {
     assert_eq!(st.conns_opened, 1, "{st:?}");
     assert_eq!(st.fallbacks_total(), 0, "{st:?}");
 }
+
+/// A client that counted early bytes and never sent them (descheduled
+/// between the two, for good) does not hold the event loop's `accept`:
+/// the server waits for them no longer than the spin budget there, then
+/// declines (SYNCERR) and the connection is served over TCP with every
+/// byte. Before, `accept` slept up to 50 ms for them.
+#[test]
+fn counted_early_bytes_that_never_come_do_not_hold_accept() {
+    let clc = Duration::from_secs(20);
+    let (dir, l) = listener("early-missing", clc);
+    let addr = l.local_addr().unwrap().to_string();
+    let mut lp = Loop::new(&l);
+    let c = Client::spawn(&dir.0, &["earlymissing", &addr], clc);
+    lp.until_done(1);
+    assert_eq!(c.line(), "smc=0 reason=SYNCERR");
+    c.wait_ok();
+    assert_eq!(lp.done, vec![(false, Some(Reason::SyncErr))]);
+    // Far below the 50 ms the blocking accept waits for early bytes.
+    assert!(
+        lp.max_accept < Duration::from_millis(40),
+        "an accept took {:?}",
+        lp.max_accept
+    );
+    let st = Device::open(&dir.0).unwrap().stats();
+    assert_eq!(st.fallback(Reason::SyncErr), (1, 1), "{st:?}");
+}

@@ -9,6 +9,8 @@
 //! smclo-testpeer connect ADDR WORKLOAD  connect (smclo) and run WORKLOAD
 //! smclo-testpeer stall ADDR STAGE       propose, connect, print "stalled", then
 //!                                       never answer the server (to be killed)
+//! smclo-testpeer earlymissing ADDR      as `stopper ADDR`, but instead of stopping
+//!                                       counts 5 early bytes it never sends
 //! smclo-testpeer stopper ADDR           as `connect ADDR sink`, but stops itself
 //!                                       (SIGSTOP) right after its connect
 //!                                       returned, before it answers the server
@@ -169,10 +171,21 @@ impl Write for &Ends {
     }
 }
 
-/// `stopper ADDR`: proposes and connects, stops itself (SIGSTOP) before
-/// it answers the server, and once continued (SIGCONT) finishes the
-/// handshake, prints `smc=<0|1> reason=<NAME|->` and runs `sink`.
-fn stopper(addr: &str) -> io::Result<()> {
+/// What a [`stopper`] does between its connect and its answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Pause {
+    /// Stops itself (SIGSTOP).
+    Stop,
+    /// Counts 5 early bytes and never sends them (a client descheduled
+    /// between the two, for good).
+    EarlyMissing,
+}
+
+/// `stopper ADDR` (`earlymissing ADDR`): proposes and connects, stops
+/// itself (SIGSTOP) before it answers the server (counts early bytes it
+/// never sends), and once continued (SIGCONT) finishes the handshake,
+/// prints `smc=<0|1> reason=<NAME|->` and runs `sink`.
+fn stopper(addr: &str, pause: Pause) -> io::Result<()> {
     let cfg = Config::from_env().map_err(io::Error::from)?;
     let dev = Device::open(&cfg.device_dir).map_err(io::Error::from)?;
     let dest: SocketAddr = addr
@@ -183,8 +196,17 @@ fn stopper(addr: &str) -> io::Result<()> {
         .map_err(|r| io::Error::other(format!("no proposal: {}", r.name())))?;
     sockaddr::connect(tcp.as_raw_fd(), dest)?;
     p.syn_sent();
-    // SAFETY: raise(2) with a constant signal; the process stops here.
-    unsafe { libc::raise(libc::SIGSTOP) };
+    match pause {
+        Pause::Stop => {
+            // SAFETY: raise(2) with a constant signal; the process stops here.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+        Pause::EarlyMissing => {
+            if !p.add_early(5) {
+                return Err(io::Error::other("the early bytes were not counted"));
+            }
+        }
+    }
     let (ends, reason) = match p.finish() {
         handshake::Decision::Smc(smc) => (
             Ends::Smc {
@@ -388,7 +410,8 @@ fn main() -> ExitCode {
         ["stall", addr, stage @ ("noport" | "nodmb" | "taken" | "noconfirm" | "early" | "earlyfinish")] => {
             stall(addr, stage)
         }
-        ["stopper", addr] => stopper(addr),
+        ["stopper", addr] => stopper(addr, Pause::Stop),
+        ["earlymissing", addr] => stopper(addr, Pause::EarlyMissing),
         ["churn", n] => n.parse().map_err(io::Error::other).and_then(churn),
         ["churn-serve", n] => n.parse().map_err(io::Error::other).and_then(churn_serve),
         _ => {
@@ -396,7 +419,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "       smclo-testpeer stall ADDR noport|nodmb|taken|noconfirm|early|earlyfinish"
             );
-            eprintln!("       smclo-testpeer stopper ADDR");
+            eprintln!("       smclo-testpeer stopper|earlymissing ADDR");
             eprintln!("       smclo-testpeer churn N");
             return ExitCode::from(2);
         }

@@ -22,12 +22,24 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long the server waits for counted early bytes to reach its socket:
-/// the client sends them right after counting, and loopback delivers a
-/// send before it returns, unless the client was descheduled in between
-/// (or is traced) or the kernel defers the delivery. Past it, the server
-/// declines and the bytes stay TCP's.
+/// How long a server that may wait (a blocking `accept`) waits for counted
+/// early bytes to reach its socket: the client sends them right after
+/// counting, and loopback delivers a send before it returns, unless the
+/// client was descheduled in between (or is traced) or the kernel defers
+/// the delivery. Past it, the server declines and the bytes stay TCP's.
+/// An event loop's handshake step, which never waits on one client, gives
+/// them the data path's spin budget instead ([`arrival_wait`]).
 const ARRIVAL_WAIT: Duration = Duration::from_millis(50);
+
+/// How long [`arrived`] waits: [`ARRIVAL_WAIT`] if the caller `may_wait`,
+/// else the data path's spin budget.
+pub(super) fn arrival_wait(may_wait: bool) -> Duration {
+    if may_wait {
+        ARRIVAL_WAIT
+    } else {
+        crate::conn::spin_budget()
+    }
+}
 
 /// How long the wait yields between looks before it sleeps between them.
 const ARRIVAL_SPIN: Duration = Duration::from_micros(200);
@@ -46,14 +58,14 @@ fn unread(fd: RawFd) -> io::Result<usize> {
 }
 
 /// Whether the `n` early bytes the client counted are in the receive queue
-/// of TCP socket `fd`, waiting up to [`ARRIVAL_WAIT`] for them.
-pub(super) fn arrived(fd: RawFd, n: u32) -> bool {
+/// of TCP socket `fd`, waiting up to `wait` for them ([`arrival_wait`]).
+pub(super) fn arrived(fd: RawFd, n: u32, wait: Duration) -> bool {
     let start = Instant::now();
     loop {
         match unread(fd) {
             Ok(have) if have >= n as usize => return true,
-            Ok(_) if start.elapsed() < ARRIVAL_SPIN => std::thread::yield_now(),
-            Ok(_) if start.elapsed() < ARRIVAL_WAIT => std::thread::sleep(ARRIVAL_NAP),
+            Ok(_) if start.elapsed() < ARRIVAL_SPIN.min(wait) => std::thread::yield_now(),
+            Ok(_) if start.elapsed() < wait => std::thread::sleep(ARRIVAL_NAP),
             _ => return false,
         }
     }

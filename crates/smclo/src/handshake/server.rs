@@ -72,6 +72,10 @@ pub struct ServerHandshake {
     /// The process that accepted the connection: a copy a fork child
     /// inherited is not its to decline.
     pid: u32,
+    /// The caller waits for the decision (`decide_by` without `until`): the
+    /// client's early bytes may be waited for longer than an event loop's
+    /// step may take ([`early::arrival_wait`]).
+    may_wait: bool,
 }
 
 enum Stage {
@@ -114,6 +118,7 @@ impl ServerHandshake {
             mismatched: false,
             stage: Stage::Done,
             pid: crate::owner::current_pid(),
+            may_wait: false,
         };
         h.stage = match h.candidates() {
             Ok(c) => Stage::Matching(c),
@@ -236,6 +241,7 @@ impl ServerHandshake {
     /// budget before `until` it busy-polls; a longer wait sleeps on
     /// [`wake_fd`](Self::wake_fd).
     pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
+        self.may_wait = until.is_none();
         loop {
             let now = Instant::now();
             let stop = until.map_or(deadline, |u| u.min(deadline));
@@ -514,7 +520,7 @@ impl ServerHandshake {
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
             if n == 0
                 || (n < dmb.dmb().ring_len()
-                    && early::arrived(fd, n)
+                    && early::arrived(fd, n, early::arrival_wait(self.may_wait))
                     && early::copy_into(fd, dmb.dmb(), n).is_ok())
             {
                 return Ok(());
