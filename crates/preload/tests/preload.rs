@@ -1104,6 +1104,29 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
+/// A server part for [`early_pair`]: accepts, reads to the end of the
+/// stream (3 s at most) and prints what it read and how the stream ended.
+const READ_TO_END: &str = r#"a, _ = l.accept()
+a.settimeout(3)
+buf = b""
+try:
+    while True:
+        d = a.recv(64)
+        if not d:
+            break
+        buf += d
+    print("read %r then end of stream" % buf)
+except OSError as e:
+    print("read %r then %r" % (buf, e))
+"#;
+
+/// An [`early_pair`] run succeeded with both of its connections SMC-D.
+fn assert_both_smc(ok: bool, out: &str, stats: &Stats) {
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+}
+
 /// The client's first contact, then `body` (a Python snippet run in the
 /// child on `port` for its second, early connection) against a server
 /// that runs `serve` (which accepts it) on its second connection: shared by the
@@ -1181,11 +1204,9 @@ a.sendall(b"reply")
 a.close()
 "#,
     );
-    assert!(ok && out.contains("OK done"), "{out}");
+    assert_both_smc(ok, &out, &stats);
     assert!(out.contains("nested epoll: 1 events"), "{out}");
     assert!(out.contains("read b'request'"), "{out}");
-    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
-    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
 /// `shutdown(SHUT_WR)` right after an early connect's request reaches the
@@ -1203,26 +1224,10 @@ if c.recv(64) != b"reply":
     os._exit(1)
 c.close()
 "#,
-        r#"a, _ = l.accept()
-a.settimeout(3)
-buf = b""
-try:
-    while True:
-        d = a.recv(64)
-        if not d:
-            break
-        buf += d
-    print("read %r then end of stream" % buf)
-except OSError as e:
-    print("read %r then %r" % (buf, e))
-a.sendall(b"reply")
-a.close()
-"#,
+        &format!("{READ_TO_END}a.sendall(b\"reply\")\na.close()\n"),
     );
-    assert!(ok && out.contains("OK done"), "{out}");
+    assert_both_smc(ok, &out, &stats);
     assert!(out.contains("read b'request' then end of stream"), "{out}");
-    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
-    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
 /// A client that writes its request after an early connect and exits
@@ -1240,20 +1245,7 @@ time.sleep(0.2)
 sys.stdout.flush()
 ctypes.CDLL(None).exit(0)
 "#,
-        r#"a, _ = l.accept()
-a.settimeout(3)
-buf = b""
-try:
-    while True:
-        d = a.recv(64)
-        if not d:
-            break
-        buf += d
-    print("read %r then end of stream" % buf)
-except OSError as e:
-    print("read %r then %r" % (buf, e))
-a.close()
-"#,
+        &format!("{READ_TO_END}a.close()\n"),
     );
     assert!(ok && out.contains("OK done"), "{out}");
     assert!(
@@ -1543,10 +1535,8 @@ a.sendall(b"reply")
 a.close()
 "#,
     );
-    assert!(ok && out.contains("OK done"), "{out}");
+    assert_both_smc(ok, &out, &stats);
     assert!(out.contains("read b'request'"), "{out}");
-    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
-    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
 /// Early bytes leave with the program's TTL and TOS, not the SYN's mark
@@ -1587,13 +1577,11 @@ a.close()
 "#,
     );
     let ttl = std::fs::read_to_string("/proc/sys/net/ipv4/ip_default_ttl").unwrap();
-    assert!(ok && out.contains("OK done"), "{out}");
+    assert_both_smc(ok, &out, &stats);
     assert!(
         out.contains(&format!("request sent with tos 0 ttl {}", ttl.trim())),
         "{out}"
     );
-    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
-    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
 /// An early connect's socket turned non-blocking, in an edge-triggered
