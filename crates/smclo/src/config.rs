@@ -93,9 +93,10 @@ pub struct Config {
     /// at once (the preload's swap puts it at the application's socket
     /// number): the handshake leaves it where the kernel put it instead of
     /// moving it to smclo's high numbers first (`crate::fdnum`), which
-    /// would cost a `fcntl` and a `close` more; a server's channel that
-    /// waits for the client's DMB is moved all the same, since the wait may
-    /// last. Not from the environment.
+    /// would cost a `fcntl` and a `close` more. A channel the handshake
+    /// keeps while it waits (the server's for the client's DMB, the
+    /// client's once a step returns undecided) is moved all the same,
+    /// since the wait may last. Not from the environment.
     pub channel_placed_by_caller: bool,
 }
 

@@ -33,6 +33,11 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         // SAFETY: forwarded unchanged.
         return unsafe { real::shutdown(fd, how) };
     };
+    shutdown_conn(&s, how)
+}
+
+/// `shutdown` of the SMC-D connection `s`.
+pub(super) fn shutdown_conn(s: &Sock, how: c_int) -> c_int {
     match how {
         libc::SHUT_RD => {
             s.shut_rd.store(true, Ordering::Relaxed);
@@ -619,6 +624,14 @@ pub unsafe extern "C" fn epoll_ctl(
     // A candidate's registration is recorded in the same step as the
     // kernel's, which gets no writability while its connect is pending.
     let g = table::has_flag(fd, F_CANDIDATE).then(|| LOCK.write());
+    if g.is_some() {
+        // The swap may have made `fd` the channel while this call waited
+        // for the lock: the registration is then the connection's.
+        if let Some(s) = table::get(fd) {
+            drop(g);
+            return super::epoll::ctl(ep, op, fd, event, &s);
+        }
+    }
     let mut kev = event.map(|e| super::pending::kernel_event(fd, e));
     let kptr = match (&mut kev, g.is_some()) {
         (Some(k), true) => k as *mut libc::epoll_event,

@@ -61,10 +61,17 @@ pub(super) enum Handshake {
 }
 
 impl Handshake {
-    fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
+    /// `may_wait`: the caller waits for the decision (in steps until
+    /// `until`), as a blocking call does.
+    fn decide_by(
+        &mut self,
+        deadline: Instant,
+        until: Option<Instant>,
+        may_wait: bool,
+    ) -> Option<Decision> {
         match self {
             Handshake::Connect(p) => p.decide_by(deadline, until),
-            Handshake::Accept(h) => h.decide_by(deadline, until),
+            Handshake::Accept(h) => h.decide_within(deadline, until, may_wait),
         }
     }
 
@@ -300,7 +307,7 @@ fn step(fd: RawFd, pd: &mut Pending, until: Option<Instant>) -> Option<Outcome> 
             return Some(Outcome::TcpFailed);
         }
         let u = until.unwrap_or_else(|| Instant::now() + CHUNK);
-        if let Some(d) = pd.hs.decide_by(pd.deadline, Some(u)) {
+        if let Some(d) = pd.hs.decide_by(pd.deadline, Some(u), until.is_none()) {
             return Some(Outcome::Decided(Box::new(d)));
         }
         if until.is_some() {
@@ -388,40 +395,41 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
     }
     match o {
         Outcome::Decided(d) => match *d {
-            Decision::Smc(est) => swap(fd, est, slot),
-            Decision::Tcp(r) => tcp(fd, slot, dest, role, r),
+            Decision::Smc(est) => swap(fd, est, slot, shut),
+            Decision::Tcp(r) => tcp(fd, slot, dest, role, r, shut),
         },
         Outcome::TcpFailed => {
             holders::forget(slot);
             debug!("fd {fd}: the TCP connection with {dest} failed; handshake abandoned");
-            as_tcp(fd);
+            as_tcp(fd, shut);
         }
     }
     COUNT.fetch_sub(1, Ordering::Relaxed);
-    if let Some(how) = shut.how() {
-        // SAFETY: the interposed shutdown, on the decided connection.
-        if unsafe { super::control::shutdown(fd, how) } < 0 {
+}
+
+/// The handshake of `fd` decided SMC-D: the swap.
+/// A `shutdown` noted before the decision goes to the connection itself,
+/// not to its number, which the program may have closed and reused since.
+fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize, shut: Shut) {
+    let nonblock = nonblocking(fd);
+    // SAFETY: F_GETFD on the application's descriptor.
+    let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
+    let sock = swap_in(fd, est, slot, nonblock, cloexec);
+    if let (Some(s), Some(how)) = (sock, shut.how()) {
+        if super::control::shutdown_conn(&s, how) < 0 {
             debug!(
                 "fd {fd}: the shutdown made before the decision failed: {}",
                 io::Error::last_os_error()
             );
         }
     }
-}
-
-/// The handshake of `fd` decided SMC-D: the swap.
-fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize) {
-    let nonblock = nonblocking(fd);
-    // SAFETY: F_GETFD on the application's descriptor.
-    let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
-    let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-    swap_in(fd, est, slot, nonblock, cloexec);
     let _g = LOCK.write();
     table::set_flag(fd, F_PENDING | F_EARLY, false);
 }
 
 /// The handshake of `fd` (this end `role`) decided TCP for `r`.
-fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason) {
+fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason, shut: Shut) {
     holders::forget(slot);
     let (what, peer) = match role {
         Role::Client => ("non-blocking connect to", "server"),
@@ -438,13 +446,24 @@ fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason) {
     if let Some(c) = ctx() {
         list_fallback(c, fd, role, r, Some(dest));
     }
-    as_tcp(fd);
+    as_tcp(fd, shut);
 }
 
 /// `fd` stays the TCP socket: its registrations report writability again
 /// (an edge-triggered one too: the kernel looks again at a MOD).
-fn as_tcp(fd: RawFd) {
+fn as_tcp(fd: RawFd, shut: Shut) {
     let _g = LOCK.write();
+    if let Some(how) = shut.how().filter(|_| table::has_flag(fd, F_PENDING)) {
+        // Under the lock, which `close` takes (it clears the flags): `fd`
+        // is still the socket the shutdown was made on.
+        // SAFETY: shutdown(2) on the application's TCP socket.
+        if unsafe { real::shutdown(fd, how) } < 0 {
+            debug!(
+                "fd {fd}: the shutdown made before the decision failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
     // Also where writability was not hidden (an early connect's): the MOD
     // gives an edge-triggered registration the edge it may wait for.
     hide_out_locked(fd, false);

@@ -10,7 +10,7 @@ use super::records::{lock, EPOLL};
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_INTERNAL, F_TCP, F_TIMEO, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_INTERNAL, F_PENDING, F_TCP, F_TIMEO, LOCK};
 use smclo::debug;
 use smclo::handshake::Established;
 use std::io;
@@ -23,14 +23,15 @@ use std::sync::Arc;
 /// descriptor, epoll registrations move with the number, and the Conn
 /// owns `fd` from then on (the application's `close` of it goes through
 /// [`crate::table::Sock`]'s drop). On failure both sides had already committed to SMC-D,
-/// so the connection is reset at both ends ([`abort_both`]).
+/// so the connection is reset at both ends ([`abort_both`]). Returns the
+/// connection installed at `fd`.
 pub(super) fn swap_in(
     fd: RawFd,
     est: Established,
     slot: usize,
     nonblock: bool,
     cloexec: bool,
-) -> bool {
+) -> Option<Arc<Sock>> {
     let Established {
         conn,
         registration,
@@ -48,7 +49,7 @@ pub(super) fn swap_in(
                 slot,
                 format_args!("cannot hide the TCP socket ({e})"),
             );
-            return false;
+            return None;
         }
     };
     if let Err(e) = conn.set_nonblocking(nonblock) {
@@ -60,7 +61,7 @@ pub(super) fn swap_in(
         );
         // SAFETY: our own duplicate.
         unsafe { real::close(tcp) };
-        return false;
+        return None;
     }
     // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
     // from the listener) apply to it; a socket of our socket() has none
@@ -108,7 +109,7 @@ pub(super) fn swap_in(
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
         abort_both(fd, &sock.conn, slot, format_args!("dup3 failed ({e})"));
-        return false; // dropping `sock` closes `tcp`
+        return None; // dropping `sock` closes `tcp`
     }
     // SAFETY: dup3 made `fd` a descriptor of the channel; the application
     // reaches it only through our hooks, which leave its closing to the
@@ -116,7 +117,9 @@ pub(super) fn swap_in(
     let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let handshake_chan = sock.conn.replace_channel(at_fd, false);
     table::install_locked(fd, &sock, cloexec);
-    table::set_flag(fd, F_CANDIDATE, false);
+    // In the same step as the entry: a registration made after it must not
+    // be taken for a pending connect's (`pending::kernel_event`).
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
     drop(g);
     drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
@@ -140,7 +143,7 @@ pub(super) fn swap_in(
             smclo::conn::Mode::Copy { .. } => "copy mode",
         }
     );
-    true
+    Some(sock)
 }
 
 /// The swap of `fd` failed after both sides committed to SMC-D: the peer

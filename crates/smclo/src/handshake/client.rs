@@ -406,7 +406,15 @@ impl ClientProposal {
     pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
         self.syn_sent();
         self.wait.deadline.get_or_insert(deadline);
-        let d = self.run(until)?;
+        let Some(d) = self.run(until) else {
+            // Undecided: the program gets control back and may not look
+            // again for a while. A channel left where the kernel put it
+            // for the caller's swap moves out of its range of numbers now.
+            if self.cfg.channel_placed_by_caller {
+                self.wait.chan = self.wait.chan.take().map(crate::fdnum::move_high);
+            }
+            return None;
+        };
         match &d {
             Decision::Tcp(r) => {
                 self.restore_mark();

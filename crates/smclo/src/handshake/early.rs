@@ -44,6 +44,11 @@ pub(super) fn arrival_wait(may_wait: bool) -> Duration {
 /// How long the wait yields between looks before it sleeps between them.
 const ARRIVAL_SPIN: Duration = Duration::from_micros(200);
 
+/// Looks [`arrived`] takes at least, yielding between them, whatever the
+/// wait (`SMCLO_SPIN_US=0` gives an event loop none): a client that has
+/// just counted is about to send.
+const MIN_LOOKS: u32 = 3;
+
 /// The pause between two looks after [`ARRIVAL_SPIN`].
 const ARRIVAL_NAP: Duration = Duration::from_micros(100);
 
@@ -61,10 +66,14 @@ fn unread(fd: RawFd) -> io::Result<usize> {
 /// of TCP socket `fd`, waiting up to `wait` for them ([`arrival_wait`]).
 pub(super) fn arrived(fd: RawFd, n: u32, wait: Duration) -> bool {
     let start = Instant::now();
+    let mut looks = 0;
     loop {
+        looks += 1;
         match unread(fd) {
             Ok(have) if have >= n as usize => return true,
-            Ok(_) if start.elapsed() < ARRIVAL_SPIN.min(wait) => std::thread::yield_now(),
+            Ok(_) if looks < MIN_LOOKS || start.elapsed() < ARRIVAL_SPIN.min(wait) => {
+                std::thread::yield_now()
+            }
             Ok(_) if start.elapsed() < wait => std::thread::sleep(ARRIVAL_NAP),
             _ => return false,
         }

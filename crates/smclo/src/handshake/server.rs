@@ -241,7 +241,20 @@ impl ServerHandshake {
     /// budget before `until` it busy-polls; a longer wait sleeps on
     /// [`wake_fd`](Self::wake_fd).
     pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
-        self.may_wait = until.is_none();
+        self.decide_within(deadline, until, until.is_none())
+    }
+
+    /// [`decide_by`](Self::decide_by) for a caller that looks in steps
+    /// (`until`) but may wait for the decision all the same (`may_wait`: a
+    /// blocking call that looks again after each step): the client's early
+    /// bytes are then waited for as by a blocking `accept`.
+    pub fn decide_within(
+        &mut self,
+        deadline: Instant,
+        until: Option<Instant>,
+        may_wait: bool,
+    ) -> Option<Decision> {
+        self.may_wait = may_wait;
         loop {
             let now = Instant::now();
             let stop = until.map_or(deadline, |u| u.min(deadline));
