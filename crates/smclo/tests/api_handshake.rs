@@ -1109,3 +1109,58 @@ fn early_bytes_make_the_server_descriptor_readable() {
     );
     let _ = client.child.kill();
 }
+
+/// With `channel_placed_by_caller` (the preload's swap puts the channel at
+/// the program's number once the handshake decides), a client step that
+/// returns undecided, here because the server stopped between connecting
+/// to the client and answering, leaves the channel at smclo's high
+/// numbers, not at a low one the program's own descriptors would skip
+/// for as long as the connect stays pending. Before, it stayed where the
+/// kernel put it.
+#[test]
+fn an_undecided_clients_channel_waits_at_a_high_number() {
+    let dir = Dir::new();
+    let (mut peer, addr) = Peer::serve(&dir.0, "echo");
+    let mut cfg = dir.cfg();
+    cfg.channel_placed_by_caller = true;
+    let dest: std::net::SocketAddr = addr.parse().unwrap();
+    let (tcp, mut p) = raw_proposal(&dir.dev(), &cfg, dest);
+    smclo::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
+    p.syn_sent();
+    // The server's connection to our rendezvous socket: the server then
+    // waits for our DMB, a first contact's.
+    let listener = p.wake().fd.expect("the rendezvous socket");
+    let mut pfd = libc::pollfd {
+        fd: listener,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 10_000) }, 1, "no server");
+    let pid = peer.child.id() as i32;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let mut st = 0;
+    // SAFETY: waitpid on our own child; reports it once stopped.
+    unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let step = p.decide_by(deadline, Some(Instant::now() + Duration::from_millis(50)));
+    assert!(step.is_none(), "decided with the server stopped");
+    let chan = p.wake().fd.expect("the channel");
+    assert_ne!(chan, listener, "the step took no connection");
+    assert!(
+        chan >= smclo::fdnum::floor(),
+        "the channel waits at {chan}, below {}",
+        smclo::fdnum::floor()
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let smclo::handshake::Decision::Smc(e) = p.finish() else {
+        panic!("the handshake fell back");
+    };
+    assert_eq!(peer.line(), "smc=1 reason=-");
+    e.conn.shutdown_write().unwrap();
+    drop(e);
+    drop(tcp);
+    peer.wait_ok();
+}
