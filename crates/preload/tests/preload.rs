@@ -792,9 +792,11 @@ fn smc_setup_syscall_budget() {
     // The SYN mark's two options and each end's `SO_SNDBUF` of its
     // channel: an SMC-D connection leaves the mark on its TCP socket,
     // unless its first request went out as early bytes, which carry the
-    // program's TTL and TOS (two more).
+    // program's TTL and TOS (two more). Under load a few connections of
+    // either run miss the early path, so the difference of the two runs
+    // may show a few more.
     assert!(
-        grow("setsockopt") <= 6 * n,
+        grow("setsockopt") <= 6 * n + n / 20,
         "{} setsockopt calls over {n} connections",
         grow("setsockopt")
     );

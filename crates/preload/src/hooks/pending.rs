@@ -109,6 +109,9 @@ struct Pending {
     /// A non-blocking `shutdown` made while it was undecided, carried out
     /// when it decides (see [`shutdown`]).
     shut: Shut,
+    /// A blocking connect that returned connected (its writes may go
+    /// early): the process's exit ends it as a close would.
+    early: bool,
 }
 
 /// The directions a [`shutdown`] of an undecided connection closed.
@@ -186,6 +189,7 @@ pub(super) fn start(
         deadline,
         id,
         shut: Shut::default(),
+        early,
     };
     lock(&PENDING)
         .get_or_insert_with(HashMap::new)
@@ -265,15 +269,25 @@ pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
     Some(Forgotten(pd))
 }
 
-/// The process exits: every handshake not being driven is dropped as a
-/// close would (see [`forget_locked`]), so that a server that accepted is
-/// followed and reads the end of the stream, as from a TCP client that
-/// exited. With the table's lock held for writing.
+/// The process exits: every early connect's handshake not being driven is
+/// dropped as a close would (see [`forget_locked`]), so that a server that
+/// accepted it, and may hold its request, is followed and reads the end of
+/// the stream, as from a TCP client that exited. Other pending connects
+/// are left to the rules of a process that dies (their server finds the
+/// client gone: PEER_DEAD). With the table's lock held for writing.
 pub(super) fn forget_all_locked() -> Vec<Forgotten> {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return Vec::new();
     }
-    let fds = pending_fds();
+    let fds: Vec<RawFd> = lock(&PENDING)
+        .as_ref()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, pd)| pd.early)
+                .map(|(fd, _)| *fd)
+                .collect()
+        })
+        .unwrap_or_default();
     for &fd in &fds {
         table::set_flag(fd, F_PENDING | F_CANDIDATE | F_EARLY, false);
     }

@@ -189,8 +189,9 @@ fn exec_with(
 
 /// At exit: every connection this process holds is closed as the kernel
 /// closes a socket at exit (orderly, or a reset if unread data remains),
-/// unless another process of the family still holds it; so is every
-/// undecided handshake, as its `close` would (`pending::forget_all_locked`). Without this the
+/// unless another process of the family still holds it; so is an early
+/// connect's undecided handshake, as its `close` would
+/// (`pending::forget_all_locked`). Without this the
 /// peer would see the channel vanish with no flag and report a reset.
 pub(crate) fn close_all() {
     if LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any() {
