@@ -763,9 +763,11 @@ fn smc_setup_syscall_budget() {
     // pending connect's handshake (an early connect's first read) wakes
     // every 5 ms to look at the TCP connection, and then at its rendezvous
     // socket, which is empty when the traced server has not connected yet
-    // (6 such looks over 100 connections in a full test run).
+    // (6 such looks over 100 connections in a full test run). The count is
+    // the difference of two runs, so such looks in the shorter run take a
+    // few off (199 seen).
     assert!(
-        (2 * n..=2 * n + n / 5).contains(&grow("accept4")),
+        (2 * n - n / 20..=2 * n + n / 5).contains(&grow("accept4")),
         "{} accepts over {n} connections (TCP and rendezvous)",
         grow("accept4")
     );
