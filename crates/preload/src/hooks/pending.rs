@@ -269,17 +269,17 @@ pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
     Some(Forgotten(pd))
 }
 
-/// The process exits: every early connect's handshake not being driven is
-/// dropped as a close would (see [`forget_locked`]), so that a server that
-/// accepted it, and may hold its request, is followed and reads the end of
-/// the stream, as from a TCP client that exited. Other pending connects
-/// are left to the rules of a process that dies (their server finds the
-/// client gone: PEER_DEAD). With the table's lock held for writing.
-pub(super) fn forget_all_locked() -> Vec<Forgotten> {
+/// The early connects whose handshake is pending and not being driven:
+/// the process's exit ends them as a close would (`hooks::process`), so
+/// that a server that accepted one, and may hold its request, is followed
+/// and reads the end of the stream, as from a TCP client that exited.
+/// Other pending connects are left to the rules of a process that dies
+/// (their server finds the client gone: PEER_DEAD).
+pub(super) fn early_fds() -> Vec<RawFd> {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return Vec::new();
     }
-    let fds: Vec<RawFd> = lock(&PENDING)
+    lock(&PENDING)
         .as_ref()
         .map(|m| {
             m.iter()
@@ -287,12 +287,7 @@ pub(super) fn forget_all_locked() -> Vec<Forgotten> {
                 .map(|(fd, _)| *fd)
                 .collect()
         })
-        .unwrap_or_default();
-    for &fd in &fds {
-        table::set_flag(fd, F_PENDING | F_CANDIDATE | F_EARLY, false);
-    }
-    lock(&EPOLL).retain(|(x, _, _)| !fds.contains(x));
-    fds.into_iter().filter_map(forget_locked).collect()
+        .unwrap_or_default()
 }
 
 /// How a pending connect ended.
@@ -429,8 +424,15 @@ fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize, shut: Shut) 
     // SAFETY: F_GETFD on the application's descriptor.
     let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-    let sock = swap_in(fd, est, slot, nonblock, cloexec);
-    if let (Some(s), Some(how)) = (sock, shut.how()) {
+    let Some(s) = swap_in(fd, est, slot, nonblock, cloexec) else {
+        // The swap failed (both ends reset): `fd` stays the TCP socket,
+        // no longer pending. A swap that succeeded cleared the flags with
+        // the table entry.
+        let _g = LOCK.write();
+        table::set_flag(fd, F_PENDING | F_EARLY, false);
+        return;
+    };
+    if let Some(how) = shut.how() {
         if super::control::shutdown_conn(&s, how) < 0 {
             debug!(
                 "fd {fd}: the shutdown made before the decision failed: {}",
@@ -438,8 +440,6 @@ fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize, shut: Shut) 
             );
         }
     }
-    let _g = LOCK.write();
-    table::set_flag(fd, F_PENDING | F_EARLY, false);
 }
 
 /// The handshake of `fd` (this end `role`) decided TCP for `r`.

@@ -191,14 +191,18 @@ fn exec_with(
 /// closes a socket at exit (orderly, or a reset if unread data remains),
 /// unless another process of the family still holds it; so is an early
 /// connect's undecided handshake, as its `close` would
-/// (`pending::forget_all_locked`). Without this the
+/// (`pending::early_fds`). Without this the
 /// peer would see the channel vanish with no flag and report a reset.
 pub(crate) fn close_all() {
     if LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any() {
         return;
     }
     let g = LOCK.write();
-    let undecided = super::pending::forget_all_locked();
+    // Early connects end as closed (their numbers are forgotten).
+    let undecided: Vec<_> = super::pending::early_fds()
+        .into_iter()
+        .filter_map(super::records::forget_fd_locked)
+        .collect();
     let all = table::all_locked();
     let mut taken = Vec::new();
     for (fd, _) in &all {

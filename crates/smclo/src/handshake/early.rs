@@ -89,30 +89,14 @@ pub(super) fn arrived(fd: RawFd, n: u32, wait: Duration) -> bool {
 /// that then ends in TCP leaves them in the stream.
 ///
 /// No doorbell is counted: the client rings for what is still unread once
-/// it follows our Accept (`Conn::ring_for_unread`), as a writer does when it
+/// it follows our Accept (`Conn::early_published`), as a writer does when it
 /// publishes. Until then only waits that look at the ring see the bytes.
 pub(super) fn copy_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
     let mut buf = vec![0u8; n as usize];
-    loop {
-        // SAFETY: peeks into the private buffer's `n` writable bytes.
-        let r = unsafe {
-            libc::recv(
-                fd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        match r {
-            r if r >= 0 && r as usize == buf.len() => break,
-            r if r >= 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
+    let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+    // SAFETY: peeks into the private buffer's `n` writable bytes.
+    if unsafe { recv_once(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }? != buf.len() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
     }
     ring::copy_in(local, 0, &buf);
     // The ring is fresh (registration zeroes both words), so the producer
@@ -128,26 +112,37 @@ pub(super) fn copy_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
 pub(super) fn consume(fd: RawFd, n: u32) -> io::Result<()> {
     let mut left = n as usize;
     while left > 0 {
+        let flags = libc::MSG_TRUNC | libc::MSG_DONTWAIT;
         // SAFETY: MSG_TRUNC on a TCP socket discards without writing to the
         // (null) buffer.
-        let r = unsafe {
-            libc::recv(
-                fd,
-                std::ptr::null_mut(),
-                left,
-                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
-            )
-        };
-        match r {
+        match unsafe { recv_once(fd, std::ptr::null_mut(), left, flags) }? {
             0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            r if r > 0 => left -= (r as usize).min(left),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
+            r => left -= r.min(left),
         }
     }
     Ok(())
+}
+
+/// One `recv(2)` on TCP socket `fd`, made again if a signal interrupted it.
+///
+/// # Safety
+/// `buf` must be valid for writing `len` bytes, or `flags` must make the
+/// kernel write none (`MSG_TRUNC`).
+unsafe fn recv_once(
+    fd: RawFd,
+    buf: *mut libc::c_void,
+    len: usize,
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    loop {
+        // SAFETY: the caller vouches for `buf`.
+        let r = unsafe { libc::recv(fd, buf, len, flags) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }

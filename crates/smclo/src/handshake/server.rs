@@ -655,14 +655,8 @@ fn client_silent(slot: &SlotRef, closed: bool) -> Reason {
 /// ended, or was killed, before it could follow our Accept): then nobody
 /// will read the rings, and the stream is what it sent.
 fn client_ended(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    crate::doorbell::poll_fd(fd, libc::POLLRDHUP, 0)
+        .is_ok_and(|r| r & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
 }
 
 fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
