@@ -225,8 +225,9 @@ pub struct Sock {
     /// This end's DMB registration (stats: bytes sent).
     pub reg: Registration,
     /// The TCP socket, hidden at a high descriptor (`FD_CLOEXEC`): identity
-    /// for getsockname/getpeername/options, and its close ends the TCP
-    /// connection.
+    /// for getsockname/getpeername/options. Its close, which ends the TCP
+    /// connection and nothing else, waits for the process's next wait
+    /// ([`smclo::deferred`]); the number stays internal until then.
     pub tcp: RawFd,
     /// The SYN mark still on `tcp`, put back before the program sees its
     /// IP options (`getsockopt`, `setsockopt`, exec).
@@ -248,15 +249,24 @@ pub struct Sock {
 impl Drop for Sock {
     /// Closes the channel, whose number may be one the application closed
     /// while the connection still needed it (marked internal since), and
-    /// the hidden TCP socket ([`close_internal`]).
+    /// hands the hidden TCP socket over to be closed at the next wait
+    /// ([`close_hidden`]).
     fn drop(&mut self) {
         close_internal(self.conn.fd(), || self.conn.close_channel());
-        close_internal(self.tcp, || {
-            // SAFETY: the hidden socket is ours alone (nobody else has its
-            // number).
-            unsafe { crate::real::close(self.tcp) };
-        });
+        if !smclo::deferred::close_later(self.tcp) {
+            close_hidden(self.tcp);
+        }
     }
+}
+
+/// Closes a hidden TCP socket and unmarks its number: how
+/// [`smclo::deferred`] closes those a [`Sock`] handed over.
+pub fn close_hidden(fd: RawFd) {
+    close_internal(fd, || {
+        // SAFETY: the hidden socket is ours alone (nobody else has its
+        // number: it is internal until unmarked here).
+        unsafe { crate::real::close(fd) };
+    });
 }
 
 /// Closes internal descriptor `fd` with `close` and unmarks it. The number

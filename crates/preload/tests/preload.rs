@@ -725,6 +725,43 @@ fn unknown_listener_accept_syscall_budget() {
 /// more often.
 const PRELOAD_BUDGET_PER_CONN: i64 = 59;
 
+/// An ended SMC-D connection's hidden TCP socket is closed at the
+/// process's next wait (here a `poll` with a timeout), not on the way to
+/// its next step, and a `fork` child never inherits one that waits
+/// (`smclo::deferred`).
+#[test]
+fn an_ended_connections_tcp_socket_is_closed_at_the_next_wait() {
+    let dev = DevDir::new("deferclose");
+    let c = spawn(&dev, Side::Smc, &["deferclose"]);
+    let out = finish(c, String::new(), "deferclose");
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, 3, "{st:?}\n{}", out.stderr);
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("base "))
+        .unwrap_or_else(|| panic!("no counts: {}", out.stdout));
+    let n: std::collections::HashMap<&str, i64> = line
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|kv| (kv[0], kv[1].parse().expect("a count")))
+        .collect();
+    assert_eq!(
+        n["after_close"],
+        n["base"] + 1,
+        "closed before a wait: {line}"
+    );
+    assert_eq!(n["after_wait"], n["base"], "left open after a wait: {line}");
+    assert_eq!(n["before_fork"], n["base"] + 1, "{line}");
+    assert_eq!(
+        n["in_child"], n["base"],
+        "a fork child inherited it: {line}"
+    );
+}
+
 /// Counted with strace over two run lengths, so the start-up cancels out.
 /// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
 /// counted too, as many as the timing under strace allows.

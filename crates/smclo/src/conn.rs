@@ -799,6 +799,7 @@ impl Conn {
     /// Busy-polls `word` until it differs from `from`, the budget runs
     /// out or a signal handler runs (the sleep that follows then fails).
     fn spin_on(word: &AtomicU64, from: u64, budget: Duration, signals: &Watch) -> bool {
+        crate::deferred::close_deferred();
         let start = Instant::now();
         loop {
             for _ in 0..32 {

@@ -115,6 +115,17 @@ impl Drop for Held {
     }
 }
 
+/// Counts one descriptor with no [`Held`] beside it: one handed over to
+/// [`crate::deferred`], which calls [`release_one`] when it closes it.
+pub(crate) fn hold_one() {
+    HELD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Uncounts one descriptor counted by [`hold_one`].
+pub(crate) fn release_one() {
+    HELD.fetch_sub(1, Ordering::Relaxed);
+}
+
 /// Numbers below this are marked in [`OURS`].
 const MARKED_MAX: usize = 65536;
 #[allow(clippy::declare_interior_mutable_const)]
@@ -198,8 +209,10 @@ fn budget_last_read() -> usize {
 pub fn room_for_conn() -> bool {
     let budget = budget();
     if held() + PER_CONN > budget {
-        // Pooled DMBs hold memfds too: a process short of descriptors
-        // creates DMBs anew rather than keep them.
+        // Ended connections' TCP sockets waiting to be closed, and pooled
+        // DMBs' memfds: a process short of descriptors closes them now
+        // (and creates DMBs anew rather than keep them).
+        crate::deferred::close_deferred();
         crate::pool::shed();
     }
     let held = held();

@@ -14,6 +14,7 @@ pub mod chan_sys;
 pub mod config;
 pub mod conn;
 pub mod debug;
+pub mod deferred;
 pub mod device;
 pub mod dmb;
 pub mod doorbell;

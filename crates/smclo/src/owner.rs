@@ -85,9 +85,12 @@ pub(crate) fn fork_gen() -> u64 {
     FORK_GEN.load(Ordering::Acquire)
 }
 
-/// Runs in the parent before `fork`: a new fork generation.
+/// Runs in the parent before `fork`: a new fork generation, and the
+/// descriptors waiting to be closed closed ([`crate::deferred`]), so that
+/// the child never holds an ended connection's TCP socket open.
 extern "C" fn before_fork() {
     FORK_GEN.fetch_add(1, Ordering::AcqRel);
+    crate::deferred::close_deferred();
 }
 
 /// Runs in the child after `fork`: forget everything cached per process.
@@ -103,8 +106,9 @@ pub(crate) fn ensure_fork_hook() {
     if FORK_HOOK.load(Ordering::Acquire) || FORK_HOOK.swap(true, Ordering::AcqRel) {
         return;
     }
-    // SAFETY: registers handlers that only touch atomics (async-signal safe,
-    // as a fork child handler must be); no parent handler.
+    // SAFETY: registers handlers that only touch atomics and close
+    // descriptors (async-signal safe, as a fork child handler must be); no
+    // parent handler.
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_in_child)) };
 }
 

@@ -113,6 +113,7 @@ impl Budget {
         signals: &Watch,
         mut look: impl FnMut() -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
+        crate::deferred::close_deferred();
         let start = Instant::now();
         let r = loop {
             match look() {

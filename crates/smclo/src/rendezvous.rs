@@ -707,6 +707,7 @@ impl SlotRef {
     /// growing naps (up to 1 ms), so that a fast answer is seen within
     /// microseconds and a slow one costs little CPU.
     pub fn wait_while(&self, state: SlotState, deadline: Instant) -> SlotState {
+        crate::deferred::close_deferred();
         let mut round = 0u32;
         let mut nap = Duration::from_micros(20);
         loop {

@@ -713,6 +713,7 @@ unsafe fn wait_entry(
     sigmask: *const sigset_t,
     fallback: impl FnOnce() -> c_int,
 ) -> c_int {
+    super::before_wait(timeout);
     let slice = |t: Option<Duration>| {
         // SAFETY: the caller's arguments, with a shorter timeout.
         unsafe {

@@ -60,6 +60,15 @@ fn disabled() -> bool {
     *D.get_or_init(|| std::env::var_os("SMCLO_DISABLE").is_some_and(|v| !v.is_empty() && v != "0"))
 }
 
+/// A wait that may block is beginning (`timeout` None: for ever): ended
+/// connections' TCP sockets are closed first ([`smclo::deferred`]), in
+/// time the program spends waiting anyway.
+fn before_wait(timeout: Option<std::time::Duration>) {
+    if timeout != Some(std::time::Duration::ZERO) {
+        smclo::deferred::close_deferred();
+    }
+}
+
 /// The configuration and the device, once per process. A bad configuration
 /// or an unusable device is reported once and leaves every connection
 /// plain TCP; the program never fails because of smclo.

@@ -121,6 +121,7 @@ unsafe fn served_slice<'a>(fds: *mut pollfd, n: nfds_t) -> Option<&'a mut [pollf
 /// Interposed `poll(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    super::before_wait(ms_timeout(timeout));
     // SAFETY: the caller's arguments.
     match unsafe { served_slice(fds, n) } {
         Some(s) => wait_driving(s, ms_timeout(timeout), std::ptr::null()),
@@ -145,6 +146,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     // SAFETY: the caller's timespec, when not null.
     let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
+    super::before_wait(t.map(|t| t.unwrap_or_default()));
     // SAFETY: the caller's arguments.
     match (unsafe { served_slice(fds, n) }, t) {
         (Some(s), None) => wait_driving(s, None, sigmask),
@@ -432,6 +434,7 @@ pub unsafe extern "C" fn select(
         // SAFETY: forwarded unchanged (the kernel's EINVAL).
         Some(_) => return unsafe { real::select(nfds, r, w, e, tv) },
     };
+    super::before_wait(timeout);
     let start = Instant::now();
     // SAFETY: the caller's sets, as for select(2).
     let Some(n) = (unsafe { select_served(nfds, &FdSets([r, w, e]), timeout, std::ptr::null()) })
@@ -478,6 +481,7 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     // SAFETY: the caller's timespec, when not null.
     let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
+    super::before_wait(t.map(|t| t.unwrap_or_default()));
     let served = match t {
         // SAFETY: the caller's sets, as for pselect(2).
         None => unsafe { select_served(nfds, &FdSets([r, w, e]), None, sigmask) },

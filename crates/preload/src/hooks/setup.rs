@@ -302,6 +302,9 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // address's full length, which may be more than it wrote.
     // SAFETY: a non-null `len` is the caller's readable socklen_t.
     let cap = if len.is_null() { 0 } else { unsafe { *len } };
+    // An accept may wait for the next client: ended connections' TCP
+    // sockets are closed first.
+    smclo::deferred::close_deferred();
     // SAFETY: the caller's arguments, forwarded.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     if nfd < 0 {

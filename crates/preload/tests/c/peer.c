@@ -12,6 +12,7 @@
  * prints "FAIL ..." and exits 1. Every stream carries a known pattern, so
  * each byte is checked. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -730,11 +731,86 @@ static int smc_churn(int n) {
     return 0;
 }
 
+/* Sockets this process holds open (entries of /proc/self/fd). */
+static int count_sockets(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) fail("opendir: %s", strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    char path[300], link[64];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        if (k > 0) { link[k] = 0; if (!strncmp(link, "socket:", 7)) n++; }
+    }
+    closedir(d);
+    return n;
+}
+
+/* One connection to `a`: a byte there and back, then close. */
+static void one_exchange(struct sockaddr_in *a, socklen_t alen, char c) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)a, alen) != 0) _exit(1);
+    char b = c;
+    if (write(fd, &b, 1) != 1 || read(fd, &b, 1) != 1 || b != c) _exit(2);
+    close(fd);
+}
+
+/* An ended SMC-D connection's TCP socket is closed at the process's next
+ * wait, and never inherited by a fork child: prints the socket counts. */
+static int defer_close(void) {
+    int lfd = mk_listener();
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        close(lfd);
+        one_exchange(&a, alen, 1); /* makes the rendezvous socket */
+        poll(NULL, 0, 1);
+        int base = count_sockets();
+        one_exchange(&a, alen, 2);
+        int after_close = count_sockets();
+        poll(NULL, 0, 1);
+        int after_wait = count_sockets();
+        one_exchange(&a, alen, 3);
+        int before_fork = count_sockets();
+        int pipefd[2];
+        if (pipe(pipefd) != 0) _exit(4);
+        pid_t g = fork();
+        if (g == 0) {
+            int n = count_sockets();
+            (void)!write(pipefd[1], &n, sizeof n);
+            _exit(0);
+        }
+        int in_child = -1;
+        if (g < 0 || read(pipefd[0], &in_child, sizeof in_child) != sizeof in_child) _exit(5);
+        waitpid(g, NULL, 0);
+        printf("base %d after_close %d after_wait %d before_fork %d in_child %d\n",
+               base, after_close, after_wait, before_fork, in_child);
+        fflush(stdout);
+        _exit(0);
+    }
+    for (int i = 0; i < 3; i++) {
+        int c = accept(lfd, NULL, NULL);
+        char b;
+        if (c < 0) fail("accept %d: %s", i, strerror(errno));
+        if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
+        close(c);
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
     if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
+    if (argc >= 2 && !strcmp(argv[1], "deferclose")) return defer_close();
     if (argc < 3) { fprintf(stderr, "usage\n"); return 2; }
     mode = argv[2];
     int server = !strcmp(argv[1], "server");

@@ -325,6 +325,7 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
     if timeout.is_zero() {
         return readable_now(fd);
     }
+    crate::deferred::close_deferred();
     let start = Instant::now();
     let spin = super::spin_budget().min(timeout);
     while start.elapsed() < spin {
@@ -343,6 +344,7 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
 /// budget, then asks the socket and yields the CPU between looks: the peer
 /// it waits for may need that CPU.
 pub(super) fn spin_readable(fd: RawFd, deadline: Instant, hint: impl Fn() -> bool) -> bool {
+    crate::deferred::close_deferred();
     let start = Instant::now();
     // The data path's budget: this wait never sleeps, and spinning longer
     // would only keep others (the client, perhaps) off the CPU.

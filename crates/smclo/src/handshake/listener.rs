@@ -212,6 +212,7 @@ impl RendezvousListener {
         let start = Instant::now();
         let deadline = start + timeout;
         let spin = super::spin_budget().min(timeout);
+        crate::deferred::close_deferred();
         // Whether this thread slept: before that, the socket is asked only
         // once `arrived` says so (a sleep in `poll` asks it anyway).
         let mut slept = false;
