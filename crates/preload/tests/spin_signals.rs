@@ -1,6 +1,6 @@
 //! Signal handlers that run while a wait spins in user space interrupt it
 //! as they would the kernel's sleep: `EINTR` from epoll, poll and select
-//! always, from a blocking recv or send unless `SA_RESTART` restarts it
+//! always, from a blocking recv, send or accept unless `SA_RESTART` restarts it
 //! (signal(7)). Before, the spin went on after the handler and the thread
 //! then slept in the kernel until data or the timeout (5 s here; for ever
 //! for a blocking recv on an idle connection). `SMCLO_SPIN_US` is raised
@@ -113,7 +113,7 @@ fn all_interrupted(out: &str, names: &[&str]) {
     }
 }
 
-const ALL_WAITS: [&str; 9] = [
+const ALL_WAITS: [&str; 10] = [
     "epoll_wait",
     "epoll_pwait",
     "epoll_pwait2",
@@ -123,6 +123,7 @@ const ALL_WAITS: [&str; 9] = [
     "pselect",
     "recv",
     "send",
+    "accept",
 ];
 
 /// A handler without SA_RESTART that runs while a wait spins ends every
@@ -165,7 +166,9 @@ fn a_signal_the_waits_mask_blocks_does_not_interrupt() {
 }
 
 /// With SA_RESTART, poll still fails with EINTR, and a blocking recv is
-/// restarted: it returns the byte the peer sends after 500 ms.
+/// restarted: it returns the byte the peer sends after 500 ms. So is a
+/// blocking accept interrupted in its spin (`smclo::accept_spin`): it
+/// fails only when the listening socket is shut down, after 500 ms.
 #[test]
 fn sa_restart_restarts_a_recv_interrupted_in_its_spin() {
     let (out, _) = run("restart", WIDE_SPIN_US);
@@ -175,6 +178,14 @@ fn sa_restart_restarts_a_recv_interrupted_in_its_spin() {
     assert!(
         r.rc == 1 && r.ms >= 400 && r.handled == 1,
         "recv: {r:?}, expected the byte after the restart\n{out}"
+    );
+    let a = w
+        .iter()
+        .find(|x| x.name == "accept")
+        .expect("accept report");
+    assert!(
+        a.rc == -1 && a.errno == libc::EINVAL && a.ms >= 400 && a.handled == 1,
+        "accept: {a:?}, expected EINVAL at the shutdown after the restart\n{out}"
     );
 }
 

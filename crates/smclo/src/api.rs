@@ -189,7 +189,14 @@ impl SmcListener {
         } else if let Some(a) = self.backlog.accept_kept_blocking() {
             a
         } else {
+            // std's accept restarts after a signal handler: so does the
+            // spin's end.
+            let spun = crate::accept_spin::before_accept(
+                self.tcp.as_raw_fd(),
+                &crate::signal::Watch::begin(None),
+            );
             let (tcp, peer) = self.tcp.accept()?;
+            crate::accept_spin::accepted(spun);
             let d = handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd());
             (tcp, peer, d)
         };

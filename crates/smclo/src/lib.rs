@@ -8,6 +8,7 @@
 //! This crate knows nothing about `LD_PRELOAD`; the preload library is a thin
 //! translation layer over [`api`].
 
+pub mod accept_spin;
 pub mod access;
 pub mod api;
 pub mod chan_sys;

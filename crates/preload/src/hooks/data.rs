@@ -37,7 +37,7 @@ const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE 
 
 /// Whether every signal handler that can run in this thread now was
 /// installed with `SA_RESTART` (see the module docs).
-fn handlers_restart() -> bool {
+pub(super) fn handlers_restart() -> bool {
     // SAFETY: an all-zero sigset_t is valid storage for the query.
     let mut blocked: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: queries this thread's mask (no new set).

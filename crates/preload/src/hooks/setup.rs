@@ -7,13 +7,14 @@
 use super::pending;
 use super::records::{forget_fd_locked, lock, FALLBACKS, LISTENERS};
 use super::swap::swap_in;
-use super::{ctx, disabled, errno, in_table_range, set_errno, Ctx};
+use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
 use crate::table::{
     self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
 };
 use libc::{c_int, sockaddr, socklen_t};
+use smclo::accept_spin::{self, Spun};
 use smclo::debug;
 use smclo::device::Role;
 use smclo::fallbacks;
@@ -297,6 +298,14 @@ fn listener_blocks(fd: RawFd) -> bool {
     fl < 0 || fl & libc::O_NONBLOCK == 0
 }
 
+/// Whether a blocking `accept` on `fd` that a signal handler interrupted
+/// is restarted, as the kernel decides for sockets (signal(7)): not when
+/// the socket has a timeout, otherwise when the handlers have
+/// `SA_RESTART` (see `hooks::data`).
+fn accept_restarts(fd: RawFd) -> bool {
+    !table::has_flag(fd, F_TIMEO) && super::data::handlers_restart()
+}
+
 unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     // The size of the caller's address buffer: `accept` reports the
     // address's full length, which may be more than it wrote.
@@ -305,11 +314,22 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // An accept may wait for the next client: ended connections' TCP
     // sockets are closed first.
     smclo::deferred::close_deferred();
+    let blocks = listener_blocks(fd);
+    let spun = if blocks {
+        let watch = smclo::signal::Watch::begin(None);
+        match accept_spin::before_accept(fd, &watch) {
+            Spun::Interrupted if !accept_restarts(fd) => return fail(libc::EINTR),
+            s => s,
+        }
+    } else {
+        Spun::Skipped
+    };
     // SAFETY: the caller's arguments, forwarded.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     if nfd < 0 {
         return nfd;
     }
+    accept_spin::accepted(spun);
     let e = errno();
     clear_stale(nfd);
     accepted(nfd);
@@ -327,7 +347,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // SAFETY: `addr`, `len` and `cap` as `accept` left them.
     let peer = unsafe { accepted_peer(addr, len, cap) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    if listener_blocks(fd) && !nonblock {
+    if blocks && !nonblock {
         let d = handshake::server_accept(&c.dev, &c.cfg, nfd);
         accept_decided(c, nfd, d, slot, flags, peer);
     } else {

@@ -4,7 +4,8 @@
  *   eintr    each wait on an idle SMC-D connection (epoll_wait, epoll_pwait
  *            with an empty mask, epoll_pwait2, poll, ppoll, select, pselect,
  *            all with 5 s;
- *            a blocking recv; a blocking send on a full ring) with a SIGUSR1
+ *            a blocking recv; a blocking send on a full ring; a blocking
+ *            accept on a listening socket no client connects to) with a SIGUSR1
  *            handler without SA_RESTART, signalled once 20 ms after the
  *            wait began: -1 EINTR. A second signal 3 s later rescues a wait
  *            the first did not end, so that a failure says how long it took
@@ -14,7 +15,8 @@
  *            poll of 300 ms while the handler runs in another thread
  *   restart  the handler with SA_RESTART: poll still fails with EINTR, a
  *            blocking recv is restarted and returns the byte the peer sends
- *            after 500 ms
+ *            after 500 ms, a blocking accept is restarted and fails with
+ *            EINVAL when the listening socket is shut down after 500 ms
  *   actions  the preload's wrapping of handlers is invisible to sigaction,
  *            signal, sysv_signal, sigset and siginterrupt (no connection)
  * Each wait runs in a thread of its own (fresh spin budgets). Run with
@@ -149,6 +151,30 @@ static int w_recv(int ms, int masked) {
 static int w_send(int ms, int masked) {
     (void)ms, (void)masked;
     return send(fd, "s", 1, 0);
+}
+
+/* A listening socket no client connects to. */
+static int lfd = -1;
+
+static int w_accept(int ms, int masked) {
+    (void)ms;
+    (void)masked;
+    return accept(lfd, NULL, NULL);
+}
+
+/* Shuts the listening socket down after 500 ms: a blocked accept fails
+ * with EINVAL. */
+static void *shut_listener(void *arg) {
+    (void)arg;
+    usleep(500000);
+    shutdown(lfd, SHUT_RD);
+    return NULL;
+}
+
+static void listener(void) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0 || bind(lfd, (void *)&a, sizeof a) || listen(lfd, 4)) fail("listener");
 }
 
 static void fill(void) {
@@ -408,6 +434,8 @@ int main(int argc, char **argv) {
         run("recv", w_recv, 0, -1);
         fill();
         run("send", w_send, 0, -1);
+        listener();
+        run("accept", w_accept, 0, -1);
     } else if (!strcmp(mode, "masked")) {
         handler(0);
         run("epoll_pwait", w_epoll, 300, 1);
@@ -421,6 +449,11 @@ int main(int argc, char **argv) {
         run("poll", w_poll, 5000, -1);
         if (send(fd, "w", 1, 0) != 1) fail("send w");
         run("recv", w_recv, 0, -1);
+        listener();
+        pthread_t s;
+        if (pthread_create(&s, NULL, shut_listener, NULL)) fail("pthread_create");
+        run("accept", w_accept, 0, -1);
+        pthread_join(s, NULL);
     } else {
         fail("unknown mode");
     }
