@@ -14,7 +14,9 @@
 //! coming within it, halved after each spin that found none (down to 1/64
 //! of `SMCLO_SPIN_US`), so an idle server soon sleeps at once, as over
 //! TCP. One thread of a process spins at a time; the others sleep, so a
-//! pool of threads blocked in `accept` keeps at most one CPU busy.
+//! pool of threads blocked in `accept` keeps at most one CPU busy (a spin
+//! that never ended, left by a handler that jumped out of it, is taken
+//! over after [`STALE`]).
 //! `SMCLO_SPIN_US=0` turns it off.
 //!
 //! A signal handler that runs during the spin ends it ([`Watch`]): the
@@ -24,12 +26,38 @@
 use crate::poller::Budget;
 use crate::signal::Watch;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 static BUDGET: Budget = Budget::new();
-/// A thread of this process is spinning.
-static SPINNER: AtomicBool = AtomicBool::new(false);
+/// When the thread of this process that spins began (microseconds since
+/// [`epoch`], plus 1), 0 when none does. A spin that never ended (a
+/// handler that `siglongjmp`ed out of it, a thread that did not follow a
+/// `fork`) is taken over once it is older than [`STALE`].
+static SPINNING_SINCE: AtomicU64 = AtomicU64::new(0);
+
+/// A spin is over after one budget; older marks are left over.
+const STALE: Duration = Duration::from_millis(100);
+
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+fn now_mark() -> u64 {
+    epoch().elapsed().as_micros() as u64 + 1
+}
+
+/// Becomes the process's spinning thread, unless a live one is.
+fn claim_spinner() -> bool {
+    let now = now_mark();
+    let cur = SPINNING_SINCE.load(Ordering::Acquire);
+    let free = cur == 0 || now.saturating_sub(cur) > STALE.as_micros() as u64;
+    free && SPINNING_SINCE
+        .compare_exchange(cur, now, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
 
 /// How a spin before `accept` ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,12 +79,12 @@ pub enum Spun {
 /// runs out or a handler `signals` watches runs. For a blocking `accept`
 /// only: a non-blocking one never waits.
 pub fn before_accept(fd: RawFd, signals: &Watch) -> Spun {
-    let time = BUDGET.next();
-    if time.is_zero() || SPINNER.swap(true, Ordering::Acquire) {
+    let time = BUDGET.next().min(STALE);
+    if time.is_zero() || !claim_spinner() {
         return Spun::Skipped;
     }
     let r = BUDGET.spin(time, signals, || Ok::<_, ()>(pending(fd).then_some(())));
-    SPINNER.store(false, Ordering::Release);
+    SPINNING_SINCE.store(0, Ordering::Release);
     match r {
         Ok(Some(())) => Spun::Pending,
         _ if signals.interrupted() => Spun::Interrupted,
@@ -73,7 +101,16 @@ fn pending(fd: RawFd) -> bool {
         events: libc::POLLIN,
         revents: 0,
     }];
-    crate::chan_sys::poll(&mut p, 0) != 0
+    reports(crate::chan_sys::poll(&mut p, 0))
+}
+
+/// Whether a `poll` that returned `rc` reported the socket. A failed one
+/// did not: it fails with `EINTR` when a handler's signal arrives during
+/// the call (the kernel looks for pending signals even with no timeout),
+/// and the spin must then end as interrupted, not take it for a
+/// connection and sleep in `accept` past the handler.
+fn reports(rc: libc::c_int) -> bool {
+    rc > 0
 }
 
 /// After the `accept` that followed [`before_accept`] returned a
@@ -92,7 +129,14 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
 
-    // One test: the budget and the spinner flag are the process's.
+    #[test]
+    fn a_failed_poll_reports_no_connection() {
+        assert!(!reports(-1), "EINTR taken for a connection");
+        assert!(!reports(0));
+        assert!(reports(1));
+    }
+
+    // One test: the budget and the spinner mark are the process's.
     #[test]
     fn finds_a_pending_connection_and_misses_none() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -109,5 +153,16 @@ mod tests {
         crate::signal::handler_ran(libc::SIGUSR1);
         l.accept().unwrap();
         assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Interrupted);
+        drop(w);
+        // A spinner that never came back (a handler that jumped out of
+        // its spin) is taken over once its mark is stale.
+        SPINNING_SINCE.store(1, Ordering::Release);
+        std::thread::sleep(STALE + Duration::from_millis(10));
+        let w = Watch::begin(None);
+        assert_ne!(before_accept(l.as_raw_fd(), &w), Spun::Skipped);
+        // A live one is not.
+        SPINNING_SINCE.store(now_mark(), Ordering::Release);
+        assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Skipped);
+        SPINNING_SINCE.store(0, Ordering::Release);
     }
 }

@@ -300,10 +300,27 @@ fn listener_blocks(fd: RawFd) -> bool {
 
 /// Whether a blocking `accept` on `fd` that a signal handler interrupted
 /// is restarted, as the kernel decides for sockets (signal(7)): not when
-/// the socket has a timeout, otherwise when the handlers have
+/// the socket has a receive timeout (`SO_RCVTIMEO`, asked now: it may have
+/// been set before this process), otherwise when the handlers have
 /// `SA_RESTART` (see `hooks::data`).
 fn accept_restarts(fd: RawFd) -> bool {
-    !table::has_flag(fd, F_TIMEO) && super::data::handlers_restart()
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `tv`, ours.
+    let rc = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&mut tv as *mut libc::timeval).cast(),
+            &mut len,
+        )
+    };
+    let timeout = rc == 0 && (tv.tv_sec != 0 || tv.tv_usec != 0);
+    !timeout && super::data::handlers_restart()
 }
 
 unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {

@@ -17,6 +17,8 @@
  *            blocking recv is restarted and returns the byte the peer sends
  *            after 500 ms, a blocking accept is restarted and fails with
  *            EINVAL when the listening socket is shut down after 500 ms
+ *            (also with SO_SNDTIMEO set on it), but one on a socket with
+ *            SO_RCVTIMEO fails with EINTR
  *   actions  the preload's wrapping of handlers is invisible to sigaction,
  *            signal, sysv_signal, sigset and siginterrupt (no connection)
  * Each wait runs in a thread of its own (fresh spin budgets). Run with
@@ -171,11 +173,21 @@ static void *shut_listener(void *arg) {
     return NULL;
 }
 
-static void listener(void) {
+/* A new listening socket, with `timeo` (SO_RCVTIMEO or SO_SNDTIMEO) of
+ * 5 s set on it unless 0. */
+static void listener_with(int timeo) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct timeval tv = {.tv_sec = 5};
     lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (lfd < 0 || bind(lfd, (void *)&a, sizeof a) || listen(lfd, 4)) fail("listener");
+    if (lfd < 0 || (timeo && setsockopt(lfd, SOL_SOCKET, timeo, &tv, sizeof tv)) ||
+        bind(lfd, (void *)&a, sizeof a) || listen(lfd, 4))
+        fail("listener");
 }
+
+static void listener(void) {
+    listener_with(0);
+}
+
 
 static void fill(void) {
     static char buf[65536];
@@ -253,6 +265,16 @@ static void run_to(const char *name, int (*fn)(int, int), int ms, int masked,
 
 static void run(const char *name, int (*fn)(int, int), int ms, int masked) {
     run_to(name, fn, ms, masked, NULL);
+}
+
+/* A blocking accept on a new listening socket with `timeo` set, which
+ * another thread shuts down after 500 ms. */
+static void run_accept(const char *name, int timeo) {
+    listener_with(timeo);
+    pthread_t s;
+    if (pthread_create(&s, NULL, shut_listener, NULL)) fail("pthread_create");
+    run(name, w_accept, 0, -1);
+    pthread_join(s, NULL);
 }
 
 /* ----- the peer ----------------------------------------------------------- */
@@ -449,11 +471,9 @@ int main(int argc, char **argv) {
         run("poll", w_poll, 5000, -1);
         if (send(fd, "w", 1, 0) != 1) fail("send w");
         run("recv", w_recv, 0, -1);
-        listener();
-        pthread_t s;
-        if (pthread_create(&s, NULL, shut_listener, NULL)) fail("pthread_create");
-        run("accept", w_accept, 0, -1);
-        pthread_join(s, NULL);
+        run_accept("accept", 0);
+        run_accept("accept_sndtimeo", SO_SNDTIMEO);
+        run_accept("accept_rcvtimeo", SO_RCVTIMEO);
     } else {
         fail("unknown mode");
     }
