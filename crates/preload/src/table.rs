@@ -250,10 +250,16 @@ impl Drop for Sock {
     /// Closes the channel, whose number may be one the application closed
     /// while the connection still needed it (marked internal since), and
     /// hands the hidden TCP socket over to be closed at the next wait
-    /// ([`close_hidden`]).
+    /// ([`close_hidden`]). A connection that ended in an abort (ours:
+    /// `SO_LINGER` 0; the peer's, or the peer gone) closes it now: its TCP
+    /// peer may be a program that reads the TCP socket itself (a
+    /// connection that could not follow its peer's exec falls back to it)
+    /// and waits for this end of stream.
     fn drop(&mut self) {
+        let aborted = self.linger0.load(Ordering::Relaxed)
+            || self.conn.ready().intersects(smclo::poller::Ready::ERR);
         close_internal(self.conn.fd(), || self.conn.close_channel());
-        if !smclo::deferred::close_later(self.tcp) {
+        if aborted || !smclo::deferred::close_later(self.tcp) {
             close_hidden(self.tcp);
         }
     }

@@ -762,6 +762,60 @@ fn an_ended_connections_tcp_socket_is_closed_at_the_next_wait() {
     );
 }
 
+/// A connection its peer aborted (`SO_LINGER` 0) closes its TCP socket at
+/// the program's `close`, with the channel: its TCP peer may be a program
+/// that reads the TCP socket itself (a connection that could not follow an
+/// exec falls back to it) and waits for that end of stream.
+#[test]
+fn an_aborted_connections_tcp_socket_is_closed_at_once() {
+    let dev = DevDir::new("abortclose");
+    let c = spawn(&dev, Side::Smc, &["abortclose"]);
+    let out = finish(c, String::new(), "abortclose");
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, 2, "{st:?}\n{}", out.stderr);
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("read "))
+        .unwrap_or_else(|| panic!("no counts: {}", out.stdout));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let n = |k: &str| -> i64 {
+        let i = f.iter().position(|x| *x == k).expect(k);
+        f[i + 1].parse().expect("a count")
+    };
+    assert!(
+        n("read") == -1 && n("errno") == libc::ECONNRESET as i64,
+        "the client did not read the reset: {line}"
+    );
+    assert_eq!(
+        n("after_close"),
+        n("before_close") - 2,
+        "the channel and the TCP socket close together: {line}"
+    );
+}
+
+/// Connections from one fixed source port one after the other: an ended
+/// connection's TCP socket, whose close waits for the next wait
+/// (`smclo::deferred`), must not keep the port and the 4-tuple from the
+/// next `bind` and `connect` (`bind` closes it first), as over TCP.
+#[test]
+fn a_fixed_source_port_is_free_for_the_next_connection() {
+    let dev = DevDir::new("fixedport");
+    let c = spawn(&dev, Side::Smc, &["fixedport"]);
+    let out = finish(c, String::new(), "fixedport");
+    assert!(
+        out.ok && out.stdout.contains("fixedport 3"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, 3, "{st:?}\n{}", out.stderr);
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
+}
+
 /// Counted with strace over two run lengths, so the start-up cancels out.
 /// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
 /// counted too, as many as the timing under strace allows.

@@ -13,6 +13,12 @@
 //! first ([`close_deferred`]), in time the process would otherwise spend
 //! waiting for its peer.
 //!
+//! A `bind` or `listen` closes them first too (under `smclo run`), so that
+//! a port or a 4-tuple they hold is as free as over TCP. A connection that
+//! ended in an abort does not wait: its TCP peer may be a program that
+//! reads the TCP socket itself (a connection that could not follow an
+//! `exec` falls back to it) and waits for that end of stream.
+//!
 //! Bounds: at most [`SLOTS`] descriptors wait; one more is closed at once
 //! by its caller. A descriptor waiting here counts against the descriptor
 //! budget as it did before ([`crate::fdnum`]), and a connection attempt

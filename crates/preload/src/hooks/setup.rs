@@ -117,6 +117,8 @@ pub(super) fn list_fallback(
 /// the device, so smclo clients propose to them.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // As for bind: the port as free as over TCP.
+    smclo::deferred::close_deferred();
     if disabled()
         || !in_table_range(fd)
         || table::has_flag(fd, F_LISTENER)
@@ -496,6 +498,9 @@ fn connect_again(fd: RawFd) -> Option<c_int> {
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // Before the call: a failed bind costs only the question.
     table::set_flag(fd, F_BOUND, true);
+    // The port may be one an ended connection's TCP socket still holds
+    // (smclo::deferred): it is as free as over TCP.
+    smclo::deferred::close_deferred();
     // SAFETY: forwarded unchanged.
     unsafe { real::bind(fd, addr, len) }
 }

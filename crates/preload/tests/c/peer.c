@@ -805,12 +805,115 @@ static int defer_close(void) {
     return 0;
 }
 
+/* A connection its server aborts (SO_LINGER 0): the client's close of it
+ * closes its TCP socket at once, not at its next wait. Prints the client's
+ * socket counts before and after its close. */
+static int abort_close(void) {
+    int lfd = mk_listener();
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        close(lfd);
+        one_exchange(&a, alen, 1); /* makes the rendezvous socket */
+        poll(NULL, 0, 1);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
+        char b = 2;
+        if (write(fd, &b, 1) != 1) _exit(2);
+        ssize_t r = read(fd, &b, 1);
+        int e = errno;
+        int before = count_sockets();
+        close(fd);
+        int after = count_sockets();
+        printf("read %zd errno %d before_close %d after_close %d\n", r, r < 0 ? e : 0, before, after);
+        fflush(stdout);
+        _exit(0);
+    }
+    for (int i = 0; i < 2; i++) {
+        int c = accept(lfd, NULL, NULL);
+        char b;
+        if (c < 0) fail("accept %d: %s", i, strerror(errno));
+        if (read(c, &b, 1) != 1) fail("read %d", i);
+        if (i == 0) {
+            if (write(c, &b, 1) != 1) fail("echo");
+        } else {
+            struct linger l = {.l_onoff = 1, .l_linger = 0};
+            if (setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l) != 0) fail("SO_LINGER");
+        }
+        close(c);
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    return 0;
+}
+
+/* Connections from one fixed source port (SO_REUSEADDR, bind, connect),
+ * one after the other, as over TCP on loopback: the port and the 4-tuple
+ * of the connection before are free for the next (its TCP socket in
+ * TIME_WAIT at most). Prints "fixedport N" with how many connected. */
+static int fixed_port(void) {
+    int lfd = mk_listener();
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
+    const int n = 3;
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        close(lfd);
+        struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = 0;
+        for (int i = 0; i < n; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            int one = 1;
+            if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) _exit(1);
+            if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0) {
+                printf("bind %d: %s\n", i, strerror(errno));
+                break;
+            }
+            socklen_t sl = sizeof src;
+            if (getsockname(fd, (struct sockaddr *)&src, &sl) != 0) _exit(3);
+            if (connect(fd, (struct sockaddr *)&a, alen) != 0) {
+                printf("connect %d: %s\n", i, strerror(errno));
+                break;
+            }
+            char b = (char)i;
+            if (write(fd, &b, 1) != 1 || read(fd, &b, 1) != 1 || b != (char)i) _exit(2);
+            close(fd);
+            ok++;
+        }
+        printf("fixedport %d\n", ok);
+        fflush(stdout);
+        _exit(ok == n ? 0 : 4);
+    }
+    for (int i = 0; i < n; i++) {
+        int c = accept(lfd, NULL, NULL);
+        char b;
+        if (c < 0) break;
+        if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
+        close(c);
+        if (i + 1 < n) {
+            /* The child's next connect may fail: do not wait for it then. */
+            struct pollfd p = {.fd = lfd, .events = POLLIN};
+            if (poll(&p, 1, 5000) != 1) break;
+        }
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
     if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "deferclose")) return defer_close();
+    if (argc >= 2 && !strcmp(argv[1], "abortclose")) return abort_close();
+    if (argc >= 2 && !strcmp(argv[1], "fixedport")) return fixed_port();
     if (argc < 3) { fprintf(stderr, "usage\n"); return 2; }
     mode = argv[2];
     int server = !strcmp(argv[1], "server");
