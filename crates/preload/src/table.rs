@@ -103,6 +103,16 @@ pub fn set_flag(fd: RawFd, f: u16, on: bool) {
     }
 }
 
+/// Marks `fd`, a number smclo just got from the kernel, internal ([`F_INTERNAL`])
+/// once any close of that number's former file is done unmarking it
+/// ([`settle`]): a connection's close (in whichever thread waits next, for
+/// a hidden TCP socket, `smclo::deferred`) unmarks the number after the
+/// kernel freed it, and would otherwise clear the new mark.
+pub fn mark_internal(fd: RawFd) {
+    settle(fd);
+    set_flag(fd, F_INTERNAL, true);
+}
+
 /// Whether `fd` has any of the flag bits `f`.
 #[inline]
 pub fn has_flag(fd: RawFd, f: u16) -> bool {

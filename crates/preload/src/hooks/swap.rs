@@ -10,7 +10,7 @@ use super::records::{lock, EPOLL};
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_INTERNAL, F_PENDING, F_TCP, F_TIMEO, LOCK};
+use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_PENDING, F_TCP, F_TIMEO, LOCK};
 use smclo::debug;
 use smclo::handshake::Established;
 use std::io;
@@ -82,7 +82,7 @@ pub(super) fn swap_in(
         cork_armed: Default::default(),
         _held: smclo::fdnum::Held::new(),
     });
-    table::set_flag(tcp, F_INTERNAL, true);
+    table::mark_internal(tcp);
     let g = LOCK.write();
     let recs: Vec<_> = {
         let mut e = lock(&EPOLL);
@@ -176,7 +176,7 @@ fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::A
 pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
     match smclo::fdnum::dup_high(n) {
         Ok(high) => {
-            table::set_flag(high.as_raw_fd(), F_INTERNAL, true);
+            table::mark_internal(high.as_raw_fd());
             let _ = s.conn.replace_channel(high, true).into_raw_fd();
         }
         Err(e) => {
