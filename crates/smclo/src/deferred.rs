@@ -24,7 +24,9 @@
 //! budget as it did before ([`crate::fdnum`]), and a connection attempt
 //! short of room closes them all first. `fork` closes them before the
 //! child could inherit them ([`crate::owner`]'s prepare handler), so a
-//! child never holds a closed connection's TCP socket open. A process that
+//! child does not hold a closed connection's TCP socket open (one another
+//! thread hands over while the fork is under way excepted: the child
+//! closes its copy at its own next wait). A process that
 //! never waits again in smclo keeps at most [`SLOTS`] of them until it
 //! does, or exits: only their FINs are late, which nothing of the
 //! connections depends on.

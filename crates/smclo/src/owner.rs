@@ -87,7 +87,7 @@ pub(crate) fn fork_gen() -> u64 {
 
 /// Runs in the parent before `fork`: a new fork generation, and the
 /// descriptors waiting to be closed closed ([`crate::deferred`]), so that
-/// the child never holds an ended connection's TCP socket open.
+/// the child does not hold an ended connection's TCP socket open.
 extern "C" fn before_fork() {
     FORK_GEN.fetch_add(1, Ordering::AcqRel);
     crate::deferred::close_deferred();
