@@ -1064,6 +1064,9 @@ l.bind(("127.0.0.1", 0))
 l.listen(4)
 port = l.getsockname()[1]
 reqs = [b"first contact", b"the request that comes early"]
+# The server's close of a connection is done (its mapping of the client's
+# DMB dropped) before the client connects again.
+closed_r, closed_w = os.pipe()
 pid = os.fork()
 if pid == 0:
     l.close()
@@ -1074,6 +1077,7 @@ if pid == 0:
         c.close()
         if got != r[::-1]:
             os._exit(1)
+        os.read(closed_r, 1)
     os._exit(0)
 for i, r in enumerate(reqs):
     if i:
@@ -1086,6 +1090,7 @@ for i, r in enumerate(reqs):
     got = a.recv(64)
     a.sendall(got[::-1])
     a.close()
+    os.write(closed_w, b"c")
     print("connection %d: %d bytes there at accept, read %r" % (i, n[0], got))
 _, st = os.waitpid(pid, 0)
 print("OK done" if st == 0 else "FAIL child %d" % st)
@@ -1249,6 +1254,10 @@ l = socket.socket()
 l.bind(("127.0.0.1", 0))
 l.listen(4)
 port = l.getsockname()[1]
+# The server's close of the first connection is done (its mapping of the
+# client's DMB dropped, so the client's pool may hand that DMB out again)
+# before the client connects again.
+closed_r, closed_w = os.pipe()
 pid = os.fork()
 if pid == 0:
     l.close()
@@ -1256,11 +1265,13 @@ if pid == 0:
     c.sendall(b"x")
     c.recv(1)
     c.close()
+    os.read(closed_r, 1)
 {}    os._exit(0)
 a, _ = l.accept()
 a.recv(1)
 a.sendall(b"y")
 a.close()
+os.write(closed_w, b"c")
 {}_, st = os.waitpid(pid, 0)
 print("OK done" if st == 0 else "FAIL child %d" % st)
 "#,
