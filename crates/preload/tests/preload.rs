@@ -725,30 +725,44 @@ fn unknown_listener_accept_syscall_budget() {
 /// more often.
 const PRELOAD_BUDGET_PER_CONN: i64 = 59;
 
+/// `peer MODE`, a server and its client in one program (a fork), under the
+/// preload on a fresh device: its output, once it succeeded with `conns`
+/// SMC-D connections and no fallback.
+fn peer_mode(mode: &str, conns: u64) -> Out {
+    let dev = DevDir::new(mode);
+    let c = spawn(&dev, Side::Smc, &[mode]);
+    let out = finish(c, String::new(), mode);
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, conns, "{st:?}\n{}", out.stderr);
+    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
+    out
+}
+
+/// The line of `out` that starts with `prefix`, a list of names and
+/// numbers (`name n name n ...`), and those numbers by name.
+fn counts<'a>(out: &'a str, prefix: &str) -> (&'a str, std::collections::HashMap<&'a str, i64>) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no counts: {out}"));
+    let n = line
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|kv| (kv[0], kv[1].parse().expect("a count")))
+        .collect();
+    (line, n)
+}
+
 /// An ended SMC-D connection's hidden TCP socket is closed at the
 /// process's next wait (here a `poll` with a timeout), not on the way to
 /// its next step, and a `fork` child never inherits one that waits
 /// (`smclo::deferred`).
 #[test]
 fn an_ended_connections_tcp_socket_is_closed_at_the_next_wait() {
-    let dev = DevDir::new("deferclose");
-    let c = spawn(&dev, Side::Smc, &["deferclose"]);
-    let out = finish(c, String::new(), "deferclose");
-    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
-    let st = dev.stats();
-    assert_eq!(st.conns_opened, 3, "{st:?}\n{}", out.stderr);
-    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("base "))
-        .unwrap_or_else(|| panic!("no counts: {}", out.stdout));
-    let n: std::collections::HashMap<&str, i64> = line
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .chunks(2)
-        .map(|kv| (kv[0], kv[1].parse().expect("a count")))
-        .collect();
+    let out = peer_mode("deferclose", 3);
+    let (line, n) = counts(&out.stdout, "base ");
     assert_eq!(
         n["after_close"],
         n["base"] + 1,
@@ -768,30 +782,15 @@ fn an_ended_connections_tcp_socket_is_closed_at_the_next_wait() {
 /// exec falls back to it) and waits for that end of stream.
 #[test]
 fn an_aborted_connections_tcp_socket_is_closed_at_once() {
-    let dev = DevDir::new("abortclose");
-    let c = spawn(&dev, Side::Smc, &["abortclose"]);
-    let out = finish(c, String::new(), "abortclose");
-    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
-    let st = dev.stats();
-    assert_eq!(st.conns_opened, 2, "{st:?}\n{}", out.stderr);
-    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("read "))
-        .unwrap_or_else(|| panic!("no counts: {}", out.stdout));
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let n = |k: &str| -> i64 {
-        let i = f.iter().position(|x| *x == k).expect(k);
-        f[i + 1].parse().expect("a count")
-    };
+    let out = peer_mode("abortclose", 2);
+    let (line, n) = counts(&out.stdout, "read ");
     assert!(
-        n("read") == -1 && n("errno") == libc::ECONNRESET as i64,
+        n["read"] == -1 && n["errno"] == libc::ECONNRESET as i64,
         "the client did not read the reset: {line}"
     );
     assert_eq!(
-        n("after_close"),
-        n("before_close") - 2,
+        n["after_close"],
+        n["before_close"] - 2,
         "the channel and the TCP socket close together: {line}"
     );
 }
@@ -802,18 +801,8 @@ fn an_aborted_connections_tcp_socket_is_closed_at_once() {
 /// next `bind` and `connect` (`bind` closes it first), as over TCP.
 #[test]
 fn a_fixed_source_port_is_free_for_the_next_connection() {
-    let dev = DevDir::new("fixedport");
-    let c = spawn(&dev, Side::Smc, &["fixedport"]);
-    let out = finish(c, String::new(), "fixedport");
-    assert!(
-        out.ok && out.stdout.contains("fixedport 3"),
-        "{}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    let st = dev.stats();
-    assert_eq!(st.conns_opened, 3, "{st:?}\n{}", out.stderr);
-    assert_eq!(st.fallbacks_total(), 0, "{st:?}\n{}", out.stderr);
+    let out = peer_mode("fixedport", 3);
+    assert!(out.stdout.contains("fixedport 3"), "{}", out.stdout);
 }
 
 /// Counted with strace over two run lengths, so the start-up cancels out.

@@ -731,6 +731,25 @@ static int smc_churn(int n) {
     return 0;
 }
 
+/* A listener in this process and a forked child to be its client: the
+ * child's pid in the parent, 0 in the child (where `lfd` is closed); `a`
+ * and `alen` get the listener's address. */
+static pid_t listen_and_fork(int *lfd, struct sockaddr_in *a, socklen_t *alen) {
+    *lfd = mk_listener();
+    *alen = sizeof *a;
+    if (getsockname(*lfd, (struct sockaddr *)a, alen) != 0) fail("getsockname");
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) close(*lfd);
+    return child;
+}
+
+/* Waits for the client child of listen_and_fork, which must succeed. */
+static void wait_client(pid_t child) {
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+}
+
 /* Sockets this process holds open (entries of /proc/self/fd). */
 static int count_sockets(void) {
     DIR *d = opendir("/proc/self/fd");
@@ -760,14 +779,11 @@ static void one_exchange(struct sockaddr_in *a, socklen_t alen, char c) {
 /* An ended SMC-D connection's TCP socket is closed at the process's next
  * wait, and never inherited by a fork child: prints the socket counts. */
 static int defer_close(void) {
-    int lfd = mk_listener();
+    int lfd;
     struct sockaddr_in a;
-    socklen_t alen = sizeof a;
-    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
-    pid_t child = fork();
-    if (child < 0) fail("fork: %s", strerror(errno));
+    socklen_t alen;
+    pid_t child = listen_and_fork(&lfd, &a, &alen);
     if (child == 0) {
-        close(lfd);
         one_exchange(&a, alen, 1); /* makes the rendezvous socket */
         poll(NULL, 0, 1);
         int base = count_sockets();
@@ -800,8 +816,7 @@ static int defer_close(void) {
         if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
         close(c);
     }
-    int st = 0;
-    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    wait_client(child);
     return 0;
 }
 
@@ -809,14 +824,11 @@ static int defer_close(void) {
  * closes its TCP socket at once, not at its next wait. Prints the client's
  * socket counts before and after its close. */
 static int abort_close(void) {
-    int lfd = mk_listener();
+    int lfd;
     struct sockaddr_in a;
-    socklen_t alen = sizeof a;
-    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
-    pid_t child = fork();
-    if (child < 0) fail("fork: %s", strerror(errno));
+    socklen_t alen;
+    pid_t child = listen_and_fork(&lfd, &a, &alen);
     if (child == 0) {
-        close(lfd);
         one_exchange(&a, alen, 1); /* makes the rendezvous socket */
         poll(NULL, 0, 1);
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -845,8 +857,7 @@ static int abort_close(void) {
         }
         close(c);
     }
-    int st = 0;
-    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    wait_client(child);
     return 0;
 }
 
@@ -855,15 +866,12 @@ static int abort_close(void) {
  * of the connection before are free for the next (its TCP socket in
  * TIME_WAIT at most). Prints "fixedport N" with how many connected. */
 static int fixed_port(void) {
-    int lfd = mk_listener();
-    struct sockaddr_in a;
-    socklen_t alen = sizeof a;
-    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
     const int n = 3;
-    pid_t child = fork();
-    if (child < 0) fail("fork: %s", strerror(errno));
+    int lfd;
+    struct sockaddr_in a;
+    socklen_t alen;
+    pid_t child = listen_and_fork(&lfd, &a, &alen);
     if (child == 0) {
-        close(lfd);
         struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         int ok = 0;
         for (int i = 0; i < n; i++) {
@@ -901,8 +909,7 @@ static int fixed_port(void) {
             if (poll(&p, 1, 5000) != 1) break;
         }
     }
-    int st = 0;
-    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("client failed");
+    wait_client(child);
     return 0;
 }
 
