@@ -35,16 +35,15 @@
 //! end anywhere, also in a signal handler or under a lock.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
 
 /// Descriptors that may wait at once.
 pub const SLOTS: usize = 8;
 
+/// The descriptors waiting, -1 in a free slot (one cache line: a wait
+/// with none to close reads it and nothing else).
 static WAITING: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
-/// How many slots hold a descriptor: a wait with none to close reads this
-/// one word.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// How a descriptor is closed; `close(2)` unless [`set_closer`] said
 /// otherwise.
 static CLOSER: OnceLock<fn(RawFd)> = OnceLock::new();
@@ -79,7 +78,6 @@ pub fn close_later(fd: RawFd) -> bool {
             .is_ok()
         {
             crate::fdnum::hold_one();
-            COUNT.fetch_add(1, Ordering::Release);
             return true;
         }
     }
@@ -87,32 +85,31 @@ pub fn close_later(fd: RawFd) -> bool {
 }
 
 /// Closes every descriptor waiting ([`close_later`]). Called where the
-/// process is about to wait; one load when there is none.
+/// process is about to wait; a look at one cache line when there is none.
 pub fn close_deferred() {
-    if COUNT.load(Ordering::Acquire) == 0 {
-        return;
-    }
     for s in &WAITING {
         if s.load(Ordering::Relaxed) < 0 {
             continue;
         }
         let fd = s.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
-            COUNT.fetch_sub(1, Ordering::Release);
             close(fd);
             crate::fdnum::release_one();
         }
     }
 }
 
-/// How many descriptors wait to be closed.
-pub fn waiting() -> usize {
-    COUNT.load(Ordering::Acquire)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many descriptors wait to be closed.
+    fn waiting() -> usize {
+        WAITING
+            .iter()
+            .filter(|s| s.load(Ordering::Acquire) >= 0)
+            .count()
+    }
 
     /// Whether the write end of the pipe whose read end is `r` is closed.
     fn hung_up(r: RawFd) -> bool {

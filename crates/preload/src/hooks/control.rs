@@ -518,19 +518,26 @@ fn timeval_dur(val: *const c_void, len: socklen_t) -> Option<Duration> {
     Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec as u64))
 }
 
+/// Socket `fd`'s timeout option `name` (`SO_RCVTIMEO`, `SO_SNDTIMEO`;
+/// zero when none is set), `None` if it cannot be read.
+pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>> {
+    // SAFETY: an all-zero timeval is valid.
+    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    let p: *mut libc::timeval = &mut tv;
+    // SAFETY: getsockopt writes at most `len` bytes into `tv`.
+    let rc = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, p.cast(), &mut len) };
+    (rc == 0).then(|| timeval_dur(p.cast(), len))
+}
+
 /// Gives `conn` the timeouts of the TCP socket `tcp`.
 pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
     for (name, set) in [
         (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
         (libc::SO_SNDTIMEO, Conn::set_write_timeout),
     ] {
-        // SAFETY: an all-zero timeval is valid.
-        let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
-        let p: *mut libc::timeval = &mut tv;
-        // SAFETY: getsockopt writes at most `len` bytes into `tv`.
-        if unsafe { real::getsockopt(tcp, libc::SOL_SOCKET, name, p.cast(), &mut len) } == 0 {
-            set(conn, timeval_dur(p.cast(), len));
+        if let Some(t) = socket_timeout(tcp, name) {
+            set(conn, t);
         }
     }
 }

@@ -306,22 +306,9 @@ fn listener_blocks(fd: RawFd) -> bool {
 /// been set before this process), otherwise when the handlers have
 /// `SA_RESTART` (see `hooks::data`).
 fn accept_restarts(fd: RawFd) -> bool {
-    let mut tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    };
-    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `tv`, ours.
-    let rc = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&mut tv as *mut libc::timeval).cast(),
-            &mut len,
-        )
-    };
-    let timeout = rc == 0 && (tv.tv_sec != 0 || tv.tv_usec != 0);
+    let timeout = super::control::socket_timeout(fd, libc::SO_RCVTIMEO)
+        .flatten()
+        .is_some_and(|t| !t.is_zero());
     !timeout && super::data::handlers_restart()
 }
 
