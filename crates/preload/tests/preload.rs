@@ -1107,38 +1107,24 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 /// the client follows that answer at its first call. Nothing falls back.
 #[test]
 fn an_idle_client_after_an_early_connect_follows_the_server() {
-    let script = r#"
-import os, socket, time
-l = socket.socket()
-l.bind(("127.0.0.1", 0))
-l.listen(4)
-port = l.getsockname()[1]
-pid = os.fork()
-if pid == 0:
-    l.close()
-    for idle in (0, 0.8):
-        c = socket.create_connection(("127.0.0.1", port))
-        time.sleep(idle)
-        c.sendall(b"ping")
-        got = c.recv(4)
-        c.close()
-        if got != b"pong":
-            os._exit(1)
-    os._exit(0)
-for _ in range(2):
-    a, _ = l.accept()
-    got = a.recv(4)
-    a.sendall(b"pong" if got == b"ping" else b"FAIL")
-    a.close()
-_, st = os.waitpid(pid, 0)
-print("OK done" if st == 0 else "FAIL child %d" % st)
-"#;
-    let mut cmd = Command::new("python3");
-    cmd.args(["-c", script]).env("SMCLO_CLC_WAIT_MS", "300");
-    let (ok, out, stats) = run_preloaded("early-idle", cmd);
-    assert!(ok && out.contains("OK done"), "{out}");
-    assert_eq!(stats.conns_opened, 2, "{out}\n{stats:?}");
-    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+    let (ok, out, stats) = early_pair_with(
+        "early-idle",
+        r#"c = socket.create_connection(("127.0.0.1", port))
+time.sleep(0.8)
+c.sendall(b"ping")
+got = c.recv(4)
+c.close()
+if got != b"pong":
+    os._exit(1)
+"#,
+        r#"a, _ = l.accept()
+got = a.recv(4)
+a.sendall(b"pong" if got == b"ping" else b"FAIL")
+a.close()
+"#,
+        &[("SMCLO_CLC_WAIT_MS", "300")],
+    );
+    assert_both_smc(ok, &out, &stats);
 }
 
 /// A program that connects and closes without a word (a health check),
@@ -1150,29 +1136,14 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 /// read a reset (the client vanished from an accepted connection).
 #[test]
 fn a_client_that_closes_right_after_an_early_connect_ends_cleanly() {
-    let script = r#"
-import os, socket, time
-l = socket.socket()
-l.bind(("127.0.0.1", 0))
-l.listen(8)
-port = l.getsockname()[1]
-pid = os.fork()
-if pid == 0:
-    l.close()
+    let (ok, out, stats) = early_pair(
+        "early-close",
+        r#"for _ in range(4):
     c = socket.create_connection(("127.0.0.1", port))
-    c.sendall(b"x")
-    c.recv(1)
+    time.sleep(0.05)
     c.close()
-    for _ in range(4):
-        c = socket.create_connection(("127.0.0.1", port))
-        time.sleep(0.05)
-        c.close()
-    os._exit(0)
-a, _ = l.accept()
-a.recv(1)
-a.sendall(b"y")
-a.close()
-seen = []
+"#,
+        r#"seen = []
 for _ in range(4):
     a, _ = l.accept()
     try:
@@ -1180,13 +1151,9 @@ for _ in range(4):
     except OSError as e:
         seen.append(e.strerror)
     a.close()
-_, st = os.waitpid(pid, 0)
 print("seen", seen)
-print("OK done" if st == 0 else "FAIL child %d" % st)
-"#;
-    let mut cmd = Command::new("python3");
-    cmd.args(["-c", script]);
-    let (ok, out, stats) = run_preloaded("early-close", cmd);
+"#,
+    );
     assert!(ok && out.contains("OK done"), "{out}");
     assert!(out.contains("seen ['eof', 'eof', 'eof', 'eof']"), "{out}");
     assert_eq!(stats.conns_opened, 5, "{out}\n{stats:?}");
