@@ -28,6 +28,7 @@ mod signal;
 mod swap;
 mod target;
 mod unsupported;
+mod variant;
 
 pub use control::*;
 pub use data::*;

@@ -1,0 +1,165 @@
+//! The build of this library an exec's new program can load. Its loader
+//! (`PT_INTERP`: glibc's, musl's, another) gets the build made for it in
+//! `LD_PRELOAD`, in place of this one, or no build at all: a loader never
+//! gets a library it cannot load (musl's would stop the program before
+//! `main`). A program left without a build does not adopt connections
+//! (`target::preload_in`): they fall back as for a static program.
+//!
+//! The other build is the one `smclo run` found (its path in the variable
+//! `Variant::env_var`), or the file of that build's name next to this one.
+
+use super::target::{self, Program};
+use libc::c_char;
+use smclo::debug;
+use smclo_loader::{Choice, Loader, Variant};
+use std::ffi::{CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+const LD_PRELOAD: &[u8] = b"LD_PRELOAD=";
+
+/// This library's path, as the loader mapped it.
+fn own_path() -> Option<&'static [u8]> {
+    static PATH: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an
+        // address inside this library.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        let f: fn() -> Option<&'static [u8]> = own_path;
+        // SAFETY: dladdr reads the address only.
+        if unsafe { libc::dladdr(f as *const libc::c_void, &mut info) } == 0
+            || info.dli_fname.is_null()
+        {
+            return None;
+        }
+        // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+        Some(
+            unsafe { CStr::from_ptr(info.dli_fname) }
+                .to_bytes()
+                .to_vec(),
+        )
+    })
+    .as_deref()
+}
+
+/// The value of `name` in the environment entries `env`.
+fn var<'a>(env: &[&'a CStr], name: &str) -> Option<&'a [u8]> {
+    env.iter().find_map(|e| {
+        e.to_bytes()
+            .strip_prefix(name.as_bytes())
+            .and_then(|r| r.strip_prefix(b"="))
+    })
+}
+
+/// Whether an `LD_PRELOAD` entry names a build of this library: by a
+/// build's file name, this library's, or that of a build's path in `env`.
+pub(super) fn is_ours(entry: &[u8], env: &[&CStr]) -> bool {
+    let mut known: Vec<&[u8]> = own_path().into_iter().collect();
+    known.extend(Variant::ALL.iter().filter_map(|v| var(env, v.env_var())));
+    smclo_loader::is_build(entry, &known)
+}
+
+fn is_file(p: &[u8]) -> bool {
+    !p.is_empty() && Path::new(OsStr::from_bytes(p)).is_file()
+}
+
+/// The path of build `v` (see the module docs).
+fn build_path(v: Variant, env: &[&CStr]) -> Option<Vec<u8>> {
+    if v == Variant::this_build() {
+        return own_path().map(<[u8]>::to_vec);
+    }
+    if let Some(p) = var(env, v.env_var()).filter(|p| is_file(p)) {
+        return Some(p.to_vec());
+    }
+    let own = Path::new(OsStr::from_bytes(own_path()?));
+    let sibling = own.with_file_name(v.file_name());
+    is_file(sibling.as_os_str().as_bytes()).then(|| sibling.as_os_str().as_bytes().to_vec())
+}
+
+/// The environment an exec passes instead of the program's.
+pub(super) struct ExecEnv {
+    /// Owns the strings `ptrs` points at.
+    _strings: Vec<CString>,
+    ptrs: Vec<*const c_char>,
+}
+
+impl ExecEnv {
+    pub(super) fn as_ptr(&self) -> *const *const c_char {
+        self.ptrs.as_ptr()
+    }
+}
+
+/// What an exec's `LD_PRELOAD` gets of smclo.
+enum Preload {
+    /// What it has.
+    AsIs,
+    /// This build of the library.
+    Names(Vec<u8>),
+    /// No build.
+    Drops,
+}
+
+/// What `LD_PRELOAD` gets for a program of `loader`.
+fn wanted(loader: Loader, env: &[&CStr]) -> Preload {
+    match Choice::for_loader(loader) {
+        Choice::Keep => Preload::AsIs,
+        Choice::Nothing => {
+            debug!("exec: the new program's loader can load no build of smclo (another C library, machine or ELF class); LD_PRELOAD drops smclo and the program runs without it");
+            Preload::Drops
+        }
+        Choice::Load(v) => build_path(v, env).map_or_else(
+            || {
+                debug!(
+                    "exec: the new program runs under {}'s loader and no build of smclo for it was found ({} or {} next to this library); LD_PRELOAD drops smclo and the program runs without it",
+                    v.libc_name(),
+                    v.env_var(),
+                    v.file_name()
+                );
+                Preload::Drops
+            },
+            Preload::Names,
+        ),
+    }
+}
+
+/// The environment for an exec of `program` with `envp` whose
+/// `LD_PRELOAD` names the build for the program's loader, or none of
+/// smclo's; `None` when `envp` is right as it is.
+pub(super) fn exec_env(program: &Program, envp: *const *const c_char) -> Option<ExecEnv> {
+    let Program::File(f) = program else {
+        return None;
+    };
+    let env = target::entries(envp);
+    let value = var(&env, "LD_PRELOAD")?;
+    // Only a program whose LD_PRELOAD names smclo is looked at.
+    if !smclo_loader::names_build(value, |e| is_ours(e, &env)) {
+        return None;
+    }
+    let lib = match wanted(Loader::of_file(f), &env) {
+        Preload::AsIs => return None,
+        Preload::Names(l) => Some(l),
+        Preload::Drops => None,
+    };
+    let new = smclo_loader::rewrite(value, |e| is_ours(e, &env), lib.as_deref())?;
+    if let Some(l) = &lib {
+        debug!(
+            "exec: the new program gets {} in LD_PRELOAD",
+            String::from_utf8_lossy(l)
+        );
+    }
+    let mut strings = Vec::new();
+    if !new.is_empty() {
+        strings.push(CString::new([LD_PRELOAD, &new].concat()).ok()?);
+    }
+    let mut ptrs: Vec<*const c_char> = env
+        .iter()
+        .filter(|e| !e.to_bytes().starts_with(LD_PRELOAD))
+        .map(|e| e.as_ptr())
+        .collect();
+    ptrs.extend(strings.iter().map(|s| s.as_ptr()));
+    ptrs.push(std::ptr::null());
+    Some(ExecEnv {
+        _strings: strings,
+        ptrs,
+    })
+}
