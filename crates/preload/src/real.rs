@@ -81,7 +81,7 @@ real! {
     fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
-    fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
+    fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_int;
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn dup(fd: c_int) -> c_int;

@@ -370,12 +370,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 }
 
 /// `SIOCOUTQ` (= `TIOCOUTQ`) and `SIOCATMARK` from <linux/sockios.h>.
-const SIOCOUTQ: c_ulong = 0x5411;
-const SIOCATMARK: c_ulong = 0x8905;
+const SIOCOUTQ: libc::Ioctl = 0x5411;
+const SIOCATMARK: libc::Ioctl = 0x8905;
 
 /// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
+/// The request is the C library's type (`unsigned long` in glibc, `int`
+/// in musl, whose callers leave the register's upper half undefined).
 #[no_mangle]
-pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_int {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::ioctl(fd, req, arg) };
@@ -600,13 +602,18 @@ pub unsafe extern "C" fn setsockopt(
     0
 }
 
+/// The 64-bit `timeval` spellings of the timeout options
+/// (<asm-generic/socket.h>; the libc crate names them for glibc only).
+const SO_RCVTIMEO_NEW: c_int = 66;
+const SO_SNDTIMEO_NEW: c_int = 67;
+
 /// Whether the option is a socket timeout, in either `timeval` layout
 /// (see [`F_TIMEO`]).
 fn timeout_option(level: c_int, name: c_int) -> bool {
     level == libc::SOL_SOCKET
         && matches!(
             name,
-            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | SO_RCVTIMEO_NEW | SO_SNDTIMEO_NEW
         )
 }
 
