@@ -7,9 +7,14 @@
 //!
 //! The other build is the one `smclo run` found (its path in the variable
 //! `Variant::env_var`), or the file of that build's name next to this one.
+//!
+//! The exec hooks (`hooks::process`) ask here for every exec; so do
+//! `posix_spawn` and `posix_spawnp`, which start a program without them
+//! (no connection goes along: every channel is close-on-exec).
 
 use super::target::{self, Program};
-use libc::c_char;
+use crate::real;
+use libc::{c_char, c_int, pid_t, posix_spawn_file_actions_t, posix_spawnattr_t};
 use smclo::debug;
 use smclo_loader::{Choice, Loader, Variant};
 use std::ffi::{CStr, CString, OsStr};
@@ -162,4 +167,49 @@ pub(super) fn exec_env(program: &Program, envp: *const *const c_char) -> Option<
         _strings: strings,
         ptrs,
     })
+}
+
+/// `envp` as the new program should get it (see [`exec_env`]), for a
+/// spawn function's type.
+fn spawn_env(
+    program: &Program,
+    envp: *const *mut c_char,
+    owned: &mut Option<ExecEnv>,
+) -> *const *mut c_char {
+    *owned = exec_env(program, envp.cast());
+    owned.as_ref().map_or(envp, |e| e.as_ptr().cast())
+}
+
+/// Interposed `posix_spawn(3)`: the program gets the build for its loader
+/// in `LD_PRELOAD`, or none.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut pid_t,
+    path: *const c_char,
+    acts: *const posix_spawn_file_actions_t,
+    attr: *const posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let mut owned = None;
+    let env = spawn_env(&target::open_path(path), envp, &mut owned);
+    // SAFETY: the caller's arguments, with the environment above.
+    unsafe { real::posix_spawn(pid, path, acts, attr, argv, env) }
+}
+
+/// Interposed `posix_spawnp(3)`: as [`posix_spawn`], `file` searched in
+/// `PATH`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut pid_t,
+    file: *const c_char,
+    acts: *const posix_spawn_file_actions_t,
+    attr: *const posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let mut owned = None;
+    let env = spawn_env(&target::open_file(file), envp, &mut owned);
+    // SAFETY: the caller's arguments, with the environment above.
+    unsafe { real::posix_spawnp(pid, file, acts, attr, argv, env) }
 }
