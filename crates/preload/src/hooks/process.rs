@@ -138,9 +138,9 @@ fn environ() -> *const *const c_char {
 /// Every exec form: the SMC-D connections go to the new program when it
 /// loads this library (`runs_preload`, and `LD_PRELOAD` in `envp`, the
 /// environment exec passes), with everything in flight (`hooks::adopt`);
-/// otherwise they fall back, unless there is no program file to run. `run` performs the exec with the environment
-/// it is given; if it returns, exec failed and the connections that went
-/// along stay here.
+/// otherwise they fall back, unless there is no program file to run. `run`
+/// performs the exec with the environment it is given; if it returns, exec
+/// failed and the connections that went along stay here.
 fn exec_with(
     runs_preload: impl FnOnce() -> Target,
     envp: *const *const c_char,
@@ -161,8 +161,8 @@ fn exec_with(
     put_back_marks();
     match target {
         Target::Missing => {}
-        Target::Plain => {
-            debug!("exec: the new program does not load LD_PRELOAD libraries (static, set-user-ID or unreadable); its SMC-D connections fall back");
+        Target::Plain(why) => {
+            debug!("exec: the new program will not load LD_PRELOAD libraries ({why}); its SMC-D connections fall back");
             fall_back(None);
             return run(envp);
         }
