@@ -139,8 +139,9 @@ fn environ() -> *const *const c_char {
 /// loads this library (`runs_preload`, and `LD_PRELOAD` in `envp`, the
 /// environment exec passes), with everything in flight (`hooks::adopt`);
 /// otherwise they fall back, unless there is no program file to run. `run`
-/// performs the exec with the environment it is given; if it returns, exec
-/// failed and the connections that went along stay here.
+/// performs the exec with the environment it is given, never with a
+/// `SMCLO_EXEC_CONNS` this image did not write; if it returns, exec failed
+/// and the connections that went along stay here.
 fn exec_with(
     runs_preload: impl FnOnce() -> Target,
     envp: *const *const c_char,
@@ -148,14 +149,15 @@ fn exec_with(
 ) -> c_int {
     // The new image could not finish a handshake.
     super::pending::settle_all();
+    let plain_env = adopt::PlainEnv::new(envp);
     if LIVE.load(Ordering::Relaxed) == 0 {
         forget_records();
-        return run(envp);
+        return run(plain_env.as_ptr());
     }
     let target = runs_preload();
     if target == Target::Missing {
         // The exec fails: everything stays as it is.
-        return run(envp);
+        return run(plain_env.as_ptr());
     }
     forget_records();
     put_back_marks();
@@ -164,12 +166,12 @@ fn exec_with(
         Target::Plain(why) => {
             debug!("exec: the new program will not load LD_PRELOAD libraries ({why}); its SMC-D connections fall back");
             fall_back(None);
-            return run(envp);
+            return run(plain_env.as_ptr());
         }
         Target::Preloads if !target::preload_in(envp) => {
             debug!("exec: LD_PRELOAD of the new program does not name smclo; its SMC-D connections fall back");
             fall_back(None);
-            return run(envp);
+            return run(plain_env.as_ptr());
         }
         Target::Preloads => {}
     }
@@ -179,9 +181,9 @@ fn exec_with(
     }
     let Some(h) = handoff else {
         fall_back(None);
-        return run(envp);
+        return run(plain_env.as_ptr());
     };
-    let env = h.envp(envp);
+    let env = h.envp(plain_env);
     let r = run(env.as_ptr());
     h.undo();
     r
