@@ -50,12 +50,24 @@ impl User {
             "/usr/sbin/nologin",
             &name,
         ];
-        let st = Command::new(require("useradd"))
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(st.success(), "useradd {name}");
-        User { name }
+        // The account files' lock may be held by a concurrent useradd for
+        // a moment.
+        let t0 = Instant::now();
+        loop {
+            let o = Command::new(require("useradd"))
+                .args(args)
+                .output()
+                .unwrap();
+            if o.status.success() {
+                return User { name };
+            }
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("lock") && t0.elapsed() < Duration::from_secs(20),
+                "useradd {name}: {err}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `uid:gid`, as inetd.c's INETD_USER and INETD_EUSER take it.
