@@ -8,12 +8,13 @@
 //! inheritable, the descriptors the program passes (no `FD_CLOEXEC` in its
 //! view) too, and all of it is described in [`VAR`], added to the
 //! environment the exec passes. Its value starts with [`Moves`], which
-//! every version reads the same way, then the layout of this version. Nothing is torn down: if exec fails the
-//! descriptors get `FD_CLOEXEC` back ([`Handoff::undo`]) and the
-//! connections go on in this image. A connection the program does not
-//! pass (all its descriptors close-on-exec in the program's view) ends
-//! before exec, as the kernel would close it at exec, unless another
-//! process of the family holds it.
+//! every version reads the same way, then the layout of this version.
+//! Nothing is torn down: if exec fails the descriptors get `FD_CLOEXEC`
+//! back ([`Handoff::undo`]) and the connections go on in this image. A
+//! connection the program does not pass (all its descriptors
+//! close-on-exec in the program's view) ends before exec, as the kernel
+//! would close it at exec, unless another process of the family holds
+//! it.
 //!
 //! At load ([`at_load`]): the new image removes [`VAR`] from its
 //! environment (its own children must not see it), maps the DMBs again,
