@@ -234,8 +234,9 @@ fn interpreter(rest: &[u8]) -> Option<&[u8]> {
         .find(|w| !w.is_empty())
 }
 
-/// This build's ELF machine (`e_machine`); `None`: not checked.
-const MACHINE: Option<u16> = if cfg!(target_arch = "x86_64") {
+/// The ELF machine (`e_machine`) this code is built for; elsewhere
+/// unknown: no program counts as this machine's.
+pub const MACHINE: Option<u16> = if cfg!(target_arch = "x86_64") {
     Some(62)
 } else if cfg!(target_arch = "aarch64") {
     Some(183)
@@ -297,7 +298,7 @@ impl Header {
     fn is_ours(&self) -> bool {
         self.class64 == cfg!(target_pointer_width = "64")
             && self.little == cfg!(target_endian = "little")
-            && MACHINE.is_none_or(|m| m == self.machine)
+            && MACHINE == Some(self.machine)
     }
 
     fn u16_at(&self, b: &[u8], o: usize) -> u16 {

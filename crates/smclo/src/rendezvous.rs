@@ -124,19 +124,21 @@ impl SlotState {
     }
 }
 
-/// The key of a slot: the client's source address, the mark of its SYN
-/// and the server's address and port. The client's port is not part of it
-/// (the kernel picks it only at `connect`, after the Proposal is
-/// published); the [`Mark`] stands in its place, typed so that neither can
-/// be read as the other. IPv4-mapped IPv6 addresses are made IPv4, so that
-/// a dual-stack server (which sees `::ffff:a.b.c.d`) and an IPv4 client
+/// The key of a slot: the client's source address, the DSCP of its SYN's
+/// mark and the server's address and port. The client's port is not part
+/// of it (the kernel picks it only at `connect`, after the Proposal is
+/// published), nor is the mark's TTL, which each routing hop on the way
+/// decrements: the server compares it with the Proposal's
+/// ([`Mark::fits`]). IPv4-mapped IPv6 addresses are made IPv4, so that a
+/// dual-stack server (which sees `::ffff:a.b.c.d`) and an IPv4 client
 /// build the same key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotKey {
     /// The client's source address.
     pub client: IpAddr,
-    /// The mark the client's SYN carries.
-    pub mark: Mark,
+    /// The DSCP of the client's SYN mark: it spreads one client's
+    /// proposals to one server over the table.
+    pub dscp: u8,
     /// The server's address and port.
     pub server: SocketAddr,
 }
@@ -145,11 +147,14 @@ impl std::fmt::Display for SlotKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (mark ttl {} dscp {}) -> {}",
-            self.client, self.mark.ttl, self.mark.dscp, self.server
+            "{} (mark dscp {}) -> {}",
+            self.client, self.dscp, self.server
         )
     }
 }
+
+/// The bits of an encoded key's last word that hold the DSCP.
+const KEY_DSCP_BITS: u64 = 0xff;
 
 impl SlotKey {
     /// A key from the client's source address and SYN mark and the
@@ -158,7 +163,7 @@ impl SlotKey {
     pub fn new(client: IpAddr, mark: Mark, server: SocketAddr) -> SlotKey {
         SlotKey {
             client: canonical_addr(SocketAddr::new(client, 0)).ip(),
-            mark,
+            dscp: mark.dscp,
             server: canonical_addr(server),
         }
     }
@@ -181,8 +186,10 @@ impl SlotKey {
         }
         let (c0, c1, cf) = half(self.client);
         let (s0, s1, sf) = half(self.server.ip());
-        let mark = (self.mark.ttl as u64) << 8 | self.mark.dscp as u64;
-        let meta = mark | (self.server.port() as u64) << 16 | cf << 32 | sf << 40;
+        let meta = self.dscp as u64 & KEY_DSCP_BITS
+            | (self.server.port() as u64) << 16
+            | cf << 32
+            | sf << 40;
         [c0, c1, s0, s1, meta]
     }
 
@@ -302,11 +309,14 @@ impl SlotEntry {
         self.head.publish(c, STATE_PROPOSED)
     }
 
-    fn key_matches(&self, k: &[u64; 5]) -> bool {
-        self.key
-            .iter()
-            .zip(k)
-            .all(|(a, b)| a.load(Ordering::Relaxed) == *b)
+    /// Whether the slot's key is `k`, compared on the bits of `mask` in
+    /// its last word (the others in full).
+    fn key_matches(&self, k: &[u64; 5], mask: u64) -> bool {
+        let last = k.len() - 1;
+        self.key.iter().zip(k).enumerate().all(|(i, (a, b))| {
+            let m = if i == last { mask } else { u64::MAX };
+            a.load(Ordering::Relaxed) & m == *b & m
+        })
     }
 }
 
@@ -378,18 +388,44 @@ impl Rendezvous {
         Rendezvous::scan(dev, key, |s| s.client_port() == Some(port))
     }
 
+    /// Server: the PROPOSED slots for a SYN from source port `port` whose
+    /// key is `key` but for the DSCP, up to the first whose client
+    /// published that port: where a mark may have been changed on the way
+    /// (its DSCP rewritten), the proposal to decline. Scans the whole
+    /// table, not one key's window: only for a SYN that looks marked yet
+    /// matched nothing.
+    pub fn find_any_dscp(dev: &Device, key: SlotKey, port: u16) -> Vec<SlotRef> {
+        let all = layout::RENDEZVOUS_ENTRIES as usize;
+        Rendezvous::scan_from(dev, key, !KEY_DSCP_BITS, 0, all, |s| {
+            s.client_port() == Some(port)
+        })
+    }
+
     /// The PROPOSED slots for `key` in probe order, up to the first for
     /// which `last` holds.
     fn scan(dev: &Device, key: SlotKey, last: impl Fn(&SlotRef) -> bool) -> Vec<SlotRef> {
+        Rendezvous::scan_from(dev, key, u64::MAX, key.home(), PROBE, last)
+    }
+
+    /// The PROPOSED slots whose key is `key` on the bits of `mask` (see
+    /// [`SlotEntry::key_matches`]) among `count` slots from `home` on, up to the
+    /// first for which `last` holds.
+    fn scan_from(
+        dev: &Device,
+        key: SlotKey,
+        mask: u64,
+        home: usize,
+        count: usize,
+        last: impl Fn(&SlotRef) -> bool,
+    ) -> Vec<SlotRef> {
         let k = key.encode();
-        let home = key.home();
         let mut out = Vec::new();
-        for p in 0..PROBE {
+        for p in 0..count {
             let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
             let s = slot(dev, i);
             let Some((w, true)) = s
                 .head
-                .read(|w| w.state() == STATE_PROPOSED, || s.key_matches(&k))
+                .read(|w| w.state() == STATE_PROPOSED, || s.key_matches(&k, mask))
             else {
                 continue;
             };

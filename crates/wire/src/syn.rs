@@ -24,14 +24,52 @@ impl Mark {
     /// plain client cannot match by accident.
     pub const DEFAULT_TTL: u8 = 64;
 
-    /// Derives a mark from random bits: TTL in 1..=255 but never 64 or 255,
-    /// any DSCP. About 14 bits of proof that a SYN is the proposer's.
+    /// The lowest TTL a mark uses. High, so that a marked SYN outlives any
+    /// routing path on one host, and far above a plain Linux client's.
+    pub const MIN_TTL: u8 = 128;
+
+    /// The highest TTL a mark uses (255 is left to programs that set it
+    /// themselves, e.g. for TTL security).
+    pub const MAX_TTL: u8 = 254;
+
+    /// Routing hops between the client and the server (network namespaces
+    /// joined through a forwarding namespace, as routed container networks
+    /// do) that a mark survives: each decrements the TTL by one.
+    pub const MAX_HOPS: u8 = 8;
+
+    /// Derives a mark from random bits: TTL in [`MIN_TTL`](Self::MIN_TTL)
+    /// ..= [`MAX_TTL`](Self::MAX_TTL), DSCP in 1..=63 (never a plain
+    /// client's 0, so that a mark whose TTL was rewritten on the way still
+    /// looks marked). With the hop window ([`fits`](Self::fits)), about 10
+    /// bits of proof that a SYN is the proposer's, beside its addresses and
+    /// port.
     pub fn from_random(r: u32) -> Mark {
-        // 253 usable TTL values: 1..=63 and 65..=254.
-        let t = (r % 253) as u8 + 1;
-        let ttl = if t >= Self::DEFAULT_TTL { t + 1 } else { t };
-        let dscp = ((r >> 8) & 0x3f) as u8;
+        let span = (Self::MAX_TTL - Self::MIN_TTL) as u32 + 1;
+        let ttl = Self::MIN_TTL + (r % span) as u8;
+        let dscp = ((r >> 8) % 63) as u8 + 1;
         Mark { ttl, dscp }
+    }
+
+    /// Whether a SYN that arrived with mark `seen` may have left with this
+    /// one: the same DSCP, and a TTL decremented by at most
+    /// [`MAX_HOPS`](Self::MAX_HOPS) routing hops.
+    pub fn fits(self, seen: Mark) -> bool {
+        seen.dscp == self.dscp && seen.ttl <= self.ttl && self.ttl - seen.ttl <= Self::MAX_HOPS
+    }
+
+    /// Whether a SYN that arrived with mark `seen` may carry a mark at all,
+    /// perhaps one changed on the way: a TTL a mark could have become
+    /// ([`ttl_looks_marked`](Self::ttl_looks_marked)), or a DSCP a plain
+    /// client does not set by default. A plain Linux SYN (TTL 64 less its
+    /// hops, DSCP 0) does not.
+    pub fn may_be_marked(seen: Mark) -> bool {
+        Self::ttl_looks_marked(seen.ttl) || seen.dscp != 0
+    }
+
+    /// Whether a SYN that arrived with TTL `ttl` may have left with a mark's
+    /// TTL (perhaps with its DSCP rewritten on the way).
+    pub fn ttl_looks_marked(ttl: u8) -> bool {
+        ttl >= Self::MIN_TTL - Self::MAX_HOPS
     }
 
     /// The byte to set with `IP_TOS` / `IPV6_TCLASS`.
@@ -242,8 +280,43 @@ mod tests {
     fn marks_avoid_plain_defaults() {
         for r in 0..100_000u32 {
             let m = Mark::from_random(r.wrapping_mul(2654435761));
-            assert!(m.ttl != 0 && m.ttl != 64 && m.ttl != 255, "{m:?}");
-            assert!(m.dscp < 64);
+            assert!(m.ttl >= Mark::MIN_TTL && m.ttl != 255, "{m:?}");
+            assert!(m.dscp > 0 && m.dscp < 64, "{m:?}");
         }
+    }
+
+    #[test]
+    fn a_mark_fits_after_routing_hops_only() {
+        let m = Mark { ttl: 200, dscp: 17 };
+        assert!(m.fits(m));
+        let hops = |h: u8| Mark {
+            ttl: 200 - h,
+            dscp: 17,
+        };
+        assert!(m.fits(hops(1)) && m.fits(hops(Mark::MAX_HOPS)));
+        assert!(!m.fits(hops(Mark::MAX_HOPS + 1)));
+        // A TTL that grew, or another DSCP, is not this mark.
+        assert!(!m.fits(Mark { ttl: 201, dscp: 17 }));
+        assert!(!m.fits(Mark { ttl: 200, dscp: 16 }));
+    }
+
+    #[test]
+    fn a_plain_syn_does_not_look_marked() {
+        // A Linux client's default, through any number of hops.
+        for ttl in 0..=Mark::DEFAULT_TTL {
+            assert!(!Mark::may_be_marked(Mark { ttl, dscp: 0 }));
+        }
+        for r in 0..10_000u32 {
+            let m = Mark::from_random(r.wrapping_mul(2654435761));
+            for h in 0..=Mark::MAX_HOPS {
+                let seen = Mark {
+                    ttl: m.ttl - h,
+                    dscp: m.dscp,
+                };
+                assert!(Mark::may_be_marked(seen), "{m:?} after {h} hops");
+            }
+        }
+        // A rewritten TTL with the DSCP left still looks marked.
+        assert!(Mark::may_be_marked(Mark { ttl: 64, dscp: 5 }));
     }
 }

@@ -8,7 +8,9 @@
  * environment that lacks it). INETD_EXEC=execveat or fexecve starts it with
  * that function instead of execv. With INETD_SERVE_ON_FAIL set, a failed exec
  * is not fatal: the child serves the connection itself as the filter would
- * (complemented bytes, then "inline N\n").
+ * (complemented bytes, then "inline N\n"). INETD_USER=UID:GID makes the
+ * child that user before the exec (real, effective and saved ids);
+ * INETD_EUSER=UID:GID sets only its effective ids.
  *
  * usage: inetd PORT COUNT PROGRAM [ARGS...] */
 #define _GNU_SOURCE
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +42,19 @@ static char **plain_env(void) {
 static void die(const char *what) {
     perror(what);
     exit(2);
+}
+
+/* The user and group of INETD_USER or INETD_EUSER, if set. */
+static void become(void) {
+    unsigned uid, gid;
+    const char *all = getenv("INETD_USER"), *eff = getenv("INETD_EUSER");
+    if (all && sscanf(all, "%u:%u", &uid, &gid) == 2) {
+        if (setgroups(0, NULL) || setresgid(gid, gid, gid) || setresuid(uid, uid, uid))
+            die("INETD_USER");
+    } else if (eff && sscanf(eff, "%u:%u", &uid, &gid) == 2) {
+        if (setegid(gid) || seteuid(uid))
+            die("INETD_EUSER");
+    }
 }
 
 /* The request line, byte by byte: nothing after it is consumed. */
@@ -104,6 +120,7 @@ int main(int argc, char **argv) {
             if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
                 die("dup2");
             close(c);
+            become();
             const char *how = getenv("INETD_EXEC");
             if (getenv("INETD_PLAIN"))
                 execve(argv[3], argv + 3, plain_env());

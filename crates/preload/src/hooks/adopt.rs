@@ -7,18 +7,22 @@
 //! back from [`smclo::vault`]), its channel and hidden TCP socket are made
 //! inheritable, the descriptors the program passes (no `FD_CLOEXEC` in its
 //! view) too, and all of it is described in [`VAR`], added to the
-//! environment the exec passes. Nothing is torn down: if exec fails the
-//! descriptors get `FD_CLOEXEC` back ([`Handoff::undo`]) and the
-//! connections go on in this image. A connection the program does not
-//! pass (all its descriptors close-on-exec in the program's view) ends
-//! before exec, as the kernel would close it at exec, unless another
-//! process of the family holds it.
+//! environment the exec passes. Its value starts with [`Moves`], which
+//! every version reads the same way, then the layout of this version.
+//! Nothing is torn down: if exec fails the descriptors get `FD_CLOEXEC`
+//! back ([`Handoff::undo`]) and the connections go on in this image. A
+//! connection the program does not pass (all its descriptors
+//! close-on-exec in the program's view) ends before exec, as the kernel
+//! would close it at exec, unless another process of the family holds
+//! it.
 //!
 //! At load ([`at_load`]): the new image removes [`VAR`] from its
 //! environment (its own children must not see it), maps the DMBs again,
 //! takes over the DMB table entries (same pid and start time), and fills
 //! its table. A connection it cannot adopt is reset at both ends, and its
-//! descriptors become the TCP socket (a debug line says why).
+//! descriptors become the TCP socket (a debug line says why). A value of
+//! another layout (another smclo version wrote it) is carried out by its
+//! [`Moves`] alone: the program's descriptors become the TCP sockets.
 
 use super::LIVE;
 use crate::holders;
@@ -35,8 +39,79 @@ use std::sync::Arc;
 
 /// The environment variable that carries the connections to the new image.
 const VAR: &str = "SMCLO_EXEC_CONNS";
-/// The version of its layout, first in its value.
-const FORMAT: &str = "1";
+/// The version of the layout after [`Moves`] in its value.
+const FORMAT: &str = "2";
+
+/// The start of [`VAR`]'s value, the same in every version, up to the
+/// first space: comma-separated `N=M`, the program's descriptor `N` gets
+/// (a duplicate of) descriptor `M`, a connection's TCP socket; and `N=`,
+/// descriptor `N` is smclo's own. A reader that does not know the layout
+/// after the space does every `N=M` (`dup2`), then closes every `M` and
+/// every `N=` that is not the `N` of a move: the program has its TCP
+/// connections at its numbers, as when the new program does not load the
+/// preload, and the peer sees its SMC-D connection end without a close
+/// (a reset).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Moves(Vec<(RawFd, Option<RawFd>)>);
+
+impl Moves {
+    fn encode(&self) -> String {
+        let one = |(n, m): &(RawFd, Option<RawFd>)| match m {
+            Some(m) => format!("{n}={m}"),
+            None => format!("{n}="),
+        };
+        self.0.iter().map(one).collect::<Vec<_>>().join(",")
+    }
+
+    fn decode(s: &str) -> Option<Moves> {
+        let one = |x: &str| {
+            let (n, m) = x.split_once('=')?;
+            let m = if m.is_empty() {
+                None
+            } else {
+                Some(m.parse().ok()?)
+            };
+            Some((n.parse().ok()?, m))
+        };
+        let v: Option<Vec<_>> = s.split(',').filter(|x| !x.is_empty()).map(one).collect();
+        v.filter(|v| v.iter().all(|&(n, m)| n >= 0 && m.is_none_or(|m| m >= 0)))
+            .map(Moves)
+    }
+
+    /// The moves of connection `p`: its descriptors get its TCP socket;
+    /// its channel (where not one of them) and memfds are smclo's.
+    fn add(&mut self, p: &Passed) {
+        self.0.extend(p.fds.iter().map(|&fd| (fd, Some(p.tcp))));
+        let own = [p.chan].into_iter().filter(|c| !p.fds.contains(c));
+        self.0
+            .extend(own.chain([p.local, p.peer]).map(|fd| (fd, None)));
+    }
+
+    /// Carries them out (see [`Moves`]).
+    fn apply(&self) {
+        for &(n, m) in &self.0 {
+            if let Some(m) = m {
+                // SAFETY: replaces the program's descriptor with the TCP
+                // socket passed for it.
+                unsafe { real::dup3(m, n, 0) };
+            }
+        }
+        let kept: Vec<RawFd> = self
+            .0
+            .iter()
+            .filter(|(_, m)| m.is_some())
+            .map(|&(n, _)| n)
+            .collect();
+        let mut closed = Vec::new();
+        for fd in self.0.iter().map(|&(n, m)| m.unwrap_or(n)) {
+            if !kept.contains(&fd) && !closed.contains(&fd) {
+                closed.push(fd);
+                // SAFETY: a descriptor passed to this image for smclo.
+                unsafe { real::close(fd) };
+            }
+        }
+    }
+}
 
 /// One connection as the new image receives it.
 struct Passed {
@@ -173,16 +248,10 @@ impl Handoff {
         Some(n)
     }
 
-    /// The environment for exec: `envp` without an old [`VAR`], plus ours.
-    pub(super) fn envp(&self, envp: *const *const c_char) -> Vec<*const c_char> {
-        let prefix = format!("{VAR}=");
-        let mut v: Vec<*const c_char> = super::target::entries(envp)
-            .into_iter()
-            .filter(|e| !e.to_bytes().starts_with(prefix.as_bytes()))
-            .map(|e| e.as_ptr())
-            .collect();
-        v.push(self.var.as_ptr());
-        v.push(std::ptr::null());
+    /// The environment for exec: `plain` plus ours.
+    pub(super) fn envp(&self, plain: PlainEnv) -> Vec<*const c_char> {
+        let mut v = plain.into_vec();
+        v.insert(v.len() - 1, self.var.as_ptr());
         v
     }
 
@@ -193,6 +262,72 @@ impl Handoff {
         }
         debug!("exec failed; the SMC-D connections stay with this program");
     }
+}
+
+/// The environment an exec passes: `envp` (NULL-terminated; NULL: none)
+/// without [`VAR`]. Only the image that wrote the variable may pass it,
+/// since a new image takes its numbers for its own descriptors. Without
+/// one in `envp` (the common case) nothing is allocated: exec may follow
+/// `fork` in a multithreaded program.
+pub(super) struct PlainEnv {
+    envp: *const *const c_char,
+    /// The entries but [`VAR`], NULL-terminated, where `envp` has it.
+    copy: Option<Vec<*const c_char>>,
+}
+
+/// Whether the environment entry `e` is [`VAR`]'s.
+fn is_var(e: &[u8]) -> bool {
+    e.strip_prefix(VAR.as_bytes())
+        .is_some_and(|r| r.first() == Some(&b'='))
+}
+
+impl PlainEnv {
+    pub(super) fn new(envp: *const *const c_char) -> PlainEnv {
+        let entries = || super::target::entries(envp).into_iter();
+        let copy = has_var(envp).then(|| {
+            let mut v: Vec<_> = entries()
+                .filter(|e| !is_var(e.to_bytes()))
+                .map(|e| e.as_ptr())
+                .collect();
+            v.push(std::ptr::null());
+            v
+        });
+        PlainEnv { envp, copy }
+    }
+
+    pub(super) fn as_ptr(&self) -> *const *const c_char {
+        self.copy.as_ref().map_or(self.envp, |v| v.as_ptr())
+    }
+
+    /// The entries, NULL-terminated.
+    fn into_vec(self) -> Vec<*const c_char> {
+        self.copy.unwrap_or_else(|| {
+            let mut v: Vec<_> = super::target::entries(self.envp)
+                .into_iter()
+                .map(|e| e.as_ptr())
+                .collect();
+            v.push(std::ptr::null());
+            v
+        })
+    }
+}
+
+/// Whether `envp` has a [`VAR`] entry (no allocation).
+fn has_var(envp: *const *const c_char) -> bool {
+    if envp.is_null() {
+        return false;
+    }
+    (0..)
+        .map(|i| {
+            // SAFETY: envp is a NULL-terminated vector of C strings (exec's
+            // contract), read up to its NULL.
+            unsafe { *envp.add(i) }
+        })
+        .take_while(|p| !p.is_null())
+        .any(|p| {
+            // SAFETY: each entry is a NUL-terminated string.
+            is_var(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+        })
 }
 
 /// Connections that do not go along: the program does not pass them, or
@@ -215,6 +350,7 @@ pub(super) fn prepare() -> (Option<Handoff>, Refused) {
         made: Vec::new(),
     };
     let mut entries = Vec::new();
+    let mut moves = Moves::default();
     let mut refused = Vec::new();
     let mut seen: Vec<*const Sock> = Vec::new();
     for (_, s) in &all {
@@ -235,7 +371,10 @@ pub(super) fn prepare() -> (Option<Handoff>, Refused) {
             continue;
         }
         match pass(&mut h, s, &fds) {
-            Ok(p) => entries.push(p.encode()),
+            Ok(p) => {
+                moves.add(&p);
+                entries.push(p.encode());
+            }
             Err(why) => {
                 debug!(
                     "exec: SMC-D connection (channel fd {}) cannot follow: {why}",
@@ -247,7 +386,11 @@ pub(super) fn prepare() -> (Option<Handoff>, Refused) {
     }
     drop(g);
     let dir = hex(ctx.dev.dir().as_os_str().as_encoded_bytes());
-    let var = format!("{VAR}={FORMAT}:{dir}:{}", entries.join(";"));
+    let var = format!(
+        "{VAR}={} {FORMAT}:{dir}:{}",
+        moves.encode(),
+        entries.join(";")
+    );
     h.var = CString::new(var).expect("no NUL in numbers and hex");
     debug!(
         "exec: {} SMC-D connection(s) go to the new program",
@@ -309,15 +452,15 @@ pub(crate) fn at_load() {
     // Only this image adopts them; its own children must not try.
     std::env::remove_var(VAR);
     let v = v.to_string_lossy().into_owned();
-    let Some((dir, list)) = v
-        .strip_prefix(FORMAT)
-        .and_then(|v| v.strip_prefix(':'))
-        .and_then(|v| v.split_once(':'))
-    else {
-        debug!("exec: {VAR} is not of this smclo version; the passed connections are not adopted");
+    let Some(moves) = moves_of(&v) else {
+        debug!("exec: {VAR} is unreadable; nothing passed is adopted or moved");
         return;
     };
-    let passed: Vec<Passed> = list.split(';').filter_map(Passed::decode).collect();
+    let Some((dir, passed)) = v.split_once(' ').and_then(|(_, rest)| this_layout(rest)) else {
+        debug!("exec: {VAR} is not in this smclo version's layout; the passed connections fall back, their descriptors get the TCP sockets");
+        moves.apply();
+        return;
+    };
     let dev = match unhex(dir).map(|d| {
         // SAFETY: bytes that were an OsStr's encoded bytes in the image
         // before exec, on this same platform.
@@ -339,6 +482,33 @@ pub(crate) fn at_load() {
             reset(&p, &why, consumed);
         }
     }
+}
+
+/// The layout before [`Moves`]: the same connections as now, without them.
+const FORMAT_1: &str = "1:";
+
+/// The [`Moves`] of a value of [`VAR`]: its start, or, in layout 1, made
+/// from its connections.
+fn moves_of(v: &str) -> Option<Moves> {
+    let Some(list) = v.strip_prefix(FORMAT_1) else {
+        return Moves::decode(v.split_once(' ')?.0);
+    };
+    let mut moves = Moves::default();
+    for p in list.split_once(':')?.1.split(';').filter(|e| !e.is_empty()) {
+        moves.add(&Passed::decode(p)?);
+    }
+    Some(moves)
+}
+
+/// The device directory (hex) and the connections of a value's rest in
+/// this version's layout; None for another layout.
+fn this_layout(rest: &str) -> Option<(&str, Vec<Passed>)> {
+    let (dir, list) = rest
+        .strip_prefix(FORMAT)?
+        .strip_prefix(':')?
+        .split_once(':')?;
+    let passed = list.split(';').filter(|e| !e.is_empty());
+    Some((dir, passed.map(Passed::decode).collect::<Option<_>>()?))
 }
 
 /// Adopts one passed connection into the table. It owns the memfds and
@@ -431,5 +601,63 @@ fn reset(p: &Passed, why: &str, consumed: bool) {
             // SAFETY: a descriptor passed to this image for the connection.
             unsafe { real::close(fd) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn passed(fds: Vec<RawFd>, chan: RawFd) -> Passed {
+        let st = ExecState::default();
+        Passed {
+            fds,
+            chan,
+            tcp: 1001,
+            local: 1002,
+            peer: 1003,
+            shut_rd: false,
+            linger0: false,
+            holders: vec![7],
+            st,
+        }
+    }
+
+    #[test]
+    fn moves_name_the_tcp_socket_for_each_descriptor_and_smclos_own() {
+        let mut m = Moves::default();
+        m.add(&passed(vec![0, 1], 1000));
+        m.add(&passed(vec![5], 5));
+        let s = m.encode();
+        assert_eq!(s, "0=1001,1=1001,1000=,1002=,1003=,5=1001,1002=,1003=");
+        assert_eq!(Moves::decode(&s), Some(m));
+        assert_eq!(Moves::decode(""), Some(Moves::default()));
+        for bad in ["0", "x=1", "0=y", "-1=3", "0=-3"] {
+            assert_eq!(Moves::decode(bad), None, "{bad}");
+        }
+    }
+
+    /// Whatever follows the moves, a reader finds them; the layout before
+    /// them (1) gives them from its connections.
+    #[test]
+    fn moves_are_read_from_every_layout() {
+        let p = passed(vec![0, 1], 1000);
+        let mut one = Moves::default();
+        one.add(&p);
+        let any = format!("{} 99:whatever;comes:next", one.encode());
+        assert_eq!(moves_of(&any).as_ref(), Some(&one));
+        assert!(this_layout("99:whatever").is_none());
+        let v1 = format!("1:2f746d70:{};{}", p.encode(), p.encode());
+        let mut twice = Moves::default();
+        twice.add(&p);
+        twice.add(&p);
+        assert_eq!(moves_of(&v1), Some(twice));
+        let ours = format!("{FORMAT}:2f746d70:{}", p.encode());
+        let (dir, got) = this_layout(&ours).unwrap();
+        assert_eq!(
+            (dir, got.len(), &got[0].fds[..]),
+            ("2f746d70", 1, &[0, 1][..])
+        );
+        assert!(moves_of("no moves here").is_none());
     }
 }

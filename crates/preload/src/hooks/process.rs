@@ -139,10 +139,10 @@ fn environ() -> *const *const c_char {
 /// new program's loader, or none (`hooks::variant`); the SMC-D connections
 /// go to the new program when it loads a build (`runs_preload`, and
 /// `LD_PRELOAD` in `envp`, the environment exec passes), with everything
-/// in flight (`hooks::adopt`);
-/// otherwise they fall back, unless there is no program file to run. `run` performs the exec with the environment
-/// it is given; if it returns, exec failed and the connections that went
-/// along stay here.
+/// in flight (`hooks::adopt`); otherwise they fall back, unless there is
+/// no program file to run. `run` performs the exec with the environment it
+/// is given, never with a `SMCLO_EXEC_CONNS` this image did not write; if
+/// it returns, exec failed and the connections that went along stay here.
 fn exec_with(
     program: impl FnOnce() -> Program,
     envp: *const *const c_char,
@@ -153,28 +153,29 @@ fn exec_with(
     let program = program();
     let env = variant::exec_env(&program, envp);
     let envp = env.as_ref().map_or(envp, |e| e.as_ptr());
+    let plain_env = adopt::PlainEnv::new(envp);
     if LIVE.load(Ordering::Relaxed) == 0 {
         forget_records();
-        return run(envp);
+        return run(plain_env.as_ptr());
     }
     let target = target::runs_preload(&program);
     if target == Target::Missing {
         // The exec fails: everything stays as it is.
-        return run(envp);
+        return run(plain_env.as_ptr());
     }
     forget_records();
     put_back_marks();
     match target {
         Target::Missing => {}
-        Target::Plain => {
-            debug!("exec: the new program does not load LD_PRELOAD libraries (static, set-user-ID or unreadable); its SMC-D connections fall back");
+        Target::Plain(why) => {
+            debug!("exec: the new program will not load LD_PRELOAD libraries ({why}); its SMC-D connections fall back");
             fall_back(None);
-            return run(envp);
+            return run(plain_env.as_ptr());
         }
         Target::Preloads if !target::preload_in(envp) => {
             debug!("exec: LD_PRELOAD of the new program does not name smclo; its SMC-D connections fall back");
             fall_back(None);
-            return run(envp);
+            return run(plain_env.as_ptr());
         }
         Target::Preloads => {}
     }
@@ -184,9 +185,9 @@ fn exec_with(
     }
     let Some(h) = handoff else {
         fall_back(None);
-        return run(envp);
+        return run(plain_env.as_ptr());
     };
-    let env = h.envp(envp);
+    let env = h.envp(plain_env);
     let r = run(env.as_ptr());
     h.undo();
     r

@@ -1,18 +1,22 @@
 //! Whether the program an exec starts will load this library: only then
 //! can it adopt the process's SMC-D connections (`hooks::adopt`). It will
 //! when the environment passed to the exec has `LD_PRELOAD` naming a build
-//! of this library (`hooks::variant`), the file is a dynamically linked ELF program (`PT_INTERP`), or
-//! a script whose interpreter is one, and the exec is not a secure one
-//! (set-user-ID or set-group-ID, where the loader ignores `LD_PRELOAD`).
-//! Anything unsure counts as "no": the connection then falls back cleanly
-//! instead of reaching a program that would read doorbell bytes as data.
-//! A program file that does not exist is told apart: that exec fails, and
-//! the connections must stay as they are.
+//! of this library (`hooks::variant`), the file is a dynamically linked
+//! ELF program (`PT_INTERP`) of this library's machine, or a script whose
+//! interpreter is one, and the kernel will not run it in secure mode
+//! (`AT_SECURE`, where the loader ignores `LD_PRELOAD` paths): see
+//! [`new_image`], the one judgement every exec form makes. Anything unsure
+//! counts as "no": the connection then falls back cleanly instead of
+//! reaching a program that would read doorbell bytes as data. A program
+//! file that does not exist is told apart: that exec fails, and the
+//! connections must stay as they are.
 
 use libc::c_char;
+use smclo_loader::MACHINE;
 use std::ffi::{CStr, OsStr};
+use std::fmt;
 use std::fs::File;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -23,16 +27,51 @@ pub(super) enum Target {
     /// It will load this library (given `LD_PRELOAD`).
     Preloads,
     /// It will not, or that cannot be told.
-    Plain,
+    Plain(NoPreload),
     /// There is no such file: the exec will fail.
     Missing,
 }
 
-fn target(loads: bool) -> Target {
-    if loads {
-        Target::Preloads
-    } else {
-        Target::Plain
+/// Why the new image will not load this library (or may not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NoPreload {
+    /// The file (or a script's interpreter) cannot be opened or read.
+    Unreadable,
+    /// Not an ELF program of this library's class and byte order, nor a
+    /// script.
+    NotElf,
+    /// An ELF program of another machine (`e_machine`): binfmt_misc runs
+    /// it through an emulator, which does not load this library.
+    ForeignMachine,
+    /// No `PT_INTERP`: linked statically.
+    Static,
+    /// Scripts nested deeper than the kernel follows.
+    TooDeep,
+    /// Secure mode: a set-user-ID or set-group-ID file.
+    SetId,
+    /// Secure mode: the file has capabilities (`security.capability`) and
+    /// the real user is not root.
+    FileCaps,
+    /// Secure mode: the caller's real and effective user or group differ.
+    IdsDiffer,
+    /// Secure mode may follow: a security module's exec transition was
+    /// asked for (`/proc/self/attr/exec`).
+    LsmExec,
+}
+
+impl fmt::Display for NoPreload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NoPreload::Unreadable => "its file cannot be read",
+            NoPreload::NotElf => "not an ELF program of this library's class and byte order",
+            NoPreload::ForeignMachine => "an ELF program of another machine",
+            NoPreload::Static => "linked statically",
+            NoPreload::TooDeep => "scripts nested too deep",
+            NoPreload::SetId => "set-user-ID or set-group-ID: secure mode",
+            NoPreload::FileCaps => "file capabilities: secure mode",
+            NoPreload::IdsDiffer => "real and effective user or group differ: secure mode",
+            NoPreload::LsmExec => "a security module's exec transition is set",
+        })
     }
 }
 
@@ -71,21 +110,97 @@ pub(super) fn preload_in(envp: *const *const c_char) -> bool {
 /// stops at 4 levels too.
 const MAX_DEPTH: usize = 4;
 
-/// Whether the program in `f` loads `LD_PRELOAD` libraries.
-fn loads_preload(f: &File, depth: usize) -> bool {
-    let Ok(md) = f.metadata() else { return false };
+/// Whether the image an exec of the program in `f` starts will load
+/// `LD_PRELOAD` libraries: the process's credentials ([`secure_caller`]),
+/// then the file and, for a script, its interpreter ([`loads_preload`]).
+pub(super) fn new_image(f: &File) -> Target {
+    match secure_caller().and_then(|()| loads_preload(f, 0)) {
+        Ok(()) => Target::Preloads,
+        Err(why) => Target::Plain(why),
+    }
+}
+
+/// What makes the kernel run any program this process execs in secure
+/// mode: its real and effective user or group differ (the kernel compares
+/// the new effective ids with the real ones), or a security module's exec
+/// transition was asked for (an SELinux exec context, an AppArmor
+/// `change_onexec`: transitions the policy makes on its own cannot be
+/// seen from here).
+fn secure_caller() -> Result<(), NoPreload> {
+    let (u, g) = (
+        real_and_effective(libc::getresuid),
+        real_and_effective(libc::getresgid),
+    );
+    if u.is_none_or(|(r, e)| r != e) || g.is_none_or(|(r, e)| r != e) {
+        return Err(NoPreload::IdsDiffer);
+    }
+    // Empty where no module keeps one (or none is set).
+    match std::fs::read("/proc/self/attr/exec") {
+        Ok(v) if v.iter().any(|&b| b != 0 && !b.is_ascii_whitespace()) => Err(NoPreload::LsmExec),
+        _ => Ok(()),
+    }
+}
+
+/// The real and effective id of `getres` (`getresuid` or `getresgid`).
+fn real_and_effective<T: Copy + Default>(
+    getres: unsafe extern "C" fn(*mut T, *mut T, *mut T) -> libc::c_int,
+) -> Option<(T, T)> {
+    let (mut r, mut e, mut s) = (T::default(), T::default(), T::default());
+    // SAFETY: the three pointers are to locals of the right type.
+    (unsafe { getres(&mut r, &mut e, &mut s) } == 0).then_some((r, e))
+}
+
+/// Whether the program in `f` loads `LD_PRELOAD` libraries when this
+/// process execs it.
+fn loads_preload(f: &File, depth: usize) -> Result<(), NoPreload> {
+    let md = f.metadata().map_err(|_| NoPreload::Unreadable)?;
+    // Conservative: the kernel goes secure only when the ids change.
     if md.permissions().mode() & (libc::S_ISUID | libc::S_ISGID) != 0 {
-        return false;
+        return Err(NoPreload::SetId);
+    }
+    if has_caps(f) && !real_root() {
+        return Err(NoPreload::FileCaps);
     }
     let mut head = [0u8; 4096];
-    let Ok(n) = f.read_at(&mut head, 0) else {
-        return false;
-    };
+    let n = f.read_at(&mut head, 0).map_err(|_| NoPreload::Unreadable)?;
     let head = &head[..n];
     if let Some(rest) = head.strip_prefix(b"#!") {
-        return depth < MAX_DEPTH && interpreter(rest).is_some_and(|p| path_loads(&p, depth + 1));
+        if depth >= MAX_DEPTH {
+            return Err(NoPreload::TooDeep);
+        }
+        let p = interpreter(rest).ok_or(NoPreload::NotElf)?;
+        return path_loads(&p, depth + 1);
     }
-    has_interp(f, head)
+    native_elf(head)?;
+    if has_interp(f, head) {
+        Ok(())
+    } else {
+        Err(NoPreload::Static)
+    }
+}
+
+/// Whether `f` has file capabilities, or may have (unsure counts as yes).
+fn has_caps(f: &File) -> bool {
+    // SAFETY: a size query (no buffer) on a descriptor the File owns.
+    let n = unsafe {
+        libc::fgetxattr(
+            f.as_raw_fd(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    n >= 0
+        || !matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODATA | libc::ENOTSUP)
+        )
+}
+
+/// Whether the real user is root (of this user namespace): its execs of
+/// programs with file capabilities are not in secure mode.
+fn real_root() -> bool {
+    real_and_effective(libc::getresuid).is_some_and(|(r, _)| r == 0)
 }
 
 /// The interpreter named on a `#!` line.
@@ -97,8 +212,9 @@ fn interpreter(rest: &[u8]) -> Option<PathBuf> {
     Some(PathBuf::from(OsStr::from_bytes(word)))
 }
 
-fn path_loads(p: &Path, depth: usize) -> bool {
-    File::open(p).is_ok_and(|f| loads_preload(&f, depth))
+fn path_loads(p: &Path, depth: usize) -> Result<(), NoPreload> {
+    let f = File::open(p).map_err(|_| NoPreload::Unreadable)?;
+    loads_preload(&f, depth)
 }
 
 /// An exec's program file, found as the exec will find it.
@@ -114,9 +230,9 @@ pub(super) enum Program {
 /// What the exec's program is.
 pub(super) fn runs_preload(p: &Program) -> Target {
     match p {
-        Program::File(f) => target(loads_preload(f, 0)),
+        Program::File(f) => new_image(f),
         Program::Missing => Target::Missing,
-        Program::Unreadable => Target::Plain,
+        Program::Unreadable => Target::Plain(NoPreload::Unreadable),
     }
 }
 
@@ -136,13 +252,27 @@ fn missing_or_unreadable(e: &std::io::Error) -> Program {
     }
 }
 
+/// Whether the file that starts with `head` is a 64-bit little-endian ELF
+/// file (the only kind [`has_interp`] reads) of [`MACHINE`].
+fn native_elf(head: &[u8]) -> Result<(), NoPreload> {
+    const ELFCLASS64: u8 = 2;
+    const ELFDATA2LSB: u8 = 1;
+    if head.len() < 64 || &head[..4] != b"\x7fELF" {
+        return Err(NoPreload::NotElf);
+    }
+    if head[4] != ELFCLASS64 || head[5] != ELFDATA2LSB || cfg!(not(target_endian = "little")) {
+        return Err(NoPreload::NotElf);
+    }
+    match MACHINE {
+        Some(m) if u16::from_le_bytes([head[18], head[19]]) == m => Ok(()),
+        _ => Err(NoPreload::ForeignMachine),
+    }
+}
+
 /// Whether the 64-bit little-endian ELF file `f` (first bytes `head`) has
 /// a `PT_INTERP` program header: it is linked dynamically.
 fn has_interp(f: &File, head: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
-    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
-        return false;
-    }
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
     let phoff = u64::from_le_bytes(head[32..40].try_into().expect("8 bytes"));
     let (phentsize, phnum) = (u16_at(head, 54), u16_at(head, 56));
@@ -217,4 +347,87 @@ pub(super) fn open_fd(fd: RawFd) -> Program {
     }
     // SAFETY: `dup` is ours.
     Program::File(unsafe { File::from_raw_fd(dup) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64-bit little-endian ELF header of `machine` with one program
+    /// header of type `ty`, in a file of its own (removed on drop).
+    struct Crafted(PathBuf);
+
+    impl Crafted {
+        fn new(tag: &str, class: u8, machine: u16, ty: u32) -> Crafted {
+            let mut b = vec![0u8; 64 + 56];
+            b[..4].copy_from_slice(b"\x7fELF");
+            (b[4], b[5], b[6]) = (class, 1, 1);
+            b[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+            b[18..20].copy_from_slice(&machine.to_le_bytes());
+            b[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+            b[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+            b[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+            b[64..68].copy_from_slice(&ty.to_le_bytes());
+            Crafted::write(tag, &b)
+        }
+
+        fn write(tag: &str, b: &[u8]) -> Crafted {
+            let p = std::env::temp_dir().join(format!("smclo-target-{tag}-{}", std::process::id()));
+            std::fs::write(&p, b).unwrap();
+            Crafted(p)
+        }
+
+        fn judged(&self) -> Result<(), NoPreload> {
+            loads_preload(&File::open(&self.0).unwrap(), 0)
+        }
+    }
+
+    impl Drop for Crafted {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    const PT_LOAD: u32 = 1;
+    const PT_INTERP: u32 = 3;
+
+    /// A machine that is not this library's.
+    fn foreign() -> u16 {
+        const EM_RISCV: u16 = 243;
+        const EM_AARCH64: u16 = 183;
+        if MACHINE == Some(EM_AARCH64) {
+            EM_RISCV
+        } else {
+            EM_AARCH64
+        }
+    }
+
+    #[test]
+    fn elf_machine_class_and_interp_are_judged() {
+        let Some(m) = MACHINE else {
+            return;
+        };
+        let native = Crafted::new("native", 2, m, PT_INTERP);
+        assert_eq!(native.judged(), Ok(()));
+        let other = Crafted::new("foreign", 2, foreign(), PT_INTERP);
+        assert_eq!(other.judged(), Err(NoPreload::ForeignMachine));
+        let x32 = Crafted::new("class32", 1, m, PT_INTERP);
+        assert_eq!(x32.judged(), Err(NoPreload::NotElf));
+        let fixed = Crafted::new("static", 2, m, PT_LOAD);
+        assert_eq!(fixed.judged(), Err(NoPreload::Static));
+    }
+
+    #[test]
+    fn a_script_is_judged_by_its_interpreter() {
+        let Some(m) = MACHINE else {
+            return;
+        };
+        let native = Crafted::new("interp-native", 2, m, PT_INTERP);
+        let other = Crafted::new("interp-foreign", 2, foreign(), PT_INTERP);
+        let line = |c: &Crafted| format!("#!{} -x\necho\n", c.0.display());
+        let on_native = Crafted::write("script-native", line(&native).as_bytes());
+        let on_other = Crafted::write("script-foreign", line(&other).as_bytes());
+        assert_eq!(on_native.judged(), Ok(()));
+        assert_eq!(on_other.judged(), Err(NoPreload::ForeignMachine));
+    }
 }

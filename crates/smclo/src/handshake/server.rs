@@ -81,7 +81,7 @@ pub struct ServerHandshake {
 enum Stage {
     /// Proposals for the SYN's addresses and mark whose client has not
     /// published its source port yet.
-    Matching(Vec<(SlotRef, Proposal)>),
+    Matching(Vec<Candidate>),
     /// Connected to the client's rendezvous socket: waiting for its DMB.
     Answering(Box<Answering>),
     /// TCP, decided at once (no proposal, no saved SYN, ...), not yet
@@ -98,6 +98,15 @@ struct Answering {
     chan: UnixStream,
     /// `dmb` is the one the client keeps a mapping of: it is not passed.
     reused: bool,
+}
+
+/// A proposal that may be this connection's, while its client's port is
+/// not known yet.
+struct Candidate {
+    slot: SlotRef,
+    proposal: Proposal,
+    /// Its mark fits the SYN's ([`Mark::fits`]).
+    fits: bool,
 }
 
 impl ServerHandshake {
@@ -129,7 +138,7 @@ impl ServerHandshake {
 
     /// The proposals with the SYN's addresses and mark, or the decision
     /// when there can be none.
-    fn candidates(&mut self) -> Result<Vec<(SlotRef, Proposal)>, Reason> {
+    fn candidates(&mut self) -> Result<Vec<Candidate>, Reason> {
         let syn = match tcp_syn::saved_syn(self.conn_fd) {
             Ok(Some(Ok(s))) => s,
             Ok(Some(Err(e))) => {
@@ -148,8 +157,27 @@ impl ServerHandshake {
         // Proposals for this 4-tuple; more than one only when clients in
         // other network namespaces use the same addresses. The mark picks
         // ours.
+        let found = Rendezvous::find_for_syn(&self.dev, key, self.syn_port);
+        let mut out = self.judge(found, syn.mark)?;
+        if out.is_empty() && Mark::ttl_looks_marked(syn.mark.ttl) {
+            // A marked SYN whose DSCP may have been rewritten on the way:
+            // find its client to decline at once.
+            let found = Rendezvous::find_any_dscp(&self.dev, key, self.syn_port);
+            out = self.judge(found, syn.mark)?;
+        }
+        if out.is_empty() {
+            return Err(self.unmatched());
+        }
+        Ok(out)
+    }
+
+    /// The proposals among `found` that may be this connection's: those
+    /// whose mark fits the SYN's `seen`, and, when `seen` looks marked at
+    /// all, those it does not fit, which are declined if they turn out to
+    /// be ours (a mark changed on the way).
+    fn judge(&mut self, found: Vec<SlotRef>, seen: Mark) -> Result<Vec<Candidate>, Reason> {
         let mut out = Vec::new();
-        for slot in Rendezvous::find_for_syn(&self.dev, key, self.syn_port) {
+        for slot in found {
             let Some(bytes) = slot.proposal() else {
                 continue; // withdrawn meanwhile
             };
@@ -167,16 +195,14 @@ impl ServerHandshake {
                 ttl: proposal.mark_ttl,
                 dscp: proposal.mark_tos >> 2,
             };
-            if syn.mark == mark {
-                out.push((slot, proposal));
-            } else {
-                // Someone else's connection with the same 4-tuple: not
-                // ours to answer; its own server will.
-                self.mismatched = true;
+            let fits = mark.fits(seen);
+            if fits || Mark::may_be_marked(seen) {
+                out.push(Candidate {
+                    slot,
+                    proposal,
+                    fits,
+                });
             }
-        }
-        if out.is_empty() {
-            return Err(self.unmatched());
         }
         Ok(out)
     }
@@ -228,7 +254,7 @@ impl ServerHandshake {
     /// (see [`wait_readable`]).
     fn hint(&self) -> bool {
         match &self.stage {
-            Stage::Matching(c) => c.iter().any(|(s, _)| s.client_port().is_some()),
+            Stage::Matching(c) => c.iter().any(|c| c.slot.client_port().is_some()),
             Stage::Answering(a) => a.slot.noted(Progress::ClientDmbSent),
             _ => true,
         }
@@ -314,42 +340,44 @@ impl ServerHandshake {
         }
     }
 
-    /// Same source address, server and mark: a proposal is ours only if
-    /// its client's port (published right after its `connect`) is the
-    /// SYN's. A client that died before publishing it is the dead
+    /// Same source address and server: a proposal is ours only if its
+    /// client's port (published right after its `connect`) is the SYN's,
+    /// and answered only if its mark fits the SYN's. A client that died before publishing it is the dead
     /// proposer; one that has not published it yet may be someone
     /// else's (its slot is left alone).
-    fn look_ports(
-        &mut self,
-        candidates: Vec<(SlotRef, Proposal)>,
-        bound: Duration,
-    ) -> Option<Decision> {
+    fn look_ports(&mut self, candidates: Vec<Candidate>, bound: Duration) -> Option<Decision> {
         let spun = self.since.elapsed() >= crate::conn::spin_budget();
         let mut waiting = Vec::new();
-        for (slot, proposal) in candidates {
+        for c in candidates {
+            let slot = &c.slot;
             match slot.client_port() {
-                Some(p) if p == self.syn_port => return self.matched(slot, proposal, bound),
-                Some(_) => self.mismatched = true,
+                Some(p) if p == self.syn_port && c.fits => {
+                    return self.matched(c.slot, c.proposal, bound)
+                }
+                Some(p) if p == self.syn_port => return Some(self.changed_mark(&c)),
+                // Someone else's connection with the same addresses and
+                // mark: not ours to answer; its own server will.
+                Some(_) => self.mismatched |= c.fits,
                 None if slot.state() != SlotState::Proposed => {
                     if !slot.client().is_alive_fast() {
                         return Some(Decision::Tcp(decline(
                             &self.dev,
-                            &slot,
+                            slot,
                             Reason::PeerDead,
                             None,
                         )));
                     }
-                    self.mismatched = true;
+                    self.mismatched |= c.fits;
                 }
                 None if spun && !slot.client().is_alive_fast() => {
                     return Some(Decision::Tcp(decline(
                         &self.dev,
-                        &slot,
+                        slot,
                         Reason::PeerDead,
                         None,
                     )));
                 }
-                None => waiting.push((slot, proposal)),
+                None => waiting.push(c),
             }
         }
         if waiting.is_empty() {
@@ -357,6 +385,25 @@ impl ServerHandshake {
         }
         self.stage = Stage::Matching(waiting);
         None
+    }
+
+    /// The proposal of `c` is this connection's (its port is the SYN's)
+    /// but its mark does not fit the SYN's: something on the way changed
+    /// the mark. Declined, and its client woken, so that it goes on over
+    /// TCP at once instead of waiting for an answer.
+    fn changed_mark(&self, c: &Candidate) -> Decision {
+        debug!(
+            "the SYN from {} carries a mark other than its proposal's (changed on the way?): TCP",
+            self.ends.1
+        );
+        let client = RendezvousAddr::new(&self.dev, c.proposal.nonce);
+        let wake = (&client, c.proposal.token);
+        Decision::Tcp(decline(
+            &self.dev,
+            &c.slot,
+            Reason::MarkMismatch,
+            Some(wake),
+        ))
     }
 
     /// The proposal in `slot` is this connection's: answer it.
