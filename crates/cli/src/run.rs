@@ -141,7 +141,7 @@ fn set_preload(lib: Option<&Path>) {
     let old: OsString = std::env::var_os("LD_PRELOAD").unwrap_or_default();
     let new = smclo_loader::with_lib(
         old.as_bytes(),
-        |e| smclo_loader::is_build(e, &known),
+        |e| smclo_loader::is_build(e, known.iter().copied()),
         lib.map(|l| l.as_os_str().as_bytes()),
     );
     if new.is_empty() {

@@ -6,7 +6,9 @@
 //! libsmclo_preload.so: _Unwind_Resume: symbol not found"). So `smclo run`
 //! and the preload's exec hooks read the program's `PT_INTERP` (through
 //! `#!` interpreters, as the kernel does) and give its `LD_PRELOAD` the
-//! build for that loader, or none of smclo's.
+//! build for that loader, or none of smclo's. Nothing here allocates
+//! unless `LD_PRELOAD` changes: an exec may follow `fork` in a
+//! multithreaded program.
 
 #![forbid(unsafe_code)]
 
@@ -134,12 +136,12 @@ fn file_name(path: &[u8]) -> &[u8] {
 /// Whether an `LD_PRELOAD` entry names a build of the library: its file
 /// name is a build's, or that of one of the `known` paths (a build
 /// installed under another name).
-pub fn is_build(entry: &[u8], known: &[&[u8]]) -> bool {
+pub fn is_build<'a>(entry: &[u8], known: impl IntoIterator<Item = &'a [u8]>) -> bool {
     let name = file_name(entry);
     Variant::ALL
         .iter()
         .any(|v| name == v.file_name().as_bytes())
-        || known.iter().any(|k| name == file_name(k))
+        || known.into_iter().any(|k| name == file_name(k))
 }
 
 /// `LD_PRELOAD`'s separators, as both loaders split it.
@@ -162,8 +164,9 @@ pub fn rewrite(
     is_ours: impl Fn(&[u8]) -> bool,
     lib: Option<&[u8]>,
 ) -> Option<Vec<u8>> {
-    let ours: Vec<&[u8]> = entries(value).filter(|e| is_ours(e)).collect();
-    if ours.is_empty() || (lib.is_some() && ours == [lib.unwrap_or_default()]) {
+    let mut ours = entries(value).filter(|e| is_ours(e));
+    let first = ours.next()?;
+    if lib == Some(first) && ours.next().is_none() {
         return None;
     }
     let mut placed = false;
@@ -198,7 +201,7 @@ const MAX_DEPTH: usize = 4;
 const HEAD: usize = 256;
 
 /// The longest `PT_INTERP` read (PATH_MAX).
-const MAX_INTERP: u64 = 4096;
+const MAX_INTERP: usize = 4096;
 
 fn of_path(p: &Path, depth: usize) -> Loader {
     File::open(p).map_or(Loader::Unknown, |f| of_file(&f, depth))
@@ -219,11 +222,12 @@ fn of_file(f: &File, depth: usize) -> Loader {
     let Some(h) = Header::parse(head) else {
         return Loader::Unknown;
     };
-    match h.interp(f) {
+    let mut path = [0u8; MAX_INTERP];
+    match h.interp(f, &mut path) {
         Err(()) => Loader::Unknown,
         Ok(None) => Loader::Static,
         Ok(Some(_)) if !h.is_ours() => Loader::Foreign,
-        Ok(Some(path)) => Loader::of_interp(&path),
+        Ok(Some(path)) => Loader::of_interp(path),
     }
 }
 
@@ -328,35 +332,35 @@ impl Header {
         }
     }
 
-    /// The `PT_INTERP` path, `None` if there is none; `Err` if the
-    /// program headers cannot be read.
-    fn interp(&self, f: &File) -> Result<Option<Vec<u8>>, ()> {
+    /// The `PT_INTERP` path, read into `buf`; `None` if there is none;
+    /// `Err` if the program headers cannot be read.
+    fn interp<'b>(&self, f: &File, buf: &'b mut [u8]) -> Result<Option<&'b [u8]>, ()> {
         // p_type, then p_offset and p_filesz, at the offsets of each class.
         let (size, offset, filesz) = if self.class64 {
             (56, 8, 32)
         } else {
             (32, 4, 16)
         };
-        if self.phentsize < size {
+        if self.phentsize < size as u64 {
             return Err(());
         }
-        let mut ph = vec![0u8; size as usize];
+        let mut whole = [0u8; 56];
+        let ph = &mut whole[..size];
         for i in 0..self.phnum {
             let at = self.phoff.checked_add(i * self.phentsize).ok_or(())?;
-            f.read_exact_at(&mut ph, at).map_err(|_| ())?;
-            if self.half(&ph, 0) != PT_INTERP {
+            f.read_exact_at(ph, at).map_err(|_| ())?;
+            if self.half(ph, 0) != PT_INTERP {
                 continue;
             }
             let (off, len) = if self.class64 {
-                (self.word(&ph, offset), self.word(&ph, filesz))
+                (self.word(ph, offset), self.word(ph, filesz))
             } else {
-                (self.half(&ph, offset) as u64, self.half(&ph, filesz) as u64)
+                (self.half(ph, offset) as u64, self.half(ph, filesz) as u64)
             };
-            let mut path = vec![0u8; len.min(MAX_INTERP) as usize];
-            f.read_exact_at(&mut path, off).map_err(|_| ())?;
-            let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
-            path.truncate(end);
-            return Ok(Some(path));
+            let len = len.min(buf.len() as u64) as usize;
+            f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
+            let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
+            return Ok(Some(&buf[..end]));
         }
         Ok(None)
     }

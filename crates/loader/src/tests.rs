@@ -164,7 +164,7 @@ fn this_test_runs_under_its_own_builds_loader() {
 }
 
 fn ours(e: &[u8]) -> bool {
-    is_build(e, &[b"/opt/x/custom.so"])
+    is_build(e, [b"/opt/x/custom.so".as_slice()])
 }
 
 type Case<'a> = (&'a [u8], Option<&'a [u8]>, Option<&'a [u8]>);

@@ -268,6 +268,7 @@ fn close_all_at_exit() {
 extern "C" fn at_load() {
     smclo::deferred::set_closer(table::close_hidden);
     real::resolve_exit_path();
+    variant::at_load();
     super::signal::at_load();
     adopt::at_load();
 }

@@ -97,11 +97,11 @@ pub(super) fn entries<'a>(envp: *const *const c_char) -> Vec<&'a CStr> {
 
 /// Whether `envp` has `LD_PRELOAD` naming a build of this library.
 pub(super) fn preload_in(envp: *const *const c_char) -> bool {
-    let env = entries(envp);
-    env.iter().any(|e| {
+    let env = super::variant::Env(envp);
+    entries(envp).iter().any(|e| {
         e.to_bytes().strip_prefix(b"LD_PRELOAD=").is_some_and(|v| {
             v.split(|&b| b == b':' || b == b' ')
-                .any(|p| super::variant::is_ours(p, &env))
+                .any(|p| super::variant::is_ours(p, env))
         })
     })
 }

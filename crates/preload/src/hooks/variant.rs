@@ -10,18 +10,27 @@
 //!
 //! The exec hooks (`hooks::process`) ask here for every exec; so do
 //! `posix_spawn` and `posix_spawnp`, which start a program without them
-//! (no connection goes along: every channel is close-on-exec).
+//! (no connection goes along: every channel is close-on-exec). Nothing is
+//! allocated unless `LD_PRELOAD` changes: exec may follow `fork` in a
+//! multithreaded program.
 
 use super::target::{self, Program};
 use crate::real;
 use libc::{c_char, c_int, pid_t, posix_spawn_file_actions_t, posix_spawnattr_t};
 use smclo::debug;
 use smclo_loader::{Choice, Loader, Variant};
+use std::borrow::Cow;
 use std::ffi::{CStr, CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 const LD_PRELOAD: &[u8] = b"LD_PRELOAD=";
+
+/// Looks up this library's path once, at load, so that an exec never
+/// needs to.
+pub(super) fn at_load() {
+    own_path();
+}
 
 /// This library's path, as the loader mapped it.
 fn own_path() -> Option<&'static [u8]> {
@@ -47,21 +56,41 @@ fn own_path() -> Option<&'static [u8]> {
     .as_deref()
 }
 
-/// The value of `name` in the environment entries `env`.
-fn var<'a>(env: &[&'a CStr], name: &str) -> Option<&'a [u8]> {
-    env.iter().find_map(|e| {
-        e.to_bytes()
-            .strip_prefix(name.as_bytes())
-            .and_then(|r| r.strip_prefix(b"="))
-    })
+/// An exec's environment, read in place (NULL-terminated; NULL: none).
+#[derive(Clone, Copy)]
+pub(super) struct Env(pub(super) *const *const c_char);
+
+impl Env {
+    /// The entries, up to the NULL.
+    fn entries<'a>(self) -> impl Iterator<Item = &'a CStr> {
+        let envp = self.0;
+        (0..).map_while(move |i| {
+            if envp.is_null() {
+                return None;
+            }
+            // SAFETY: envp is a NULL-terminated vector of C strings
+            // (exec's contract), read up to its NULL.
+            let p = unsafe { *envp.add(i) };
+            // SAFETY: each entry is a NUL-terminated string.
+            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
+        })
+    }
+
+    /// The value of the variable `name`.
+    fn var<'a>(self, name: &str) -> Option<&'a [u8]> {
+        self.entries().find_map(|e| {
+            e.to_bytes()
+                .strip_prefix(name.as_bytes())
+                .and_then(|r| r.strip_prefix(b"="))
+        })
+    }
 }
 
 /// Whether an `LD_PRELOAD` entry names a build of this library: by a
 /// build's file name, this library's, or that of a build's path in `env`.
-pub(super) fn is_ours(entry: &[u8], env: &[&CStr]) -> bool {
-    let mut known: Vec<&[u8]> = own_path().into_iter().collect();
-    known.extend(Variant::ALL.iter().filter_map(|v| var(env, v.env_var())));
-    smclo_loader::is_build(entry, &known)
+pub(super) fn is_ours(entry: &[u8], env: Env) -> bool {
+    let [glibc, musl] = Variant::ALL.map(|v| env.var(v.env_var()));
+    smclo_loader::is_build(entry, [own_path(), glibc, musl].into_iter().flatten())
 }
 
 fn is_file(p: &[u8]) -> bool {
@@ -69,16 +98,16 @@ fn is_file(p: &[u8]) -> bool {
 }
 
 /// The path of build `v` (see the module docs).
-fn build_path(v: Variant, env: &[&CStr]) -> Option<Vec<u8>> {
+fn build_path<'a>(v: Variant, env: Env) -> Option<Cow<'a, [u8]>> {
     if v == Variant::this_build() {
-        return own_path().map(<[u8]>::to_vec);
+        return own_path().map(Cow::Borrowed);
     }
-    if let Some(p) = var(env, v.env_var()).filter(|p| is_file(p)) {
-        return Some(p.to_vec());
+    if let Some(p) = env.var(v.env_var()).filter(|p| is_file(p)) {
+        return Some(Cow::Borrowed(p));
     }
     let own = Path::new(OsStr::from_bytes(own_path()?));
-    let sibling = own.with_file_name(v.file_name());
-    is_file(sibling.as_os_str().as_bytes()).then(|| sibling.as_os_str().as_bytes().to_vec())
+    let sibling = own.with_file_name(v.file_name()).into_os_string();
+    is_file(sibling.as_bytes()).then(|| Cow::Owned(sibling.into_vec()))
 }
 
 /// The environment an exec passes instead of the program's.
@@ -95,17 +124,17 @@ impl ExecEnv {
 }
 
 /// What an exec's `LD_PRELOAD` gets of smclo.
-enum Preload {
+enum Preload<'a> {
     /// What it has.
     AsIs,
     /// This build of the library.
-    Names(Vec<u8>),
+    Names(Cow<'a, [u8]>),
     /// No build.
     Drops,
 }
 
 /// What `LD_PRELOAD` gets for a program of `loader`.
-fn wanted(loader: Loader, env: &[&CStr]) -> Preload {
+fn wanted<'a>(loader: Loader, env: Env) -> Preload<'a> {
     match Choice::for_loader(loader) {
         Choice::Keep => Preload::AsIs,
         Choice::Nothing => {
@@ -134,18 +163,18 @@ pub(super) fn exec_env(program: &Program, envp: *const *const c_char) -> Option<
     let Program::File(f) = program else {
         return None;
     };
-    let env = target::entries(envp);
-    let value = var(&env, "LD_PRELOAD")?;
+    let env = Env(envp);
+    let value = env.var("LD_PRELOAD")?;
     // Only a program whose LD_PRELOAD names smclo is looked at.
-    if !smclo_loader::names_build(value, |e| is_ours(e, &env)) {
+    if !smclo_loader::names_build(value, |e| is_ours(e, env)) {
         return None;
     }
-    let lib = match wanted(Loader::of_file(f), &env) {
+    let lib = match wanted(Loader::of_file(f), env) {
         Preload::AsIs => return None,
         Preload::Names(l) => Some(l),
         Preload::Drops => None,
     };
-    let new = smclo_loader::rewrite(value, |e| is_ours(e, &env), lib.as_deref())?;
+    let new = smclo_loader::rewrite(value, |e| is_ours(e, env), lib.as_deref())?;
     if let Some(l) = &lib {
         debug!(
             "exec: the new program gets {} in LD_PRELOAD",
@@ -157,7 +186,7 @@ pub(super) fn exec_env(program: &Program, envp: *const *const c_char) -> Option<
         strings.push(CString::new([LD_PRELOAD, &new].concat()).ok()?);
     }
     let mut ptrs: Vec<*const c_char> = env
-        .iter()
+        .entries()
         .filter(|e| !e.to_bytes().starts_with(LD_PRELOAD))
         .map(|e| e.as_ptr())
         .collect();
