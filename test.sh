@@ -3,13 +3,15 @@
 # preload's musl build), unit and cross-process tests
 # (some fork and kill, hence two test threads), the benchmark suite's tests
 # and one short run of every suite workload over every transport (checked,
-# not timed), then a short libFuzzer run of the CLC parser (needs the
-# nightly toolchain and cargo-fuzz). The real programs the tests run come
+# not timed), then a short libFuzzer run of each of smclo-wire's parsers
+# (needs the nightly toolchain and cargo-fuzz). The real programs the tests run come
 # from scripts/install-packages.sh (.ci/run calls it).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-fuzz_seconds=30
+# libFuzzer time per target; three targets, 30 s in all.
+fuzz_seconds=10
+fuzz_targets=(clc_parse cursor_validate dmb_header_parse)
 step=start
 trap 'rc=$?; if [ $rc -ne 0 ]; then echo "test.sh: FAILED in step \"$step\" (exit $rc)"; fi' EXIT
 
@@ -59,10 +61,14 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
         exit 1
     }
 fi
-# The committed seeds (one valid message of each type) let libFuzzer start
-# from deep inside the parser; new inputs go to the ignored fuzz/corpus.
-mkdir -p fuzz/corpus/clc_parse
-cargo +nightly fuzz run clc_parse fuzz/corpus/clc_parse fuzz/seeds/clc_parse \
-    -- -max_total_time=$fuzz_seconds
+# The committed seeds (fuzz/seeds/README.md: valid inputs of each target)
+# let libFuzzer start from deep inside the parser; new inputs go to the
+# ignored fuzz/corpus.
+for target in "${fuzz_targets[@]}"; do
+    step="fuzz $target"
+    mkdir -p "fuzz/corpus/$target"
+    cargo +nightly fuzz run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" \
+        -- -max_total_time=$fuzz_seconds
+done
 
-echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table and early-byte protocols, benchmark suite tests and smoke run, fuzz clc_parse ${fuzz_seconds}s"
+echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table and early-byte protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"

@@ -190,9 +190,9 @@ fn signal_group(p: &Proc, sig: libc::c_int) {
 /// `poll` for writability, `connect` again to see that it is done) to a
 /// redis-server that gets no CPU for 300 ms (stopped): the handshake waits
 /// for the server's `accept` after `connect` returned, and every connection
-/// is SMC-D. Before, each fell back with TIMEOUT after 100 ms
-/// (SMCLO_NB_CONNECT_WAIT_MS), as under load when redis-server did not get
-/// a CPU in time.
+/// is SMC-D, where a connect that waited a fixed time for the server
+/// would fall back with TIMEOUT, as under load when redis-server does not
+/// get a CPU in time.
 #[test]
 fn redis_cli_waits_for_a_late_server() {
     let mut env = Env::new("redis-late");

@@ -317,8 +317,8 @@ fn nonblocking_connect_does_not_wait_for_accept() {
 
 /// A non-blocking connect to a server that accepts 300 ms late returns at
 /// once; the handshake goes on, driven by what the client does next, and
-/// decides SMC-D (before, the client fell back with TIMEOUT after
-/// SMCLO_NB_CONNECT_WAIT_MS): `how` is epoll or poll for writability, a
+/// decides SMC-D (a connect that waited a fixed time for the server would
+/// fall back with TIMEOUT): `how` is epoll or poll for writability, a
 /// write at once without polling, or blocking writes after clearing
 /// O_NONBLOCK.
 fn late_accept(how: &str, bytes: u64) -> Run {

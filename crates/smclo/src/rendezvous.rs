@@ -385,20 +385,27 @@ impl Rendezvous {
     /// looks further, and a scan of all [`PROBE`] slots (each on a page of
     /// its own) was a few percent of `accept`'s time.
     pub fn find_for_syn(dev: &Device, key: SlotKey, port: u16) -> Vec<SlotRef> {
-        Rendezvous::scan(dev, key, |s| s.client_port() == Some(port))
+        Rendezvous::find_until(dev, key, |s| s.client_port() == Some(port))
     }
 
-    /// Server: the PROPOSED slots for a SYN from source port `port` whose
-    /// key is `key` but for the DSCP, up to the first whose client
-    /// published that port: where a mark may have been changed on the way
-    /// (its DSCP rewritten), the proposal to decline. Scans the whole
-    /// table, not one key's window: only for a SYN that looks marked yet
-    /// matched nothing.
-    pub fn find_any_dscp(dev: &Device, key: SlotKey, port: u16) -> Vec<SlotRef> {
+    /// Server: [`find_all`](Self::find_all) up to the first slot for which
+    /// `ours` holds.
+    pub fn find_until(dev: &Device, key: SlotKey, ours: impl Fn(&SlotRef) -> bool) -> Vec<SlotRef> {
+        Rendezvous::scan(dev, key, ours)
+    }
+
+    /// Server: the PROPOSED slots whose key is `key` but for the DSCP, up
+    /// to the first for which `ours` holds: where a mark may have been
+    /// changed on the way (its DSCP rewritten), the proposal to decline.
+    /// Scans the whole table, not one key's window: only for a SYN that
+    /// looks marked yet matched nothing.
+    pub fn find_any_dscp(
+        dev: &Device,
+        key: SlotKey,
+        ours: impl Fn(&SlotRef) -> bool,
+    ) -> Vec<SlotRef> {
         let all = layout::RENDEZVOUS_ENTRIES as usize;
-        Rendezvous::scan_from(dev, key, !KEY_DSCP_BITS, 0, all, |s| {
-            s.client_port() == Some(port)
-        })
+        Rendezvous::scan_from(dev, key, !KEY_DSCP_BITS, 0, all, ours)
     }
 
     /// The PROPOSED slots for `key` in probe order, up to the first for

@@ -325,3 +325,44 @@ fn lookup_for_a_syn_stops_at_its_published_port() {
     );
     assert_eq!(Rendezvous::find_all(&dev, k).len(), 4);
 }
+
+/// A SYN's TTL is not part of the key (routing hops decrement it), and
+/// the server's look for a proposal whose DSCP was rewritten on the way
+/// finds it by addresses and port whatever its DSCP, up to the one it
+/// stops at.
+#[test]
+fn keys_leave_the_ttl_out_and_a_look_may_ignore_the_dscp() {
+    let t = TempDir::new("rdvdscp");
+    let dev = Device::open(&t.0).unwrap();
+    let at = |ttl: u8, dscp: u8| {
+        SlotKey::new(
+            "127.0.0.1".parse().unwrap(),
+            Mark { ttl, dscp },
+            "127.0.0.1:81".parse().unwrap(),
+        )
+    };
+    let a = Rendezvous::propose(&dev, at(200, 7), b"a").unwrap();
+    let b = Rendezvous::propose(&dev, at(150, 9), b"b").unwrap();
+    a.set_client_port(6001);
+    b.set_client_port(6002);
+    // One hop later, and before: the same key.
+    assert_eq!(Rendezvous::find_all(&dev, at(199, 7)).len(), 1);
+    assert_eq!(Rendezvous::find_all(&dev, at(1, 7)).len(), 1);
+    // DSCP 0 (rewritten): no key matches, the look that ignores it does.
+    assert!(Rendezvous::find_all(&dev, at(199, 0)).is_empty());
+    let port = |p: u16| move |s: &smclo::rendezvous::SlotRef| s.client_port() == Some(p);
+    let found = Rendezvous::find_any_dscp(&dev, at(199, 0), port(6002));
+    assert_eq!(found.last().unwrap().proposal().unwrap(), b"b");
+    let found = Rendezvous::find_any_dscp(&dev, at(199, 0), port(6003));
+    assert_eq!(found.len(), 2, "both proposals of the pair");
+    // Another server's proposals are not found.
+    let other = SlotKey::new(
+        "127.0.0.1".parse().unwrap(),
+        Mark { ttl: 200, dscp: 7 },
+        "127.0.0.1:82".parse().unwrap(),
+    );
+    assert!(Rendezvous::find_any_dscp(&dev, other, port(6001)).is_empty());
+    // find_until stops at the first slot its predicate takes.
+    let found = Rendezvous::find_until(&dev, at(200, 7), |s| s.proposal().unwrap() == b"a");
+    assert_eq!(found.len(), 1);
+}

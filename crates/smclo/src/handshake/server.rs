@@ -157,12 +157,19 @@ impl ServerHandshake {
         // Proposals for this 4-tuple; more than one only when clients in
         // other network namespaces use the same addresses. The mark picks
         // ours.
-        let found = Rendezvous::find_for_syn(&self.dev, key, self.syn_port);
+        // The scan stops at a proposal that is surely ours; one that only
+        // has our port may be another namespace's with our addresses.
+        let port = self.syn_port;
+        let ours = |s: &SlotRef| {
+            s.client_port() == Some(port) && proposal_mark(s).is_some_and(|m| m.fits(syn.mark))
+        };
+        let found = Rendezvous::find_until(&self.dev, key, ours);
         let mut out = self.judge(found, syn.mark)?;
         if out.is_empty() && Mark::ttl_looks_marked(syn.mark.ttl) {
             // A marked SYN whose DSCP may have been rewritten on the way:
             // find its client to decline at once.
-            let found = Rendezvous::find_any_dscp(&self.dev, key, self.syn_port);
+            let found =
+                Rendezvous::find_any_dscp(&self.dev, key, |s| s.client_port() == Some(port));
             out = self.judge(found, syn.mark)?;
         }
         if out.is_empty() {
@@ -191,11 +198,7 @@ impl ServerHandshake {
                     return Err(decline(&self.dev, &slot, r, None));
                 }
             };
-            let mark = Mark {
-                ttl: proposal.mark_ttl,
-                dscp: proposal.mark_tos >> 2,
-            };
-            let fits = mark.fits(seen);
+            let fits = mark_of(&proposal).fits(seen);
             if fits || Mark::may_be_marked(seen) {
                 out.push(Candidate {
                     slot,
@@ -348,16 +351,20 @@ impl ServerHandshake {
     fn look_ports(&mut self, candidates: Vec<Candidate>, bound: Duration) -> Option<Decision> {
         let spun = self.since.elapsed() >= crate::conn::spin_budget();
         let mut waiting = Vec::new();
+        let mut changed = None;
         for c in candidates {
             let slot = &c.slot;
             match slot.client_port() {
                 Some(p) if p == self.syn_port && c.fits => {
                     return self.matched(c.slot, c.proposal, bound)
                 }
-                Some(p) if p == self.syn_port => return Some(self.changed_mark(&c)),
+                // Ours with its mark changed on the way, unless one that
+                // fits turns out to be ours.
+                Some(p) if p == self.syn_port => changed = Some(c),
                 // Someone else's connection with the same addresses and
                 // mark: not ours to answer; its own server will.
                 Some(_) => self.mismatched |= c.fits,
+                None if !c.fits => waiting.push(c),
                 None if slot.state() != SlotState::Proposed => {
                     if !slot.client().is_alive_fast() {
                         return Some(Decision::Tcp(decline(
@@ -367,7 +374,7 @@ impl ServerHandshake {
                             None,
                         )));
                     }
-                    self.mismatched |= c.fits;
+                    self.mismatched = true;
                 }
                 None if spun && !slot.client().is_alive_fast() => {
                     return Some(Decision::Tcp(decline(
@@ -379,6 +386,12 @@ impl ServerHandshake {
                 }
                 None => waiting.push(c),
             }
+        }
+        if let Some(c) = changed {
+            if !waiting.iter().any(|w| w.fits) {
+                return Some(self.changed_mark(&c));
+            }
+            waiting.push(c);
         }
         if waiting.is_empty() {
             return Some(Decision::Tcp(self.unmatched()));
@@ -710,6 +723,23 @@ fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
     match &cfg.ueid {
         None => p.ueids.is_empty(),
         Some(u) => p.ueids.iter().any(|x| x == u),
+    }
+}
+
+/// The mark a Proposal says its client's SYN carries.
+fn mark_of(p: &Proposal) -> Mark {
+    Mark {
+        ttl: p.mark_ttl,
+        dscp: p.mark_tos >> 2,
+    }
+}
+
+/// The mark of the Proposal in `slot`, if it holds a readable one.
+fn proposal_mark(slot: &SlotRef) -> Option<Mark> {
+    let bytes = slot.proposal()?;
+    match ClcMsg::parse(&bytes) {
+        Ok(ClcMsg::Proposal(p)) => Some(mark_of(&p)),
+        _ => None,
     }
 }
 
