@@ -408,3 +408,61 @@ fn a_glibc_server_execs_a_musl_stdio_program() {
     let want = exchange(greeting, &trailer);
     assert_smc(what, &delta(&s0, &env.stats()), 1, want, want, &logs);
 }
+
+/// The preload's event-loop checks (`crates/preload/tests/c/evloop.c`:
+/// level- and edge-triggered epoll, one-shot, `EPOLLRDHUP`, a full ring,
+/// a signal let in by a mask, mixed sets, threads, fork, poll, select and
+/// pselect, a pending connect), built for musl and run under `smclo run`:
+/// each over one SMC-D connection, as with glibc.
+#[test]
+fn the_event_loop_checks_pass_with_musl() {
+    let build_env = Env::new("musl-evloop-build");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/c/evloop.c");
+    let evloop = build(&build_env, &src, Libc::Musl);
+    let modes = [
+        "lt",
+        "et",
+        "oneshot",
+        "rdhup",
+        "out",
+        "mixed",
+        "sigmask",
+        "threads",
+        "fork",
+        "poll",
+        "exclusive",
+        "select-semantics",
+        "select",
+        "pselect",
+        "select-connect",
+    ];
+    for mode in modes {
+        let mut env = Env::new(&format!("musl-evloop-{mode}"));
+        let s0 = env.stats();
+        let p = env.run(Mode::Smclo, mode, &evloop, &[mode], T);
+        let read: u64 = p
+            .stdout_str()
+            .lines()
+            .find_map(|l| l.strip_prefix("OK "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: no OK line\n{}", p.logs()));
+        let d = delta(&s0, &env.stats());
+        assert_eq!(
+            d.conns_opened,
+            1,
+            "{mode}: one SMC-D connection {d:?}\n{}",
+            p.logs()
+        );
+        assert_eq!(
+            d.fallbacks(),
+            0,
+            "{mode}: {}\n{}",
+            d.fallbacks_desc(),
+            p.logs()
+        );
+        assert!(
+            d.xfer_bytes >= read,
+            "{mode}: the {read} bytes read went through the rings {d:?}"
+        );
+    }
+}
