@@ -130,7 +130,7 @@ fn traffic(env: &mut Env) -> (Proc, smclo::device::Stats) {
         let out = env.run(mode, "redis-cli", "redis-cli", &["-p", &p, "ping"], T);
         assert_eq!(out.stdout_str().trim(), "PONG");
     }
-    let s = env.stats();
+    let s = settled(env);
     assert!(
         s.conns_opened >= 2,
         "redis-cli under smclo run was not SMC-D"
