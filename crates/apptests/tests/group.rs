@@ -592,3 +592,140 @@ fn a_peer_that_left_the_group_is_declined_with_peer_cred() {
     assert_eq!(d.fallbacks(), 2, "{}", d.fallbacks_desc());
     assert!(cp.stderr_str().contains("PEER_CRED"), "{}", cp.logs());
 }
+
+// ---------------------------------------------------------------------------
+// A member that shrinks a shared file breaks connections, never processes.
+
+/// `tests/py/shrink_peer.py`, copied where the test's users can read it.
+fn shrink_script(env: &Env) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/shrink_peer.py");
+    let dst = env.path("shrink_peer.py");
+    fs::copy(src, &dst).unwrap();
+    dst.display().to_string()
+}
+
+/// The echo server of `shrink_peer.py` as `user` under `smclo run`.
+fn start_shrink_server(env: &mut Env, user: &str, script: &str, port: u16) -> Proc {
+    let p = port.to_string();
+    let c = env.command_as(user, Mode::Smclo, "python3", &[script, "server", &p]);
+    let mut srv = env.spawn_cmd("server", c);
+    wait_listen(&mut srv, port);
+    srv
+}
+
+/// One echo over `s` (a plain TCP connection of the test, no smclo).
+fn echo_plain(s: &mut std::net::TcpStream, what: &str) {
+    use std::io::{Read, Write};
+    let msg = format!("plain {what}\n");
+    s.write_all(msg.as_bytes()).unwrap();
+    let mut got = vec![0u8; msg.len()];
+    s.read_exact(&mut got)
+        .unwrap_or_else(|e| panic!("the server's TCP connection ({what}): {e}"));
+    assert_eq!(got, msg.as_bytes(), "{what}");
+}
+
+fn plain_conn(port: u16) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s
+}
+
+/// Waits until `p`'s stdout has the line `line`.
+fn wait_line(p: &mut Proc, line: &str) {
+    let t0 = Instant::now();
+    while !p.stdout_str().lines().any(|l| l == line) {
+        assert!(
+            p.alive() && t0.elapsed() < T,
+            "{} never printed {line:?}\n{}",
+            p.name,
+            p.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `shrink(device)` run as `user` (a member that never ran smclo) shrinks
+/// the device file while a server (one member) and a client (another)
+/// have an SMC-D connection on it and the server a plain TCP one: nobody
+/// dies; the SMC-D connection is reset, the TCP one and later connections
+/// (TCP: the device is gone) work.
+fn shrink_device_under_live_connection(
+    acc: &mut Accounts,
+    env: &mut Env,
+    shrink: impl FnOnce(&mut Env, &Path, &str),
+) {
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let evil = acc.user("evil", Member::Supplementary);
+    open_tmp(env);
+    env.extra_env
+        .push(("SMCLO_DEBUG".to_string(), "1".to_string()));
+    let script = shrink_script(env);
+    let port = free_port();
+    let mut srv = start_shrink_server(env, &web, &script, port);
+    let mut tcp = plain_conn(port);
+    echo_plain(&mut tcp, "before");
+    let before = env.stats();
+    let go = env.path("go");
+    let p = port.to_string();
+    let c = env.command_as(
+        &cli,
+        Mode::Smclo,
+        "python3",
+        &[&script, "client", &p, go.to_str().unwrap()],
+    );
+    let mut client = env.spawn_cmd("client", c);
+    wait_line(&mut client, "live ok");
+    let d = delta(&before, &env.stats());
+    assert_eq!(
+        d.conns_opened,
+        1,
+        "the live connection is SMC-D: {}",
+        d.fallbacks_desc()
+    );
+    let dev = env.dev_dir.join("device");
+    shrink(env, &dev, &evil);
+    fs::write(&go, b"").unwrap();
+    let st = client.wait(T);
+    let out = client.stdout_str();
+    assert!(
+        st.success(),
+        "the client must survive: {st:?}\n{}",
+        client.logs()
+    );
+    assert!(
+        out.lines().any(|l| l == "live ECONNRESET"),
+        "the live connection is reset:\n{}",
+        client.logs()
+    );
+    assert!(out.lines().any(|l| l == "later ok"), "{}", client.logs());
+    let err = client.stderr_str();
+    assert!(
+        err.contains("connection reset: the device file was truncated")
+            && err.contains("was truncated under this process: its connections stay TCP")
+            && err.contains("stays TCP (NOSMCDDEV"),
+        "the client's log says why:\n{err}"
+    );
+    assert!(srv.alive(), "the server must survive\n{}", srv.logs());
+    echo_plain(&mut tcp, "after");
+    echo_plain(&mut plain_conn(port), "later");
+    assert!(srv.alive(), "{}", srv.logs());
+    srv.stop(Duration::from_secs(5));
+}
+
+/// Runs `prog args` as `user`, without smclo; panics unless it succeeds.
+fn run_as(env: &mut Env, user: &str, prog: &str, args: &[&str]) {
+    let c = env.command_as(user, Mode::Plain, prog, args);
+    let mut p = env.spawn_cmd(prog, c);
+    p.wait_ok(T);
+}
+
+#[test]
+fn a_member_that_truncates_the_device_resets_its_connections_and_kills_nobody() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-truncate");
+    group_device(&env, &acc.group);
+    shrink_device_under_live_connection(&mut acc, &mut env, |env, dev, evil| {
+        run_as(env, evil, "truncate", &["-s", "0", dev.to_str().unwrap()]);
+    });
+}
