@@ -729,3 +729,147 @@ fn a_member_that_truncates_the_device_resets_its_connections_and_kills_nobody() 
         run_as(env, evil, "truncate", &["-s", "0", dev.to_str().unwrap()]);
     });
 }
+
+#[test]
+fn a_member_that_punches_a_hole_in_the_device_on_a_full_filesystem_kills_nobody() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-punch");
+    // A filesystem just big enough for the device: a hole punched in it
+    // and refilled by another file cannot be paged in again (SIGBUS).
+    private_mounts();
+    let size = format!("{}k", smclo_wire::device_layout::TOTAL_SIZE / 1024 + 256);
+    let mnt = Tmpfs::mount_at(&env.path("devfs"), &size);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&mnt.0, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::remove_dir_all(&env.dev_dir).unwrap();
+    env.dev_dir = mnt.0.join("smclo");
+    fs::create_dir(&env.dev_dir).unwrap();
+    group_device(&env, &acc.group);
+    shrink_device_under_live_connection(&mut acc, &mut env, |env, dev, evil| {
+        let len = smclo_wire::device_layout::TOTAL_SIZE.to_string();
+        let d = dev.to_str().unwrap();
+        run_as(env, evil, "fallocate", &["-p", "-o", "0", "-l", &len, d]);
+        let fill = dev.with_file_name("fill").display().to_string();
+        let c = env.command_as(
+            evil,
+            Mode::Plain,
+            "dd",
+            &["if=/dev/zero", &format!("of={fill}"), "bs=64k"],
+        );
+        let mut dd = env.spawn_cmd("fill", c);
+        let st = dd.wait(T);
+        assert!(
+            !st.success() && dd.stderr_str().contains("No space left"),
+            "{}",
+            dd.logs()
+        );
+    });
+    drop(mnt);
+    drop(env);
+}
+
+#[test]
+fn a_peer_that_shrinks_or_holes_its_dmbs_harms_only_its_own_connection() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let evil = acc.user("evil", Member::Supplementary);
+    let mut env = Env::new("group-dmb");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let script = shrink_script(&env);
+    let port = free_port();
+    let mut srv = start_shrink_server(&mut env, &web, &script, port);
+    let go = env.path("go");
+    let p = port.to_string();
+    let before = env.stats();
+    let c = env.command_as(
+        &cli,
+        Mode::Smclo,
+        "python3",
+        &[&script, "client", &p, go.to_str().unwrap()],
+    );
+    let mut client = env.spawn_cmd("client", c);
+    wait_line(&mut client, "live ok");
+    // The attacker is a member and a peer: it holds its own DMB's memfd
+    // and the server's, and tries to shrink and hole both.
+    let c = env.command_as(&evil, Mode::Smclo, "python3", &[&script, "attack", &p]);
+    let mut attack = env.spawn_cmd("attack", c);
+    let st = attack.wait(T);
+    assert!(
+        st.success(),
+        "the attacker survives: {st:?}\n{}",
+        attack.logs()
+    );
+    let out = attack.stdout_str();
+    let lines: Vec<&str> = out.lines().collect();
+    let count = |l: &str| lines.iter().filter(|x| **x == l).count();
+    let fds = count("truncate EPERM");
+    assert!(
+        fds >= 1 && lines.contains(&format!("dmbs {fds}").as_str()),
+        "the seals refuse every truncation:\n{}",
+        attack.logs()
+    );
+    assert_eq!(count("punch done"), fds, "{}", attack.logs());
+    assert!(
+        lines.contains(&"holed 2"),
+        "holes in both DMBs:\n{}",
+        attack.logs()
+    );
+    assert!(srv.alive(), "the server survives\n{}", srv.logs());
+    // The other member's live connection and its later one: SMC-D, intact.
+    fs::write(&go, b"").unwrap();
+    client.wait_ok(T);
+    let out = client.stdout_str();
+    assert_eq!(
+        out.lines().filter(|l| *l == "live ok").count(),
+        2,
+        "{}",
+        client.logs()
+    );
+    assert!(out.lines().any(|l| l == "later ok"), "{}", client.logs());
+    let d = delta(&before, &env.stats());
+    assert_eq!(d.conns_opened, 3, "{}", d.fallbacks_desc());
+    assert!(srv.alive(), "{}", srv.logs());
+    echo_plain(&mut plain_conn(port), "later");
+    srv.stop(Duration::from_secs(5));
+}
+
+#[test]
+fn a_programs_own_sigbus_handler_gets_its_own_faults() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let mut env = Env::new("group-own-sigbus");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let script = shrink_script(&env);
+    let port = free_port();
+    let mut srv = start_shrink_server(&mut env, &web, &script, port);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/own_sigbus.c");
+    let exe = compile_c(&env, &src, &[]);
+    let before = env.stats();
+    let scratch = env.path("scratch");
+    let p = env.run(
+        Mode::Smclo,
+        "own_sigbus",
+        exe.to_str().unwrap(),
+        &[&port.to_string(), scratch.to_str().unwrap()],
+        T,
+    );
+    let d = delta(&before, &env.stats());
+    assert_eq!(d.conns_opened, 1, "{}", d.fallbacks_desc());
+    let out = p.stdout_str();
+    for line in [
+        "echo ok",
+        "query answers",
+        "own fault handled",
+        "sent handled",
+        "signal() fault handled",
+        "default kills",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?}:\n{}", p.logs());
+    }
+    srv.stop(Duration::from_secs(5));
+}

@@ -437,3 +437,108 @@ fn block_program_mask(sig: c_int, flags: c_int) -> libc::sigset_t {
     }
     old
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// `pages` pages of a new file in /dev/shm, mapped shared, and the file.
+    fn shared_file(pages: usize) -> (*mut u8, std::fs::File) {
+        let path = format!("/dev/shm/smclo-fault-test-{}-{}", std::process::id(), pages);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len((pages * PAGE) as u64).unwrap();
+        // SAFETY: a fresh shared mapping of the whole file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        (p.cast(), f)
+    }
+
+    #[test]
+    fn a_fault_in_a_registered_region_reads_zeros_and_marks_it_lost() {
+        let (p, f) = shared_file(3);
+        let r = Region::register(p, 3 * PAGE);
+        // SAFETY: inside the mapping; volatile, so the accesses happen.
+        unsafe { p.add(PAGE).write_volatile(7) };
+        assert!(!r.lost());
+        f.set_len(0).unwrap();
+        // SAFETY: as above; the page is past the file's end now (SIGBUS).
+        let (a, b) = unsafe { (p.add(PAGE).read_volatile(), p.read_volatile()) };
+        assert_eq!((a, b), (0, 0));
+        assert!(r.lost() && any_lost());
+        // SAFETY: the region's memory is private zeros now, still ours.
+        unsafe { p.add(2 * PAGE).write_volatile(1) };
+        drop(r);
+        // SAFETY: the mapping (now anonymous) is ours.
+        unsafe { libc::munmap(p.cast(), 3 * PAGE) };
+    }
+
+    static OWN_HITS: AtomicUsize = AtomicUsize::new(0);
+
+    /// A program's handler that repairs its own fault: zeros over the page.
+    extern "C" fn own_handler(_sig: c_int, info: *mut siginfo_t, _ctx: *mut c_void) {
+        OWN_HITS.fetch_add(1, Relaxed);
+        // SAFETY: the kernel's siginfo of a fault; the page is the test's.
+        unsafe {
+            let page = ((*info).si_addr() as usize) & !(PAGE - 1);
+            libc::mmap(
+                page as *mut c_void,
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        }
+    }
+
+    #[test]
+    fn a_fault_outside_the_regions_runs_the_programs_handler() {
+        install();
+        // SAFETY: an all-zero sigaction is a valid start.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction =
+            own_handler as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        // SAFETY: as above.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        assert_eq!(program_action(Some(&act), Some(&mut old)), Some(0));
+        let (p, f) = shared_file(1);
+        f.set_len(0).unwrap();
+        // SAFETY: the test's mapping, past the file's end: the program's
+        // handler puts zeros there.
+        assert_eq!(unsafe { p.read_volatile() }, 0);
+        assert_eq!(OWN_HITS.load(Relaxed), 1);
+        // SAFETY: as above.
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        assert_eq!(program_action(None, Some(&mut now)), Some(0));
+        assert_eq!(now.sa_sigaction, act.sa_sigaction);
+        assert_eq!(program_action(Some(&old), None), Some(0));
+        // SAFETY: the test's mapping.
+        unsafe { libc::munmap(p.cast(), PAGE) };
+    }
+
+    #[test]
+    fn region_words_hold_start_and_length() {
+        let w = pack(0x7f12_3456_7000, 2 * 1024 * 1024 + PAGE).unwrap();
+        assert_eq!(unpack(w), (0x7f12_3456_7000, 2 * 1024 * 1024 + PAGE));
+        assert_eq!(pack(0x1001, PAGE), None);
+        assert_eq!(pack(1 << 60, PAGE), None);
+    }
+}

@@ -12,11 +12,14 @@ the DMBs it is handed.
                                     errno name it gets (or "ok"); then a new
                                     connection, echo checked: "later ok"
   shrink_peer.py attack PORT        one connection, echo checked, then on
-                                    each of its DMB memfds: ftruncate (prints
-                                    "truncate " and the errno name, or
-                                    "done") and a hole punched over the
-                                    whole file ("punch done"); then sends
-                                    and prints what it got ("after ...")
+                                    each DMB memfd it holds ("dmbs N"):
+                                    ftruncate (prints "truncate " and the
+                                    errno name, or "done") and a hole
+                                    punched over the whole file ("punch
+                                    done"); then a hole through each DMB
+                                    mapping (MADV_REMOVE: "holed N", N
+                                    DMBs); then sends and prints what it
+                                    got ("after ...")
 """
 
 import ctypes
@@ -109,9 +112,27 @@ def dmb_fds():
     return out
 
 
+MADV_REMOVE = 9
+
+
+def dmb_mappings():
+    """(start, end, inode) of each shared mapping of a DMB memfd."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "smclo-dmb" not in line:
+                continue
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if fields[1][3] == "s":
+                out.append((start, end, fields[4]))
+    return out
+
+
 def attack(port):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     s = connect(port)
     echo_once(s, MSG)
     fds = dmb_fds()
@@ -127,6 +148,15 @@ def attack(port):
             print("punch", errno.errorcode[ctypes.get_errno()], flush=True)
         else:
             print("punch done", flush=True)
+    # The peer's DMB has no descriptor here, only the mapping: a hole
+    # through it (MADV_REMOVE).
+    holed = set()
+    for start, end, inode in dmb_mappings():
+        if libc.madvise(start, end - start, MADV_REMOVE) == 0:
+            holed.add(inode)
+        else:
+            print("madvise", errno.errorcode[ctypes.get_errno()], flush=True)
+    print("holed", len(holed), flush=True)
     try:
         echo_once(s, MSG)
         print("after ok", flush=True)
