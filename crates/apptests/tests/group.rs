@@ -871,5 +871,15 @@ fn a_programs_own_sigbus_handler_gets_its_own_faults() {
     ] {
         assert!(out.lines().any(|l| l == line), "{line:?}:\n{}", p.logs());
     }
+    let ign = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no SigIgn line:\n{}", p.logs()));
+    assert_ne!(
+        ign & 1 << (libc::SIGBUS - 1),
+        0,
+        "an ignored SIGBUS stays ignored through exec"
+    );
     srv.stop(Duration::from_secs(5));
 }

@@ -352,6 +352,27 @@ pub fn program_action(
     Some(0)
 }
 
+/// Runs `exec` (an exec call, which returns only when it failed) with the
+/// program's `SIGBUS` disposition in the kernel if it ignores the signal:
+/// exec carries an ignored disposition into the new image, and a handled
+/// one as the default. Ours is back when the exec failed.
+pub fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
+    if STATE.load(Acquire) != INSTALLED || PROG_HANDLER.load(Acquire) != libc::SIG_IGN {
+        return exec();
+    }
+    // SAFETY: an all-zero sigaction is a valid start.
+    let mut ign: libc::sigaction = unsafe { std::mem::zeroed() };
+    ign.sa_sigaction = libc::SIG_IGN;
+    real_sigaction(libc::SIGBUS, &ign, std::ptr::null_mut());
+    let r = exec();
+    // SAFETY: this thread's errno slot.
+    let errno = unsafe { *libc::__errno_location() };
+    kernel_action();
+    // SAFETY: as above; the caller reports exec's errno.
+    unsafe { *libc::__errno_location() = errno };
+    r
+}
+
 /// What the kernel runs for `SIGBUS`.
 extern "C" fn on_sigbus(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     // SAFETY: this thread's errno slot.

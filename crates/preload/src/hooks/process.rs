@@ -147,6 +147,8 @@ fn exec_with(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    // An ignored SIGBUS stays ignored in the new image.
+    let run = |env| smclo::fault::around_exec(|| run(env));
     // The new image could not finish a handshake.
     super::pending::settle_all();
     let plain_env = adopt::PlainEnv::new(envp);
