@@ -663,6 +663,9 @@ fn shrink_device_under_live_connection(
     let script = shrink_script(env);
     let port = free_port();
     let mut srv = start_shrink_server(env, &web, &script, port);
+    // A second server that has no connection until the device is gone.
+    let idle_port = free_port();
+    let mut idle = start_shrink_server(env, &web, &script, idle_port);
     let mut tcp = plain_conn(port);
     echo_plain(&mut tcp, "before");
     let before = env.stats();
@@ -710,7 +713,22 @@ fn shrink_device_under_live_connection(
     echo_plain(&mut tcp, "after");
     echo_plain(&mut plain_conn(port), "later");
     assert!(srv.alive(), "{}", srv.logs());
+    // Its first access to the device is the accept of this connection.
+    let t0 = Instant::now();
+    echo_plain(&mut plain_conn(idle_port), "the idle server's first");
+    let took = t0.elapsed();
+    assert!(
+        idle.alive(),
+        "the idle server must survive\n{}",
+        idle.logs()
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "its connection waited {took:?}\n{}",
+        idle.logs()
+    );
     srv.stop(Duration::from_secs(5));
+    idle.stop(Duration::from_secs(5));
 }
 
 /// Runs `prog args` as `user`, without smclo; panics unless it succeeds.
