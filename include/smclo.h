@@ -47,6 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <signal.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -253,6 +254,17 @@ void smclo_poller_free(smclo_poller *p);
  * would have; without it the handler runs and the wait goes on to sleep.
  */
 void smclo_signal_handler_ran(int sig);
+
+/**
+ * smclo installs a SIGBUS handler when it first maps a shared file (the
+ * device, a DMB): another process of the device's users that truncates
+ * such a file then resets connections instead of killing the process. A
+ * program that installs its own SIGBUS handler after that calls this first
+ * from it, with the kernel's siginfo (async-signal-safe): 1 means the
+ * fault was in smclo's mappings and is recovered (return from the
+ * handler), 0 that it is the program's own.
+ */
+int smclo_fault_recover(const siginfo_t *info);
 
 #ifdef __cplusplus
 }

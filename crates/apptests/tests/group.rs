@@ -592,3 +592,351 @@ fn a_peer_that_left_the_group_is_declined_with_peer_cred() {
     assert_eq!(d.fallbacks(), 2, "{}", d.fallbacks_desc());
     assert!(cp.stderr_str().contains("PEER_CRED"), "{}", cp.logs());
 }
+
+// ---------------------------------------------------------------------------
+// A member that shrinks a shared file breaks connections, never processes.
+
+/// `tests/py/shrink_peer.py`, copied where the test's users can read it.
+fn shrink_script(env: &Env) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/shrink_peer.py");
+    let dst = env.path("shrink_peer.py");
+    fs::copy(src, &dst).unwrap();
+    dst.display().to_string()
+}
+
+/// The echo server of `shrink_peer.py` as `user` under `smclo run`.
+fn start_shrink_server(env: &mut Env, user: &str, script: &str, port: u16) -> Proc {
+    let p = port.to_string();
+    let c = env.command_as(user, Mode::Smclo, "python3", &[script, "server", &p]);
+    let mut srv = env.spawn_cmd("server", c);
+    wait_listen(&mut srv, port);
+    srv
+}
+
+/// One echo over `s` (a plain TCP connection of the test, no smclo).
+fn echo_plain(s: &mut std::net::TcpStream, what: &str) {
+    use std::io::{Read, Write};
+    let msg = format!("plain {what}\n");
+    s.write_all(msg.as_bytes()).unwrap();
+    let mut got = vec![0u8; msg.len()];
+    s.read_exact(&mut got)
+        .unwrap_or_else(|e| panic!("the server's TCP connection ({what}): {e}"));
+    assert_eq!(got, msg.as_bytes(), "{what}");
+}
+
+fn plain_conn(port: u16) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s
+}
+
+/// Waits until `p`'s stdout has the line `line`.
+fn wait_line(p: &mut Proc, line: &str) {
+    let t0 = Instant::now();
+    while !p.stdout_str().lines().any(|l| l == line) {
+        assert!(
+            p.alive() && t0.elapsed() < T,
+            "{} never printed {line:?}\n{}",
+            p.name,
+            p.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `shrink(device)` run as `user` (a member that never ran smclo) shrinks
+/// the device file while a server (one member) and a client (another)
+/// have an SMC-D connection on it and the server a plain TCP one: nobody
+/// dies; the SMC-D connection is reset, the TCP one and later connections
+/// (TCP: the device is gone) work.
+fn shrink_device_under_live_connection(
+    acc: &mut Accounts,
+    env: &mut Env,
+    lost: Lost,
+    shrink: impl FnOnce(&mut Env, &Path, &str),
+) {
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let evil = acc.user("evil", Member::Supplementary);
+    open_tmp(env);
+    env.extra_env
+        .push(("SMCLO_DEBUG".to_string(), "1".to_string()));
+    let script = shrink_script(env);
+    let port = free_port();
+    let mut srv = start_shrink_server(env, &web, &script, port);
+    // A second server that has no connection until the device is gone.
+    let idle_port = free_port();
+    let mut idle = start_shrink_server(env, &web, &script, idle_port);
+    let mut tcp = plain_conn(port);
+    echo_plain(&mut tcp, "before");
+    let before = env.stats();
+    let go = env.path("go");
+    let p = port.to_string();
+    let c = env.command_as(
+        &cli,
+        Mode::Smclo,
+        "python3",
+        &[&script, "client", &p, go.to_str().unwrap()],
+    );
+    let mut client = env.spawn_cmd("client", c);
+    wait_line(&mut client, "live ok");
+    let d = delta(&before, &env.stats());
+    assert_eq!(
+        d.conns_opened,
+        1,
+        "the live connection is SMC-D: {}",
+        d.fallbacks_desc()
+    );
+    let dev = env.dev_dir.join("device");
+    shrink(env, &dev, &evil);
+    fs::write(&go, b"").unwrap();
+    let st = client.wait(T);
+    let out = client.stdout_str();
+    assert!(
+        st.success(),
+        "the client must survive: {st:?}\n{}",
+        client.logs()
+    );
+    assert!(out.lines().any(|l| l == "later ok"), "{}", client.logs());
+    let err = client.stderr_str();
+    assert!(
+        err.contains("stays TCP (NOSMCDDEV"),
+        "the later connection is TCP:\n{err}"
+    );
+    match lost {
+        Lost::Mapping => {
+            assert!(
+                out.lines().any(|l| l == "live ECONNRESET"),
+                "the live connection is reset:\n{}",
+                client.logs()
+            );
+            assert!(
+                err.contains("connection reset: the device file was truncated")
+                    && err.contains("was truncated under this process: its connections stay TCP"),
+                "the client's log says why:\n{err}"
+            );
+        }
+        Lost::Contents => assert_eq!(
+            out.lines().filter(|l| *l == "live ok").count(),
+            2,
+            "the live connection goes on:\n{}",
+            client.logs()
+        ),
+    }
+    assert!(srv.alive(), "the server must survive\n{}", srv.logs());
+    echo_plain(&mut tcp, "after");
+    echo_plain(&mut plain_conn(port), "later");
+    assert!(srv.alive(), "{}", srv.logs());
+    // Its first access to the device is the accept of this connection.
+    let t0 = Instant::now();
+    echo_plain(&mut plain_conn(idle_port), "the idle server's first");
+    let took = t0.elapsed();
+    assert!(
+        idle.alive(),
+        "the idle server must survive\n{}",
+        idle.logs()
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "its connection waited {took:?}\n{}",
+        idle.logs()
+    );
+    srv.stop(Duration::from_secs(5));
+    idle.stop(Duration::from_secs(5));
+}
+
+/// What a member's change to the device file costs the processes that map
+/// it.
+#[derive(Clone, Copy)]
+enum Lost {
+    /// Their mappings (their next access faults): their connections on
+    /// the device are reset.
+    Mapping,
+    /// Only its contents (they read zeros: the device is switched off),
+    /// which they may write anyway: live connections go on.
+    Contents,
+}
+
+/// Runs `prog args` as `user`, without smclo; panics unless it succeeds.
+fn run_as(env: &mut Env, user: &str, prog: &str, args: &[&str]) {
+    let c = env.command_as(user, Mode::Plain, prog, args);
+    let mut p = env.spawn_cmd(prog, c);
+    p.wait_ok(T);
+}
+
+#[test]
+fn a_member_that_truncates_the_device_resets_its_connections_and_kills_nobody() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-truncate");
+    group_device(&env, &acc.group);
+    shrink_device_under_live_connection(&mut acc, &mut env, Lost::Mapping, |env, dev, evil| {
+        run_as(env, evil, "truncate", &["-s", "0", dev.to_str().unwrap()]);
+    });
+}
+
+#[test]
+fn a_member_that_punches_a_hole_in_the_device_switches_it_off_and_kills_nobody() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-hole");
+    group_device(&env, &acc.group);
+    // The filesystem has room: the hole reads as zeros, and pages in again.
+    shrink_device_under_live_connection(&mut acc, &mut env, Lost::Contents, |env, dev, evil| {
+        let len = smclo_wire::device_layout::TOTAL_SIZE.to_string();
+        let d = dev.to_str().unwrap();
+        run_as(env, evil, "fallocate", &["-p", "-o", "0", "-l", &len, d]);
+    });
+}
+
+#[test]
+fn a_member_that_punches_a_hole_in_the_device_on_a_full_filesystem_kills_nobody() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-punch");
+    // A filesystem just big enough for the device: a hole punched in it
+    // and refilled by another file cannot be paged in again (SIGBUS).
+    private_mounts();
+    let size = format!("{}k", smclo_wire::device_layout::TOTAL_SIZE / 1024 + 256);
+    let mnt = Tmpfs::mount_at(&env.path("devfs"), &size);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&mnt.0, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::remove_dir_all(&env.dev_dir).unwrap();
+    env.dev_dir = mnt.0.join("smclo");
+    fs::create_dir(&env.dev_dir).unwrap();
+    group_device(&env, &acc.group);
+    shrink_device_under_live_connection(&mut acc, &mut env, Lost::Mapping, |env, dev, evil| {
+        let len = smclo_wire::device_layout::TOTAL_SIZE.to_string();
+        let d = dev.to_str().unwrap();
+        run_as(env, evil, "fallocate", &["-p", "-o", "0", "-l", &len, d]);
+        let fill = dev.with_file_name("fill").display().to_string();
+        let c = env.command_as(
+            evil,
+            Mode::Plain,
+            "dd",
+            &["if=/dev/zero", &format!("of={fill}"), "bs=64k"],
+        );
+        let mut dd = env.spawn_cmd("fill", c);
+        let st = dd.wait(T);
+        assert!(
+            !st.success() && dd.stderr_str().contains("No space left"),
+            "{}",
+            dd.logs()
+        );
+    });
+    drop(mnt);
+    drop(env);
+}
+
+#[test]
+fn a_peer_that_shrinks_or_holes_its_dmbs_harms_only_its_own_connection() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let cli = acc.user("cli", Member::Supplementary);
+    let evil = acc.user("evil", Member::Supplementary);
+    let mut env = Env::new("group-dmb");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let script = shrink_script(&env);
+    let port = free_port();
+    let mut srv = start_shrink_server(&mut env, &web, &script, port);
+    let go = env.path("go");
+    let p = port.to_string();
+    let before = env.stats();
+    let c = env.command_as(
+        &cli,
+        Mode::Smclo,
+        "python3",
+        &[&script, "client", &p, go.to_str().unwrap()],
+    );
+    let mut client = env.spawn_cmd("client", c);
+    wait_line(&mut client, "live ok");
+    // The attacker is a member and a peer: it holds its own DMB's memfd
+    // and the server's, and tries to shrink and hole both.
+    let c = env.command_as(&evil, Mode::Smclo, "python3", &[&script, "attack", &p]);
+    let mut attack = env.spawn_cmd("attack", c);
+    let st = attack.wait(T);
+    assert!(
+        st.success(),
+        "the attacker survives: {st:?}\n{}",
+        attack.logs()
+    );
+    let out = attack.stdout_str();
+    let lines: Vec<&str> = out.lines().collect();
+    let count = |l: &str| lines.iter().filter(|x| **x == l).count();
+    let fds = count("truncate EPERM");
+    assert!(
+        fds >= 1 && lines.contains(&format!("dmbs {fds}").as_str()),
+        "the seals refuse every truncation:\n{}",
+        attack.logs()
+    );
+    assert_eq!(count("punch done"), fds, "{}", attack.logs());
+    assert!(
+        lines.contains(&"holed 2"),
+        "holes in both DMBs:\n{}",
+        attack.logs()
+    );
+    assert!(srv.alive(), "the server survives\n{}", srv.logs());
+    // The other member's live connection and its later one: SMC-D, intact.
+    fs::write(&go, b"").unwrap();
+    client.wait_ok(T);
+    let out = client.stdout_str();
+    assert_eq!(
+        out.lines().filter(|l| *l == "live ok").count(),
+        2,
+        "{}",
+        client.logs()
+    );
+    assert!(out.lines().any(|l| l == "later ok"), "{}", client.logs());
+    let d = delta(&before, &env.stats());
+    assert_eq!(d.conns_opened, 3, "{}", d.fallbacks_desc());
+    assert!(srv.alive(), "{}", srv.logs());
+    echo_plain(&mut plain_conn(port), "later");
+    srv.stop(Duration::from_secs(5));
+}
+
+#[test]
+fn a_programs_own_sigbus_handler_gets_its_own_faults() {
+    let mut acc = Accounts::new();
+    let web = acc.user("web", Member::Primary);
+    let mut env = Env::new("group-own-sigbus");
+    group_device(&env, &acc.group);
+    open_tmp(&env);
+    let script = shrink_script(&env);
+    let port = free_port();
+    let mut srv = start_shrink_server(&mut env, &web, &script, port);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/own_sigbus.c");
+    let exe = compile_c(&env, &src, &[]);
+    let before = env.stats();
+    let scratch = env.path("scratch");
+    let p = env.run(
+        Mode::Smclo,
+        "own_sigbus",
+        exe.to_str().unwrap(),
+        &[&port.to_string(), scratch.to_str().unwrap()],
+        T,
+    );
+    let d = delta(&before, &env.stats());
+    assert_eq!(d.conns_opened, 1, "{}", d.fallbacks_desc());
+    let out = p.stdout_str();
+    for line in [
+        "echo ok",
+        "query answers",
+        "own fault handled",
+        "sent handled",
+        "signal() fault handled",
+        "default kills",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?}:\n{}", p.logs());
+    }
+    let ign = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no SigIgn line:\n{}", p.logs()));
+    assert_ne!(
+        ign & 1 << (libc::SIGBUS - 1),
+        0,
+        "an ignored SIGBUS stays ignored through exec"
+    );
+    srv.stop(Duration::from_secs(5));
+}

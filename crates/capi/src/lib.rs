@@ -761,3 +761,19 @@ pub unsafe extern "C" fn smclo_poller_free(p: *mut smclo_poller) {
 pub extern "C" fn smclo_signal_handler_ran(sig: c_int) {
     smclo::signal::handler_ran(sig);
 }
+
+/// For a program whose own `SIGBUS` handler displaced smclo's (installed
+/// after smclo first mapped a shared file): call it first from that
+/// handler with the kernel's `siginfo_t`; 1 means the fault was in one of
+/// smclo's shared mappings, whose file another process shrank, and is
+/// recovered (return from the handler: the access runs again on zeros and
+/// the connections involved are reset), 0 means it is the program's own.
+/// Async-signal-safe.
+///
+/// # Safety
+/// `info` is NULL or the `siginfo_t` the kernel passed to the handler.
+#[no_mangle]
+pub unsafe extern "C" fn smclo_fault_recover(info: *const libc::siginfo_t) -> c_int {
+    // SAFETY: the caller's siginfo, when not null.
+    unsafe { info.as_ref() }.is_some_and(smclo::fault::recover) as c_int
+}

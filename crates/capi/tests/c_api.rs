@@ -315,3 +315,34 @@ fn c_poller_over_two_streams() {
     assert_eq!(st.fallbacks_total(), 0, "{st:?}");
     assert!(st.xfer_bytes >= 4 * 2000 * 64, "{st:?}");
 }
+
+/// A C client whose own SIGBUS handler (installed after smclo's, asking
+/// `smclo_fault_recover` first) truncates its private device under an
+/// SMC-D connection: the stream is reset (ECONNRESET), the client lives and
+/// its own fault still reaches its handler; the server (the native API,
+/// with smclo's handler) is not killed either.
+#[test]
+fn c_client_survives_its_device_truncated() {
+    let dir = Dir::new();
+    let peer = Command::new(testpeer())
+        .args(["serve", "127.0.0.1:0", "echo"])
+        .env("SMCLO_DEVICE_DIR", &dir.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn smclo-testpeer");
+    let mut peer = Kill(peer);
+    let mut out = BufReader::new(peer.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("testpeer said {line:?}"));
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let o = run(smoke_cmd(&dir, &["shrink", &port]), Duration::from_secs(60));
+    assert_ok(&o, "ok shrink");
+    let st = peer.0.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), None, "smclo-testpeer: {st}");
+}

@@ -6,7 +6,9 @@
 
 mod bench;
 mod dev;
+mod exporter;
 mod kernel_smc;
+mod metrics;
 mod run;
 mod ss;
 mod stats;
@@ -22,7 +24,11 @@ commands:
   dev set KEY=VALUE...          set knobs: active=0|1 dmb_copy=0|1 dmb_type=4k|huge
   dev init --group GROUP [DIR]  make DIR (default /run/smclo) a device shared by GROUP
   stats [-a] [--json]           connections, DMBs, bytes moved, fallbacks by reason
+  stats --prometheus            the same as Prometheus text (--openmetrics: OpenMetrics)
   stats reset                   zero the counters
+  exporter [--listen ADDR:PORT] [--device DIR]...
+                                serve the counters at http://ADDR:PORT/metrics
+                                (default 127.0.0.1:9468)
   ss [-a] [--json]              SMC-D connections (-a: and open fallbacks), like smcss
   ss -l [--json]                the listeners registered on the device
   bench [...]                   built-in benchmarks (smclo bench --help)
@@ -59,6 +65,7 @@ fn run(args: &[String]) -> i32 {
         Some("dev" | "device" | "d") => dev::main(rest),
         Some("stats" | "s") => stats::main(rest),
         Some("ss") => ss::main(rest),
+        Some("exporter") => exporter::main(rest),
         Some("bench") => bench::main(rest),
         Some("run") => run::main(rest),
         Some(other) => {

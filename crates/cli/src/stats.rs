@@ -1,20 +1,32 @@
-//! `smclo stats`: the device's counters, as a table or as JSON.
+//! `smclo stats`: the device's counters, as a table, as JSON, or in the
+//! Prometheus or OpenMetrics text format ([`crate::metrics`]).
 
+use crate::metrics::{self, DeviceStats, Format};
 use smclo::device::Stats;
 use smclo_wire::reason::Reason;
 use std::fmt::Write;
 
 const USAGE: &str = "\
-usage: smclo stats [-a|--all] [--json]
+usage: smclo stats [-a|--all] [--json|--prometheus|--openmetrics]
        smclo stats reset
 
-  -a, --all   list every fallback reason, also those never counted
-  --json      one JSON object with stable keys
+  -a, --all      list every fallback reason, also those never counted
+  --json         one JSON object with stable keys
+  --prometheus   the Prometheus text format (node-exporter's textfile collector)
+  --openmetrics  OpenMetrics 1.0
 ";
+
+/// How `smclo stats` prints the counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+    Metrics(Format),
+}
 
 /// Entry point of `smclo stats`.
 pub fn main(args: &[String]) -> i32 {
-    let (mut all, mut json) = (false, false);
+    let (mut all, mut out) = (false, Output::Table);
     match args.first().map(String::as_str) {
         Some("reset") if args.len() == 1 => {
             return match crate::open_device() {
@@ -35,7 +47,9 @@ pub fn main(args: &[String]) -> i32 {
     for a in args {
         match a.as_str() {
             "-a" | "--all" => all = true,
-            "--json" | "-j" => json = true,
+            "--json" | "-j" => out = Output::Json,
+            "--prometheus" => out = Output::Metrics(Format::Prometheus),
+            "--openmetrics" => out = Output::Metrics(Format::OpenMetrics),
             _ => {
                 eprintln!("smclo stats: unexpected argument {a:?}\n");
                 eprint!("{USAGE}");
@@ -48,7 +62,18 @@ pub fn main(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     let s = dev.stats();
-    print!("{}", if json { to_json(&s) } else { to_table(&s, all) });
+    let text = match out {
+        Output::Table => to_table(&s, all),
+        Output::Json => to_json(&s),
+        Output::Metrics(fmt) => {
+            let d = DeviceStats {
+                dir: dev.dir().display().to_string(),
+                stats: s,
+            };
+            metrics::render(&[d], fmt)
+        }
+    };
+    print!("{text}");
     0
 }
 

@@ -594,9 +594,33 @@ impl Conn {
     // ----- errors ---------------------------------------------------------
 
     fn sticky(&self) -> io::Result<()> {
+        if crate::fault::any_lost() {
+            self.reset_if_lost();
+        }
         match self.err.load(Ordering::Relaxed) {
             0 => Ok(()),
             e => Err(errno(e)),
+        }
+    }
+
+    /// Resets the connection (`ECONNRESET`, as a TCP RST) if this process
+    /// lost the mapping of one of its DMBs or of its device: another
+    /// process shrank the file under it ([`crate::fault`]).
+    fn reset_if_lost(&self) {
+        let what = if self.local.lost() {
+            "its receive DMB"
+        } else if self.peer.lost() {
+            "the peer's DMB"
+        } else if self.record.as_ref().is_some_and(|r| r.device_lost()) {
+            "the device file"
+        } else {
+            return;
+        };
+        if self.err.load(Ordering::Relaxed) == 0 {
+            crate::debug!(
+                "connection reset: {what} was truncated or could not be paged in (another process of the device's users shrank it or punched a hole in it on a full filesystem)"
+            );
+            self.abort_with(libc::ECONNRESET);
         }
     }
 

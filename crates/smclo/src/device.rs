@@ -181,12 +181,16 @@ pub struct Device {
     /// ([`ADMITTED_UNKNOWN`] before any).
     admitted: AtomicU64,
     me: Weak<Device>,
+    /// The mapping, registered for recovery from a shrunk file
+    /// ([`crate::fault`]).
+    region: crate::fault::Region,
     /// This process's pid namespace's membership lock ([`crate::table`]):
     /// held before any entry can be claimed.
     _membership: Membership,
 }
 
-// SAFETY: `base` points to a MAP_SHARED mapping that is never unmapped and is
+// SAFETY: `base` points to a MAP_SHARED mapping (or, once lost, the private
+// zeros [`crate::fault`] put in its place) that is never unmapped and is
 // only accessed through atomics (or read-only fields validated at open), so
 // it may be used from any thread.
 unsafe impl Send for Device {}
@@ -457,7 +461,7 @@ impl Device {
             let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = cache
                 .iter()
-                .find(|c| c.dir == dir && Some(c.file_id) == file_id)
+                .find(|c| c.dir == dir && Some(c.file_id) == file_id && !c.dev.lost())
             {
                 return Ok(c.dev.clone());
             }
@@ -466,7 +470,7 @@ impl Device {
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = cache
             .iter()
-            .find(|c| c.dir == dir && c.file_id == dev.file_id)
+            .find(|c| c.dir == dir && c.file_id == dev.file_id && !c.dev.lost())
         {
             // Another thread mapped the same file meanwhile: use one mapping.
             return Ok(c.dev.clone());
@@ -570,8 +574,18 @@ impl Device {
             opened_by: euid(),
             admitted: AtomicU64::new(ADMITTED_UNKNOWN),
             me: me.clone(),
+            region: crate::fault::Region::register(p.cast(), len),
             _membership: membership,
         }))
+    }
+
+    /// Whether this process lost its mapping of the device: the file was
+    /// shrunk under it (or a hole in it could not be filled), and
+    /// [`crate::fault`] put private zeros in its place. A lost device
+    /// reads as switched off; its connections are reset
+    /// ([`crate::conn`]), and [`Device::open`] maps the file anew.
+    pub fn lost(&self) -> bool {
+        self.region.lost()
     }
 
     /// The device directory.
@@ -1432,6 +1446,12 @@ impl std::fmt::Debug for ConnRecord {
 }
 
 impl ConnRecord {
+    /// Whether this process lost its mapping of the record's device
+    /// ([`Device::lost`]).
+    pub fn device_lost(&self) -> bool {
+        self.dev.lost()
+    }
+
     /// `n` bytes written into the peer's ring (summed into `xfer_bytes`).
     pub fn add_tx(&self, n: u64) {
         if let Some(e) = self.dev.live_entry(self.idx, self.gen) {

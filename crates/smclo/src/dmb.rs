@@ -50,6 +50,9 @@ pub struct Dmb {
     /// Our memfd of this DMB parked in [`crate::vault`] once closed (a
     /// peer's, or our own without `own`): exec passes it to the new image.
     kept: Option<crate::vault::Kept>,
+    /// The reservation, registered for recovery from a shrunk file
+    /// ([`crate::fault`]); `None` only while the drop moves the mapping.
+    region: Option<crate::fault::Region>,
 }
 
 /// The parts of a [`Dmb`] that only its owner has.
@@ -498,7 +501,15 @@ impl Dmb {
             own: None,
             attach: None,
             kept: None,
+            region: Some(crate::fault::Region::register(base.cast(), map_len)),
         })
+    }
+
+    /// Whether the memfd under this mapping was shrunk and the mapping
+    /// replaced by private zeros ([`crate::fault`]): the connection that
+    /// uses it is reset.
+    pub fn lost(&self) -> bool {
+        self.region.as_ref().is_some_and(|r| r.lost())
     }
 
     /// The DMB token.
@@ -570,6 +581,11 @@ impl Dmb {
 impl Drop for Dmb {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
+        if self.lost() {
+            // Private zeros now: nothing to detach, nothing to reuse.
+            self.attach = None;
+            self.own = None;
+        }
         if let Some((rec, gen, id)) = self.attach.take() {
             // Detach: the owner may reuse its DMB once the record is 0. Not
             // after a fork (a child may still write through the mapping),
@@ -586,6 +602,7 @@ impl Drop for Dmb {
                     own: None,
                     attach: None,
                     kept: self.kept.take(),
+                    region: self.region.take(),
                 };
                 self.base = std::ptr::null_mut();
                 crate::pool::put_peer(id, cached);
@@ -605,12 +622,15 @@ impl Drop for Dmb {
                     }),
                     attach: None,
                     kept: None,
+                    region: self.region.take(),
                 };
                 self.base = std::ptr::null_mut();
                 crate::pool::put(pooled);
                 return;
             }
         }
+        // Unregistered before the range is given back.
+        self.region = None;
         // SAFETY: the reservation is ours and nothing borrowed from `self`
         // outlives it (accessors borrow `self`).
         unsafe { libc::munmap(self.base.cast(), self.map_len) };

@@ -22,6 +22,7 @@ pub mod doorbell;
 pub mod early_count;
 pub mod error;
 pub mod fallbacks;
+pub mod fault;
 pub mod fdnum;
 pub mod handshake;
 pub mod owner;

@@ -21,6 +21,12 @@
 //! later are not registered. `smclo ss -l` and the listener count show the
 //! wildcard entry only.
 //!
+//! Before it registers, a listener sets its port's bit in the device's
+//! port filter ([`layout::PORT_FILTER_WORDS`]), which is never cleared: a
+//! client connecting to a port whose bit is clear (most connections to
+//! plain servers and other hosts) reads one word instead of the port's
+//! window of entries.
+//!
 //! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
 //! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
 //! server answers, and the client falls back after its bounded wait.
@@ -66,6 +72,29 @@ const _: () = assert!(std::mem::size_of::<ListenerEntry>() == layout::LISTENER_E
 fn entry(dev: &Device, i: usize) -> &ListenerEntry {
     let i = i % layout::LISTENER_ENTRIES as usize;
     dev.at(layout::LISTENER_OFF as usize + i * layout::LISTENER_ENTRY_LEN as usize)
+}
+
+/// The port filter's word and bit for `port`.
+fn port_bit(dev: &Device, port: u16) -> (&AtomicU64, u64) {
+    let bit = port as usize % (64 * layout::PORT_FILTER_WORDS);
+    let word = dev.at::<AtomicU64>(layout::off::PORT_FILTER + bit / 64 * 8);
+    (word, 1 << (bit % 64))
+}
+
+/// Notes in the port filter that a listener may be registered on `port`,
+/// before its entry is published: a client that finds the bit clear would
+/// not have found the entry either.
+fn mark_port(dev: &Device, port: u16) {
+    let (word, bit) = port_bit(dev, port);
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        word.fetch_or(bit, Ordering::SeqCst);
+    }
+}
+
+/// Whether a listener may ever have been registered on `port`.
+fn port_may_listen(dev: &Device, port: u16) -> bool {
+    let (word, bit) = port_bit(dev, port);
+    word.load(Ordering::Acquire) & bit != 0
 }
 
 /// An address in canonical form ([`ends::canon_ip`]), family widened to
@@ -140,6 +169,7 @@ impl Drop for ListenerGuard {
 /// Fails with `ENOSPC` when the [`PROBE`] entries of the port's window are
 /// all held by live listeners.
 pub fn register_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard> {
+    mark_port(dev, addr.port());
     let mut guard = register_entry(dev, addr, 0)?;
     if addr.ip().is_unspecified() {
         let ips = sockaddr::namespace_addrs(addr.is_ipv6()).unwrap_or_else(|e| {
@@ -250,6 +280,9 @@ fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
 /// namespace and exact addresses are preferred. Entries of dead owners met
 /// on the way are freed.
 pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
+    if !port_may_listen(dev, dest.port()) {
+        return None;
+    }
     let (dfam, dbytes) = canon(dest.ip());
     let port = dest.port();
     let my_ns = netns_inode();

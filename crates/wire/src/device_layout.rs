@@ -24,7 +24,9 @@
 //!       xfer_bytes_retired, xfer_bytes_base, last_sweep_ms
 //!   256 fallbacks by reason, client side: [u64; 32]
 //!   512 fallbacks by reason, server side: [u64; 32]
-//!   768 reserved to 4096
+//!   768 reserved to 1024
+//!   1024 listener port filter: [u64; 256], one bit per port modulo 16384
+//!   3072 reserved to 4096
 //! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
 //! LISTENER_OFF      listener registry, LISTENER_ENTRIES x 64 bytes
 //! RENDEZVOUS_OFF    rendezvous slots, RENDEZVOUS_ENTRIES x 2048 bytes
@@ -41,14 +43,18 @@
 //! table (`smclo ss -a`); version 5 moved a DMB entry's `rx_bytes` to its
 //! second cache line. Version 6 gave a rendezvous slot's reserved word the
 //! client's early-byte count: a version 5 server would ignore it and leave
-//! the counted bytes in its TCP stream ahead of the ring's.
+//! the counted bytes in its TCP stream ahead of the ring's. Version 7 left
+//! the SYN mark's TTL out of a rendezvous slot's key (routing hops
+//! decrement it; a version 6 server would look in the wrong place) and
+//! added the listener port filter, which a version 6 listener would not
+//! set.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
@@ -89,6 +95,15 @@ pub const FALLBACK_OFF: u32 = RENDEZVOUS_OFF + RENDEZVOUS_ENTRIES * RENDEZVOUS_E
 pub const MSG_AREA_LEN: u32 = 512;
 /// Offsets of the proposal, reply and confirm areas inside a slot.
 pub const MSG_AREA_OFF: [u32; 3] = [128, 128 + MSG_AREA_LEN, 128 + 2 * MSG_AREA_LEN];
+
+/// Words of the listener port filter in the header: bit `port %
+/// (64 * PORT_FILTER_WORDS)` is set before a listener on `port` is
+/// registered and never cleared, so a client whose destination port's bit
+/// is clear knows without reading the registry that no smclo listener has
+/// it.
+pub const PORT_FILTER_WORDS: usize = 256;
+
+const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= HEADER_LEN as usize);
 
 /// Counters per side for fallbacks by reason (indexed by `Reason::index()`).
 pub const REASON_SLOTS: u32 = 32;
@@ -164,6 +179,8 @@ pub mod off {
     pub const FALLBACK_CLIENT: usize = 256;
     /// Server-side fallbacks by reason.
     pub const FALLBACK_SERVER: usize = 512;
+    /// The listener port filter ([`super::PORT_FILTER_WORDS`] words).
+    pub const PORT_FILTER: usize = 1024;
 }
 
 /// The fixed, validated part of the device header.

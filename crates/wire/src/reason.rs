@@ -21,7 +21,8 @@ pub enum Reason {
     /// destination, or no Proposal was published for this connection.
     /// As in SMC, no Decline is sent for it.
     PeerNoSmc = 0x0301_0000,
-    /// The local smclo device is switched off (`smclo dev set active=0`).
+    /// The local smclo device is switched off (`smclo dev set active=0`),
+    /// or unusable (its file was shrunk under this process's mapping).
     NoSmcdDev = 0x0303_0001,
     /// The peer proposed a different device (its GID is not ours).
     NoSmcd2Dev = 0x0303_0007,
@@ -170,7 +171,7 @@ impl Reason {
                 "peer does not run smclo (no live smclo listener, or no proposal for this connection)"
             }
             Reason::NoSmcdDev => {
-                "no usable smclo device (switched off by smclo dev set active=0, or unusable: its directory is not ours or its filesystem is full)"
+                "no usable smclo device (switched off by smclo dev set active=0, or unusable: its directory is not ours, its filesystem is full, or its file was truncated under this process)"
             }
             Reason::NoSmcd2Dev => "peer uses a different smclo device (GID mismatch)",
             Reason::NoUeid => "UEIDs differ (SMCLO_UEID)",

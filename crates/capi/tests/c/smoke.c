@@ -16,13 +16,20 @@
  *                         listener's descriptor stays quiet; continued, the
  *                         client's handshake decides, the descriptor becomes
  *                         readable and the connection is SMC-D, then as listen
+ *   smoke shrink PORT     as smc, then with its own SIGBUS handler (which asks
+ *                         smclo_fault_recover first) truncates the device
+ *                         file: the stream is reset, the process lives, and
+ *                         a fault in its own mapping reaches its own handler
  *
  * Every failed check prints its line and exits with status 1.
  */
 #include "smclo.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <setjmp.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,6 +390,58 @@ static void poller_workload(const char *ports)
     close(pp[1]);
 }
 
+static sigjmp_buf own_jb;
+static volatile sig_atomic_t recovered, own;
+
+/* A handler installed after smclo's, as the header asks: smclo first. */
+static void on_bus(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig;
+    (void)ctx;
+    if (smclo_fault_recover(si)) {
+        recovered++;
+        return;
+    }
+    own++;
+    siglongjmp(own_jb, 1);
+}
+
+static void shrink_workload(uint16_t port)
+{
+    smclo_stream *s = smclo_connect("127.0.0.1", port);
+    CHECK(s != NULL);
+    CHECK(smclo_is_smc(s) == 1);
+    unsigned char b[100] = { 7 }, back[100];
+    write_all(s, b, sizeof b);
+    read_exact(s, back, sizeof back);
+    CHECK(memcmp(b, back, sizeof b) == 0);
+    struct sigaction sa = { .sa_sigaction = on_bus, .sa_flags = SA_SIGINFO };
+    sigemptyset(&sa.sa_mask);
+    CHECK(sigaction(SIGBUS, &sa, NULL) == 0);
+    char dev[4096];
+    snprintf(dev, sizeof dev, "%s/device", getenv("SMCLO_DEVICE_DIR"));
+    CHECK(truncate(dev, 0) == 0);
+    /* The write's byte count lands in the device: a fault, recovered. */
+    ssize_t w = smclo_write(s, b, sizeof b);
+    ssize_t r = smclo_read(s, b, sizeof b);
+    printf("write %zd read %zd errno %d recovered %d\n", w, r, errno, (int)recovered);
+    CHECK(recovered >= 1);
+    CHECK(r == -1 && errno == ECONNRESET);
+    smclo_close(s);
+    /* A fault of the program's own: its handler gets it. */
+    char path[] = "/dev/shm/smclo-capi-own-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && unlink(path) == 0 && ftruncate(fd, 4096) == 0);
+    volatile char *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(p != MAP_FAILED && ftruncate(fd, 0) == 0);
+    if (sigsetjmp(own_jb, 1) == 0) {
+        (void)p[0];
+        CHECK(!"no fault");
+    }
+    CHECK(own == 1);
+    close(fd);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -404,6 +463,11 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "nbaccept") == 0) {
         nbaccept_workload(argv[2]);
         printf("ok nbaccept\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "shrink") == 0) {
+        shrink_workload((uint16_t)atoi(argv[2]));
+        printf("ok shrink\n");
         return 0;
     }
     int want_smc = strcmp(argv[1], "smc") == 0;

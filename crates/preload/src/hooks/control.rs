@@ -64,11 +64,27 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return unsafe { real::close(fd) };
     }
     let flags = table::FLAGS[fd as usize].load(Ordering::Relaxed);
-    if flags == 0 && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+    if flags & !table::F_HINTS == 0
+        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
+        && forget_hints(fd, flags)
+    {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
     close_slow(fd)
+}
+
+/// Forgets what the flags `flags` of `fd`, hints only ([`table::F_HINTS`]),
+/// said about it, before its close: a plain TCP socket (one connected to
+/// a server without smclo, say) closes without the table's lock. False
+/// when the slow close must do it: the flags changed meanwhile, or an
+/// epoll shadow may hold the descriptor.
+fn forget_hints(fd: RawFd, flags: u16) -> bool {
+    flags == 0
+        || !super::epoll::shadows_exist()
+            && table::FLAGS[fd as usize]
+                .compare_exchange(flags, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
 }
 
 /// Interposed `close_range(2)`: the program's descriptors in the range

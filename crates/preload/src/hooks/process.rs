@@ -148,11 +148,13 @@ fn exec_with(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    // An ignored SIGBUS stays ignored in the new image.
+    let run = |env| smclo::fault::around_exec(|| run(env));
     // The new image could not finish a handshake.
     super::pending::settle_all();
     let program = program();
-    let env = variant::exec_env(&program, envp);
-    let envp = env.as_ref().map_or(envp, |e| e.as_ptr());
+    let preload_env = variant::exec_env(&program, envp);
+    let envp = preload_env.as_ref().map_or(envp, |e| e.as_ptr());
     let plain_env = adopt::PlainEnv::new(envp);
     if LIVE.load(Ordering::Relaxed) == 0 {
         forget_records();

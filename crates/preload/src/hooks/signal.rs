@@ -11,7 +11,10 @@
 //! `SA_NODEFER`, `SA_ONSTACK`, ...) with `SA_SIGINFO` added, and queries
 //! answer with the program's handler and flags. `SIG_IGN`, `SIG_DFL` and
 //! the handlers of fault signals ([`FAULTS`]: a thread that spins raises
-//! none) are installed as given. The trampoline calls the program's
+//! none) are installed as given, except `SIGBUS`: the core's handler,
+//! installed at load, keeps it, recovers from faults in smclo's shared
+//! mappings and runs the program's action for every other
+//! ([`smclo::fault`]); queries answer with the program's action. The trampoline calls the program's
 //! handler with the kernel's arguments and leaves `errno` as the handler
 //! does. Handlers installed with the raw system call are not wrapped; a
 //! wait does not see them run until it sleeps.
@@ -144,6 +147,13 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
+    if sig == libc::SIGBUS {
+        // SAFETY: the caller's action and storage, when not null.
+        let (a, o) = unsafe { (act.as_ref(), old.as_mut()) };
+        if let Some(r) = smclo::fault::program_action(a, o) {
+            return r;
+        }
+    }
     // SAFETY: the caller's action, when not null.
     let wrap = unsafe { act.as_ref() }.and_then(|a| wrapped(sig, a));
     let prev = slot(sig).map(entry);
@@ -310,9 +320,25 @@ pub extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
     unsafe { sigaction(sig, &act, std::ptr::null_mut()) }
 }
 
-/// Finds the real `sigaction` ahead of time: the first call may come from
-/// a signal handler, where `dlsym` must not run.
+/// The real `sigaction`, for the core's own `SIGBUS` handler.
+unsafe extern "C" fn real_sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    // SAFETY: the core's valid arguments, forwarded.
+    unsafe { real::sigaction(sig, act, old) }
+}
+
+/// Finds the real `sigaction` ahead of time (the first call may come from
+/// a signal handler, where `dlsym` must not run), and installs the core's
+/// `SIGBUS` handler before the program can install its own: from then on
+/// the program's `SIGBUS` actions live behind it ([`smclo::fault`]).
 pub(super) fn at_load() {
+    smclo::fault::use_sigaction(real_sigaction);
+    if !super::disabled() {
+        smclo::fault::install();
+    }
     // SAFETY: an all-zero sigaction is valid storage for the query.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: a query (no new action); errno is put back.

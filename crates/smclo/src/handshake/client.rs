@@ -159,6 +159,12 @@ pub fn client_propose_with(
     let given = dest;
     let dest = tcp_syn::canonical(dest);
     if !dev.active() {
+        if dev.lost() {
+            crate::debug!(
+                "the device file in {} was truncated under this process: its connections stay TCP",
+                dev.dir().display()
+            );
+        }
         return Err(Reason::NoSmcdDev);
     }
     let listener = registry::find_listener(dev, dest).ok_or(Reason::PeerNoSmc)?;
