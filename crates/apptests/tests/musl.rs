@@ -242,7 +242,7 @@ fn a_glibc_program_starts_a_musl_client() {
 /// Without a musl build to give it, a musl program runs without smclo
 /// (plain TCP, byte-exact), started by `smclo run` or exec'd by a glibc
 /// program under it: never stopped before `main` by a library its loader
-/// cannot load.
+/// cannot load. A variable naming no file is an error, as for glibc.
 #[test]
 fn without_a_musl_build_a_musl_program_runs_plain() {
     let mut env = Env::new("musl-no-build");
@@ -251,11 +251,14 @@ fn without_a_musl_build_a_musl_program_runs_plain() {
         build(&env, &pair_c, Libc::Glibc),
         build(&env, &pair_c, Libc::Musl),
     );
-    // The glibc build alone in a directory: no musl build next to it.
+    // smclo and the glibc build alone in a directory: no musl build.
     let alone = env.path("glibc-build-alone");
     std::fs::create_dir_all(&alone).unwrap();
-    let glibc_lib = alone.join("libsmclo_preload.so");
-    std::fs::copy(profile_dir().join("libsmclo_preload.so"), &glibc_lib).unwrap();
+    let smclo = alone.join("smclo");
+    std::fs::copy(smclo_bin(), &smclo).unwrap();
+    let glibc = profile_dir().join("libsmclo_preload.so");
+    std::fs::copy(glibc, alone.join("libsmclo_preload.so")).unwrap();
+    let smclo = smclo.display().to_string();
     let (port, n) = (free_port(), N.to_string());
     let s0 = env.stats();
     let mut srv = server(
@@ -266,18 +269,12 @@ fn without_a_musl_build_a_musl_program_runs_plain() {
     );
     let p = port.to_string();
     let by_sh = format!("exec {cli_prog} client {port} {N}");
-    let starts: [(&str, [&str; 3]); 2] = [
-        (&cli_prog, ["client", &p, &n]),
-        ("sh", ["-c", &by_sh, "sh"]),
+    let starts: [&[&str]; 2] = [
+        &["run", "-d", "--", &cli_prog, "client", &p, &n],
+        &["run", "-d", "--", "sh", "-c", &by_sh],
     ];
-    for (i, (prog, args)) in starts.into_iter().enumerate() {
-        let mut c = env.command(Mode::Smclo, None, prog, &args);
-        c.env("SMCLO_PRELOAD_LIB", &glibc_lib)
-            .env(
-                "SMCLO_PRELOAD_MUSL_LIB",
-                "/nonexistent/libsmclo_preload_musl.so",
-            )
-            .env("SMCLO_DEBUG", "1");
+    for (i, args) in starts.into_iter().enumerate() {
+        let c = env.command(Mode::Plain, None, &smclo, args);
         let mut c = env.spawn_cmd(&format!("client{i}"), c);
         c.wait_ok(T);
         assert_eq!(ok_bytes(&c, &srv.logs()), N as u64);
@@ -294,6 +291,18 @@ fn without_a_musl_build_a_musl_program_runs_plain() {
         2,
         "server",
         &srv.logs(),
+    );
+    let mut c = env.command(Mode::Smclo, None, &cli_prog, &["client", &p, &n]);
+    c.env(
+        "SMCLO_PRELOAD_MUSL_LIB",
+        "/nonexistent/libsmclo_preload_musl.so",
+    );
+    let mut c = env.spawn_cmd("bad-variable", c);
+    assert_eq!(c.wait(T).code(), Some(1), "{}", c.logs());
+    assert!(
+        c.stderr_str().contains("SMCLO_PRELOAD_MUSL_LIB"),
+        "{}",
+        c.logs()
     );
 }
 

@@ -32,18 +32,54 @@ libsmclo_preload_musl.so (musl programs) next to this executable, or the
 file named by SMCLO_PRELOAD_LIB or SMCLO_PRELOAD_MUSL_LIB.
 ";
 
+/// Why a build of the preload library was not found.
+#[derive(Debug)]
+pub enum NotFound {
+    /// Its variable names no file.
+    BadVar { var: &'static str, path: PathBuf },
+    /// None of the places it is looked for has it.
+    Nowhere { v: Variant, tried: Vec<PathBuf> },
+    /// There is no telling where this executable is, nor the build.
+    NoOwnPath(String),
+}
+
+impl std::fmt::Display for NotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotFound::BadVar { var, path } => write!(f, "{var}={} is not a file", path.display()),
+            NotFound::NoOwnPath(e) => write!(f, "cannot find my own executable: {e}"),
+            NotFound::Nowhere { v, tried } => {
+                let build = match v {
+                    Variant::Glibc => "cargo build --release -p smclo-preload",
+                    Variant::Musl => "scripts/build-musl-preload",
+                };
+                let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "{} not found (tried {}); build it ({build}) or set {}",
+                    v.file_name(),
+                    tried.join(", "),
+                    v.env_var()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for NotFound {}
+
 /// Where build `v` of the preload library is: its variable, or next to us.
-pub fn find_build(v: Variant) -> Result<PathBuf, String> {
+pub fn find_build(v: Variant) -> Result<PathBuf, NotFound> {
     let var = v.env_var();
     if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p.canonicalize().unwrap_or(p))
         } else {
-            Err(format!("{var}={} is not a file", p.display()))
+            Err(NotFound::BadVar { var, path: p })
         };
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| NotFound::NoOwnPath(e.to_string()))?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let mut tried = Vec::new();
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
@@ -62,21 +98,13 @@ pub fn find_build(v: Variant) -> Result<PathBuf, String> {
                 best = Some((m, p.clone()));
             }
         }
-        tried.push(p.display().to_string());
+        tried.push(p);
     }
     if let Some((_, p)) = best {
         // An absolute path: the program may change directory.
         return Ok(p.canonicalize().unwrap_or(p));
     }
-    let build = match v {
-        Variant::Glibc => "cargo build --release -p smclo-preload",
-        Variant::Musl => "scripts/build-musl-preload",
-    };
-    Err(format!(
-        "{} not found (tried {}); build it ({build}) or set {var}",
-        v.file_name(),
-        tried.join(", ")
-    ))
+    Err(NotFound::Nowhere { v, tried })
 }
 
 /// The file `execvp` runs for `prog`: a path, or the first executable
@@ -114,7 +142,8 @@ fn build_for(prog: &str, debug: bool) -> Result<Option<PathBuf>, String> {
     };
     match find_build(v) {
         Ok(p) => Ok(Some(p)),
-        Err(e) if v == Variant::Musl => {
+        // Not installed: the program runs as it would without smclo.
+        Err(e @ NotFound::Nowhere { .. }) if v == Variant::Musl => {
             if debug {
                 eprintln!(
                     "smclo run: {prog} runs under musl's loader and {e}; it runs without smclo"
@@ -122,7 +151,7 @@ fn build_for(prog: &str, debug: bool) -> Result<Option<PathBuf>, String> {
             }
             Ok(None)
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.to_string()),
     }
 }
 
