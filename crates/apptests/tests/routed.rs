@@ -268,3 +268,68 @@ fn a_rewritten_ttl_declines_at_once() {
 fn a_rewritten_dscp_declines_at_once() {
     changed_mark("dscp", &["DSCP", "--set-dscp", "0"]);
 }
+
+/// A plain server that speaks first at an address an smclo listener of
+/// another network namespace also has: the client's proposal reaches no
+/// server that could answer or decline it, and the server's greeting over
+/// TCP decides at once (the client would wait 30 s, SMCLO_CLC_WAIT_MS).
+#[test]
+fn a_server_that_speaks_first_over_tcp_decides_at_once() {
+    let mut env = Env::new("routed-speaks");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "30000".into()));
+    let (a, b) = (env.netns("smc"), env.netns("plain"));
+    let addr = "10.199.70.1";
+    for ns in [&a.name, &b.name] {
+        ip_in(ns, &["link", "set", "lo", "up"]);
+        ip_in(ns, &["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
+    }
+    let port = 6393;
+    let port_s = port.to_string();
+    // The smclo listener in A registers the exact address.
+    let args = [
+        "--port",
+        &port_s,
+        "--bind",
+        addr,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ];
+    let cmd = env.command(Mode::Smclo, Some(&a.name), "redis-server", &args);
+    let mut redis = env.spawn_cmd("redis-server", cmd);
+    wait_listen(&mut redis, port);
+    // In B, a plain server on the same address and port greets first.
+    let listen = format!("TCP-LISTEN:{port},bind={addr},reuseaddr,fork");
+    let cmd = env.command(
+        Mode::Plain,
+        Some(&b.name),
+        "socat",
+        &[&listen, "SYSTEM:echo 220 hello"],
+    );
+    let mut greeter = env.spawn_cmd("greeter", cmd);
+    wait_listen(&mut greeter, port);
+    let s0 = env.stats();
+    let target = format!("TCP:{addr}:{port}");
+    for _ in 0..3 {
+        let cmd = env.command(
+            Mode::Smclo,
+            Some(&b.name),
+            "socat",
+            &["-u", &target, "STDOUT"],
+        );
+        let t0 = Instant::now();
+        let mut c = env.spawn_cmd("client", cmd);
+        c.wait_ok(T);
+        let took = t0.elapsed();
+        assert_eq!(c.stdout_str().trim(), "220 hello");
+        assert!(
+            took < Duration::from_secs(10),
+            "the client waited {took:?} for an answer after the server's greeting"
+        );
+    }
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 0);
+    assert_eq!(d.fallback(Reason::PeerNoSmc).0, 3, "{}", d.fallbacks_desc());
+}

@@ -32,6 +32,19 @@ use std::time::{Duration, Instant};
 /// slot moved).
 const SLOT_LOOK: Duration = Duration::from_millis(1);
 
+/// How long a wait for the server's answer goes before it also looks at
+/// the TCP socket: a server that went on over TCP without declining (one
+/// that never saw our proposal: a plain server at an address an smclo
+/// listener also has, a mark changed beyond recognition) may speak first,
+/// and its first byte, its end of stream or its reset decides TCP at once
+/// instead of `SMCLO_CLC_WAIT_MS` later. Each later look comes twice as
+/// long after the one before, up to [`TCP_LOOK_MAX`]: a handshake that
+/// waits long (a stopped server) wakes its thread a handful of times.
+const TCP_LOOK: Duration = Duration::from_millis(5);
+
+/// The longest time between two looks at the TCP socket.
+const TCP_LOOK_MAX: Duration = Duration::from_millis(200);
+
 /// A client's published proposal, between the moment it is written into the
 /// device and the moment the server answers.
 pub struct ClientProposal {
@@ -106,6 +119,9 @@ struct Wait {
     refused: Option<Reason>,
     /// When the client gives up; `None` until the wait starts.
     deadline: Option<Instant>,
+    /// When the TCP socket is looked at next ([`TCP_LOOK`]), and the time
+    /// since the look before; `None` until the wait starts.
+    tcp_look: Option<(Instant, Duration)>,
 }
 
 fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
@@ -412,6 +428,9 @@ impl ClientProposal {
     pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
         self.syn_sent();
         self.wait.deadline.get_or_insert(deadline);
+        self.wait
+            .tcp_look
+            .get_or_insert((Instant::now() + TCP_LOOK, TCP_LOOK));
         let Some(d) = self.run(until) else {
             // Undecided: the program gets control back and may not look
             // again for a while. A channel left where the kernel put it
@@ -439,7 +458,18 @@ impl ClientProposal {
     /// only a look tells.
     pub fn wake(&self) -> Wake {
         match (&self.wait.chan, &self.rendezvous) {
-            (None, Some(l)) => l.wake_for(self.token),
+            // Also back for the next look at the TCP socket.
+            (None, Some(l)) => {
+                let w = l.wake_for(self.token);
+                let look = self.wait.tcp_look.map_or(TCP_LOOK, |(t, _)| {
+                    t.saturating_duration_since(Instant::now())
+                });
+                let within = w.within.map_or(look, |d| d.min(look));
+                Wake {
+                    within: Some(within),
+                    ..w
+                }
+            }
             (Some(c), _) if self.wait.server_dmb.is_none() => Wake {
                 fd: Some(c.as_raw_fd()),
                 also: None,
@@ -515,8 +545,13 @@ impl ClientProposal {
                 }
             }
             let now = Instant::now();
-            if now >= deadline {
+            let went_tcp = self.server_went_tcp(now);
+            if now >= deadline || went_tcp {
                 match slot.give_up() {
+                    Ok(()) if went_tcp => {
+                        debug!("the server went on over TCP: {}", self.step());
+                        return self.fall_back(Reason::PeerNoSmc);
+                    }
                     Ok(()) => {
                         debug!("gave up waiting: {}", self.step());
                         return self.fall_back(self.wait.refused.unwrap_or(Reason::Timeout));
@@ -537,6 +572,10 @@ impl ClientProposal {
                 }
             }
             let stop = until.map_or(deadline, |u| u.min(deadline));
+            let stop = self
+                .wait
+                .tcp_look
+                .map_or(stop, |(t, _)| stop.min(t.max(now)));
             let moved = self.wait_step(seen, stop.saturating_duration_since(now), &slot);
             if !moved && until.is_some_and(|u| u < deadline && Instant::now() >= u) {
                 return None;
@@ -560,6 +599,43 @@ impl ClientProposal {
                 Some(abort_tcp(self.fd, r))
             }
         }
+    }
+
+    /// Whether the server has gone on over TCP, asked of the TCP socket
+    /// at each look ([`TCP_LOOK`]; never before the first, so a
+    /// server that answers at once costs no system call): bytes to read,
+    /// the end of the stream or an error (a reset) all say that it decided
+    /// TCP, since a server that takes the connection to shared memory
+    /// never writes into its TCP stream. The bytes stay for the program.
+    fn server_went_tcp(&mut self, now: Instant) -> bool {
+        match self.wait.tcp_look {
+            Some((t, every)) if now >= t => {
+                let every = (every * 2).min(TCP_LOOK_MAX);
+                self.wait.tcp_look = Some((now + every, every));
+            }
+            _ => return false,
+        }
+        if self.fd < 0 {
+            return false; // the program closed it (socket_closed)
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: a one-byte buffer we own; MSG_PEEK leaves the stream as
+        // it is.
+        let n = unsafe {
+            libc::recv(
+                self.fd,
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // The connection's own errors say the server ended it; any other
+        // (a descriptor gone from under us) says nothing.
+        n >= 0
+            || matches!(
+                io::Error::last_os_error().raw_os_error(),
+                Some(libc::ECONNRESET | libc::ECONNREFUSED | libc::EPIPE | libc::ETIMEDOUT)
+            )
     }
 
     /// One wait of at most `left` for the server's next step: first until
