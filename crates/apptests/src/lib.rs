@@ -70,7 +70,7 @@ fn package_of(prog: &str) -> &'static str {
         "haproxy" => "haproxy",
         "psql" | "pgbench" => "postgresql-client",
         "node" => "nodejs",
-        "runuser" => "util-linux",
+        "runuser" | "setpriv" => "util-linux",
         "systemd-socket-activate" => "systemd",
         "socat" => "socat",
         "musl-gcc" => "musl-tools",
