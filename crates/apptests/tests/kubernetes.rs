@@ -137,8 +137,8 @@ fn run_install(inst: &Install) -> Output {
     let mut c = Command::new(require("setpriv"));
     c.args(["--no-new-privs", "--inh-caps=-all", "--bounding-set"])
         .arg(&caps)
-        .args(["--", "/bin/sh"])
-        .arg(&inst.script)
+        .args(["--", "/bin/sh", "-c"])
+        .arg(fs::read_to_string(&inst.script).unwrap())
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     for (k, v) in &inst.env {

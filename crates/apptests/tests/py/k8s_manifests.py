@@ -213,13 +213,9 @@ def node_layout(docs):
     layout = {"group": group, "device": host_path(spec, c, device)}
     if layout["device"] is None:
         p.add(where, f"the device directory {device} is in no hostPath volume")
-    libs = set()
-    for f in NODE_FILES:
-        dest = [l for l in script.splitlines() if "mv " in l]
-        if not dest:
-            break
-        target = expand(shlex.split(dest[0])[-1].replace("$f", f), env)
-        libs.add(posixpath.dirname(host_path(spec, c, target) or ""))
+    # Where the files land: the target of the script's `mv` into place.
+    moves = [shlex.split(l) for l in script.splitlines() if l.strip().startswith("mv ")]
+    libs = {posixpath.dirname(host_path(spec, c, expand(m[-1], env)) or "") for m in moves}
     if len(libs) != 1 or "" in libs:
         p.add(where, f"the install script puts {NODE_FILES} in no single hostPath directory: {libs}")
         return None, p
@@ -227,13 +223,19 @@ def node_layout(docs):
     if missing:
         p.add(where, f"the install script does not install {missing}")
     layout["lib"] = libs.pop()
+    check_device_readers(p, where, spec, layout)
+    return layout, p
+
+
+def check_device_readers(p, where, spec, layout):
+    """The DaemonSet's containers that name a device (`--device DIR`) name
+    the one the install step makes."""
     for ctr in spec.get("containers", []):
         cmd = ctr.get("command", [])
         if "--device" in cmd:
             d = cmd[cmd.index("--device") + 1]
             if host_path(spec, ctr, d) != layout["device"]:
                 p.add(where, f"container {ctr['name']} reads device {d}, not the node's {layout['device']}")
-    return layout, p
 
 
 def expand(word, env):
