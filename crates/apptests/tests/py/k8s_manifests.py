@@ -315,6 +315,34 @@ def check_dockerfile(p, root, path):
         p.add(rel, "not a multi-stage build")
 
 
+def image_dirs(docs):
+    """The image's directories the DaemonSet runs and copies from: its
+    install container's paths outside hostPath volumes, and each
+    container's program's directory."""
+    where, spec, c, _ = node_install(docs)
+    if c is None:
+        return set()
+    dirs = {v.rstrip("/") for v in env_of(c).values()
+            if v.startswith("/") and host_path(spec, c, v) is None}
+    for ctr in spec.get("containers", []):
+        prog = ctr.get("command", [""])[0]
+        if prog.startswith("/"):
+            dirs.add(posixpath.dirname(prog))
+    return dirs
+
+
+def check_image_dir(p, root, path, docs):
+    """The Dockerfile's last stage copies the built files to the directory
+    the DaemonSet takes them from."""
+    rel = os.path.relpath(path, root)
+    with open(path) as f:
+        last = f.read().rsplit("\nFROM ", 1)[-1]
+    dests = {w[-1].rstrip("/") for w in (l.split() for l in last.splitlines())
+             if w and w[0].upper() == "COPY"}
+    for d in image_dirs(docs) - dests:
+        p.add(rel, f"the DaemonSet takes smclo from {d}, where the image's last stage copies nothing")
+
+
 def dockerfiles(root):
     for d, _, files in os.walk(os.path.join(root, "deploy")):
         for f in files:
@@ -344,6 +372,7 @@ def check(root):
         p.add("deploy", "no Dockerfile")
     for f in files:
         check_dockerfile(p, root, f)
+        check_image_dir(p, root, f, docs)
     for line in p:
         print(line)
     return 1 if p else 0
