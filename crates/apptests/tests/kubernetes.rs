@@ -178,6 +178,19 @@ fn check_node(dev: &Path, lib: &Path, gid: u32) {
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 
+/// (name, inode) of each file in `dir`.
+fn inodes(dir: &Path) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.file_name().into_string().ok()?, e.metadata().ok()?.ino()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// The example pods' identity: uid, gid and LD_PRELOAD's file.
 fn app_identity() -> HashMap<String, String> {
     ok_stdout("the application pod", manifests(&["app"]))
@@ -351,8 +364,12 @@ fn the_daemonsets_install_step_makes_the_device_the_pods_use() {
 
     // The DaemonSet's pod restarts (a rollout) while the server has the
     // library mapped: the same device, each file replaced whole.
+    let before = inodes(&lib);
     ok_stdout("the install script, run again", run_install(&inst));
     check_node(&dev, &lib, group.gid);
+    let after = inodes(&lib);
+    let kept: Vec<_> = before.iter().filter(|f| after.contains(f)).collect();
+    assert!(kept.is_empty(), "files rewritten in place: {kept:?}");
     install_for_another_group_fails(&env, &group, &lib, &dev);
 
     let (d, n) = set_and_get(&mut env, &lib, &group.gid.to_string(), port);
