@@ -32,13 +32,7 @@ pub enum Mode {
     Plain,
 }
 
-/// `target/<profile>`: the parent of the `deps/` directory that holds the
-/// test executable.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a parent dir");
-    deps.parent().expect("deps/ has a parent dir").to_path_buf()
-}
+pub use smclo_testsupport::profile_dir;
 
 /// The `smclo` binary next to the test executable's parent dir; panics with
 /// a clear message if it has not been built.
@@ -1215,20 +1209,11 @@ pub fn ok_numbers(p: &Proc, logs: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Compiles the C program `src` into the test's temp dir with `cc -O2
-/// -Wall` and `flags`; returns the executable.
+/// Compiles the C program `src` into the test's temp dir with
+/// [`smclo_testsupport::CFLAGS`] and `flags`; returns the executable.
 pub fn compile_c(env: &Env, src: &Path, flags: &[&str]) -> PathBuf {
     let exe = env.path(src.file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall"])
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(src)
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "compiling {} failed", src.display());
-    exe
+    smclo_testsupport::compile_c(src, &exe, flags)
 }
 
 /// The newest PostgreSQL's `bin` directory (`/usr/lib/postgresql/*/bin`).

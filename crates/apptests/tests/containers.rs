@@ -52,20 +52,18 @@ fn free_gid() -> u32 {
 }
 
 /// The host side of the shared device, removed when dropped.
-struct HostDir(PathBuf);
+use smclo_testsupport::DevDir as HostDir;
 
-impl HostDir {
-    fn path(label: &str) -> PathBuf {
-        let p = PathBuf::from(format!("/dev/shm/smclo-ct-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        p
-    }
+trait HostDirs {
+    fn private(uid: u32) -> HostDir;
+    fn group(gid: u32) -> HostDir;
+}
 
+impl HostDirs for HostDir {
     /// A private directory of uid `uid`.
     fn private(uid: u32) -> HostDir {
-        let p = HostDir::path("private");
-        std::fs::create_dir(&p).unwrap();
-        let d = HostDir(p);
+        let d = HostDir::new("ct-private");
+        std::fs::create_dir(&d.0).unwrap();
         std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&d.0, Some(uid), Some(uid)).unwrap();
         d
@@ -73,7 +71,7 @@ impl HostDir {
 
     /// A group device of gid `gid`, made by `smclo dev init --group` (root's).
     fn group(gid: u32) -> HostDir {
-        let d = HostDir(HostDir::path("group"));
+        let d = HostDir::new("ct-group");
         let o = Command::new(smclo_bin())
             .args(["dev", "init", "--group", &gid.to_string()])
             .arg(&d.0)
@@ -81,12 +79,6 @@ impl HostDir {
             .unwrap();
         assert!(o.status.success(), "smclo dev init: {o:?}");
         d
-    }
-}
-
-impl Drop for HostDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -10,6 +10,7 @@
 
 use smclo_apptests::*;
 use smclo_loader::Loader;
+use smclo_testsupport::compile_c_with;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -56,31 +57,21 @@ fn src(dir: &str, name: &str) -> PathBuf {
 fn build(env: &Env, src: &Path, libc: Libc) -> String {
     let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("prog");
     let exe = env.path(&format!("{stem}-{}", libc.name()));
-    let mut c = match libc {
-        Libc::Glibc => Command::new("cc"),
-        Libc::Musl => {
-            let mut c = Command::new(require("musl-gcc"));
-            // musl has no execveat wrapper: the exec tests' inetd reaches
-            // it through syscall(2) (these tests never take that path).
-            c.args([
+    // musl has no execveat wrapper: the exec tests' inetd reaches it
+    // through syscall(2) (these tests never take that path).
+    let (cc, flags) = match libc {
+        Libc::Glibc => ("cc".into(), &[][..]),
+        Libc::Musl => (
+            require("musl-gcc").into_os_string(),
+            &[
                 "-include",
                 "sys/syscall.h",
                 "-Dexecveat(d,p,a,e,f)=syscall(SYS_execveat,d,p,a,e,f)",
-            ]);
-            c
-        }
+            ][..],
+        ),
     };
-    let st = c
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .status()
-        .expect("running the C compiler");
-    assert!(
-        st.success(),
-        "building {} for {libc:?} failed",
-        src.display()
-    );
+    let flags: Vec<&str> = flags.iter().copied().chain(["-O2", "-Wall"]).collect();
+    compile_c_with(&cc, &flags, src, &exe, &[]);
     assert_eq!(Loader::of_path(&exe), libc.loader(), "{}", exe.display());
     exe.display().to_string()
 }

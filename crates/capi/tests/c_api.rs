@@ -6,51 +6,19 @@
 //! `smclo-testpeer` must already be built in the same target directory;
 //! `cargo test --release --workspace` builds it.
 
+use smclo_testsupport::{built, compile_c_with};
+// A private device directory under /dev/shm, removed at the end; a child
+// killed if the test ends early.
+use smclo_testsupport::{ChildGuard as Kill, DevDir as Dir};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-static N: AtomicU32 = AtomicU32::new(0);
-
-/// `target/<profile>`: the test executable lives in its `deps/`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().unwrap()
-    } else {
-        deps
-    };
-    dir.to_path_buf()
-}
-
 fn testpeer() -> PathBuf {
-    let p = profile_dir().join("smclo-testpeer");
-    assert!(
-        p.is_file(),
-        "{} is missing: build it first (`cargo build -p smclo --bin smclo-testpeer` with the same \
-         profile and target directory, or run `cargo test --workspace`)",
-        p.display()
-    );
-    p
-}
-
-/// The directory holding the `libsmclo.so` this test run built: `deps/`
-/// next to the test executable (cargo always writes it there), or
-/// `target/<profile>` (where it is copied for users).
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let candidates = [exe.parent().unwrap().to_path_buf(), profile_dir()];
-    for d in &candidates {
-        if d.join("libsmclo.so").is_file() {
-            return d.clone();
-        }
-    }
-    panic!("libsmclo.so (the smclo-capi cdylib) is in none of {candidates:?}");
+    built("smclo-testpeer")
 }
 
 /// Compiles smoke.c once; returns the executable.
@@ -60,62 +28,24 @@ fn smoke() -> &'static Path {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let include = manifest.join("../../include");
         let src = manifest.join("tests/c/smoke.c");
-        let lib_dir = lib_dir();
+        let lib_dir = built("libsmclo.so").parent().unwrap().to_path_buf();
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("smoke-{}", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-        let o = Command::new(&cc)
-            .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-            .arg("-I")
-            .arg(&include)
-            .arg(&src)
-            .arg("-o")
-            .arg(&out)
-            .arg("-L")
-            .arg(&lib_dir)
-            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-            .arg("-lsmclo")
-            .output()
-            .unwrap_or_else(|e| panic!("run {cc}: {e}"));
-        assert!(
-            o.status.success(),
-            "compiling smoke.c failed:\n{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
+        let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+        let include = format!("-I{}", include.display());
+        let flags = [
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            &include,
+        ];
+        let lib = format!("-L{}", lib_dir.display());
+        let rpath = format!("-Wl,-rpath,{}", lib_dir.display());
+        compile_c_with(&cc, &flags, &src, &out, &[&lib, &rpath, "-lsmclo"])
     })
-}
-
-/// A private device directory under /dev/shm, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let p = PathBuf::from(format!(
-            "/dev/shm/smclo-capi-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        Dir(p)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A child killed if the test ends early.
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Runs `cmd` to completion within `limit`, or kills it and fails.
@@ -178,7 +108,7 @@ fn assert_ok(o: &Output, want: &str) {
 
 #[test]
 fn c_client_upgrades_with_a_smclo_server() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let peer = Command::new(testpeer())
         .args(["serve", "127.0.0.1:0", "echo"])
         .env("SMCLO_DEVICE_DIR", &dir.0)
@@ -212,7 +142,7 @@ fn c_client_upgrades_with_a_smclo_server() {
 
 #[test]
 fn c_client_falls_back_with_a_plain_tcp_server() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
     let echo = std::thread::spawn(move || {
@@ -239,7 +169,7 @@ fn c_client_falls_back_with_a_plain_tcp_server() {
 
 #[test]
 fn c_server_upgrades_with_a_smclo_client() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let tp = testpeer();
     let o = run(
         smoke_cmd(&dir, &["listen", tp.to_str().unwrap()]),
@@ -254,7 +184,7 @@ fn c_server_upgrades_with_a_smclo_client() {
 /// connection is SMC-D, byte-checked.
 #[test]
 fn c_nonblocking_accept_does_not_wait_on_a_stopped_client() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let tp = testpeer();
     let o = run(
         smoke_cmd(&dir, &["nbaccept", tp.to_str().unwrap()]),
@@ -296,7 +226,7 @@ fn echo_server(dir: &Dir) -> (Kill, BufReader<std::process::ChildStdout>, String
 /// counters prove both streams went through shared memory.
 #[test]
 fn c_poller_over_two_streams() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let (mut a, _oa, pa) = echo_server(&dir);
     let (mut b, _ob, pb) = echo_server(&dir);
     let o = run(
@@ -323,7 +253,7 @@ fn c_poller_over_two_streams() {
 /// with smclo's handler) is not killed either.
 #[test]
 fn c_client_survives_its_device_truncated() {
-    let dir = Dir::new();
+    let dir = Dir::new("capi");
     let peer = Command::new(testpeer())
         .args(["serve", "127.0.0.1:0", "echo"])
         .env("SMCLO_DEVICE_DIR", &dir.0)

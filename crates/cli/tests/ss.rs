@@ -13,30 +13,16 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 
 /// (bytes the server reads, bytes it writes) per connection, in order.
 const SERVER_SCRIPT: [(usize, usize); 3] = [(1000, 2000), (3000, 0), (0, 5000)];
 const CLIENT_RING: u32 = 64 * 1024;
 const SERVER_RING: &str = "32k";
 
-struct Dir(PathBuf);
+use smclo_testsupport::DevDir as Dir;
 
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Kills the child on drop, so a failing test leaves no process behind.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use smclo_testsupport::ChildGuard;
 
 fn config(dir: &Path) -> Config {
     let mut c = Config::from_env().unwrap();

@@ -26,26 +26,15 @@ fn peer() -> &'static Path {
 }
 
 /// A device directory for one test, removed when dropped.
-struct DevDir(PathBuf);
+use smclo_testsupport::DevDir;
 
-impl DevDir {
-    fn new(tag: &str) -> DevDir {
-        let p = PathBuf::from(format!(
-            "/dev/shm/smclo-preload-test-{}-{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        DevDir(p)
-    }
-    fn stats(&self) -> Stats {
-        Device::open(&self.0).expect("open the test device").stats()
-    }
+trait DevStats {
+    fn stats(&self) -> Stats;
 }
 
-impl Drop for DevDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl DevStats for DevDir {
+    fn stats(&self) -> Stats {
+        Device::open(&self.0).expect("open the test device").stats()
     }
 }
 

@@ -7,30 +7,26 @@
 use smclo::api::{SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
+use smclo_testsupport::{DevDir, Peer};
 use smclo_wire::reason::Reason;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-static N: AtomicU32 = AtomicU32::new(0);
+/// A fresh device directory ([`Dir::new`]), removed at the end of the test.
+type Dir = DevDir;
 
-/// A fresh device directory, removed at the end of the test.
-struct Dir(PathBuf);
+/// What these tests ask of their device directory.
+trait DirExt {
+    fn cfg(&self) -> Config;
+    fn dev(&self) -> std::sync::Arc<Device>;
+    fn leftovers(&self) -> Vec<String>;
+}
 
-impl Dir {
-    fn new() -> Dir {
-        let p = PathBuf::from(format!(
-            "/dev/shm/smclo-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        Dir(p)
-    }
+impl DirExt for Dir {
     fn cfg(&self) -> Config {
         let mut c = Config::from_env().unwrap();
         c.device_dir = self.0.clone();
@@ -52,30 +48,21 @@ impl Dir {
     }
 }
 
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// `smclo-testpeer` on a device directory.
+trait Testpeer: Sized {
+    fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self;
+    fn serve(dir: &Path, workload: &str) -> (Self, String);
+    fn serve_env(dir: &Path, workload: &str, env: &[(&str, &str)]) -> (Self, String);
 }
 
-struct Peer {
-    child: Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Peer {
+impl Testpeer for Peer {
     fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Peer {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_smclo-testpeer"));
-        cmd.args(args)
-            .env("SMCLO_DEVICE_DIR", dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args(args).env("SMCLO_DEVICE_DIR", dir);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn smclo-testpeer");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Peer { child, out }
+        Peer::start(cmd)
     }
     fn serve(dir: &Path, workload: &str) -> (Peer, String) {
         Peer::serve_env(dir, workload, &[])
@@ -88,27 +75,6 @@ impl Peer {
             .unwrap_or_else(|| panic!("peer said {l:?}"))
             .to_string();
         (p, addr)
-    }
-    fn line(&mut self) -> String {
-        let mut s = String::new();
-        self.out.read_line(&mut s).unwrap();
-        s.trim().to_string()
-    }
-    fn kill9(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-    fn wait_ok(mut self) {
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "peer exited with {st}");
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -159,7 +125,7 @@ fn read_to_end_hash(mut r: impl Read) -> std::io::Result<(u64, u64)> {
 
 #[test]
 fn upgrades_and_moves_bytes_exactly_both_ways() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
     assert!(s.is_smc(), "fell back: {:?}", s.fallback_reason());
@@ -207,7 +173,7 @@ fn upgrades_and_moves_bytes_exactly_both_ways() {
 /// need to put them back.
 #[test]
 fn smc_stream_tcp_shows_no_syn_mark() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let n = 1000u64;
     let (peer, addr) = Peer::serve(&dir.0, &format!("source:{n}:7"));
     let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
@@ -236,7 +202,7 @@ fn smc_stream_tcp_shows_no_syn_mark() {
 
 #[test]
 fn server_speaks_first_through_shared_memory() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let n = 5_000_000u64;
     let (peer, addr) = Peer::serve(&dir.0, &format!("source:{n}:99"));
     let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
@@ -248,7 +214,7 @@ fn server_speaks_first_through_shared_memory() {
 
 #[test]
 fn many_sequential_connections_leave_nothing_behind() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = {
         // The server is the other process; run 50 connections against a
         // fresh echo peer each time would be slow, so use one sink per
@@ -301,7 +267,7 @@ fn echo_check(mut s: SmcStream) {
 
 #[test]
 fn fallback_device_inactive() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     dir.dev().set_active(false);
     let (peer, addr) = Peer::serve(&dir.0, "echo");
     let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
@@ -315,8 +281,8 @@ fn fallback_device_inactive() {
 
 #[test]
 fn fallback_different_device_directory() {
-    let a = Dir::new();
-    let b = Dir::new();
+    let a = Dir::new("hs");
+    let b = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&a.0, "echo");
     let s = SmcStream::connect_with(&addr, &b.cfg()).unwrap();
     assert_eq!(s.fallback_reason(), Some(Reason::PeerNoSmc));
@@ -328,7 +294,7 @@ fn fallback_different_device_directory() {
 
 #[test]
 fn fallback_ueid_mismatch() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve_env(&dir.0, "echo", &[("SMCLO_UEID", "TENANT-A")]);
     let mut cfg = dir.cfg();
     cfg.ueid = Some(*b"TENANT-B                        ");
@@ -374,7 +340,7 @@ fn echo_plain(mut t: TcpStream) {
 
 #[test]
 fn fallback_token_gone() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let cfg = dir.cfg();
@@ -418,7 +384,7 @@ fn early_proposal(
 
 #[test]
 fn early_bytes_reach_an_smc_server_first_and_in_order() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, Some(b"early"));
     let smclo::handshake::Decision::Smc(e) = p.finish() else {
@@ -447,7 +413,7 @@ fn early_bytes_reach_an_smc_server_first_and_in_order() {
 
 #[test]
 fn early_bytes_counted_but_not_in_the_stream_keep_tcp() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, None);
     assert_eq!(p.finish().fallback_reason(), Some(Reason::SyncErr));
@@ -461,7 +427,7 @@ fn early_bytes_counted_but_not_in_the_stream_keep_tcp() {
 
 #[test]
 fn early_bytes_stay_in_the_stream_when_the_server_declines() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve_env(&dir.0, "echo", &[("SMCLO_UEID", "TENANT-A")]);
     let mut cfg = dir.cfg();
     cfg.ueid = Some(*b"TENANT-B                        ");
@@ -478,7 +444,7 @@ fn early_bytes_stay_in_the_stream_when_the_server_declines() {
 
 #[test]
 fn early_bytes_of_a_client_gone_after_its_write_arrive() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut client = Peer::spawn(&dir.0, &["stall", &addr, "early"], &[]);
@@ -496,7 +462,7 @@ fn early_bytes_of_a_client_gone_after_its_write_arrive() {
 
 #[test]
 fn fallback_timeout_when_server_accepts_late() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut peer = Peer::spawn(
@@ -520,7 +486,7 @@ fn fallback_timeout_when_server_accepts_late() {
 
 #[test]
 fn fallback_proposer_dead() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut peer = Peer::spawn(
@@ -550,7 +516,7 @@ fn fallback_proposer_dead() {
 
 #[test]
 fn plain_server_gets_exactly_its_bytes_client_first() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let t = std::thread::spawn(move || {
@@ -572,7 +538,7 @@ fn plain_server_gets_exactly_its_bytes_client_first() {
 
 #[test]
 fn plain_server_speaks_first() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let t = std::thread::spawn(move || {
@@ -593,7 +559,7 @@ fn plain_server_speaks_first() {
 
 #[test]
 fn plain_client_gets_exactly_its_bytes_from_smclo_server() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     // Client speaks first: echo.
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let mut c = TcpStream::connect(&addr).unwrap();
@@ -629,7 +595,7 @@ fn assert_ends_within(what: &str, start: Instant, r: std::io::Result<usize>) {
 
 #[test]
 fn kill9_server_mid_transfer() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "source:100000000000:3");
     let s = SmcStream::connect_with(&addr, &dir.cfg()).unwrap();
     assert!(s.is_smc());
@@ -656,7 +622,7 @@ fn kill9_server_mid_transfer() {
 
 #[test]
 fn kill9_client_while_server_blocked_writing() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     // The client reads one byte's worth of nothing: it holds.
@@ -697,7 +663,7 @@ fn kill9_client_while_server_blocked_writing() {
 
 #[test]
 fn kill9_both_ends_leaves_no_dmb() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut server, addr) = Peer::serve(&dir.0, "echo");
     let mut client = Peer::spawn(&dir.0, &["connect", &addr, "hold"], &[]);
     assert_eq!(client.line(), "smc=1 reason=-");
@@ -711,7 +677,7 @@ fn kill9_both_ends_leaves_no_dmb() {
 
 #[test]
 fn zero_copy_on_a_fallback_keeps_bytes_visible_to_poll() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let t = std::thread::spawn(move || {
@@ -802,7 +768,7 @@ fn flood_abstract(name: &[u8]) -> Vec<std::os::fd::OwnedFd> {
 
 #[test]
 fn flooded_rendezvous_socket_does_not_stall_the_server() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let cfg = dir.cfg();
@@ -912,7 +878,7 @@ fn accept_ready(l: &SmcListener) -> (SmcStream, Duration) {
 
 #[test]
 fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     // The server's SMCLO_CLC_WAIT_MS is the default (1 s): a non-blocking
     // accept must not wait on any one client, and returns its connection
     // once its handshake decides.
@@ -965,7 +931,7 @@ fn nonblocking_accept_does_not_wait_on_a_stalled_client() {
 /// withdrawn). wrk exiting with connects in flight leaves such handshakes.
 #[test]
 fn a_client_killed_mid_handshake_is_peer_dead() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let mut cfg = dir.cfg();
     // A TIMEOUT would take this long.
     cfg.clc_wait = Duration::from_secs(10);
@@ -1000,7 +966,7 @@ fn a_client_killed_mid_handshake_is_peer_dead() {
 
 #[test]
 fn accept_does_not_wait_for_the_confirm() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -1031,7 +997,7 @@ fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
     use smclo::rendezvous::{Rendezvous, SlotKey};
     use smclo_wire::clc::{Accept, ClcMsg};
     use std::os::linux::net::SocketAddrExt;
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let dev = dir.dev();
     // A server that accepts the proposal (its CAS to ACCEPTED) and then
     // closes the channel without passing its DMB.
@@ -1086,7 +1052,7 @@ fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
 /// doorbell: `poll` timed out while `read` found them.
 #[test]
 fn early_bytes_make_the_server_descriptor_readable() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let l = SmcListener::bind_with("127.0.0.1:0", &dir.cfg()).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut client = Peer::spawn(&dir.0, &["stall", &addr, "earlyfinish"], &[]);
@@ -1119,7 +1085,7 @@ fn early_bytes_make_the_server_descriptor_readable() {
 /// kernel put it.
 #[test]
 fn an_undecided_clients_channel_waits_at_a_high_number() {
-    let dir = Dir::new();
+    let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let mut cfg = dir.cfg();
     cfg.channel_placed_by_caller = true;

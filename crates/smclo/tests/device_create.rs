@@ -15,7 +15,11 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-impl TempDir {
+trait Made {
+    fn made(tag: &str) -> TempDir;
+}
+
+impl Made for TempDir {
     /// Creates the directory itself (mode 0700).
     fn made(tag: &str) -> TempDir {
         let t = TempDir::new(tag);

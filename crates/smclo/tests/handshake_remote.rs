@@ -5,12 +5,13 @@
 //! sees the TTL and DSCP exactly as they arrived.
 
 use smclo::device::Device;
+use smclo_testsupport::Peer;
 use smclo_wire::reason::Reason;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A network namespace, deleted (with its veth end) when dropped.
@@ -61,42 +62,21 @@ fn veth(a: &Netns, b: &Netns, addr_a: &str, addr_b: &str) {
     }
 }
 
-/// `smclo-testpeer` in a namespace, killed when dropped.
-struct Peer {
-    child: Child,
-    out: BufReader<ChildStdout>,
+/// `smclo-testpeer` in a namespace.
+trait InNetns {
+    fn spawn(ns: &Netns, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self;
 }
 
-impl Peer {
+impl InNetns for Peer {
     fn spawn(ns: &Netns, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Peer {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_smclo-testpeer")])
             .args(args)
-            .env("SMCLO_DEVICE_DIR", dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env("SMCLO_DEVICE_DIR", dir);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn smclo-testpeer");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Peer { child, out }
-    }
-    fn line(&mut self) -> String {
-        let mut s = String::new();
-        self.out.read_line(&mut s).unwrap();
-        s.trim().to_string()
-    }
-    fn wait_ok(mut self) {
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "peer exited with {st}");
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Peer::start(cmd)
     }
 }
 
@@ -135,13 +115,7 @@ fn plain_server(ns: &Netns, addr: SocketAddr, n: usize) -> std::sync::mpsc::Rece
     rx
 }
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use smclo_testsupport::DevDir as Dir;
 
 #[test]
 fn wildcard_listener_does_not_propose_to_remote_hosts() {

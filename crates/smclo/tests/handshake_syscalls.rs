@@ -19,13 +19,7 @@ use std::process::{Command, Stdio};
 /// (56 was seen once beside a full test run, with 48 usual then).
 const BUDGET_PER_CONN: i64 = 52;
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use smclo_testsupport::DevDir as Dir;
 
 /// Calls per system call name of `smclo-testpeer churn n` (both processes)
 /// under `strace -f -c`; `None` when strace cannot run here.
