@@ -22,7 +22,7 @@ const SERVER_RING: &str = "32k";
 
 use smclo_testsupport::DevDir as Dir;
 
-use smclo_testsupport::ChildGuard;
+use smclo_testsupport::{ChildGuard, CHILD_ENTRY};
 
 fn config(dir: &Path) -> Config {
     let mut c = Config::from_env().unwrap();
@@ -140,13 +140,7 @@ fn ss_shows_every_field_of_known_connections() {
     let _ = std::fs::remove_dir_all(&dir.0);
     let mut child = ChildGuard(
         Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_entry",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+            .args(CHILD_ENTRY)
             .env("SMCLO_SS_TEST_DIR", &dir.0)
             .env("SMCLO_RMEM", SERVER_RING)
             .stdin(Stdio::piped())
@@ -472,13 +466,7 @@ fn ss_names_no_program_of_another_pid_namespace() {
         Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child", "--mount-proc"])
             .arg(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_entry",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+            .args(CHILD_ENTRY)
             .env("SMCLO_SS_TEST_DIR", &dir.0)
             .env("SMCLO_SS_TEST_HOLD", "1")
             .stdin(Stdio::piped())

@@ -6,7 +6,7 @@
 //! reclaimed.
 
 mod common;
-use common::{ChildGuard, TempDir};
+use common::{ChildGuard, TempDir, CHILD_ENTRY};
 use smclo::api::SmcStream;
 use smclo::config::Config;
 use smclo::device::Device;
@@ -67,13 +67,7 @@ fn stats_in_child_namespace(dir: &Path, mount_proc: bool) -> (u64, u64) {
     let mut c = unshare(
         mount_proc,
         &exe,
-        &[
-            "--exact",
-            "child_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ],
+        &CHILD_ENTRY,
         &[
             ("SMCLO_TEST_ROLE", Path::new("stats")),
             ("SMCLO_TEST_DIR", dir),

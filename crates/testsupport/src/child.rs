@@ -83,6 +83,17 @@ impl Drop for Peer {
     }
 }
 
+/// The arguments that make a test binary run only its test `child_entry`
+/// (the entry point of the children that tests start from their own
+/// binary), printing what it prints.
+pub const CHILD_ENTRY: [&str; 5] = [
+    "--exact",
+    "child_entry",
+    "--nocapture",
+    "--test-threads=1",
+    "-q",
+];
+
 /// In a child made by [`spawn_child`]: its role and device directory;
 /// `None` in the test run itself.
 pub fn child_role() -> Option<(String, PathBuf)> {
@@ -103,13 +114,7 @@ pub fn spawn_child(role: &str, dir: &Path) -> ChildGuard {
 /// [`spawn_child`] with more environment variables for the child.
 pub fn spawn_child_env(role: &str, dir: &Path, env: &[(&str, &str)]) -> ChildGuard {
     let c = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
+        .args(CHILD_ENTRY)
         .env("SMCLO_TEST_ROLE", role)
         .env("SMCLO_TEST_DIR", dir)
         .envs(env.iter().copied())

@@ -8,7 +8,7 @@ mod cc;
 mod child;
 
 pub use cc::{compile_c, compile_c_with, CFLAGS};
-pub use child::{child_role, spawn_child, spawn_child_env, ChildGuard, Peer};
+pub use child::{child_role, spawn_child, spawn_child_env, ChildGuard, Peer, CHILD_ENTRY};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

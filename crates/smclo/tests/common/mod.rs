@@ -4,5 +4,5 @@
 #![allow(unused_imports)] // each test file uses a different subset
 
 pub use smclo_testsupport::{
-    child_role, spawn_child, spawn_child_env, ChildGuard, DevDir as TempDir,
+    child_role, spawn_child, spawn_child_env, ChildGuard, DevDir as TempDir, CHILD_ENTRY,
 };
