@@ -352,7 +352,7 @@ pub(super) fn at_runs_preload(dirfd: RawFd, path: *const c_char, flags: libc::c_
 /// As [`path_runs_preload`] for `fexecve`'s descriptor.
 pub(super) fn fd_runs_preload(fd: RawFd) -> Target {
     // SAFETY: a duplicate of the caller's descriptor, owned by the File.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    let dup = smclo::fdnum::internal(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     if dup < 0 {
         return Target::Missing;
     }
