@@ -490,7 +490,8 @@ fn limit_client(env: &mut Env, mode: Mode, port: u16) -> String {
 }
 
 /// Under `smclo run` the program sees its own soft limit (getrlimit,
-/// sysconf, /proc/self/limits; a child, preloaded or not, inherits it),
+/// sysconf, /proc/self/limits; a child, preloaded or not, started by exec,
+/// posix_spawn or system, inherits it),
 /// and meets EMFILE after as many connections as over TCP, at its own
 /// limit, from socket, open, dup and pipe alike; when it raises its limit
 /// it gets the new numbers as over TCP. Every connection under smclo is
@@ -519,7 +520,7 @@ fn the_program_meets_its_own_descriptor_limit() {
     let plain = limit_client(&mut env, Mode::Plain, port);
     eprintln!("under smclo:\n{smclo}over TCP:\n{plain}");
     let soft = SOFT.to_string();
-    for key in ["SYSCONF", "PROC", "CHILD", "PLAINCHILD"] {
+    for key in ["SYSCONF", "PROC", "CHILD", "PLAINCHILD", "SPAWN", "SYSTEM"] {
         assert_eq!(field(&smclo, key), soft, "{key}\n{smclo}");
     }
     assert_eq!(field(&smclo, "GETRLIMIT"), format!("{SOFT} {hard}"));

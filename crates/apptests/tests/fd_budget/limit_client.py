@@ -14,6 +14,13 @@ plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 for name, env in (("CHILD", None), ("PLAINCHILD", plain)):
     out = subprocess.run(["sh", "-c", "ulimit -Sn"], env=env, capture_output=True, text=True)
     print(name, out.stdout.strip())
+# posix_spawn and system start their child without the exec hooks.
+for name, start in (("SPAWN", lambda cmd: os.waitpid(os.posix_spawn("/bin/sh", ["sh", "-c", cmd], plain), 0)),
+                    ("SYSTEM", os.system)):
+    start("ulimit -Sn > limit.out")
+    with open("limit.out") as f:
+        print(name, f.read().strip())
+    os.unlink("limit.out")
 
 
 def connect_until_emfile():
