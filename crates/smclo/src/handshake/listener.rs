@@ -359,6 +359,14 @@ impl RendezvousListener {
                 crate::debug!("refused a rendezvous connection for no proposal of ours");
                 continue;
             };
+            // One filed for another proposal may wait there for a while
+            // (a program that starts many connections at once): out of
+            // the application's range of numbers.
+            let c = if token == want {
+                c
+            } else {
+                crate::fdnum::move_high(c)
+            };
             *slot = Some(match check_peer(c.as_raw_fd(), &self.shape) {
                 Ok(()) => Ok(c),
                 Err(e) => {
