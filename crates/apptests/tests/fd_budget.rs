@@ -544,3 +544,64 @@ fn the_program_meets_its_own_descriptor_limit() {
     assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());
     server.stop(Duration::from_secs(5));
 }
+
+/// A client that starts 1000 non-blocking connects at once (as
+/// redis-benchmark does) under a soft limit of 1024 gets all of them, as
+/// over TCP: the server's connections that its handshakes file for one
+/// another, and the server's DMBs they have received, wait above the
+/// program's limit (before: they filled it, and `socket` failed with
+/// EMFILE after about 800 connections). Those that find no free
+/// rendezvous slot of the device stay TCP (MAX_DMB); all others are
+/// SMC-D.
+#[test]
+fn a_burst_of_non_blocking_connects_under_a_soft_limit_of_1024() {
+    const N: u64 = 1000;
+    let limits = (SOFT, split_hard());
+    let mut env = Env::new("fd-burst");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = python_split(
+        &mut env,
+        Mode::Smclo,
+        "echo-server",
+        "echo_server.py",
+        &[&ps],
+        limits,
+    );
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let n = N.to_string();
+    let mut client = python_split(
+        &mut env,
+        Mode::Smclo,
+        "burst-client",
+        "burst_client.py",
+        &[&ps, &n],
+        limits,
+    );
+    client.wait(Duration::from_secs(120));
+    let logs = format!("{}\n{}", client.logs(), server.logs());
+    assert_eq!(
+        client.stdout_str().trim(),
+        format!("SERVED {N} BAD 0"),
+        "not every connection was made and served byte-exact\n{logs}"
+    );
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "{} SMC-D connections, fallbacks: {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+    let max_dmb = d.fallback_client[Reason::MaxDmb.index()];
+    assert_eq!(d.conns_opened + max_dmb, N, "{}", d.fallbacks_desc());
+    assert_eq!(
+        max_dmb + d.fallback_server[Reason::PeerNoSmc.index()],
+        d.fallbacks(),
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert!(d.conns_opened >= N / 2, "{}", d.fallbacks_desc());
+    server.stop(Duration::from_secs(5));
+}
