@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs all of smclo's tests: rustfmt and clippy, release build, unit and cross-process tests
+# Runs all of smclo's tests: rustfmt and clippy, release build (with the
+# preload's musl build), unit and cross-process tests
 # (some fork and kill, hence two test threads), the benchmark suite's tests
 # and one short run of every suite workload over every transport (checked,
 # not timed), then a short libFuzzer run of each of smclo-wire's parsers
@@ -23,6 +24,9 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 
 step=build
 cargo build --release --workspace
+# The preload library's build for musl programs, next to the glibc one
+# (adds Rust's musl target with rustup if missing; links with musl-gcc).
+scripts/build-musl-preload
 
 step=test
 cargo test --release --workspace -- --test-threads=2
@@ -67,4 +71,4 @@ for target in "${fuzz_targets[@]}"; do
         -- -max_total_time=$fuzz_seconds
 done
 
-echo "test.sh: PASSED: rustfmt and clippy, release build, workspace tests, loom models of the doorbell, shared-table and early-byte protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"
+echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table and early-byte protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"

@@ -73,6 +73,8 @@ fn package_of(prog: &str) -> &'static str {
         "runuser" => "util-linux",
         "systemd-socket-activate" => "systemd",
         "socat" => "socat",
+        "musl-gcc" => "musl-tools",
+        "readelf" => "binutils",
         "useradd" | "usermod" | "userdel" | "groupadd" | "groupdel" | "gpasswd" => "passwd",
         _ => "(unknown package)",
     }

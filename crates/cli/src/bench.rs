@@ -477,7 +477,7 @@ fn bench_command(t: Transport, args: &[&str], dir: &Path) -> io::Result<Command>
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("bench").args(args).env("SMCLO_DEVICE_DIR", dir);
     if t == Transport::SmcloRun {
-        let lib = crate::run::find_lib().map_err(io::Error::other)?;
+        let lib = crate::run::find_build(smclo_loader::Variant::Glibc).map_err(io::Error::other)?;
         cmd.env("LD_PRELOAD", lib);
     }
     Ok(cmd)

@@ -2,12 +2,19 @@
 //! unmodified program with the preload library, like smc-tools' `smc_run`
 //! (the same options; the `smc_run` binary is this command under that name).
 //!
-//! The library is `libsmclo_preload.so` next to the smclo executable (or in
-//! its `deps/` directory in a cargo target dir), or `SMCLO_PRELOAD_LIB`.
+//! The library is built once for each C library's loader: glibc's
+//! `libsmclo_preload.so` and musl's `libsmclo_preload_musl.so`, next to
+//! the smclo executable (or in its `deps/` directory in a cargo target
+//! dir), or at `SMCLO_PRELOAD_LIB` and `SMCLO_PRELOAD_MUSL_LIB`. The
+//! program's `PT_INTERP` decides which one goes in its `LD_PRELOAD`; a
+//! program whose loader has no build runs without smclo (a loader handed a
+//! library it cannot load may stop the program before `main`). Both paths
+//! go in the environment, for the program's exec hooks to do the same.
 
-use std::ffi::{CString, OsString};
+use smclo_loader::{Choice, Loader, Variant};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const USAGE: &str = "\
 usage: smclo run [-d] [-r SIZE] [-t SIZE] [--] PROGRAM [ARGS...]
@@ -20,21 +27,59 @@ smclo processes on this host go through shared memory (SMC-D loopback).
   -r SIZE   receive buffer (DMB) size, k/m suffixes (SMCLO_RMEM)
   -t SIZE   send buffer size in copy mode (SMCLO_WMEM)
 
-The library is libsmclo_preload.so next to this executable, or the file
-named by SMCLO_PRELOAD_LIB.
+The library is libsmclo_preload.so (glibc programs) or
+libsmclo_preload_musl.so (musl programs) next to this executable, or the
+file named by SMCLO_PRELOAD_LIB or SMCLO_PRELOAD_MUSL_LIB.
 ";
 
-/// Where the preload library is: `SMCLO_PRELOAD_LIB`, or next to us.
-pub fn find_lib() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("SMCLO_PRELOAD_LIB").filter(|v| !v.is_empty()) {
+/// Why a build of the preload library was not found.
+#[derive(Debug)]
+pub enum NotFound {
+    /// Its variable names no file.
+    BadVar { var: &'static str, path: PathBuf },
+    /// None of the places it is looked for has it.
+    Nowhere { v: Variant, tried: Vec<PathBuf> },
+    /// There is no telling where this executable is, nor the build.
+    NoOwnPath(String),
+}
+
+impl std::fmt::Display for NotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotFound::BadVar { var, path } => write!(f, "{var}={} is not a file", path.display()),
+            NotFound::NoOwnPath(e) => write!(f, "cannot find my own executable: {e}"),
+            NotFound::Nowhere { v, tried } => {
+                let build = match v {
+                    Variant::Glibc => "cargo build --release -p smclo-preload",
+                    Variant::Musl => "scripts/build-musl-preload",
+                };
+                let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "{} not found (tried {}); build it ({build}) or set {}",
+                    v.file_name(),
+                    tried.join(", "),
+                    v.env_var()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for NotFound {}
+
+/// Where build `v` of the preload library is: its variable, or next to us.
+pub fn find_build(v: Variant) -> Result<PathBuf, NotFound> {
+    let var = v.env_var();
+    if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() {
-            Ok(p)
+            Ok(p.canonicalize().unwrap_or(p))
         } else {
-            Err(format!("SMCLO_PRELOAD_LIB={} is not a file", p.display()))
+            Err(NotFound::BadVar { var, path: p })
         };
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| NotFound::NoOwnPath(e.to_string()))?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let mut tried = Vec::new();
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
@@ -44,7 +89,7 @@ pub fn find_lib() -> Result<PathBuf, String> {
         dir.join("../lib"),
         dir.join("../lib/smclo"),
     ] {
-        let p = d.join("libsmclo_preload.so");
+        let p = d.join(v.file_name());
         if let Ok(m) = std::fs::metadata(&p).and_then(|m| m.modified()) {
             // In a cargo target directory the copy next to the executable
             // is only refreshed by `cargo build`; `deps/` by every build:
@@ -53,16 +98,89 @@ pub fn find_lib() -> Result<PathBuf, String> {
                 best = Some((m, p.clone()));
             }
         }
-        tried.push(p.display().to_string());
+        tried.push(p);
     }
     if let Some((_, p)) = best {
         // An absolute path: the program may change directory.
         return Ok(p.canonicalize().unwrap_or(p));
     }
-    Err(format!(
-        "libsmclo_preload.so not found (tried {}); build it (cargo build --release -p smclo-preload) or set SMCLO_PRELOAD_LIB",
-        tried.join(", ")
-    ))
+    Err(NotFound::Nowhere { v, tried })
+}
+
+/// The file `execvp` runs for `prog`: a path, or the first executable
+/// file of that name in `PATH`.
+fn program_file(prog: &str) -> Option<PathBuf> {
+    if prog.contains('/') {
+        return Some(PathBuf::from(prog));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+}
+
+/// The build for `prog`'s loader, `None` for no build. `Err`: the build
+/// the program needs is not there, with what to do.
+fn build_for(prog: &str, debug: bool) -> Result<Option<PathBuf>, String> {
+    let loader = program_file(prog).map_or(Loader::Unknown, |p| Loader::of_path(&p));
+    let v = match Choice::for_loader(loader) {
+        Choice::Load(v) => v,
+        // No loader reads it, or it cannot be told: glibc's, for the
+        // programs it may start.
+        Choice::Keep => Variant::Glibc,
+        Choice::Nothing => {
+            if debug {
+                eprintln!("smclo run: {prog}'s loader can load no build of smclo (another C library, machine or ELF class); it runs without smclo");
+            }
+            return Ok(None);
+        }
+    };
+    match find_build(v) {
+        Ok(p) => Ok(Some(p)),
+        // Not installed: the program runs as it would without smclo.
+        Err(e @ NotFound::Nowhere { .. }) if v == Variant::Musl => {
+            if debug {
+                eprintln!(
+                    "smclo run: {prog} runs under musl's loader and {e}; it runs without smclo"
+                );
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Sets `LD_PRELOAD` to name `lib` (in place of any build of the
+/// library it names, keeping what the user preloads already), and each
+/// build's variable to its path, for the program's exec hooks.
+fn set_preload(lib: Option<&Path>) {
+    let builds: Vec<(Variant, PathBuf)> = Variant::ALL
+        .iter()
+        .filter_map(|&v| find_build(v).ok().map(|p| (v, p)))
+        .collect();
+    let known: Vec<&[u8]> = builds
+        .iter()
+        .map(|(_, p)| p.as_os_str().as_bytes())
+        .collect();
+    let old: OsString = std::env::var_os("LD_PRELOAD").unwrap_or_default();
+    let new = smclo_loader::with_lib(
+        old.as_bytes(),
+        |e| smclo_loader::is_build(e, known.iter().copied()),
+        lib.map(|l| l.as_os_str().as_bytes()),
+    );
+    if new.is_empty() {
+        std::env::remove_var("LD_PRELOAD");
+    } else {
+        std::env::set_var("LD_PRELOAD", OsStr::from_bytes(&new));
+    }
+    for (v, p) in &builds {
+        std::env::set_var(v.env_var(), p);
+    }
 }
 
 /// Entry point; `args` are the arguments after `run` (or after `smc_run`).
@@ -114,26 +232,15 @@ pub fn main(args: &[String]) -> i32 {
         eprint!("{USAGE}");
         return 2;
     }
-    let lib = match find_lib() {
+    let debug = debug || smclo::debug::enabled();
+    let lib = match build_for(&prog[0], debug) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("smclo run: {e}");
             return 1;
         }
     };
-    // Append to LD_PRELOAD, keeping what the user preloads already.
-    let mut preload: OsString = std::env::var_os("LD_PRELOAD").unwrap_or_default();
-    let already = preload
-        .as_bytes()
-        .split(|b| *b == b':' || *b == b' ')
-        .any(|p| p == lib.as_os_str().as_bytes());
-    if !already {
-        if !preload.is_empty() {
-            preload.push(":");
-        }
-        preload.push(lib.as_os_str());
-    }
-    std::env::set_var("LD_PRELOAD", &preload);
+    set_preload(lib.as_deref());
     if debug {
         std::env::set_var("SMCLO_DEBUG", "1");
     }

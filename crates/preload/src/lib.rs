@@ -28,4 +28,6 @@ pub mod holders;
 pub mod hooks;
 pub mod real;
 pub mod stdio;
+#[cfg(target_env = "musl")]
+mod stdio_musl;
 pub mod table;

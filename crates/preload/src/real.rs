@@ -81,7 +81,7 @@ real! {
     fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
-    fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
+    fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_int;
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn dup(fd: c_int) -> c_int;
@@ -98,6 +98,8 @@ real! {
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execveat(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int;
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    fn posix_spawn(pid: *mut pid_t, path: *const c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn posix_spawnp(pid: *mut pid_t, file: *const c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
     fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int;
     fn select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, tv: *mut libc::timeval) -> c_int;
@@ -119,8 +121,6 @@ real! {
     fn socketpair(domain: c_int, ty: c_int, proto: c_int, fds: *mut c_int) -> c_int;
     fn epoll_create(size: c_int) -> c_int;
     fn epoll_create1(flags: c_int) -> c_int;
-    fn posix_spawn(pid: *mut pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
-    fn posix_spawnp(pid: *mut pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     fn system(cmd: *const c_char) -> c_int;
     fn popen(cmd: *const c_char, mode: *const c_char) -> *mut c_void;
 }

@@ -87,6 +87,11 @@ pub const F_TIMEO: u16 = 1024;
 /// [`F_TCP`] is unbound.
 pub const F_BOUND: u16 = 2048;
 
+/// The flags that only spare system calls (what the kernel would say of
+/// the descriptor): no record, lock or connection goes with them, so a
+/// descriptor with no others closes without the table's lock.
+pub const F_HINTS: u16 = F_TCP | F_PLAIN | F_IP_OPTS | F_TIMEO | F_BOUND;
+
 /// With [`F_PENDING`]: a blocking connect that returned connected, whose
 /// writes go into the stream as early bytes (`hooks::pending`): reported
 /// writable, as the TCP socket is.

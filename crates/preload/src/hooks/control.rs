@@ -64,11 +64,27 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return unsafe { real::close(fd) };
     }
     let flags = table::FLAGS[fd as usize].load(Ordering::Relaxed);
-    if flags == 0 && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
+    if flags & !table::F_HINTS == 0
+        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
+        && forget_hints(fd, flags)
+    {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
     close_slow(fd)
+}
+
+/// Forgets what the flags `flags` of `fd`, hints only ([`table::F_HINTS`]),
+/// said about it, before its close: a plain TCP socket (one connected to
+/// a server without smclo, say) closes without the table's lock. False
+/// when the slow close must do it: the flags changed meanwhile, or an
+/// epoll shadow may hold the descriptor.
+fn forget_hints(fd: RawFd, flags: u16) -> bool {
+    flags == 0
+        || !super::epoll::shadows_exist()
+            && table::FLAGS[fd as usize]
+                .compare_exchange(flags, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
 }
 
 /// Interposed `close_range(2)`: the program's descriptors in the range
@@ -380,12 +396,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 }
 
 /// `SIOCOUTQ` (= `TIOCOUTQ`) and `SIOCATMARK` from <linux/sockios.h>.
-const SIOCOUTQ: c_ulong = 0x5411;
-const SIOCATMARK: c_ulong = 0x8905;
+const SIOCOUTQ: libc::Ioctl = 0x5411;
+const SIOCATMARK: libc::Ioctl = 0x8905;
 
 /// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
+/// The request is the C library's type (`unsigned long` in glibc, `int`
+/// in musl, whose callers leave the register's upper half undefined).
 #[no_mangle]
-pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_int {
     let Some(s) = table::get(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::ioctl(fd, req, arg) };
@@ -610,13 +628,18 @@ pub unsafe extern "C" fn setsockopt(
     0
 }
 
+/// The 64-bit `timeval` spellings of the timeout options
+/// (<asm-generic/socket.h>; the libc crate names them for glibc only).
+const SO_RCVTIMEO_NEW: c_int = 66;
+const SO_SNDTIMEO_NEW: c_int = 67;
+
 /// Whether the option is a socket timeout, in either `timeval` layout
 /// (see [`F_TIMEO`]).
 fn timeout_option(level: c_int, name: c_int) -> bool {
     level == libc::SOL_SOCKET
         && matches!(
             name,
-            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | SO_RCVTIMEO_NEW | SO_SNDTIMEO_NEW
         )
 }
 

@@ -518,6 +518,11 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     n
 }
 
+/// `msg_controllen` (`size_t` in glibc, `socklen_t` in musl).
+fn control_len(m: &msghdr) -> usize {
+    m.msg_controllen as _
+}
+
 /// The SMC-D connections whose descriptors `msg` passes (`SCM_RIGHTS`):
 /// the receiving process shares their open files from now on, and may
 /// change `O_NONBLOCK` there ([`smclo::conn::Conn::share_file`]). Marked
@@ -528,14 +533,14 @@ fn share_passed(msg: *const msghdr) {
     }
     // SAFETY: the application's msghdr, which the kernel reads next.
     let m = unsafe { &*msg };
-    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+    if m.msg_control.is_null() || control_len(m) < std::mem::size_of::<libc::cmsghdr>() {
         return;
     }
     // SAFETY: the CMSG macros walk the application's control buffer
     // within `msg_controllen` (they return null past its end); each
     // header and descriptor is read unaligned, as a copy.
     unsafe {
-        let end = m.msg_control.cast::<u8>().add(m.msg_controllen);
+        let end = m.msg_control.cast::<u8>().add(control_len(m));
         let mut c = libc::CMSG_FIRSTHDR(m);
         while !c.is_null() {
             let h = std::ptr::read_unaligned(c);

@@ -240,6 +240,11 @@ static SHADOWS: Mutex<Option<HashMap<RawFd, Arc<Shadow>>>> = Mutex::new(None);
 /// How many shadows exist (closes skip the map at 0).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether any epoll shadow exists (one may hold any descriptor).
+pub(super) fn shadows_exist() -> bool {
+    COUNT.load(Ordering::Relaxed) != 0
+}
+
 fn shadow(ep: RawFd) -> Option<Arc<Shadow>> {
     if !table::has_flag(ep, F_EPOLL) {
         return None;

@@ -4,8 +4,9 @@
 //! the program sees and sets its own limit (`getrlimit`, `setrlimit`,
 //! `prlimit` of itself, `sysconf(_SC_OPEN_MAX)`, `getdtablesize`), never
 //! gets a descriptor number at or above it (`EMFILE` instead, as from the
-//! kernel), and a program it starts (exec, `posix_spawn`, `system`,
-//! `popen`) inherits its limit, not the raised one.
+//! kernel), and a program it starts (exec and `posix_spawn` in their
+//! hooks, `system` and `popen` here) inherits its limit, not the raised
+//! one.
 
 use super::{disabled, fail, os_err};
 use crate::real;
@@ -430,36 +431,8 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 }
 
 // ----- programs started without exec hooks --------------------------------------
-
-/// Interposed `posix_spawn(3)`: the child inherits the program's limit.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const c_void,
-    attr: *const c_void,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    let _limit = ForExec::begin();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
-}
-
-/// Interposed `posix_spawnp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut pid_t,
-    file: *const c_char,
-    actions: *const c_void,
-    attr: *const c_void,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    let _limit = ForExec::begin();
-    // SAFETY: forwarded unchanged.
-    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
-}
+//
+// `posix_spawn` and `posix_spawnp` lower the limit in `hooks::variant`.
 
 /// Interposed `system(3)`: the process runs with the program's limit until
 /// the command ends (glibc starts it without the exec hooks).

@@ -29,6 +29,7 @@ mod signal;
 mod swap;
 mod target;
 mod unsupported;
+mod variant;
 
 pub use control::*;
 pub use data::*;
@@ -40,6 +41,7 @@ pub use setup::*;
 pub use signal::{__sysv_signal, bsd_signal, sigaction, siginterrupt, signal, sigset, sysv_signal};
 pub(crate) use swap::last_close;
 pub use unsupported::*;
+pub use variant::{posix_spawn, posix_spawnp};
 
 use crate::table::MAX_FD;
 use libc::c_int;

@@ -188,12 +188,25 @@ pub unsafe extern "C" fn __ppoll_chk(
 /// compiler knows of, or the program is aborted.
 fn check_len(n: nfds_t, len: usize) {
     if (len / std::mem::size_of::<pollfd>()) < n as usize {
-        extern "C" {
-            fn __chk_fail() -> !;
-        }
-        // SAFETY: glibc's own failure report; it does not return.
-        unsafe { __chk_fail() }
+        chk_fail()
     }
+}
+
+/// glibc's own failure report; it does not return.
+#[cfg(target_env = "gnu")]
+fn chk_fail() -> ! {
+    extern "C" {
+        fn __chk_fail() -> !;
+    }
+    // SAFETY: takes no arguments and ends the process.
+    unsafe { __chk_fail() }
+}
+
+/// Other C libraries have no fortify report (nor callers of the `_chk`
+/// functions): the abort alone.
+#[cfg(not(target_env = "gnu"))]
+fn chk_fail() -> ! {
+    std::process::abort()
 }
 
 /// What `select` asks of a descriptor in each of its sets, and what

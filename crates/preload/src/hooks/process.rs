@@ -6,8 +6,8 @@
 //! socket, unless another process of the family still holds it.
 
 use super::records::{lock, FALLBACKS, LISTENERS};
-use super::target::{self, Target};
-use super::{adopt, fail, swap, LIVE};
+use super::target::{self, Program, Target};
+use super::{adopt, fail, swap, variant, LIVE};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Sock, LOCK};
@@ -135,15 +135,16 @@ fn environ() -> *const *const c_char {
     unsafe { environ }
 }
 
-/// Every exec form: the SMC-D connections go to the new program when it
-/// loads this library (`runs_preload`, and `LD_PRELOAD` in `envp`, the
-/// environment exec passes), with everything in flight (`hooks::adopt`);
-/// otherwise they fall back, unless there is no program file to run. `run`
-/// performs the exec with the environment it is given, never with a
-/// `SMCLO_EXEC_CONNS` this image did not write; if it returns, exec failed
-/// and the connections that went along stay here.
+/// Every exec form: `LD_PRELOAD` names the build of this library for the
+/// new program's loader, or none (`hooks::variant`); the SMC-D connections
+/// go to the new program when it loads a build (`runs_preload`, and
+/// `LD_PRELOAD` in `envp`, the environment exec passes), with everything
+/// in flight (`hooks::adopt`); otherwise they fall back, unless there is
+/// no program file to run. `run` performs the exec with the environment it
+/// is given, never with a `SMCLO_EXEC_CONNS` this image did not write; if
+/// it returns, exec failed and the connections that went along stay here.
 fn exec_with(
-    runs_preload: impl FnOnce() -> Target,
+    program: impl FnOnce() -> Program,
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
@@ -157,12 +158,15 @@ fn exec_with(
     };
     // The new image could not finish a handshake.
     super::pending::settle_all();
+    let program = program();
+    let preload_env = variant::exec_env(&program, envp);
+    let envp = preload_env.as_ref().map_or(envp, |e| e.as_ptr());
     let plain_env = adopt::PlainEnv::new(envp);
     if LIVE.load(Ordering::Relaxed) == 0 {
         forget_records();
         return run(plain_env.as_ptr());
     }
-    let target = runs_preload();
+    let target = target::runs_preload(&program);
     if target == Target::Missing {
         // The exec fails: everything stays as it is.
         return run(plain_env.as_ptr());
@@ -275,6 +279,7 @@ extern "C" fn at_load() {
     }
     smclo::deferred::set_closer(table::close_hidden);
     real::resolve_exit_path();
+    variant::at_load();
     super::signal::at_load();
     adopt::at_load();
 }
@@ -316,7 +321,7 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     exec_with(
-        || target::path_runs_preload(path),
+        || target::open_path(path),
         envp,
         // SAFETY: the caller's arguments, with our environment.
         |env| unsafe { real::execve(path, argv, env) },
@@ -327,7 +332,7 @@ pub unsafe extern "C" fn execve(
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     exec_with(
-        || target::path_runs_preload(path),
+        || target::open_path(path),
         environ(),
         // SAFETY: as execv, with the environment made explicit.
         |env| unsafe { real::execve(path, argv, env) },
@@ -338,7 +343,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     exec_with(
-        || target::file_runs_preload(file),
+        || target::open_file(file),
         environ(),
         // SAFETY: as execvp, with the environment made explicit.
         |env| unsafe { real::execvpe(file, argv, env) },
@@ -353,7 +358,7 @@ pub unsafe extern "C" fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     exec_with(
-        || target::file_runs_preload(file),
+        || target::open_file(file),
         envp,
         // SAFETY: the caller's arguments, with our environment.
         |env| unsafe { real::execvpe(file, argv, env) },
@@ -368,7 +373,7 @@ pub unsafe extern "C" fn fexecve(
     envp: *const *const c_char,
 ) -> c_int {
     exec_with(
-        || target::fd_runs_preload(fd),
+        || target::open_fd(fd),
         envp,
         // SAFETY: the caller's arguments, with our environment.
         |env| unsafe { real::fexecve(fd, argv, env) },
@@ -385,7 +390,7 @@ pub unsafe extern "C" fn execveat(
     flags: c_int,
 ) -> c_int {
     exec_with(
-        || target::at_runs_preload(dirfd, path, flags),
+        || target::open_at(dirfd, path, flags),
         envp,
         // SAFETY: the caller's arguments, with our environment.
         |env| unsafe { real::execveat(dirfd, path, argv, env, flags) },

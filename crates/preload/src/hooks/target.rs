@@ -1,17 +1,19 @@
 //! Whether the program an exec starts will load this library: only then
 //! can it adopt the process's SMC-D connections (`hooks::adopt`). It will
-//! when the environment passed to the exec has `LD_PRELOAD` naming this
-//! library, the file is a dynamically linked ELF program (`PT_INTERP`) of
-//! this library's machine, or a script whose interpreter is one, and the
-//! kernel will not run it in secure mode (`AT_SECURE`, where the loader
-//! ignores `LD_PRELOAD` paths): see [`new_image`], the one judgement every
-//! exec form makes. Anything unsure counts as "no": the connection then
-//! falls back cleanly instead of reaching a program that would read
-//! doorbell bytes as data. A program file that does not exist is told
-//! apart: that exec fails, and the connections must stay as they are.
+//! when the environment passed to the exec has `LD_PRELOAD` naming a build
+//! of this library (`hooks::variant`), the file is a dynamically linked
+//! ELF program (`PT_INTERP`) of this library's machine, or a script whose
+//! interpreter is one, and the kernel will not run it in secure mode
+//! (`AT_SECURE`, where the loader ignores `LD_PRELOAD` paths): see
+//! [`new_image`], the one judgement every exec form makes. Anything unsure
+//! counts as "no": the connection then falls back cleanly instead of
+//! reaching a program that would read doorbell bytes as data. A program
+//! file that does not exist is told apart: that exec fails, and the
+//! connections must stay as they are.
 
 use libc::c_char;
-use std::ffi::{CStr, OsStr, OsString};
+use smclo_loader::MACHINE;
+use std::ffi::{CStr, OsStr};
 use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -93,36 +95,13 @@ pub(super) fn entries<'a>(envp: *const *const c_char) -> Vec<&'a CStr> {
     }
 }
 
-/// The file name of this library, as the loader mapped it.
-fn our_name() -> Option<&'static OsStr> {
-    static NAME: std::sync::OnceLock<Option<OsString>> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an
-        // address inside this library.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        let f: fn() -> Option<&'static OsStr> = our_name;
-        // SAFETY: dladdr reads the address only.
-        if unsafe { libc::dladdr(f as *const libc::c_void, &mut info) } == 0
-            || info.dli_fname.is_null()
-        {
-            return None;
-        }
-        // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-        let path = unsafe { CStr::from_ptr(info.dli_fname) };
-        Path::new(OsStr::from_bytes(path.to_bytes()))
-            .file_name()
-            .map(OsStr::to_os_string)
-    })
-    .as_deref()
-}
-
-/// Whether `envp` has `LD_PRELOAD` naming this library.
+/// Whether `envp` has `LD_PRELOAD` naming a build of this library.
 pub(super) fn preload_in(envp: *const *const c_char) -> bool {
-    let Some(name) = our_name() else { return false };
+    let env = super::variant::Env(envp);
     entries(envp).iter().any(|e| {
         e.to_bytes().strip_prefix(b"LD_PRELOAD=").is_some_and(|v| {
             v.split(|&b| b == b':' || b == b' ')
-                .any(|p| Path::new(OsStr::from_bytes(p)).file_name() == Some(name))
+                .any(|p| super::variant::is_ours(p, env))
         })
     })
 }
@@ -238,24 +217,40 @@ fn path_loads(p: &Path, depth: usize) -> Result<(), NoPreload> {
     loads_preload(&f, depth)
 }
 
-/// [`new_image`] of the file at `p`, or [`Target::Missing`] when it does
-/// not exist.
-fn path_target(p: &Path) -> Target {
-    match File::open(p) {
-        Ok(f) => new_image(&f),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Target::Missing,
-        Err(_) => Target::Plain(NoPreload::Unreadable),
+/// An exec's program file, found as the exec will find it.
+pub(super) enum Program {
+    /// The file, open for reading.
+    File(File),
+    /// There is no such file: the exec will fail.
+    Missing,
+    /// It cannot be opened for reading.
+    Unreadable,
+}
+
+/// What the exec's program is.
+pub(super) fn runs_preload(p: &Program) -> Target {
+    match p {
+        Program::File(f) => new_image(f),
+        Program::Missing => Target::Missing,
+        Program::Unreadable => Target::Plain(NoPreload::Unreadable),
     }
 }
 
-/// The ELF machine (`e_machine`) this library was built for.
-#[cfg(target_arch = "x86_64")]
-const MACHINE: Option<u16> = Some(62);
-#[cfg(target_arch = "aarch64")]
-const MACHINE: Option<u16> = Some(183);
-/// Elsewhere unknown: no program counts as this machine's.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-const MACHINE: Option<u16> = None;
+/// The program file at `p`.
+fn open(p: &Path) -> Program {
+    match File::open(p) {
+        Ok(f) => Program::File(f),
+        Err(e) => missing_or_unreadable(&e),
+    }
+}
+
+fn missing_or_unreadable(e: &std::io::Error) -> Program {
+    if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) {
+        Program::Missing
+    } else {
+        Program::Unreadable
+    }
+}
 
 /// Whether the file that starts with `head` is a 64-bit little-endian ELF
 /// file (the only kind [`has_interp`] reads) of [`MACHINE`].
@@ -291,43 +286,43 @@ fn has_interp(f: &File, head: &[u8]) -> bool {
     })
 }
 
-/// What the program at `path` (an exec's path argument) is.
-pub(super) fn path_runs_preload(path: *const c_char) -> Target {
+/// The program file at `path` (an exec's path argument).
+pub(super) fn open_path(path: *const c_char) -> Program {
     if path.is_null() {
-        return Target::Missing;
+        return Program::Missing;
     }
     // SAFETY: exec's path is a NUL-terminated string.
     let p = unsafe { CStr::from_ptr(path) };
-    path_target(Path::new(OsStr::from_bytes(p.to_bytes())))
+    open(Path::new(OsStr::from_bytes(p.to_bytes())))
 }
 
-/// As [`path_runs_preload`] for `execvp`'s `file`: searched in `PATH` as
-/// execvp does when it has no slash.
-pub(super) fn file_runs_preload(file: *const c_char) -> Target {
+/// As [`open_path`] for `execvp`'s `file`: searched in `PATH` as execvp
+/// does when it has no slash.
+pub(super) fn open_file(file: *const c_char) -> Program {
     if file.is_null() {
-        return Target::Missing;
+        return Program::Missing;
     }
     // SAFETY: exec's file is a NUL-terminated string.
     let f = unsafe { CStr::from_ptr(file) }.to_bytes();
     if f.contains(&b'/') {
-        return path_runs_preload(file);
+        return open_path(file);
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
     std::env::split_paths(&path)
         .map(|d| d.join(OsStr::from_bytes(f)))
         .find(|p| p.is_file())
-        .map_or(Target::Missing, |p| path_target(&p))
+        .map_or(Program::Missing, |p| open(&p))
 }
 
-/// As [`path_runs_preload`] for `execveat`'s `path` relative to `dirfd`
-/// (or `dirfd` itself with `AT_EMPTY_PATH` and an empty path).
-pub(super) fn at_runs_preload(dirfd: RawFd, path: *const c_char, flags: libc::c_int) -> Target {
+/// As [`open_path`] for `execveat`'s `path` relative to `dirfd` (or
+/// `dirfd` itself with `AT_EMPTY_PATH` and an empty path).
+pub(super) fn open_at(dirfd: RawFd, path: *const c_char, flags: libc::c_int) -> Program {
     if path.is_null() {
-        return Target::Missing;
+        return Program::Missing;
     }
     // SAFETY: exec's path is a NUL-terminated string.
     if flags & libc::AT_EMPTY_PATH != 0 && unsafe { *path } == 0 {
-        return fd_runs_preload(dirfd);
+        return open_fd(dirfd);
     }
     let nofollow = if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
         libc::O_NOFOLLOW
@@ -337,28 +332,21 @@ pub(super) fn at_runs_preload(dirfd: RawFd, path: *const c_char, flags: libc::c_
     // SAFETY: openat reads the path; the descriptor it returns is ours.
     let fd = unsafe { libc::openat(dirfd, path, libc::O_RDONLY | libc::O_CLOEXEC | nofollow) };
     if fd < 0 {
-        let e = std::io::Error::last_os_error().raw_os_error();
-        return if matches!(e, Some(libc::ENOENT | libc::ENOTDIR)) {
-            Target::Missing
-        } else {
-            Target::Plain(NoPreload::Unreadable)
-        };
+        return missing_or_unreadable(&std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is ours.
-    let f = unsafe { File::from_raw_fd(fd) };
-    new_image(&f)
+    Program::File(unsafe { File::from_raw_fd(fd) })
 }
 
-/// As [`path_runs_preload`] for `fexecve`'s descriptor.
-pub(super) fn fd_runs_preload(fd: RawFd) -> Target {
+/// As [`open_path`] for `fexecve`'s descriptor.
+pub(super) fn open_fd(fd: RawFd) -> Program {
     // SAFETY: a duplicate of the caller's descriptor, owned by the File.
     let dup = smclo::fdnum::internal(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     if dup < 0 {
-        return Target::Missing;
+        return Program::Missing;
     }
     // SAFETY: `dup` is ours.
-    let f = unsafe { File::from_raw_fd(dup) };
-    new_image(&f)
+    Program::File(unsafe { File::from_raw_fd(dup) })
 }
 
 #[cfg(test)]
