@@ -1,7 +1,10 @@
 //! Descriptors: an SMC-D connection holds more descriptors than a TCP one
-//! (its channel, the hidden TCP socket, the DMB's memfd), so smclo keeps
-//! its own within a share of `RLIMIT_NOFILE` and lets further connections
-//! fall back to TCP (MEM) instead of making the program hit `EMFILE`.
+//! (its channel, the hidden TCP socket, the DMB's memfd). Where the hard
+//! `RLIMIT_NOFILE` is above the soft one, smclo keeps its own above the
+//! program's soft limit and the program sees and gets exactly what it
+//! would over TCP; where they are equal, smclo keeps its own within a
+//! share of the limit and lets further connections fall back to TCP (MEM)
+//! instead of making the program hit `EMFILE`.
 
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
@@ -12,15 +15,16 @@ use std::time::Duration;
 
 const CONNS: u64 = 900;
 
-/// `cmd` runs with a soft and hard `RLIMIT_NOFILE` of `n`.
-fn limit_nofile(cmd: &mut Command, n: u64) {
+/// `cmd` runs with a soft `RLIMIT_NOFILE` of `soft` and a hard one of
+/// `hard`.
+fn limit_nofile_split(cmd: &mut Command, soft: u64, hard: u64) {
     // SAFETY: the closure runs in the child between fork and exec and only
     // calls setrlimit, which is async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             let rl = libc::rlimit {
-                rlim_cur: n,
-                rlim_max: n,
+                rlim_cur: soft,
+                rlim_max: hard,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -41,11 +45,24 @@ fn script(name: &str) -> String {
 /// `script` (in tests/fd_budget) under `smclo run` with `args` and an
 /// `RLIMIT_NOFILE` of `limit`.
 fn python(env: &mut Env, name: &str, script_name: &str, args: &[&str], limit: u64) -> Proc {
+    python_split(env, Mode::Smclo, name, script_name, args, (limit, limit))
+}
+
+/// `script` in `mode` with `args` and the soft and hard `RLIMIT_NOFILE`
+/// `limits`.
+fn python_split(
+    env: &mut Env,
+    mode: Mode,
+    name: &str,
+    script_name: &str,
+    args: &[&str],
+    limits: (u64, u64),
+) -> Proc {
     let path = script(script_name);
     let mut argv = vec![path.as_str()];
     argv.extend_from_slice(args);
-    let mut cmd = env.command(Mode::Smclo, None, "python3", &argv);
-    limit_nofile(&mut cmd, limit);
+    let mut cmd = env.command(mode, None, "python3", &argv);
+    limit_nofile_split(&mut cmd, limits.0, limits.1);
     env.spawn_cmd(name, cmd)
 }
 
@@ -367,4 +384,224 @@ fn closed_connections_leave_a_busy_event_loop() {
         last <= first + 4,
         "descriptors after the first and the last of {N} closed connections: {first} and {last}\n{logs}"
     );
+}
+
+/// The soft limit of most shells and of systemd's services.
+const SOFT: u64 = 1024;
+
+/// The hard limit of the tests with room above the soft one: systemd's
+/// default (524288), or this process's hard limit where it is lower (it
+/// cannot be raised without `CAP_SYS_RESOURCE`). It must leave the room
+/// smclo asks for above a soft limit of [`SOFT`]: its own descriptors
+/// (about 2 per connection) and as much again for the program to raise
+/// its limit into.
+fn split_hard() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+    let hard = rl.rlim_max.min(524288);
+    assert!(
+        hard >= 4 * SOFT + 64,
+        "these tests need a hard RLIMIT_NOFILE of at least {} (have {hard})",
+        4 * SOFT + 64
+    );
+    hard
+}
+
+/// Under a soft limit of 1024 with a higher hard one, a python event-loop
+/// server and a client hold 1000 concurrent connections each, every one
+/// SMC-D and byte-exact: smclo's descriptors live above the program's
+/// soft limit (before: 42 SMC-D, then MEM fallbacks, then EMFILE in the
+/// client).
+#[test]
+fn a_thousand_smcd_connections_under_a_soft_limit_of_1024() {
+    const N: u64 = 1000;
+    let limits = (SOFT, split_hard());
+    let mut env = Env::new("fd-room");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = python_split(
+        &mut env,
+        Mode::Smclo,
+        "echo-server",
+        "echo_server.py",
+        &[&ps],
+        limits,
+    );
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let n = N.to_string();
+    let mut client = python_split(
+        &mut env,
+        Mode::Smclo,
+        "echo-client",
+        "echo_client.py",
+        &[&ps, &n],
+        limits,
+    );
+    client.wait(Duration::from_secs(120));
+    let logs = format!("{}\n{}", client.logs(), server.logs());
+    assert!(server.alive(), "the server died\n{logs}");
+    assert_eq!(
+        client.stdout_str().trim(),
+        format!("SERVED {N} BAD 0"),
+        "not every connection was served byte-exact\n{logs}"
+    );
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "{} SMC-D connections, xfer_bytes {}, fallbacks: {}",
+        d.conns_opened,
+        d.xfer_bytes,
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.conns_opened, N, "{}\n{logs}", d.fallbacks_desc());
+    assert_eq!(d.fallbacks(), 0, "{}\n{logs}", d.fallbacks_desc());
+    assert!(d.xfer_bytes > 0, "{d:?}");
+    server.stop(Duration::from_secs(5));
+}
+
+/// The value after `key` on the line of `out` that starts with it.
+fn field<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {key} line in:\n{out}"))
+}
+
+/// `limit_client.py` against `port` in `mode` under a soft limit of 1024
+/// and [`split_hard`]; its output.
+fn limit_client(env: &mut Env, mode: Mode, port: u16) -> String {
+    let ps = port.to_string();
+    let mut c = python_split(
+        env,
+        mode,
+        "limit-client",
+        "limit_client.py",
+        &[&ps],
+        (SOFT, split_hard()),
+    );
+    let st = c.wait(Duration::from_secs(120));
+    assert!(st.success(), "{}", c.logs());
+    c.stdout_str()
+}
+
+/// Under `smclo run` the program sees its own soft limit (getrlimit,
+/// sysconf, /proc/self/limits; a child, preloaded or not, started by exec,
+/// posix_spawn or system, inherits it),
+/// and meets EMFILE after as many connections as over TCP, at its own
+/// limit, from socket, open, dup and pipe alike; when it raises its limit
+/// it gets the new numbers as over TCP. Every connection under smclo is
+/// SMC-D (before: getrlimit showed the limit, but EMFILE came 10
+/// connections earlier than over TCP, after 42 SMC-D ones).
+#[test]
+fn the_program_meets_its_own_descriptor_limit() {
+    let hard = split_hard();
+    let mut env = Env::new("fd-own-limit");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = python_split(
+        &mut env,
+        Mode::Smclo,
+        "echo-server",
+        "echo_server.py",
+        &[&ps],
+        (4 * SOFT, hard),
+    );
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let smclo = limit_client(&mut env, Mode::Smclo, port);
+    let d = delta(&s0, &env.stats());
+    let plain = limit_client(&mut env, Mode::Plain, port);
+    eprintln!("under smclo:\n{smclo}over TCP:\n{plain}");
+    let soft = SOFT.to_string();
+    for key in ["SYSCONF", "PROC", "CHILD", "PLAINCHILD", "SPAWN", "SYSTEM"] {
+        assert_eq!(field(&smclo, key), soft, "{key}\n{smclo}");
+    }
+    assert_eq!(field(&smclo, "GETRLIMIT"), format!("{SOFT} {hard}"));
+    let emfile = libc::EMFILE.to_string();
+    let want = format!(
+        "{} MAXFD {} ERR {emfile} OTHERS {emfile} {emfile} {emfile}",
+        field(&plain, "CONNS").split(' ').next().unwrap(),
+        SOFT - 1
+    );
+    assert_eq!(field(&smclo, "CONNS"), want, "\n{smclo}");
+    assert_eq!(field(&smclo, "BAD"), "0");
+    assert_eq!(field(&smclo, "RAISED"), (SOFT + 16).to_string());
+    assert_eq!(field(&smclo, "MORE"), format!("16 ERR {emfile} BAD 0"));
+    let conns: u64 = field(&smclo, "CONNS")
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(d.conns_opened, conns + 16, "{}", d.fallbacks_desc());
+    assert_eq!(d.fallbacks(), 0, "{}", d.fallbacks_desc());
+    server.stop(Duration::from_secs(5));
+}
+
+/// A client that starts 1000 non-blocking connects at once (as
+/// redis-benchmark does) under a soft limit of 1024 gets all of them, as
+/// over TCP: the server's connections that its handshakes file for one
+/// another, and the server's DMBs they have received, wait above the
+/// program's limit (before: they filled it, and `socket` failed with
+/// EMFILE after about 800 connections). Those that find no free
+/// rendezvous slot of the device stay TCP (MAX_DMB); all others are
+/// SMC-D.
+#[test]
+fn a_burst_of_non_blocking_connects_under_a_soft_limit_of_1024() {
+    const N: u64 = 1000;
+    let limits = (SOFT, split_hard());
+    let mut env = Env::new("fd-burst");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = python_split(
+        &mut env,
+        Mode::Smclo,
+        "echo-server",
+        "echo_server.py",
+        &[&ps],
+        limits,
+    );
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let n = N.to_string();
+    let mut client = python_split(
+        &mut env,
+        Mode::Smclo,
+        "burst-client",
+        "burst_client.py",
+        &[&ps, &n],
+        limits,
+    );
+    client.wait(Duration::from_secs(120));
+    let logs = format!("{}\n{}", client.logs(), server.logs());
+    assert_eq!(
+        client.stdout_str().trim(),
+        format!("SERVED {N} BAD 0"),
+        "not every connection was made and served byte-exact\n{logs}"
+    );
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "{} SMC-D connections, fallbacks: {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+    let max_dmb = d.fallback_client[Reason::MaxDmb.index()];
+    assert_eq!(d.conns_opened + max_dmb, N, "{}", d.fallbacks_desc());
+    assert_eq!(
+        max_dmb + d.fallback_server[Reason::PeerNoSmc.index()],
+        d.fallbacks(),
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert!(d.conns_opened >= N / 2, "{}", d.fallbacks_desc());
+    server.stop(Duration::from_secs(5));
 }

@@ -105,6 +105,24 @@ real! {
     fn select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, tv: *mut libc::timeval) -> c_int;
     fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int;
     fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    fn getrlimit(resource: c_int, rl: *mut libc::rlimit) -> c_int;
+    fn setrlimit(resource: c_int, rl: *const libc::rlimit) -> c_int;
+    fn prlimit(pid: pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int;
+    fn prlimit64(pid: pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int;
+    fn sysconf(name: c_int) -> libc::c_long;
+    fn getdtablesize() -> c_int;
+    fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int;
+    fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int;
+    fn openat(dir: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int;
+    fn openat64(dir: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int;
+    fn creat(path: *const c_char, mode: c_uint) -> c_int;
+    fn pipe(fds: *mut c_int) -> c_int;
+    fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
+    fn socketpair(domain: c_int, ty: c_int, proto: c_int, fds: *mut c_int) -> c_int;
+    fn epoll_create(size: c_int) -> c_int;
+    fn epoll_create1(flags: c_int) -> c_int;
+    fn system(cmd: *const c_char) -> c_int;
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut c_void;
 }
 
 /// Finds, ahead of time, the real functions that `_exit` reaches (the

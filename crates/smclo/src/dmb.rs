@@ -337,7 +337,9 @@ impl Dmb {
     /// Close-on-exec; the caller that passes it clears that.
     pub(crate) fn exec_file(&self) -> Option<std::os::fd::OwnedFd> {
         match (&self.own, &self.kept) {
-            (Some(o), _) => o.file.try_clone().ok().map(Into::into),
+            (Some(o), _) => crate::fdnum::internal(|| o.file.try_clone())
+                .ok()
+                .map(Into::into),
             (None, Some(k)) => crate::vault::withdraw(k.id()),
             (None, None) => None,
         }

@@ -9,15 +9,23 @@
 //! [`floor`], leaving the low numbers to the application's `socket`,
 //! `accept` and `open`.
 //!
-//! They also count against the application's `RLIMIT_NOFILE`: each owner of
+//! Where the hard `RLIMIT_NOFILE` is above the soft one, the preload raises
+//! the process's soft limit ([`widen`]) and keeps the program's own soft
+//! limit here ([`app_limit`]): smclo's descriptors then live at and above
+//! the program's limit, in room the program cannot use, and the preload
+//! shows the program its own limit and refuses it numbers at or above it
+//! (`EMFILE`), as the kernel would.
+//!
+//! Descriptors below the program's limit count against it: each owner of
 //! such a descriptor holds a [`Held`], and a new SMC-D connection is tried
-//! only while smclo's descriptors stay within [`budget`], a fixed share of
-//! the soft limit ([`room_for_conn`]); otherwise it falls back to TCP
-//! (reason MEM). So a program that uses up to 15/16 of its limit never
-//! meets `EMFILE` earlier than over TCP.
+//! only while smclo's descriptors stay within [`budget`]: the room above
+//! the program's limit plus a fixed share of that limit
+//! ([`room_for_conn`]); otherwise it falls back to TCP (reason MEM). So a
+//! program that uses up to 15/16 of its limit never meets `EMFILE` earlier
+//! than over TCP.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 /// Lowest and highest floor. The upper bound keeps the kernel's descriptor
 /// table of a process with a huge `RLIMIT_NOFILE` small, and the numbers
@@ -27,37 +35,209 @@ const FLOOR_MAX: i32 = 32768;
 
 static FLOOR: AtomicI32 = AtomicI32::new(0);
 
-/// The number from which smclo's own descriptors are allocated: half of
-/// the soft `RLIMIT_NOFILE` when the process starts using smclo, at least
+/// The process's `RLIMIT_NOFILE` as the kernel has it (a system call: the
+/// preload interposes `getrlimit` with the program's view).
+fn nofile() -> std::io::Result<libc::rlimit> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 of this process writes one rlimit into `rl`, which
+    // we own, and reads no new limit (null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null::<libc::rlimit>(),
+            &mut rl as *mut libc::rlimit,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(rl)
+}
+
+/// Sets the process's `RLIMIT_NOFILE` (a system call, as [`nofile`]).
+fn set_nofile(soft: u64, hard: u64) -> std::io::Result<()> {
+    let rl = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: prlimit64 of this process reads one rlimit from `rl` and
+    // writes no old one (null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NOFILE,
+            &rl as *const libc::rlimit,
+            std::ptr::null_mut::<libc::rlimit>(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The program's own soft `RLIMIT_NOFILE` while the process's is raised
+/// above it ([`widen`]); 0 while it is not.
+static APP_SOFT: AtomicU64 = AtomicU64::new(0);
+
+/// The highest soft limit [`widen`] sets: smclo's descriptors stay numbers
+/// of the preload's table ([`MARKED_MAX`]).
+const RAISE_TOP: u64 = MARKED_MAX as u64;
+
+/// What smclo may need above the program's limit `app_soft`: each of its
+/// connections may hold a hidden TCP socket and a memfd there, and the
+/// process a few fixed ones.
+fn room_wanted(app_soft: u64) -> u64 {
+    app_soft.saturating_mul(2).saturating_add(64)
+}
+
+/// The soft limit the process gets for a program's `app_soft`: room for
+/// [`room_wanted`] and, below it, as much again as the program's limit
+/// (room for the program to raise its own limit), within `hard` and
+/// [`RAISE_TOP`].
+fn raised_soft(app_soft: u64, hard: u64) -> u64 {
+    let want = app_soft
+        .saturating_mul(2)
+        .saturating_add(room_wanted(app_soft));
+    want.min(hard).min(RAISE_TOP).max(app_soft)
+}
+
+/// Where smclo's descriptors begin when the process's soft limit `real` is
+/// raised above the program's `app`: the top [`room_wanted`] numbers,
+/// leaving the numbers just above the program's limit free for it to
+/// raise its limit into.
+fn raised_floor(app: u64, real: u64) -> i32 {
+    real.saturating_sub(room_wanted(app)).max(app) as i32
+}
+
+/// The program's soft `RLIMIT_NOFILE` while smclo uses room above it,
+/// `None` while it does not (the process's limit is the program's).
+pub fn app_limit() -> Option<u64> {
+    match APP_SOFT.load(Ordering::Relaxed) {
+        0 => None,
+        v => Some(v),
+    }
+}
+
+/// The process's `RLIMIT_NOFILE` as the program sees it: its own soft
+/// limit (see [`app_limit`]), the real hard one.
+pub fn app_nofile() -> std::io::Result<libc::rlimit> {
+    let mut rl = nofile()?;
+    if let Some(v) = app_limit() {
+        rl.rlim_cur = v;
+    }
+    Ok(rl)
+}
+
+/// Raises the process's soft `RLIMIT_NOFILE` above the program's where the
+/// hard limit allows (see [`set_app_nofile`]). Called once, before the
+/// program runs.
+pub fn widen() {
+    if let Ok(rl) = nofile() {
+        // A limit the kernel refuses to raise stays the program's own.
+        let _ = set_app_nofile(rl.rlim_cur, rl.rlim_max);
+    }
+}
+
+/// The program sets its `RLIMIT_NOFILE` to `soft` and `hard`: the process
+/// gets `hard` and a soft limit raised above `soft` where `hard` leaves
+/// room, and `soft` is what the program sees. Errors are the kernel's for
+/// the program's request (`EINVAL` for `soft` above `hard`, `EPERM`).
+pub fn set_app_nofile(soft: u64, hard: u64) -> std::io::Result<()> {
+    let real_soft = if soft <= hard && soft < RAISE_TOP {
+        raised_soft(soft, hard)
+    } else {
+        soft
+    };
+    set_nofile(real_soft, hard)?;
+    let raised = real_soft > soft;
+    APP_SOFT.store(if raised { soft } else { 0 }, Ordering::Relaxed);
+    if raised {
+        FLOOR.store(raised_floor(soft, real_soft), Ordering::Relaxed);
+    } else if FLOOR.load(Ordering::Relaxed) != 0 {
+        FLOOR.store(floor_within(real_soft), Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// The program's limit restored for a new program (exec, spawn), which
+/// must inherit what this one set; raised again when this value drops (the
+/// exec failed, or the spawn is done).
+#[derive(Debug)]
+pub struct ForExec(Option<libc::rlimit>);
+
+impl ForExec {
+    /// Lowers the process's soft limit to the program's, if raised.
+    pub fn begin() -> ForExec {
+        let Some(v) = app_limit() else {
+            return ForExec(None);
+        };
+        let Ok(rl) = nofile() else {
+            return ForExec(None);
+        };
+        if set_nofile(v, rl.rlim_max).is_err() {
+            return ForExec(None);
+        }
+        ForExec(Some(rl))
+    }
+}
+
+impl Drop for ForExec {
+    fn drop(&mut self) {
+        if let Some(rl) = self.0 {
+            // The caller reports the exec's or spawn's errno.
+            // SAFETY: this thread's errno slot.
+            let errno = unsafe { *libc::__errno_location() };
+            let _ = set_nofile(rl.rlim_cur, rl.rlim_max);
+            // SAFETY: as above.
+            unsafe { *libc::__errno_location() = errno };
+        }
+    }
+}
+
+/// The floor where the soft limit is the program's: half of it, at least
 /// 64 and at most 32768.
+fn floor_within(soft: u64) -> i32 {
+    (soft / 2).clamp(FLOOR_MIN as u64, FLOOR_MAX as u64) as i32
+}
+
+/// The number from which smclo's own descriptors are allocated: the top of
+/// the room above the program's soft limit while smclo uses it
+/// ([`app_limit`], [`raised_floor`]); otherwise half of the soft `RLIMIT_NOFILE` when the process starts
+/// using smclo, at least 64 and at most 32768.
 pub fn floor() -> i32 {
     let f = FLOOR.load(Ordering::Relaxed);
     if f != 0 {
         return f;
     }
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let soft = nofile().map_or(0, |rl| rl.rlim_cur);
+    let f = match app_limit() {
+        Some(v) => raised_floor(v, soft),
+        None => floor_within(soft),
     };
-    // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-        rl.rlim_cur
-    } else {
-        0
-    };
-    let f = (soft / 2).clamp(FLOOR_MIN as u64, FLOOR_MAX as u64) as i32;
     FLOOR.store(f, Ordering::Relaxed);
     f
 }
 
-/// A close-on-exec duplicate of `fd` at or above [`floor`], or at any free
-/// number when there is none up there (a lowered `RLIMIT_NOFILE`, all taken).
+/// A close-on-exec duplicate of `fd` at or above [`floor`]; when there is
+/// none free up there, above the program's limit ([`app_limit`]), and
+/// failing that at any free number (a lowered `RLIMIT_NOFILE`, all taken).
 pub fn dup_high(fd: RawFd) -> std::io::Result<OwnedFd> {
-    // The system call itself: `fd` may be a connection's channel that is
-    // the application's descriptor (see crate::chan_sys).
-    let mut n = crate::chan_sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor() as libc::c_long);
-    if n < 0 {
-        n = crate::chan_sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+    let lows = [floor() as u64, app_limit().unwrap_or(0), 0];
+    let mut n = -1;
+    for low in lows {
+        // The system call itself: `fd` may be a connection's channel that
+        // is the application's descriptor (see crate::chan_sys).
+        n = crate::chan_sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, low as libc::c_long);
+        if n >= 0 {
+            break;
+        }
     }
     if n < 0 {
         return Err(std::io::Error::last_os_error());
@@ -126,6 +306,31 @@ pub(crate) fn release_one() {
     HELD.fetch_sub(1, Ordering::Relaxed);
 }
 
+thread_local! {
+    /// Depth of [`internal`] calls on this thread.
+    static INTERNAL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, which makes descriptors of smclo's own (moved high at once):
+/// the preload's hooks let them have numbers at or above the program's
+/// limit ([`in_internal`]), which they refuse the program.
+pub fn internal<T>(f: impl FnOnce() -> T) -> T {
+    struct Depth;
+    impl Drop for Depth {
+        fn drop(&mut self) {
+            INTERNAL.with(|d| d.set(d.get() - 1));
+        }
+    }
+    INTERNAL.with(|d| d.set(d.get() + 1));
+    let _depth = Depth;
+    f()
+}
+
+/// Whether this thread is inside [`internal`].
+pub fn in_internal() -> bool {
+    INTERNAL.with(|d| d.get() > 0)
+}
+
 /// Numbers below this are marked in [`OURS`].
 const MARKED_MAX: usize = 65536;
 #[allow(clippy::declare_interior_mutable_const)]
@@ -175,20 +380,19 @@ pub fn held() -> usize {
 /// The [`budget`] as [`room_for_conn`] last read it; 0 before.
 static BUDGET: AtomicUsize = AtomicUsize::new(0);
 
-/// How many descriptors smclo may hold: 1/[`BUDGET_SHARE`] of the soft
-/// `RLIMIT_NOFILE`, read now (the program may change its limit at any
-/// time; [`room_for_conn`] reads it once per connection attempt, and the
-/// rest of that connection's life uses that reading).
+/// How many descriptors smclo may hold: the room above the program's soft
+/// `RLIMIT_NOFILE` ([`app_limit`]) and 1/[`BUDGET_SHARE`] of the program's
+/// limit, read now (the program may change its limit at any time;
+/// [`room_for_conn`] reads it once per connection attempt, and the rest of
+/// that connection's life uses that reading).
 pub fn budget() -> usize {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into `rl`, which we own.
-    let b = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        0
-    } else {
-        usize::try_from(rl.rlim_cur / BUDGET_SHARE).unwrap_or(usize::MAX)
+    let b = match nofile() {
+        Err(_) => 0,
+        Ok(rl) => {
+            let app = app_limit().unwrap_or(rl.rlim_cur).min(rl.rlim_cur);
+            let above = rl.rlim_cur - app;
+            usize::try_from(above + app / BUDGET_SHARE).unwrap_or(usize::MAX)
+        }
     };
     BUDGET.store(b, Ordering::Relaxed);
     b
@@ -220,7 +424,8 @@ pub fn room_for_conn() -> bool {
     if !room {
         crate::debug!(
             "descriptor budget: smclo holds {held} descriptors of the {budget} it may use \
-             (1/{BUDGET_SHARE} of RLIMIT_NOFILE); this connection stays TCP (MEM)"
+             (the room above the program's RLIMIT_NOFILE and 1/{BUDGET_SHARE} of it); \
+             this connection stays TCP (MEM)"
         );
     }
     room

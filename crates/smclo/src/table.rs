@@ -575,7 +575,9 @@ fn open_lock(path: &Path, mode: u32) -> io::Result<File> {
     if md.uid() == unsafe { libc::geteuid() } && md.mode() & 0o777 != mode {
         crate::access::set_mode(f.as_raw_fd(), mode)?;
     }
-    Ok(f)
+    // Held as long as the process uses the device: not among the program's
+    // numbers.
+    Ok(crate::fdnum::move_high(f))
 }
 
 fn flock(f: &File, op: i32) -> io::Result<()> {

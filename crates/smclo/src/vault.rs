@@ -157,7 +157,7 @@ pub(crate) fn withdraw(id: Id) -> Option<OwnedFd> {
         let found = all
             .iter()
             .find(|(i, _)| *i == id)
-            .and_then(|(_, f)| f.try_clone().ok());
+            .and_then(|(_, f)| crate::fdnum::internal(|| f.try_clone()).ok());
         report(requeue(s, all));
         found
     })

@@ -201,7 +201,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let s = table::get(fd);
     if s.is_none() && !table::has_flag(fd, F_DUP_SHARED) {
         // SAFETY: forwarded unchanged.
-        return unsafe { real::dup(fd) };
+        return super::limits::app_fd(unsafe { real::dup(fd) });
     }
     // SAFETY: F_DUPFD(_CLOEXEC) from 0 is dup(2) (plus close-on-exec for a
     // connection, whose application view is kept in the table).
@@ -226,7 +226,7 @@ unsafe fn fcntl_dup(
         cmd
     };
     // SAFETY: duplicating the application's descriptor.
-    let n = unsafe { real::fcntl(fd, real_cmd, min) };
+    let n = super::limits::app_fd(unsafe { real::fcntl(fd, real_cmd, min) });
     let e = errno();
     let mut pending = None;
     if n >= 0 {
@@ -262,6 +262,9 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int {
+    if super::limits::beyond_limit(new) {
+        return fail(libc::EBADF); // as the kernel for a number past the limit
+    }
     if old != new {
         super::pending::settle(old);
     }
@@ -328,6 +331,9 @@ unsafe fn fcntl_impl(
     f: unsafe fn(c_int, c_int, c_ulong) -> c_int,
 ) -> c_int {
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        if super::limits::beyond_limit(arg.min(c_int::MAX as c_ulong) as c_int) {
+            return fail(libc::EINVAL); // as the kernel for a minimum past the limit
+        }
         super::pending::settle(fd);
     }
     let s = table::get(fd);
@@ -338,7 +344,11 @@ unsafe fn fcntl_impl(
             return unsafe { fcntl_dup(fd, None, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) };
         }
         // SAFETY: forwarded unchanged.
-        return unsafe { f(fd, cmd, arg) };
+        let r = unsafe { f(fd, cmd, arg) };
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+            return super::limits::app_fd(r);
+        }
+        return r;
     }
     match cmd {
         // SAFETY: forwarded.

@@ -148,8 +148,14 @@ fn exec_with(
     envp: *const *const c_char,
     run: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    // An ignored SIGBUS stays ignored in the new image.
-    let run = |env| smclo::fault::around_exec(|| run(env));
+    // An ignored SIGBUS stays ignored in the new image, and the new
+    // program inherits the limit this one set, not the raised one.
+    let run = |env| {
+        let limit = smclo::fdnum::ForExec::begin();
+        let r = smclo::fault::around_exec(|| run(env));
+        drop(limit); // the exec failed
+        r
+    };
     // The new image could not finish a handshake.
     super::pending::settle_all();
     let program = program();
@@ -268,6 +274,9 @@ fn close_all_at_exit() {
 }
 
 extern "C" fn at_load() {
+    if !super::disabled() {
+        smclo::fdnum::widen();
+    }
     smclo::deferred::set_closer(table::close_hidden);
     real::resolve_exit_path();
     variant::at_load();

@@ -48,7 +48,7 @@ fn kernel_says_tcp_stream(fd: RawFd) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwarded unchanged.
-    let fd = unsafe { real::socket(domain, ty, proto) };
+    let fd = super::limits::app_fd(unsafe { real::socket(domain, ty, proto) });
     if fd >= 0 && in_table_range(fd) && !disabled() {
         let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
             && ty & 0xf == libc::SOCK_STREAM
@@ -268,8 +268,13 @@ fn inherit_flags(fd: c_int, nfd: c_int) {
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     adopt_if_unknown(fd);
     if !table::has_flag(fd, F_LISTENER) {
+        if !super::limits::accept_has_room(fd) {
+            return fail(libc::EMFILE);
+        }
         // SAFETY: forwarded unchanged.
-        return accepted(unsafe { real::accept(fd, addr, len) });
+        return accepted(super::limits::app_fd(unsafe {
+            real::accept(fd, addr, len)
+        }));
     }
     // SAFETY: same arguments, flags 0 is what accept means.
     unsafe { accept_smc(fd, addr, len, 0) }
@@ -285,8 +290,13 @@ pub unsafe extern "C" fn accept4(
 ) -> c_int {
     adopt_if_unknown(fd);
     if !table::has_flag(fd, F_LISTENER) {
+        if !super::limits::accept_has_room(fd) {
+            return fail(libc::EMFILE);
+        }
         // SAFETY: forwarded unchanged.
-        return accepted(unsafe { real::accept4(fd, addr, len, flags) });
+        return accepted(super::limits::app_fd(unsafe {
+            real::accept4(fd, addr, len, flags)
+        }));
     }
     // SAFETY: forwarded.
     unsafe { accept_smc(fd, addr, len, flags) }
@@ -330,8 +340,11 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     } else {
         Spun::Skipped
     };
+    if !super::limits::accept_has_room(fd) {
+        return fail(libc::EMFILE);
+    }
     // SAFETY: the caller's arguments, forwarded.
-    let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+    let nfd = super::limits::app_fd(unsafe { real::accept4(fd, addr, len, flags) });
     if nfd < 0 {
         return nfd;
     }

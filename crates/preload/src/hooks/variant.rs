@@ -210,7 +210,8 @@ fn spawn_env(
 }
 
 /// Interposed `posix_spawn(3)`: the program gets the build for its loader
-/// in `LD_PRELOAD`, or none.
+/// in `LD_PRELOAD`, or none, and the program's soft `RLIMIT_NOFILE`
+/// (`hooks::limits`).
 #[no_mangle]
 pub unsafe extern "C" fn posix_spawn(
     pid: *mut pid_t,
@@ -222,6 +223,7 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     let mut owned = None;
     let env = spawn_env(&target::open_path(path), envp, &mut owned);
+    let _limit = smclo::fdnum::ForExec::begin();
     // SAFETY: the caller's arguments, with the environment above.
     unsafe { real::posix_spawn(pid, path, acts, attr, argv, env) }
 }
@@ -239,6 +241,7 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     let mut owned = None;
     let env = spawn_env(&target::open_file(file), envp, &mut owned);
+    let _limit = smclo::fdnum::ForExec::begin();
     // SAFETY: the caller's arguments, with the environment above.
     unsafe { real::posix_spawnp(pid, file, acts, attr, argv, env) }
 }

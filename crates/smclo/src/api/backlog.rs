@@ -342,7 +342,9 @@ fn set_and_timer() -> io::Result<(OwnedFd, OwnedFd)> {
 fn replace(new: &OwnedFd, at: &OwnedFd) -> io::Result<()> {
     // SAFETY: two descriptors we own; dup3 swaps the file `at` refers to
     // atomically, and `at` stays owned by its OwnedFd.
-    let r = unsafe { libc::dup3(new.as_raw_fd(), at.as_raw_fd(), libc::O_CLOEXEC) };
+    let r = crate::fdnum::internal(|| unsafe {
+        libc::dup3(new.as_raw_fd(), at.as_raw_fd(), libc::O_CLOEXEC)
+    });
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -86,7 +86,7 @@ impl RendezvousAddr {
         let (sa, len) = self.sockaddr().map_err(HandshakeError::Io)?;
         let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
         // SAFETY: plain socket(2); the descriptor is owned right below.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, flags, 0) };
+        let fd = crate::fdnum::internal(|| unsafe { libc::socket(libc::AF_UNIX, flags, 0) });
         if fd < 0 {
             return Err(HandshakeError::Io(io::Error::last_os_error()));
         }

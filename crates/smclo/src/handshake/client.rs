@@ -434,9 +434,17 @@ impl ClientProposal {
         let Some(d) = self.run(until) else {
             // Undecided: the program gets control back and may not look
             // again for a while. A channel left where the kernel put it
-            // for the caller's swap moves out of its range of numbers now.
+            // for the caller's swap, and the server's DMB as it was
+            // received, move out of its range of numbers now (a program
+            // that starts many connections at once would otherwise find
+            // its range full of them).
             if self.cfg.channel_placed_by_caller {
                 self.wait.chan = self.wait.chan.take().map(crate::fdnum::move_high);
+                self.wait.server_dmb = self
+                    .wait
+                    .server_dmb
+                    .take()
+                    .map(|f| f.map(crate::fdnum::move_high));
             }
             return None;
         };

@@ -134,7 +134,7 @@ impl RendezvousListener {
     fn bind(dev: &Device, nonce: u64, shared: bool) -> io::Result<Self> {
         let (sock, path) = match RendezvousAddr::new(dev, nonce) {
             RendezvousAddr::Path(p) => {
-                let l = UnixListener::bind(&p)?;
+                let l = crate::fdnum::internal(|| UnixListener::bind(&p))?;
                 // Connecting needs write permission on the socket: a group
                 // device's members need it, others never get it.
                 use std::os::unix::fs::PermissionsExt;
@@ -144,7 +144,10 @@ impl RendezvousListener {
             RendezvousAddr::Abstract(n) => {
                 use std::os::linux::net::SocketAddrExt;
                 let a = std::os::unix::net::SocketAddr::from_abstract_name(n)?;
-                (UnixListener::bind_addr(&a)?, None)
+                (
+                    crate::fdnum::internal(|| UnixListener::bind_addr(&a))?,
+                    None,
+                )
             }
         };
         sock.set_nonblocking(true)?;
@@ -341,7 +344,7 @@ impl RendezvousListener {
         let Some(sock) = &self.sock else { return };
         let (mut filed, mut others) = (false, false);
         for _ in 0..ACCEPT_BATCH {
-            let (c, addr) = match sock.accept() {
+            let (c, addr) = match crate::fdnum::internal(|| sock.accept()) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -355,6 +358,14 @@ impl RendezvousListener {
             let Some(slot) = token.and_then(|t| inbox.expected.get_mut(&t)) else {
                 crate::debug!("refused a rendezvous connection for no proposal of ours");
                 continue;
+            };
+            // One filed for another proposal may wait there for a while
+            // (a program that starts many connections at once): out of
+            // the application's range of numbers.
+            let c = if token == want {
+                c
+            } else {
+                crate::fdnum::move_high(c)
             };
             *slot = Some(match check_peer(c.as_raw_fd(), &self.shape) {
                 Ok(()) => Ok(c),
