@@ -24,7 +24,7 @@
 //! program that uses up to 15/16 of its limit never meets `EMFILE` earlier
 //! than over TCP.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 /// Lowest and highest floor. The upper bound keeps the kernel's descriptor
@@ -253,9 +253,24 @@ pub fn move_high<T: Into<OwnedFd> + From<OwnedFd> + AsRawFd>(x: T) -> T {
         return x;
     }
     match dup_high(x.as_raw_fd()) {
-        Ok(high) => T::from(high), // `x` drops (closes) here
+        Ok(high) => {
+            close_own(x.into());
+            T::from(high)
+        }
         Err(_) => x,
     }
+}
+
+/// Closes a descriptor smclo made itself (one it accepted or created, never
+/// the program's) with the system call, not through `close`: under the
+/// preload, `close` is the interposed one, which takes the descriptor
+/// table's lock, and a caller inside a handshake may hold locks that a
+/// thread holding that lock waits for. Nothing the preload remembers can
+/// be about this number (it learns of a reused number afresh).
+pub fn close_own(fd: OwnedFd) {
+    let n = fd.into_raw_fd();
+    // SAFETY: `n` was an owned descriptor, given up here and closed once.
+    unsafe { libc::syscall(libc::SYS_close, n) };
 }
 
 /// smclo's descriptors may take 1/`BUDGET_SHARE` of the soft

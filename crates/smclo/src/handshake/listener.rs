@@ -357,6 +357,7 @@ impl RendezvousListener {
             let token = addr.as_abstract_name().and_then(|n| token_of(self.gid, n));
             let Some(slot) = token.and_then(|t| inbox.expected.get_mut(&t)) else {
                 crate::debug!("refused a rendezvous connection for no proposal of ours");
+                crate::fdnum::close_own(c.into());
                 continue;
             };
             // One filed for another proposal may wait there for a while
