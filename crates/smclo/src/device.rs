@@ -73,35 +73,6 @@ pub enum DmbType {
     Huge = 1,
 }
 
-/// The device operations, shaped like the kernel's `struct smcd_ops`, so
-/// that a device of another kind (a cross-VM one) can sit beside loopback.
-pub trait SmcdOps: Send + Sync {
-    /// The device's GID (`get_local_gid`).
-    fn gid(&self) -> u64;
-    /// The device's CHID (`get_chid`); 0xFFFF for loopback-ism.
-    fn chid(&self) -> u16;
-    /// The system EID, 32 bytes blank padded.
-    fn seid(&self) -> [u8; 32];
-    /// Whether a peer with GID `rgid` is reachable through this device
-    /// (`query_remote_gid`): loopback reaches only itself.
-    fn query_remote_gid(&self, rgid: u64) -> bool;
-    /// Whether the device does SMC-Dv2 (`supports_v2`).
-    fn supports_v2(&self) -> bool;
-    /// Whether senders write straight into the peer's DMB
-    /// (`support_dmb_nocopy`); false when the `dmb_copy` knob is on.
-    fn support_dmb_nocopy(&self) -> bool;
-    /// Creates a DMB with a ring of `ring_len` bytes (`register_dmb`).
-    fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle>;
-    /// Maps the peer's DMB `token` from the descriptor it passed
-    /// (`attach_dmb`). A descriptor holding another token gives
-    /// [`AttachError::TokenGone`](crate::error::AttachError::TokenGone).
-    fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb>;
-    /// Removes a DMB (`unregister_dmb`); dropping the handle does the same.
-    fn unregister_dmb(&self, dmb: DmbHandle) {
-        drop(dmb)
-    }
-}
-
 /// One DMB table entry: two cache lines, the first changed by the sending
 /// side of the data path (`tx_bytes`), the second by the receiving side
 /// (`rx_bytes`), so that a reader and a writer thread of one connection do
@@ -1185,33 +1156,6 @@ pub const SWEEP_INTERVAL_MS: u64 = 200;
 
 /// Age after which a DMB file that never got a valid header is removed.
 pub const STALE_FILE_SECS: u64 = 10;
-
-impl SmcdOps for Device {
-    fn gid(&self) -> u64 {
-        self.gid
-    }
-    fn chid(&self) -> u16 {
-        self.chid
-    }
-    fn seid(&self) -> [u8; 32] {
-        self.seid
-    }
-    fn query_remote_gid(&self, rgid: u64) -> bool {
-        rgid == self.gid
-    }
-    fn supports_v2(&self) -> bool {
-        true
-    }
-    fn support_dmb_nocopy(&self) -> bool {
-        !self.dmb_copy()
-    }
-    fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
-        Device::register_dmb(self, ring_len, role)
-    }
-    fn attach_dmb(&self, token: u64, fd: File) -> Result<Dmb> {
-        Device::attach_dmb(self, token, fd)
-    }
-}
 
 // ---------------------------------------------------------------------------
 // DmbHandle.
