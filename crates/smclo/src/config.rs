@@ -8,6 +8,7 @@
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back (from `connect`; a non-blocking one returns at once and the handshake goes on) | 1000 |
 //! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
+//! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
@@ -22,6 +23,22 @@ pub const DEFAULT_DMB_SIZE: u32 = 256 * 1024;
 pub const DEFAULT_POOL_BYTES: u64 = 16 << 20;
 /// Default of `SMCLO_POOL_IDLE_MS`.
 pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(10);
+
+/// Default of `SMCLO_SPIN_US`.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// `SMCLO_SPIN_US`, validated: the longest a wait busy-polls before it
+/// sleeps in the kernel.
+pub fn spin_from_env() -> Result<Duration> {
+    match var("SMCLO_SPIN_US") {
+        Some(v) => v.parse::<u64>().map(Duration::from_micros).map_err(|_| {
+            Error::Config(format!(
+                "SMCLO_SPIN_US={v:?} is not a number of microseconds"
+            ))
+        }),
+        None => Ok(DEFAULT_SPIN),
+    }
+}
 
 /// What the per-process DMB pool ([`crate::pool`]) may keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +106,10 @@ pub struct Config {
     /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
     /// process; here so that a malformed value is reported).
     pub pool: PoolLimits,
+    /// The longest a wait busy-polls (`SMCLO_SPIN_US`; read by the waits
+    /// themselves once per process, `crate::conn::spin_budget`; here so
+    /// that a malformed value is reported).
+    pub spin: Duration,
     /// The caller moves a new connection's channel to a number of its own
     /// at once (the preload's swap puts it at the application's socket
     /// number): the handshake leaves it where the kernel put it instead of
@@ -130,6 +151,7 @@ impl Config {
             clc_wait,
             ueid,
             pool: PoolLimits::from_env()?,
+            spin: spin_from_env()?,
             channel_placed_by_caller: false,
         })
     }

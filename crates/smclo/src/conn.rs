@@ -124,20 +124,13 @@ const OWED_RECHECK_MS: i32 = 5;
 /// as a busy wait asks the kernel about its other descriptors.
 pub const EOF_LOOK_EVERY: Duration = crate::poller::KERNEL_EVERY;
 
-/// Default busy-poll budget, microseconds (see `SMCLO_SPIN_US`).
-pub const DEFAULT_SPIN_US: u64 = 50;
-
-/// `SMCLO_SPIN_US`, read once: the longest a blocking call busy-polls the
-/// ring before sleeping in `poll(2)`. 0 disables spinning.
+/// `SMCLO_SPIN_US` ([`crate::config::Config::spin`]), read once: the
+/// longest a blocking call busy-polls the ring before sleeping in
+/// `poll(2)`. 0 disables spinning. A malformed value is reported by
+/// [`crate::config::Config::from_env`]; here it means the default.
 pub fn spin_budget() -> Duration {
-    static US: OnceLock<u64> = OnceLock::new();
-    Duration::from_micros(*US.get_or_init(|| match std::env::var("SMCLO_SPIN_US") {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
-            crate::debug!("SMCLO_SPIN_US={v:?} is not a number; using {DEFAULT_SPIN_US}");
-            DEFAULT_SPIN_US
-        }),
-        _ => DEFAULT_SPIN_US,
-    }))
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| crate::config::spin_from_env().unwrap_or(crate::config::DEFAULT_SPIN))
 }
 
 /// One call's sleeping: interruptible by signal handlers (those that run
