@@ -268,9 +268,7 @@ pub fn move_high<T: Into<OwnedFd> + From<OwnedFd> + AsRawFd>(x: T) -> T {
 /// thread holding that lock waits for. Nothing the preload remembers can
 /// be about this number (it learns of a reused number afresh).
 pub fn close_own(fd: OwnedFd) {
-    let n = fd.into_raw_fd();
-    // SAFETY: `n` was an owned descriptor, given up here and closed once.
-    unsafe { libc::syscall(libc::SYS_close, n) };
+    crate::chan_sys::close(fd.into_raw_fd());
 }
 
 /// smclo's descriptors may take 1/`BUDGET_SHARE` of the soft
