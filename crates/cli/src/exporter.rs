@@ -134,17 +134,6 @@ fn open_all(dirs: &[PathBuf]) -> Result<Vec<Arc<Device>>, i32> {
         .collect()
 }
 
-/// The current counters of `devices`.
-pub(crate) fn snapshot(devices: &[Arc<Device>]) -> Vec<DeviceStats> {
-    devices
-        .iter()
-        .map(|d| DeviceStats {
-            dir: d.dir().display().to_string(),
-            stats: d.stats(),
-        })
-        .collect()
-}
-
 /// Answers one request on `c`.
 fn serve(mut c: TcpStream, devices: &[Arc<Device>]) -> std::io::Result<()> {
     c.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -193,7 +182,13 @@ fn respond(head: &str, devices: &[Arc<Device>]) -> (&'static str, &'static str, 
                 .find(|(k, _)| k.trim().eq_ignore_ascii_case("accept"))
                 .map(|(_, v)| v.trim());
             let fmt = Format::negotiate(accept);
-            let body = metrics::render(&snapshot(devices), fmt);
+            let body = metrics::render(
+                &devices
+                    .iter()
+                    .map(|d| DeviceStats::of(d))
+                    .collect::<Vec<_>>(),
+                fmt,
+            );
             ("200 OK", fmt.content_type(), body)
         }
         "/" => (

@@ -7,7 +7,7 @@
 //! the sample's name, `_total` included; OpenMetrics: without it), in the
 //! `# UNIT` line and in the closing `# EOF`.
 
-use smclo::device::Stats;
+use smclo::device::{Device, Stats};
 use smclo_wire::reason::Reason;
 use std::fmt::Write;
 
@@ -45,6 +45,16 @@ pub(crate) struct DeviceStats {
     pub dir: String,
     /// Its counters.
     pub stats: Stats,
+}
+
+impl DeviceStats {
+    /// `dev`'s counters now.
+    pub(crate) fn of(dev: &Device) -> DeviceStats {
+        DeviceStats {
+            dir: dev.dir().display().to_string(),
+            stats: dev.stats(),
+        }
+    }
 }
 
 /// Whether a metric counts up (reset only by `smclo stats reset`) or is a

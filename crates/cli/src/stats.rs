@@ -61,17 +61,10 @@ pub fn main(args: &[String]) -> i32 {
         Ok(d) => d,
         Err(code) => return code,
     };
-    let s = dev.stats();
     let text = match out {
-        Output::Table => to_table(&s, all),
-        Output::Json => to_json(&s),
-        Output::Metrics(fmt) => {
-            let d = DeviceStats {
-                dir: dev.dir().display().to_string(),
-                stats: s,
-            };
-            metrics::render(&[d], fmt)
-        }
+        Output::Table => to_table(&dev.stats(), all),
+        Output::Json => to_json(&dev.stats()),
+        Output::Metrics(fmt) => metrics::render(&[DeviceStats::of(&dev)], fmt),
     };
     print!("{text}");
     0
