@@ -283,7 +283,7 @@ fn is_var(e: &[u8]) -> bool {
 
 impl PlainEnv {
     pub(super) fn new(envp: *const *const c_char) -> PlainEnv {
-        let entries = || super::target::entries(envp).into_iter();
+        let entries = || super::target::entries(envp);
         let copy = has_var(envp).then(|| {
             let mut v: Vec<_> = entries()
                 .filter(|e| !is_var(e.to_bytes()))
@@ -303,7 +303,6 @@ impl PlainEnv {
     fn into_vec(self) -> Vec<*const c_char> {
         self.copy.unwrap_or_else(|| {
             let mut v: Vec<_> = super::target::entries(self.envp)
-                .into_iter()
                 .map(|e| e.as_ptr())
                 .collect();
             v.push(std::ptr::null());

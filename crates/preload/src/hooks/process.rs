@@ -180,7 +180,7 @@ fn exec_with(
             fall_back(None);
             return run(plain_env.as_ptr());
         }
-        Target::Preloads if !target::preload_in(envp) => {
+        Target::Preloads if !super::variant::preload_in(envp) => {
             debug!("exec: LD_PRELOAD of the new program does not name smclo; its SMC-D connections fall back");
             fall_back(None);
             return run(plain_env.as_ptr());

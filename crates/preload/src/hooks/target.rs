@@ -75,34 +75,19 @@ impl fmt::Display for NoPreload {
     }
 }
 
-/// The environment entries of `envp` (NULL-terminated; NULL: none).
-pub(super) fn entries<'a>(envp: *const *const c_char) -> Vec<&'a CStr> {
-    let mut v = Vec::new();
-    if envp.is_null() {
-        return v;
-    }
-    let mut i = 0;
-    loop {
+/// The environment entries of `envp` (NULL-terminated; NULL: none), read
+/// as they are iterated: nothing is allocated (an exec after `fork` may
+/// run where allocating is not safe).
+pub(super) fn entries<'a>(envp: *const *const c_char) -> impl Iterator<Item = &'a CStr> {
+    (0..).map_while(move |i| {
+        if envp.is_null() {
+            return None;
+        }
         // SAFETY: envp is a NULL-terminated vector of C strings (exec's
         // contract), read up to its NULL.
         let p = unsafe { *envp.add(i) };
-        if p.is_null() {
-            return v;
-        }
         // SAFETY: each entry is a NUL-terminated string.
-        v.push(unsafe { CStr::from_ptr(p) });
-        i += 1;
-    }
-}
-
-/// Whether `envp` has `LD_PRELOAD` naming a build of this library.
-pub(super) fn preload_in(envp: *const *const c_char) -> bool {
-    let env = super::variant::Env(envp);
-    entries(envp).iter().any(|e| {
-        e.to_bytes().strip_prefix(b"LD_PRELOAD=").is_some_and(|v| {
-            v.split(|&b| b == b':' || b == b' ')
-                .any(|p| super::variant::is_ours(p, env))
-        })
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
     })
 }
 

@@ -3,7 +3,7 @@
 //! `LD_PRELOAD`, in place of this one, or no build at all: a loader never
 //! gets a library it cannot load (musl's would stop the program before
 //! `main`). A program left without a build does not adopt connections
-//! (`target::preload_in`): they fall back as for a static program.
+//! (`preload_in`): they fall back as for a static program.
 //!
 //! The other build is the one `smclo run` found (its path in the variable
 //! `Variant::env_var`), or the file of that build's name next to this one.
@@ -63,17 +63,7 @@ pub(super) struct Env(pub(super) *const *const c_char);
 impl Env {
     /// The entries, up to the NULL.
     fn entries<'a>(self) -> impl Iterator<Item = &'a CStr> {
-        let envp = self.0;
-        (0..).map_while(move |i| {
-            if envp.is_null() {
-                return None;
-            }
-            // SAFETY: envp is a NULL-terminated vector of C strings
-            // (exec's contract), read up to its NULL.
-            let p = unsafe { *envp.add(i) };
-            // SAFETY: each entry is a NUL-terminated string.
-            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
-        })
+        target::entries(self.0)
     }
 
     /// The value of the variable `name`.
@@ -88,7 +78,18 @@ impl Env {
 
 /// Whether an `LD_PRELOAD` entry names a build of this library: by a
 /// build's file name, this library's, or that of a build's path in `env`.
-pub(super) fn is_ours(entry: &[u8], env: Env) -> bool {
+/// Whether `envp` has `LD_PRELOAD` naming a build of this library.
+pub(super) fn preload_in(envp: *const *const c_char) -> bool {
+    let env = Env(envp);
+    env.entries().any(|e| {
+        e.to_bytes().strip_prefix(b"LD_PRELOAD=").is_some_and(|v| {
+            v.split(|&b| b == b':' || b == b' ')
+                .any(|p| is_ours(p, env))
+        })
+    })
+}
+
+fn is_ours(entry: &[u8], env: Env) -> bool {
     let [glibc, musl] = Variant::ALL.map(|v| env.var(v.env_var()));
     smclo_loader::is_build(entry, [own_path(), glibc, musl].into_iter().flatten())
 }
