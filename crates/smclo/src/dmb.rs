@@ -204,6 +204,18 @@ impl Dmb {
         self.hdr.token = token;
     }
 
+    /// Whether the header in the mapping still says what this DMB is (a
+    /// peer that maps it may have zeroed it: a hole punched in the memfd
+    /// reads as zeros). Read word by word, as the shared memory it is.
+    pub(crate) fn header_intact(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let mut b = [0u8; dmb_header::STATIC_LEN];
+        for (off, chunk) in (0..).step_by(8).zip(b.chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&self.word_at(off).load(Ordering::Relaxed).to_ne_bytes());
+        }
+        dmb_header::parse(&b).is_ok_and(|h| h == self.hdr)
+    }
+
     /// The attach record word of this DMB (see [`dmb_header::ATTACH_OFFSET`]).
     pub(crate) fn attach_word(&self) -> &AtomicU64 {
         self.word_at(dmb_header::ATTACH_OFFSET)

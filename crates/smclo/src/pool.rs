@@ -201,6 +201,12 @@ pub(crate) fn take(ring_len: u32, gid: u64, token: u64, prefer: Prefer) -> Optio
     let i = preferred.or_else(|| p.kept.iter().rposition(fits));
     let mut d = p.kept.remove(i?).dmb;
     drop(p);
+    if !d.header_intact() {
+        // A peer zeroed it (a hole punched in its memfd): not reused; the
+        // caller registers a new one.
+        crate::debug!("a pooled DMB's header was overwritten: not reused");
+        return None;
+    }
     d.renew(token);
     let own = d.own_mut().expect("pooled DMBs are our own");
     own.reuse = true;
