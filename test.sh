@@ -52,6 +52,12 @@ scripts/bench-suite --unit-tests
 rm -rf target/bench-suite-smoke
 scripts/bench-suite --smoke --out target/bench-suite-smoke >/dev/null
 scripts/bench-suite --check-smoke target/bench-suite-smoke
+# The workloads whose programs run differently as deployed (unpinned, their
+# usual threads and workers: nginx's workers must reach the device too).
+rm -rf target/bench-suite-smoke-deployed
+scripts/bench-suite --smoke --layout deployed --only nginx-small,redis,memcached,postgres,postgres-32 \
+    --out target/bench-suite-smoke-deployed >/dev/null
+scripts/bench-suite --check-smoke target/bench-suite-smoke-deployed
 
 step=fuzz
 if ! cargo fuzz --version >/dev/null 2>&1; then

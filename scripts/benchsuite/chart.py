@@ -41,8 +41,8 @@ def draw(doc, path):
                   "memory per connection: see the table")
     c = doc["config"]
     ax.set_title("smclo vs TCP loopback, UNIX socket and the kernel's SMC-D loopback\n"
-                 "median of %d rounds; server on CPU %d, client on CPU %d; %d cores, kernel %s"
-                 % (c["rounds"], c["server_cpu"], c["client_cpu"], doc["machine"]["cores"], doc["machine"]["kernel"]),
+                 "median of %d rounds; %s; %d cores, kernel %s"
+                 % (c["rounds"], where(c), doc["machine"]["cores"], doc["machine"]["kernel"]),
                  fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     seen = {}
@@ -53,3 +53,10 @@ def draw(doc, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def where(config):
+    """The placement, short enough for a title."""
+    if config.get("layout", "pinned") == "pinned":
+        return "server on CPU %d, client on CPU %d" % (config["server_cpu"], config["client_cpu"])
+    return "as deployed (no pinning, usual thread counts)"

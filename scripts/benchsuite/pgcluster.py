@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 
-from .procs import BenchError, Server, as_user, find_program, free_port, pinned
+from .procs import BenchError, Server, as_user, find_program, free_port
 from .transports import Transport, init_device
 
 #: the cluster's superuser, whom pgbench connects as (trust authentication).
@@ -28,7 +28,7 @@ DATABASE = "postgres"
 #: vacuum runs into a measurement, and the pgbench -s 1 tables (16 MB) fit
 #: the small shared buffers; TCP only on 127.0.0.1.
 SETTINGS = ("listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off", "full_page_writes=off",
-            "autovacuum=off", "shared_buffers=32MB", "max_connections=20")
+            "autovacuum=off", "shared_buffers=32MB", "max_connections=40")
 #: what postmaster.pid says (8th line) once connections are accepted.
 READY = "ready"
 START_TIMEOUT = 60.0
@@ -163,13 +163,13 @@ class Cluster:
         return t.on_device(d)
 
     def start(self, ctx, t):
-        """The server over transport `t`, pinned to the server CPU, once it
+        """The server over transport `t`, placed by the suite's layout, once it
         accepts connections; returns (server, port)."""
         port = free_port()
         argv = [program("postgres"), "-D", self.data, "-p", str(port), "-k", self.dir]
         for s in SETTINGS:
             argv += ["-c", s]
-        srv = PgServer(pinned(ctx.server_cpu, argv, t.prefix), t.env(), ctx.log("postgres", t), self.user, self.data)
+        srv = PgServer(ctx.layout.server(argv, t.prefix), t.env(), ctx.log("postgres", t), self.user, self.data)
         try:
             srv.wait_ready("postgres (see %s)" % ctx.log("postgres", t))
         except BenchError:

@@ -3,6 +3,8 @@ only the suite's JSON document, so a table can be redrawn from any run)."""
 
 import statistics
 
+from . import layout
+
 NA = "—"
 
 
@@ -127,10 +129,9 @@ def markdown(doc):
     m = doc["machine"]
     c = doc["config"]
     out = []
-    out.append("Median of %d rounds (%g s per timed run); server pinned to CPU %d, client to CPU %d "
-               "(taskset); transports alternate within every round. %s, %d cores, kernel %s, %s."
-               % (c["rounds"], c["seconds"], c["server_cpu"], c["client_cpu"], m["cpu"], m["cores"],
-                  m["kernel"], doc["date"]))
+    out.append("Median of %d rounds (%g s per timed run); %s; transports alternate within every round. "
+               "%s, %d cores, kernel %s, %s."
+               % (c["rounds"], c["seconds"], layout.describe(c), m["cpu"], m["cores"], m["kernel"], doc["date"]))
     env = c.get("smclo_env") or {}
     out.append("")
     seeds = env.get("SMCLO_RMEM") == env.get("SMCLO_WMEM") == "1m"

@@ -10,7 +10,8 @@ import select
 import subprocess
 
 from . import parse, pgcluster
-from .procs import BenchError, Server, free_port, meminfo_kib, pinned, process_rss_kib, run_client, wait_listening
+from .layout import Layout
+from .procs import BenchError, Server, free_port, meminfo_kib, process_rss_kib, run_client, wait_listening
 
 
 class Row:
@@ -33,10 +34,13 @@ class Row:
 
 
 class Workload:
-    """Base: a timed client against a server, both pinned, both behind the
-    transport's prefix. Subclasses say what to run and how to read it."""
+    """Base: a timed client against a server, both placed by the layout,
+    both behind the transport's prefix. Subclasses say what to run and how
+    to read it."""
 
     name = ""
+    #: where the programs run and their thread counts (set by all_workloads)
+    layout = Layout("pinned")
     #: transports this workload can use (the tool's limits: wrk, sockperf
     #: and iperf3 have no UNIX-socket mode).
     transports = ("tcp", "smclo", "smclo-copy", "kernel-smc")
@@ -64,7 +68,7 @@ class Workload:
         try:
             before = ctx.counters(t).read() if t.device_dir else None
             s0 = srv.cpu_seconds()
-            argv = pinned(ctx.client_cpu, self.client(ctx, t, addr), t.prefix)
+            argv = self.layout.client(self.client(ctx, t, addr), t.prefix)
             pids = srv.pids() if self.forks_per_connection else None
             rc, out, err, ccpu, wall = run_client(argv, t.env(), timeout=ctx.seconds * 10 + 60)
             if pids is not None:
@@ -106,7 +110,7 @@ class Own(Workload):
     program = ""
 
     def start(self, ctx, t):
-        argv = pinned(ctx.server_cpu, [ctx.smclo, "bench", "__peer", t.code, self.program, "-1"], t.prefix)
+        argv = self.layout.server([ctx.smclo, "bench", "__peer", t.code, self.program, "-1"], t.prefix)
         srv = Server(argv, t.env(), ctx.log(self.name, t), stdout=subprocess.PIPE)
         ready, _, _ = select.select([srv.proc.stdout], [], [], 10)
         addr = srv.proc.stdout.readline().decode().strip() if ready else ""
@@ -184,7 +188,8 @@ class Idle(Own):
         srv, addr = self.start(ctx, t)
         cli = None
         try:
-            argv = pinned(ctx.client_cpu, [ctx.smclo, "bench", "__client", t.code, "idle", addr, str(self.conns), "-1"], t.prefix)
+            argv = self.layout.client([ctx.smclo, "bench", "__client", t.code, "idle", addr, str(self.conns), "-1"],
+                                      t.prefix)
             with open(ctx.log("idle-client", t), "wb") as log:
                 cli = subprocess.Popen(argv, env=t.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
 
@@ -227,7 +232,7 @@ class Tool(Workload):
 
     def start(self, ctx, t):
         port = free_port()
-        srv = Server(pinned(ctx.server_cpu, self.server(ctx, t, port), t.prefix), t.env(), ctx.log(self.name, t))
+        srv = Server(self.layout.server(self.server(ctx, t, port), t.prefix), t.env(), ctx.log(self.name, t))
         try:
             wait_listening(port=port, proc=srv.proc, what=self.name)
         except BenchError:
@@ -298,7 +303,8 @@ class Iperf3(Tool):
 
 
 class Nginx(Tool):
-    """nginx (one worker, sendfile, keep-alive) and wrk, one thread."""
+    """nginx (sendfile, keep-alive) and wrk: one worker and one thread
+    pinned; worker_processes auto and two threads as deployed."""
 
     needs = ("nginx", "wrk")
 
@@ -314,7 +320,7 @@ class Nginx(Tool):
         with open(os.path.join(d, "www", "f"), "wb") as f:
             f.write(b"x" * self.size)
         with open(os.path.join(d, "nginx.conf"), "w") as f:
-            f.write(("user root;\n" if os.geteuid() == 0 else "") + """worker_processes 1;
+            f.write(("user root;\n" if os.geteuid() == 0 else "") + """worker_processes %(workers)s;
 daemon off;
 pid %(d)s/nginx.pid;
 error_log %(d)s/error.log;
@@ -327,18 +333,20 @@ http {
   default_type application/octet-stream;
   server { listen 127.0.0.1:%(port)d; root %(d)s/www; }
 }
-""" % {"d": d, "port": port})
+""" % {"d": d, "port": port, "workers": self.layout.nginx_workers})
         return [ctx.nginx, "-c", os.path.join(d, "nginx.conf"), "-p", d, "-e", os.path.join(d, "error.log")]
 
     def client(self, ctx, t, port):
         # wrk takes whole seconds.
-        return ["wrk", "-t", "1", "-c", str(self.conns), "-d", "%ds" % max(1, round(ctx.seconds)), "http://127.0.0.1:%d/f" % port]
+        return ["wrk", "-t", str(self.layout.wrk_threads), "-c", str(self.conns), "-d", "%ds" % max(1, round(ctx.seconds)), "http://127.0.0.1:%d/f" % port]
 
     def read(self, text):
         return parse.wrk(text)
 
     def rows(self):
-        return [Row(self.name, "nginx + wrk -t 1 -c %d, %s file: requests" % (self.conns, _size(self.size)),
+        workers = "" if self.layout.nginx_workers == "1" else " (worker_processes %s)" % self.layout.nginx_workers
+        return [Row(self.name, "nginx%s + wrk -t %d -c %d, %s file: requests"
+                    % (workers, self.layout.wrk_threads, self.conns, _size(self.size)),
                     "req/s", published=self.published)]
 
 
@@ -376,20 +384,27 @@ class Redis(Tool):
 
     def client(self, ctx, t, port):
         where = ["-s", self._sock(ctx, t)] if t.name == "unix" else ["-h", "127.0.0.1", "-p", str(port)]
-        return ["redis-benchmark", *where, "-q", "-t", "set,get", "-n", str(self.requests), "-c", "50", "-d", "1024"]
+        return ["redis-benchmark", *where, "-q", "-t", "set,get", "-n", str(self.requests), "-c", "50", "-d", "1024",
+                *self._threads()]
+
+    def _threads(self):
+        n = self.layout.redis_threads
+        return ["--threads", str(n)] if n else []
 
     def read(self, text):
         p = parse.redis_benchmark(text)
         return dict(p, ops=2.0 * self.requests)
 
     def rows(self):
-        return [Row("redis_set", "redis-benchmark -t set -d 1024 -c 50: SET", "req/s", "SET", published=(1.35, 1.40)),
-                Row("redis_get", "redis-benchmark -t get -d 1024 -c 50: GET", "req/s", "GET", published=(1.35, 1.40))]
+        cmd = "redis-benchmark %s-d 1024 -c 50" % ("".join(a + " " for a in self._threads()))
+        return [Row("redis_set", "%s -t set: SET" % cmd, "req/s", "SET", published=(1.35, 1.40)),
+                Row("redis_get", "%s -t get: GET" % cmd, "req/s", "GET", published=(1.35, 1.40))]
 
 
 class Memcached(Tool):
-    """memcached with one worker thread (-t 1: one core, as redis), and
-    memcslap's set then get tests, 16 connections, binary protocol."""
+    """memcached with one worker thread pinned (-t 1: one core, as redis)
+    and its default four as deployed, and memcslap's set then get tests,
+    16 connections, binary protocol."""
 
     name = "memcached"
     needs = ("memcached", "memcslap")
@@ -397,7 +412,8 @@ class Memcached(Tool):
 
     def server(self, ctx, t, port):
         user = ["-u", "root"] if os.geteuid() == 0 else []
-        return ["memcached", *user, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", "1", "-m", "256"]
+        return ["memcached", *user, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", str(self.layout.memcached_threads),
+                "-m", "256"]
 
     def _per_conn(self, ctx):
         # memcslap runs a count, not a time: about ctx.seconds per test at
@@ -416,26 +432,29 @@ class Memcached(Tool):
         return dict(parse.memcslap(text), ops=self.ops)
 
     def rows(self):
-        return [Row("memcached_set", "memcached -t 1 + memcslap -c 16 --binary: set", "ops/s", "SET"),
-                Row("memcached_get", "memcached -t 1 + memcslap -c 16 --binary: get", "ops/s", "GET")]
+        cmd = "memcached -t %d + memcslap -c 16 --binary" % self.layout.memcached_threads
+        return [Row("memcached_set", cmd + ": set", "ops/s", "SET"),
+                Row("memcached_get", cmd + ": get", "ops/s", "GET")]
 
 
 class Postgres(Workload):
     """PostgreSQL (the postmaster forks a backend per connection, which
     waits in epoll) and pgbench -S (select-only: one indexed SELECT per
-    transaction), 8 connections on one pgbench thread (poll or select); over a
-    UNIX socket too (pgbench -h DIR). One throwaway cluster serves every
-    run (pgcluster)."""
+    transaction), 8 connections (32 in postgres-32: more backends than
+    cores) on one pgbench thread pinned, two as deployed (poll or select);
+    over a UNIX socket too (pgbench -h DIR). One throwaway cluster serves
+    every run (pgcluster)."""
 
     name = "postgres"
     needs = ("postgres", "initdb", "pgbench")
     transports = ("tcp", "unix", "smclo", "smclo-copy", "kernel-smc")
     cpu_unit = ("µs per transaction", 1e6)
     forks_per_connection = True
-    conns = 8
 
-    def __init__(self):
-        self.cluster = pgcluster.Cluster()
+    def __init__(self, name="postgres", conns=8, cluster=None):
+        self.name = name
+        self.conns = conns
+        self.cluster = cluster or pgcluster.Cluster()
 
     def run(self, ctx, t):
         self.cluster.prepare(ctx)
@@ -448,7 +467,7 @@ class Postgres(Workload):
         host = self.cluster.dir if t.name == "unix" else "127.0.0.1"
         # -n: the tables need no vacuum (nothing writes to them); -T takes
         # whole seconds.
-        return [pgcluster.program("pgbench"), "-S", "-n", "-c", str(self.conns), "-j", "1",
+        return [pgcluster.program("pgbench"), "-S", "-n", "-c", str(self.conns), "-j", str(self.layout.pgbench_jobs),
                 "-T", str(max(1, round(ctx.seconds))), "-h", host, "-p", str(port), "-U", pgcluster.ROLE,
                 pgcluster.DATABASE]
 
@@ -456,16 +475,19 @@ class Postgres(Workload):
         return parse.pgbench(text)
 
     def rows(self):
-        return [Row("pgbench_select", "postgres + pgbench -S -c %d -j 1: transactions (without connection setup)"
-                    % self.conns, "tps")]
+        key = "pgbench_select" if self.conns == 8 else "pgbench_select_%d" % self.conns
+        return [Row(key, "postgres + pgbench -S -c %d -j %d: transactions (without connection setup)"
+                    % (self.conns, self.layout.pgbench_jobs), "tps")]
 
     def close(self):
         self.cluster.close()
 
 
-def all_workloads(idle_conns=1000, redis_requests=100000):
-    """The suite, in the seeds' order, then what the seeds did not measure."""
-    return [
+def all_workloads(idle_conns=1000, redis_requests=100000, layout=None):
+    """The suite, in the seeds' order, then what the seeds did not measure,
+    placed by `layout` (default: pinned)."""
+    pg = Postgres()
+    ws = [
         MsgRate(),
         SockperfPingPong(),
         PingPong(),
@@ -476,7 +498,11 @@ def all_workloads(idle_conns=1000, redis_requests=100000):
         Nginx("nginx-1mib", 1 << 20, 10),
         Redis(redis_requests),
         Memcached(),
-        Postgres(),
+        pg,
+        Postgres("postgres-32", 32, pg.cluster),
         Setup(),
         Idle(idle_conns),
     ]
+    for w in ws:
+        w.layout = layout or Layout("pinned")
+    return ws

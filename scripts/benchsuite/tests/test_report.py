@@ -125,6 +125,17 @@ class ChartTest(unittest.TestCase):
             with open(path, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
+    def test_png_and_table_of_a_deployed_run(self):
+        d = doc([run("tcp", 100, 1), run("smclo", 150, 1)])
+        d["config"].update(layout="deployed", server_cpu=None, client_cpu=None)
+        d = report.summarize(d)
+        self.assertIn("no pinning", report.markdown(d))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "c.png")
+            chart.draw(d, path)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
 
 if __name__ == "__main__":
     unittest.main()

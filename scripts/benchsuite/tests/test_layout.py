@@ -1,0 +1,77 @@
+"""The two layouts: pinned runs every program under taskset with one
+thread or worker; deployed runs them unpinned with their usual thread
+counts; the tables say which."""
+
+import types
+import unittest
+
+from benchsuite import report
+from benchsuite.layout import Layout
+from benchsuite.workloads import all_workloads
+
+PREFIX = ["smclo", "run", "--"]
+
+
+def workload(name, layout):
+    return next(w for w in all_workloads(layout=layout) if w.name == name)
+
+
+class PlacementTest(unittest.TestCase):
+    def test_pinned_runs_under_taskset_on_two_cpus(self):
+        lay = Layout("pinned", server_cpu=1, client_cpu=0)
+        self.assertEqual(lay.server(["srv"], PREFIX), ["taskset", "-c", "1", *PREFIX, "srv"])
+        self.assertEqual(lay.client(["cli"], PREFIX), ["taskset", "-c", "0", *PREFIX, "cli"])
+
+    def test_deployed_is_not_pinned(self):
+        lay = Layout("deployed")
+        self.assertEqual(lay.server(["srv"], PREFIX), [*PREFIX, "srv"])
+        self.assertEqual(lay.client(["cli"], PREFIX), [*PREFIX, "cli"])
+
+    def test_unknown_layout_is_refused(self):
+        with self.assertRaises(ValueError):
+            Layout("spread")
+
+
+class ThreadCountTest(unittest.TestCase):
+    ctx = types.SimpleNamespace(work="/nonexistent", seconds=2)
+    tcp = types.SimpleNamespace(name="tcp")
+
+    def argv(self, name, layout):
+        return workload(name, Layout(layout)).client(self.ctx, self.tcp, 7000)
+
+    def test_clients_take_the_layouts_thread_counts(self):
+        self.assertEqual(self.argv("nginx-small", "pinned")[:3], ["wrk", "-t", "1"])
+        self.assertEqual(self.argv("nginx-small", "deployed")[:3], ["wrk", "-t", "2"])
+        self.assertNotIn("--threads", self.argv("redis", "pinned"))
+        self.assertEqual(self.argv("redis", "deployed")[-2:], ["--threads", "2"])
+        pg = self.argv("postgres", "deployed")
+        self.assertEqual(pg[pg.index("-j") + 1], "2")
+        pg32 = self.argv("postgres-32", "pinned")
+        self.assertEqual((pg32[pg32.index("-c") + 1], pg32[pg32.index("-j") + 1]), ("32", "1"))
+
+    def test_memcached_runs_its_default_four_threads_as_deployed(self):
+        srv = workload("memcached", Layout("deployed")).server(self.ctx, self.tcp, 7000)
+        self.assertEqual(srv[srv.index("-t") + 1], "4")
+        srv = workload("memcached", Layout("pinned")).server(self.ctx, self.tcp, 7000)
+        self.assertEqual(srv[srv.index("-t") + 1], "1")
+
+    def test_row_labels_say_the_thread_counts(self):
+        labels = [r.label for w in all_workloads(layout=Layout("deployed")) for r in w.rows()]
+        self.assertIn("redis-benchmark --threads 2 -d 1024 -c 50 -t get: GET", labels)
+        self.assertIn("memcached -t 4 + memcslap -c 16 --binary: set", labels)
+        self.assertTrue(any(lab.startswith("nginx (worker_processes auto) + wrk -t 2") for lab in labels))
+        keys = [r.key for w in all_workloads() for r in w.rows()]
+        self.assertEqual(len(keys), len(set(keys)), "row keys must be unique")
+
+
+class TableHeaderTest(unittest.TestCase):
+    def test_the_table_says_how_runs_were_placed(self):
+        self.assertIn("server pinned to CPU 1, client to CPU 0",
+                      report.layout.describe({"server_cpu": 1, "client_cpu": 0}))
+        said = report.layout.describe(Layout("deployed").config())
+        self.assertIn("no pinning", said)
+        self.assertIn("pgbench -j 2", said)
+
+
+if __name__ == "__main__":
+    unittest.main()
