@@ -7,7 +7,6 @@
 //!
 //! This crate knows nothing about `LD_PRELOAD`; the preload library is a thin
 //! translation layer over [`api`].
-
 pub mod accept_spin;
 pub mod access;
 pub mod api;
@@ -26,8 +25,8 @@ pub mod fault;
 pub mod fdnum;
 pub mod handshake;
 pub mod owner;
+pub use dmb::pool;
 pub mod poller;
-pub mod pool;
 pub mod registry;
 pub mod rendezvous;
 pub mod ring;
@@ -38,5 +37,6 @@ pub mod ss;
 pub mod table;
 pub mod tcp_syn;
 pub mod vault;
+pub mod wait;
 
 pub use error::{Error, Result};
