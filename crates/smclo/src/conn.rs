@@ -1456,7 +1456,7 @@ impl std::fmt::Debug for Conn {
 /// or through [`as_mut_ptr`](Self::as_mut_ptr) under its contract.
 ///
 /// ```compile_fail
-/// fn fill(c: &smclo::conn::Conn) {
+/// fn fill(c: &smclo::testing::conn::Conn) {
 ///     let mut w = c.reserve(1).unwrap();
 ///     let bytes: &mut [u8] = &mut w; // no slice of the peer's memory
 ///     bytes[0] = 1;
@@ -1529,7 +1529,7 @@ impl WriteRegion<'_> {
 /// [`as_ptr`](Self::as_ptr) under its contract.
 ///
 /// ```compile_fail
-/// fn first(c: &smclo::conn::Conn) -> u8 {
+/// fn first(c: &smclo::testing::conn::Conn) -> u8 {
 ///     let r = c.peek_region().unwrap();
 ///     let bytes: &[u8] = &r; // no slice of memory the peer can write
 ///     bytes[0]

@@ -53,6 +53,9 @@ use std::sync::{Arc, Mutex, Weak};
 /// CHID of loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub use smclo_wire::clc::CHID_LOOPBACK as LOOPBACK_CHID;
 
+/// Creates a group device directory (`smclo dev init --group`).
+pub use crate::access::create_group_dir;
+
 /// Which end of a connection: used for DMB table entries and to split the
 /// fallback counters into client side and server side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

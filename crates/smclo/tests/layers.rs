@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("connections", &["conn", "poller", "accept_spin", "ss"]),
     ("handshake", &["handshake"]),
     ("native API", &["api"]),
+    ("interfaces for adapters and tests", &["adapter", "testing"]),
 ];
 
 /// A module's place: (layer, position in it).
