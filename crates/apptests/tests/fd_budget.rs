@@ -265,7 +265,7 @@ fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usiz
 /// connections, never the 4 of a channel beside the program's duplicate.
 /// Besides, a process holds a rendezvous listener and its eventfd once it
 /// has connected, and the socket where closed memfds wait for an exec
-/// (`smclo::vault`), whatever its number of connections.
+/// (the core's `vault` module), whatever its number of connections.
 #[test]
 fn descriptors_per_smcd_connection() {
     const N: usize = 20;

@@ -8,7 +8,7 @@
 //! shared memory.
 
 use smclo::device::Device;
-use smclo::registry;
+use smclo::testing::registry;
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
 use std::path::{Path, PathBuf};

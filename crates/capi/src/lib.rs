@@ -22,8 +22,8 @@
 
 #![allow(non_camel_case_types)]
 
+use smclo::api::Ready;
 use smclo::api::{Poller, ReadRegion, SmcListener, SmcStream, WriteRegion};
-use smclo::poller::Ready;
 use smclo_wire::reason::Reason;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io::{self, Read, Write};
@@ -759,7 +759,7 @@ pub unsafe extern "C" fn smclo_poller_free(p: *mut smclo_poller) {
 /// kernel's sleep would. Async-signal-safe; call it from every handler.
 #[no_mangle]
 pub extern "C" fn smclo_signal_handler_ran(sig: c_int) {
-    smclo::signal::handler_ran(sig);
+    smclo::api::handler_ran(sig);
 }
 
 /// For a program whose own `SIGBUS` handler displaced smclo's (installed
@@ -775,5 +775,5 @@ pub extern "C" fn smclo_signal_handler_ran(sig: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn smclo_fault_recover(info: *const libc::siginfo_t) -> c_int {
     // SAFETY: the caller's siginfo, when not null.
-    unsafe { info.as_ref() }.is_some_and(smclo::fault::recover) as c_int
+    unsafe { info.as_ref() }.is_some_and(smclo::api::fault_recover) as c_int
 }

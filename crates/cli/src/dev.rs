@@ -163,7 +163,7 @@ fn init(args: &[String]) -> i32 {
         return 1;
     };
     let dir = std::path::Path::new(dir);
-    let made = smclo::access::create_group_dir(dir, gid).and_then(|_| Device::open(dir));
+    let made = smclo::device::create_group_dir(dir, gid).and_then(|_| Device::open(dir));
     match made {
         Ok(dev) => {
             println!(

@@ -2,7 +2,7 @@
 //!
 //! The core holds corked bytes (`TCP_CORK`, `MSG_MORE`) unpublished until
 //! the program uncorks or writes without `MSG_MORE`
-//! ([`smclo::conn::Conn::send_more`]). TCP also sends corked data after
+//! ([`smclo::adapter::conn::Conn::send_more`]). TCP also sends corked data after
 //! 200 ms whatever the program does (tcp(7)), and programs rely on it (a
 //! last `MSG_MORE` never followed by a plain write). Here one thread per
 //! process, started on the first corked write, publishes what has been held
@@ -19,7 +19,7 @@
 //! starts its own when it corks (its pid differs from the thread's).
 
 use crate::table::Sock;
-use smclo::owner::Owner;
+use smclo::adapter::owner::Owner;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;

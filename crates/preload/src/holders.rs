@@ -77,7 +77,7 @@ fn region() -> Option<&'static [Slot]> {
 /// This process, without a system call once the core has cached it (a
 /// `getpid` per claim and per close was two of a connection's calls).
 fn me() -> u32 {
-    smclo::owner::current_pid()
+    smclo::adapter::owner::current_pid()
 }
 
 /// Claims a slot with this process as its only holder; `None` if the

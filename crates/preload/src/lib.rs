@@ -4,7 +4,7 @@
 //! memory (SMC-D loopback), while all others stay plain TCP.
 //!
 //! This is a thin translation layer: the decision and the data path are the
-//! core's ([`smclo::handshake`], [`smclo::conn::Conn`]). What lives here:
+//! core's ([`smclo::adapter::handshake`], [`smclo::adapter::conn::Conn`]). What lives here:
 //!
 //! - [`hooks`]: the interposed libc functions.
 //! - [`table`]: which application descriptors are SMC-D connections.

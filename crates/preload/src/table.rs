@@ -12,7 +12,7 @@
 //! removing or adding entries takes it for writing, so a reference is never
 //! counted on a `Sock` that is being freed.
 
-use smclo::conn::Conn;
+use smclo::adapter::conn::Conn;
 use smclo::device::Registration;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
@@ -111,7 +111,7 @@ pub fn set_flag(fd: RawFd, f: u16, on: bool) {
 /// Marks `fd`, a number smclo just got from the kernel, internal ([`F_INTERNAL`])
 /// once any close of that number's former file is done unmarking it
 /// ([`settle`]): a connection's close (in whichever thread waits next, for
-/// a hidden TCP socket, `smclo::deferred`) unmarks the number after the
+/// a hidden TCP socket, `smclo::adapter::deferred`) unmarks the number after the
 /// kernel freed it, and would otherwise clear the new mark.
 pub fn mark_internal(fd: RawFd) {
     settle(fd);
@@ -242,11 +242,11 @@ pub struct Sock {
     /// The TCP socket, hidden at a high descriptor (`FD_CLOEXEC`): identity
     /// for getsockname/getpeername/options. Its close, which ends the TCP
     /// connection and nothing else, waits for the process's next wait
-    /// ([`smclo::deferred`]); the number stays internal until then.
+    /// ([`smclo::adapter::deferred`]); the number stays internal until then.
     pub tcp: RawFd,
     /// The SYN mark still on `tcp`, put back before the program sees its
     /// IP options (`getsockopt`, `setsockopt`, exec).
-    pub syn_mark: smclo::tcp_syn::LeftMark,
+    pub syn_mark: smclo::adapter::tcp_syn::LeftMark,
     /// Application descriptors naming this connection in this process.
     pub fds: AtomicUsize,
     /// `shutdown(SHUT_RD)` was called: reads return end of stream.
@@ -257,8 +257,8 @@ pub struct Sock {
     pub slot: usize,
     /// A corking deadline is queued for this connection ([`crate::cork`]).
     pub cork_armed: AtomicBool,
-    /// `tcp` counts against the descriptor budget (`smclo::fdnum`).
-    pub _held: smclo::fdnum::Held,
+    /// `tcp` counts against the descriptor budget (`smclo::adapter::fdnum`).
+    pub _held: smclo::adapter::fdnum::Held,
 }
 
 impl Drop for Sock {
@@ -272,16 +272,19 @@ impl Drop for Sock {
     /// and waits for this end of stream.
     fn drop(&mut self) {
         let aborted = self.linger0.load(Ordering::Relaxed)
-            || self.conn.ready().intersects(smclo::poller::Ready::ERR);
+            || self
+                .conn
+                .ready()
+                .intersects(smclo::adapter::poller::Ready::ERR);
         close_internal(self.conn.fd(), || self.conn.close_channel());
-        if aborted || !smclo::deferred::close_later(self.tcp) {
+        if aborted || !smclo::adapter::deferred::close_later(self.tcp) {
             close_hidden(self.tcp);
         }
     }
 }
 
 /// Closes a hidden TCP socket and unmarks its number: how
-/// [`smclo::deferred`] closes those a [`Sock`] handed over.
+/// [`smclo::adapter::deferred`] closes those a [`Sock`] handed over.
 pub fn close_hidden(fd: RawFd) {
     close_internal(fd, || {
         // SAFETY: the hidden socket is ours alone (nobody else has its

@@ -747,7 +747,7 @@ fn counts<'a>(out: &'a str, prefix: &str) -> (&'a str, std::collections::HashMap
 /// An ended SMC-D connection's hidden TCP socket is closed at the
 /// process's next wait (here a `poll` with a timeout), not on the way to
 /// its next step, and a `fork` child never inherits one that waits
-/// (`smclo::deferred`).
+/// (`smclo::adapter::deferred`).
 #[test]
 fn an_ended_connections_tcp_socket_is_closed_at_the_next_wait() {
     let out = peer_mode("deferclose", 3);
@@ -786,7 +786,7 @@ fn an_aborted_connections_tcp_socket_is_closed_at_once() {
 
 /// Connections from one fixed source port one after the other: an ended
 /// connection's TCP socket, whose close waits for the next wait
-/// (`smclo::deferred`), must not keep the port and the 4-tuple from the
+/// (`smclo::adapter::deferred`), must not keep the port and the 4-tuple from the
 /// next `bind` and `connect` (`bind` closes it first), as over TCP.
 #[test]
 fn a_fixed_source_port_is_free_for_the_next_connection() {
@@ -1027,7 +1027,7 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 }
 
 /// A blocking client's first request travels with the handshake (early
-/// bytes, `smclo::handshake::early`): once an earlier connection joined
+/// bytes, `smclo::adapter::handshake::early`): once an earlier connection joined
 /// the two processes, `connect` returns before the server answers, the
 /// request goes into the TCP stream, and the server moves it into its ring
 /// before it accepts, so its application finds it at once, as a TCP server

@@ -167,7 +167,7 @@ fn a_signal_the_waits_mask_blocks_does_not_interrupt() {
 
 /// With SA_RESTART, poll still fails with EINTR, and a blocking recv is
 /// restarted: it returns the byte the peer sends after 500 ms. So is a
-/// blocking accept interrupted in its spin (`smclo::accept_spin`): it
+/// blocking accept interrupted in its spin (`smclo::adapter::accept_spin`): it
 /// fails only when the listening socket is shut down, after 500 ms, also
 /// with a send timeout set on the socket; with a receive timeout it fails
 /// with EINTR, as the kernel's.

@@ -23,8 +23,8 @@
 //! caller then does what the kernel would have done had it been asleep
 //! (restart the accept, or fail with `EINTR`, see [`Spun::Interrupted`]).
 
-use crate::poller::Budget;
 use crate::signal::Watch;
+use crate::wait::Budget;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -141,7 +141,7 @@ mod tests {
     fn finds_a_pending_connection_and_misses_none() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let w = Watch::begin(None);
-        if crate::conn::spin_budget().is_zero() {
+        if crate::wait::spin_budget().is_zero() {
             assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Skipped);
             return;
         }

@@ -351,6 +351,18 @@ impl std::fmt::Display for PeerRefused {
     }
 }
 
+/// Why `dir` is not a directory private to us (a real directory owned by
+/// our effective uid, no access for group and others), if it is not.
+pub(crate) fn private_dir_problem(dir: &Path) -> io::Result<Option<DeviceProblem>> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if !md.file_type().is_dir() {
+        return Ok(Some(DeviceProblem::NotADirectory));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    Ok(Shape::Private { uid }.file_problem(md.uid(), md.gid(), md.mode()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

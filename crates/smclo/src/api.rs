@@ -17,6 +17,15 @@
 mod backlog;
 mod poller;
 
+/// A program's own `SIGBUS` handler calls it first: a fault of a shared
+/// file shrunk under smclo's mappings is recovered (and the handler
+/// returns) when it says true.
+pub use crate::fault::recover as fault_recover;
+/// A program's signal handlers call it, so that a spinning wait fails with
+/// `EINTR` as the kernel's sleep would.
+pub use crate::signal::handler_ran;
+/// Readiness bits, as `poll(2)` spells them: what a [`Poller`] waits for.
+pub use crate::wait::Ready;
 use backlog::Backlog;
 pub use poller::{Event, Poller};
 

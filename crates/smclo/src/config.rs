@@ -6,7 +6,7 @@
 //! | `SMCLO_RMEM` | receive DMB size (like `net.smc.rmem`), rounded up to a power of two in 16 KiB ..= 1 MiB; `k`/`m` suffixes | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_WMEM` | send buffer size in copy mode (like `net.smc.wmem`), same rules | [`DEFAULT_DMB_SIZE`] |
 //! | `SMCLO_CLC_WAIT_MS` | how long a client waits for the server's answer before falling back (from `connect`; a non-blocking one returns at once and the handshake goes on) | 1000 |
-//! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
+//! | `SMCLO_POOL_BYTES` | DMB memory the process keeps for reuse ([`crate::dmb::pool`]); `k`/`m` suffixes | [`DEFAULT_POOL_BYTES`] |
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
 //! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
@@ -40,7 +40,7 @@ pub fn spin_from_env() -> Result<Duration> {
     }
 }
 
-/// What the per-process DMB pool ([`crate::pool`]) may keep.
+/// What the per-process DMB pool ([`crate::dmb::pool`]) may keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolLimits {
     /// Bytes (header page and ring) of all DMBs kept: our own, free or
@@ -103,11 +103,11 @@ pub struct Config {
     pub clc_wait: Duration,
     /// User-defined EID (32 bytes, blank padded), if any.
     pub ueid: Option<[u8; 32]>,
-    /// What the DMB pool keeps (read by [`crate::pool`] itself, once per
+    /// What the DMB pool keeps (read by [`crate::dmb::pool`] itself, once per
     /// process; here so that a malformed value is reported).
     pub pool: PoolLimits,
     /// The longest a wait busy-polls (`SMCLO_SPIN_US`; read by the waits
-    /// themselves once per process, `crate::conn::spin_budget`; here so
+    /// themselves once per process, `crate::wait::spin_budget`; here so
     /// that a malformed value is reported).
     pub spin: Duration,
     /// The caller moves a new connection's channel to a number of its own
@@ -189,7 +189,7 @@ pub fn default_device_dir() -> PathBuf {
         .map(|v| ("XDG_RUNTIME_DIR", PathBuf::from(v), true));
     let run_user = ("/run/user/<uid>", format!("/run/user/{uid}").into(), false);
     for (what, base, report_missing) in xdg.into_iter().chain([run_user]) {
-        match crate::device::private_dir_problem(&base) {
+        match crate::access::private_dir_problem(&base) {
             Ok(None) => return base.join("smclo"),
             Ok(Some(problem)) => {
                 let refused = crate::error::DeviceError {

@@ -78,9 +78,9 @@ use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, BellChannel, Block, Snap};
 use crate::owner::Owner;
-use crate::poller::{Budget, Ready};
 use crate::ring;
 use crate::signal::Watch;
+use crate::wait::{Budget, Ready};
 use smclo_wire::cursor::{
     self, conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
 };
@@ -90,7 +90,7 @@ use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod exec;
@@ -98,18 +98,8 @@ mod poll;
 
 pub use exec::{ExecParts, ExecRefusal, ExecState};
 
-/// How writes reach the peer's ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Straight from the caller's buffer into the peer's ring (one copy).
-    NoCopy,
-    /// Through a private send buffer of `sndbuf_len` bytes (two copies), as
-    /// the kernel does without `dmb_nocopy`; kept for comparison.
-    Copy {
-        /// Send buffer size; at most this much is staged per step.
-        sndbuf_len: u32,
-    },
-}
+pub use crate::device::Mode;
+pub use crate::wait::spin_budget;
 
 /// The longest a reader waits for doorbells of data it took that the
 /// writer has not sent yet ([`Conn::take_owed`]), while the writer can run.
@@ -122,16 +112,7 @@ const OWED_RECHECK_MS: i32 = 5;
 /// How long after the last data read (or the last look) a read that finds
 /// nothing looks for the channel's end of file (a peer that died): as often
 /// as a busy wait asks the kernel about its other descriptors.
-pub const EOF_LOOK_EVERY: Duration = crate::poller::KERNEL_EVERY;
-
-/// `SMCLO_SPIN_US` ([`crate::config::Config::spin`]), read once: the
-/// longest a blocking call busy-polls the ring before sleeping in
-/// `poll(2)`. 0 disables spinning. A malformed value is reported by
-/// [`crate::config::Config::from_env`]; here it means the default.
-pub fn spin_budget() -> Duration {
-    static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| crate::config::spin_from_env().unwrap_or(crate::config::DEFAULT_SPIN))
-}
+pub const EOF_LOOK_EVERY: Duration = crate::wait::KERNEL_EVERY;
 
 /// One call's sleeping: interruptible by signal handlers (those that run
 /// in the sleep, and those that ran since the call began, in a spin:
@@ -1475,7 +1456,7 @@ impl std::fmt::Debug for Conn {
 /// or through [`as_mut_ptr`](Self::as_mut_ptr) under its contract.
 ///
 /// ```compile_fail
-/// fn fill(c: &smclo::conn::Conn) {
+/// fn fill(c: &smclo::testing::conn::Conn) {
 ///     let mut w = c.reserve(1).unwrap();
 ///     let bytes: &mut [u8] = &mut w; // no slice of the peer's memory
 ///     bytes[0] = 1;
@@ -1548,7 +1529,7 @@ impl WriteRegion<'_> {
 /// [`as_ptr`](Self::as_ptr) under its contract.
 ///
 /// ```compile_fail
-/// fn first(c: &smclo::conn::Conn) -> u8 {
+/// fn first(c: &smclo::testing::conn::Conn) -> u8 {
 ///     let r = c.peek_region().unwrap();
 ///     let bytes: &[u8] = &r; // no slice of memory the peer can write
 ///     bytes[0]

@@ -32,7 +32,6 @@
 //! reclaimed (and their byte counts folded into `xfer_bytes_retired`).
 
 use crate::access::{self, Creds, Shape};
-use crate::conn::Mode;
 use crate::dmb::Dmb;
 use crate::error::{DeviceError, DeviceProblem, Error, Result};
 use crate::owner::Owner;
@@ -54,6 +53,9 @@ use std::sync::{Arc, Mutex, Weak};
 /// CHID of loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub use smclo_wire::clc::CHID_LOOPBACK as LOOPBACK_CHID;
 
+/// Creates a group device directory (`smclo dev init --group`).
+pub use crate::access::create_group_dir;
+
 /// Which end of a connection: used for DMB table entries and to split the
 /// fallback counters into client side and server side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +64,19 @@ pub enum Role {
     Client = 1,
     /// The accepting side.
     Server = 2,
+}
+
+/// How writes reach the peer's ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Straight from the caller's buffer into the peer's ring (one copy).
+    NoCopy,
+    /// Through a private send buffer of `sndbuf_len` bytes (two copies), as
+    /// the kernel does without `dmb_nocopy`; kept for comparison.
+    Copy {
+        /// Send buffer size; at most this much is staged per step.
+        sndbuf_len: u32,
+    },
 }
 
 /// The `dmb_type` knob: how DMB memory should be backed.
@@ -293,16 +308,6 @@ fn ensure_dir(dir: &Path) -> Result<Shape> {
         Err(e) => return Err(Error::Io(e)),
     }
     Shape::of(dir, &Creds::current())?.map_err(|problem| device_error(dir, problem))
-}
-
-/// Why `dir` is not a directory private to us (a real directory owned by
-/// our effective uid, no access for group and others), if it is not.
-pub(crate) fn private_dir_problem(dir: &Path) -> io::Result<Option<DeviceProblem>> {
-    let md = std::fs::symlink_metadata(dir)?;
-    if !md.file_type().is_dir() {
-        return Ok(Some(DeviceProblem::NotADirectory));
-    }
-    Ok(Shape::Private { uid: euid() }.file_problem(md.uid(), md.gid(), md.mode()))
 }
 
 fn device_error(path: &Path, problem: DeviceProblem) -> Error {
@@ -727,9 +732,11 @@ impl Device {
         self.u64_at(base + 8 * idx).fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counters. Also reclaims the DMB table entries of dead owners
-    /// first, so that the gauges are right after kill -9.
-    pub fn stats(&self) -> Stats {
+    /// The counters of the device file and its DMB table, `listeners` left
+    /// 0 (the listener table is [`crate::registry`]'s: [`Device::stats`],
+    /// in [`crate::ss`], adds it). Also reclaims the DMB table entries of
+    /// dead owners first, so that the gauges are right after kill -9.
+    pub(crate) fn counters(&self) -> Stats {
         self.reclaim_dead_dmbs();
         let mut judge = Judge::new(&self.dir);
         let mut pairs = std::collections::HashSet::new();
@@ -775,7 +782,7 @@ impl Device {
                 .load(Ordering::Relaxed),
             dmbs_cnt,
             xfer_bytes: total.saturating_sub(base),
-            listeners: crate::registry::live_listeners(self),
+            listeners: 0,
             fallback_client,
             fallback_server,
         }
@@ -855,12 +862,12 @@ impl Device {
     ///
     /// Claims a DMB table entry (`ENOSPC` when all are in use by live
     /// processes: the handshake reports `MAX_DMB`) under a fresh token, and
-    /// fills it with a DMB from this process's pool ([`crate::pool`]) or a
+    /// fills it with a DMB from this process's pool ([`crate::dmb::pool`]) or a
     /// new sealed memfd ([`Dmb::create_own`]). Reclaims the table entries of
     /// dead processes first (at most every [`SWEEP_INTERVAL_MS`], and always
     /// when the table is full).
     pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
-        self.register_dmb_preferring(ring_len, role, crate::pool::Prefer::default())
+        self.register_dmb_preferring(ring_len, role, crate::dmb::pool::Prefer::default())
     }
 
     /// [`register_dmb`](Self::register_dmb), reusing the pooled DMB that
@@ -869,7 +876,7 @@ impl Device {
         &self,
         ring_len: u32,
         role: Role,
-        prefer: crate::pool::Prefer,
+        prefer: crate::dmb::pool::Prefer,
     ) -> Result<DmbHandle> {
         self.maybe_sweep();
         let me = Owner::current();
@@ -883,7 +890,7 @@ impl Device {
         };
         let e = self.dmb_entry(idx);
         let token = random_u64()?;
-        let dmb = match crate::pool::take(ring_len, self.gid, token, prefer) {
+        let dmb = match crate::dmb::pool::take(ring_len, self.gid, token, prefer) {
             // The last peer's bytes stay in a pooled ring: on a group
             // device the next peer may be another user, who must not see
             // them.
@@ -972,7 +979,7 @@ impl Device {
 
     /// Maps the peer's DMB `token` whose memfd is `id`, owned by `owner`,
     /// from a mapping this process keeps of it since the peer last passed
-    /// it ([`crate::pool`]); `None` when it keeps none (the peer must pass
+    /// it ([`crate::dmb::pool`]); `None` when it keeps none (the peer must pass
     /// the descriptor).
     pub fn attach_cached_dmb(&self, id: (u64, u64), token: u64, owner: Owner) -> Option<Dmb> {
         Dmb::attach_cached(id, token, self.gid, (owner.pid, owner.start))
@@ -1014,7 +1021,7 @@ impl Device {
         self.u64_at(layout::off::LAST_SWEEP_MS)
             .store(monotonic_ms(), Ordering::Relaxed);
         self.reclaim_dead_dmbs();
-        crate::fallbacks::reclaim_dead(self);
+        self.reclaim_dead_fallbacks();
         self.remove_dead_files();
     }
 
@@ -1026,6 +1033,19 @@ impl Device {
             let e = self.dmb_entry(i);
             if let Some(c) = judge.reclaim(&e.head, e.head.word()) {
                 self.retire_entry(e, c);
+            }
+        }
+    }
+
+    /// Frees the fallback table's entries of dead owners. Each entry starts
+    /// with its [`Head`]; the rest of it is [`crate::fallbacks`]'s.
+    fn reclaim_dead_fallbacks(&self) {
+        let mut judge = Judge::new(&self.dir);
+        for i in 0..layout::FALLBACK_ENTRIES as usize {
+            let off = layout::FALLBACK_OFF as usize + i * layout::FALLBACK_ENTRY_LEN as usize;
+            let head: &Head = self.at(off);
+            if let Some(c) = judge.reclaim(head, head.word()) {
+                head.free(c);
             }
         }
     }
@@ -1162,7 +1182,7 @@ pub const STALE_FILE_SECS: u64 = 10;
 
 /// A registered DMB owned by this process: the mapping of its own receive
 /// ring plus its [`Registration`] in the DMB table. Dropping it unregisters
-/// the DMB (the mapping goes back to the process's pool, [`crate::pool`]). A connection takes the two apart ([`DmbHandle::into_parts`]):
+/// the DMB (the mapping goes back to the process's pool, [`crate::dmb::pool`]). A connection takes the two apart ([`DmbHandle::into_parts`]):
 /// the mapping goes to the data path, the registration stays with the
 /// connection for stats and unregistration.
 pub struct DmbHandle {
@@ -1224,7 +1244,7 @@ impl DmbHandle {
     /// back when the connection ends, and in a process short of
     /// descriptors.
     pub fn into_parts(mut self) -> (Dmb, Registration) {
-        if crate::fdnum::pressed() || !crate::pool::may_keep_memfd() {
+        if crate::fdnum::pressed() || !crate::dmb::pool::may_keep_memfd() {
             self.dmb.close_own_file();
         }
         (self.dmb, self.reg)
@@ -1236,7 +1256,7 @@ impl DmbHandle {
 /// over ([`Registration::hand_over`]). Dropping it in the owning process
 /// unregisters the DMB: the table entry is freed (its byte count folded
 /// into `xfer_bytes_retired`). The memory is the mapping's business
-/// ([`Dmb`], [`crate::pool`]); a pooled DMB has no table entry, so
+/// ([`Dmb`], [`crate::dmb::pool`]); a pooled DMB has no table entry, so
 /// `dmbs_cnt` counts DMBs registered for handshakes and connections, never
 /// pooled ones.
 ///

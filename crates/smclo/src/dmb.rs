@@ -28,6 +28,8 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::AtomicU64;
 
+pub mod pool;
+
 /// One mapped DMB. `Send + Sync`: all shared access goes through atomics or
 /// through [`crate::ring`], whose soundness argument does not depend on the
 /// thread. Dropping it unmaps the memory (the file may live on in the peer).
@@ -38,13 +40,13 @@ pub struct Dmb {
     map_len: usize,
     hdr: DmbHeader,
     /// Our own DMB (from [`Dmb::create_own`]): its memfd, kept to pass to
-    /// peers and to reuse the DMB ([`crate::pool`]).
+    /// peers and to reuse the DMB ([`crate::dmb::pool`]).
     own: Option<Own>,
     /// A peer's DMB attached with [`Dmb::attach_peer`]: the attach record we
     /// wrote into its header, the fork generation we did it in, and the
     /// file's identity (device, inode). On drop the record is cleared and
     /// the mapping cached for the next time the peer passes the same memfd
-    /// ([`crate::pool`]), unless a fork happened since (a child may still
+    /// ([`crate::dmb::pool`]), unless a fork happened since (a child may still
     /// use the mapping).
     attach: Option<(u64, u64, (u64, u64))>,
     /// Our memfd of this DMB parked in [`crate::vault`] once closed (a
@@ -70,15 +72,15 @@ pub(crate) struct Own {
     pub(crate) reuse: bool,
     /// The pid of the peer whose connection used it last (0: none yet): a
     /// client's next connection to that process prefers it, since that
-    /// process likely keeps a mapping of it ([`crate::pool::Prefer`]).
+    /// process likely keeps a mapping of it ([`crate::dmb::pool::Prefer`]).
     pub(crate) last_peer: u32,
     /// `file` counts against the descriptor budget ([`crate::fdnum`]).
     pub(crate) _held: crate::fdnum::Held,
     /// `file`'s number is the core's ([`crate::fdnum::Mark`]).
     pub(crate) _mark: crate::fdnum::Mark,
     /// `file` counts against what the pool could take back
-    /// ([`crate::pool::may_keep_memfd`]).
-    pub(crate) _kept: crate::pool::KeptMemfd,
+    /// ([`crate::dmb::pool::may_keep_memfd`]).
+    pub(crate) _kept: crate::dmb::pool::KeptMemfd,
 }
 
 // SAFETY: `Dmb` owns its mapping (nothing else unmaps it); the pointers are
@@ -157,7 +159,7 @@ impl Dmb {
             last_peer: 0,
             _held: crate::fdnum::Held::new(),
             _mark: crate::fdnum::Mark::new(mark_fd),
-            _kept: crate::pool::KeptMemfd::new(d.ring_len()),
+            _kept: crate::dmb::pool::KeptMemfd::new(d.ring_len()),
         });
         Ok(d)
     }
@@ -267,7 +269,7 @@ impl Dmb {
             return Err(AttachError::NotOurs.into());
         }
         let id = (md.dev(), md.ino());
-        let d = match crate::pool::take_peer(id) {
+        let d = match crate::dmb::pool::take_peer(id) {
             // The same file as a mapping we made and validated before (our
             // cached mapping keeps the inode alive, so the identity cannot
             // have been reused). Its static fields are those we validated
@@ -305,23 +307,23 @@ impl Dmb {
         gid: u64,
         owner: (u32, u64),
     ) -> Option<Dmb> {
-        let d = crate::pool::take_peer(id)?;
+        let d = crate::dmb::pool::take_peer(id)?;
         if (d.owner_pid(), d.owner_start()) != owner {
-            crate::pool::put_peer(id, d);
+            crate::dmb::pool::put_peer(id, d);
             return None;
         }
         Dmb::attach_kept(d, id, token, gid)
     }
 
     /// Attaches the idle mapping `d` of the peer DMB whose memfd is `id`,
-    /// taken from the pool ([`crate::pool::take_peer_of`]): `None`, and `d`
+    /// taken from the pool ([`crate::dmb::pool::take_peer_of`]): `None`, and `d`
     /// back in the pool, unless it holds `token` of device `gid` now (its
     /// owner renewed it for this connection).
     pub(crate) fn attach_kept(d: Dmb, id: (u64, u64), token: u64, gid: u64) -> Option<Dmb> {
         use std::sync::atomic::Ordering;
         let found = d.token_word().load(Ordering::SeqCst);
         if check_identity(found, d.gid(), token, gid).is_err() {
-            crate::pool::put_peer(id, d);
+            crate::dmb::pool::put_peer(id, d);
             return None;
         }
         Dmb::claim(d, id, token).ok()
@@ -337,7 +339,7 @@ impl Dmb {
             .compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
-            crate::pool::put_peer(id, d);
+            crate::dmb::pool::put_peer(id, d);
             return Err(AttachError::AlreadyAttached.into());
         }
         d.attach = Some((rec, crate::owner::fork_gen(), id));
@@ -401,9 +403,9 @@ impl Dmb {
             last_peer: 0,
             _held: crate::fdnum::Held::new(),
             _mark: crate::fdnum::Mark::new(mark_fd),
-            _kept: crate::pool::KeptMemfd::new(d.ring_len()),
+            _kept: crate::dmb::pool::KeptMemfd::new(d.ring_len()),
         });
-        if crate::fdnum::pressed() || !crate::pool::may_keep_memfd() {
+        if crate::fdnum::pressed() || !crate::dmb::pool::may_keep_memfd() {
             d.close_own_file();
         }
         Ok(d)
@@ -619,7 +621,7 @@ impl Drop for Dmb {
                     region: self.region.take(),
                 };
                 self.base = std::ptr::null_mut();
-                crate::pool::put_peer(id, cached);
+                crate::dmb::pool::put_peer(id, cached);
                 return;
             }
         }
@@ -639,7 +641,7 @@ impl Drop for Dmb {
                     region: self.region.take(),
                 };
                 self.base = std::ptr::null_mut();
-                crate::pool::put(pooled);
+                crate::dmb::pool::put(pooled);
                 return;
             }
         }

@@ -83,7 +83,7 @@ pub fn record(
     let mut words = ends::pack(local, peer);
     words[4] |= (reason.index() as u64) << REASON_SHIFT | (side as u64) << ROLE_SHIFT;
     let me = Owner::current();
-    let start = crate::device::random_u64().ok()? as usize;
+    let start = crate::rng::next_u64() as usize;
     let (idx, claim) = (0..PROBE).find_map(|k| {
         let i = (start + k) % layout::FALLBACK_ENTRIES as usize;
         entry(dev, i).head.claim(&me).map(|c| (i, c))
@@ -157,15 +157,4 @@ pub fn open(dev: &Device) -> Vec<FallbackInfo> {
             })
         })
         .collect()
-}
-
-/// Frees the entries of dead owners (part of the device's sweep).
-pub(crate) fn reclaim_dead(dev: &Device) {
-    let mut judge = Judge::new(dev.dir());
-    for i in 0..layout::FALLBACK_ENTRIES as usize {
-        let e = entry(dev, i);
-        if let Some(c) = judge.reclaim(&e.head, e.head.word()) {
-            e.head.free(c);
-        }
-    }
 }

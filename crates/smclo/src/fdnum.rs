@@ -422,15 +422,14 @@ fn budget_last_read() -> usize {
 }
 
 /// Whether one more SMC-D connection fits in the [`budget`]; when it does
-/// not, the connection stays TCP.
-pub fn room_for_conn() -> bool {
+/// not, the connection stays TCP. Short of room, `relieve` first closes
+/// the descriptors smclo keeps without needing them (the layers above
+/// this one own them: ended connections' TCP sockets waiting to be
+/// closed, pooled DMBs' memfds).
+pub fn room_for_conn(relieve: fn()) -> bool {
     let budget = budget();
     if held() + PER_CONN > budget {
-        // Ended connections' TCP sockets waiting to be closed, and pooled
-        // DMBs' memfds: a process short of descriptors closes them now
-        // (and creates DMBs anew rather than keep them).
-        crate::deferred::close_deferred();
-        crate::pool::shed();
+        relieve();
     }
     let held = held();
     let room = held + PER_CONN <= budget;

@@ -5,38 +5,49 @@
 //! memory rings (DMBs); a peer that does not run smclo keeps plain TCP and
 //! never sees a byte of the handshake. See `docs/ARCHITECTURE.md`.
 //!
-//! This crate knows nothing about `LD_PRELOAD`; the preload library is a thin
-//! translation layer over [`api`].
+//! This crate knows nothing about `LD_PRELOAD`. Programs use the native
+//! API, [`api`], with [`config`], [`device`], [`error`] and [`ss`] (what the
+//! command line tool shows). An adapter that puts programs it does not own
+//! on the core, as the preload library does, uses [`adapter`] as well.
+//! Everything else is the crate's own; [`testing`] lays it open to the
+//! programs that test it, and is no interface.
 
-pub mod accept_spin;
-pub mod access;
 pub mod api;
-pub mod chan_sys;
 pub mod config;
-pub mod conn;
-pub mod debug;
-pub mod deferred;
 pub mod device;
-pub mod dmb;
-pub mod doorbell;
-pub mod early_count;
 pub mod error;
-pub mod fallbacks;
-pub mod fault;
-pub mod fdnum;
-pub mod handshake;
-pub mod owner;
-pub mod poller;
-pub mod pool;
-pub mod registry;
-pub mod rendezvous;
-pub mod ring;
-mod rng;
-pub mod signal;
-pub mod sockaddr;
 pub mod ss;
-pub mod table;
-pub mod tcp_syn;
-pub mod vault;
+
+pub mod adapter;
+/// Public only for the expansion of the exported `debug!` macro.
+#[doc(hidden)]
+pub mod debug;
+#[doc(hidden)]
+pub mod testing;
+
+mod accept_spin;
+mod access;
+mod chan_sys;
+mod conn;
+mod deferred;
+mod dmb;
+mod doorbell;
+mod early_count;
+mod fallbacks;
+mod fault;
+mod fdnum;
+mod handshake;
+mod owner;
+mod poller;
+mod registry;
+mod rendezvous;
+mod ring;
+mod rng;
+mod signal;
+mod sockaddr;
+mod table;
+mod tcp_syn;
+mod vault;
+mod wait;
 
 pub use error::{Error, Result};

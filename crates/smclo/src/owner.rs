@@ -75,7 +75,7 @@ fn getpid() -> u32 {
 
 /// Incremented in the parent just before every `fork` (so parent and child
 /// both see a new value): a DMB mapping made under an older generation may
-/// be shared with a fork child and must never be reused ([`crate::pool`]).
+/// be shared with a fork child and must never be reused ([`crate::dmb::pool`]).
 static FORK_GEN: AtomicU64 = AtomicU64::new(1);
 
 /// The current fork generation (see [`FORK_GEN`]). Only meaningful once
@@ -97,7 +97,6 @@ extern "C" fn before_fork() {
 extern "C" fn after_fork_in_child() {
     CACHED_PID.store(0, Ordering::Relaxed);
     CACHED_NS_PID.store(0, Ordering::Relaxed);
-    crate::rng::forget_seed();
 }
 
 /// Registers [`after_fork_in_child`] once per process (and its children,

@@ -6,11 +6,11 @@
 //! another: a rendezvous nonce that any uid can read in `/proc/net/unix`
 //! (the name of an abstract socket) says nothing about the next one, so no
 //! one can predict a name to flood before it exists. A fork child discards
-//! the buffer it inherited (see [`crate::owner`]'s fork hook), so parent and
-//! child never draw the same values.
+//! the buffer it inherited (this module's own fork hook, registered at
+//! the first draw), so parent and child never draw the same values.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Values per `getrandom` call.
 const BATCH: usize = 32;
@@ -37,10 +37,23 @@ thread_local! {
     };
 }
 
-/// Discards every buffered value (called in a fork child; async-signal
+/// Discards every buffered value (the fork child handler; async-signal
 /// safe).
-pub(crate) fn forget_seed() {
+extern "C" fn forget_seed() {
     FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Registers [`forget_seed`] as a fork child handler once per process
+/// (and its children, which inherit the registration).
+fn ensure_fork_hook() {
+    static FORK_HOOK: AtomicBool = AtomicBool::new(false);
+    if FORK_HOOK.load(Ordering::Acquire) || FORK_HOOK.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: registers a child handler that only touches an atomic
+    // (async-signal safe, as a fork child handler must be); no prepare or
+    // parent handler.
+    unsafe { libc::pthread_atfork(None, None, Some(forget_seed)) };
 }
 
 /// Fills `buf` from the kernel's random source: `getrandom`, or
@@ -71,7 +84,7 @@ fn fill(buf: &mut [u64]) {
 
 /// The next value; never 0.
 pub(crate) fn next_u64() -> u64 {
-    crate::owner::ensure_fork_hook();
+    ensure_fork_hook();
     loop {
         let v = POOL
             .try_with(|p| {

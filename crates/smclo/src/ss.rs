@@ -17,10 +17,14 @@
 //! the descriptor it was connected or accepted on, or a duplicate of it, is
 //! open in the process that made it (not after an `exec`).
 //!
+//! [`Device::stats`], the counters `smclo stats` shows, is here too: it
+//! reads the device's counters and DMB table ([`crate::device`]) and its
+//! listener table ([`crate::registry`]).
+//!
 //! Nothing here is more than the device file holds: who may read the device
 //! may read this.
 
-use crate::device::{Device, Role};
+use crate::device::{Device, Role, Stats};
 use crate::fallbacks;
 use crate::owner::{Owner, PidNs};
 use crate::registry;
@@ -29,6 +33,17 @@ use smclo_wire::ends;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+
+impl Device {
+    /// The counters ([`Stats`]). Also reclaims the DMB and listener table
+    /// entries of dead owners first, so that the gauges are right after
+    /// kill -9.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.counters();
+        s.listeners = registry::live_listeners(self);
+        s
+    }
+}
 
 /// SMC's socket states (the kernel's `enum smc_state`, as `smcss` names
 /// them) that an smclo connection end passes through.

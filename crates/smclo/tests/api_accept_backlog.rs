@@ -18,7 +18,7 @@ use common::TempDir;
 use smclo::api::{Poller, SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::{Device, Stats};
-use smclo::poller::Ready;
+use smclo::testing::poller::Ready;
 use smclo_wire::reason::Reason;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::Shutdown;

@@ -317,13 +317,13 @@ fn raw_proposal(
     dev: &std::sync::Arc<Device>,
     cfg: &Config,
     dest: std::net::SocketAddr,
-) -> (TcpStream, smclo::handshake::ClientProposal) {
+) -> (TcpStream, smclo::testing::handshake::ClientProposal) {
     // SAFETY: a fresh socket, owned by the TcpStream below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     assert!(fd >= 0);
     // SAFETY: `fd` is the fresh socket above, owned by nothing else.
     let tcp: TcpStream = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    let Ok(p) = smclo::handshake::client_propose(dev, cfg, fd, dest) else {
+    let Ok(p) = smclo::testing::handshake::client_propose(dev, cfg, fd, dest) else {
         panic!("proposal");
     };
     (tcp, p)
@@ -351,7 +351,7 @@ fn fallback_token_gone() {
     // passes it: the server gets no DMB for the token.
     assert_ne!(p.token(), 0);
     p.unregister_dmb();
-    smclo::sockaddr::connect(fd, dest).unwrap();
+    smclo::testing::sockaddr::connect(fd, dest).unwrap();
     p.syn_sent();
     let d = p.finish();
     assert_eq!(d.fallback_reason(), Some(Reason::ErrRtok));
@@ -368,10 +368,10 @@ fn early_proposal(
     cfg: &Config,
     addr: &str,
     early: Option<&[u8]>,
-) -> (TcpStream, smclo::handshake::ClientProposal) {
+) -> (TcpStream, smclo::testing::handshake::ClientProposal) {
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let (mut tcp, mut p) = raw_proposal(&dir.dev(), cfg, dest);
-    smclo::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
+    smclo::testing::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
     p.syn_sent();
     // A first contact: the server waits for our DMB, so it cannot have
     // taken the count yet.
@@ -387,7 +387,7 @@ fn early_bytes_reach_an_smc_server_first_and_in_order() {
     let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, Some(b"early"));
-    let smclo::handshake::Decision::Smc(e) = p.finish() else {
+    let smclo::testing::handshake::Decision::Smc(e) = p.finish() else {
         panic!("the handshake fell back");
     };
     assert_eq!(peer.line(), "smc=1 reason=-");
@@ -780,7 +780,7 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
     let name = abstract_rendezvous_name(dev.gid()).expect("abstract rendezvous socket");
     let flood = flood_abstract(&name);
     let start = Instant::now();
-    smclo::sockaddr::connect(fd, dest).unwrap();
+    smclo::testing::sockaddr::connect(fd, dest).unwrap();
     p.syn_sent();
     // The server declines within its connect bound; waiting for room in the
     // backlog would stall its accept until the client gives up.
@@ -994,7 +994,7 @@ fn accept_does_not_wait_for_the_confirm() {
 
 #[test]
 fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
-    use smclo::rendezvous::{Rendezvous, SlotKey};
+    use smclo::testing::rendezvous::{Rendezvous, SlotKey};
     use smclo_wire::clc::{Accept, ClcMsg};
     use std::os::linux::net::SocketAddrExt;
     let dir = Dir::new("hs");
@@ -1002,12 +1002,12 @@ fn a_client_that_cannot_follow_the_accept_resets_the_connection() {
     // A server that accepts the proposal (its CAS to ACCEPTED) and then
     // closes the channel without passing its DMB.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    smclo::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
+    smclo::testing::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
     let addr = l.local_addr().unwrap();
-    let _reg = smclo::registry::register_listener(&dev, addr).unwrap();
+    let _reg = smclo::testing::registry::register_listener(&dev, addr).unwrap();
     let _peer = Peer::spawn(&dir.0, &["connect", &addr.to_string(), "echo"], &[]);
     let (mut s, _) = l.accept().unwrap();
-    let syn = smclo::tcp_syn::saved_syn(s.as_raw_fd())
+    let syn = smclo::testing::tcp_syn::saved_syn(s.as_raw_fd())
         .unwrap()
         .unwrap()
         .unwrap();
@@ -1091,7 +1091,7 @@ fn an_undecided_clients_channel_waits_at_a_high_number() {
     cfg.channel_placed_by_caller = true;
     let dest: std::net::SocketAddr = addr.parse().unwrap();
     let (tcp, mut p) = raw_proposal(&dir.dev(), &cfg, dest);
-    smclo::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
+    smclo::testing::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
     p.syn_sent();
     // The server's connection to our rendezvous socket: the server then
     // waits for our DMB, a first contact's.
@@ -1115,13 +1115,13 @@ fn an_undecided_clients_channel_waits_at_a_high_number() {
     let chan = p.wake().fd.expect("the channel");
     assert_ne!(chan, listener, "the step took no connection");
     assert!(
-        chan >= smclo::fdnum::floor(),
+        chan >= smclo::testing::fdnum::floor(),
         "the channel waits at {chan}, below {}",
-        smclo::fdnum::floor()
+        smclo::testing::fdnum::floor()
     );
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(pid, libc::SIGCONT) };
-    let smclo::handshake::Decision::Smc(e) = p.finish() else {
+    let smclo::testing::handshake::Decision::Smc(e) = p.finish() else {
         panic!("the handshake fell back");
     };
     assert_eq!(peer.line(), "smc=1 reason=-");

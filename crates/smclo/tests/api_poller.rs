@@ -11,7 +11,7 @@ use common::{ChildGuard, TempDir};
 use smclo::api::{Event, Poller, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
-use smclo::poller::Ready;
+use smclo::testing::poller::Ready;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -1,5 +1,5 @@
 //! The native API: a signal handler that calls
-//! `smclo::signal::handler_ran` and runs while a wait spins (the spin
+//! `smclo::testing::signal::handler_ran` and runs while a wait spins (the spin
 //! budget raised to 200 ms, the signal sent 20 ms into the wait) ends a
 //! `Poller::wait` of 5 s and a blocking read of an idle SMC-D stream with
 //! `Interrupted` at once, as it would their sleep in the kernel.
@@ -9,7 +9,7 @@ mod common;
 use common::TempDir;
 use smclo::api::{Poller, SmcStream};
 use smclo::config::Config;
-use smclo::poller::Ready;
+use smclo::testing::poller::Ready;
 use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,7 +19,7 @@ static HANDLED: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_usr1(sig: libc::c_int) {
     HANDLED.fetch_add(1, Ordering::Relaxed);
-    smclo::signal::handler_ran(sig);
+    smclo::testing::signal::handler_ran(sig);
 }
 
 /// Installs [`on_usr1`] for SIGUSR1, without `SA_RESTART`.

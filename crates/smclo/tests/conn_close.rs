@@ -3,7 +3,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::conn::Conn;
+use smclo::testing::conn::Conn;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,10 +1,10 @@
-//! Randomized stress of the doorbell protocol (`smclo::doorbell`) with std
+//! Randomized stress of the doorbell protocol (`smclo::testing::doorbell`) with std
 //! threads and std atomics, over a real UNIX socket pair: the same logic the
 //! loom model checks exhaustively on tiny rings, here with random sizes,
 //! spinning, applications that poll between reads and stop early, and
 //! random delays. A lost wake-up shows up as a poll that times out.
 
-use smclo::doorbell::{self, BellChannel, Block, Word};
+use smclo::testing::doorbell::{self, BellChannel, Block, Word};
 use smclo_wire::cursor::{bells, Cursor};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;

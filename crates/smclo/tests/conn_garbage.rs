@@ -5,8 +5,8 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::conn::Mode;
-use smclo::dmb::Dmb;
+use smclo::testing::conn::Mode;
+use smclo::testing::dmb::Dmb;
 use smclo_wire::cursor::{
     with_bells, with_conn_state_flags, with_prod_flags, Cursor, CONN_STATE_KNOWN, PEER_CONN_ABORT,
     PROD_FLAGS_KNOWN,

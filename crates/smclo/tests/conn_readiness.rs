@@ -15,7 +15,7 @@ use std::time::Duration;
 #[test]
 fn kernel_fact_0_or_1_queued_writable_2_not() {
     let (mut w, mut r) = UnixStream::pair().unwrap();
-    smclo::doorbell::set_min_sndbuf(w.as_raw_fd()).unwrap();
+    smclo::testing::doorbell::set_min_sndbuf(w.as_raw_fd()).unwrap();
     assert!(
         writable(w.as_raw_fd()) && !readable(r.as_raw_fd()),
         "0 queued"
@@ -228,8 +228,8 @@ fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
     let p = pair_with(
         BIG,
         BIG,
-        smclo::conn::Mode::NoCopy,
-        smclo::conn::Mode::NoCopy,
+        smclo::testing::conn::Mode::NoCopy,
+        smclo::testing::conn::Mode::NoCopy,
     );
     let (a, b) = (p.a, p.b);
     b.set_nonblocking(true).unwrap();

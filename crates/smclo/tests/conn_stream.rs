@@ -5,7 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::conn::{Conn, Mode};
+use smclo::testing::conn::{Conn, Mode};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,9 +7,9 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::conn::{Conn, Mode};
-use smclo::dmb::Dmb;
-use smclo::doorbell;
+use smclo::testing::conn::{Conn, Mode};
+use smclo::testing::dmb::Dmb;
+use smclo::testing::doorbell;
 use smclo_wire::cursor::with_bells;
 use std::io;
 use std::sync::atomic::Ordering;
@@ -269,7 +269,7 @@ fn a_writer_stopped_between_count_and_send_is_not_an_error() {
     let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
     // b's writer, by hand: a's receive ring, b's end of the channel.
     let w = Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap();
-    smclo::ring::copy_in(&w, 0, b"hello");
+    smclo::testing::ring::copy_in(&w, 0, b"hello");
     assert_eq!(doorbell::publish(w.prod(), w.cons(), RING, 5).unwrap(), 1);
     // ... and the writer stops here, its doorbell counted, not sent.
     let a = Arc::new(p.a);
@@ -361,8 +361,8 @@ impl Drop for PeerProcess {
 /// A pair whose `b` end is, by its DMB's header, the process `writer`:
 /// the process that writes into `a`'s ring.
 fn pair_written_by(writer: u32) -> Pair {
-    let fa = smclo::dmb::memfd("conn-test-a").unwrap();
-    let fb = smclo::dmb::memfd("conn-test-b").unwrap();
+    let fa = smclo::testing::dmb::memfd("conn-test-a").unwrap();
+    let fb = smclo::testing::dmb::memfd("conn-test-b").unwrap();
     let da = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
     let db = Dmb::create(&fb, 0xb, RING, 0x5eed, writer, 0).unwrap();
     let da_peer = Dmb::attach(&fa, 0xa, 0x5eed).unwrap();
@@ -378,7 +378,7 @@ fn pair_written_by(writer: u32) -> Pair {
 /// was descheduled between its count and its send).
 fn publish_and_ring_late(p: &Pair, data: &[u8], after: Duration) -> std::thread::JoinHandle<()> {
     let w = Dmb::attach(&p.fa, 0xa, 0x5eed).unwrap();
-    smclo::ring::copy_in(&w, 0, data);
+    smclo::testing::ring::copy_in(&w, 0, data);
     assert_eq!(
         doorbell::publish(w.prod(), w.cons(), RING, data.len() as u32).unwrap(),
         1
@@ -458,7 +458,7 @@ fn a_read_does_not_wait_for_the_doorbell_of_a_stopped_writer() {
 /// that of two sleeping processes, by chance).
 #[test]
 fn ping_pong_readers_spin_again_after_a_slow_phase() {
-    if smclo::conn::spin_budget().is_zero() {
+    if smclo::testing::conn::spin_budget().is_zero() {
         panic!("SMCLO_SPIN_US=0: nothing spins, nothing to check");
     }
     let (a, b) = pair();

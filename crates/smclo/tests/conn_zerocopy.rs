@@ -13,7 +13,7 @@ fn stream(seed: u64, from: u64, n: usize) -> Vec<u8> {
 }
 
 /// All the bytes of a read region, copied out.
-fn contents(r: &smclo::conn::ReadRegion<'_>) -> Vec<u8> {
+fn contents(r: &smclo::testing::conn::ReadRegion<'_>) -> Vec<u8> {
     let mut v = vec![0u8; r.len()];
     r.copy_to_slice(0, &mut v);
     v

@@ -121,7 +121,7 @@ fn concurrent_creation_yields_one_gid() {
             .map(|e| e.unwrap().file_name())
             .collect();
         names.sort();
-        let lock = format!("pidns-{}", smclo::owner::PidNs::current().0);
+        let lock = format!("pidns-{}", smclo::testing::owner::PidNs::current().0);
         assert_eq!(names, vec!["device".into(), std::ffi::OsString::from(lock)]);
         let md = std::fs::metadata(&t.0).unwrap();
         assert_eq!(md.permissions().mode() & 0o777, 0o700);

@@ -4,10 +4,10 @@
 
 mod common;
 use common::{spawn_child, TempDir};
-use smclo::conn::Mode;
 use smclo::device::{Device, Role, SWEEP_INTERVAL_MS};
 use smclo::error::AttachError;
-use smclo::owner::Owner;
+use smclo::testing::conn::Mode;
+use smclo::testing::owner::Owner;
 use std::ffi::CString;
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -87,8 +87,8 @@ fn register_attach_unregister() {
     // A sealed memfd of our uid, named nowhere in the directory.
     let f = dup(h.fd());
     assert_eq!(
-        seals(&f) & smclo::dmb::REQUIRED_SEALS,
-        smclo::dmb::REQUIRED_SEALS
+        seals(&f) & smclo::testing::dmb::REQUIRED_SEALS,
+        smclo::testing::dmb::REQUIRED_SEALS
     );
     assert_eq!(f.metadata().unwrap().uid(), unsafe_free_euid());
     assert!(f.set_len(100).is_err(), "sealed against shrinking");
@@ -172,12 +172,12 @@ fn a_foreign_descriptor_is_not_attached() {
         .truncate(false)
         .open(&path)
         .unwrap();
-    drop(smclo::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
+    drop(smclo::testing::dmb::Dmb::create(&plain, token, RING, gid, 1, 1).unwrap());
     let e = refusal(dev.attach_dmb(token, plain));
     assert!(matches!(e, AttachError::NotSealed { .. }), "{e}");
     // A memfd that can still change its seals (no F_SEAL_SEAL): refused.
-    let m = smclo::dmb::memfd("t").unwrap();
-    drop(smclo::dmb::Dmb::create(&m, token, RING, gid, 1, 1).unwrap());
+    let m = smclo::testing::dmb::memfd("t").unwrap();
+    drop(smclo::testing::dmb::Dmb::create(&m, token, RING, gid, 1, 1).unwrap());
     let e = refusal(dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m))));
     assert!(matches!(e, AttachError::NotSealed { .. }), "{e}");
     // Fully sealed: accepted; with another GID or garbage: refused.
@@ -196,8 +196,8 @@ fn a_foreign_descriptor_is_not_attached() {
         dev.attach_dmb(token, dup(std::os::fd::AsRawFd::as_raw_fd(&m)))
             .unwrap(),
     );
-    let other = smclo::dmb::memfd("t").unwrap();
-    drop(smclo::dmb::Dmb::create(&other, token, RING, gid ^ 1, 1, 1).unwrap());
+    let other = smclo::testing::dmb::memfd("t").unwrap();
+    drop(smclo::testing::dmb::Dmb::create(&other, token, RING, gid ^ 1, 1, 1).unwrap());
     // SAFETY: as above.
     unsafe {
         libc::fcntl(
@@ -211,14 +211,14 @@ fn a_foreign_descriptor_is_not_attached() {
         matches!(e, AttachError::WrongGid { found } if found == gid ^ 1),
         "{e}"
     );
-    let g = smclo::dmb::memfd("t").unwrap();
+    let g = smclo::testing::dmb::memfd("t").unwrap();
     std::os::unix::fs::FileExt::write_all_at(&g, &[0x5au8; 8192], 0).unwrap();
     // SAFETY: as above.
     unsafe {
         libc::fcntl(
             std::os::fd::AsRawFd::as_raw_fd(&g),
             libc::F_ADD_SEALS,
-            smclo::dmb::REQUIRED_SEALS,
+            smclo::testing::dmb::REQUIRED_SEALS,
         )
     };
     let e = refusal(dev.attach_dmb(token, g));

@@ -4,8 +4,8 @@
 mod common;
 use common::{spawn_child, TempDir};
 use smclo::device::Device;
-use smclo::owner::{netns_inode, Owner};
-use smclo::registry::{find_listener, register_listener, PROBE};
+use smclo::testing::owner::{netns_inode, Owner};
+use smclo::testing::registry::{find_listener, register_listener, PROBE};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -161,10 +161,10 @@ fn dead_listeners_are_reclaimed() {
 fn wildcard_aliases_are_registered_and_hidden() {
     let t = TempDir::new("regalias");
     let dev = Device::open(&t.0).unwrap();
-    let ips = smclo::sockaddr::namespace_addrs(false).unwrap();
+    let ips = smclo::testing::sockaddr::namespace_addrs(false).unwrap();
     let g = register_listener(&dev, a("0.0.0.0:5005")).unwrap();
     assert_eq!(dev.stats().listeners, 1);
-    assert_eq!(smclo::registry::listeners(&dev).len(), 1);
+    assert_eq!(smclo::testing::registry::listeners(&dev).len(), 1);
     for ip in &ips {
         let dest = std::net::SocketAddr::new(*ip, 5005);
         let found = find_listener(&dev, dest).expect("alias found");

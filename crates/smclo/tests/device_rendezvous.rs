@@ -5,7 +5,7 @@
 mod common;
 use common::{spawn_child, TempDir};
 use smclo::device::Device;
-use smclo::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
+use smclo::testing::rendezvous::{Rendezvous, SlotKey, SlotState, MSG_LEN, PROBE};
 use smclo::Error;
 use smclo_wire::syn::Mark;
 use std::io::{BufRead, BufReader};
@@ -311,8 +311,9 @@ fn lookup_for_a_syn_stops_at_its_published_port() {
         .collect();
     held[1].set_client_port(5001);
     held[2].set_client_port(5002);
-    let port =
-        |v: &[smclo::rendezvous::SlotRef]| v.iter().map(|s| s.client_port()).collect::<Vec<_>>();
+    let port = |v: &[smclo::testing::rendezvous::SlotRef]| {
+        v.iter().map(|s| s.client_port()).collect::<Vec<_>>()
+    };
     let found = Rendezvous::find_for_syn(&dev, k, 5001);
     assert_eq!(port(&found), [None, Some(5001)]);
     let found = Rendezvous::find_for_syn(&dev, k, 5002);
@@ -350,7 +351,7 @@ fn keys_leave_the_ttl_out_and_a_look_may_ignore_the_dscp() {
     assert_eq!(Rendezvous::find_all(&dev, at(1, 7)).len(), 1);
     // DSCP 0 (rewritten): no key matches, the look that ignores it does.
     assert!(Rendezvous::find_all(&dev, at(199, 0)).is_empty());
-    let port = |p: u16| move |s: &smclo::rendezvous::SlotRef| s.client_port() == Some(p);
+    let port = |p: u16| move |s: &smclo::testing::rendezvous::SlotRef| s.client_port() == Some(p);
     let found = Rendezvous::find_any_dscp(&dev, at(199, 0), port(6002));
     assert_eq!(found.last().unwrap().proposal().unwrap(), b"b");
     let found = Rendezvous::find_any_dscp(&dev, at(199, 0), port(6003));

@@ -4,9 +4,9 @@
 mod common;
 
 use common::TempDir;
-use smclo::conn::{Conn, Mode};
 use smclo::device::{Device, DmbHandle, Registration, Role};
 use smclo::ss::{self, SmcEnd, SmcState};
+use smclo::testing::conn::{Conn, Mode};
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;

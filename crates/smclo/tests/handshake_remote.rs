@@ -93,11 +93,11 @@ fn plain_server(ns: &Netns, addr: SocketAddr, n: usize) -> std::sync::mpsc::Rece
         // (which creates the listener and then ends) into the namespace.
         assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
         let l = TcpListener::bind(addr).unwrap();
-        smclo::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
+        smclo::testing::tcp_syn::save_syns(l.as_raw_fd()).unwrap();
         ready_tx.send(()).unwrap();
         for _ in 0..n {
             let (mut s, _) = l.accept().unwrap();
-            let syn = smclo::tcp_syn::saved_syn(s.as_raw_fd())
+            let syn = smclo::testing::tcp_syn::saved_syn(s.as_raw_fd())
                 .unwrap()
                 .expect("a saved SYN")
                 .unwrap();

@@ -1,4 +1,4 @@
-//! Model check of the doorbell protocol (`smclo::doorbell`) with loom: one
+//! Model check of the doorbell protocol (`smclo::testing::doorbell`) with loom: one
 //! writer thread and one reader thread over loom atomics, a loom ring and a
 //! simulated bell queue whose readiness follows the kernel's rule (readable
 //! iff a bell is queued, writable iff at most one is).
@@ -26,7 +26,7 @@
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicU64;
 use loom::sync::{Arc, Condvar, Mutex};
-use smclo::doorbell::{self, BellChannel, Block, Word};
+use smclo::testing::doorbell::{self, BellChannel, Block, Word};
 use smclo_wire::cursor::{self, bells, Cursor};
 use std::io;
 

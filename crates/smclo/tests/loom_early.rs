@@ -1,4 +1,4 @@
-//! Model check of the early-byte count (`smclo::early_count`) with loom.
+//! Model check of the early-byte count (`smclo::testing::early_count`) with loom.
 //!
 //! A client makes three writes of early bytes (each adds to the count,
 //! then appends its bytes to a stand-in for its TCP stream) while a server
@@ -32,7 +32,7 @@
 
 use loom::sync::atomic::AtomicU64;
 use loom::sync::{Arc, Mutex};
-use smclo::early_count::{add, seal};
+use smclo::testing::early_count::{add, seal};
 use std::sync::atomic::Ordering::SeqCst;
 
 #[test]

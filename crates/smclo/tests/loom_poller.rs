@@ -1,4 +1,4 @@
-//! Model check of the pollers' doorbell skip (`smclo::doorbell`
+//! Model check of the pollers' doorbell skip (`smclo::testing::doorbell`
 //! "Pollers") with loom: a writer publishes while event-loop threads of
 //! the reader's process poll the ring from user space, each inside a
 //! `POLLED` session, and sleep in a simulated kernel wait (readable iff a
@@ -20,7 +20,7 @@
 
 use loom::sync::atomic::AtomicU64;
 use loom::sync::{Arc, Condvar, Mutex};
-use smclo::doorbell::{self, BellChannel, Word};
+use smclo::testing::doorbell::{self, BellChannel, Word};
 use std::io;
 
 const LEN: u32 = 16;

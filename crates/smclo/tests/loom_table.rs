@@ -1,4 +1,4 @@
-//! Model checks of the shared tables' protocol (`smclo::table`) with loom.
+//! Model checks of the shared tables' protocol (`smclo::testing::table`) with loom.
 //!
 //! - `claim_publish_release_and_reclaim`: one entry, left published by an
 //!   owner whose pid namespace is gone; a reclaimer frees it, and two live
@@ -31,8 +31,8 @@
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;
-use smclo::owner::{Owner, PidNs};
-use smclo::table::{Head, Holder, State, Word};
+use smclo::testing::owner::{Owner, PidNs};
+use smclo::testing::table::{Head, Holder, State, Word};
 
 const PUBLISHED: State = State(2);
 /// The reclaimer's namespace.

@@ -1,11 +1,11 @@
-//! The handshake's credential check ([`smclo::access::check_peer`]) on real
+//! The handshake's credential check ([`smclo::testing::access::check_peer`]) on real
 //! UNIX connections from processes of other uids and groups: a member of a
 //! group device's group (primary or supplementary, read with
 //! `SO_PEERGROUPS`) and the directory's owner are admitted, anyone else is
 //! refused with its uid and gid. The peers are fork children that switch to
 //! made-up uids and gids (no account needed), so the test needs root.
 
-use smclo::access::{check_peer, PeerRefused, Shape};
+use smclo::testing::access::{check_peer, PeerRefused, Shape};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};

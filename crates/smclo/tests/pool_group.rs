@@ -5,8 +5,8 @@
 
 mod common;
 use common::TempDir;
-use smclo::access::{create_group_dir, Shape};
 use smclo::device::{Device, Role};
+use smclo::testing::access::{create_group_dir, Shape};
 use std::fs::File;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt};

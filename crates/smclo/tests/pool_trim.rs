@@ -35,7 +35,7 @@ fn dup(fd: RawFd) -> File {
 }
 
 fn held_total() -> usize {
-    let (free, pending, peers) = smclo::pool::held();
+    let (free, pending, peers) = smclo::testing::pool::held();
     free + pending + peers
 }
 
@@ -66,9 +66,12 @@ fn pool_is_bounded_by_bytes_and_trimmed_when_idle() {
     assert!(
         bytes <= BOUND,
         "the pool holds {bytes} bytes ({:?}), more than {BOUND}",
-        smclo::pool::held()
+        smclo::testing::pool::held()
     );
-    assert!(smclo::pool::held().0 >= 1, "a free DMB stays for reuse");
+    assert!(
+        smclo::testing::pool::held().0 >= 1,
+        "a free DMB stays for reuse"
+    );
     let again = dev.register_dmb(BIG, Role::Server).unwrap();
     let ino = dup(again.fd()).metadata().unwrap().ino();
     assert!(
@@ -81,7 +84,7 @@ fn pool_is_bounded_by_bytes_and_trimmed_when_idle() {
     // One pool operation: a registration (of another size) and its drop.
     drop(dev.register_dmb(16 * 1024, Role::Client).unwrap());
     assert_eq!(
-        smclo::pool::held(),
+        smclo::testing::pool::held(),
         (1, 0, 0),
         "only the DMB just dropped is left"
     );

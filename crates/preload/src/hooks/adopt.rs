@@ -4,7 +4,7 @@
 //!
 //! Before exec ([`prepare`]): for every connection of the table, the
 //! memfds of both DMBs (mappings do not survive exec; closed memfds come
-//! back from [`smclo::vault`]), its channel and hidden TCP socket are made
+//! back from the core's `vault`), its channel and hidden TCP socket are made
 //! inheritable, the descriptors the program passes (no `FD_CLOEXEC` in its
 //! view) too, and all of it is described in [`VAR`], added to the
 //! environment the exec passes. Its value starts with [`Moves`], which
@@ -29,7 +29,7 @@ use crate::holders;
 use crate::real;
 use crate::table::{self, Sock, F_INTERNAL, LOCK};
 use libc::c_char;
-use smclo::conn::{Conn, ExecParts, ExecState};
+use smclo::adapter::conn::{Conn, ExecParts, ExecState};
 use smclo::debug;
 use smclo::device::Device;
 use std::ffi::CString;
@@ -224,12 +224,16 @@ fn set_cloexec(fd: RawFd, on: bool) {
     let flag = if on { libc::FD_CLOEXEC } else { 0 };
     // The system call itself: `fd` may be a table descriptor, whose libc
     // fcntl the hooks answer with the program's view.
-    smclo::chan_sys::fcntl(fd, libc::F_SETFD, flag as libc::c_long);
+    smclo::adapter::chan_sys::fcntl(fd, libc::F_SETFD, flag as libc::c_long);
 }
 
-/// An inheritable duplicate of `fd` at a high number (smclo::fdnum).
+/// An inheritable duplicate of `fd` at a high number (smclo::adapter::fdnum).
 fn inheritable_dup(fd: RawFd) -> Option<OwnedFd> {
-    let n = smclo::chan_sys::fcntl(fd, libc::F_DUPFD, smclo::fdnum::floor() as libc::c_long);
+    let n = smclo::adapter::chan_sys::fcntl(
+        fd,
+        libc::F_DUPFD,
+        smclo::adapter::fdnum::floor() as libc::c_long,
+    );
     // SAFETY: `n` was just returned to us.
     (n >= 0).then(|| unsafe { OwnedFd::from_raw_fd(n) })
 }
@@ -550,7 +554,7 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
         linger0: AtomicBool::new(p.linger0),
         slot,
         cork_armed: Default::default(),
-        _held: smclo::fdnum::Held::new(),
+        _held: smclo::adapter::fdnum::Held::new(),
     });
     table::set_flag(p.tcp, F_INTERNAL, true);
     if !p.fds.contains(&p.chan) {
@@ -583,7 +587,7 @@ fn reset(p: &Passed, why: &str, consumed: bool) {
         "exec: SMC-D connection on fd {} cannot be adopted ({why}); it is reset, the descriptors get the TCP socket",
         join(&p.fds)
     );
-    if let Err(e) = smclo::tcp_syn::reset(p.tcp) {
+    if let Err(e) = smclo::adapter::tcp_syn::reset(p.tcp) {
         debug!("exec: resetting the TCP connection failed: {e}");
     }
     for fd in &p.fds {

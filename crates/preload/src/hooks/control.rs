@@ -13,7 +13,7 @@ use crate::table::{
     self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK, MAX_FD,
 };
 use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
-use smclo::conn::Conn;
+use smclo::adapter::conn::Conn;
 use smclo::debug;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -106,7 +106,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         let n = fd as RawFd;
         let known = table::FLAGS[fd as usize].load(Ordering::Relaxed) != 0
             || !table::TABLE[fd as usize].load(Ordering::Relaxed).is_null();
-        let ours = table::has_flag(n, F_INTERNAL) || smclo::fdnum::is_ours(n);
+        let ours = table::has_flag(n, F_INTERNAL) || smclo::adapter::fdnum::is_ours(n);
         if known || ours {
             if from < fd {
                 // SAFETY: the program's own descriptors, as it asked.
@@ -491,7 +491,7 @@ pub unsafe extern "C" fn getsockopt(
         }
         return 0;
     }
-    if smclo::tcp_syn::is_mark_option(level, name) {
+    if smclo::adapter::tcp_syn::is_mark_option(level, name) {
         s.syn_mark.put_back(s.tcp);
     }
     // SAFETY: forwarded to the hidden socket.
@@ -582,7 +582,7 @@ pub unsafe extern "C" fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     let Some(s) = table::get(fd) else {
-        if smclo::tcp_syn::is_mark_option(level, name) {
+        if smclo::adapter::tcp_syn::is_mark_option(level, name) {
             table::set_flag(fd, F_IP_OPTS, true);
         }
         if timeout_option(level, name) {
@@ -594,7 +594,7 @@ pub unsafe extern "C" fn setsockopt(
     if level == libc::IPPROTO_TCP && name == libc::TCP_CORK {
         return set_cork(&s, val, len);
     }
-    if smclo::tcp_syn::is_mark_option(level, name) {
+    if smclo::adapter::tcp_syn::is_mark_option(level, name) {
         // The other option of the pair must not keep the mark either.
         s.syn_mark.put_back(s.tcp);
     }

@@ -525,7 +525,7 @@ fn control_len(m: &msghdr) -> usize {
 
 /// The SMC-D connections whose descriptors `msg` passes (`SCM_RIGHTS`):
 /// the receiving process shares their open files from now on, and may
-/// change `O_NONBLOCK` there ([`smclo::conn::Conn::share_file`]). Marked
+/// change `O_NONBLOCK` there ([`smclo::adapter::conn::Conn::share_file`]). Marked
 /// before the message leaves: the receiver may act as soon as it arrives.
 fn share_passed(msg: *const msghdr) {
     if msg.is_null() || super::LIVE.load(Ordering::Relaxed) == 0 {

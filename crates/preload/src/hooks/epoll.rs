@@ -1,4 +1,4 @@
-//! The event-loop fast path for epoll (see `smclo::poller` and
+//! The event-loop fast path for epoll (see `smclo::adapter::poller` and
 //! docs/ARCHITECTURE.md "Event loops").
 //!
 //! `epoll_ctl` keeps, next to each kernel epoll set that holds SMC-D
@@ -29,8 +29,8 @@ use super::{errno, set_errno};
 use crate::real;
 use crate::table::{self, Sock, F_EPOLL};
 use libc::{c_int, epoll_event, sigset_t, timespec};
-use smclo::poller::{now_ns, Budget, Ready, KERNEL_EVERY};
-use smclo::signal::Watch;
+use smclo::adapter::poller::{now_ns, Budget, Ready, KERNEL_EVERY};
+use smclo::adapter::signal::Watch;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -601,7 +601,7 @@ fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
 }
 
 /// Ends the set's poll session; the caller then looks at the rings once
-/// more before it sleeps (see `smclo::doorbell` "Pollers").
+/// more before it sleeps (see the core's `doorbell` module, "Pollers").
 fn close(sh: &Shadow) {
     let Some(socks) = lock(&sh.session).take() else {
         return;
@@ -659,7 +659,7 @@ fn spin(
 /// `epoll_pwait` over a shadowed set (`timeout` None: for ever). A signal
 /// handler that runs in this thread during the wait (one `sigmask` would
 /// not block) ends the spin, and the wait fails with `EINTR` instead of
-/// sleeping (`smclo::signal`).
+/// sleeping (`smclo::adapter::signal`).
 fn wait(
     sh: &Shadow,
     ep: RawFd,

@@ -1,6 +1,6 @@
 //! `RLIMIT_NOFILE` as the program sees it. Where the hard limit is above
 //! the soft one, the process runs with a raised soft limit and smclo keeps
-//! its own descriptors at and above the program's (`smclo::fdnum`). Here
+//! its own descriptors at and above the program's (`smclo::adapter::fdnum`). Here
 //! the program sees and sets its own limit (`getrlimit`, `setrlimit`,
 //! `prlimit` of itself, `sysconf(_SC_OPEN_MAX)`, `getdtablesize`), never
 //! gets a descriptor number at or above it (`EMFILE` instead, as from the
@@ -11,7 +11,7 @@
 use super::{disabled, fail, os_err};
 use crate::real;
 use libc::{c_char, c_int, c_long, c_uint, c_void, pid_t, rlimit};
-use smclo::fdnum::{self, ForExec};
+use smclo::adapter::fdnum::{self, ForExec};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Whether `pid` names this process for `prlimit`.

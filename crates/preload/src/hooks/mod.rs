@@ -65,11 +65,11 @@ fn disabled() -> bool {
 }
 
 /// A wait that may block is beginning (`timeout` None: for ever): ended
-/// connections' TCP sockets are closed first ([`smclo::deferred`]), in
+/// connections' TCP sockets are closed first ([`smclo::adapter::deferred`]), in
 /// time the program spends waiting anyway.
 fn before_wait(timeout: Option<std::time::Duration>) {
     if timeout != Some(std::time::Duration::ZERO) {
-        smclo::deferred::close_deferred();
+        smclo::adapter::deferred::close_deferred();
     }
 }
 

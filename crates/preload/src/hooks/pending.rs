@@ -24,10 +24,10 @@ use crate::holders;
 use crate::real;
 use crate::table::{self, F_CANDIDATE, F_EARLY, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
+use smclo::adapter::early_count::EARLY_MAX;
+use smclo::adapter::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
 use smclo::debug;
 use smclo::device::Role;
-use smclo::early_count::EARLY_MAX;
-use smclo::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::io;
@@ -419,7 +419,7 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
 /// The handshake of `fd` decided SMC-D: the swap.
 /// A `shutdown` noted before the decision goes to the connection itself,
 /// not to its number, which the program may have closed and reused since.
-fn swap(fd: RawFd, est: smclo::handshake::Established, slot: usize, shut: Shut) {
+fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shut: Shut) {
     let nonblock = nonblocking(fd);
     // SAFETY: F_GETFD on the application's descriptor.
     let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
@@ -586,7 +586,7 @@ pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
 /// counts them as early bytes (the server has not taken the count, and
 /// they fit [`EARLY_MAX`]), they go into the TCP stream now and `Some` is
 /// the result, which the server moves into its ring if it accepts (see
-/// `smclo::handshake::early`). `None`: the caller waits for the decision
+/// `smclo::adapter::handshake::early`). `None`: the caller waits for the decision
 /// ([`before_io`]).
 pub(super) fn early_send(
     fd: RawFd,

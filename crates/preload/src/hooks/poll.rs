@@ -1,5 +1,5 @@
 //! `poll`, `ppoll`, `select` and `pselect` over SMC-D descriptors: the
-//! rings first, through the core's wait (`smclo::poller::poll`).
+//! rings first, through the core's wait (`smclo::adapter::poller::poll`).
 //!
 //! A set without SMC-D descriptors or pending connects goes to the real
 //! call unchanged. Otherwise the rings answer for the SMC-D descriptors
@@ -13,7 +13,7 @@ use super::{fail, os_err};
 use crate::real;
 use crate::table::{self, Sock, F_PENDING};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
-use smclo::poller::{now_ns, Member, Pace, Ready};
+use smclo::adapter::poller::{now_ns, Member, Pace, Ready};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -83,7 +83,7 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
         let k = |f: &mut [pollfd], t| kernel(f, t, sigmask);
         // SAFETY: the caller's signal set, when not null.
         let mask = unsafe { sigmask.as_ref() };
-        PACE.with(|p| smclo::poller::poll(p, fds, &members, t, mask, k))
+        PACE.with(|p| smclo::adapter::poller::poll(p, fds, &members, t, mask, k))
     };
     match r {
         Ok(n) => n as c_int,

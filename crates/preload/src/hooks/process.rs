@@ -151,8 +151,8 @@ fn exec_with(
     // An ignored SIGBUS stays ignored in the new image, and the new
     // program inherits the limit this one set, not the raised one.
     let run = |env| {
-        let limit = smclo::fdnum::ForExec::begin();
-        let r = smclo::fault::around_exec(|| run(env));
+        let limit = smclo::adapter::fdnum::ForExec::begin();
+        let r = smclo::adapter::fault::around_exec(|| run(env));
         drop(limit); // the exec failed
         r
     };
@@ -275,9 +275,9 @@ fn close_all_at_exit() {
 
 extern "C" fn at_load() {
     if !super::disabled() {
-        smclo::fdnum::widen();
+        smclo::adapter::fdnum::widen();
     }
-    smclo::deferred::set_closer(table::close_hidden);
+    smclo::adapter::deferred::set_closer(table::close_hidden);
     real::resolve_exit_path();
     variant::at_load();
     super::signal::at_load();

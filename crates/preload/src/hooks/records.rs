@@ -8,8 +8,8 @@
 
 use super::in_table_range;
 use crate::table::{self, F_CANDIDATE, F_FALLBACK, F_LISTENER, F_PENDING};
-use smclo::fallbacks::FallbackRecord;
-use smclo::registry::ListenerGuard;
+use smclo::adapter::fallbacks::FallbackRecord;
+use smclo::adapter::registry::ListenerGuard;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;

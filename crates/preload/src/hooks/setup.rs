@@ -14,12 +14,12 @@ use crate::table::{
     self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
 };
 use libc::{c_int, sockaddr, socklen_t};
-use smclo::accept_spin::{self, Spun};
+use smclo::adapter::accept_spin::{self, Spun};
+use smclo::adapter::fallbacks;
+use smclo::adapter::handshake::{self, Decision};
+use smclo::adapter::registry;
 use smclo::debug;
 use smclo::device::Role;
-use smclo::fallbacks;
-use smclo::handshake::{self, Decision};
-use smclo::registry;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -118,7 +118,7 @@ pub(super) fn list_fallback(
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     // As for bind: the port as free as over TCP.
-    smclo::deferred::close_deferred();
+    smclo::adapter::deferred::close_deferred();
     if disabled()
         || !in_table_range(fd)
         || table::has_flag(fd, F_LISTENER)
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return unsafe { real::listen(fd, backlog) };
     };
     // Before the real listen: no SYN may arrive unsaved.
-    let saved = smclo::tcp_syn::save_syns(fd);
+    let saved = smclo::adapter::tcp_syn::save_syns(fd);
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::listen(fd, backlog) };
     if r != 0 {
@@ -153,7 +153,7 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     let registered = saved
         .map_err(|err| format!("TCP_SAVE_SYN failed ({err})"))
         .and_then(|()| {
-            smclo::sockaddr::local(fd)
+            smclo::adapter::sockaddr::local(fd)
                 .map_err(smclo::Error::from)
                 .and_then(|a| registry::register_listener(&c.dev, a))
                 .map_err(|err| format!("listener not registered ({err})"))
@@ -206,7 +206,7 @@ fn adopt_if_unknown(fd: RawFd) {
     match ctx().filter(|_| is_listening(fd) && is_tcp_stream(fd)) {
         Some(c) => {
             debug!("fd {fd}: a TCP listener inherited from another program; registering it");
-            register(c, fd, smclo::tcp_syn::save_syns(fd));
+            register(c, fd, smclo::adapter::tcp_syn::save_syns(fd));
         }
         None => table::set_flag(fd, F_PLAIN, true),
     }
@@ -329,10 +329,10 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     let cap = if len.is_null() { 0 } else { unsafe { *len } };
     // An accept may wait for the next client: ended connections' TCP
     // sockets are closed first.
-    smclo::deferred::close_deferred();
+    smclo::adapter::deferred::close_deferred();
     let blocks = listener_blocks(fd);
     let spun = if blocks {
-        let watch = smclo::signal::Watch::begin(None);
+        let watch = smclo::adapter::signal::Watch::begin(None);
         match accept_spin::before_accept(fd, &watch) {
             Spun::Interrupted if !accept_restarts(fd) => return fail(libc::EINTR),
             s => s,
@@ -385,10 +385,10 @@ fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<
     let now = Instant::now();
     let deadline = now + c.cfg.clc_wait;
     let mut h = handshake::ServerHandshake::new(&c.dev, &c.cfg, nfd);
-    if let Some(d) = h.decide_by(deadline, Some(now + smclo::conn::spin_budget())) {
+    if let Some(d) = h.decide_by(deadline, Some(now + smclo::adapter::conn::spin_budget())) {
         return accept_decided(c, nfd, d, slot, flags, peer);
     }
-    let Some(from) = peer.or_else(|| smclo::sockaddr::peer(nfd).ok()) else {
+    let Some(from) = peer.or_else(|| smclo::adapter::sockaddr::peer(nfd).ok()) else {
         // Without the peer's address the connection cannot be listed; it
         // is decided here instead (bounded by SMCLO_CLC_WAIT_MS).
         let d = h
@@ -455,7 +455,7 @@ unsafe fn accepted_peer(
         return None;
     }
     // SAFETY: `n` bytes, at least a `sockaddr`, were written at `addr`.
-    unsafe { smclo::sockaddr::from_raw(addr, n) }
+    unsafe { smclo::adapter::sockaddr::from_raw(addr, n) }
 }
 
 /// The real `connect` of a socket that stays TCP for `reason`, listed in
@@ -499,8 +499,8 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     // Before the call: a failed bind costs only the question.
     table::set_flag(fd, F_BOUND, true);
     // The port may be one an ended connection's TCP socket still holds
-    // (smclo::deferred): it is as free as over TCP.
-    smclo::deferred::close_deferred();
+    // (smclo::adapter::deferred): it is as free as over TCP.
+    smclo::adapter::deferred::close_deferred();
     // SAFETY: forwarded unchanged.
     unsafe { real::bind(fd, addr, len) }
 }
@@ -529,7 +529,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { real::connect(fd, addr, len) };
     }
     // SAFETY: the caller passes `len` readable bytes at `addr`.
-    let dest = unsafe { smclo::sockaddr::from_raw(addr, len) };
+    let dest = unsafe { smclo::adapter::sockaddr::from_raw(addr, len) };
     let (Some(dest), Some(c)) = (dest, ctx()) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };

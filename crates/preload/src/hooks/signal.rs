@@ -1,6 +1,6 @@
 //! Signal handlers: each one the program installs runs through a
 //! trampoline that first tells the core it ran
-//! ([`smclo::signal::handler_ran`]), so that a wait spinning in user space
+//! ([`smclo::adapter::signal::handler_ran`]), so that a wait spinning in user space
 //! stops and fails with `EINTR` (or restarts, `hooks::data`) as the
 //! kernel's sleep would have.
 //!
@@ -14,7 +14,7 @@
 //! none) are installed as given, except `SIGBUS`: the core's handler,
 //! installed at load, keeps it, recovers from faults in smclo's shared
 //! mappings and runs the program's action for every other
-//! ([`smclo::fault`]); queries answer with the program's action. The trampoline calls the program's
+//! ([`smclo::adapter::fault`]); queries answer with the program's action. The trampoline calls the program's
 //! handler with the kernel's arguments and leaves `errno` as the handler
 //! does. Handlers installed with the raw system call are not wrapped; a
 //! wait does not see them run until it sleeps.
@@ -50,7 +50,7 @@ static INTERRUPTING: AtomicU64 = AtomicU64::new(0);
 
 /// What the kernel runs for a wrapped signal.
 extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
-    smclo::signal::handler_ran(sig);
+    smclo::adapter::signal::handler_ran(sig);
     let Some(i) = slot(sig) else { return };
     let f = INFO[i].load(Ordering::Acquire);
     if f != 0 {
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn sigaction(
     if sig == libc::SIGBUS {
         // SAFETY: the caller's action and storage, when not null.
         let (a, o) = unsafe { (act.as_ref(), old.as_mut()) };
-        if let Some(r) = smclo::fault::program_action(a, o) {
+        if let Some(r) = smclo::adapter::fault::program_action(a, o) {
             return r;
         }
     }
@@ -333,11 +333,11 @@ unsafe extern "C" fn real_sigaction(
 /// Finds the real `sigaction` ahead of time (the first call may come from
 /// a signal handler, where `dlsym` must not run), and installs the core's
 /// `SIGBUS` handler before the program can install its own: from then on
-/// the program's `SIGBUS` actions live behind it ([`smclo::fault`]).
+/// the program's `SIGBUS` actions live behind it ([`smclo::adapter::fault`]).
 pub(super) fn at_load() {
-    smclo::fault::use_sigaction(real_sigaction);
+    smclo::adapter::fault::use_sigaction(real_sigaction);
     if !super::disabled() {
-        smclo::fault::install();
+        smclo::adapter::fault::install();
     }
     // SAFETY: an all-zero sigaction is valid storage for the query.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };

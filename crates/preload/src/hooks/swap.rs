@@ -11,8 +11,8 @@ use super::LIVE;
 use crate::holders;
 use crate::real;
 use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_PENDING, F_TCP, F_TIMEO, LOCK};
+use smclo::adapter::handshake::Established;
 use smclo::debug;
-use smclo::handshake::Established;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,9 +38,9 @@ pub(super) fn swap_in(
         syn_mark,
     } = est;
     // A high number keeps the hidden socket out of the application's way
-    // (smclo::fdnum, like the channel and the DMB memfd); where there is
+    // (smclo::adapter::fdnum, like the channel and the DMB memfd); where there is
     // none, any free number will do (it is F_INTERNAL).
-    let tcp = match smclo::fdnum::dup_high(fd) {
+    let tcp = match smclo::adapter::fdnum::dup_high(fd) {
         Ok(t) => t.into_raw_fd(),
         Err(e) => {
             abort_both(
@@ -80,7 +80,7 @@ pub(super) fn swap_in(
         linger0: Default::default(),
         slot,
         cork_armed: Default::default(),
-        _held: smclo::fdnum::Held::new(),
+        _held: smclo::adapter::fdnum::Held::new(),
     });
     table::mark_internal(tcp);
     let g = LOCK.write();
@@ -139,8 +139,8 @@ pub(super) fn swap_in(
         "fd {fd}: SMC-D (the descriptor is the channel, hidden TCP fd {tcp}, {}, {})",
         if nonblock { "non-blocking" } else { "blocking" },
         match sock.conn.mode() {
-            smclo::conn::Mode::NoCopy => "no-copy",
-            smclo::conn::Mode::Copy { .. } => "copy mode",
+            smclo::adapter::conn::Mode::NoCopy => "no-copy",
+            smclo::adapter::conn::Mode::Copy { .. } => "copy mode",
         }
     );
     Some(sock)
@@ -154,12 +154,17 @@ pub(super) fn swap_in(
 /// `ECONNRESET`), and the TCP connection is disconnected with a RST
 /// (`connect(AF_UNSPEC)`): the local program's next call on `fd` fails
 /// with `ECONNRESET`, its pollers see an error.
-fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::Arguments<'_>) {
+fn abort_both(
+    fd: RawFd,
+    conn: &smclo::adapter::conn::Conn,
+    slot: usize,
+    why: std::fmt::Arguments<'_>,
+) {
     debug!("fd {fd}: {why} after the handshake; connection reset at both ends");
     conn.abort();
     holders::forget(slot);
     // (Our own connect hook passes an AF_UNSPEC connect straight through.)
-    if let Err(e) = smclo::tcp_syn::reset(fd) {
+    if let Err(e) = smclo::adapter::tcp_syn::reset(fd) {
         debug!("fd {fd}: resetting the TCP connection failed: {e}");
     }
 }
@@ -174,7 +179,7 @@ fn abort_both(fd: RawFd, conn: &smclo::conn::Conn, slot: usize, why: std::fmt::A
 /// (its calls fail, and the peer sees the channel hang up once `n` is
 /// replaced).
 pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
-    match smclo::fdnum::dup_high(n) {
+    match smclo::adapter::fdnum::dup_high(n) {
         Ok(high) => {
             table::mark_internal(high.as_raw_fd());
             let _ = s.conn.replace_channel(high, true).into_raw_fd();
@@ -198,7 +203,7 @@ pub(crate) fn last_close(s: &Sock) {
             // The DMB's table entry (and so the stats: dmbs_cnt, the bytes
             // this end sends) goes with the connection to the holder that
             // stays, if it is ours to give.
-            if let Some(to) = smclo::owner::Owner::of(pid) {
+            if let Some(to) = smclo::adapter::owner::Owner::of(pid) {
                 s.reg.hand_over(to);
             }
         }

@@ -326,7 +326,8 @@ pub(super) fn open_at(dirfd: RawFd, path: *const c_char, flags: libc::c_int) -> 
 /// As [`open_path`] for `fexecve`'s descriptor.
 pub(super) fn open_fd(fd: RawFd) -> Program {
     // SAFETY: a duplicate of the caller's descriptor, owned by the File.
-    let dup = smclo::fdnum::internal(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+    let dup =
+        smclo::adapter::fdnum::internal(|| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     if dup < 0 {
         return Program::Missing;
     }

@@ -224,7 +224,7 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     let mut owned = None;
     let env = spawn_env(&target::open_path(path), envp, &mut owned);
-    let _limit = smclo::fdnum::ForExec::begin();
+    let _limit = smclo::adapter::fdnum::ForExec::begin();
     // SAFETY: the caller's arguments, with the environment above.
     unsafe { real::posix_spawn(pid, path, acts, attr, argv, env) }
 }
@@ -242,7 +242,7 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     let mut owned = None;
     let env = spawn_env(&target::open_file(file), envp, &mut owned);
-    let _limit = smclo::fdnum::ForExec::begin();
+    let _limit = smclo::adapter::fdnum::ForExec::begin();
     // SAFETY: the caller's arguments, with the environment above.
     unsafe { real::posix_spawnp(pid, file, acts, attr, argv, env) }
 }

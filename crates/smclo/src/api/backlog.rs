@@ -158,7 +158,7 @@ impl Backlog {
             let now = Instant::now();
             let deadline = now + cfg.clc_wait;
             let mut hs = ServerHandshake::new(dev, cfg, tcp.as_raw_fd());
-            if let Some(d) = hs.decide_by(deadline, Some(now + crate::conn::spin_budget())) {
+            if let Some(d) = hs.decide_by(deadline, Some(now + crate::wait::spin_budget())) {
                 return Ok((tcp, peer, d));
             }
             debug!("the handshake with {peer} goes on after accept");

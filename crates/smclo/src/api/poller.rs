@@ -17,7 +17,7 @@ use std::time::Duration;
 ///
 /// ```no_run
 /// use smclo::api::{Poller, SmcStream};
-/// use smclo::poller::Ready;
+/// use smclo::api::Ready;
 /// use std::time::Duration;
 /// let a = SmcStream::connect("127.0.0.1:7000")?;
 /// let b = SmcStream::connect("127.0.0.1:7001")?;

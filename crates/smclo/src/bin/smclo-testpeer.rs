@@ -42,8 +42,8 @@
 use smclo::api::{Event, Poller, SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
-use smclo::poller::Ready;
-use smclo::{handshake, sockaddr};
+use smclo::testing::poller::Ready;
+use smclo::testing::{handshake, sockaddr};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

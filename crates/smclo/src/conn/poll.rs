@@ -4,7 +4,7 @@
 
 use super::Conn;
 use crate::doorbell;
-use crate::poller::Ready;
+use crate::wait::Ready;
 use smclo_wire::cursor::{
     self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
 };

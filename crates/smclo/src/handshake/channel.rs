@@ -348,7 +348,7 @@ pub(super) fn spin_readable(fd: RawFd, deadline: Instant, hint: impl Fn() -> boo
     let start = Instant::now();
     // The data path's budget: this wait never sleeps, and spinning longer
     // would only keep others (the client, perhaps) off the CPU.
-    let spin = crate::conn::spin_budget();
+    let spin = crate::wait::spin_budget();
     loop {
         let now = Instant::now();
         let spinning = now.duration_since(start) < spin;

@@ -94,7 +94,7 @@ impl KeptPeer {
 impl Drop for KeptPeer {
     fn drop(&mut self) {
         if let Some(d) = self.dmb.take() {
-            crate::pool::put_peer(self.id, d);
+            crate::dmb::pool::put_peer(self.id, d);
         }
     }
 }
@@ -192,7 +192,7 @@ pub fn client_propose_with(
         // for it could deadlock, so decline up front.
         return Err(Reason::SelfConnect);
     }
-    if !crate::fdnum::room_for_conn() {
+    if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
         return Err(Reason::Mem);
     }
     // The key needs the source address before the SYN: the bound one, or
@@ -214,7 +214,7 @@ pub fn client_propose_with(
     // Preferably the DMB our last connection with the listener's process
     // used: that process likely keeps a mapping of it, and then needs
     // nothing from us to answer.
-    let prefer = crate::pool::Prefer {
+    let prefer = crate::dmb::pool::Prefer {
         memfd: None,
         last_peer: Some(listener.owner.pid),
     };
@@ -279,7 +279,7 @@ pub fn client_propose_with(
     // mapping of, which its server reuses if it still pools it. Private
     // devices only, as the server's side.
     if matches!(dev.shape(), crate::access::Shape::Private { .. }) {
-        if let Some((id, d)) = crate::pool::take_peer_of(listener.owner.pid) {
+        if let Some((id, d)) = crate::dmb::pool::take_peer_of(listener.owner.pid) {
             slot.set_server_dmb_hint(id);
             p.server_dmb = Some(KeptPeer { id, dmb: Some(d) });
             p.unaided = p

@@ -37,7 +37,7 @@ pub(super) fn arrival_wait(may_wait: bool) -> Duration {
     if may_wait {
         ARRIVAL_WAIT
     } else {
-        crate::conn::spin_budget()
+        crate::wait::spin_budget()
     }
 }
 

@@ -218,7 +218,7 @@ const SPIN_FACTOR: u32 = 4;
 /// never sleeps (an event loop's `accept`) keeps the data path's budget
 /// before it yields.
 pub(crate) fn spin_budget() -> std::time::Duration {
-    crate::conn::spin_budget() * SPIN_FACTOR
+    crate::wait::spin_budget() * SPIN_FACTOR
 }
 
 fn random_u64() -> u64 {
@@ -296,4 +296,14 @@ fn peer_decline(bytes: Option<Vec<u8>>) -> Reason {
         Some(Ok(ClcMsg::Decline(d))) => d.reason().unwrap_or(Reason::PeerDecl),
         _ => Reason::PeerDecl,
     }
+}
+
+/// Closes the descriptors smclo keeps without needing them, for a
+/// connection attempt short of room in the descriptor budget
+/// ([`crate::fdnum::room_for_conn`]): ended connections' TCP sockets
+/// waiting to be closed, and pooled DMBs' memfds (DMBs are then created
+/// anew rather than kept).
+pub(crate) fn relieve_descriptors() {
+    crate::deferred::close_deferred();
+    crate::dmb::pool::shed();
 }

@@ -318,7 +318,7 @@ impl ServerHandshake {
     fn wait_client(&self, stop: Instant) {
         let now = Instant::now();
         let left = stop.saturating_duration_since(now);
-        let sleep = left > crate::conn::spin_budget();
+        let sleep = left > crate::wait::spin_budget();
         match self.wake_fd() {
             Some(fd) if sleep => {
                 wait_readable(fd, left, || self.hint());
@@ -326,7 +326,7 @@ impl ServerHandshake {
             Some(fd) => {
                 spin_readable(fd, stop, || self.hint());
             }
-            None if self.since.elapsed() < crate::conn::spin_budget() => std::hint::spin_loop(),
+            None if self.since.elapsed() < crate::wait::spin_budget() => std::hint::spin_loop(),
             None if sleep => std::thread::sleep(PORT_NAP.min(left)),
             None => std::thread::yield_now(),
         }
@@ -349,7 +349,7 @@ impl ServerHandshake {
     /// proposer; one that has not published it yet may be someone
     /// else's (its slot is left alone).
     fn look_ports(&mut self, candidates: Vec<Candidate>, bound: Duration) -> Option<Decision> {
-        let spun = self.since.elapsed() >= crate::conn::spin_budget();
+        let spun = self.since.elapsed() >= crate::wait::spin_budget();
         let mut waiting = Vec::new();
         let mut changed = None;
         for c in candidates {
@@ -466,7 +466,7 @@ impl ServerHandshake {
         if let Some((_, r)) = checks.iter().find(|(ok, _)| !ok) {
             return Err(decline(dev, &slot, *r, Some(wake)));
         }
-        if !crate::fdnum::room_for_conn() {
+        if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
             return Err(decline(dev, &slot, Reason::Mem, Some(wake)));
         }
         // The DMB the client keeps a mapping of, if we still pool it: the
@@ -474,7 +474,7 @@ impl ServerHandshake {
         // below.
         let private = matches!(dev.shape(), Shape::Private { .. });
         let hint = slot.server_dmb_hint().filter(|_| private);
-        let prefer = crate::pool::Prefer {
+        let prefer = crate::dmb::pool::Prefer {
             memfd: hint,
             last_peer: None,
         };
@@ -536,7 +536,7 @@ impl ServerHandshake {
                 // A withdrawn client may never take our connection off its
                 // listener, so the channel would not tell. A running client
                 // answers within the spin budget: no liveness check then.
-                let spun = self.since.elapsed() >= crate::conn::spin_budget();
+                let spun = self.since.elapsed() >= crate::wait::spin_budget();
                 if a.slot.state() != SlotState::Proposed
                     || (spun && !a.slot.client().is_alive_fast())
                 {

@@ -1,8 +1,8 @@
 //! Shared helpers of the `conn_*` tests: connection pairs on memfd DMBs.
 #![allow(dead_code)]
 
-use smclo::conn::{Conn, Mode};
-use smclo::dmb::{memfd, Dmb};
+use smclo::testing::conn::{Conn, Mode};
+use smclo::testing::dmb::{memfd, Dmb};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,96 @@
+//! What an adapter that puts unmodified programs on the core needs beyond
+//! the public modules: the preload library (`crates/preload`) is one. It
+//! translates the socket calls of a program it does not own, so it drives
+//! what [`crate::api`] wraps: the handshake step by step around the
+//! program's own `connect` and `accept`, connections adopted under the
+//! program's descriptor numbers, its event loops' waits, smclo's
+//! descriptors beside the program's, and signal handlers that interrupt a
+//! spin.
+//!
+//! Exactly the items an adapter uses, grouped by the core module that
+//! defines them (docs/ARCHITECTURE.md, "Layers of the core"). The
+//! `debug!` macro (`SMCLO_DEBUG`) is exported at the crate root.
+
+/// A blocking `accept` that polls its listening socket before it sleeps.
+pub mod accept_spin {
+    pub use crate::accept_spin::{accepted, before_accept, Spun};
+}
+
+/// The system calls on a connection's channel, past the interposed names.
+pub mod chan_sys {
+    pub use crate::chan_sys::fcntl;
+}
+
+/// One SMC-D connection end, and what it carries through `exec`.
+pub mod conn {
+    pub use crate::conn::{Conn, ExecParts, ExecState, Mode};
+    pub use crate::wait::spin_budget;
+}
+
+/// TCP sockets of ended connections, closed at the process's next wait.
+pub mod deferred {
+    pub use crate::deferred::{close_deferred, close_later, set_closer};
+}
+
+/// The bound on a client's early bytes.
+pub mod early_count {
+    pub use crate::early_count::EARLY_MAX;
+}
+
+/// The device's table of open fallback connections (`smclo ss -a`).
+pub mod fallbacks {
+    pub use crate::fallbacks::{client_lists, record, FallbackRecord};
+}
+
+/// `SIGBUS` from shared files shrunk under smclo's mappings, and the
+/// program's own `SIGBUS` actions kept behind the core's handler.
+pub mod fault {
+    pub use crate::fault::{around_exec, install, program_action, use_sigaction};
+}
+
+/// smclo's descriptors: high numbers, counted against a budget, and the
+/// program's own descriptor limit.
+pub mod fdnum {
+    pub use crate::fdnum::{
+        app_limit, app_nofile, dup_high, floor, in_internal, internal, is_ours, set_app_nofile,
+        widen, ForExec, Held,
+    };
+}
+
+/// The handshake, driven by the adapter around the program's calls.
+pub mod handshake {
+    pub use crate::handshake::{
+        client_propose_with, server_accept, ClientProposal, Decision, Established, ServerHandshake,
+        SocketFacts, Wake,
+    };
+}
+
+/// Process identity.
+pub mod owner {
+    pub use crate::owner::{current_pid, Owner};
+}
+
+/// Event-loop waits over connections and other descriptors.
+pub mod poller {
+    pub use crate::poller::{now_ns, poll, Budget, Member, Pace, Ready, KERNEL_EVERY};
+}
+
+/// The device's listener registry.
+pub mod registry {
+    pub use crate::registry::{register_listener, ListenerGuard};
+}
+
+/// Which signal handlers ran during a wait.
+pub mod signal {
+    pub use crate::signal::{handler_ran, Watch};
+}
+
+/// Addresses of raw descriptors.
+pub mod sockaddr {
+    pub use crate::sockaddr::{from_raw, local, peer};
+}
+
+/// The SYN's mark and the saved SYN.
+pub mod tcp_syn {
+    pub use crate::tcp_syn::{is_mark_option, reset, save_syns, LeftMark};
+}
