@@ -16,7 +16,7 @@ import time
 
 from . import chart, report
 from .procs import BenchError, find_program
-from .transports import DeviceCounters, make_transports, smclo_knobs
+from .transports import BASELINE, DeviceCounters, make_transports, smclo_knobs
 from .layout import DEPLOYED_THREADS, NAMES as LAYOUTS, Layout, describe
 from .workloads import all_workloads
 
@@ -35,7 +35,7 @@ class Context:
         self._counters = {}
 
     def counters(self, t):
-        return self._counters.setdefault(t.device_dir, DeviceCounters(self.smclo, t.device_dir))
+        return self._counters.setdefault(t.device_dir, DeviceCounters(t.smclo, t.device_dir))
 
     def log(self, name, t):
         return os.path.join(self.work, "%s-%s.log" % (name, t.name))
@@ -98,6 +98,12 @@ def parse_args(argv):
     p.add_argument("--server-cpu", type=int, default=1, help="CPU the servers are pinned to (default 1)")
     p.add_argument("--client-cpu", type=int, default=0, help="CPU the clients are pinned to (default 0)")
     p.add_argument("--smclo", default=os.path.join(ROOT, "target", "release", "smclo"), help="the smclo binary")
+    p.add_argument("--baseline", metavar="SMCLO",
+                   help="another build's smclo binary (its preload library beside it), run as one more transport, "
+                        "'smclo baseline', in every round beside this build: the tables add this build against it")
+    p.add_argument("--transports",
+                   help="comma-separated transports to run (default all): tcp,unix,smclo,smclo-copy,kernel-smc,"
+                        "smclo-base; tcp is always run, as every ratio's reference")
     p.add_argument("--readme", action="store_true",
                    help="also write the tables into README.md (between the SUITE markers) and the chart and JSON to docs/bench/")
     p.add_argument("--render", metavar="JSON", help="do not measure: redraw the outputs from a suite.json")
@@ -125,6 +131,11 @@ def check_programs(workloads, smclo):
         sys.exit("bench-suite: taskset is missing (util-linux)")
 
 
+def transports_of(w):
+    """The transports workload `w` can use: the baseline build wherever smclo."""
+    return list(w.transports) + ([BASELINE] if "smclo" in w.transports else [])
+
+
 def measure(args):
     layout = Layout(args.layout, args.server_cpu, args.client_cpu)
     workloads = all_workloads(args.idle_conns, args.redis_requests, layout)
@@ -135,9 +146,20 @@ def measure(args):
             sys.exit("bench-suite: unknown workload(s) %s; known: %s" % (",".join(unknown), ",".join(w.name for w in workloads)))
         workloads = [w for w in workloads if w.name in names]
     check_programs(workloads, args.smclo)
+    if args.baseline and not os.access(args.baseline, os.X_OK):
+        sys.exit("bench-suite: --baseline %s is not an executable smclo binary" % args.baseline)
     work = tempfile.mkdtemp(prefix="smclo-suite-")
     knobs = smclo_knobs(args.dmb_size)
-    transports, device_dirs = make_transports(os.path.abspath(args.smclo), work, knobs)
+    transports, device_dirs = make_transports(os.path.abspath(args.smclo), work, knobs,
+                                              os.path.abspath(args.baseline) if args.baseline else None)
+    if args.transports:
+        wanted = set(args.transports.split(",")) | {"tcp"}
+        unknown = wanted - {t.name for t in transports}
+        if unknown:
+            for d in device_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+            sys.exit("bench-suite: unknown transport(s) %s (smclo-base needs --baseline)" % ",".join(sorted(unknown)))
+        transports = [t for t in transports if t.name in wanted]
     ctx = Context(args, layout, work)
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -145,13 +167,14 @@ def measure(args):
         "config": {"rounds": args.rounds, "seconds": args.seconds, **layout.config(),
                    "idle_conns": args.idle_conns,
                    "redis_requests": args.redis_requests,
+                   "baseline": os.path.abspath(args.baseline) if args.baseline else None,
                    "pinning": describe(layout.config()),
                    # Knobs such as SMCLO_RMEM change the results: a run says
                    # which were set.
                    "smclo_env": dict(sorted(knobs.items()))},
         "transports": [{"name": t.name, "label": t.label, "available": t.available,
                         "why_unavailable": t.why_unavailable, "prefix": t.prefix} for t in transports],
-        "workloads": [{"name": w.name, "transports": list(w.transports), "third_party": w.third_party,
+        "workloads": [{"name": w.name, "transports": transports_of(w), "third_party": w.third_party,
                        "cpu_unit": w.cpu_unit[0] if w.cpu_unit else None,
                        "rows": [vars(r) for r in w.rows()]} for w in workloads],
         "runs": [],

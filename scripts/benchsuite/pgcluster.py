@@ -158,7 +158,7 @@ class Cluster:
         if not self.devices.get(d):
             # Known before it is made, so that close() removes a half-made one.
             self.devices[d] = False
-            init_device(ctx.smclo, d, t.device_settings, group=self.user.pw_gid)
+            init_device(t.smclo, d, t.device_settings, group=self.user.pw_gid)
             self.devices[d] = True
         return t.on_device(d)
 

@@ -4,6 +4,7 @@ only the suite's JSON document, so a table can be redrawn from any run)."""
 import statistics
 
 from . import layout
+from .transports import BASELINE
 
 NA = "—"
 
@@ -122,6 +123,39 @@ def _cell(doc, w, t, cell, is_tcp):
     return s
 
 
+def baseline_table(doc):
+    """Lines comparing smclo with the baseline build, when the suite ran one:
+    the ratio of medians and the median of the per-round ratios (the two
+    builds run back to back in every round), and the CPU per operation."""
+    names = [t["name"] for t in doc["transports"]]
+    if BASELINE not in names or "smclo" not in names:
+        return []
+    out = ["", "This build (smclo) against the baseline build (%s), no-copy, same settings, run back to back in "
+           "every round:" % doc["config"].get("baseline", "smclo-base"), "",
+           "| row | unit | baseline | this build | ratio of medians | median of round ratios | CPU per op, ratio |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for w in doc["workloads"]:
+        cpu = doc["summary"]["cpu"][w["name"]]
+        for row in w["rows"]:
+            cells = doc["summary"]["rows"][row["key"]]
+            base, mine = cells.get(BASELINE, {}), cells.get("smclo", {})
+            if base.get("median") is None or mine.get("median") is None:
+                continue
+            by_round = {r["round"]: r["values"][row["key"]] for r in doc["runs"] if r["workload"] == w["name"]
+                        and r["transport"] == BASELINE and r.get("values")}
+            ratios = [r["values"][row["key"]] / by_round[r["round"]] for r in doc["runs"]
+                      if r["workload"] == w["name"] and r["transport"] == "smclo" and r.get("values")
+                      and by_round.get(r["round"])]
+            c_base, c_mine = cpu.get(BASELINE, {}).get("per_op"), cpu.get("smclo", {}).get("per_op")
+            out.append("| %s | %s | %s | %s | %.3f× | %s | %s |" % (
+                row["label"], row["unit"], fmt(base["median"]), fmt(mine["median"]), mine["median"] / base["median"],
+                "%.3f×" % _median(ratios) if ratios else NA,
+                "%.3f×" % (c_mine / c_base) if c_mine and c_base else NA))
+    out.append("")
+    out.append("For rows where lower is better (latency, memory), a ratio under 1 means this build is better.")
+    return out
+
+
 def markdown(doc):
     """The suite's tables: results in the seeds' layout (value, ±% against
     TCP) with the kernel's published ratios beside, then CPU cost."""
@@ -185,6 +219,7 @@ def markdown(doc):
             s += ", %.2f cores" % cc["cores"] if cc["cores"] is not None else ""
             line.append(s)
         out.append("| " + " | ".join(line) + " |")
+    out += baseline_table(doc)
     notes = []
     for t in ts:
         if not t["available"]:

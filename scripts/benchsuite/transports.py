@@ -19,8 +19,10 @@ class Transport:
     """
 
     def __init__(self, name, label, code, prefix=(), device_dir=None, why_unavailable=None, knobs=None,
-                 device_settings=()):
+                 device_settings=(), smclo=None):
         self.name = name
+        # The smclo binary whose preload and device this transport uses.
+        self.smclo = smclo
         # SMCLO_* settings for this transport's processes.
         self.knobs = dict(knobs or {})
         # `smclo dev set` knobs of its device (copy mode is one).
@@ -120,24 +122,38 @@ def init_device(smclo, device_dir, settings, group=None):
             raise BenchError("smclo %s: %s" % (" ".join(step), r.stderr.strip()))
 
 
-def make_transports(smclo, run_dir, knobs):
+def make_transports(smclo, run_dir, knobs, baseline=None):
     """The five transports; smclo's two get device directories of their own
-    (copy mode is a device knob, ``dmb_copy=1``) and the SMCLO_* `knobs`."""
+    (copy mode is a device knob, ``dmb_copy=1``) and the SMCLO_* `knobs`.
+    With `baseline` (another build's smclo binary), a sixth: that build's
+    no-copy smclo on a device it made, to compare two builds run by run."""
     no_copy = os.path.join("/dev/shm", "smclo-suite-%d" % os.getpid())
     copy_dir = no_copy + "-copy"
+    base_dir = no_copy + "-baseline"
     settings = {no_copy: ["dmb_copy=0"], copy_dir: ["dmb_copy=1"]}
     for d, s in settings.items():
         init_device(smclo, d, s)
+    if baseline:
+        init_device(baseline, base_dir, settings[no_copy])
     why = kernel_smc_status(smclo)
     smc_run = shutil.which("smc_run")
     # smclo ships its own command named smc_run; the kernel's is smc-tools'.
     if smc_run and os.path.realpath(smc_run).startswith(os.path.realpath(os.path.dirname(smclo))):
         smc_run = None
-    return [
+    ts = [
         Transport("tcp", "TCP", "tcp"),
         Transport("unix", "UNIX", "unix"),
-        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy, knobs=knobs, device_settings=settings[no_copy]),
+        Transport("smclo", "smclo", "tcp", [smclo, "run", "--"], no_copy, knobs=knobs, device_settings=settings[no_copy],
+                  smclo=smclo),
         Transport("smclo-copy", "smclo copy", "tcp", [smclo, "run", "--"], copy_dir, knobs=knobs,
-                  device_settings=settings[copy_dir]),
+                  device_settings=settings[copy_dir], smclo=smclo),
         Transport("kernel-smc", "kernel SMC-D lo", "kernel-smc", [smc_run] if smc_run else [], None, why),
-    ], [no_copy, copy_dir]
+    ]
+    if baseline:
+        ts.append(Transport(BASELINE, "smclo baseline", "tcp", [baseline, "run", "--"], base_dir, knobs=knobs,
+                            device_settings=settings[no_copy], smclo=baseline))
+    return ts, [no_copy, copy_dir] + ([base_dir] if baseline else [])
+
+
+#: the name of the baseline build's transport
+BASELINE = "smclo-base"

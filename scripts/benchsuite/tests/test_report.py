@@ -116,6 +116,27 @@ class ProofTest(unittest.TestCase):
             DeviceCounters.proof(self.before, {"conns_opened": 50, "xfer_bytes": 5000, "fallbacks": {}}, 1000)
 
 
+class BaselineTest(unittest.TestCase):
+    def doc(self):
+        d = doc([run("tcp", 100, 1), run("smclo", 300, 1, per_op=2.0), run("smclo-base", 200, 1, per_op=4.0),
+                 run("tcp", 100, 2), run("smclo", 330, 2, per_op=2.0), run("smclo-base", 300, 2, per_op=4.0)])
+        d["transports"].append({"name": "smclo-base", "label": "smclo baseline", "available": True,
+                                "why_unavailable": None, "prefix": ["old/smclo", "run", "--"]})
+        d["workloads"][0]["transports"].append("smclo-base")
+        d["config"]["baseline"] = "old/smclo"
+        return report.summarize(d)
+
+    def test_this_build_against_the_baseline(self):
+        md = report.markdown(self.doc())
+        self.assertIn("against the baseline build (old/smclo)", md)
+        # medians 315 vs 250; round ratios 1.5 and 1.1; CPU 2.0 vs 4.0
+        self.assertIn("| a row | req/s | 250.0 | 315.0 | 1.260× | 1.300× | 0.500× |", md)
+
+    def test_no_baseline_no_table(self):
+        d = report.summarize(doc([run("tcp", 100, 1), run("smclo", 150, 1)]))
+        self.assertNotIn("baseline", report.markdown(d))
+
+
 class ChartTest(unittest.TestCase):
     def test_png(self):
         d = report.summarize(doc([run("tcp", 100, 1), run("smclo", 150, 1)]))
