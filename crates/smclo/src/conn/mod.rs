@@ -4,11 +4,11 @@
 //!
 //! Split by job as the kernel's SMC splits it: receiving (`rx`, with
 //! `eof`, the end of file of a peer that died), sending (`tx`, with
-//! corking), closing (`close`: orderly, abort, the sticky error); then how
-//! a call waits (`wait`: blocking mode, timeouts, the spin), zero copy
-//! (`zcopy`), what an event loop asks (`poll`) and what exec carries
-//! (`exec`). This file has the connection itself: its state, its channel,
-//! its counters, its ring snapshots.
+//! corking), closing (`close`: orderly, abort, the sticky error), and the
+//! calls' flags (`flags`); then how a call waits (`wait`: blocking mode,
+//! timeouts, the spin), zero copy (`zcopy`), what an event loop asks
+//! (`poll`) and what exec carries (`exec`). This file has the connection
+//! itself: its state, its channel, its counters, its ring snapshots.
 //!
 //! Every cursor word is loaded from shared memory and validated
 //! ([`smclo_wire::cursor`]) at each use; nothing about the rings is cached
@@ -40,6 +40,7 @@ use std::time::Instant;
 mod close;
 mod eof;
 mod exec;
+mod flags;
 mod poll;
 mod rx;
 mod tx;
@@ -48,6 +49,7 @@ mod zcopy;
 
 pub use eof::EOF_LOOK_EVERY;
 pub use exec::{ExecParts, ExecRefusal, ExecState};
+pub use flags::{RecvFlags, SendFlags};
 pub use zcopy::{ReadRegion, WriteRegion};
 
 pub use crate::device::Mode;
@@ -133,7 +135,7 @@ pub struct Conn {
     /// Read and write timeouts, microseconds (0 = none).
     rcv_timeo_us: AtomicU64,
     snd_timeo_us: AtomicU64,
-    /// `TCP_CORK`: writes are held (see [`Conn::send_more`]).
+    /// `TCP_CORK`: writes are held (see [`Conn::send`]).
     cork: AtomicBool,
     /// Bytes written into the peer's ring past its published producer
     /// cursor and not published yet (corked). Changed only under `tx`.

@@ -5,7 +5,7 @@
 //! the new consumer cursor and settles the doorbells.
 
 use super::wait::Sleep;
-use super::{errno, lock, partial, Conn};
+use super::{errno, lock, partial, Conn, RecvFlags};
 use crate::doorbell::{self, BellChannel};
 use crate::owner::Owner;
 use crate::ring;
@@ -40,17 +40,14 @@ pub(super) enum RxNext {
 impl Conn {
     /// Reads into `buf`; honours blocking mode; 0 = end of stream.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf, false, false, false)
+        self.recv(buf, RecvFlags::EMPTY)
     }
 
     /// `recv(2)` with `MSG_PEEK`, `MSG_WAITALL` and `MSG_DONTWAIT`.
-    pub fn recv(
-        &self,
-        buf: &mut [u8],
-        peek: bool,
-        waitall: bool,
-        dontwait: bool,
-    ) -> io::Result<usize> {
+    pub fn recv(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
+        let peek = flags.contains(RecvFlags::PEEK);
+        let waitall = flags.contains(RecvFlags::WAITALL);
+        let dontwait = flags.contains(RecvFlags::DONTWAIT);
         if buf.is_empty() {
             return Ok(0);
         }

@@ -7,7 +7,7 @@
 //! kernel's copy mode; nothing stays in that buffer between calls.
 
 use super::wait::Sleep;
-use super::{errno, lock, mono_ns, partial, Conn, Mode};
+use super::{errno, lock, mono_ns, partial, Conn, Mode, SendFlags};
 use crate::doorbell::{self, BellChannel, Block};
 use crate::ring;
 use smclo_wire::cursor::{self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED};
@@ -41,21 +41,18 @@ impl Conn {
     /// Writes `buf`; a blocking write returns when all of it is in the
     /// peer's ring, a non-blocking one writes what fits.
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
-        self.send(buf, false)
+        self.send(buf, SendFlags::EMPTY)
     }
 
-    /// `send(2)` with `MSG_DONTWAIT`.
-    pub fn send(&self, buf: &[u8], dontwait: bool) -> io::Result<usize> {
-        self.send_more(buf, dontwait, false)
-    }
-
-    /// `send(2)` with `MSG_DONTWAIT` and `MSG_MORE`: with `more`, or while
+    /// `send(2)` with `MSG_DONTWAIT` and `MSG_MORE`: with `MORE`, or while
     /// corked ([`Conn::set_cork`]), the bytes go into the peer's ring but
     /// are published (and rung) only when a later write is not held, on
     /// [`Conn::flush`], when held and unread bytes reach half the ring, or
     /// when the ring is full, as the kernel's SMC corks: one wake-up and
     /// one read for a response written in pieces.
-    pub fn send_more(&self, buf: &[u8], dontwait: bool, more: bool) -> io::Result<usize> {
+    pub fn send(&self, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
+        let dontwait = flags.contains(SendFlags::DONTWAIT);
+        let more = flags.contains(SendFlags::MORE);
         if buf.is_empty() {
             if !more && !self.cork.load(Ordering::Relaxed) {
                 self.flush()?;
