@@ -1,5 +1,5 @@
-//! The DMB table: its entries, registering a DMB in it, and what `smclo
-//! ss` reads of it.
+//! The DMB table: its entries, what `smclo ss` reads of them, and
+//! attaching a peer's DMB.
 //!
 //! A DMB is a sealed memfd (never named in the directory: its descriptor
 //! goes to the peer over the handshake's UNIX channel, see
@@ -9,13 +9,12 @@
 //! owners' entries are reclaimed (and their byte counts folded into
 //! `xfer_bytes_retired`).
 
-use super::registration::{DmbHandle, Registration};
-use super::{errno_err, euid, random_u64, Device, Role};
+use super::{euid, Device, Role};
 use crate::access::Shape;
 use crate::dmb::Dmb;
 use crate::error::Result;
 use crate::owner::Owner;
-use crate::table::{Claim, Gen, Head, Holder, State, Ticket};
+use crate::table::{Gen, Head, Holder, State};
 use smclo_wire::device_layout as layout;
 use smclo_wire::ends;
 use std::fs::File;
@@ -135,118 +134,6 @@ impl Device {
         (0..layout::DMB_ENTRIES as usize)
             .filter(|&i| !self.dmb_entry(i).head.word().is_free())
             .count()
-    }
-
-    /// Registers a DMB with a ring of `ring_len` bytes for this process.
-    ///
-    /// Claims a DMB table entry (`ENOSPC` when all are in use by live
-    /// processes: the handshake reports `MAX_DMB`) under a fresh token, and
-    /// fills it with a DMB from this process's pool ([`crate::dmb::pool`]) or a
-    /// new sealed memfd ([`Dmb::create_own`]). Reclaims the table entries of
-    /// dead processes first (at most every [`SWEEP_INTERVAL_MS`](super::SWEEP_INTERVAL_MS), and always
-    /// when the table is full).
-    pub fn register_dmb(&self, ring_len: u32, role: Role) -> Result<DmbHandle> {
-        self.register_dmb_preferring(ring_len, role, crate::dmb::pool::Prefer::default())
-    }
-
-    /// [`register_dmb`](Self::register_dmb), reusing the pooled DMB that
-    /// `prefer` names if it is free: the peer keeps a mapping of it.
-    pub fn register_dmb_preferring(
-        &self,
-        ring_len: u32,
-        role: Role,
-        prefer: crate::dmb::pool::Prefer,
-    ) -> Result<DmbHandle> {
-        self.maybe_sweep();
-        let me = Owner::current();
-        let (idx, claim) = match self.claim_dmb_entry(&me) {
-            Some(c) => c,
-            None => {
-                self.sweep();
-                self.claim_dmb_entry(&me)
-                    .ok_or_else(|| errno_err(libc::ENOSPC))?
-            }
-        };
-        let e = self.dmb_entry(idx);
-        let token = random_u64()?;
-        let dmb = match crate::dmb::pool::take(ring_len, self.gid, token, prefer) {
-            // The last peer's bytes stay in a pooled ring: on a group
-            // device the next peer may be another user, who must not see
-            // them.
-            Some(d) if matches!(self.shape, Shape::Group { .. }) => match d.forget_ring() {
-                Ok(()) => d,
-                Err(err) => {
-                    e.head.free(claim);
-                    return Err(err.into());
-                }
-            },
-            Some(d) => d,
-            None => match Dmb::create_own(token, ring_len, self.gid, me.pid, me.start) {
-                Ok(d) => d,
-                Err(err) => {
-                    e.head.free(claim);
-                    return Err(err);
-                }
-            },
-        };
-        e.token.store(token, Ordering::Relaxed);
-        e.peer_token.store(0, Ordering::Relaxed);
-        e.ring_len.store(ring_len, Ordering::Relaxed);
-        e.role.store(role as u32, Ordering::Relaxed);
-        e.tx_bytes.store(0, Ordering::Relaxed);
-        e.rx_bytes.store(0, Ordering::Relaxed);
-        for w in &e.ends {
-            w.store(0, Ordering::Relaxed);
-        }
-        e.flags.store(0, Ordering::Relaxed);
-        let ticket = e.head.publish(claim, DMB_REGISTERED);
-        self.u64_at(layout::off::DMBS_REGISTERED)
-            .fetch_add(1, Ordering::Relaxed);
-        crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle {
-            reg: Registration {
-                dev: self.arc(),
-                idx,
-                ticket,
-                token,
-                role,
-            },
-            dmb,
-        })
-    }
-
-    /// Claims a FREE DMB table entry, starting at a random index so that
-    /// processes do not contend on the first ones.
-    fn claim_dmb_entry(&self, me: &Owner) -> Option<(usize, Claim)> {
-        let n = layout::DMB_ENTRIES as usize;
-        let start = (random_u64().ok()? % n as u64) as usize;
-        (0..n).find_map(|k| {
-            let i = (start + k) % n;
-            self.dmb_entry(i).head.claim(me).map(|c| (i, c))
-        })
-    }
-
-    /// The registration of DMB table entry `idx` holding `token` (an
-    /// accepting end's, or with `client` a connecting end's) that the image
-    /// of this process before an exec had: its owner is this process (same
-    /// pid and start time) or another of its fork family, which hands it
-    /// over when it lets go. `None` if the entry is no longer that.
-    pub fn adopt_registration(&self, idx: usize, token: u64, client: bool) -> Option<Registration> {
-        if idx >= layout::DMB_ENTRIES as usize {
-            return None;
-        }
-        let e = self.dmb_entry(idx);
-        let w = e.head.word();
-        if w.is_free() || e.token.load(Ordering::Relaxed) != token {
-            return None;
-        }
-        Some(Registration {
-            dev: self.arc(),
-            idx,
-            ticket: Ticket::of(w),
-            token,
-            role: if client { Role::Client } else { Role::Server },
-        })
     }
 
     /// Maps the peer's DMB `token` from the memfd `fd` it passed over the
