@@ -145,6 +145,7 @@ pub struct Conn {
     /// This process's pollers of the receive ring ([`doorbell::poll_begin`]).
     pollers: AtomicU64,
 }
+
 impl Conn {
     /// One end of an SMC-D connection: `local` = my receive DMB (the peer
     /// writes it), `peer` = the peer's DMB (I write into it), `chan` = my
@@ -357,6 +358,7 @@ impl AsRawFd for Conn {
         self.fd()
     }
 }
+
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
