@@ -2,7 +2,7 @@
 //!
 //! The core holds corked bytes (`TCP_CORK`, `MSG_MORE`) unpublished until
 //! the program uncorks or writes without `MSG_MORE`
-//! ([`smclo::adapter::conn::Conn::send_more`]). TCP also sends corked data after
+//! ([`smclo::adapter::conn::Conn::send`]). TCP also sends corked data after
 //! 200 ms whatever the program does (tcp(7)), and programs rely on it (a
 //! last `MSG_MORE` never followed by a plain write). Here one thread per
 //! process, started on the first corked write, publishes what has been held

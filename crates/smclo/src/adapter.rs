@@ -23,7 +23,7 @@ pub mod chan_sys {
 
 /// One SMC-D connection end, and what it carries through `exec`.
 pub mod conn {
-    pub use crate::conn::{Conn, ExecParts, ExecState, Mode};
+    pub use crate::conn::{Conn, ExecParts, ExecState, Mode, RecvFlags, SendFlags};
     pub use crate::wait::spin_budget;
 }
 

@@ -5,7 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::testing::conn::{Conn, Mode};
+use smclo::testing::conn::{Conn, Mode, RecvFlags, SendFlags};
 use std::io::ErrorKind;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ fn modes() -> [(Conn, Conn); 2] {
 fn nothing(r: &Conn, what: &str) {
     assert!(!readable(r.fd()), "{what}: readable while held");
     let mut b = [0u8; 64];
-    let e = r.recv(&mut b, false, false, true).unwrap_err();
+    let e = r.recv(&mut b, RecvFlags::DONTWAIT).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock, "{what}");
 }
 
@@ -27,7 +27,7 @@ fn read_n(r: &Conn, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n];
     let mut got = 0;
     while got < n {
-        got += r.recv(&mut out[got..], false, false, false).unwrap();
+        got += r.recv(&mut out[got..], RecvFlags::EMPTY).unwrap();
     }
     out
 }
@@ -50,9 +50,9 @@ fn cork_holds_until_uncorked() {
 #[test]
 fn msg_more_then_plain_write_publishes_both() {
     for (w, r) in modes() {
-        w.send_more(b"one ", false, true).unwrap();
+        w.send(b"one ", SendFlags::MORE).unwrap();
         nothing(&r, "MSG_MORE");
-        w.send_more(b"two", false, false).unwrap();
+        w.send(b"two", SendFlags::EMPTY).unwrap();
         assert_eq!(read_n(&r, 7), b"one two");
     }
 }
@@ -60,7 +60,7 @@ fn msg_more_then_plain_write_publishes_both() {
 #[test]
 fn flush_and_ceiling_publish_held_bytes() {
     let (w, r) = pair();
-    w.send_more(b"x", false, true).unwrap();
+    w.send(b"x", SendFlags::MORE).unwrap();
     // Younger than the age asked for: still held, and the time left said.
     let left = w.flush_older(Duration::from_secs(60)).unwrap();
     assert!(
@@ -71,7 +71,7 @@ fn flush_and_ceiling_publish_held_bytes() {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(w.flush_older(Duration::from_millis(10)).unwrap(), None);
     assert_eq!(read_n(&r, 1), b"x");
-    w.send_more(b"y", false, true).unwrap();
+    w.send(b"y", SendFlags::MORE).unwrap();
     w.flush().unwrap();
     assert_eq!(read_n(&r, 1), b"y");
 }
@@ -114,9 +114,9 @@ fn zero_copy_commit_while_corked_is_held_after_written_bytes() {
 #[test]
 fn close_delivers_held_bytes() {
     let (w, r) = pair();
-    w.send_more(b"last words", false, true).unwrap();
+    w.send(b"last words", SendFlags::MORE).unwrap();
     w.close().unwrap();
     assert_eq!(read_n(&r, 10), b"last words");
     let mut b = [0u8; 1];
-    assert_eq!(r.recv(&mut b, false, false, false).unwrap(), 0);
+    assert_eq!(r.recv(&mut b, RecvFlags::EMPTY).unwrap(), 0);
 }

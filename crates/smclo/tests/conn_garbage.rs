@@ -5,7 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::testing::conn::Mode;
+use smclo::testing::conn::{Mode, RecvFlags, SendFlags};
 use smclo::testing::dmb::Dmb;
 use smclo_wire::cursor::{
     with_bells, with_conn_state_flags, with_prod_flags, Cursor, CONN_STATE_KNOWN, PEER_CONN_ABORT,
@@ -135,7 +135,7 @@ fn random_garbage_never_crashes() {
             let mut buf = vec![0u8; rng.below(2 * RING as u64) as usize + 1];
             let r: io::Result<usize> = match rng.below(7) {
                 0 => p.a.read(&mut buf),
-                1 => p.a.recv(&mut buf, true, false, true),
+                1 => p.a.recv(&mut buf, RecvFlags::PEEK | RecvFlags::DONTWAIT),
                 2 => p.a.write(&buf),
                 3 => p.a.readable_len(),
                 4 => {
@@ -154,7 +154,7 @@ fn random_garbage_never_crashes() {
                     let _ = r.release(n);
                     sum
                 }),
-                _ => p.a.send(&buf, true),
+                _ => p.a.send(&buf, SendFlags::DONTWAIT),
             };
             if errno(r) == Some(libc::EPROTO) {
                 eproto += 1;

@@ -5,6 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
+use smclo::testing::conn::{RecvFlags, SendFlags};
 use std::io::{self, Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -165,7 +166,7 @@ fn small_blocking_reads_keep_readiness_right() {
             // The writer's post-check rang for data the read had already
             // taken (a bell it had not counted yet): the next call takes
             // it, and readiness is right again.
-            let e = b.recv(&mut [0u8; 1], false, false, true).unwrap_err();
+            let e = b.recv(&mut [0u8; 1], RecvFlags::DONTWAIT).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "iteration {i}");
         }
         assert_eq!(
@@ -175,7 +176,7 @@ fn small_blocking_reads_keep_readiness_right() {
         );
         if left > 0 {
             let mut rest = vec![0u8; left];
-            assert_eq!(b.recv(&mut rest, false, false, true).unwrap(), left);
+            assert_eq!(b.recv(&mut rest, RecvFlags::DONTWAIT).unwrap(), left);
             assert_eq!(rest[0], n as u8);
         }
         assert!(!readable(b.fd()), "iteration {i}: drained");
@@ -195,7 +196,7 @@ fn nonblocking_write_returns_partial_count() {
     // MSG_DONTWAIT on a blocking descriptor does the same.
     a.set_nonblocking(false).unwrap();
     assert_eq!(
-        a.send(&big, true).unwrap_err().kind(),
+        a.send(&big, SendFlags::DONTWAIT).unwrap_err().kind(),
         io::ErrorKind::WouldBlock
     );
 }

@@ -5,7 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::testing::conn::{Conn, Mode};
+use smclo::testing::conn::{Conn, Mode, RecvFlags};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,20 +125,22 @@ fn peek_waitall_and_readable_len() {
     a.write(b"hello world").unwrap();
     let mut buf = [0u8; 5];
     assert_eq!(b.readable_len().unwrap(), 11);
-    assert_eq!(b.recv(&mut buf, true, false, false).unwrap(), 5);
+    assert_eq!(b.recv(&mut buf, RecvFlags::PEEK).unwrap(), 5);
     assert_eq!(&buf, b"hello");
     assert_eq!(b.readable_len().unwrap(), 11, "peek consumes nothing");
     let mut big = [0u8; 64];
-    assert_eq!(b.recv(&mut big, false, false, false).unwrap(), 11);
+    assert_eq!(b.recv(&mut big, RecvFlags::EMPTY).unwrap(), 11);
     assert_eq!(&big[..11], b"hello world");
     assert_eq!(b.readable_len().unwrap(), 0);
     // Nothing there: MSG_DONTWAIT says so at once.
     assert_eq!(
-        b.recv(&mut big, false, false, true).unwrap_err().kind(),
+        b.recv(&mut big, RecvFlags::DONTWAIT).unwrap_err().kind(),
         io::ErrorKind::WouldBlock
     );
     assert_eq!(
-        b.recv(&mut big, true, false, true).unwrap_err().kind(),
+        b.recv(&mut big, RecvFlags::PEEK | RecvFlags::DONTWAIT)
+            .unwrap_err()
+            .kind(),
         io::ErrorKind::WouldBlock
     );
 
@@ -148,7 +150,7 @@ fn peek_waitall_and_readable_len() {
         let b = b.clone();
         std::thread::spawn(move || {
             let mut all = [0u8; 30];
-            let n = b.recv(&mut all, false, true, false).unwrap();
+            let n = b.recv(&mut all, RecvFlags::WAITALL).unwrap();
             (n, all)
         })
     };
@@ -166,7 +168,9 @@ fn peek_waitall_and_readable_len() {
         let b = b.clone();
         std::thread::spawn(move || {
             let mut p = [0u8; 8];
-            let n = b.recv(&mut p, true, true, false).unwrap();
+            let n = b
+                .recv(&mut p, RecvFlags::PEEK | RecvFlags::WAITALL)
+                .unwrap();
             (n, p)
         })
     };
@@ -180,7 +184,7 @@ fn peek_waitall_and_readable_len() {
     a.shutdown_write().unwrap();
     let mut w = [0u8; 100];
     assert_eq!(
-        b.recv(&mut w, false, true, false).unwrap(),
+        b.recv(&mut w, RecvFlags::WAITALL).unwrap(),
         9,
         "WAITALL stops at end of stream"
     );
@@ -198,7 +202,7 @@ fn waitall_larger_than_the_ring() {
             a
         });
         let mut buf = vec![0u8; total];
-        assert_eq!(b.recv(&mut buf, false, true, false).unwrap(), total);
+        assert_eq!(b.recv(&mut buf, RecvFlags::WAITALL).unwrap(), total);
         for (i, x) in buf.iter().enumerate() {
             assert_eq!(*x, stream_byte(9, i as u64));
         }

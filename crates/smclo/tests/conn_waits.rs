@@ -7,7 +7,7 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::testing::conn::{Conn, Mode};
+use smclo::testing::conn::{Conn, Mode, RecvFlags, SendFlags};
 use smclo::testing::dmb::Dmb;
 use smclo::testing::doorbell;
 use smclo_wire::cursor::with_bells;
@@ -100,7 +100,7 @@ fn an_interrupted_waitall_read_returns_what_it_has() {
     b.write(b"abc").unwrap();
     let (r, _) = interrupted(Duration::from_millis(300), move || {
         let mut buf = [0u8; 64];
-        let r = a.recv(&mut buf, false, true, false).map_err(|e| e.kind());
+        let r = a.recv(&mut buf, RecvFlags::WAITALL).map_err(|e| e.kind());
         (r, buf[..3].to_vec())
     });
     assert_eq!(r, (Ok(3), b"abc".to_vec()));
@@ -173,7 +173,7 @@ fn dontwait_read_does_not_wait_behind_a_sleeping_read() {
     std::thread::sleep(Duration::from_millis(300));
     let (r, took) = timed_beside(move || {
         let mut buf = [0u8; 4];
-        a.recv(&mut buf, false, false, true).map_err(|e| e.kind())
+        a.recv(&mut buf, RecvFlags::DONTWAIT).map_err(|e| e.kind())
     });
     // Wake the sleeper so the test ends either way.
     b.write(b"wake").unwrap();
@@ -193,7 +193,7 @@ fn dontwait_write_does_not_wait_behind_a_sleeping_write() {
     let a2 = a.clone();
     let sleeper = std::thread::spawn(move || a2.write(b"late").unwrap());
     std::thread::sleep(Duration::from_millis(300));
-    let (r, took) = timed_beside(move || a.send(b"now", true).map_err(|e| e.kind()));
+    let (r, took) = timed_beside(move || a.send(b"now", SendFlags::DONTWAIT).map_err(|e| e.kind()));
     // Make room so the sleeper ends.
     let mut buf = vec![0u8; RING as usize];
     let mut got = 0;
@@ -240,7 +240,9 @@ fn a_peer_that_takes_no_doorbells_is_eproto() {
         for _ in 0..10_000 {
             let w = evil.prod().load(Ordering::SeqCst);
             evil.prod().store(with_bells(w, 0), Ordering::SeqCst);
-            r = a.send(b"x", true).map_err(|e| e.raw_os_error());
+            r = a
+                .send(b"x", SendFlags::DONTWAIT)
+                .map_err(|e| e.raw_os_error());
             if r.is_err() {
                 break;
             }

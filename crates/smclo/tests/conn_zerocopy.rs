@@ -5,6 +5,7 @@
 mod conn_util;
 
 use conn_util::*;
+use smclo::testing::conn::RecvFlags;
 use std::time::Duration;
 
 /// `n` bytes of test stream `seed` from offset `from`.
@@ -26,7 +27,7 @@ fn regions_are_contiguous_across_the_wrap() {
     let pre = RING as usize - 100;
     assert_eq!(a.write(&vec![0u8; pre]).unwrap(), pre);
     let mut sink = vec![0u8; pre];
-    assert_eq!(b.recv(&mut sink, false, true, false).unwrap(), pre);
+    assert_eq!(b.recv(&mut sink, RecvFlags::WAITALL).unwrap(), pre);
     // One region spanning the wrap, filled in two pieces.
     let mut w = a.reserve(1000).unwrap();
     assert_eq!(w.len(), RING as usize, "all free space, in one region");

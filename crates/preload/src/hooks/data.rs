@@ -22,6 +22,7 @@ use super::{errno, fail, os_err, unsupported};
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use smclo::adapter::conn::{RecvFlags, SendFlags};
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -91,12 +92,8 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
     if s.shut_rd.load(Ordering::Relaxed) {
         return 0;
     }
-    let peek = flags & libc::MSG_PEEK != 0;
-    let waitall = flags & libc::MSG_WAITALL != 0;
-    let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    let r = restarting(s.conn.read_timeout(), || {
-        s.conn.recv(buf, peek, waitall, dontwait)
-    });
+    let msg = RecvFlags::from_msg(flags);
+    let r = restarting(s.conn.read_timeout(), || s.conn.recv(buf, msg));
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => fail(os_err(&e)),
@@ -109,11 +106,8 @@ fn do_send(fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
     if flags & !SEND_OK != 0 {
         return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
     }
-    let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    let more = flags & libc::MSG_MORE != 0;
-    match restarting(s.conn.write_timeout(), || {
-        s.conn.send_more(buf, dontwait, more)
-    }) {
+    let msg = SendFlags::from_msg(flags);
+    match restarting(s.conn.write_timeout(), || s.conn.send(buf, msg)) {
         Ok(n) => {
             crate::cork::arm(s);
             n as ssize_t

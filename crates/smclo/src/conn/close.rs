@@ -1,0 +1,171 @@
+//! Closing and aborting, with SMC's semantics, and the error an abort
+//! leaves for the calls that follow.
+//!
+//! - [`Conn::shutdown_write`]: `PEER_DONE_WRITING` in the peer's `prod`
+//!   word, then `shutdown(SHUT_WR)`: the peer reads what was written, then 0.
+//! - [`Conn::close`] (and drop): `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT`
+//!   when unread data remains in the local ring (the peer gets
+//!   `ECONNRESET`, like a TCP RST), then the UNIX end is shut down and
+//!   closed.
+//! - Reading: data first; then 0 after done-writing/closed, `ECONNRESET`
+//!   after abort or when the UNIX end hit end of file with no flag (the
+//!   peer died). Writing after the peer closed, aborted or died: `EPIPE`
+//!   (never a SIGPIPE: every send uses `MSG_NOSIGNAL`).
+
+use super::{errno, Conn};
+use crate::chan_sys;
+use crate::doorbell;
+use smclo_wire::cursor::{
+    conn_state_flags, CursorError, PEER_CONN_ABORT, PEER_CONN_CLOSED, PEER_DONE_WRITING,
+};
+use smclo_wire::device_layout::end_flags;
+use std::io;
+use std::sync::atomic::Ordering;
+
+impl Conn {
+    /// SHUT_WR: the peer reads what was written, then end of stream.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        self.sticky()?;
+        if self.shut_wr.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Held bytes come before the end of stream.
+        self.flush()?;
+        // Recorded before the peer can see it, so that `smclo ss` never
+        // shows the peer's reaction without our step.
+        let peer_closing = conn_state_flags(self.local.prod().load(Ordering::Acquire)) != 0;
+        self.record_flags(if peer_closing {
+            end_flags::SHUT_WR | end_flags::SHUT_WR_PASSIVE
+        } else {
+            end_flags::SHUT_WR
+        });
+        doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
+        // The peer's descriptor becomes readable for good (end of file on
+        // the channel), so it wakes and finds the flag.
+        if chan_sys::shutdown(self.fd(), libc::SHUT_WR) < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes: `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT` if unread data
+    /// remains in the local ring (the peer then sees ECONNRESET).
+    pub fn close(self) -> io::Result<()> {
+        self.close_inner();
+        Ok(())
+    }
+
+    fn close_inner(&self) {
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        // An orderly close delivers what corking held; an error here means
+        // the connection is broken already and the flag below tells so.
+        let _ = self.flush();
+        let l = &self.local;
+        let unread = match doorbell::snapshot(l.prod(), l.cons(), l.ring_len()) {
+            Ok(s) => s.used > 0,
+            Err(_) => true,
+        };
+        let (flag, record) = if unread {
+            (PEER_CONN_ABORT, end_flags::ABORTED)
+        } else {
+            (PEER_CONN_CLOSED, end_flags::CLOSED)
+        };
+        self.record_flags(record);
+        doorbell::set_state_flags(self.peer.prod(), flag);
+        // The peer's end hangs up even if a forked child still holds a copy
+        // of ours.
+        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
+    }
+
+    /// [`Conn::close`] through a shared reference, for a caller that cannot
+    /// take the `Conn` back while other threads may still hold it (the
+    /// preload closes the last descriptor of a connection this way): sets
+    /// `PEER_CONN_CLOSED` (or `PEER_CONN_ABORT`) and shuts the channel down
+    /// now; drop later only unmaps and closes the descriptor.
+    pub fn close_shared(&self) {
+        self.close_inner();
+    }
+
+    /// Gives up this process's share of the connection without telling the
+    /// peer: another process that inherited it through `fork` still uses it.
+    /// Drop then unmaps and closes the descriptor and sets no flag.
+    pub fn disown(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Immediate abort (like `SO_LINGER` 0): the peer sees ECONNRESET; this
+    /// end's later calls fail with ECONNABORTED.
+    pub fn abort(&self) {
+        crate::debug!("connection aborted locally");
+        self.abort_silently();
+    }
+
+    /// [`Conn::abort`] without the debug line: async-signal-safe (atomics
+    /// and `shutdown`), for a process that exits from a signal handler.
+    pub fn abort_silently(&self) {
+        self.abort_with(libc::ECONNABORTED);
+    }
+
+    pub(super) fn sticky(&self) -> io::Result<()> {
+        if crate::fault::any_lost() {
+            self.reset_if_lost();
+        }
+        match self.err.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            e => Err(errno(e)),
+        }
+    }
+
+    /// Resets the connection (`ECONNRESET`, as a TCP RST) if this process
+    /// lost the mapping of one of its DMBs or of its device: another
+    /// process shrank the file under it ([`crate::fault`]).
+    fn reset_if_lost(&self) {
+        let what = if self.local.lost() {
+            "its receive DMB"
+        } else if self.peer.lost() {
+            "the peer's DMB"
+        } else if self.record.as_ref().is_some_and(|r| r.device_lost()) {
+            "the device file"
+        } else {
+            return;
+        };
+        if self.err.load(Ordering::Relaxed) == 0 {
+            crate::debug!(
+                "connection reset: {what} was truncated or could not be paged in (another process of the device's users shrank it or punched a hole in it on a full filesystem)"
+            );
+            self.abort_with(libc::ECONNRESET);
+        }
+    }
+
+    /// The peer broke the protocol: abort and report EPROTO.
+    pub(super) fn violation(&self, what: &str, e: CursorError) -> io::Error {
+        crate::debug!("connection aborted: peer protocol violation ({what}): {e}");
+        self.abort_with(libc::EPROTO);
+        errno(libc::EPROTO)
+    }
+
+    pub(super) fn abort_with(&self, err: i32) {
+        let _ = self
+            .err
+            .compare_exchange(0, err, Ordering::Relaxed, Ordering::Relaxed);
+        self.record_flags(end_flags::ABORTED);
+        doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
+        // The peer's end becomes readable and hung up, our blocked callers
+        // wake.
+        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
+        self.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Conn {
+    /// Dropping without `close` closes; then the channel's descriptor goes.
+    fn drop(&mut self) {
+        self.close_inner();
+        self.close_channel();
+    }
+}

@@ -1,0 +1,371 @@
+//! One SMC-D connection end: a receive DMB the peer writes, the peer's DMB
+//! we write, and the UNIX stream end that carries doorbells and is what
+//! applications poll.
+//!
+//! Split by job as the kernel's SMC splits it: receiving (`rx`, with
+//! `eof`, the end of file of a peer that died), sending (`tx`, with
+//! corking), closing (`close`: orderly, abort, the sticky error), and the
+//! calls' flags (`flags`); then how a call waits (`wait`: blocking mode,
+//! timeouts, the spin), zero copy (`zcopy`), what an event loop asks
+//! (`poll`) and what exec carries (`exec`). This file has the connection
+//! itself: its state, its channel, its counters, its ring snapshots.
+//!
+//! Every cursor word is loaded from shared memory and validated
+//! ([`smclo_wire::cursor`]) at each use; nothing about the rings is cached
+//! in process memory, so a forked child that inherits the `Conn` keeps
+//! working. An invalid word aborts the connection (`PEER_CONN_ABORT`,
+//! channel shut down) and the call fails with `EPROTO`.
+//!
+//! # Threads
+//!
+//! One thread may read while another writes. Concurrent readers (or
+//! concurrent writers) of one `Conn` in one process are serialised by a
+//! mutex per direction. Concurrent readers or writers in *different*
+//! processes (after `fork`) on the same direction are not supported: each
+//! direction is single-producer, single-consumer.
+
+use crate::chan_sys;
+use crate::device::ConnRecord;
+use crate::dmb::Dmb;
+use crate::doorbell::{self, Snap};
+use crate::wait::Budget;
+use std::io;
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+mod close;
+mod eof;
+mod exec;
+mod flags;
+mod poll;
+mod rx;
+mod tx;
+mod wait;
+mod zcopy;
+
+pub use eof::EOF_LOOK_EVERY;
+pub use exec::{ExecParts, ExecRefusal, ExecState};
+pub use flags::{RecvFlags, SendFlags};
+pub use zcopy::{ReadRegion, WriteRegion};
+
+pub use crate::device::Mode;
+pub use crate::wait::spin_budget;
+
+/// Takes a per-direction lock; a panic elsewhere does not poison the
+/// connection (the lock guards no invariant of its own).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The result of a call that may have moved `done` bytes before `e`.
+fn partial(done: usize, e: io::Error) -> io::Result<usize> {
+    if done > 0 {
+        Ok(done)
+    } else {
+        Err(e)
+    }
+}
+
+/// Nanoseconds of a monotonic clock since the first call (never 0 after it).
+fn mono_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// One end of an SMC-D connection.
+pub struct Conn {
+    local: Dmb,
+    peer: Dmb,
+    /// The descriptor of my end of the UNIX stream pair, owned (closed on
+    /// drop), -1 once taken. Its number may change while the connection
+    /// lives ([`Conn::replace_channel`]): the preload makes the
+    /// application's own descriptor the channel.
+    chan: AtomicI32,
+    /// Held while `chan` counts against the descriptor budget
+    /// ([`crate::fdnum`]): not while it is the application's descriptor.
+    chan_held: Mutex<Option<crate::fdnum::Held>>,
+    mode: Mode,
+    /// Serialises readers; held across a [`ReadRegion`].
+    rx: Mutex<()>,
+    /// Serialises writers; holds the copy-mode send buffer.
+    tx: Mutex<Vec<u8>>,
+    /// Sticky errno after this end aborted (EPROTO, ECONNABORTED).
+    err: AtomicI32,
+    /// The peer's UNIX end is gone (EOF or EPIPE seen): it died or closed.
+    peer_gone: AtomicBool,
+    /// `shutdown_write` was called here.
+    shut_wr: AtomicBool,
+    /// close/abort ran (so drop does not close again).
+    closed: AtomicBool,
+    /// `O_NONBLOCK` of the descriptor as last set or read: the flag itself
+    /// while `nb_own_gen` holds, else a hint checked against the
+    /// descriptor before a call sleeps or returns WouldBlock.
+    nb_hint: AtomicBool,
+    /// The fork generation ([`crate::owner::fork_gen`]) in which the
+    /// channel's open file description is this process's alone, so that
+    /// no other process can change its `O_NONBLOCK`; 0 (no generation)
+    /// once it may be shared ([`Conn::share_file`]).
+    nb_own_gen: AtomicU64,
+    /// A wait saw the channel ready in the kernel: the next read that finds
+    /// nothing looks for end of file ([`Conn::kernel_ready`]).
+    eof_due: AtomicBool,
+    /// When data was last read or end of file last looked for
+    /// ([`mono_ns`]), 0 for never.
+    looked_at: AtomicU64,
+    /// Stats, counted by this process.
+    sent: AtomicU64,
+    received: AtomicU64,
+    /// This end's DMB table entry, when it has one: byte counts and close
+    /// steps for `xfer_bytes` and `smclo ss`.
+    record: Option<ConnRecord>,
+    /// Adaptive spin budgets, per direction.
+    rx_spin: Budget,
+    tx_spin: Budget,
+    /// Doorbells the reader un-counted that were not queued yet (the writer
+    /// had counted them and not sent them): taken by a later call.
+    rx_owed: AtomicU32,
+    /// Read and write timeouts, microseconds (0 = none).
+    rcv_timeo_us: AtomicU64,
+    snd_timeo_us: AtomicU64,
+    /// `TCP_CORK`: writes are held (see [`Conn::send`]).
+    cork: AtomicBool,
+    /// Bytes written into the peer's ring past its published producer
+    /// cursor and not published yet (corked). Changed only under `tx`.
+    held: AtomicU32,
+    /// When the first held byte was written ([`mono_ns`]), 0 with none.
+    held_at: AtomicU64,
+    /// This process's pollers of the receive ring ([`doorbell::poll_begin`]).
+    pollers: AtomicU64,
+}
+
+impl Conn {
+    /// One end of an SMC-D connection: `local` = my receive DMB (the peer
+    /// writes it), `peer` = the peer's DMB (I write into it), `chan` = my
+    /// end of the UNIX stream pair with the peer (the readiness channel; its
+    /// fd is what applications poll).
+    pub fn new(local: Dmb, peer: Dmb, chan: UnixStream, mode: Mode) -> io::Result<Conn> {
+        let fl = chan_sys::fcntl(chan.as_raw_fd(), libc::F_GETFL, 0);
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Self::with_flags(local, peer, chan, mode, fl & libc::O_NONBLOCK != 0)
+    }
+
+    /// [`Conn::new`] on a channel known to block (the handshake's own: it
+    /// made it so), which spares asking the descriptor.
+    pub(crate) fn new_blocking(
+        local: Dmb,
+        peer: Dmb,
+        chan: UnixStream,
+        mode: Mode,
+    ) -> io::Result<Conn> {
+        Self::with_flags(local, peer, chan, mode, false)
+    }
+
+    fn with_flags(
+        local: Dmb,
+        peer: Dmb,
+        chan: UnixStream,
+        mode: Mode,
+        nonblocking: bool,
+    ) -> io::Result<Conn> {
+        doorbell::set_min_sndbuf(chan.as_raw_fd())?;
+        let sndbuf = match mode {
+            Mode::NoCopy => Vec::new(),
+            Mode::Copy { sndbuf_len } => {
+                if sndbuf_len == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "copy mode needs a send buffer",
+                    ));
+                }
+                vec![0u8; sndbuf_len as usize]
+            }
+        };
+        Ok(Conn {
+            nb_hint: AtomicBool::new(nonblocking),
+            nb_own_gen: AtomicU64::new(crate::owner::fork_gen()),
+            eof_due: AtomicBool::new(false),
+            looked_at: AtomicU64::new(0),
+            local,
+            peer,
+            chan: AtomicI32::new(chan.into_raw_fd()),
+            chan_held: Mutex::new(Some(crate::fdnum::Held::new())),
+            mode,
+            rx: Mutex::new(()),
+            tx: Mutex::new(sndbuf),
+            err: AtomicI32::new(0),
+            peer_gone: AtomicBool::new(false),
+            shut_wr: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            record: None,
+            rx_spin: Budget::new(),
+            tx_spin: Budget::new(),
+            rx_owed: AtomicU32::new(0),
+            rcv_timeo_us: AtomicU64::new(0),
+            snd_timeo_us: AtomicU64::new(0),
+            cork: AtomicBool::new(false),
+            held: AtomicU32::new(0),
+            held_at: AtomicU64::new(0),
+            pollers: AtomicU64::new(0),
+        })
+    }
+
+    /// Counts this end's bytes and close steps into its DMB table entry
+    /// (the handshake does, for every connection it establishes).
+    pub fn set_record(&mut self, r: ConnRecord) {
+        self.record = Some(r);
+    }
+
+    /// The client's `n` early bytes, which its server copied into its ring
+    /// from the TCP stream (`handshake::early`) without a doorbell: counted
+    /// as sent, and rung for if the server has not read them yet, so that
+    /// its descriptor is readable as after any write.
+    pub(crate) fn early_published(&self, n: u32) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.count_sent(n);
+        let p = &self.peer;
+        let bells = doorbell::ring_for_unread(p.prod(), p.cons(), p.ring_len())
+            .map_err(|e| self.violation("send ring", e))?;
+        self.send_bells(bells)
+    }
+
+    fn count_sent(&self, n: u32) {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(r) = &self.record {
+            r.add_tx(n as u64);
+        }
+    }
+
+    fn count_received(&self, n: usize) {
+        self.received.fetch_add(n as u64, Ordering::Relaxed);
+        self.looked_at.store(mono_ns(), Ordering::Relaxed);
+        if let Some(r) = &self.record {
+            r.add_rx(n as u64);
+        }
+    }
+
+    fn record_flags(&self, f: u64) {
+        if let Some(r) = &self.record {
+            r.set_flags(f);
+        }
+    }
+
+    /// The UNIX end: poll/epoll it (readable iff data or end of stream,
+    /// writable iff the peer's ring has room).
+    pub fn fd(&self) -> RawFd {
+        self.chan.load(Ordering::Relaxed)
+    }
+
+    /// The channel, for one call; `EBADF` once taken.
+    fn chan(&self) -> io::Result<BorrowedFd<'_>> {
+        let fd = self.fd();
+        if fd < 0 {
+            return Err(errno(libc::EBADF));
+        }
+        // SAFETY: `fd` is not -1 and is open while the Conn owns it; a
+        // caller that renumbers it ([`Conn::replace_channel`]) or takes it
+        // ([`Conn::take_channel`]) guarantees that no call runs meanwhile.
+        Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Makes `new`, another descriptor of the same channel (a `dup`), the
+    /// one this Conn uses and owns, and returns the one it replaces. For a
+    /// caller that moves the channel to another number (the preload moves
+    /// it onto the application's descriptor, and away from a number the
+    /// application reuses): it must make sure that no other thread is in a
+    /// call on this Conn meanwhile, or that call may use the old number.
+    /// `counted`: whether `new` counts against the descriptor budget
+    /// ([`crate::fdnum`]); the application's own descriptor does not.
+    pub fn replace_channel(&self, new: OwnedFd, counted: bool) -> OwnedFd {
+        self.count_channel(counted);
+        let old = self.chan.swap(new.into_raw_fd(), Ordering::AcqRel);
+        // SAFETY: the Conn owned `old`; ownership passes to the caller.
+        unsafe { OwnedFd::from_raw_fd(old) }
+    }
+
+    /// Whether the channel counts against the descriptor budget (see
+    /// [`Conn::replace_channel`]): it does again once the application has
+    /// let go of its number while the Conn still needs it.
+    pub fn count_channel(&self, counted: bool) {
+        let mut h = lock(&self.chan_held);
+        if counted != h.is_some() {
+            *h = counted.then(crate::fdnum::Held::new);
+        }
+    }
+
+    /// Closes the channel's descriptor now (later calls fail with `EBADF`),
+    /// with the system call itself: its number may be the application's,
+    /// whose libc `close` an interposing library handles.
+    pub fn close_channel(&self) {
+        if let Some(fd) = self.take_channel() {
+            chan_sys::close(fd.into_raw_fd());
+        }
+    }
+
+    /// Takes the channel's descriptor out of the Conn (which no longer
+    /// closes it), for a caller that closes it itself or finds it closed
+    /// behind its back; later calls fail with `EBADF`. `None` if taken.
+    pub fn take_channel(&self) -> Option<OwnedFd> {
+        self.count_channel(false);
+        let fd = self.chan.swap(-1, Ordering::AcqRel);
+        // SAFETY: the Conn owned `fd`; ownership passes to the caller.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The transfer mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Bytes written by this process into the peer's ring.
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read by this process from the local ring.
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    fn rx_snap(&self) -> io::Result<Snap> {
+        let l = &self.local;
+        doorbell::snapshot(l.prod(), l.cons(), l.ring_len())
+            .map_err(|e| self.violation("receive ring", e))
+    }
+
+    fn tx_snap(&self) -> io::Result<Snap> {
+        let p = &self.peer;
+        doorbell::snapshot(p.prod(), p.cons(), p.ring_len())
+            .map_err(|e| self.violation("send ring", e))
+    }
+}
+
+impl AsRawFd for Conn {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("fd", &self.fd())
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}

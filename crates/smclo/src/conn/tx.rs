@@ -1,0 +1,256 @@
+//! Sending: `send(2)` and `write` into the peer's ring, and corking
+//! (`MSG_MORE`, `TCP_CORK`).
+//!
+//! A write copies from the caller's buffer straight into the peer's ring
+//! at the producer position and publishes ([`doorbell::publish`]). In
+//! [`Mode::Copy`] it first copies into a private send buffer, like the
+//! kernel's copy mode; nothing stays in that buffer between calls.
+
+use super::wait::Sleep;
+use super::{errno, lock, mono_ns, partial, Conn, Mode, SendFlags};
+use crate::doorbell::{self, BellChannel, Block};
+use crate::ring;
+use smclo_wire::cursor::{self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED};
+use smclo_wire::device_layout::end_flags;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
+
+impl Conn {
+    /// Checks that writing is still allowed.
+    pub(super) fn tx_allowed(&self) -> io::Result<()> {
+        self.sticky()?;
+        if self.shut_wr.load(Ordering::Relaxed) || self.closed.load(Ordering::Relaxed) {
+            return Err(errno(libc::EPIPE));
+        }
+        // The peer's own flags (about its writing side) are in our local
+        // `prod` word; closed or aborted means it reads no more.
+        let w = self.local.prod().load(Ordering::SeqCst);
+        if conn_state_flags(w) & PEER_CONN_ABORT != 0 {
+            self.record_flags(end_flags::PEER_ABORTED);
+        }
+        if conn_state_flags(w) & (PEER_CONN_CLOSED | PEER_CONN_ABORT) != 0
+            || self.peer_gone.load(Ordering::Relaxed)
+        {
+            return Err(errno(libc::EPIPE));
+        }
+        Ok(())
+    }
+
+    /// Writes `buf`; a blocking write returns when all of it is in the
+    /// peer's ring, a non-blocking one writes what fits.
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, SendFlags::EMPTY)
+    }
+
+    /// `send(2)` with `MSG_DONTWAIT` and `MSG_MORE`: with `MORE`, or while
+    /// corked ([`Conn::set_cork`]), the bytes go into the peer's ring but
+    /// are published (and rung) only when a later write is not held, on
+    /// [`Conn::flush`], when held and unread bytes reach half the ring, or
+    /// when the ring is full, as the kernel's SMC corks: one wake-up and
+    /// one read for a response written in pieces.
+    pub fn send(&self, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
+        let dontwait = flags.contains(SendFlags::DONTWAIT);
+        let more = flags.contains(SendFlags::MORE);
+        if buf.is_empty() {
+            if !more && !self.cork.load(Ordering::Relaxed) {
+                self.flush()?;
+            }
+            return Ok(0);
+        }
+        let mut g = lock(&self.tx);
+        let mut sleep = Sleep::new(&self.snd_timeo_us);
+        let p = &self.peer;
+        let len = p.ring_len();
+        let mut done = 0usize;
+        loop {
+            let s = match self.tx_allowed().and_then(|()| self.tx_snap()) {
+                Ok(s) => s,
+                Err(e) => return partial(done, e),
+            };
+            let held = self.held.load(Ordering::Relaxed);
+            let free = (len - s.used - held) as usize;
+            if free > 0 {
+                let src = &buf[done..];
+                let mut n = free.min(src.len());
+                let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
+                match self.mode {
+                    Mode::NoCopy => ring::copy_in(p, pos, &src[..n]),
+                    Mode::Copy { .. } => {
+                        n = n.min(g.len());
+                        g[..n].copy_from_slice(&src[..n]);
+                        ring::copy_in(p, pos, &g[..n]);
+                    }
+                }
+                self.add_written(s.used, n as u32, more)?;
+                done += n;
+                if done == buf.len() {
+                    return Ok(done);
+                }
+                continue;
+            }
+            // Full: what is held must reach the reader, or it never frees room.
+            if let Err(e) = self.publish_held(0) {
+                return partial(done, e);
+            }
+            g = match self.wait_room(g, 1, dontwait, &mut sleep) {
+                Ok(g) => g,
+                Err(e) => return partial(done, e),
+            };
+        }
+    }
+
+    /// Accounts `n` bytes just written after the held ones (the caller holds
+    /// `tx`; `used` is the published unread count): held while corked and
+    /// the ring is less than half full, else published with what was held.
+    pub(super) fn add_written(&self, used: u32, n: u32, more: bool) -> io::Result<()> {
+        self.count_sent(n);
+        let held = self.held.load(Ordering::Relaxed);
+        let hold = more || self.cork.load(Ordering::Relaxed);
+        if hold && used + held + n < self.peer.ring_len() / 2 {
+            if held == 0 {
+                self.held_at.store(mono_ns(), Ordering::Relaxed);
+            }
+            self.held.store(held + n, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.publish_held(n)
+    }
+
+    /// Publishes the held bytes and `n` more written after them, and rings
+    /// the doorbell the protocol asks for. The caller holds `tx`.
+    pub(super) fn publish_held(&self, n: u32) -> io::Result<()> {
+        let total = self.held.swap(0, Ordering::Relaxed) + n;
+        self.held_at.store(0, Ordering::Relaxed);
+        if total == 0 {
+            return Ok(());
+        }
+        let p = &self.peer;
+        let bells = doorbell::publish(p.prod(), p.cons(), p.ring_len(), total)
+            .map_err(|e| self.violation("send ring", e))?;
+        self.send_bells(bells)
+    }
+
+    pub(super) fn send_bells(&self, n: u32) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        match self.chan().and_then(|c| c.send_bells(n)) {
+            Ok(()) => Ok(()),
+            // The peer's end is gone: the data is in its ring, but nobody
+            // will read it; the next write reports EPIPE.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
+                self.peer_gone.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            // The data is in the peer's ring but its doorbell cannot be
+            // queued: the peer broke the protocol, and no return value
+            // would be true (the bytes were written, their bell is lost).
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                crate::debug!("connection aborted: peer does not take its doorbells");
+                self.abort_with(libc::EPROTO);
+                Err(errno(libc::EPROTO))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits per blocking mode until `need` bytes are free in the peer's
+    /// ring (or something changed), sleeping with the writer lock `g`
+    /// released; returns it taken again. Non-blocking: arms the doorbells
+    /// so the descriptor is unwritable, then WouldBlock.
+    pub(super) fn wait_room<'a>(
+        &'a self,
+        g: MutexGuard<'a, Vec<u8>>,
+        need: u32,
+        dontwait: bool,
+        sleep: &mut Sleep,
+    ) -> io::Result<MutexGuard<'a, Vec<u8>>> {
+        let p = &self.peer;
+        let mut nonblocking = self.must_not_wait(dontwait)?;
+        if !nonblocking && self.tx_spin(&sleep.signals) {
+            return Ok(g);
+        }
+        // About to arm the doorbells and sleep: check the flag.
+        nonblocking = nonblocking || self.nonblocking()?;
+        match doorbell::writer_block(p.prod(), p.cons(), p.ring_len(), need)
+            .map_err(|e| self.violation("send ring", e))?
+        {
+            Block::Room => Ok(g),
+            Block::Wait { send } => {
+                self.send_bells(send)?;
+                if nonblocking {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                drop(g);
+                let slept = Instant::now();
+                let rev = sleep.poll(self.fd(), libc::POLLOUT)?;
+                let g = lock(&self.tx);
+                if rev & libc::POLLOUT != 0 {
+                    let room = self.tx_snap()?.used < p.ring_len();
+                    self.tx_spin.woken(room, slept);
+                }
+                if rev & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    // Our end is hung up: the peer closed or died (or we
+                    // shut down both ways); tx_allowed decides.
+                    let s = self.tx_snap()?;
+                    if s.used == p.ring_len() {
+                        self.peer_gone.store(true, Ordering::Relaxed);
+                    }
+                }
+                Ok(g)
+            }
+        }
+    }
+
+    /// Publishes whatever corking holds (`MSG_MORE` then nothing more, or
+    /// `TCP_NODELAY` set as TCP pushes then).
+    pub fn flush(&self) -> io::Result<()> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let _g = lock(&self.tx);
+        self.publish_held(0)
+    }
+
+    /// `TCP_CORK`: while on, writes are held as with `MSG_MORE`; turning it
+    /// off publishes them.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        self.cork.store(on, Ordering::Relaxed);
+        if on {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// Whether `TCP_CORK` is on.
+    pub fn corked(&self) -> bool {
+        self.cork.load(Ordering::Relaxed)
+    }
+
+    /// Publishes held bytes written at least `age` ago; returns how long
+    /// until the oldest held byte is that old, if some are held and younger
+    /// (TCP's ceiling on corking: a caller that never uncorks still gets
+    /// its bytes delivered, by whoever calls this on a timer).
+    pub fn flush_older(&self, age: Duration) -> io::Result<Option<Duration>> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return Ok(None);
+        }
+        let _g = lock(&self.tx);
+        let at = self.held_at.load(Ordering::Relaxed);
+        if at == 0 {
+            return Ok(None);
+        }
+        let waited = Duration::from_nanos(mono_ns().saturating_sub(at));
+        if waited < age {
+            return Ok(Some(age - waited));
+        }
+        self.publish_held(0).map(|()| None)
+    }
+
+    /// Whether written bytes are held (corked) now.
+    pub fn holding(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
+    }
+}
