@@ -25,7 +25,7 @@ use crate::real;
 use crate::table::{self, F_CANDIDATE, F_EARLY, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
-use smclo::adapter::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
+use smclo::adapter::handshake::{self, Decision, Looker, Polled, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
@@ -49,61 +49,13 @@ const CHUNK: Duration = Duration::from_millis(5);
 const OUT_POLL: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND;
 const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
 
-/// The two ends' handshakes, in steps.
-// Made once per connection and moved into the map once: boxing the larger
-// would cost an allocation per connect for nothing.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Handshake {
-    /// A non-blocking connect's.
-    Connect(ClientProposal),
-    /// An event loop's accepted connection's.
-    Accept(ServerHandshake),
-}
-
-impl Handshake {
-    /// `may_wait`: the caller waits for the decision (in steps until
-    /// `until`), as a blocking call does.
-    fn decide_by(
-        &mut self,
-        deadline: Instant,
-        until: Option<Instant>,
-        may_wait: bool,
-    ) -> Option<Decision> {
-        match self {
-            Handshake::Connect(p) => p.decide_by(deadline, until),
-            Handshake::Accept(h) => h.decide_within(deadline, until, may_wait),
-        }
-    }
-
-    fn wake(&self) -> Wake {
-        match self {
-            Handshake::Connect(p) => p.wake(),
-            Handshake::Accept(h) => h.wake(),
-        }
-    }
-
-    fn woken(&self, drives: bool) {
-        if let Handshake::Connect(p) = self {
-            p.woken(drives);
-        }
-    }
-
-    fn role(&self) -> Role {
-        match self {
-            Handshake::Connect(_) => Role::Client,
-            Handshake::Accept(_) => Role::Server,
-        }
-    }
-}
-
+/// A descriptor whose handshake is undecided.
 struct Pending {
-    hs: Handshake,
+    hs: handshake::Pending,
     /// The holder slot claimed for the connection.
     slot: usize,
     /// The other end's address.
     dest: SocketAddr,
-    /// `connect` (`accept`) + `SMCLO_CLC_WAIT_MS`: this end gives up then.
-    deadline: Instant,
     /// Which connect of `fd` this is (see [`CURRENT`]).
     id: u64,
     /// A non-blocking `shutdown` made while it was undecided, carried out
@@ -169,14 +121,7 @@ fn pending(fd: RawFd) -> bool {
 
 /// `connect` (`accept`) returned `fd` before its handshake `hs` with
 /// `dest` decided.
-pub(super) fn start(
-    fd: RawFd,
-    hs: Handshake,
-    slot: usize,
-    dest: SocketAddr,
-    deadline: Instant,
-    early: bool,
-) {
+pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     lock(&CURRENT)
@@ -186,7 +131,6 @@ pub(super) fn start(
         hs,
         slot,
         dest,
-        deadline,
         id,
         shut: Shut::default(),
         early,
@@ -257,7 +201,7 @@ pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
         m.remove(&fd);
     }
     let mut pd = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd))?;
-    if let Handshake::Connect(p) = &mut pd.hs {
+    if let Some(p) = pd.hs.proposal_mut() {
         p.socket_closed();
     }
     COUNT.fetch_sub(1, Ordering::Relaxed);
@@ -315,8 +259,11 @@ fn step(fd: RawFd, pd: &mut Pending, until: Option<Instant>) -> Option<Outcome> 
         if tcp_failed(fd) {
             return Some(Outcome::TcpFailed);
         }
-        let u = until.unwrap_or_else(|| Instant::now() + CHUNK);
-        if let Some(d) = pd.hs.decide_by(pd.deadline, Some(u), until.is_none()) {
+        let u = match until {
+            Some(u) => Until::Step(u),
+            None => Until::BlockingStep(Instant::now() + CHUNK),
+        };
+        if let Polled::Decided(d) = pd.hs.poll(u) {
             return Some(Outcome::Decided(Box::new(d)));
         }
         if until.is_some() {
@@ -605,9 +552,7 @@ pub(super) fn early_send(
         let mut map = lock(&PENDING);
         // Being driven by another thread (out of the map): wait instead.
         let pd = map.as_mut()?.get_mut(&fd)?;
-        let Handshake::Connect(p) = &mut pd.hs else {
-            return None;
-        };
+        let p = pd.hs.proposal_mut()?;
         if !p.add_early(n) {
             return None;
         }
@@ -661,7 +606,7 @@ fn sleep_for(fds: &[RawFd]) -> Sleep {
     let map = lock(&PENDING);
     for fd in fds {
         let (wake, deadline) = match map.as_ref().and_then(|m| m.get(fd)) {
-            Some(pd) => (pd.hs.wake(), pd.deadline),
+            Some(pd) => (pd.hs.wake(), pd.hs.deadline()),
             None => (
                 Wake {
                     fd: None,
@@ -692,7 +637,17 @@ fn woken(ready: &[RawFd], mine: &[RawFd]) {
     if let Some(m) = lock(&PENDING).as_ref() {
         m.iter()
             .filter(|(_, pd)| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
-            .for_each(|(fd, pd)| pd.hs.woken(mine.contains(fd)));
+            .for_each(|(fd, pd)| pd.hs.readable(looker(mine, *fd)));
+    }
+}
+
+/// Who looks next at the handshake of `fd`, found readable by a wait
+/// over `mine`.
+fn looker(mine: &[RawFd], fd: RawFd) -> Looker {
+    if mine.contains(&fd) {
+        Looker::Caller
+    } else {
+        Looker::Other
     }
 }
 

@@ -16,7 +16,7 @@ use crate::table::{
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
 use smclo::adapter::fallbacks;
-use smclo::adapter::handshake::{self, Decision};
+use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
 use smclo::debug;
 use smclo::device::Role;
@@ -367,7 +367,8 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     let peer = unsafe { accepted_peer(addr, len, cap) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
     if blocks && !nonblock {
-        let d = handshake::server_accept(&c.dev, &c.cfg, nfd);
+        let deadline = Instant::now() + c.cfg.clc_wait;
+        let d = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline).finish();
         accept_decided(c, nfd, d, slot, flags, peer);
     } else {
         accept_in_steps(c, nfd, slot, flags, peer);
@@ -384,27 +385,18 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<SocketAddr>) {
     let now = Instant::now();
     let deadline = now + c.cfg.clc_wait;
-    let mut h = handshake::ServerHandshake::new(&c.dev, &c.cfg, nfd);
-    if let Some(d) = h.decide_by(deadline, Some(now + smclo::adapter::conn::spin_budget())) {
+    let mut h = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline);
+    let spin = Until::Step(now + smclo::adapter::conn::spin_budget());
+    if let Polled::Decided(d) = h.poll(spin) {
         return accept_decided(c, nfd, d, slot, flags, peer);
     }
     let Some(from) = peer.or_else(|| smclo::adapter::sockaddr::peer(nfd).ok()) else {
         // Without the peer's address the connection cannot be listed; it
         // is decided here instead (bounded by SMCLO_CLC_WAIT_MS).
-        let d = h
-            .decide_by(deadline, None)
-            .unwrap_or(Decision::Tcp(Reason::Timeout));
-        return accept_decided(c, nfd, d, slot, flags, peer);
+        return accept_decided(c, nfd, h.finish(), slot, flags, peer);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
-    pending::start(
-        nfd,
-        pending::Handshake::Accept(h),
-        slot,
-        from,
-        deadline,
-        false,
-    );
+    pending::start(nfd, h, slot, from, false);
 }
 
 /// The handshake of the accepted `nfd` decided `d`.
@@ -588,19 +580,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // waiting for it. Only when the server can answer without us: a
         // program that idles after connect would keep a first contact's
         // server waiting for our DMB until it gives up.
-        let deadline = start + c.cfg.clc_wait;
-        pending::start(
-            fd,
-            pending::Handshake::Connect(p),
-            slot,
-            dest,
-            deadline,
-            !connecting,
-        );
+        let hs = handshake::Pending::connect(p, start + c.cfg.clc_wait);
+        pending::start(fd, hs, slot, dest, !connecting);
         set_errno(e);
         return r;
     }
-    match p.finish() {
+    let deadline = Instant::now() + c.cfg.clc_wait;
+    match handshake::Pending::connect(p, deadline).finish() {
         Decision::Smc(est) => {
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
