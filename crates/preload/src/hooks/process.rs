@@ -5,7 +5,8 @@
 //! the end of the program) closes each connection as the kernel closes a
 //! socket, unless another process of the family still holds it.
 
-use super::records::{lock, FALLBACKS, LISTENERS};
+use super::lock;
+use super::state::{FALLBACKS, LISTENERS};
 use super::target::{self, Program, Target};
 use super::{adopt, fail, swap, variant, LIVE};
 use crate::holders;
@@ -114,7 +115,7 @@ fn fall_back(only: Option<&[Arc<Sock>]>) {
     drop(g);
     drop(all);
     for t in taken {
-        table::release(t);
+        super::swap::release(t);
     }
 }
 
@@ -213,9 +214,9 @@ pub(crate) fn close_all() {
     }
     let g = LOCK.write();
     // Early connects end as closed (their numbers are forgotten).
-    let undecided: Vec<_> = super::pending::early_fds()
+    let undecided: Vec<_> = super::state::early_fds()
         .into_iter()
-        .filter_map(super::records::forget_fd_locked)
+        .filter_map(super::state::forget_fd_locked)
         .collect();
     let all = table::all_locked();
     let mut taken = Vec::new();
@@ -230,7 +231,7 @@ pub(crate) fn close_all() {
     // which takes the lock.
     drop(undecided);
     for t in taken {
-        table::release(t);
+        super::swap::release(t);
     }
 }
 

@@ -4,14 +4,15 @@
 //! the descriptor in. Anything that is not a TCP stream, or a peer that is
 //! not smclo, stays plain TCP.
 
+use super::lock;
 use super::pending;
-use super::records::{forget_fd_locked, lock, FALLBACKS, LISTENERS};
+use super::state::{forget_fd_locked, list_fallback, LISTENERS};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
 use crate::table::{
-    self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
+    self, F_BOUND, F_CANDIDATE, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
 };
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
@@ -85,32 +86,8 @@ fn clear_stale(fd: RawFd) {
     drop(pending);
     if let Some(s) = old {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
-        table::release(s);
+        super::swap::release(s);
     }
-}
-
-/// Lists the TCP connection on `fd`, which fell back for `reason` on
-/// `side`, in the device's fallback table until `fd` is closed (`smclo ss
-/// -a`). Keeps errno.
-pub(super) fn list_fallback(
-    c: &Ctx,
-    fd: RawFd,
-    side: Role,
-    reason: Reason,
-    peer: Option<SocketAddr>,
-) {
-    if !in_table_range(fd) {
-        return;
-    }
-    let e = errno();
-    if let Some(rec) = fallbacks::record(&c.dev, fd, side, reason, peer) {
-        let _g = LOCK.write();
-        lock(&FALLBACKS)
-            .get_or_insert_with(HashMap::new)
-            .insert(fd, Arc::new(rec));
-        table::set_flag(fd, F_FALLBACK, true);
-    }
-    set_errno(e);
 }
 
 /// Interposed `listen(2)`: TCP listeners save SYNs and are registered in
@@ -316,7 +293,7 @@ fn listener_blocks(fd: RawFd) -> bool {
 /// been set before this process), otherwise when the handlers have
 /// `SA_RESTART` (see `hooks::data`).
 fn accept_restarts(fd: RawFd) -> bool {
-    let timeout = super::control::socket_timeout(fd, libc::SO_RCVTIMEO)
+    let timeout = super::swap::socket_timeout(fd, libc::SO_RCVTIMEO)
         .flatten()
         .is_some_and(|t| !t.is_zero());
     !timeout && super::data::handlers_restart()
@@ -396,7 +373,7 @@ fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<
         return accept_decided(c, nfd, h.finish(), slot, flags, peer);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
-    pending::start(nfd, h, slot, from, false);
+    super::state::start(nfd, h, slot, from, false);
 }
 
 /// The handshake of the accepted `nfd` decided `d`.
@@ -581,7 +558,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // program that idles after connect would keep a first contact's
         // server waiting for our DMB until it gives up.
         let hs = handshake::Pending::connect(p, start + c.cfg.clc_wait);
-        pending::start(fd, hs, slot, dest, !connecting);
+        super::state::start(fd, hs, slot, dest, !connecting);
         set_errno(e);
         return r;
     }

@@ -6,17 +6,21 @@
 //! application's number stops being the channel, and when the last
 //! descriptor of a connection in this process is gone.
 
-use super::records::{lock, EPOLL};
+use super::lock;
+use super::state::EPOLL;
 use super::LIVE;
 use crate::holders;
 use crate::real;
 use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_PENDING, F_TCP, F_TIMEO, LOCK};
+use libc::{c_int, c_void, socklen_t};
+use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
 use smclo::debug;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Makes `fd` the connection's channel (its readiness is the connection's,
 /// see docs/ARCHITECTURE.md "Readiness"): the TCP socket moves to a hidden
@@ -67,7 +71,7 @@ pub(super) fn swap_in(
     // from the listener) apply to it; a socket of our socket() has none
     // unless the application set them.
     if !table::has_flag(fd, F_TCP) || table::has_flag(fd, F_TIMEO) {
-        super::control::copy_timeouts(tcp, &conn);
+        copy_timeouts(tcp, &conn);
     }
     let chan = conn.fd();
     let sock = Arc::new(Sock {
@@ -191,8 +195,16 @@ pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
     }
 }
 
+/// One application descriptor of `sock` is gone: when it was the last one
+/// in this process, this process's share of the connection ends.
+pub(super) fn release(sock: Arc<Sock>) {
+    if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
+        last_close(&sock);
+    }
+}
+
 /// The last descriptor of a connection in this process is gone.
-pub(crate) fn last_close(s: &Sock) {
+fn last_close(s: &Sock) {
     LIVE.fetch_sub(1, Ordering::Relaxed);
     match end_share(s) {
         Ending::Disowned(pid) => {
@@ -239,5 +251,39 @@ pub(crate) fn end_share(s: &Sock) -> Ending {
     } else {
         s.conn.close_shared();
         Ending::Closed
+    }
+}
+
+/// A `SO_RCVTIMEO`/`SO_SNDTIMEO` value (the kernel validated it already).
+pub(super) fn timeval_dur(val: *const c_void, len: socklen_t) -> Option<Duration> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return None;
+    }
+    // SAFETY: checked length; read_unaligned for application buffers.
+    let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
+    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec as u64))
+}
+
+/// Socket `fd`'s timeout option `name` (`SO_RCVTIMEO`, `SO_SNDTIMEO`;
+/// zero when none is set), `None` if it cannot be read.
+pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>> {
+    // SAFETY: an all-zero timeval is valid.
+    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    let p: *mut libc::timeval = &mut tv;
+    // SAFETY: getsockopt writes at most `len` bytes into `tv`.
+    let rc = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, p.cast(), &mut len) };
+    (rc == 0).then(|| timeval_dur(p.cast(), len))
+}
+
+/// Gives `conn` the timeouts of the TCP socket `tcp`.
+pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
+    for (name, set) in [
+        (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
+        (libc::SO_SNDTIMEO, Conn::set_write_timeout),
+    ] {
+        if let Some(t) = socket_timeout(tcp, name) {
+            set(conn, t);
+        }
     }
 }

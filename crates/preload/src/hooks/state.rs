@@ -1,0 +1,291 @@
+//! The descriptor state: what the hooks remember about descriptors
+//! besides the table. Which listeners are registered in the device and
+//! which fallback connections are listed in it (both shared by their
+//! `dup`s), the epoll registrations of not-yet-connected TCP sockets
+//! (which the swap moves to the channel), and the undecided handshakes
+//! (`hooks::pending` drives them). All are only touched with the table's
+//! lock held for writing, so a closed or reused descriptor number is
+//! forgotten here ([`forget_fd_locked`]) in the same step as in the table.
+//! This file calls no interposed function's code: the entry points use
+//! it, never the other way round.
+
+use super::{errno, in_table_range, lock, set_errno, Ctx};
+use crate::holders;
+use crate::real;
+use crate::table::{self, F_CANDIDATE, F_EARLY, F_FALLBACK, F_LISTENER, F_PENDING, LOCK};
+use libc::c_int;
+use smclo::adapter::fallbacks::{self, FallbackRecord};
+use smclo::adapter::handshake;
+use smclo::adapter::registry::ListenerGuard;
+use smclo::debug;
+use smclo::device::Role;
+use smclo_wire::reason::Reason;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Registered listeners: descriptor → its registration, shared by `dup`s.
+/// Only touched with [`LOCK`](crate::table::LOCK) held for writing (so never held across fork).
+pub(super) static LISTENERS: Mutex<Option<HashMap<RawFd, Arc<ListenerGuard>>>> = Mutex::new(None);
+
+/// Fallback connections listed in the device: descriptor → its entry,
+/// shared by `dup`s; the last one's close frees it. Same locking as
+/// [`LISTENERS`].
+pub(super) static FALLBACKS: Mutex<Option<HashMap<RawFd, Arc<FallbackRecord>>>> = Mutex::new(None);
+
+/// epoll registrations of candidate descriptors: (fd, epfd, event).
+/// Same locking as [`LISTENERS`].
+pub(super) static EPOLL: Mutex<Vec<(RawFd, RawFd, libc::epoll_event)>> = Mutex::new(Vec::new());
+
+/// Makes `new`, a duplicate of `old`, share `old`'s listener registration
+/// and fallback listing.
+pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
+    fn share<T>(m: &Mutex<Option<HashMap<RawFd, Arc<T>>>>, flag: u16, old: RawFd, new: RawFd) {
+        if !table::has_flag(old, flag) {
+            return;
+        }
+        if let Some(m) = lock(m).as_mut() {
+            if let Some(r) = m.get(&old).cloned() {
+                m.insert(new, r);
+                table::set_flag(new, flag, true);
+            }
+        }
+    }
+    if in_table_range(new) {
+        share(&LISTENERS, F_LISTENER, old, new);
+        share(&FALLBACKS, F_FALLBACK, old, new);
+    }
+}
+
+/// Forgets what we knew about descriptor number `fd` (it was closed). A
+/// handshake still pending on it comes back, to be dropped once the
+/// table's lock is released ([`Forgotten`]).
+#[must_use = "drop it after the table's lock is released"]
+pub(super) fn forget_fd_locked(fd: RawFd) -> Option<Forgotten> {
+    if !in_table_range(fd) {
+        return None;
+    }
+    let f = table::FLAGS[fd as usize].swap(0, Ordering::Relaxed);
+    if f & F_LISTENER != 0 {
+        if let Some(m) = lock(&LISTENERS).as_mut() {
+            m.remove(&fd);
+        }
+    }
+    if f & F_CANDIDATE != 0 {
+        lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    }
+    let pending = if f & F_PENDING != 0 {
+        forget_pending_locked(fd)
+    } else {
+        None
+    };
+    if f & F_FALLBACK != 0 {
+        if let Some(m) = lock(&FALLBACKS).as_mut() {
+            m.remove(&fd);
+        }
+    }
+    super::epoll::forget_fd(fd);
+    pending
+}
+
+/// Lists the TCP connection on `fd`, which fell back for `reason` on
+/// `side`, in the device's fallback table until `fd` is closed (`smclo ss
+/// -a`). Keeps errno.
+pub(super) fn list_fallback(
+    c: &Ctx,
+    fd: RawFd,
+    side: Role,
+    reason: Reason,
+    peer: Option<SocketAddr>,
+) {
+    if !in_table_range(fd) {
+        return;
+    }
+    let e = errno();
+    if let Some(rec) = fallbacks::record(&c.dev, fd, side, reason, peer) {
+        let _g = LOCK.write();
+        lock(&FALLBACKS)
+            .get_or_insert_with(HashMap::new)
+            .insert(fd, Arc::new(rec));
+        table::set_flag(fd, F_FALLBACK, true);
+    }
+    set_errno(e);
+}
+
+/// The writability a pending connect does not report (epoll).
+const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
+
+/// A descriptor whose handshake is undecided.
+pub(super) struct Undecided {
+    pub(super) hs: handshake::Pending,
+    /// The holder slot claimed for the connection.
+    pub(super) slot: usize,
+    /// The other end's address.
+    pub(super) dest: SocketAddr,
+    /// Which connect of `fd` this is (see [`CURRENT`]).
+    pub(super) id: u64,
+    /// A non-blocking `shutdown` made while it was undecided, carried out
+    /// when it decides (see [`shutdown`]).
+    pub(super) shut: Shut,
+    /// A blocking connect that returned connected (its writes may go
+    /// early): the process's exit ends it as a close would.
+    pub(super) early: bool,
+}
+
+/// The directions a [`shutdown`] of an undecided connection closed.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Shut {
+    rd: bool,
+    wr: bool,
+}
+
+impl Shut {
+    pub(super) fn add(&mut self, how: c_int) {
+        self.rd |= how != libc::SHUT_WR;
+        self.wr |= how != libc::SHUT_RD;
+    }
+
+    pub(super) fn how(self) -> Option<c_int> {
+        match (self.rd, self.wr) {
+            (true, true) => Some(libc::SHUT_RDWR),
+            (true, false) => Some(libc::SHUT_RD),
+            (false, true) => Some(libc::SHUT_WR),
+            (false, false) => None,
+        }
+    }
+}
+
+/// Pending connects by descriptor; one being driven is out of the map.
+pub(super) static PENDING: Mutex<Option<HashMap<RawFd, Undecided>>> = Mutex::new(None);
+/// Descriptors with [`F_PENDING`] (the waits skip all this at 0).
+pub(super) static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The pending connect each descriptor number holds now, by id. A
+/// handshake being driven is out of [`PENDING`]; meanwhile another thread
+/// may close its number and connect a new socket at it, so the driver
+/// finishes (or puts back) only the connect whose id is still current.
+/// Only touched with the table's lock held for writing.
+pub(super) static CURRENT: Mutex<Option<HashMap<RawFd, u64>>> = Mutex::new(None);
+/// The next connect's id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// `connect` (`accept`) returned `fd` before its handshake `hs` with
+/// `dest` decided.
+pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
+    let _g = LOCK.write();
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    lock(&CURRENT)
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, id);
+    let pd = Undecided {
+        hs,
+        slot,
+        dest,
+        id,
+        shut: Shut::default(),
+        early,
+    };
+    lock(&PENDING)
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, pd);
+    COUNT.fetch_add(1, Ordering::Relaxed);
+    // Registrations are recorded (the swap moves them) and given to the
+    // kernel without writability until the handshake decides.
+    table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
+    table::set_flag(fd, F_EARLY, early);
+    hide_out_locked(fd, !early);
+}
+
+/// Whether `fd`'s writability is hidden: its connect is pending and its
+/// writes could not go early.
+pub(super) fn out_hidden(fd: RawFd) -> bool {
+    table::has_flag(fd, F_PENDING) && !table::has_flag(fd, F_EARLY)
+}
+
+/// The epoll registrations of `fd` recorded so far, given to the kernel
+/// without (`hide`) or with their writability.
+pub(super) fn hide_out_locked(fd: RawFd, hide: bool) {
+    for (_, ep, ev) in lock(&EPOLL).iter().filter(|(x, _, _)| *x == fd) {
+        let mut e = *ev;
+        if hide {
+            e.events &= !OUT_EPOLL;
+        }
+        // SAFETY: a valid event for the call's duration.
+        unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_MOD, fd, &mut e) };
+    }
+}
+
+/// The event the kernel gets for a registration of `fd` (epoll_ctl): no
+/// writability while its connect is pending. Call with the table's lock
+/// held for writing, so that the decision cannot come in between.
+pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_event {
+    let mut e = ev;
+    if out_hidden(fd) {
+        e.events &= !OUT_EPOLL;
+    }
+    e
+}
+
+/// A handshake whose descriptor number was closed: dropping it withdraws
+/// the proposal (or declines), which closes descriptors of its own (a
+/// server's connection filed for it on the rendezvous socket). Their
+/// interposed `close` takes the table's lock, so it must be dropped after
+/// that lock is released, never under it.
+#[must_use = "drop it after the table's lock is released"]
+pub(super) struct Forgotten(#[allow(dead_code)] Undecided);
+
+/// Descriptor number `fd` was closed: its proposal is to be withdrawn
+/// (by dropping what this returns, see [`Forgotten`]). With the table's
+/// lock held for writing.
+pub(super) fn forget_pending_locked(fd: RawFd) -> Option<Forgotten> {
+    if let Some(m) = lock(&CURRENT).as_mut() {
+        m.remove(&fd);
+    }
+    let mut pd = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd))?;
+    if let Some(p) = pd.hs.proposal_mut() {
+        p.socket_closed();
+    }
+    COUNT.fetch_sub(1, Ordering::Relaxed);
+    holders::forget(pd.slot);
+    debug!(
+        "fd {fd}: closed before the handshake with {} decided",
+        pd.dest
+    );
+    Some(Forgotten(pd))
+}
+
+/// The early connects whose handshake is pending and not being driven:
+/// the process's exit ends them as a close would (`hooks::process`), so
+/// that a server that accepted one, and may hold its request, is followed
+/// and reads the end of the stream, as from a TCP client that exited.
+/// Other pending connects are left to the rules of a process that dies
+/// (their server finds the client gone: PEER_DEAD).
+pub(super) fn early_fds() -> Vec<RawFd> {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    lock(&PENDING)
+        .as_ref()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, pd)| pd.early)
+                .map(|(fd, _)| *fd)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `id` is the connect that `fd` holds now. With the table's lock
+/// held for writing.
+pub(super) fn is_current(fd: RawFd, id: u64) -> bool {
+    lock(&CURRENT).as_ref().and_then(|m| m.get(&fd)) == Some(&id)
+}
+
+/// The descriptors whose connect is pending and not being driven.
+pub(super) fn pending_fds() -> Vec<RawFd> {
+    lock(&PENDING)
+        .as_ref()
+        .map(|m| m.keys().copied().collect())
+        .unwrap_or_default()
+}
