@@ -6,8 +6,7 @@
 //! socket), and epoll_ctl (recording candidates' registrations for the
 //! swap).
 
-use super::lock;
-use super::state::{forget_fd_locked, share_records_locked, EPOLL};
+use super::state::{forget_fd_locked, share_records_locked};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
 use crate::table::{
@@ -634,11 +633,8 @@ pub unsafe extern "C" fn epoll_ctl(
         super::epoll::nest(fd);
     }
     if g.is_some() {
-        let mut e = lock(&EPOLL);
-        e.retain(|(x, p, _)| !(*x == fd && *p == ep));
-        if let Some(event) = event.filter(|_| op != libc::EPOLL_CTL_DEL) {
-            e.push((fd, ep, event));
-        }
+        let kept = event.filter(|_| op != libc::EPOLL_CTL_DEL);
+        super::state::record_epoll_locked(fd, ep, kept);
     }
     r
 }

@@ -18,8 +18,8 @@
 
 use super::lock;
 use super::state::{
-    hide_out_locked, is_current, list_fallback, out_hidden, pending_fds, Shut, Undecided, COUNT,
-    CURRENT, EPOLL, PENDING,
+    hide_out_locked, is_current, list_fallback, out_hidden, pending_fds, take_epoll_locked, Shut,
+    Undecided, COUNT, CURRENT, PENDING,
 };
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
@@ -260,7 +260,7 @@ fn as_tcp(fd: RawFd, shut: Shut) {
     // Also where writability was not hidden (an early connect's): the MOD
     // gives an edge-triggered registration the edge it may wait for.
     hide_out_locked(fd, false);
-    lock(&EPOLL).retain(|(x, _, _)| *x != fd);
+    drop(take_epoll_locked(fd));
     table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
 }
 
@@ -475,16 +475,6 @@ fn looker(mine: &[RawFd], fd: RawFd) -> Looker {
     }
 }
 
-/// The pending handshakes registered in epoll set `ep`.
-fn in_epoll(ep: RawFd) -> Vec<RawFd> {
-    let _g = LOCK.write();
-    lock(&EPOLL)
-        .iter()
-        .filter(|(fd, e, _)| *e == ep && table::has_flag(*fd, F_PENDING))
-        .map(|(fd, _, _)| *fd)
-        .collect()
-}
-
 /// The shorter of two optional timeouts (`None`: for ever).
 fn min_timeout(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -557,7 +547,7 @@ pub(super) fn epoll_wait(
     }
     driving(
         timeout,
-        || in_epoll(ep),
+        || super::state::pending_in_epoll(ep),
         |t, extra| super::epoll::with_also(extra, || once(t)),
     )
 }

@@ -5,8 +5,6 @@
 //! the end of the program) closes each connection as the kernel closes a
 //! socket, unless another process of the family still holds it.
 
-use super::lock;
-use super::state::{FALLBACKS, LISTENERS};
 use super::target::{self, Program, Target};
 use super::{adopt, fail, swap, variant, LIVE};
 use crate::holders;
@@ -72,15 +70,7 @@ pub unsafe extern "C" fn vfork() -> pid_t {
 /// new one registers the listeners it inherits again (`hooks::setup`), and
 /// a program without this library must not be proposed to.
 fn forget_records() {
-    let g = LOCK.write();
-    if let Some(m) = lock(&LISTENERS).as_mut() {
-        m.clear();
-    }
-    if let Some(m) = lock(&FALLBACKS).as_mut() {
-        // The new image could not unlist these when it closes them.
-        m.clear();
-    }
-    drop(g);
+    super::state::unlist_all();
 }
 
 /// The connections (all, or those in `only`) cannot follow into the new

@@ -4,9 +4,8 @@
 //! the descriptor in. Anything that is not a TCP stream, or a peer that is
 //! not smclo, stays plain TCP.
 
-use super::lock;
 use super::pending;
-use super::state::{forget_fd_locked, list_fallback, LISTENERS};
+use super::state::{forget_fd_locked, list_fallback};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
 use crate::holders;
@@ -22,11 +21,9 @@ use smclo::adapter::registry;
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
@@ -138,11 +135,7 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     match registered {
         Ok(guard) => {
             let _g = LOCK.write();
-            lock(&LISTENERS)
-                .get_or_insert_with(HashMap::new)
-                .insert(fd, Arc::new(guard));
-            table::set_flag(fd, F_CANDIDATE, false);
-            table::set_flag(fd, F_LISTENER, true);
+            super::state::listening_locked(fd, guard);
             debug!("fd {fd}: listening, registered for SMC-D");
         }
         Err(why) => {
@@ -173,7 +166,7 @@ fn unknown(fd: RawFd) -> bool {
 /// `NO_SAVED_SYN` for those the kernel queued before SYNs were saved).
 ///
 /// Threads that meet the same listener at once may both register it; the
-/// later registration replaces the earlier in [`LISTENERS`], whose guard
+/// later registration replaces the earlier in its `hooks::state` record, whose guard
 /// then unregisters it. No lock is taken that a `fork` could leave held.
 fn adopt_if_unknown(fd: RawFd) {
     if !unknown(fd) || disabled() {
@@ -518,7 +511,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Err(r) => {
             c.dev.count_fallback(r, Role::Client);
             debug!("fd {fd}: connect to {dest} stays TCP ({r})");
-            table::set_flag(fd, F_CANDIDATE, false);
+            super::state::end_candidacy(fd);
             // SAFETY: forwarded unchanged.
             return unsafe { connect_listed(c, fd, addr, len, r, dest) };
         }
@@ -527,7 +520,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         drop(p);
         c.dev.count_fallback(Reason::Mem, Role::Client);
         debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
-        table::set_flag(fd, F_CANDIDATE, false);
+        super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
         return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
@@ -576,6 +569,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             list_fallback(c, fd, Role::Client, r, Some(dest));
         }
     }
-    table::set_flag(fd, F_CANDIDATE, false);
+    super::state::end_candidacy(fd);
     0
 }

@@ -1,13 +1,14 @@
 //! The descriptor state: what the hooks remember about descriptors
-//! besides the table. Which listeners are registered in the device and
-//! which fallback connections are listed in it (both shared by their
-//! `dup`s), the epoll registrations of not-yet-connected TCP sockets
-//! (which the swap moves to the channel), and the undecided handshakes
-//! (`hooks::pending` drives them). All are only touched with the table's
-//! lock held for writing, so a closed or reused descriptor number is
-//! forgotten here ([`forget_fd_locked`]) in the same step as in the table.
-//! This file calls no interposed function's code: the entry points use
-//! it, never the other way round.
+//! besides the table. One record per number ([`FdState`]: whether the
+//! device lists it as a listener or a fallback, shared by its `dup`s, and
+//! a not-yet-connected TCP socket's epoll registrations, which the swap
+//! moves to the channel), and the undecided handshakes (`hooks::pending`
+//! drives them, out of their map while it looks). The records and the
+//! handshakes' ids are only touched with the table's lock held for
+//! writing, so a closed or reused descriptor number is forgotten here
+//! ([`forget_fd_locked`]) in the same step as in the table. This file
+//! calls no interposed function's code: the entry points use it, never
+//! the other way round.
 
 use super::{errno, in_table_range, lock, set_errno, Ctx};
 use crate::holders;
@@ -26,66 +27,173 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Registered listeners: descriptor → its registration, shared by `dup`s.
-/// Only touched with [`LOCK`](crate::table::LOCK) held for writing (so never held across fork).
-pub(super) static LISTENERS: Mutex<Option<HashMap<RawFd, Arc<ListenerGuard>>>> = Mutex::new(None);
+/// What the hooks keep for one descriptor number beside its table entry
+/// and its flags, which mirror it for the lock-free checks: a listing
+/// with [`F_LISTENER`] or [`F_FALLBACK`], registrations with
+/// [`F_CANDIDATE`] (dropped when the candidacy ends: [`end_candidacy`],
+/// [`take_epoll_locked`], [`listening_locked`]), so that a number with a
+/// record closes through [`forget_fd_locked`], which drops it whole. Only
+/// touched with [`LOCK`] held for writing (so never held across fork).
+#[derive(Default)]
+pub(super) struct FdState {
+    /// What the device lists it as, shared by its `dup`s.
+    listed: Option<Listed>,
+    /// Its epoll registrations as a candidate (the set, the program's
+    /// event), in the order made: the swap moves them to the channel.
+    epoll: Vec<(RawFd, libc::epoll_event)>,
+}
 
-/// Fallback connections listed in the device: descriptor → its entry,
-/// shared by `dup`s; the last one's close frees it. Same locking as
-/// [`LISTENERS`].
-pub(super) static FALLBACKS: Mutex<Option<HashMap<RawFd, Arc<FallbackRecord>>>> = Mutex::new(None);
+/// A descriptor the device lists: the listing lasts until the last of its
+/// `dup`s is closed (each holds a reference, dropped with its record; the
+/// last drop unregisters or unlists).
+#[derive(Clone)]
+#[allow(dead_code)]
+enum Listed {
+    /// A listening TCP socket registered in the device.
+    Listener(Arc<ListenerGuard>),
+    /// A TCP connection that fell back, in the fallback table (`smclo ss
+    /// -a`).
+    Fallback(Arc<FallbackRecord>),
+}
 
-/// epoll registrations of candidate descriptors: (fd, epfd, event).
-/// Same locking as [`LISTENERS`].
-pub(super) static EPOLL: Mutex<Vec<(RawFd, RawFd, libc::epoll_event)>> = Mutex::new(Vec::new());
-
-/// Makes `new`, a duplicate of `old`, share `old`'s listener registration
-/// and fallback listing.
-pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
-    fn share<T>(m: &Mutex<Option<HashMap<RawFd, Arc<T>>>>, flag: u16, old: RawFd, new: RawFd) {
-        if !table::has_flag(old, flag) {
-            return;
+impl Listed {
+    /// The flag that mirrors it.
+    fn flag(&self) -> u16 {
+        match self {
+            Listed::Listener(_) => F_LISTENER,
+            Listed::Fallback(_) => F_FALLBACK,
         }
-        if let Some(m) = lock(m).as_mut() {
-            if let Some(r) = m.get(&old).cloned() {
-                m.insert(new, r);
-                table::set_flag(new, flag, true);
-            }
-        }
-    }
-    if in_table_range(new) {
-        share(&LISTENERS, F_LISTENER, old, new);
-        share(&FALLBACKS, F_FALLBACK, old, new);
     }
 }
 
-/// Forgets what we knew about descriptor number `fd` (it was closed). A
-/// handshake still pending on it comes back, to be dropped once the
-/// table's lock is released ([`Forgotten`]).
+/// The records by descriptor number (see [`FdState`]).
+static STATES: Mutex<Option<HashMap<RawFd, FdState>>> = Mutex::new(None);
+
+/// `f` applied to the record of `fd`, made if there is none. With the
+/// table's lock held for writing.
+fn with_state_locked<R>(fd: RawFd, f: impl FnOnce(&mut FdState) -> R) -> R {
+    f(lock(&STATES)
+        .get_or_insert_with(HashMap::new)
+        .entry(fd)
+        .or_default())
+}
+
+/// `fd` listens, registered in the device by `guard` (until its last
+/// `dup` is closed): it is no candidate any more. With the table's lock
+/// held for writing.
+pub(super) fn listening_locked(fd: RawFd, guard: ListenerGuard) {
+    with_state_locked(fd, |s| {
+        s.listed = Some(Listed::Listener(Arc::new(guard)));
+        s.epoll.clear();
+    });
+    table::set_flag(fd, F_CANDIDATE, false);
+    table::set_flag(fd, F_LISTENER, true);
+}
+
+/// Makes `new`, a duplicate of `old`, share `old`'s listener registration
+/// or fallback listing.
+pub(super) fn share_records_locked(old: RawFd, new: RawFd) {
+    if !in_table_range(new) || !table::has_flag(old, F_LISTENER | F_FALLBACK) {
+        return;
+    }
+    let listed = lock(&STATES)
+        .as_ref()
+        .and_then(|m| m.get(&old)?.listed.clone())
+        .filter(|l| table::has_flag(old, l.flag()));
+    if let Some(l) = listed {
+        let flag = l.flag();
+        with_state_locked(new, |s| s.listed = Some(l));
+        table::set_flag(new, flag, true);
+    }
+}
+
+/// Before an exec: listener registrations and fallback listings stay with
+/// this image (the new one registers the listeners it inherits again,
+/// `hooks::setup`, and could not unlist the fallbacks when it closes
+/// them).
+pub(super) fn unlist_all() {
+    let _g = LOCK.write();
+    if let Some(m) = lock(&STATES).as_mut() {
+        m.values_mut().for_each(|s| s.listed = None);
+    }
+}
+
+/// Records the program's epoll registration of candidate `fd` in set `ep`
+/// (`event`; `None`: deleted), made with the kernel just now, unless `fd`
+/// stopped being a candidate meanwhile. With the table's lock held for
+/// writing.
+pub(super) fn record_epoll_locked(fd: RawFd, ep: RawFd, event: Option<libc::epoll_event>) {
+    if !table::has_flag(fd, F_CANDIDATE) {
+        return;
+    }
+    with_state_locked(fd, |s| {
+        s.epoll.retain(|(p, _)| *p != ep);
+        s.epoll.extend(event.map(|e| (ep, e)));
+    });
+}
+
+/// Takes the epoll registrations recorded for `fd` (the swap moves them;
+/// a connection that stays TCP drops them). With the table's lock held
+/// for writing.
+pub(super) fn take_epoll_locked(fd: RawFd) -> Vec<(RawFd, libc::epoll_event)> {
+    let mut states = lock(&STATES);
+    let Some(m) = states.as_mut() else {
+        return Vec::new();
+    };
+    let Some(s) = m.get_mut(&fd) else {
+        return Vec::new();
+    };
+    let regs = std::mem::take(&mut s.epoll);
+    if s.listed.is_none() {
+        m.remove(&fd);
+    }
+    regs
+}
+
+/// `fd` is no candidate any more, and no swap took its registrations (its
+/// connect stays TCP): they go, so that none of them moves to a later
+/// connection at its number.
+pub(super) fn end_candidacy(fd: RawFd) {
+    let _g = LOCK.write();
+    table::set_flag(fd, F_CANDIDATE, false);
+    drop(take_epoll_locked(fd));
+}
+
+/// The descriptors with a pending handshake registered in epoll set `ep`.
+pub(super) fn pending_in_epoll(ep: RawFd) -> Vec<RawFd> {
+    let _g = LOCK.write();
+    lock(&STATES)
+        .as_ref()
+        .map(|m| {
+            m.iter()
+                .filter(|(fd, s)| {
+                    table::has_flag(**fd, F_PENDING) && s.epoll.iter().any(|(p, _)| *p == ep)
+                })
+                .map(|(fd, _)| *fd)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Forgets what we knew about descriptor number `fd` (it was closed): its
+/// flags and its record go. A handshake still pending on it comes back,
+/// to be dropped once the table's lock is released ([`Forgotten`]).
 #[must_use = "drop it after the table's lock is released"]
 pub(super) fn forget_fd_locked(fd: RawFd) -> Option<Forgotten> {
     if !in_table_range(fd) {
         return None;
     }
     let f = table::FLAGS[fd as usize].swap(0, Ordering::Relaxed);
-    if f & F_LISTENER != 0 {
-        if let Some(m) = lock(&LISTENERS).as_mut() {
+    if f & (F_LISTENER | F_CANDIDATE | F_FALLBACK) != 0 {
+        if let Some(m) = lock(&STATES).as_mut() {
             m.remove(&fd);
         }
-    }
-    if f & F_CANDIDATE != 0 {
-        lock(&EPOLL).retain(|(x, _, _)| *x != fd);
     }
     let pending = if f & F_PENDING != 0 {
         forget_pending_locked(fd)
     } else {
         None
     };
-    if f & F_FALLBACK != 0 {
-        if let Some(m) = lock(&FALLBACKS).as_mut() {
-            m.remove(&fd);
-        }
-    }
     super::epoll::forget_fd(fd);
     pending
 }
@@ -106,9 +214,7 @@ pub(super) fn list_fallback(
     let e = errno();
     if let Some(rec) = fallbacks::record(&c.dev, fd, side, reason, peer) {
         let _g = LOCK.write();
-        lock(&FALLBACKS)
-            .get_or_insert_with(HashMap::new)
-            .insert(fd, Arc::new(rec));
+        with_state_locked(fd, |s| s.listed = Some(Listed::Fallback(Arc::new(rec))));
         table::set_flag(fd, F_FALLBACK, true);
     }
     set_errno(e);
@@ -204,9 +310,12 @@ pub(super) fn out_hidden(fd: RawFd) -> bool {
 }
 
 /// The epoll registrations of `fd` recorded so far, given to the kernel
-/// without (`hide`) or with their writability.
+/// without (`hide`) or with their writability. With the table's lock held
+/// for writing.
 pub(super) fn hide_out_locked(fd: RawFd, hide: bool) {
-    for (_, ep, ev) in lock(&EPOLL).iter().filter(|(x, _, _)| *x == fd) {
+    let states = lock(&STATES);
+    let regs = states.as_ref().and_then(|m| m.get(&fd)).map(|s| &s.epoll);
+    for (ep, ev) in regs.into_iter().flatten() {
         let mut e = *ev;
         if hide {
             e.events &= !OUT_EPOLL;

@@ -6,8 +6,6 @@
 //! application's number stops being the channel, and when the last
 //! descriptor of a connection in this process is gone.
 
-use super::lock;
-use super::state::EPOLL;
 use super::LIVE;
 use crate::holders;
 use crate::real;
@@ -88,16 +86,11 @@ pub(super) fn swap_in(
     });
     table::mark_internal(tcp);
     let g = LOCK.write();
-    let recs: Vec<_> = {
-        let mut e = lock(&EPOLL);
-        let (mine, rest): (Vec<_>, Vec<_>) = e.drain(..).partition(|(x, _, _)| *x == fd);
-        *e = rest;
-        mine
-    };
+    let recs = super::state::take_epoll_locked(fd);
     // Remove the registrations while `fd` still names the TCP file: after
     // dup3 they could no longer be named, and the hidden duplicate keeps
     // that file (and so its registrations) alive.
-    for (_, ep, _) in &recs {
+    for (ep, _) in &recs {
         // SAFETY: plain epoll_ctl DEL with valid descriptors.
         unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     }
@@ -108,7 +101,7 @@ pub(super) fn swap_in(
     if r < 0 {
         let e = io::Error::last_os_error();
         drop(g);
-        for (_, ep, mut ev) in recs {
+        for (ep, mut ev) in recs {
             // SAFETY: re-adds the registration we removed.
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
@@ -127,7 +120,7 @@ pub(super) fn swap_in(
     drop(g);
     drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
-    for (_, ep, mut ev) in recs {
+    for (ep, mut ev) in recs {
         // SAFETY: `fd` is now the channel; same events and data.
         if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
             debug!(

@@ -756,12 +756,59 @@ static void check_select_connect(void) {
     exit(0);
 }
 
+/* A socket registered in a set before it listened, then closed: the next
+ * socket at its number, swapped to SMC-D, is not in that set (a
+ * registration recorded for the candidate it was must not move to the
+ * next connection there). */
+static void check_stale_registration(void) {
+    int ready[2];
+    if (pipe(ready)) fail("pipe");
+    pid_t c = fork();
+    if (c == 0) {
+        mode = "stale-registration-server";
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        int lfd = socket(AF_INET, SOCK_STREAM, 0);
+        if (bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 4) || getsockname(lfd, (struct sockaddr *)&a, &al))
+            fail("listen");
+        if (write(ready[1], &a, sizeof a) != sizeof a) fail("port");
+        int s = accept(lfd, NULL, NULL);
+        if (s < 0) fail("accept");
+        peer_write(s, 10);
+        char b;
+        if (read(s, &b, 1) != 0) fail("no end of file");
+        exit(0);
+    }
+    struct sockaddr_in a;
+    if (read(ready[0], &a, sizeof a) != sizeof a) fail("no port");
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int old = socket(AF_INET, SOCK_STREAM, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 111};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, old, &ev)) fail("epoll_ctl ADD of the first socket");
+    struct sockaddr_in any = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(old, (struct sockaddr *)&any, sizeof any) || listen(old, 1)) fail("first listen");
+    close(old);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd != old) fail("the new socket is %d, not the closed %d", fd, old);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
+    struct epoll_event mine = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &mine)) fail("the new connection was in the set already");
+    expect(ep, fd, EPOLLIN, 5000);
+    read_pattern(fd, 10);
+    close(fd);
+    int st;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the server failed");
+    printf("OK %llu\n", (unsigned long long)read_off);
+    exit(0);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) fail("usage: evloop MODE [ROUND-TRIPS]");
     mode = argv[1];
     if (argc > 2) rr_n = atol(argv[2]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!strcmp(mode, "select-connect")) check_select_connect();
+    if (!strcmp(mode, "stale-registration")) check_stale_registration();
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
