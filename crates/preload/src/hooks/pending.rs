@@ -18,8 +18,8 @@
 
 use super::lock;
 use super::state::{
-    hide_out_locked, is_current, list_fallback, out_hidden, pending_fds, take_epoll_locked, Shut,
-    Undecided, COUNT, CURRENT, PENDING,
+    end_current_locked, hide_out_locked, is_current, list_fallback, out_hidden, pending_fds,
+    take_epoll_locked, Shut, Undecided, COUNT, PENDING,
 };
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
@@ -169,11 +169,7 @@ fn end(fd: RawFd, pd: Undecided, o: Outcome) {
     drop(hs);
     let current = {
         let _g = LOCK.write();
-        let c = is_current(fd, id);
-        if c {
-            lock(&CURRENT).as_mut().map(|m| m.remove(&fd));
-        }
-        c
+        end_current_locked(fd, id)
     };
     if !current {
         // Closed while it was being decided: its number may name another

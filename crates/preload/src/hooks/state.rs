@@ -41,6 +41,19 @@ pub(super) struct FdState {
     /// Its epoll registrations as a candidate (the set, the program's
     /// event), in the order made: the swap moves them to the channel.
     epoll: Vec<(RawFd, libc::epoll_event)>,
+    /// The undecided handshake it holds, by id ([`Undecided::id`]). A
+    /// handshake being driven is out of [`PENDING`]; meanwhile another
+    /// thread may close its number and connect a new socket at it, so the
+    /// driver finishes (or puts back) only the one whose id is still
+    /// here.
+    pending_id: Option<u64>,
+}
+
+impl FdState {
+    /// Whether nothing is kept: the record can go.
+    fn is_empty(&self) -> bool {
+        self.listed.is_none() && self.epoll.is_empty() && self.pending_id.is_none()
+    }
 }
 
 /// A descriptor the device lists: the listing lasts until the last of its
@@ -144,7 +157,7 @@ pub(super) fn take_epoll_locked(fd: RawFd) -> Vec<(RawFd, libc::epoll_event)> {
         return Vec::new();
     };
     let regs = std::mem::take(&mut s.epoll);
-    if s.listed.is_none() {
+    if s.is_empty() {
         m.remove(&fd);
     }
     regs
@@ -184,7 +197,7 @@ pub(super) fn forget_fd_locked(fd: RawFd) -> Option<Forgotten> {
         return None;
     }
     let f = table::FLAGS[fd as usize].swap(0, Ordering::Relaxed);
-    if f & (F_LISTENER | F_CANDIDATE | F_FALLBACK) != 0 {
+    if f & (F_LISTENER | F_CANDIDATE | F_FALLBACK | F_PENDING) != 0 {
         if let Some(m) = lock(&STATES).as_mut() {
             m.remove(&fd);
         }
@@ -230,7 +243,7 @@ pub(super) struct Undecided {
     pub(super) slot: usize,
     /// The other end's address.
     pub(super) dest: SocketAddr,
-    /// Which connect of `fd` this is (see [`CURRENT`]).
+    /// Which connect of `fd` this is (see [`FdState::pending_id`]).
     pub(super) id: u64,
     /// A non-blocking `shutdown` made while it was undecided, carried out
     /// when it decides (see [`shutdown`]).
@@ -267,12 +280,6 @@ impl Shut {
 pub(super) static PENDING: Mutex<Option<HashMap<RawFd, Undecided>>> = Mutex::new(None);
 /// Descriptors with [`F_PENDING`] (the waits skip all this at 0).
 pub(super) static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// The pending connect each descriptor number holds now, by id. A
-/// handshake being driven is out of [`PENDING`]; meanwhile another thread
-/// may close its number and connect a new socket at it, so the driver
-/// finishes (or puts back) only the connect whose id is still current.
-/// Only touched with the table's lock held for writing.
-pub(super) static CURRENT: Mutex<Option<HashMap<RawFd, u64>>> = Mutex::new(None);
 /// The next connect's id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -281,9 +288,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    lock(&CURRENT)
-        .get_or_insert_with(HashMap::new)
-        .insert(fd, id);
+    with_state_locked(fd, |s| s.pending_id = Some(id));
     let pd = Undecided {
         hs,
         slot,
@@ -347,10 +352,7 @@ pub(super) struct Forgotten(#[allow(dead_code)] Undecided);
 /// Descriptor number `fd` was closed: its proposal is to be withdrawn
 /// (by dropping what this returns, see [`Forgotten`]). With the table's
 /// lock held for writing.
-pub(super) fn forget_pending_locked(fd: RawFd) -> Option<Forgotten> {
-    if let Some(m) = lock(&CURRENT).as_mut() {
-        m.remove(&fd);
-    }
+fn forget_pending_locked(fd: RawFd) -> Option<Forgotten> {
     let mut pd = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd))?;
     if let Some(p) = pd.hs.proposal_mut() {
         p.socket_closed();
@@ -388,7 +390,22 @@ pub(super) fn early_fds() -> Vec<RawFd> {
 /// Whether `id` is the connect that `fd` holds now. With the table's lock
 /// held for writing.
 pub(super) fn is_current(fd: RawFd, id: u64) -> bool {
-    lock(&CURRENT).as_ref().and_then(|m| m.get(&fd)) == Some(&id)
+    lock(&STATES).as_ref().and_then(|m| m.get(&fd)?.pending_id) == Some(id)
+}
+
+/// The handshake `id` of `fd` has decided: whether it was still the one
+/// `fd` holds (its number not closed meanwhile), which it no longer is.
+/// With the table's lock held for writing.
+pub(super) fn end_current_locked(fd: RawFd, id: u64) -> bool {
+    let mut states = lock(&STATES);
+    let Some(s) = states.as_mut().and_then(|m| m.get_mut(&fd)) else {
+        return false;
+    };
+    if s.pending_id != Some(id) {
+        return false;
+    }
+    s.pending_id = None;
+    true
 }
 
 /// The descriptors whose connect is pending and not being driven.
