@@ -58,7 +58,7 @@ pub const F_EPOLL: u16 = 16;
 /// until this descriptor is closed (`smclo ss -a`).
 pub const F_FALLBACK: u16 = 32;
 /// The flags whose records a duplicate of the descriptor shares
-/// (`hooks::records`): the record lasts until the last of them is closed.
+/// (`hooks::state`): the record lasts until the last of them is closed.
 pub const F_DUP_SHARED: u16 = F_LISTENER | F_FALLBACK;
 /// Known not to need a listener registration: not a listening TCP socket
 /// (asked once, or made by our `socket()` as something else), or one whose
