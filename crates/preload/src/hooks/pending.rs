@@ -18,14 +18,14 @@
 
 use super::lock;
 use super::state::{
-    end_current_locked, hide_out_locked, is_current, list_fallback, out_hidden, pending_fds,
-    take_epoll_locked, Shut, Undecided, COUNT, PENDING,
+    end_current_locked, is_current, list_fallback, out_hidden, pending_fds, Shut, Undecided, COUNT,
+    PENDING,
 };
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_EARLY, F_PENDING, LOCK};
+use crate::table::{self, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
 use smclo::adapter::handshake::{Decision, Looker, Polled, Until, Wake};
@@ -207,7 +207,7 @@ fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shu
         // no longer pending. A swap that succeeded cleared the flags with
         // the table entry.
         let _g = LOCK.write();
-        table::set_flag(fd, F_PENDING | F_EARLY, false);
+        super::state::swap_failed_locked(fd);
         return;
     };
     if let Some(how) = shut.how() {
@@ -253,11 +253,7 @@ fn as_tcp(fd: RawFd, shut: Shut) {
             );
         }
     }
-    // Also where writability was not hidden (an early connect's): the MOD
-    // gives an edge-triggered registration the edge it may wait for.
-    hide_out_locked(fd, false);
-    drop(take_epoll_locked(fd));
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    super::state::stays_tcp_locked(fd);
 }
 
 /// Looks once at the handshake of `fd`, if its connect is pending.
@@ -294,27 +290,11 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
         if advance(fd, Some(Instant::now())) {
             return Ok(());
         }
-        hide_early_out(fd);
+        super::state::hide_early_out(fd);
         return Err(libc::EAGAIN);
     }
     settle(fd);
     Ok(())
-}
-
-/// A non-blocking call on `fd`, an early connect's socket, cannot go on
-/// before the decision: from now on its writability is hidden as a
-/// non-blocking connect's, so that a poller waits for the decision (which
-/// gives it back, with an edge) instead of finding the socket writable
-/// and failing again.
-fn hide_early_out(fd: RawFd) {
-    if !table::has_flag(fd, F_EARLY) {
-        return;
-    }
-    let _g = LOCK.write();
-    if table::has_flag(fd, F_PENDING) && table::has_flag(fd, F_EARLY) {
-        table::set_flag(fd, F_EARLY, false);
-        hide_out_locked(fd, true);
-    }
 }
 
 /// `shutdown(fd, how)` while `fd`'s connection may be undecided: `None`

@@ -52,8 +52,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         clear_stale(fd);
-        let f = if tcp { F_CANDIDATE | F_TCP } else { F_PLAIN };
-        table::set_flag(fd, f, true);
+        super::state::made(fd, tcp);
     }
     fd
 }

@@ -6,14 +6,19 @@
 //! drives them, out of their map while it looks). The records and the
 //! handshakes' ids are only touched with the table's lock held for
 //! writing, so a closed or reused descriptor number is forgotten here
-//! ([`forget_fd_locked`]) in the same step as in the table. This file
-//! calls no interposed function's code: the entry points use it, never
-//! the other way round.
+//! ([`forget_fd_locked`]) in the same step as in the table. The flags
+//! that mirror the state for the lock-free checks ([`F_CANDIDATE`],
+//! [`F_PENDING`], [`F_EARLY`], [`F_LISTENER`], [`F_FALLBACK`]) are set and
+//! cleared here only (and by the table, whose entry replaces a candidate).
+//! This file calls no interposed function's code: the entry points use
+//! it, never the other way round.
 
 use super::{errno, in_table_range, lock, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_EARLY, F_FALLBACK, F_LISTENER, F_PENDING, LOCK};
+use crate::table::{
+    self, F_CANDIDATE, F_EARLY, F_FALLBACK, F_LISTENER, F_PENDING, F_PLAIN, F_TCP, LOCK,
+};
 use libc::c_int;
 use smclo::adapter::fallbacks::{self, FallbackRecord};
 use smclo::adapter::handshake;
@@ -172,6 +177,56 @@ pub(super) fn end_candidacy(fd: RawFd) {
     drop(take_epoll_locked(fd));
 }
 
+/// `fd` was made by the program's `socket()` just now: a TCP stream is a
+/// candidate (its registrations are recorded until it connects) known to
+/// be TCP ([`F_TCP`]); anything else is known to be no listener
+/// ([`F_PLAIN`]).
+pub(super) fn made(fd: RawFd, tcp: bool) {
+    let f = if tcp { F_CANDIDATE | F_TCP } else { F_PLAIN };
+    table::set_flag(fd, f, true);
+}
+
+/// `fd` is now its connection's channel (the swap installed it): no
+/// candidate, no pending handshake. With the table's lock held for
+/// writing, in the same step as the table entry, so that a registration
+/// made after it is not taken for a pending connect's ([`kernel_event`]).
+pub(super) fn swapped_locked(fd: RawFd) {
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+}
+
+/// The swap of `fd` failed (both ends reset): it stays the TCP socket, no
+/// longer pending. With the table's lock held for writing.
+pub(super) fn swap_failed_locked(fd: RawFd) {
+    table::set_flag(fd, F_PENDING | F_EARLY, false);
+}
+
+/// The handshake of `fd` decided TCP (or its TCP connection failed): its
+/// registrations report writability again (an edge-triggered one too: the
+/// kernel looks again at a MOD, also where writability was not hidden, an
+/// early connect's) and are no longer recorded; no candidate, nothing
+/// pending. With the table's lock held for writing.
+pub(super) fn stays_tcp_locked(fd: RawFd) {
+    hide_out_locked(fd, false);
+    drop(take_epoll_locked(fd));
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+}
+
+/// A non-blocking call on `fd`, an early connect's socket, cannot go on
+/// before the decision: from now on its writability is hidden as a
+/// non-blocking connect's, so that a poller waits for the decision (which
+/// gives it back, with an edge) instead of finding the socket writable
+/// and failing again.
+pub(super) fn hide_early_out(fd: RawFd) {
+    if !table::has_flag(fd, F_EARLY) {
+        return;
+    }
+    let _g = LOCK.write();
+    if table::has_flag(fd, F_PENDING) && table::has_flag(fd, F_EARLY) {
+        table::set_flag(fd, F_EARLY, false);
+        hide_out_locked(fd, true);
+    }
+}
+
 /// The descriptors with a pending handshake registered in epoll set `ep`.
 pub(super) fn pending_in_epoll(ep: RawFd) -> Vec<RawFd> {
     let _g = LOCK.write();
@@ -317,7 +372,7 @@ pub(super) fn out_hidden(fd: RawFd) -> bool {
 /// The epoll registrations of `fd` recorded so far, given to the kernel
 /// without (`hide`) or with their writability. With the table's lock held
 /// for writing.
-pub(super) fn hide_out_locked(fd: RawFd, hide: bool) {
+fn hide_out_locked(fd: RawFd, hide: bool) {
     let states = lock(&STATES);
     let regs = states.as_ref().and_then(|m| m.get(&fd)).map(|s| &s.epoll);
     for (ep, ev) in regs.into_iter().flatten() {

@@ -9,7 +9,7 @@
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_PENDING, F_TCP, F_TIMEO, LOCK};
+use crate::table::{self, Sock, F_TCP, F_TIMEO, LOCK};
 use libc::{c_int, c_void, socklen_t};
 use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
@@ -114,9 +114,7 @@ pub(super) fn swap_in(
     let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let handshake_chan = sock.conn.replace_channel(at_fd, false);
     table::install_locked(fd, &sock, cloexec);
-    // In the same step as the entry: a registration made after it must not
-    // be taken for a pending connect's (`pending::kernel_event`).
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    super::state::swapped_locked(fd);
     drop(g);
     drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
