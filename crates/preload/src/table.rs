@@ -58,7 +58,7 @@ pub const F_EPOLL: u16 = 16;
 /// until this descriptor is closed (`smclo ss -a`).
 pub const F_FALLBACK: u16 = 32;
 /// The flags whose records a duplicate of the descriptor shares
-/// (`hooks::records`): the record lasts until the last of them is closed.
+/// (`hooks::state`): the record lasts until the last of them is closed.
 pub const F_DUP_SHARED: u16 = F_LISTENER | F_FALLBACK;
 /// Known not to need a listener registration: not a listening TCP socket
 /// (asked once, or made by our `socket()` as something else), or one whose
@@ -235,7 +235,7 @@ impl Drop for WriteGuard<'_> {
 pub struct Sock {
     /// The data path. Its channel's descriptor is the application's own
     /// (the number the connection was made on) while the application
-    /// keeps that number; see [`crate::hooks`] (`close`, `dup2`, exec).
+    /// keeps that number; see `crate::hooks` (`close`, `dup2`, exec).
     pub conn: Conn,
     /// This end's DMB registration (stats: bytes sent).
     pub reg: Registration,
@@ -259,6 +259,27 @@ pub struct Sock {
     pub cork_armed: AtomicBool,
     /// `tcp` counts against the descriptor budget (`smclo::adapter::fdnum`).
     pub _held: smclo::adapter::fdnum::Held,
+}
+
+impl Sock {
+    /// `shutdown(how)` of the connection: SHUT_WR half-closes (the peer
+    /// reads what was sent, then end of stream); SHUT_RD is local, as in
+    /// SMC.
+    pub fn shutdown(&self, how: libc::c_int) -> std::io::Result<()> {
+        match how {
+            libc::SHUT_RD => {
+                self.shut_rd.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            libc::SHUT_WR | libc::SHUT_RDWR => {
+                if how == libc::SHUT_RDWR {
+                    self.shut_rd.store(true, Ordering::Relaxed);
+                }
+                self.conn.shutdown_write()
+            }
+            _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
 }
 
 impl Drop for Sock {
@@ -404,14 +425,6 @@ pub fn take_locked(fd: RawFd) -> Option<Arc<Sock>> {
     }
     // SAFETY: the entry owned this strong count; it is now ours.
     Some(unsafe { Arc::from_raw((p as usize & !TAG_NO_CLOEXEC) as *const Sock) })
-}
-
-/// One application descriptor of `sock` is gone: when it was the last one
-/// in this process, this process's share of the connection ends.
-pub fn release(sock: Arc<Sock>) {
-    if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
-        crate::hooks::last_close(&sock);
-    }
 }
 
 /// Calls `f` with every connection in the table, once per entry (a

@@ -121,3 +121,11 @@ fn select_request_response_makes_almost_no_system_call() {
         );
     }
 }
+
+/// A socket registered in an epoll set before it listened, then closed,
+/// leaves no registration behind for the next socket at its number: that
+/// one, swapped to SMC-D, is not in the set until the program adds it.
+#[test]
+fn a_closed_sockets_registration_does_not_reach_the_next_at_its_number() {
+    check("stale-registration", None);
+}

@@ -60,8 +60,8 @@ pub mod fdnum {
 /// The handshake, driven by the adapter around the program's calls.
 pub mod handshake {
     pub use crate::handshake::{
-        client_propose_with, server_accept, ClientProposal, Decision, Established, ServerHandshake,
-        SocketFacts, Wake,
+        client_propose_with, ClientProposal, Decision, Established, Looker, Pending, Polled,
+        SocketFacts, Until, Wake,
     };
 }
 

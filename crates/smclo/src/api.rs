@@ -206,7 +206,8 @@ impl SmcListener {
             );
             let (tcp, peer) = self.tcp.accept()?;
             crate::accept_spin::accepted(spun);
-            let d = handshake::server_accept(dev, &self.cfg, tcp.as_raw_fd());
+            let deadline = std::time::Instant::now() + self.cfg.clc_wait;
+            let d = handshake::Pending::accept(dev, &self.cfg, tcp.as_raw_fd(), deadline).finish();
             (tcp, peer, d)
         };
         Ok((
@@ -492,8 +493,9 @@ fn connect_one(dev: &Arc<Device>, cfg: &Config, dest: SocketAddr) -> io::Result<
         handshake::client_propose_with(dev, cfg, fd, dest, handshake::SocketFacts::new_socket());
     let connected = sockaddr::connect(fd, dest);
     let (d, listed) = match proposal {
-        Ok(mut p) => {
-            p.syn_sent();
+        Ok(p) => {
+            let deadline = std::time::Instant::now() + cfg.clc_wait;
+            let p = handshake::Pending::connect(p, deadline);
             connected?;
             (p.finish(), true)
         }

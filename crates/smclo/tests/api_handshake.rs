@@ -7,6 +7,7 @@
 use smclo::api::{SmcListener, SmcStream};
 use smclo::config::Config;
 use smclo::device::Device;
+use smclo::testing::handshake::{ClientProposal, Decision, Pending, Polled, Until};
 use smclo_testsupport::{DevDir, Peer};
 use smclo_wire::reason::Reason;
 use std::io::{Read, Write};
@@ -311,6 +312,12 @@ fn fallback_ueid_mismatch() {
     );
 }
 
+/// Waits for the decision of the proposal `p`, whose socket connected,
+/// as a blocking `connect` does.
+fn finish(p: ClientProposal, cfg: &Config) -> Decision {
+    Pending::connect(p, Instant::now() + cfg.clc_wait).finish()
+}
+
 /// A client's proposal to `dest` made by hand on a fresh TCP socket, so
 /// that a test can meddle between its steps.
 fn raw_proposal(
@@ -352,8 +359,7 @@ fn fallback_token_gone() {
     assert_ne!(p.token(), 0);
     p.unregister_dmb();
     smclo::testing::sockaddr::connect(fd, dest).unwrap();
-    p.syn_sent();
-    let d = p.finish();
+    let d = finish(p, &cfg);
     assert_eq!(d.fallback_reason(), Some(Reason::ErrRtok));
     assert_eq!(peer.line(), "smc=0 reason=ERR_RTOK");
     echo_plain(tcp);
@@ -387,7 +393,7 @@ fn early_bytes_reach_an_smc_server_first_and_in_order() {
     let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, Some(b"early"));
-    let smclo::testing::handshake::Decision::Smc(e) = p.finish() else {
+    let smclo::testing::handshake::Decision::Smc(e) = finish(p, &dir.cfg()) else {
         panic!("the handshake fell back");
     };
     assert_eq!(peer.line(), "smc=1 reason=-");
@@ -416,7 +422,10 @@ fn early_bytes_counted_but_not_in_the_stream_keep_tcp() {
     let dir = Dir::new("hs");
     let (mut peer, addr) = Peer::serve(&dir.0, "echo");
     let (tcp, p) = early_proposal(&dir, &dir.cfg(), &addr, None);
-    assert_eq!(p.finish().fallback_reason(), Some(Reason::SyncErr));
+    assert_eq!(
+        finish(p, &dir.cfg()).fallback_reason(),
+        Some(Reason::SyncErr)
+    );
     assert_eq!(peer.line(), "smc=0 reason=SYNCERR");
     // The stream is exactly what was sent on it: nothing.
     echo_plain(tcp);
@@ -432,7 +441,7 @@ fn early_bytes_stay_in_the_stream_when_the_server_declines() {
     let mut cfg = dir.cfg();
     cfg.ueid = Some(*b"TENANT-B                        ");
     let (mut tcp, p) = early_proposal(&dir, &cfg, &addr, Some(b"early"));
-    assert_eq!(p.finish().fallback_reason(), Some(Reason::NoUeid));
+    assert_eq!(finish(p, &cfg).fallback_reason(), Some(Reason::NoUeid));
     assert_eq!(peer.line(), "smc=0 reason=NOUEID");
     tcp.write_all(b", then plain").unwrap();
     tcp.shutdown(Shutdown::Write).unwrap();
@@ -801,7 +810,7 @@ fn flooded_rendezvous_socket_does_not_stall_the_server() {
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(p.finish().fallback_reason(), Some(Reason::Timeout));
+    assert_eq!(finish(p, &cfg).fallback_reason(), Some(Reason::Timeout));
     drop(flood);
     echo_plain(tcp);
     peer.wait_ok();
@@ -1090,9 +1099,10 @@ fn an_undecided_clients_channel_waits_at_a_high_number() {
     let mut cfg = dir.cfg();
     cfg.channel_placed_by_caller = true;
     let dest: std::net::SocketAddr = addr.parse().unwrap();
-    let (tcp, mut p) = raw_proposal(&dir.dev(), &cfg, dest);
+    let (tcp, p) = raw_proposal(&dir.dev(), &cfg, dest);
     smclo::testing::sockaddr::connect(tcp.as_raw_fd(), dest).unwrap();
-    p.syn_sent();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut p = Pending::connect(p, deadline);
     // The server's connection to our rendezvous socket: the server then
     // waits for our DMB, a first contact's.
     let listener = p.wake().fd.expect("the rendezvous socket");
@@ -1109,9 +1119,11 @@ fn an_undecided_clients_channel_waits_at_a_high_number() {
     let mut st = 0;
     // SAFETY: waitpid on our own child; reports it once stopped.
     unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let step = p.decide_by(deadline, Some(Instant::now() + Duration::from_millis(50)));
-    assert!(step.is_none(), "decided with the server stopped");
+    let step = p.poll(Until::Step(Instant::now() + Duration::from_millis(50)));
+    assert!(
+        matches!(step, Polled::Waiting(_)),
+        "decided with the server stopped"
+    );
     let chan = p.wake().fd.expect("the channel");
     assert_ne!(chan, listener, "the step took no connection");
     assert!(

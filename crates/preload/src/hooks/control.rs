@@ -6,19 +6,17 @@
 //! socket), and epoll_ctl (recording candidates' registrations for the
 //! swap).
 
-use super::records::{forget_fd_locked, lock, share_records_locked, EPOLL};
+use super::state::{forget_fd_locked, share_records_locked};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
 use crate::table::{
     self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK, MAX_FD,
 };
 use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
-use smclo::adapter::conn::Conn;
 use smclo::debug;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Interposed `shutdown(2)`: SHUT_WR half-closes (the peer reads what was
 /// sent, then end of stream); SHUT_RD is local, as in SMC.
@@ -33,26 +31,9 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         // SAFETY: forwarded unchanged.
         return unsafe { real::shutdown(fd, how) };
     };
-    shutdown_conn(&s, how)
-}
-
-/// `shutdown` of the SMC-D connection `s`.
-pub(super) fn shutdown_conn(s: &Sock, how: c_int) -> c_int {
-    match how {
-        libc::SHUT_RD => {
-            s.shut_rd.store(true, Ordering::Relaxed);
-            0
-        }
-        libc::SHUT_WR | libc::SHUT_RDWR => {
-            if how == libc::SHUT_RDWR {
-                s.shut_rd.store(true, Ordering::Relaxed);
-            }
-            match s.conn.shutdown_write() {
-                Ok(()) => 0,
-                Err(e) => fail(os_err(&e)),
-            }
-        }
-        _ => fail(libc::EINVAL),
+    match s.shutdown(how) {
+        Ok(()) => 0,
+        Err(e) => fail(os_err(&e)),
     }
 }
 
@@ -166,7 +147,7 @@ fn close_slow(fd: RawFd) -> c_int {
     drop(g);
     drop(pending);
     if let Some(s) = s {
-        table::release(s);
+        super::swap::release(s);
     }
     set_errno(e);
     r
@@ -318,7 +299,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     drop(g);
     drop(pending);
     if let Some(p) = prev {
-        table::release(p);
+        super::swap::release(p);
     }
     set_errno(e);
     r
@@ -536,40 +517,6 @@ fn set_cork(s: &Sock, val: *const c_void, len: socklen_t) -> c_int {
     }
 }
 
-/// A `SO_RCVTIMEO`/`SO_SNDTIMEO` value (the kernel validated it already).
-fn timeval_dur(val: *const c_void, len: socklen_t) -> Option<Duration> {
-    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
-        return None;
-    }
-    // SAFETY: checked length; read_unaligned for application buffers.
-    let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
-    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec as u64))
-}
-
-/// Socket `fd`'s timeout option `name` (`SO_RCVTIMEO`, `SO_SNDTIMEO`;
-/// zero when none is set), `None` if it cannot be read.
-pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>> {
-    // SAFETY: an all-zero timeval is valid.
-    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
-    let p: *mut libc::timeval = &mut tv;
-    // SAFETY: getsockopt writes at most `len` bytes into `tv`.
-    let rc = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, p.cast(), &mut len) };
-    (rc == 0).then(|| timeval_dur(p.cast(), len))
-}
-
-/// Gives `conn` the timeouts of the TCP socket `tcp`.
-pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
-    for (name, set) in [
-        (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
-        (libc::SO_SNDTIMEO, Conn::set_write_timeout),
-    ] {
-        if let Some(t) = socket_timeout(tcp, name) {
-            set(conn, t);
-        }
-    }
-}
-
 /// Interposed `setsockopt(2)`: options go to the hidden TCP socket; the
 /// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO, SO_SNDTIMEO)
 /// are also applied to the connection.
@@ -621,8 +568,8 @@ pub unsafe extern "C" fn setsockopt(
             s.linger0
                 .store(l.l_onoff != 0 && l.l_linger == 0, Ordering::Relaxed);
         }
-        libc::SO_RCVTIMEO => s.conn.set_read_timeout(timeval_dur(val, len)),
-        libc::SO_SNDTIMEO => s.conn.set_write_timeout(timeval_dur(val, len)),
+        libc::SO_RCVTIMEO => s.conn.set_read_timeout(super::swap::timeval_dur(val, len)),
+        libc::SO_SNDTIMEO => s.conn.set_write_timeout(super::swap::timeval_dur(val, len)),
         _ => {}
     }
     0
@@ -672,7 +619,7 @@ pub unsafe extern "C" fn epoll_ctl(
             return super::epoll::ctl(ep, op, fd, event, &s);
         }
     }
-    let mut kev = event.map(|e| super::pending::kernel_event(fd, e));
+    let mut kev = event.map(|e| super::state::kernel_event(fd, e));
     let kptr = match (&mut kev, g.is_some()) {
         (Some(k), true) => k as *mut libc::epoll_event,
         _ => ev,
@@ -686,11 +633,8 @@ pub unsafe extern "C" fn epoll_ctl(
         super::epoll::nest(fd);
     }
     if g.is_some() {
-        let mut e = lock(&EPOLL);
-        e.retain(|(x, p, _)| !(*x == fd && *p == ep));
-        if let Some(event) = event.filter(|_| op != libc::EPOLL_CTL_DEL) {
-            e.push((fd, ep, event));
-        }
+        let kept = event.filter(|_| op != libc::EPOLL_CTL_DEL);
+        super::state::record_epoll_locked(fd, ep, kept);
     }
     r
 }

@@ -24,7 +24,7 @@
 //! number that is not the one the set was made under (a `dup` of an epoll
 //! descriptor).
 
-use super::records::lock;
+use super::lock;
 use super::{errno, set_errno};
 use crate::real;
 use crate::table::{self, Sock, F_EPOLL};
@@ -100,7 +100,7 @@ fn also_any() -> bool {
 /// The kernel wait on `ep` of at most `ms`, beside this thread's [`ALSO`]
 /// descriptors if any: the real `epoll_pwait` into `room`, `Ok(0)` when
 /// one of those woke it.
-fn pwait(
+pub(super) fn pwait(
     ep: RawFd,
     room: &mut [epoll_event],
     ms: c_int,
@@ -621,7 +621,7 @@ fn cancel(sh: &Shadow) {
 }
 
 /// Milliseconds until `deadline` (rounded up), -1 for none.
-fn ms_left(deadline: Option<Instant>) -> c_int {
+pub(super) fn ms_left(deadline: Option<Instant>) -> c_int {
     match deadline {
         None => -1,
         Some(d) => {
@@ -707,48 +707,8 @@ fn wait(
     }
 }
 
-/// The interposed waits, shadowed set or not; one that holds a pending
-/// handshake also sleeps on the handshake's descriptor and looks at it
-/// between kernel waits (`hooks::pending`).
-unsafe fn wait_entry(
-    ep: RawFd,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: Option<Duration>,
-    sigmask: *const sigset_t,
-    fallback: impl FnOnce() -> c_int,
-) -> c_int {
-    super::before_wait(timeout);
-    let slice = |t: Option<Duration>| {
-        // SAFETY: the caller's arguments, with a shorter timeout.
-        unsafe {
-            wait_set(ep, events, max, t, sigmask, || {
-                let ms = ms_left(t.map(|t| Instant::now() + t));
-                if events.is_null() || max <= 0 {
-                    // The kernel's EFAULT or EINVAL.
-                    return real::epoll_pwait(ep, events, max, ms, sigmask);
-                }
-                // SAFETY: the caller passes `max` writable events; the
-                // program's own memory, which no peer writes.
-                let room = std::slice::from_raw_parts_mut(events, max as usize);
-                match pwait(ep, room, ms, sigmask) {
-                    Ok(n) => n as c_int,
-                    Err(e) => {
-                        set_errno(e);
-                        -1
-                    }
-                }
-            })
-        }
-    };
-    if let Some(r) = super::pending::epoll_wait(ep, timeout, slice) {
-        return r;
-    }
-    // SAFETY: forwarded.
-    unsafe { wait_set(ep, events, max, timeout, sigmask, fallback) }
-}
-
-unsafe fn wait_set(
+/// A wait on `ep` through its shadow, if it has one (else `fallback`).
+pub(super) unsafe fn wait_set(
     ep: RawFd,
     events: *mut epoll_event,
     max: c_int,
@@ -771,77 +731,5 @@ unsafe fn wait_set(
             set_errno(e);
             -1
         }
-    }
-}
-
-fn ms_timeout(ms: c_int) -> Option<Duration> {
-    (ms >= 0).then(|| Duration::from_millis(ms as u64))
-}
-
-/// Interposed `epoll_wait(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_wait(
-    ep: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-) -> c_int {
-    // SAFETY: forwarded (or served over the caller's buffer).
-    unsafe {
-        wait_entry(
-            ep,
-            events,
-            max,
-            ms_timeout(timeout),
-            std::ptr::null(),
-            || real::epoll_wait(ep, events, max, timeout),
-        )
-    }
-}
-
-/// Interposed `epoll_pwait(2)`: the mask is in force for every kernel
-/// call of the wait, so a signal it lets in ends the spin too (`EINTR`).
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(
-    ep: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-    sigmask: *const sigset_t,
-) -> c_int {
-    // SAFETY: as for epoll_wait.
-    unsafe {
-        wait_entry(ep, events, max, ms_timeout(timeout), sigmask, || {
-            real::epoll_pwait(ep, events, max, timeout, sigmask)
-        })
-    }
-}
-
-/// Interposed `epoll_pwait2(2)` (a `timespec` timeout; the fast path's
-/// sleep is in whole milliseconds, rounded up).
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait2(
-    ep: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    ts: *const timespec,
-    sigmask: *const sigset_t,
-) -> c_int {
-    let timeout = if ts.is_null() {
-        None
-    } else {
-        // SAFETY: the caller's timespec.
-        let t = unsafe { *ts };
-        if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
-            return super::fail(libc::EINVAL);
-        }
-        Some(Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
-    };
-    // SAFETY: as for epoll_wait; the fallback is the system call itself
-    // (not every libc has the wrapper).
-    unsafe {
-        wait_entry(ep, events, max, timeout, sigmask, || {
-            libc::syscall(libc::SYS_epoll_pwait2, ep, events, max, ts, sigmask, 8) as c_int
-        })
     }
 }

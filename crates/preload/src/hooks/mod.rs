@@ -6,26 +6,30 @@
 //! descriptors, which are never table descriptors, so those calls pass
 //! straight through and nothing recurses.
 //!
-//! One file per concept: `setup` makes connections (socket, listen, accept,
-//! connect), `pending` carries a non-blocking connect whose handshake has
-//! not decided yet, and `swap` turns a TCP descriptor into an SMC-D one; `data`
-//! moves bytes; `control` covers the rest of a descriptor's life (close,
-//! dup, fcntl, ioctl, options, epoll); `process` handles fork, exec and
-//! exit; `unsupported` refuses what shared memory cannot do. `records`
-//! holds what the hooks remember besides the table. This file keeps only
-//! the small functions they all share.
+//! One file per concept, in layers (docs/ARCHITECTURE.md, the preload's
+//! map): the entry points (`setup` makes connections: socket, listen,
+//! accept, connect; `data` moves bytes; `control` covers the rest of a
+//! descriptor's life: close, dup, fcntl, ioctl, options, epoll_ctl;
+//! `epoll_calls` and `poll` the waits; `process` fork, exec and exit;
+//! `unsupported` refuses what shared memory cannot do) use the
+//! transitions (`pending` drives a handshake that has not decided yet,
+//! `swap` turns a TCP descriptor into an SMC-D one), which use the
+//! descriptor state (`state`: what the hooks remember besides the table;
+//! `epoll`: the sets' shadows). This file keeps only the small functions
+//! they all share.
 
 mod adopt;
 mod control;
 mod data;
 mod epoll;
+mod epoll_calls;
 mod limits;
 mod pending;
 mod poll;
 mod process;
-mod records;
 mod setup;
 mod signal;
+mod state;
 mod swap;
 mod target;
 mod unsupported;
@@ -33,13 +37,12 @@ mod variant;
 
 pub use control::*;
 pub use data::*;
-pub use epoll::{epoll_pwait, epoll_pwait2, epoll_wait};
+pub use epoll_calls::{epoll_pwait, epoll_pwait2, epoll_wait};
 pub use limits::*;
 pub use poll::{__poll_chk, __ppoll_chk, __select, poll, ppoll, pselect, select};
 pub use process::*;
 pub use setup::*;
 pub use signal::{__sysv_signal, bsd_signal, sigaction, siginterrupt, signal, sigset, sysv_signal};
-pub(crate) use swap::last_close;
 pub use unsupported::*;
 pub use variant::{posix_spawn, posix_spawnp};
 
@@ -142,6 +145,11 @@ fn fail<T: From<i8>>(e: c_int) -> T {
 fn unsupported<T: From<i8>>(fd: RawFd, what: std::fmt::Arguments<'_>) -> T {
     debug!("fd {fd}: {what} is not supported on an SMC-D connection: EOPNOTSUPP");
     fail(libc::EOPNOTSUPP)
+}
+
+/// The mutex's data; a panic elsewhere does not poison the hooks' maps.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn in_table_range(fd: RawFd) -> bool {

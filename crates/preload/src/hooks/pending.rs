@@ -16,16 +16,19 @@
 //! descriptor then (its epoll registrations move to the channel); TCP
 //! gives the registrations their `EPOLLOUT` back.
 
-use super::records::{lock, EPOLL};
-use super::setup::list_fallback;
+use super::lock;
+use super::state::{
+    end_current_locked, is_current, list_fallback, out_hidden, pending_fds, Shut, Undecided, COUNT,
+    PENDING,
+};
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_CANDIDATE, F_EARLY, F_PENDING, LOCK};
+use crate::table::{self, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
-use smclo::adapter::handshake::{ClientProposal, Decision, ServerHandshake, Wake};
+use smclo::adapter::handshake::{Decision, Looker, Polled, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
@@ -33,8 +36,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// How long a thread waits before it looks again at a handshake that
@@ -47,109 +49,6 @@ const CHUNK: Duration = Duration::from_millis(5);
 
 /// The writability a pending connect does not report.
 const OUT_POLL: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND;
-const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
-
-/// The two ends' handshakes, in steps.
-// Made once per connection and moved into the map once: boxing the larger
-// would cost an allocation per connect for nothing.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Handshake {
-    /// A non-blocking connect's.
-    Connect(ClientProposal),
-    /// An event loop's accepted connection's.
-    Accept(ServerHandshake),
-}
-
-impl Handshake {
-    /// `may_wait`: the caller waits for the decision (in steps until
-    /// `until`), as a blocking call does.
-    fn decide_by(
-        &mut self,
-        deadline: Instant,
-        until: Option<Instant>,
-        may_wait: bool,
-    ) -> Option<Decision> {
-        match self {
-            Handshake::Connect(p) => p.decide_by(deadline, until),
-            Handshake::Accept(h) => h.decide_within(deadline, until, may_wait),
-        }
-    }
-
-    fn wake(&self) -> Wake {
-        match self {
-            Handshake::Connect(p) => p.wake(),
-            Handshake::Accept(h) => h.wake(),
-        }
-    }
-
-    fn woken(&self, drives: bool) {
-        if let Handshake::Connect(p) = self {
-            p.woken(drives);
-        }
-    }
-
-    fn role(&self) -> Role {
-        match self {
-            Handshake::Connect(_) => Role::Client,
-            Handshake::Accept(_) => Role::Server,
-        }
-    }
-}
-
-struct Pending {
-    hs: Handshake,
-    /// The holder slot claimed for the connection.
-    slot: usize,
-    /// The other end's address.
-    dest: SocketAddr,
-    /// `connect` (`accept`) + `SMCLO_CLC_WAIT_MS`: this end gives up then.
-    deadline: Instant,
-    /// Which connect of `fd` this is (see [`CURRENT`]).
-    id: u64,
-    /// A non-blocking `shutdown` made while it was undecided, carried out
-    /// when it decides (see [`shutdown`]).
-    shut: Shut,
-    /// A blocking connect that returned connected (its writes may go
-    /// early): the process's exit ends it as a close would.
-    early: bool,
-}
-
-/// The directions a [`shutdown`] of an undecided connection closed.
-#[derive(Clone, Copy, Default)]
-struct Shut {
-    rd: bool,
-    wr: bool,
-}
-
-impl Shut {
-    fn add(&mut self, how: c_int) {
-        self.rd |= how != libc::SHUT_WR;
-        self.wr |= how != libc::SHUT_RD;
-    }
-
-    fn how(self) -> Option<c_int> {
-        match (self.rd, self.wr) {
-            (true, true) => Some(libc::SHUT_RDWR),
-            (true, false) => Some(libc::SHUT_RD),
-            (false, true) => Some(libc::SHUT_WR),
-            (false, false) => None,
-        }
-    }
-}
-
-/// Pending connects by descriptor; one being driven is out of the map.
-static PENDING: Mutex<Option<HashMap<RawFd, Pending>>> = Mutex::new(None);
-/// Descriptors with [`F_PENDING`] (the waits skip all this at 0).
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// The pending connect each descriptor number holds now, by id. A
-/// handshake being driven is out of [`PENDING`]; meanwhile another thread
-/// may close its number and connect a new socket at it, so the driver
-/// finishes (or puts back) only the connect whose id is still current.
-/// Only touched with the table's lock held for writing.
-static CURRENT: Mutex<Option<HashMap<RawFd, u64>>> = Mutex::new(None);
-/// The next connect's id.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     /// This thread is driving a handshake: the swap's own calls on the
     /// descriptor (its `dup`) must not wait for that handshake.
@@ -167,47 +66,6 @@ fn pending(fd: RawFd) -> bool {
     table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
 }
 
-/// `connect` (`accept`) returned `fd` before its handshake `hs` with
-/// `dest` decided.
-pub(super) fn start(
-    fd: RawFd,
-    hs: Handshake,
-    slot: usize,
-    dest: SocketAddr,
-    deadline: Instant,
-    early: bool,
-) {
-    let _g = LOCK.write();
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    lock(&CURRENT)
-        .get_or_insert_with(HashMap::new)
-        .insert(fd, id);
-    let pd = Pending {
-        hs,
-        slot,
-        dest,
-        deadline,
-        id,
-        shut: Shut::default(),
-        early,
-    };
-    lock(&PENDING)
-        .get_or_insert_with(HashMap::new)
-        .insert(fd, pd);
-    COUNT.fetch_add(1, Ordering::Relaxed);
-    // Registrations are recorded (the swap moves them) and given to the
-    // kernel without writability until the handshake decides.
-    table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
-    table::set_flag(fd, F_EARLY, early);
-    hide_out_locked(fd, !early);
-}
-
-/// Whether `fd`'s writability is hidden: its connect is pending and its
-/// writes could not go early.
-fn out_hidden(fd: RawFd) -> bool {
-    table::has_flag(fd, F_PENDING) && !table::has_flag(fd, F_EARLY)
-}
-
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
 /// each time: the open file may be shared with descriptors and processes
 /// made before the connect, whose `F_SETFL` no hook on `fd` sees.
@@ -215,79 +73,6 @@ pub(super) fn nonblocking(fd: RawFd) -> bool {
     // SAFETY: F_GETFL on the application's descriptor.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
     fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
-/// The epoll registrations of `fd` recorded so far, given to the kernel
-/// without (`hide`) or with their writability.
-fn hide_out_locked(fd: RawFd, hide: bool) {
-    for (_, ep, ev) in lock(&EPOLL).iter().filter(|(x, _, _)| *x == fd) {
-        let mut e = *ev;
-        if hide {
-            e.events &= !OUT_EPOLL;
-        }
-        // SAFETY: a valid event for the call's duration.
-        unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_MOD, fd, &mut e) };
-    }
-}
-
-/// The event the kernel gets for a registration of `fd` (epoll_ctl): no
-/// writability while its connect is pending. Call with the table's lock
-/// held for writing, so that the decision cannot come in between.
-pub(super) fn kernel_event(fd: RawFd, ev: libc::epoll_event) -> libc::epoll_event {
-    let mut e = ev;
-    if out_hidden(fd) {
-        e.events &= !OUT_EPOLL;
-    }
-    e
-}
-
-/// A handshake whose descriptor number was closed: dropping it withdraws
-/// the proposal (or declines), which closes descriptors of its own (a
-/// server's connection filed for it on the rendezvous socket). Their
-/// interposed `close` takes the table's lock, so it must be dropped after
-/// that lock is released, never under it.
-#[must_use = "drop it after the table's lock is released"]
-pub(super) struct Forgotten(#[allow(dead_code)] Pending);
-
-/// Descriptor number `fd` was closed: its proposal is to be withdrawn
-/// (by dropping what this returns, see [`Forgotten`]). With the table's
-/// lock held for writing.
-pub(super) fn forget_locked(fd: RawFd) -> Option<Forgotten> {
-    if let Some(m) = lock(&CURRENT).as_mut() {
-        m.remove(&fd);
-    }
-    let mut pd = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd))?;
-    if let Handshake::Connect(p) = &mut pd.hs {
-        p.socket_closed();
-    }
-    COUNT.fetch_sub(1, Ordering::Relaxed);
-    holders::forget(pd.slot);
-    debug!(
-        "fd {fd}: closed before the handshake with {} decided",
-        pd.dest
-    );
-    Some(Forgotten(pd))
-}
-
-/// The early connects whose handshake is pending and not being driven:
-/// the process's exit ends them as a close would (`hooks::process`), so
-/// that a server that accepted one, and may hold its request, is followed
-/// and reads the end of the stream, as from a TCP client that exited.
-/// Other pending connects are left to the rules of a process that dies
-/// (their server finds the client gone: PEER_DEAD).
-pub(super) fn early_fds() -> Vec<RawFd> {
-    if COUNT.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
-    }
-    lock(&PENDING)
-        .as_ref()
-        .map(|m| {
-            m.iter()
-                .filter(|(_, pd)| pd.early)
-                .map(|(fd, _)| *fd)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// How a pending connect ended.
@@ -310,13 +95,16 @@ fn tcp_failed(fd: RawFd) -> bool {
 }
 
 /// Advances `pd`, sleeping at most until `until` (`None`: until it ends).
-fn step(fd: RawFd, pd: &mut Pending, until: Option<Instant>) -> Option<Outcome> {
+fn step(fd: RawFd, pd: &mut Undecided, until: Option<Instant>) -> Option<Outcome> {
     loop {
         if tcp_failed(fd) {
             return Some(Outcome::TcpFailed);
         }
-        let u = until.unwrap_or_else(|| Instant::now() + CHUNK);
-        if let Some(d) = pd.hs.decide_by(pd.deadline, Some(u), until.is_none()) {
+        let u = match until {
+            Some(u) => Until::Step(u),
+            None => Until::BlockingStep(Instant::now() + CHUNK),
+        };
+        if let Polled::Decided(d) = pd.hs.poll(u) {
             return Some(Outcome::Decided(Box::new(d)));
         }
         if until.is_some() {
@@ -344,7 +132,7 @@ fn advance(fd: RawFd, until: Option<Instant>) -> bool {
 }
 
 /// [`advance`] of `pd`, taken out of the map.
-fn drive_one(fd: RawFd, mut pd: Pending, until: Option<Instant>) -> bool {
+fn drive_one(fd: RawFd, mut pd: Undecided, until: Option<Instant>) -> bool {
     match step(fd, &mut pd, until) {
         None => {
             let _g = LOCK.write();
@@ -367,15 +155,9 @@ fn drive_one(fd: RawFd, mut pd: Pending, until: Option<Instant>) -> bool {
     }
 }
 
-/// Whether `id` is the connect that `fd` holds now. With the table's lock
-/// held for writing.
-fn is_current(fd: RawFd, id: u64) -> bool {
-    lock(&CURRENT).as_ref().and_then(|m| m.get(&fd)) == Some(&id)
-}
-
 /// The handshake of `fd` ended with `o`.
-fn end(fd: RawFd, pd: Pending, o: Outcome) {
-    let Pending {
+fn end(fd: RawFd, pd: Undecided, o: Outcome) {
+    let Undecided {
         hs,
         slot,
         dest,
@@ -387,11 +169,7 @@ fn end(fd: RawFd, pd: Pending, o: Outcome) {
     drop(hs);
     let current = {
         let _g = LOCK.write();
-        let c = is_current(fd, id);
-        if c {
-            lock(&CURRENT).as_mut().map(|m| m.remove(&fd));
-        }
-        c
+        end_current_locked(fd, id)
     };
     if !current {
         // Closed while it was being decided: its number may name another
@@ -429,15 +207,12 @@ fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shu
         // no longer pending. A swap that succeeded cleared the flags with
         // the table entry.
         let _g = LOCK.write();
-        table::set_flag(fd, F_PENDING | F_EARLY, false);
+        super::state::swap_failed_locked(fd);
         return;
     };
     if let Some(how) = shut.how() {
-        if super::control::shutdown_conn(&s, how) < 0 {
-            debug!(
-                "fd {fd}: the shutdown made before the decision failed: {}",
-                io::Error::last_os_error()
-            );
+        if let Err(e) = s.shutdown(how) {
+            debug!("fd {fd}: the shutdown made before the decision failed: {e}");
         }
     }
 }
@@ -478,11 +253,7 @@ fn as_tcp(fd: RawFd, shut: Shut) {
             );
         }
     }
-    // Also where writability was not hidden (an early connect's): the MOD
-    // gives an edge-triggered registration the edge it may wait for.
-    hide_out_locked(fd, false);
-    lock(&EPOLL).retain(|(x, _, _)| *x != fd);
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    super::state::stays_tcp_locked(fd);
 }
 
 /// Looks once at the handshake of `fd`, if its connect is pending.
@@ -490,14 +261,6 @@ pub(super) fn look(fd: RawFd) {
     if pending(fd) {
         advance(fd, Some(Instant::now()));
     }
-}
-
-/// The descriptors whose connect is pending and not being driven.
-fn pending_fds() -> Vec<RawFd> {
-    lock(&PENDING)
-        .as_ref()
-        .map(|m| m.keys().copied().collect())
-        .unwrap_or_default()
 }
 
 /// Waits for the decision on `fd` (bounded by its deadline).
@@ -527,27 +290,11 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
         if advance(fd, Some(Instant::now())) {
             return Ok(());
         }
-        hide_early_out(fd);
+        super::state::hide_early_out(fd);
         return Err(libc::EAGAIN);
     }
     settle(fd);
     Ok(())
-}
-
-/// A non-blocking call on `fd`, an early connect's socket, cannot go on
-/// before the decision: from now on its writability is hidden as a
-/// non-blocking connect's, so that a poller waits for the decision (which
-/// gives it back, with an edge) instead of finding the socket writable
-/// and failing again.
-fn hide_early_out(fd: RawFd) {
-    if !table::has_flag(fd, F_EARLY) {
-        return;
-    }
-    let _g = LOCK.write();
-    if table::has_flag(fd, F_PENDING) && table::has_flag(fd, F_EARLY) {
-        table::set_flag(fd, F_EARLY, false);
-        hide_out_locked(fd, true);
-    }
 }
 
 /// `shutdown(fd, how)` while `fd`'s connection may be undecided: `None`
@@ -605,9 +352,7 @@ pub(super) fn early_send(
         let mut map = lock(&PENDING);
         // Being driven by another thread (out of the map): wait instead.
         let pd = map.as_mut()?.get_mut(&fd)?;
-        let Handshake::Connect(p) = &mut pd.hs else {
-            return None;
-        };
+        let p = pd.hs.proposal_mut()?;
         if !p.add_early(n) {
             return None;
         }
@@ -661,7 +406,7 @@ fn sleep_for(fds: &[RawFd]) -> Sleep {
     let map = lock(&PENDING);
     for fd in fds {
         let (wake, deadline) = match map.as_ref().and_then(|m| m.get(fd)) {
-            Some(pd) => (pd.hs.wake(), pd.deadline),
+            Some(pd) => (pd.hs.wake(), pd.hs.deadline()),
             None => (
                 Wake {
                     fd: None,
@@ -692,18 +437,18 @@ fn woken(ready: &[RawFd], mine: &[RawFd]) {
     if let Some(m) = lock(&PENDING).as_ref() {
         m.iter()
             .filter(|(_, pd)| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
-            .for_each(|(fd, pd)| pd.hs.woken(mine.contains(fd)));
+            .for_each(|(fd, pd)| pd.hs.readable(looker(mine, *fd)));
     }
 }
 
-/// The pending handshakes registered in epoll set `ep`.
-fn in_epoll(ep: RawFd) -> Vec<RawFd> {
-    let _g = LOCK.write();
-    lock(&EPOLL)
-        .iter()
-        .filter(|(fd, e, _)| *e == ep && table::has_flag(*fd, F_PENDING))
-        .map(|(fd, _, _)| *fd)
-        .collect()
+/// Who looks next at the handshake of `fd`, found readable by a wait
+/// over `mine`.
+fn looker(mine: &[RawFd], fd: RawFd) -> Looker {
+    if mine.contains(&fd) {
+        Looker::Caller
+    } else {
+        Looker::Other
+    }
 }
 
 /// The shorter of two optional timeouts (`None`: for ever).
@@ -778,7 +523,7 @@ pub(super) fn epoll_wait(
     }
     driving(
         timeout,
-        || in_epoll(ep),
+        || super::state::pending_in_epoll(ep),
         |t, extra| super::epoll::with_also(extra, || once(t)),
     )
 }

@@ -5,7 +5,6 @@
 //! the end of the program) closes each connection as the kernel closes a
 //! socket, unless another process of the family still holds it.
 
-use super::records::{lock, FALLBACKS, LISTENERS};
 use super::target::{self, Program, Target};
 use super::{adopt, fail, swap, variant, LIVE};
 use crate::holders;
@@ -71,15 +70,7 @@ pub unsafe extern "C" fn vfork() -> pid_t {
 /// new one registers the listeners it inherits again (`hooks::setup`), and
 /// a program without this library must not be proposed to.
 fn forget_records() {
-    let g = LOCK.write();
-    if let Some(m) = lock(&LISTENERS).as_mut() {
-        m.clear();
-    }
-    if let Some(m) = lock(&FALLBACKS).as_mut() {
-        // The new image could not unlist these when it closes them.
-        m.clear();
-    }
-    drop(g);
+    super::state::unlist_all();
 }
 
 /// The connections (all, or those in `only`) cannot follow into the new
@@ -114,7 +105,7 @@ fn fall_back(only: Option<&[Arc<Sock>]>) {
     drop(g);
     drop(all);
     for t in taken {
-        table::release(t);
+        super::swap::release(t);
     }
 }
 
@@ -213,9 +204,9 @@ pub(crate) fn close_all() {
     }
     let g = LOCK.write();
     // Early connects end as closed (their numbers are forgotten).
-    let undecided: Vec<_> = super::pending::early_fds()
+    let undecided: Vec<_> = super::state::early_fds()
         .into_iter()
-        .filter_map(super::records::forget_fd_locked)
+        .filter_map(super::state::forget_fd_locked)
         .collect();
     let all = table::all_locked();
     let mut taken = Vec::new();
@@ -230,7 +221,7 @@ pub(crate) fn close_all() {
     // which takes the lock.
     drop(undecided);
     for t in taken {
-        table::release(t);
+        super::swap::release(t);
     }
 }
 

@@ -5,27 +5,25 @@
 //! not smclo, stays plain TCP.
 
 use super::pending;
-use super::records::{forget_fd_locked, lock, FALLBACKS, LISTENERS};
+use super::state::{forget_fd_locked, list_fallback};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
 use crate::table::{
-    self, F_BOUND, F_CANDIDATE, F_FALLBACK, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
+    self, F_BOUND, F_CANDIDATE, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
 };
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
 use smclo::adapter::fallbacks;
-use smclo::adapter::handshake::{self, Decision};
+use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
@@ -54,8 +52,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         clear_stale(fd);
-        let f = if tcp { F_CANDIDATE | F_TCP } else { F_PLAIN };
-        table::set_flag(fd, f, true);
+        super::state::made(fd, tcp);
     }
     fd
 }
@@ -85,32 +82,8 @@ fn clear_stale(fd: RawFd) {
     drop(pending);
     if let Some(s) = old {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
-        table::release(s);
+        super::swap::release(s);
     }
-}
-
-/// Lists the TCP connection on `fd`, which fell back for `reason` on
-/// `side`, in the device's fallback table until `fd` is closed (`smclo ss
-/// -a`). Keeps errno.
-pub(super) fn list_fallback(
-    c: &Ctx,
-    fd: RawFd,
-    side: Role,
-    reason: Reason,
-    peer: Option<SocketAddr>,
-) {
-    if !in_table_range(fd) {
-        return;
-    }
-    let e = errno();
-    if let Some(rec) = fallbacks::record(&c.dev, fd, side, reason, peer) {
-        let _g = LOCK.write();
-        lock(&FALLBACKS)
-            .get_or_insert_with(HashMap::new)
-            .insert(fd, Arc::new(rec));
-        table::set_flag(fd, F_FALLBACK, true);
-    }
-    set_errno(e);
 }
 
 /// Interposed `listen(2)`: TCP listeners save SYNs and are registered in
@@ -161,11 +134,7 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     match registered {
         Ok(guard) => {
             let _g = LOCK.write();
-            lock(&LISTENERS)
-                .get_or_insert_with(HashMap::new)
-                .insert(fd, Arc::new(guard));
-            table::set_flag(fd, F_CANDIDATE, false);
-            table::set_flag(fd, F_LISTENER, true);
+            super::state::listening_locked(fd, guard);
             debug!("fd {fd}: listening, registered for SMC-D");
         }
         Err(why) => {
@@ -196,7 +165,7 @@ fn unknown(fd: RawFd) -> bool {
 /// `NO_SAVED_SYN` for those the kernel queued before SYNs were saved).
 ///
 /// Threads that meet the same listener at once may both register it; the
-/// later registration replaces the earlier in [`LISTENERS`], whose guard
+/// later registration replaces the earlier in its `hooks::state` record, whose guard
 /// then unregisters it. No lock is taken that a `fork` could leave held.
 fn adopt_if_unknown(fd: RawFd) {
     if !unknown(fd) || disabled() {
@@ -316,7 +285,7 @@ fn listener_blocks(fd: RawFd) -> bool {
 /// been set before this process), otherwise when the handlers have
 /// `SA_RESTART` (see `hooks::data`).
 fn accept_restarts(fd: RawFd) -> bool {
-    let timeout = super::control::socket_timeout(fd, libc::SO_RCVTIMEO)
+    let timeout = super::swap::socket_timeout(fd, libc::SO_RCVTIMEO)
         .flatten()
         .is_some_and(|t| !t.is_zero());
     !timeout && super::data::handlers_restart()
@@ -367,7 +336,8 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     let peer = unsafe { accepted_peer(addr, len, cap) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
     if blocks && !nonblock {
-        let d = handshake::server_accept(&c.dev, &c.cfg, nfd);
+        let deadline = Instant::now() + c.cfg.clc_wait;
+        let d = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline).finish();
         accept_decided(c, nfd, d, slot, flags, peer);
     } else {
         accept_in_steps(c, nfd, slot, flags, peer);
@@ -384,27 +354,18 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<SocketAddr>) {
     let now = Instant::now();
     let deadline = now + c.cfg.clc_wait;
-    let mut h = handshake::ServerHandshake::new(&c.dev, &c.cfg, nfd);
-    if let Some(d) = h.decide_by(deadline, Some(now + smclo::adapter::conn::spin_budget())) {
+    let mut h = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline);
+    let spin = Until::Step(now + smclo::adapter::conn::spin_budget());
+    if let Polled::Decided(d) = h.poll(spin) {
         return accept_decided(c, nfd, d, slot, flags, peer);
     }
     let Some(from) = peer.or_else(|| smclo::adapter::sockaddr::peer(nfd).ok()) else {
         // Without the peer's address the connection cannot be listed; it
         // is decided here instead (bounded by SMCLO_CLC_WAIT_MS).
-        let d = h
-            .decide_by(deadline, None)
-            .unwrap_or(Decision::Tcp(Reason::Timeout));
-        return accept_decided(c, nfd, d, slot, flags, peer);
+        return accept_decided(c, nfd, h.finish(), slot, flags, peer);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
-    pending::start(
-        nfd,
-        pending::Handshake::Accept(h),
-        slot,
-        from,
-        deadline,
-        false,
-    );
+    super::state::start(nfd, h, slot, from, false);
 }
 
 /// The handshake of the accepted `nfd` decided `d`.
@@ -549,7 +510,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Err(r) => {
             c.dev.count_fallback(r, Role::Client);
             debug!("fd {fd}: connect to {dest} stays TCP ({r})");
-            table::set_flag(fd, F_CANDIDATE, false);
+            super::state::end_candidacy(fd);
             // SAFETY: forwarded unchanged.
             return unsafe { connect_listed(c, fd, addr, len, r, dest) };
         }
@@ -558,7 +519,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         drop(p);
         c.dev.count_fallback(Reason::Mem, Role::Client);
         debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
-        table::set_flag(fd, F_CANDIDATE, false);
+        super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
         return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
@@ -588,19 +549,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // waiting for it. Only when the server can answer without us: a
         // program that idles after connect would keep a first contact's
         // server waiting for our DMB until it gives up.
-        let deadline = start + c.cfg.clc_wait;
-        pending::start(
-            fd,
-            pending::Handshake::Connect(p),
-            slot,
-            dest,
-            deadline,
-            !connecting,
-        );
+        let hs = handshake::Pending::connect(p, start + c.cfg.clc_wait);
+        super::state::start(fd, hs, slot, dest, !connecting);
         set_errno(e);
         return r;
     }
-    match p.finish() {
+    let deadline = Instant::now() + c.cfg.clc_wait;
+    match handshake::Pending::connect(p, deadline).finish() {
         Decision::Smc(est) => {
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
@@ -613,6 +568,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             list_fallback(c, fd, Role::Client, r, Some(dest));
         }
     }
-    table::set_flag(fd, F_CANDIDATE, false);
+    super::state::end_candidacy(fd);
     0
 }

@@ -6,17 +6,19 @@
 //! application's number stops being the channel, and when the last
 //! descriptor of a connection in this process is gone.
 
-use super::records::{lock, EPOLL};
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_CANDIDATE, F_EARLY, F_PENDING, F_TCP, F_TIMEO, LOCK};
+use crate::table::{self, Sock, F_TCP, F_TIMEO, LOCK};
+use libc::{c_int, c_void, socklen_t};
+use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
 use smclo::debug;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Makes `fd` the connection's channel (its readiness is the connection's,
 /// see docs/ARCHITECTURE.md "Readiness"): the TCP socket moves to a hidden
@@ -67,7 +69,7 @@ pub(super) fn swap_in(
     // from the listener) apply to it; a socket of our socket() has none
     // unless the application set them.
     if !table::has_flag(fd, F_TCP) || table::has_flag(fd, F_TIMEO) {
-        super::control::copy_timeouts(tcp, &conn);
+        copy_timeouts(tcp, &conn);
     }
     let chan = conn.fd();
     let sock = Arc::new(Sock {
@@ -84,16 +86,11 @@ pub(super) fn swap_in(
     });
     table::mark_internal(tcp);
     let g = LOCK.write();
-    let recs: Vec<_> = {
-        let mut e = lock(&EPOLL);
-        let (mine, rest): (Vec<_>, Vec<_>) = e.drain(..).partition(|(x, _, _)| *x == fd);
-        *e = rest;
-        mine
-    };
+    let recs = super::state::take_epoll_locked(fd);
     // Remove the registrations while `fd` still names the TCP file: after
     // dup3 they could no longer be named, and the hidden duplicate keeps
     // that file (and so its registrations) alive.
-    for (_, ep, _) in &recs {
+    for (ep, _) in &recs {
         // SAFETY: plain epoll_ctl DEL with valid descriptors.
         unsafe { real::epoll_ctl(*ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     }
@@ -104,7 +101,7 @@ pub(super) fn swap_in(
     if r < 0 {
         let e = io::Error::last_os_error();
         drop(g);
-        for (_, ep, mut ev) in recs {
+        for (ep, mut ev) in recs {
             // SAFETY: re-adds the registration we removed.
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
@@ -117,13 +114,11 @@ pub(super) fn swap_in(
     let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let handshake_chan = sock.conn.replace_channel(at_fd, false);
     table::install_locked(fd, &sock, cloexec);
-    // In the same step as the entry: a registration made after it must not
-    // be taken for a pending connect's (`pending::kernel_event`).
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    super::state::swapped_locked(fd);
     drop(g);
     drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
-    for (_, ep, mut ev) in recs {
+    for (ep, mut ev) in recs {
         // SAFETY: `fd` is now the channel; same events and data.
         if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
             debug!(
@@ -191,8 +186,16 @@ pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
     }
 }
 
+/// One application descriptor of `sock` is gone: when it was the last one
+/// in this process, this process's share of the connection ends.
+pub(super) fn release(sock: Arc<Sock>) {
+    if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
+        last_close(&sock);
+    }
+}
+
 /// The last descriptor of a connection in this process is gone.
-pub(crate) fn last_close(s: &Sock) {
+fn last_close(s: &Sock) {
     LIVE.fetch_sub(1, Ordering::Relaxed);
     match end_share(s) {
         Ending::Disowned(pid) => {
@@ -239,5 +242,39 @@ pub(crate) fn end_share(s: &Sock) -> Ending {
     } else {
         s.conn.close_shared();
         Ending::Closed
+    }
+}
+
+/// A `SO_RCVTIMEO`/`SO_SNDTIMEO` value (the kernel validated it already).
+pub(super) fn timeval_dur(val: *const c_void, len: socklen_t) -> Option<Duration> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return None;
+    }
+    // SAFETY: checked length; read_unaligned for application buffers.
+    let tv = unsafe { std::ptr::read_unaligned(val as *const libc::timeval) };
+    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec as u64))
+}
+
+/// Socket `fd`'s timeout option `name` (`SO_RCVTIMEO`, `SO_SNDTIMEO`;
+/// zero when none is set), `None` if it cannot be read.
+pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>> {
+    // SAFETY: an all-zero timeval is valid.
+    let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    let p: *mut libc::timeval = &mut tv;
+    // SAFETY: getsockopt writes at most `len` bytes into `tv`.
+    let rc = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, p.cast(), &mut len) };
+    (rc == 0).then(|| timeval_dur(p.cast(), len))
+}
+
+/// Gives `conn` the timeouts of the TCP socket `tcp`.
+pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
+    for (name, set) in [
+        (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
+        (libc::SO_SNDTIMEO, Conn::set_write_timeout),
+    ] {
+        if let Some(t) = socket_timeout(tcp, name) {
+            set(conn, t);
+        }
     }
 }

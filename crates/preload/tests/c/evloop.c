@@ -694,34 +694,61 @@ static void check_select(int fd, int ep) {
     read_pattern(fd, 10);
 }
 
-/* A non-blocking connect whose server accepts only after 300 ms: select
- * reports it writable once, when its handshake has decided, and the write
- * that follows succeeds (a selecting program must not spin on EAGAIN). */
-static void check_select_connect(void) {
+/* Forks the server of a connection: another process, as a connect to a
+ * listener of its own process stays TCP. It listens on a loopback port,
+ * which `a` receives, runs `run` on its listener and exits. */
+static pid_t fork_server(const char *name, void (*run)(int lfd), struct sockaddr_in *a) {
     int ready[2];
     if (pipe(ready)) fail("pipe");
     pid_t c = fork();
     if (c == 0) {
-        /* The server is another process: a connect to a listener of its
-         * own process stays TCP. */
-        mode = "select-connect-server";
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t al = sizeof a;
+        mode = name;
+        struct sockaddr_in l = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t ll = sizeof l;
         int lfd = socket(AF_INET, SOCK_STREAM, 0);
-        if (bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 4) || getsockname(lfd, (struct sockaddr *)&a, &al))
+        if (bind(lfd, (struct sockaddr *)&l, sizeof l) || listen(lfd, 4) || getsockname(lfd, (struct sockaddr *)&l, &ll))
             fail("listen");
-        if (write(ready[1], &a, sizeof a) != sizeof a) fail("port");
-        usleep(300 * 1000);
-        int s = accept(lfd, NULL, NULL);
-        if (s < 0) fail("accept");
-        read_pattern(s, 10);
-        peer_write(s, 10);
-        char b;
-        if (read(s, &b, 1) != 0) fail("no end of file");
+        if (write(ready[1], &l, sizeof l) != sizeof l) fail("port");
+        run(lfd);
         exit(0);
     }
+    if (read(ready[0], a, sizeof *a) != sizeof *a) fail("no port");
+    close(ready[0]);
+    close(ready[1]);
+    return c;
+}
+
+/* Accepts one connection, reads ten bytes first if `echo`, writes ten and
+ * waits for the end of the stream. */
+static void serve(int lfd, int echo) {
+    int s = accept(lfd, NULL, NULL);
+    if (s < 0) fail("accept");
+    if (echo) read_pattern(s, 10);
+    peer_write(s, 10);
+    char b;
+    if (read(s, &b, 1) != 0) fail("no end of file");
+}
+
+/* Accepts after 300 ms, then answers ten bytes with ten. */
+static void serve_late(int lfd) {
+    usleep(300 * 1000);
+    serve(lfd, 1);
+}
+
+/* Waits for the server `c` to succeed, then reports the bytes read. */
+static void server_done(pid_t c) {
+    int st;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the server failed");
+    printf("OK %llu\n", (unsigned long long)read_off);
+    exit(0);
+}
+
+/* A non-blocking connect whose server accepts only after 300 ms: select
+ * reports it writable once, when its handshake has decided, and the write
+ * that follows succeeds (a selecting program must not spin on EAGAIN). */
+static void check_select_connect(void) {
     struct sockaddr_in a;
-    if (read(ready[0], &a, sizeof a) != sizeof a) fail("no port");
+    pid_t c = fork_server("select-connect-server", serve_late, &a);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) fail("the connect did not wait for the server");
     if (errno != EINPROGRESS) fail("connect");
@@ -750,10 +777,35 @@ static void check_select_connect(void) {
     fcntl(fd, F_SETFL, 0);
     read_pattern(fd, 10);
     close(fd);
-    int st;
-    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the server failed");
-    printf("OK %llu\n", (unsigned long long)read_off);
-    exit(0);
+    server_done(c);
+}
+
+/* Writes ten bytes and waits for the end of the stream. */
+static void serve_ten(int lfd) { serve(lfd, 0); }
+
+/* A socket registered in a set before it listened, then closed: the next
+ * socket at its number, swapped to SMC-D, is not in that set (a
+ * registration recorded for the candidate it was must not move to the
+ * next connection there). */
+static void check_stale_registration(void) {
+    struct sockaddr_in a;
+    pid_t c = fork_server("stale-registration-server", serve_ten, &a);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int old = socket(AF_INET, SOCK_STREAM, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 111};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, old, &ev)) fail("epoll_ctl ADD of the first socket");
+    struct sockaddr_in any = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(old, (struct sockaddr *)&any, sizeof any) || listen(old, 1)) fail("first listen");
+    close(old);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd != old) fail("the new socket is %d, not the closed %d", fd, old);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
+    struct epoll_event mine = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &mine)) fail("the new connection was in the set already");
+    expect(ep, fd, EPOLLIN, 5000);
+    read_pattern(fd, 10);
+    close(fd);
+    server_done(c);
 }
 
 int main(int argc, char **argv) {
@@ -762,6 +814,7 @@ int main(int argc, char **argv) {
     if (argc > 2) rr_n = atol(argv[2]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!strcmp(mode, "select-connect")) check_select_connect();
+    if (!strcmp(mode, "stale-registration")) check_stale_registration();
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;

@@ -16,7 +16,7 @@
 use crate::config::Config;
 use crate::debug;
 use crate::device::Device;
-use crate::handshake::{Decision, ServerHandshake};
+use crate::handshake::{Decision, Pending, Polled, Until, Wake};
 use crate::owner::current_pid;
 use std::collections::VecDeque;
 use std::io;
@@ -63,9 +63,8 @@ struct Queue {
 struct Kept {
     tcp: TcpStream,
     peer: SocketAddr,
-    hs: ServerHandshake,
-    /// `accept` + `SMCLO_CLC_WAIT_MS`: the server gives up then (TIMEOUT).
-    deadline: Instant,
+    /// Gives up at `accept` + `SMCLO_CLC_WAIT_MS` (TIMEOUT).
+    hs: Pending,
     /// The wake descriptor in the set, if any.
     watched: Option<RawFd>,
 }
@@ -156,20 +155,19 @@ impl Backlog {
         loop {
             let (tcp, peer) = tcp.accept()?;
             let now = Instant::now();
-            let deadline = now + cfg.clc_wait;
-            let mut hs = ServerHandshake::new(dev, cfg, tcp.as_raw_fd());
-            if let Some(d) = hs.decide_by(deadline, Some(now + crate::wait::spin_budget())) {
-                return Ok((tcp, peer, d));
-            }
+            let mut hs = Pending::accept(dev, cfg, tcp.as_raw_fd(), now + cfg.clc_wait);
+            let wake = match hs.poll(Until::Step(now + crate::wait::spin_budget())) {
+                Polled::Decided(d) => return Ok((tcp, peer, d)),
+                Polled::Waiting(w) => w,
+            };
             debug!("the handshake with {peer} goes on after accept");
             let mut k = Kept {
                 tcp,
                 peer,
                 hs,
-                deadline,
                 watched: None,
             };
-            self.watch(&mut k);
+            self.watch(&mut k, wake);
             q.entries.push_back(k);
         }
     }
@@ -186,7 +184,7 @@ impl Backlog {
         };
         self.rearm(&mut q);
         drop(q);
-        decided.or_else(|| oldest.map(|k| (k.tcp, k.peer, k.hs.finish_by(k.deadline))))
+        decided.or_else(|| oldest.map(|k| (k.tcp, k.peer, k.hs.finish())))
     }
 
     /// Looks once at each kept handshake, in order, and takes out the
@@ -195,21 +193,22 @@ impl Backlog {
         let now = Instant::now();
         for i in 0..q.entries.len() {
             let k = &mut q.entries[i];
-            match k.hs.decide_by(k.deadline, Some(now)) {
-                Some(d) => {
+            match k.hs.poll(Until::Step(now)) {
+                Polled::Decided(d) => {
                     let k = q.entries.remove(i).expect("index in range");
                     let k = self.unwatched(k);
                     return Some((k.tcp, k.peer, d));
                 }
-                None => self.watch(k),
+                Polled::Waiting(w) => self.watch(k, w),
             }
         }
         None
     }
 
-    /// Puts `k`'s wake descriptor in the set in place of the one there.
-    fn watch(&self, k: &mut Kept) {
-        let want = k.hs.wake().fd;
+    /// Puts `k`'s wake descriptor (of `wake`) in the set in place of the
+    /// one there.
+    fn watch(&self, k: &mut Kept, wake: Wake) {
+        let want = wake.fd;
         if want == k.watched {
             return;
         }
@@ -241,7 +240,7 @@ impl Backlog {
 
     /// Arms the timer for the earliest look that only time tells: a kept
     /// handshake's deadline, or its next look when no descriptor wakes it
-    /// (its [`Wake`](crate::handshake::Wake) has only `within`). Re-arming
+    /// (its [`Wake`] has only `within`). Re-arming
     /// clears a timer that fired, so the set is not readable for it any
     /// more.
     fn rearm(&self, q: &mut Queue) {
@@ -293,7 +292,7 @@ impl Backlog {
 impl Drop for Backlog {
     /// As the kernel resets the connections left in a closed listener's
     /// queue: each kept handshake declines (TIMEOUT, when it answered the
-    /// client; see [`ServerHandshake`]'s `Drop`), then its TCP connection
+    /// client; see [`Pending`]), then its TCP connection
     /// is reset.
     fn drop(&mut self) {
         let mut q = lock(&self.queue);
@@ -322,7 +321,8 @@ fn next_look(k: &Kept, now: Instant) -> Instant {
         Some(_) => Some(w.within.unwrap_or(UNWATCHED_LOOK)),
         None => w.within,
     };
-    within.map_or(k.deadline, |d| k.deadline.min(now + d))
+    let deadline = k.hs.deadline();
+    within.map_or(deadline, |d| deadline.min(now + d))
 }
 
 /// A new epoll set and timerfd (non-blocking), both close-on-exec.

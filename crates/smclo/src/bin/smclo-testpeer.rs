@@ -207,7 +207,8 @@ fn stopper(addr: &str, pause: Pause) -> io::Result<()> {
             }
         }
     }
-    let (ends, reason) = match p.finish() {
+    let deadline = std::time::Instant::now() + cfg.clc_wait;
+    let (ends, reason) = match handshake::Pending::connect(p, deadline).finish() {
         handshake::Decision::Smc(smc) => (
             Ends::Smc {
                 smc: Box::new(smc),
@@ -260,7 +261,8 @@ fn stall(addr: &str, stage: &str) -> io::Result<()> {
             return Err(io::Error::other("the early bytes were not counted"));
         }
         (&tcp).write_all(b"early")?;
-        let d = p.finish();
+        let deadline = std::time::Instant::now() + cfg.clc_wait;
+        let d = handshake::Pending::connect(p, deadline).finish();
         println!(
             "decided smc={}",
             matches!(d, handshake::Decision::Smc(_)) as u8

@@ -99,8 +99,8 @@ impl Drop for KeptPeer {
     }
 }
 
-/// How far the wait for the server's answer got, kept across calls of
-/// [`ClientProposal::decide_by`], so that a non-blocking `connect` can
+/// How far the wait for the server's answer got, kept across polls of its
+/// [`Pending`](super::Pending), so that a non-blocking `connect` can
 /// return before the server answers and come back.
 #[derive(Default)]
 struct Wait {
@@ -402,30 +402,16 @@ impl ClientProposal {
         }
     }
 
-    /// Waits (bounded by `SMCLO_CLC_WAIT_MS`) for the server's answer and
-    /// completes the handshake. Call after the TCP connection is established.
-    pub fn finish(self) -> Decision {
-        let deadline = Instant::now() + self.cfg.clc_wait;
-        self.finish_by(deadline)
-    }
-
-    /// [`finish`](Self::finish), giving up (TIMEOUT) at `deadline` unless
-    /// the server has decided by then.
-    pub fn finish_by(mut self, deadline: Instant) -> Decision {
-        loop {
-            if let Some(d) = self.decide_by(deadline, None) {
-                return d;
-            }
-        }
-    }
-
     /// Advances the handshake without sleeping past `until` (`None`: until
     /// it decides): `Some` once it has decided, `None` while the server has
     /// not answered and `until` has passed. `deadline` is when the client
-    /// gives up (TIMEOUT); the first call fixes it. For a non-blocking
-    /// `connect`, which returns before the server answers and comes back
-    /// here from the application's next wait or call on the socket.
-    pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
+    /// gives up (TIMEOUT); the first call fixes it. Driven through
+    /// [`Pending`](super::Pending).
+    pub(super) fn decide_by(
+        &mut self,
+        deadline: Instant,
+        until: Option<Instant>,
+    ) -> Option<Decision> {
         self.syn_sent();
         self.wait.deadline.get_or_insert(deadline);
         self.wait
@@ -464,7 +450,7 @@ impl ClientProposal {
     /// then the channel (the server's DMB, or end of file when it
     /// declines); once the channel has said all, the slot decides, which
     /// only a look tells.
-    pub fn wake(&self) -> Wake {
+    pub(super) fn wake(&self) -> Wake {
         match (&self.wait.chan, &self.rendezvous) {
             // Also back for the next look at the TCP socket.
             (None, Some(l)) => {
@@ -511,7 +497,7 @@ impl ClientProposal {
     /// is filed for its proposal). `drives`: the caller looks at this
     /// handshake next; otherwise its waiter is woken when its connection
     /// is filed.
-    pub fn woken(&self, drives: bool) {
+    pub(super) fn woken(&self, drives: bool) {
         if let (None, Some(l)) = (&self.wait.chan, &self.rendezvous) {
             l.collect_now(self.token, !drives);
         }

@@ -7,7 +7,8 @@
 //! agree by compare-and-swap on the slot, so a client that gives up and a
 //! server that answers late always reach the same decision.
 //!
-//! `client` and `server` are the two state machines; `listener` is the
+//! `client` and `server` are the two state machines, which every driver
+//! reaches through `pending` (one undecided handshake); `listener` is the
 //! client process's rendezvous UNIX socket, which hands each server's
 //! connection to the proposal it answers; `channel` is the plumbing: the
 //! rendezvous addresses, the descriptors passed on a connection
@@ -17,10 +18,12 @@ mod channel;
 mod client;
 mod early;
 mod listener;
+mod pending;
 mod server;
 
 pub use client::{client_propose, client_propose_with, ClientProposal, SocketFacts};
-pub use server::{server_accept, ServerHandshake};
+pub use pending::{Looker, Pending, Polled, Until};
+use server::ServerHandshake;
 
 use crate::access::PeerRefused;
 use crate::config::Config;
@@ -72,8 +75,7 @@ impl Decision {
 }
 
 /// What a program that waits for a handshake in steps
-/// ([`ClientProposal::decide_by`], [`ServerHandshake::decide_by`]) sleeps
-/// on in the kernel between two looks.
+/// ([`Pending::poll`]) sleeps on in the kernel between two looks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wake {
     /// Readable when the peer took its next step (a kernel wait may

@@ -39,23 +39,15 @@ const PORT_LOOK: Duration = Duration::from_millis(1);
 /// which it writes in shared memory only.
 const PORT_NAP: Duration = Duration::from_micros(50);
 
-/// Server, in a blocking `accept`: answers the proposal (if any) of the
-/// client behind the freshly accepted TCP connection `conn_fd`, waiting on
-/// the client at most `SMCLO_CLC_WAIT_MS` (sleeping in `poll` after the
-/// spin budget).
-pub fn server_accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> Decision {
-    ServerHandshake::new(dev, cfg, conn_fd).finish_by(Instant::now() + cfg.clc_wait)
-}
-
-/// The server's half of one handshake, from `accept` on, in steps: an
-/// event loop's `accept` can return before the client has answered, and
-/// the handshake goes on from the application's next calls
-/// ([`decide_by`](Self::decide_by)), as a non-blocking connect's does.
+/// The server's half of one handshake, from `accept` on, in steps
+/// (driven through [`Pending`](super::Pending)): an event loop's `accept`
+/// can return before the client has answered, and the handshake goes on
+/// from the application's next calls, as a non-blocking connect's does.
 ///
 /// Dropped undecided, it declines (TIMEOUT) if it had answered, so the
 /// client does not wait for it; its slot is left alone otherwise, and by
 /// the copy a fork child inherited.
-pub struct ServerHandshake {
+pub(super) struct ServerHandshake {
     dev: Arc<Device>,
     cfg: Config,
     conn_fd: RawFd,
@@ -72,7 +64,7 @@ pub struct ServerHandshake {
     /// The process that accepted the connection: a copy a fork child
     /// inherited is not its to decline.
     pid: u32,
-    /// The caller waits for the decision (`decide_by` without `until`): the
+    /// The caller waits for the decision (see `decide_within`): the
     /// client's early bytes may be waited for longer than an event loop's
     /// step may take ([`early::arrival_wait`]).
     may_wait: bool,
@@ -113,7 +105,7 @@ impl ServerHandshake {
     /// The handshake of the freshly accepted TCP connection `conn_fd`:
     /// reads its saved SYN and finds the proposals it may answer, without
     /// waiting.
-    pub fn new(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> ServerHandshake {
+    pub(super) fn new(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> ServerHandshake {
         let mut h = ServerHandshake {
             dev: dev.clone(),
             cfg: cfg.clone(),
@@ -237,7 +229,7 @@ impl ServerHandshake {
 
     /// What a program waiting for the client sleeps on (see
     /// [`wake_fd`](Self::wake_fd)).
-    pub fn wake(&self) -> Wake {
+    pub(super) fn wake(&self) -> Wake {
         match &self.stage {
             Stage::Answering(a) => Wake {
                 fd: Some(a.chan.as_raw_fd()),
@@ -268,16 +260,11 @@ impl ServerHandshake {
     /// while the client has not answered and `until` has passed.
     /// `deadline` is when the server gives up (TIMEOUT). Up to the spin
     /// budget before `until` it busy-polls; a longer wait sleeps on
-    /// [`wake_fd`](Self::wake_fd).
-    pub fn decide_by(&mut self, deadline: Instant, until: Option<Instant>) -> Option<Decision> {
-        self.decide_within(deadline, until, until.is_none())
-    }
-
-    /// [`decide_by`](Self::decide_by) for a caller that looks in steps
-    /// (`until`) but may wait for the decision all the same (`may_wait`: a
-    /// blocking call that looks again after each step): the client's early
-    /// bytes are then waited for as by a blocking `accept`.
-    pub fn decide_within(
+    /// [`wake_fd`](Self::wake_fd). `may_wait`: the caller waits for the
+    /// decision all the same (without `until`, or a blocking call that
+    /// looks again after each step): the client's early bytes are then
+    /// waited for as by a blocking `accept`.
+    pub(super) fn decide_within(
         &mut self,
         deadline: Instant,
         until: Option<Instant>,
@@ -300,16 +287,6 @@ impl ServerHandshake {
                 return None;
             }
             self.wait_client(stop.min(now + WITHDRAWN_CHECK));
-        }
-    }
-
-    /// [`decide_by`](Self::decide_by) without `until`: waits for the
-    /// decision, giving up (TIMEOUT) at `deadline`.
-    pub fn finish_by(mut self, deadline: Instant) -> Decision {
-        loop {
-            if let Some(d) = self.decide_by(deadline, None) {
-                return d;
-            }
         }
     }
 

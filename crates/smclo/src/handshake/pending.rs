@@ -1,0 +1,165 @@
+//! [`Pending`]: one handshake that has not decided yet, either end's, as
+//! every driver sees it: the native listener's backlog, the native
+//! `connect` and `accept`, and the preload's descriptors. A driver makes
+//! one, [`poll`](Pending::poll)s it as far as it may wait, and sleeps on
+//! its [`Wake`] between two polls.
+
+use super::{ClientProposal, Decision, ServerHandshake, Wake};
+use crate::config::Config;
+use crate::device::{Device, Role};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How long one [`Pending::poll`] may wait, and for whom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Until {
+    /// An event loop's look: it busy-polls or sleeps at most until then,
+    /// and a server does not wait for its client's early bytes longer than
+    /// such a step may take.
+    Step(Instant),
+    /// A blocking call's look, which looks again after it: as
+    /// [`Until::Step`], but a server waits for the client's early bytes as
+    /// a blocking `accept` does.
+    BlockingStep(Instant),
+    /// Until the handshake decides (at its deadline at the latest).
+    Decided,
+}
+
+impl Until {
+    /// The instant the poll returns by, undecided; `None`: it decides.
+    fn at(self) -> Option<Instant> {
+        match self {
+            Until::Step(t) | Until::BlockingStep(t) => Some(t),
+            Until::Decided => None,
+        }
+    }
+
+    /// Whether the caller waits for the decision all the same.
+    fn may_wait(self) -> bool {
+        !matches!(self, Until::Step(_))
+    }
+}
+
+/// What a [`Pending::poll`] found.
+// Made once per connection and moved once: boxing the decision would cost
+// an allocation per connection for nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Polled {
+    /// The handshake decided (fallbacks are counted and logged).
+    Decided(Decision),
+    /// Not yet: what to sleep on before the next poll.
+    Waiting(Wake),
+}
+
+/// Who looks at a [`Pending`] whose wake descriptor a wait found readable
+/// ([`Pending::readable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Looker {
+    /// The caller polls this handshake next.
+    Caller,
+    /// Another thread does: it is woken when its step is ready.
+    Other,
+}
+
+/// The two ends' state machines.
+// Made once per connection and moved once: see [`Polled`].
+#[allow(clippy::large_enum_variant)]
+enum Side {
+    Connect(ClientProposal),
+    Accept(ServerHandshake),
+}
+
+/// One undecided handshake, with the instant this end gives up
+/// (TIMEOUT). Dropped undecided, it withdraws the proposal (a client) or
+/// declines it if it had answered (a server).
+pub struct Pending {
+    side: Side,
+    deadline: Instant,
+}
+
+impl Pending {
+    /// The client's handshake of proposal `p`, whose `connect` returned
+    /// (0 or `EINPROGRESS`): its port is published in the slot now.
+    pub fn connect(mut p: ClientProposal, deadline: Instant) -> Pending {
+        p.syn_sent();
+        Pending {
+            side: Side::Connect(p),
+            deadline,
+        }
+    }
+
+    /// The server's handshake of the freshly accepted TCP connection
+    /// `conn_fd`: reads its saved SYN and finds the proposals it may
+    /// answer, without waiting.
+    pub fn accept(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd, deadline: Instant) -> Pending {
+        Pending {
+            side: Side::Accept(ServerHandshake::new(dev, cfg, conn_fd)),
+            deadline,
+        }
+    }
+
+    /// Advances the handshake, waiting at most as `until` says: up to the
+    /// spin budget before it busy-polls, a longer wait sleeps on
+    /// [`wake`](Self::wake).
+    pub fn poll(&mut self, until: Until) -> Polled {
+        let d = match &mut self.side {
+            Side::Connect(p) => p.decide_by(self.deadline, until.at()),
+            Side::Accept(h) => h.decide_within(self.deadline, until.at(), until.may_wait()),
+        };
+        match d {
+            Some(d) => Polled::Decided(d),
+            None => Polled::Waiting(self.wake()),
+        }
+    }
+
+    /// Polls until the handshake decides (its deadline at the latest).
+    pub fn finish(mut self) -> Decision {
+        loop {
+            if let Polled::Decided(d) = self.poll(Until::Decided) {
+                return d;
+            }
+        }
+    }
+
+    /// What to sleep on before the next poll: readable when the peer took
+    /// its next step, or look again after a while.
+    pub fn wake(&self) -> Wake {
+        match &self.side {
+            Side::Connect(p) => p.wake(),
+            Side::Accept(h) => h.wake(),
+        }
+    }
+
+    /// The descriptor of [`wake`](Self::wake) was found readable: a client
+    /// takes the servers' connections off its rendezvous socket (each is
+    /// filed for its proposal, and its waiter woken unless `looker` is the
+    /// caller).
+    pub fn readable(&self, looker: Looker) {
+        if let Side::Connect(p) = &self.side {
+            p.woken(looker == Looker::Caller);
+        }
+    }
+
+    /// When this end gives up (TIMEOUT).
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Which end this is.
+    pub fn role(&self) -> Role {
+        match &self.side {
+            Side::Connect(_) => Role::Client,
+            Side::Accept(_) => Role::Server,
+        }
+    }
+
+    /// The client's proposal (its early bytes, its socket's close); `None`
+    /// at the server.
+    pub fn proposal_mut(&mut self) -> Option<&mut ClientProposal> {
+        match &mut self.side {
+            Side::Connect(p) => Some(p),
+            Side::Accept(_) => None,
+        }
+    }
+}
