@@ -19,9 +19,11 @@
 //! - **A preempted spin ends.** Two looks further apart than
 //!   [`PREEMPTED`] on the monotonic clock mean the thread lost its CPU to
 //!   another in between: the CPUs are contended. The spin ends at once
-//!   and leaves its slot held, by no one, for [`GIVE_WAY`]: while the
-//!   contention lasts the device spins on fewer CPUs, and once it is over
-//!   the slots free themselves.
+//!   and leaves its slot held, by no one, for as long as it was kept off
+//!   its CPU (at most [`GIVE_WAY`]): while the contention lasts the
+//!   device spins on fewer CPUs, and once it is over the slots free
+//!   themselves. A short preemption (a thread woken for a moment) costs
+//!   the CPU's spinners as short a pause.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -47,7 +49,8 @@ use std::time::Duration;
 /// (a look costs at most a non-blocking system call, microseconds).
 pub const PREEMPTED: Duration = Duration::from_micros(20);
 
-/// How long the slot of a preempted spin stays held by no one: a few
+/// How long the slot of a preempted spin stays held by no one, at most
+/// (as long as the spin was kept off its CPU, up to this): a few
 /// wake-ups of the threads the spinner kept waiting.
 pub const GIVE_WAY: Duration = Duration::from_millis(1);
 
@@ -184,7 +187,7 @@ pub fn claim<W: Word>(
     (0..n)
         .map(|k| (first + k) % n)
         .filter(|i| allowed.0 & (1 << i) != 0)
-        .find_map(|i| take(&slots[i], now, until).then_some(i))
+        .find(|&i| take(&slots[i], now, until))
         .map(|slot| Claim {
             slots,
             slot,
@@ -258,8 +261,9 @@ pub fn run<T, E>(
             Ok(None) => {}
             r => return r,
         }
-        if now.saturating_sub(last) > ns(PREEMPTED) {
-            held.give_way(now.saturating_add(ns(GIVE_WAY)));
+        let gap = now.saturating_sub(last);
+        if gap > ns(PREEMPTED) {
+            held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
