@@ -150,6 +150,45 @@ fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
     .unwrap();
 }
 
+#[test]
+fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    let slot = cpu % smclo_wire::device_layout::SPIN_SLOTS;
+    std::thread::spawn(move || {
+        pin(cpu);
+        // A look that takes 3 ms is what a spin preempted for 3 ms sees.
+        let mut looks = 0;
+        let mut looked = 0;
+        let r = spin::until(Duration::from_secs(1), None, || {
+            looks += 1;
+            std::thread::sleep(Duration::from_millis(3));
+            looked = spin::monotonic_ns();
+            None::<()>
+        });
+        let ended = spin::monotonic_ns();
+        assert_eq!((r, looks), (None, 1), "spun on after a preemption");
+        let held = spin::table()[slot].load(Ordering::SeqCst);
+        let most = spin::GIVE_WAY.as_nanos() as u64;
+        assert!(
+            held >= looked + most && held <= ended + most,
+            "the slot is not paused for the preemption (held until {held}, looked at {looked})"
+        );
+        let mine = Slots(1 << slot);
+        assert!(
+            claim(spin::table(), mine, slot, looked, looked + 1).is_none(),
+            "the paused slot taken"
+        );
+        while spin::monotonic_ns() <= held {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = spin::until(Duration::from_millis(100), None, || Some(()));
+        assert_eq!(r, Some(()), "the pause did not end");
+    })
+    .join()
+    .unwrap();
+}
+
 /// Starts a spinner child on the device in `dir`, waits until it holds a
 /// slot and kills it (`SIGKILL`); the slots' times then, and when it died.
 /// None: it died between two spins, holding no slot.
