@@ -12,7 +12,7 @@
 //!
 //! - **At most one spinner per CPU.** A thread spins only while it holds
 //!   a spinner slot of the device (`SPIN_SLOTS` words in the header that
-//!   every process using the device maps, one per CPU), taken among the
+//!   every process using the device maps, one per CPU, [`slot_of`]), taken among the
 //!   slots of the CPUs it may run on (`sched_getaffinity`), its current
 //!   CPU's first. A thread allowed N CPUs finds at most N slots; when all
 //!   are held it does not spin and sleeps at once, as over TCP.
@@ -97,6 +97,18 @@ fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Slots per cache line.
+const PER_LINE: usize = 8;
+
+/// The slot of CPU `cpu`: consecutive CPUs (a server and its client
+/// pinned side by side) on different cache lines, so that their takes
+/// and give-backs do not move one line between them.
+pub fn slot_of(cpu: usize) -> usize {
+    let c = cpu % SPIN_SLOTS;
+    let lines = SPIN_SLOTS / PER_LINE;
+    (c % lines) * PER_LINE + c / lines
+}
+
 /// Slots as bits: bit `i` is slot `i`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slots(pub u128);
@@ -108,7 +120,7 @@ impl Slots {
         for cpu in 0..libc::CPU_SETSIZE as usize {
             // SAFETY: `cpu` is below CPU_SETSIZE, the bits `set` holds.
             if unsafe { libc::CPU_ISSET(cpu, set) } {
-                bits |= 1 << (cpu % SPIN_SLOTS);
+                bits |= 1 << slot_of(cpu);
             }
         }
         Slots(bits)
@@ -157,7 +169,7 @@ fn read_affinity() -> Slots {
 fn current_slot() -> usize {
     // SAFETY: no arguments; -1 on failure.
     let cpu = unsafe { libc::sched_getcpu() };
-    usize::try_from(cpu).unwrap_or(0) % SPIN_SLOTS
+    slot_of(usize::try_from(cpu).unwrap_or(0))
 }
 
 /// A spinner slot held until `until`; given back when dropped.

@@ -124,7 +124,7 @@ fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
     std::thread::spawn(move || {
         pin(cpu);
         let now = spin::monotonic_ns();
-        let slot = cpu % smclo_wire::device_layout::SPIN_SLOTS;
+        let slot = spin::slot_of(cpu);
         let other = claim(
             spin::table(),
             Slots(1 << slot),
@@ -154,7 +154,7 @@ fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
 fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
     let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
     let cpu = some_cpu();
-    let slot = cpu % smclo_wire::device_layout::SPIN_SLOTS;
+    let slot = spin::slot_of(cpu);
     std::thread::spawn(move || {
         pin(cpu);
         // A look that takes 3 ms is what a spin preempted for 3 ms sees.
@@ -241,4 +241,22 @@ fn a_killed_spinner_holds_its_slot_no_longer_than_its_spin() {
         assert_eq!(c.slot(), i, "slot {i} (held until {t}) reclaimed");
     }
     assert!(table.iter().all(|w| w.load(Ordering::SeqCst) == 0));
+}
+
+#[test]
+fn cpus_side_by_side_have_slots_on_different_cache_lines() {
+    let n = smclo_wire::device_layout::SPIN_SLOTS;
+    let mut seen = vec![false; n];
+    for cpu in 0..n {
+        let s = spin::slot_of(cpu);
+        assert!(!seen[s], "CPUs {cpu} and another share slot {s}");
+        seen[s] = true;
+        assert_ne!(
+            s / 8,
+            spin::slot_of(cpu + 1) / 8,
+            "CPUs {cpu} and {}",
+            cpu + 1
+        );
+    }
+    assert_eq!(spin::slot_of(n + 3), spin::slot_of(3));
 }

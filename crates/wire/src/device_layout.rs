@@ -107,8 +107,8 @@ pub const PORT_FILTER_WORDS: usize = 256;
 
 const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= HEADER_LEN as usize);
 
-/// Spinner slots in the header: one word per CPU (CPU `n` has slot `n %
-/// SPIN_SLOTS`), holding the CLOCK_MONOTONIC nanosecond until which a
+/// Spinner slots in the header: one word per CPU (modulo `SPIN_SLOTS`;
+/// which word is `smclo::spin`'s choice), holding the CLOCK_MONOTONIC nanosecond until which a
 /// thread that spins may hold it, 0 when free (`smclo::spin`).
 pub const SPIN_SLOTS: usize = 128;
 
