@@ -45,6 +45,7 @@ mod ring;
 mod rng;
 mod signal;
 mod sockaddr;
+mod spin;
 mod table;
 mod tcp_syn;
 mod vault;

@@ -65,6 +65,9 @@ pub mod signal {
 pub mod sockaddr {
     pub use crate::sockaddr::*;
 }
+pub mod spin {
+    pub use crate::spin::*;
+}
 pub mod table {
     pub use crate::table::*;
 }

@@ -2,7 +2,8 @@
 //! spin budget (`SMCLO_SPIN_US`, [`spin_budget`]) and its adaptive share
 //! per waiter ([`Budget`]), and how often a busy wait asks the kernel
 //! about its other descriptors ([`KERNEL_EVERY`]). The connections, the
-//! event loops, the handshake and the accept spin take them from here.
+//! event loops, the handshake and the accept spin take them from here;
+//! the spin itself is [`crate::spin`]'s.
 
 use crate::signal::Watch;
 use std::ops::BitOr;
@@ -99,27 +100,18 @@ impl Budget {
         deadline.map_or(b, |d| b.min(d.saturating_duration_since(Instant::now())))
     }
 
-    /// Spins for `time` ([`Budget::spin_time`]), calling `look` until it
-    /// finds something (`Some`), fails, or `signals` sees a handler run
-    /// (the wait then does not sleep, [`Watch::check`]), and records
-    /// whether it found something: the one spin of every wait (the
-    /// preload's epoll, and the event loops' `poller::poll`).
+    /// Spins for `time` ([`Budget::spin_time`], [`crate::spin::run`]),
+    /// calling `look` until it finds something (`Some`), fails, or
+    /// `signals` sees a handler run, and records whether it found
+    /// something: the spin of the waits that keep a budget (the preload's
+    /// epoll, the event loops' `poller::poll`, a blocking `accept`).
     pub fn spin<T, E>(
         &self,
         time: Duration,
         signals: &Watch,
-        mut look: impl FnMut() -> Result<Option<T>, E>,
+        look: impl FnMut() -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
-        crate::deferred::close_deferred();
-        let start = Instant::now();
-        let r = loop {
-            match look() {
-                Ok(None) if start.elapsed() < time && !signals.interrupted() => {
-                    std::hint::spin_loop()
-                }
-                r => break r,
-            }
-        };
+        let r = crate::spin::run(time, Some(signals), look);
         self.note(matches!(r, Ok(Some(_))));
         r
     }

@@ -19,7 +19,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "process resources",
-        &["fdnum", "deferred", "owner", "vault", "wait", "fault"],
+        &[
+            "fdnum", "deferred", "owner", "vault", "spin", "wait", "fault",
+        ],
     ),
     ("shared memory", &["table", "early_count", "dmb", "ring"]),
     ("device", &["device"]),

@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 5
+//!   8   version u32 = 8
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -26,7 +26,7 @@
 //!   512 fallbacks by reason, server side: [u64; 32]
 //!   768 reserved to 1024
 //!   1024 listener port filter: [u64; 256], one bit per port modulo 16384
-//!   3072 reserved to 4096
+//!   3072 spinner slots: [u64; 128], one per CPU (modulo 128)
 //! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
 //! LISTENER_OFF      listener registry, LISTENER_ENTRIES x 64 bytes
 //! RENDEZVOUS_OFF    rendezvous slots, RENDEZVOUS_ENTRIES x 2048 bytes
@@ -47,14 +47,16 @@
 //! the SYN mark's TTL out of a rendezvous slot's key (routing hops
 //! decrement it; a version 6 server would look in the wrong place) and
 //! added the listener port filter, which a version 6 listener would not
-//! set.
+//! set. Version 8 added the spinner slots, which bound the device's busy
+//! waits by the CPUs they may run on: a version 7 process would spin
+//! without taking one.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
@@ -104,6 +106,14 @@ pub const MSG_AREA_OFF: [u32; 3] = [128, 128 + MSG_AREA_LEN, 128 + 2 * MSG_AREA_
 pub const PORT_FILTER_WORDS: usize = 256;
 
 const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= HEADER_LEN as usize);
+
+/// Spinner slots in the header: one word per CPU (modulo `SPIN_SLOTS`;
+/// which word is `smclo::spin`'s choice), holding the CLOCK_MONOTONIC nanosecond until which a
+/// thread that spins may hold it, 0 when free (`smclo::spin`).
+pub const SPIN_SLOTS: usize = 128;
+
+const _: () = assert!(off::SPINNERS + SPIN_SLOTS * 8 <= HEADER_LEN as usize);
+const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= off::SPINNERS);
 
 /// Counters per side for fallbacks by reason (indexed by `Reason::index()`).
 pub const REASON_SLOTS: u32 = 32;
@@ -181,6 +191,8 @@ pub mod off {
     pub const FALLBACK_SERVER: usize = 512;
     /// The listener port filter ([`super::PORT_FILTER_WORDS`] words).
     pub const PORT_FILTER: usize = 1024;
+    /// The spinner slots ([`super::SPIN_SLOTS`] words).
+    pub const SPINNERS: usize = 3072;
 }
 
 /// The fixed, validated part of the device header.

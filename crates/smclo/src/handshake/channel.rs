@@ -325,14 +325,10 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
     if timeout.is_zero() {
         return readable_now(fd);
     }
-    crate::deferred::close_deferred();
     let start = Instant::now();
     let spin = super::spin_budget().min(timeout);
-    while start.elapsed() < spin {
-        if hint() && readable_now(fd) {
-            return true;
-        }
-        std::hint::spin_loop();
+    if crate::spin::until(spin, None, || (hint() && readable_now(fd)).then_some(())).is_some() {
+        return true;
     }
     let left = timeout.saturating_sub(start.elapsed());
     let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
@@ -344,25 +340,20 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
 /// budget, then asks the socket and yields the CPU between looks: the peer
 /// it waits for may need that CPU.
 pub(super) fn spin_readable(fd: RawFd, deadline: Instant, hint: impl Fn() -> bool) -> bool {
-    crate::deferred::close_deferred();
-    let start = Instant::now();
     // The data path's budget: this wait never sleeps, and spinning longer
     // would only keep others (the client, perhaps) off the CPU.
-    let spin = crate::wait::spin_budget();
+    let spin = crate::wait::spin_budget().min(deadline.saturating_duration_since(Instant::now()));
+    if crate::spin::until(spin, None, || (hint() && readable_now(fd)).then_some(())).is_some() {
+        return true;
+    }
     loop {
-        let now = Instant::now();
-        let spinning = now.duration_since(start) < spin;
-        if (!spinning || hint()) && readable_now(fd) {
+        if readable_now(fd) {
             return true;
         }
-        if now >= deadline {
+        if Instant::now() >= deadline {
             return false;
         }
-        if spinning {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
+        std::thread::yield_now();
     }
 }
 

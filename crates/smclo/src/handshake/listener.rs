@@ -215,14 +215,12 @@ impl RendezvousListener {
         let start = Instant::now();
         let deadline = start + timeout;
         let spin = super::spin_budget().min(timeout);
-        crate::deferred::close_deferred();
         // Whether this thread slept: before that, the socket is asked only
         // once `arrived` says so (a sleep in `poll` asks it anyway).
         let mut slept = false;
         loop {
-            while start.elapsed() < spin && !arrived() {
-                std::hint::spin_loop();
-            }
+            let left = spin.saturating_sub(start.elapsed());
+            crate::spin::until(left, None, || arrived().then_some(()));
             let mut inbox = self.lock();
             if !inbox.polling && (slept || arrived()) {
                 self.collect(&mut inbox, Some(token), false);

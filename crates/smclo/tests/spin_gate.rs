@@ -1,0 +1,262 @@
+//! The spinner slots (`smclo::testing::spin`): no more threads spin at
+//! once than the CPUs they may run on, a thread that finds its CPUs'
+//! slots held does not spin, a preempted spin's slot stays held for a
+//! while, and a spinner that dies (`kill -9`) holds its slot no longer
+//! than the spin it took it for.
+
+mod common;
+use common::{spawn_child, TempDir};
+use smclo::device::Device;
+use smclo::testing::spin::{self, claim, Slots};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The process's spinner slots are one table: the tests that use it take
+/// turns.
+static TABLE: Mutex<()> = Mutex::new(());
+
+/// How long the child's spins last (it spins again after each).
+const CHILD_SPIN: Duration = Duration::from_millis(300);
+
+/// Runs in a child process when SMCLO_TEST_ROLE is set; a no-op otherwise.
+#[test]
+fn child_entry() {
+    let Some((role, dir)) = common::child_role() else {
+        return;
+    };
+    match role.as_str() {
+        "spinner" => {
+            let _dev = Device::open(&dir).unwrap();
+            println!("READY");
+            loop {
+                spin::until(CHILD_SPIN, None, || None::<()>);
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn slots(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+#[test]
+fn a_thread_allowed_n_cpus_finds_at_most_n_slots() {
+    let t = slots(8);
+    // Allowed: slots 1, 4 and 6 (three CPUs).
+    let allowed = Slots(0b0101_0010);
+    let held: Vec<_> = (0..3)
+        .map(|_| claim(&t, allowed, 0, 100, 200).expect("a free allowed slot"))
+        .collect();
+    let mut got: Vec<usize> = held.iter().map(|c| c.slot()).collect();
+    got.sort();
+    assert_eq!(got, [1, 4, 6]);
+    assert!(
+        claim(&t, allowed, 0, 100, 200).is_none(),
+        "a fourth spinner on three CPUs"
+    );
+    // Another thread's CPUs are other slots.
+    assert_eq!(claim(&t, Slots(0b1), 0, 100, 200).unwrap().slot(), 0);
+    // The current CPU's slot first.
+    drop(held);
+    assert_eq!(claim(&t, allowed, 4, 100, 200).unwrap().slot(), 4);
+    assert!(
+        t.iter().all(|w| w.load(Ordering::SeqCst) == 0),
+        "given back"
+    );
+}
+
+#[test]
+fn a_slot_whose_time_is_over_is_free_and_its_old_holder_cannot_free_it() {
+    let t = slots(1);
+    let all = Slots(1);
+    let old = claim(&t, all, 0, 100, 200).unwrap();
+    assert!(claim(&t, all, 0, 199, 300).is_none(), "within its time");
+    let new = claim(&t, all, 0, 200, 300).expect("the old holder's time is over");
+    // The old holder, descheduled past its time, gives its slot back:
+    // not the new holder's.
+    drop(old);
+    assert_eq!(t[0].load(Ordering::SeqCst), 300);
+    assert!(claim(&t, all, 0, 250, 400).is_none());
+    drop(new);
+    assert_eq!(t[0].load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_preempted_spin_leaves_its_slot_held_for_a_while() {
+    let t = slots(1);
+    let all = Slots(1);
+    claim(&t, all, 0, 100, 200).unwrap().give_way(1_000);
+    assert!(claim(&t, all, 0, 999, 2_000).is_none());
+    assert!(claim(&t, all, 0, 1_000, 2_000).is_some());
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: an empty cpu_set_t, then one bit set below CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the size given, for this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// A CPU this process may run on.
+fn some_cpu() -> usize {
+    // SAFETY: as in `pin`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid set of the size given.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(rc, 0);
+    // SAFETY: below CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .unwrap()
+}
+
+#[test]
+fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    // A fresh thread: it reads its affinity at its first spin.
+    std::thread::spawn(move || {
+        pin(cpu);
+        let now = spin::monotonic_ns();
+        let slot = spin::slot_of(cpu);
+        let other = claim(
+            spin::table(),
+            Slots(1 << slot),
+            slot,
+            now,
+            now + 60_000_000_000,
+        )
+        .expect("the slot of this CPU is free");
+        let mut looks = 0;
+        let r = spin::until(Duration::from_millis(100), None, || {
+            looks += 1;
+            Some(())
+        });
+        assert_eq!((r, looks), (None, 0), "spun beside the CPU's spinner");
+        drop(other);
+        let r = spin::until(Duration::from_millis(100), None, || {
+            looks += 1;
+            Some(())
+        });
+        assert_eq!((r, looks), (Some(()), 1), "no spin on a free CPU");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    let slot = spin::slot_of(cpu);
+    std::thread::spawn(move || {
+        pin(cpu);
+        // A look that takes 3 ms is what a spin preempted for 3 ms sees.
+        let mut looks = 0;
+        let mut looked = 0;
+        let r = spin::until(Duration::from_secs(1), None, || {
+            looks += 1;
+            std::thread::sleep(Duration::from_millis(3));
+            looked = spin::monotonic_ns();
+            None::<()>
+        });
+        let ended = spin::monotonic_ns();
+        assert_eq!((r, looks), (None, 1), "spun on after a preemption");
+        let held = spin::table()[slot].load(Ordering::SeqCst);
+        let most = spin::GIVE_WAY.as_nanos() as u64;
+        assert!(
+            held >= looked + most && held <= ended + most,
+            "the slot is not paused for the preemption (held until {held}, looked at {looked})"
+        );
+        let mine = Slots(1 << slot);
+        assert!(
+            claim(spin::table(), mine, slot, looked, looked + 1).is_none(),
+            "the paused slot taken"
+        );
+        while spin::monotonic_ns() <= held {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = spin::until(Duration::from_millis(100), None, || Some(()));
+        assert_eq!(r, Some(()), "the pause did not end");
+    })
+    .join()
+    .unwrap();
+}
+
+/// Starts a spinner child on the device in `dir`, waits until it holds a
+/// slot and kills it (`SIGKILL`); the slots' times then, and when it died.
+/// None: it died between two spins, holding no slot.
+fn kill_a_spinner(dir: &std::path::Path, table: &[AtomicU64]) -> Option<(Vec<u64>, u64)> {
+    let mut child = spawn_child("spinner", dir);
+    child.wait_ready();
+    let held = || {
+        table
+            .iter()
+            .filter(|w| w.load(Ordering::SeqCst) != 0)
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while held() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the child never spun");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let killed = spin::monotonic_ns();
+    let times: Vec<u64> = table.iter().map(|w| w.load(Ordering::SeqCst)).collect();
+    times.iter().any(|t| *t != 0).then_some((times, killed))
+}
+
+#[test]
+fn a_killed_spinner_holds_its_slot_no_longer_than_its_spin() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let d = TempDir::new("spin-kill");
+    // The device's slots are this process's too: the child's claims show.
+    let _dev = Device::open(&d.0).unwrap();
+    let table = spin::table();
+    assert!(table.iter().all(|w| w.load(Ordering::SeqCst) == 0));
+    let (times, killed) = (0..3)
+        .find_map(|_| kill_a_spinner(&d.0, &table[..]))
+        .expect("killed between two spins three times");
+    let last = *times.iter().max().unwrap();
+    let bound = CHILD_SPIN.max(spin::GIVE_WAY).as_nanos() as u64;
+    assert!(
+        last <= killed + bound,
+        "a slot held past the dead spinner's own spin"
+    );
+    // Once that time has passed, every slot can be taken again.
+    while spin::monotonic_ns() <= last {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let now = spin::monotonic_ns();
+    let all = Slots(u128::MAX);
+    for (i, t) in times.iter().enumerate().filter(|(_, t)| **t != 0) {
+        let c = claim(&table[..], all, i, now, now + 1_000).expect("reclaimed");
+        assert_eq!(c.slot(), i, "slot {i} (held until {t}) reclaimed");
+    }
+    assert!(table.iter().all(|w| w.load(Ordering::SeqCst) == 0));
+}
+
+#[test]
+fn cpus_side_by_side_have_slots_on_different_cache_lines() {
+    let n = smclo_wire::device_layout::SPIN_SLOTS;
+    let mut seen = vec![false; n];
+    for cpu in 0..n {
+        let s = spin::slot_of(cpu);
+        assert!(!seen[s], "CPUs {cpu} and another share slot {s}");
+        seen[s] = true;
+        assert_ne!(
+            s / 8,
+            spin::slot_of(cpu + 1) / 8,
+            "CPUs {cpu} and {}",
+            cpu + 1
+        );
+    }
+    assert_eq!(spin::slot_of(n + 3), spin::slot_of(3));
+}
