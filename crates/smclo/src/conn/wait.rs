@@ -190,20 +190,18 @@ impl Conn {
 
     /// Busy-polls `word` until it differs from `from`, the budget runs
     /// out or a signal handler runs (the sleep that follows then fails).
+    /// The clock is read once per 32 loads.
     fn spin_on(word: &AtomicU64, from: u64, budget: Duration, signals: &Watch) -> bool {
-        crate::deferred::close_deferred();
-        let start = Instant::now();
-        loop {
-            for _ in 0..32 {
-                if word.load(Ordering::Acquire) != from {
-                    return true;
+        let moved = || {
+            (0..32).any(|_| {
+                let m = word.load(Ordering::Acquire) != from;
+                if !m {
+                    std::hint::spin_loop();
                 }
-                std::hint::spin_loop();
-            }
-            if start.elapsed() >= budget || signals.interrupted() {
-                return false;
-            }
-        }
+                m
+            })
+        };
+        crate::spin::until(budget, Some(signals), || moved().then_some(())).is_some()
     }
 
     /// Reader: spin until the local `prod` word changes. With `cap`, sets

@@ -301,7 +301,14 @@ impl Device {
         if p == libc::MAP_FAILED {
             return Err(Error::Io(io::Error::last_os_error()));
         }
-        Ok(Arc::new_cyclic(|me| Device {
+        // SAFETY: the mapping is never unmapped (see `Device`'s `Send`),
+        // so its spinner slots live as long as the process; atomics at an
+        // 8-aligned offset of the page-aligned mapping, any bits valid.
+        let slots = unsafe {
+            &*((p as *const u8).add(layout::off::SPINNERS)
+                as *const [AtomicU64; layout::SPIN_SLOTS])
+        };
+        let dev = Arc::new_cyclic(|me| Device {
             dir: dir.to_path_buf(),
             base: p as *mut u8,
             gid: hdr.gid,
@@ -314,6 +321,8 @@ impl Device {
             me: me.clone(),
             region: crate::fault::Region::register(p.cast(), len),
             _membership: membership,
-        }))
+        });
+        crate::spin::use_table(slots);
+        Ok(dev)
     }
 }
