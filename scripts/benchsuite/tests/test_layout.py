@@ -73,5 +73,13 @@ class TableHeaderTest(unittest.TestCase):
         self.assertIn("pgbench -j 2", said)
 
 
+class BaselineTransportTest(unittest.TestCase):
+    def test_the_baseline_runs_only_when_asked(self):
+        from benchsuite.__main__ import transports_of
+        w = workload("redis", Layout("pinned"))
+        self.assertNotIn("smclo-base", transports_of(w, None))
+        self.assertEqual(transports_of(w, "old/smclo")[-1], "smclo-base")
+
+
 if __name__ == "__main__":
     unittest.main()
