@@ -131,10 +131,11 @@ def check_programs(workloads, smclo):
         sys.exit("bench-suite: taskset is missing (util-linux)")
 
 
-def transports_of(w, baseline):
-    """The transports workload `w` can use: with a `baseline` build, that
-    build wherever smclo."""
-    return list(w.transports) + ([BASELINE] if baseline and "smclo" in w.transports else [])
+def transports_of(w, run):
+    """The transports of the run (names `run`) that workload `w` can use;
+    the baseline build's wherever smclo's."""
+    mine = list(w.transports) + ([BASELINE] if "smclo" in w.transports else [])
+    return [n for n in mine if n in run]
 
 
 def measure(args):
@@ -175,7 +176,7 @@ def measure(args):
                    "smclo_env": dict(sorted(knobs.items()))},
         "transports": [{"name": t.name, "label": t.label, "available": t.available,
                         "why_unavailable": t.why_unavailable, "prefix": t.prefix} for t in transports],
-        "workloads": [{"name": w.name, "transports": transports_of(w, args.baseline), "third_party": w.third_party,
+        "workloads": [{"name": w.name, "transports": transports_of(w, {t.name for t in transports}), "third_party": w.third_party,
                        "cpu_unit": w.cpu_unit[0] if w.cpu_unit else None,
                        "rows": [vars(r) for r in w.rows()]} for w in workloads],
         "runs": [],

@@ -22,6 +22,16 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def round_ratios(runs, workload, key, transport, reference):
+    """Row `key`'s value over `transport` divided by its value over
+    `reference` in the same round, for every round that has both."""
+    ref = {r["round"]: r["values"][key] for r in runs
+           if r["workload"] == workload and r["transport"] == reference and r.get("values")}
+    return [r["values"][key] / ref[r["round"]] for r in runs
+            if r["workload"] == workload and r["transport"] == transport and r.get("values")
+            and ref.get(r["round"])]
+
+
 def summarize(doc):
     """Adds doc["summary"]: for every row and transport the samples, their
     median, the ratio to TCP's median, and the median CPU cost."""
@@ -41,12 +51,8 @@ def summarize(doc):
             # Transports run back to back within a round, so the ratio of
             # one round is less moved by a noisy neighbour than the ratio
             # of medians; the JSON keeps both.
-            tcp_by_round = {r["round"]: r["values"][row["key"]] for r in runs
-                            if r["workload"] == w["name"] and r["transport"] == "tcp" and r.get("values")}
             for name, c in cells.items():
-                ratios = [r["values"][row["key"]] / tcp_by_round[r["round"]] for r in runs
-                          if r["workload"] == w["name"] and r["transport"] == name and r.get("values")
-                          and tcp_by_round.get(r["round"])]
+                ratios = round_ratios(runs, w["name"], row["key"], name, "tcp")
                 c["round_ratios"] = ratios
                 c["median_round_ratio"] = _median(ratios)
             summary["rows"][row["key"]] = cells
@@ -141,11 +147,7 @@ def baseline_table(doc):
             base, mine = cells.get(BASELINE, {}), cells.get("smclo", {})
             if base.get("median") is None or mine.get("median") is None:
                 continue
-            by_round = {r["round"]: r["values"][row["key"]] for r in doc["runs"] if r["workload"] == w["name"]
-                        and r["transport"] == BASELINE and r.get("values")}
-            ratios = [r["values"][row["key"]] / by_round[r["round"]] for r in doc["runs"]
-                      if r["workload"] == w["name"] and r["transport"] == "smclo" and r.get("values")
-                      and by_round.get(r["round"])]
+            ratios = round_ratios(doc["runs"], w["name"], row["key"], "smclo", BASELINE)
             c_base, c_mine = cpu.get(BASELINE, {}).get("per_op"), cpu.get("smclo", {}).get("per_op")
             out.append("| %s | %s | %s | %s | %.3f× | %s | %s |" % (
                 row["label"], row["unit"], fmt(base["median"]), fmt(mine["median"]), mine["median"] / base["median"],

@@ -36,7 +36,7 @@ def check(out):
     with open(os.path.join(out, "suite.json")) as f:
         doc = json.load(f)
     ts = {t["name"]: t for t in doc["transports"]}
-    if not kernel_has_af_smc() and ts["kernel-smc"]["available"]:
+    if not kernel_has_af_smc() and ts.get("kernel-smc", {}).get("available"):
         problems.append("kernel-smc is reported available, but socket(AF_SMC) fails here")
     rounds = doc["config"]["rounds"]
     idle = doc["config"]["idle_conns"]

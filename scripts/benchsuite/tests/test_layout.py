@@ -77,8 +77,11 @@ class BaselineTransportTest(unittest.TestCase):
     def test_the_baseline_runs_only_when_asked(self):
         from benchsuite.__main__ import transports_of
         w = workload("redis", Layout("pinned"))
-        self.assertNotIn("smclo-base", transports_of(w, None))
-        self.assertEqual(transports_of(w, "old/smclo")[-1], "smclo-base")
+        everything = {"tcp", "unix", "smclo", "smclo-copy", "kernel-smc"}
+        self.assertEqual(transports_of(w, everything), list(w.transports))
+        self.assertEqual(transports_of(w, everything | {"smclo-base"})[-1], "smclo-base")
+        # --transports: only those the run has.
+        self.assertEqual(transports_of(w, {"tcp", "smclo", "smclo-base"}), ["tcp", "smclo", "smclo-base"])
 
 
 if __name__ == "__main__":
