@@ -13,9 +13,8 @@
 //! first ([`close_deferred`]), in time the process would otherwise spend
 //! waiting for its peer.
 //!
-//! A `bind` or `listen` closes them first too (under `smclo run`), with an
-//! abort ([`close_deferred_freeing_ports`]), so that a port or a 4-tuple
-//! they hold is as free as over TCP. A connection that
+//! A `bind` or `listen` closes them first too (under `smclo run`), so that
+//! a port or a 4-tuple they hold is as free as over TCP. A connection that
 //! ended in an abort does not wait: its TCP peer may be a program that
 //! reads the TCP socket itself (a connection that could not follow an
 //! `exec` falls back to it) and waits for that end of stream.
@@ -88,30 +87,12 @@ pub fn close_later(fd: RawFd) -> bool {
 /// Closes every descriptor waiting ([`close_later`]). Called where the
 /// process is about to wait; a look at one cache line when there is none.
 pub fn close_deferred() {
-    close_waiting(false);
-}
-
-/// Closes every descriptor waiting, each TCP socket with an abort (an RST,
-/// `SO_LINGER` of zero) instead of a FIN. Called before a `bind` or
-/// `listen`, whose port or 4-tuple such a socket may hold: closed first
-/// with a FIN, it would hold it in TIME_WAIT, where over TCP the
-/// program's socket, closed when its peer's was (whose close was not
-/// deferred), usually leaves none on its side. The connection ended
-/// through its ring; nothing reads its TCP socket, at either end.
-pub fn close_deferred_freeing_ports() {
-    close_waiting(true);
-}
-
-fn close_waiting(abort: bool) {
     for s in &WAITING {
         if s.load(Ordering::Relaxed) < 0 {
             continue;
         }
         let fd = s.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
-            if abort {
-                crate::chan_sys::set_linger_zero(fd);
-            }
             close(fd);
             crate::fdnum::release_one();
         }

@@ -91,7 +91,7 @@ fn clear_stale(fd: RawFd) {
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     // As for bind: the port as free as over TCP.
-    smclo::adapter::deferred::close_deferred_freeing_ports();
+    smclo::adapter::deferred::close_deferred();
     if disabled()
         || !in_table_range(fd)
         || table::has_flag(fd, F_LISTENER)
@@ -461,7 +461,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     table::set_flag(fd, F_BOUND, true);
     // The port may be one an ended connection's TCP socket still holds
     // (smclo::adapter::deferred): it is as free as over TCP.
-    smclo::adapter::deferred::close_deferred_freeing_ports();
+    smclo::adapter::deferred::close_deferred();
     // SAFETY: forwarded unchanged.
     unsafe { real::bind(fd, addr, len) }
 }
