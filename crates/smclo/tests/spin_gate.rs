@@ -1,7 +1,8 @@
 //! The spinner slots (`smclo::testing::spin`): no more threads spin at
 //! once than the CPUs they may run on, a thread that finds its CPUs'
 //! slots held does not spin, a preempted spin's slot stays held for a
-//! while, and a spinner that dies (`kill -9`) holds its slot no longer
+//! while, a spin lets the threads waiting for its CPU run, and a
+//! spinner that dies (`kill -9`) holds its slot no longer
 //! than the spin it took it for.
 
 mod common;
@@ -187,6 +188,58 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
     })
     .join()
     .unwrap();
+}
+
+/// A thread that waits for the spinner's CPU runs within a few
+/// microseconds of the spin's start, not when the scheduler takes the CPU
+/// away at the end of the spinner's slice (0.7 ms to a 4 ms tick here):
+/// a spin yields. The waiting thread is a busy loop on the same CPU; the
+/// spinner sleeps first, so that it spins on a fresh slice.
+#[test]
+fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    let waits = std::thread::spawn(move || {
+        pin(cpu);
+        (0..5).map(|_| waited_for_the_cpu()).collect::<Vec<u64>>()
+    })
+    .join()
+    .unwrap();
+    let mut sorted = waits.clone();
+    sorted.sort();
+    assert!(
+        sorted[2] < 300_000,
+        "a thread runnable on the spinner's CPU waited {waits:?} ns"
+    );
+}
+
+/// One round of the test above, on the calling (pinned) thread: how long
+/// after the spin began the other thread ran.
+fn waited_for_the_cpu() -> u64 {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let go = Arc::new(AtomicBool::new(false));
+    let ran = Arc::new(AtomicU64::new(0));
+    let (g, r) = (go.clone(), ran.clone());
+    // Inherits the pinning: runnable on the same CPU only.
+    let other = std::thread::spawn(move || {
+        while !g.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        r.store(spin::monotonic_ns(), Ordering::Release);
+    });
+    // Longer than a paused slot (`GIVE_WAY`) and than the other's start.
+    std::thread::sleep(Duration::from_millis(3));
+    let start = spin::monotonic_ns();
+    go.store(true, Ordering::Release);
+    let mut looks = 0;
+    spin::until(Duration::from_millis(50), None, || {
+        looks += 1;
+        (ran.load(Ordering::Acquire) != 0).then_some(())
+    });
+    other.join().unwrap();
+    assert!(looks > 0, "did not spin");
+    ran.load(Ordering::Acquire).saturating_sub(start)
 }
 
 /// Starts a spinner child on the device in `dir`, waits until it holds a
