@@ -794,6 +794,19 @@ fn a_fixed_source_port_is_free_for_the_next_connection() {
     assert!(out.stdout.contains("fixedport 3"), "{}", out.stdout);
 }
 
+/// The same when the client closes first and binds again before its
+/// server has closed: the TCP socket of the client's ended SMC-D
+/// connection, whose close waited for the `bind`, is closed with an abort
+/// there, so it leaves no TIME_WAIT holding the 4-tuple (closed with a
+/// FIN, it did: the next connect failed with EADDRNOTAVAIL, as it does
+/// over TCP for a client that closes first; here the program's own
+/// socket was gone long before).
+#[test]
+fn a_fixed_source_port_is_free_when_the_server_closes_late() {
+    let out = peer_mode("fixedportlate", 3);
+    assert!(out.stdout.contains("fixedport 3"), "{}", out.stdout);
+}
+
 /// Counted with strace over two run lengths, so the start-up cancels out.
 /// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
 /// counted too, as many as the timing under strace allows.

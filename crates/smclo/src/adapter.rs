@@ -29,7 +29,7 @@ pub mod conn {
 
 /// TCP sockets of ended connections, closed at the process's next wait.
 pub mod deferred {
-    pub use crate::deferred::{close_deferred, close_later, set_closer};
+    pub use crate::deferred::{close_deferred, close_deferred_freeing, close_later, set_closer};
 }
 
 /// The bound on a client's early bytes.

@@ -69,6 +69,28 @@ pub fn shutdown(fd: RawFd, how: c_int) -> c_int {
     unsafe { libc::syscall(libc::SYS_shutdown, fd, how) as c_int }
 }
 
+/// `setsockopt(SO_LINGER)` of zero: the socket's `close` then aborts the
+/// connection (an RST) and leaves no TIME_WAIT. Best effort: a socket
+/// that is no TCP socket (or gone) stays as it was.
+pub fn set_linger_zero(fd: RawFd) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is a valid linger of the size given, read during the
+    // call only.
+    unsafe {
+        libc::syscall(
+            libc::SYS_setsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+}
+
 /// `close(2)`.
 pub fn close(fd: RawFd) -> c_int {
     // SAFETY: integer argument only; the caller owns `fd`.

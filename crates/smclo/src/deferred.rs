@@ -14,7 +14,8 @@
 //! waiting for its peer.
 //!
 //! A `bind` or `listen` closes them first too (under `smclo run`), so that
-//! a port or a 4-tuple they hold is as free as over TCP. A connection that
+//! a port or a 4-tuple they hold is as free as over TCP (one bound to the
+//! port a `bind` names with an abort, [`close_deferred_freeing`]). A connection that
 //! ended in an abort does not wait: its TCP peer may be a program that
 //! reads the TCP socket itself (a connection that could not follow an
 //! `exec` falls back to it) and waits for that end of stream.
@@ -87,12 +88,35 @@ pub fn close_later(fd: RawFd) -> bool {
 /// Closes every descriptor waiting ([`close_later`]). Called where the
 /// process is about to wait; a look at one cache line when there is none.
 pub fn close_deferred() {
+    close_waiting(|_| {});
+}
+
+/// Closes every descriptor waiting, as [`close_deferred`], those bound to
+/// local port `port` with an abort (an RST, `SO_LINGER` of zero) instead
+/// of a FIN. Called by a `bind` to that port: closed with a FIN first,
+/// such a socket would hold the port's 4-tuple in TIME_WAIT, and the
+/// program's next `connect` from it would fail (`EADDRNOTAVAIL`), where
+/// over TCP its own socket, closed when its peer's was, usually leaves
+/// none on its side. The connection ended through its ring: nothing reads
+/// that socket at either end. Sockets bound to other ports close with a
+/// FIN, so no other 4-tuple comes free sooner than over TCP.
+pub fn close_deferred_freeing(port: u16) {
+    close_waiting(|fd| {
+        if crate::sockaddr::local(fd).is_ok_and(|a| a.port() == port) {
+            crate::chan_sys::set_linger_zero(fd);
+        }
+    });
+}
+
+/// Closes every descriptor waiting, calling `before` on each first.
+fn close_waiting(before: impl Fn(RawFd)) {
     for s in &WAITING {
         if s.load(Ordering::Relaxed) < 0 {
             continue;
         }
         let fd = s.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
+            before(fd);
             close(fd);
             crate::fdnum::release_one();
         }

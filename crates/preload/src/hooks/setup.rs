@@ -461,7 +461,12 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     table::set_flag(fd, F_BOUND, true);
     // The port may be one an ended connection's TCP socket still holds
     // (smclo::adapter::deferred): it is as free as over TCP.
-    smclo::adapter::deferred::close_deferred();
+    // SAFETY: the caller passes `len` readable bytes at `addr`, as bind
+    // requires.
+    match unsafe { smclo::adapter::sockaddr::from_raw(addr, len) }.map_or(0, |a| a.port()) {
+        0 => smclo::adapter::deferred::close_deferred(),
+        port => smclo::adapter::deferred::close_deferred_freeing(port),
+    }
     // SAFETY: forwarded unchanged.
     unsafe { real::bind(fd, addr, len) }
 }

@@ -865,7 +865,7 @@ static int abort_close(void) {
  * one after the other, as over TCP on loopback: the port and the 4-tuple
  * of the connection before are free for the next (its TCP socket in
  * TIME_WAIT at most). Prints "fixedport N" with how many connected. */
-static int fixed_port(void) {
+static int fixed_port(int late) {
     const int n = 3;
     int lfd;
     struct sockaddr_in a;
@@ -902,6 +902,9 @@ static int fixed_port(void) {
         char b;
         if (c < 0) break;
         if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
+        /* late: the client closes first, and binds again before this end
+         * has closed. */
+        if (late) usleep(100000);
         close(c);
         if (i + 1 < n) {
             /* The child's next connect may fail: do not wait for it then. */
@@ -920,7 +923,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "deferclose")) return defer_close();
     if (argc >= 2 && !strcmp(argv[1], "abortclose")) return abort_close();
-    if (argc >= 2 && !strcmp(argv[1], "fixedport")) return fixed_port();
+    if (argc >= 2 && !strcmp(argv[1], "fixedport")) return fixed_port(0);
+    if (argc >= 2 && !strcmp(argv[1], "fixedportlate")) return fixed_port(1);
     if (argc < 3) { fprintf(stderr, "usage\n"); return 2; }
     mode = argv[2];
     int server = !strcmp(argv[1], "server");
