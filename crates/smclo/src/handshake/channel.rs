@@ -436,8 +436,11 @@ mod tests {
             }
             let token = 0x1234 + same_netns as u64;
             // A connection for a token that was never proposed is refused.
+            // Its own token per round: the name it binds lives on in any
+            // fork child of the process's other tests meanwhile.
+            let stray_token = 7 + same_netns as u64;
             let stray = RendezvousAddr::new(&dev, l.nonce())
-                .connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), 7)
+                .connect_within(CONNECT_BOUND, &dev.shape(), dev.gid(), stray_token)
                 .unwrap();
             l.expect(token);
             let c = RendezvousAddr::new(&dev, l.nonce())
