@@ -303,7 +303,10 @@ impl ServerHandshake {
             Some(fd) => {
                 spin_readable(fd, stop, || self.hint());
             }
-            None if self.since.elapsed() < crate::wait::spin_budget() => std::hint::spin_loop(),
+            None if self.since.elapsed() < crate::wait::spin_budget() => {
+                let spin = crate::wait::spin_budget().saturating_sub(self.since.elapsed());
+                crate::spin::until(spin.min(left), None, || self.hint().then_some(()));
+            }
             None if sleep => std::thread::sleep(PORT_NAP.min(left)),
             None => std::thread::yield_now(),
         }
