@@ -7,7 +7,10 @@
 //! core's ([`smclo::adapter::handshake`], [`smclo::adapter::conn::Conn`]). What lives here:
 //!
 //! - [`hooks`]: the interposed libc functions.
-//! - [`table`]: which application descriptors are SMC-D connections.
+//! - [`table`]: each descriptor number's state (an SMC-D connection, a
+//!   candidate, a pending handshake, a listener, ...), in one place.
+//! - [`sock`]: one SMC-D connection as this process sees it.
+//! - [`shadow`]: the shadow of an epoll set with SMC-D members.
 //! - [`cork`]: TCP's 200 ms ceiling on corked data.
 //! - [`holders`]: which processes of a `fork` family hold a connection.
 //! - [`stdio`]: C stdio streams on connections adopted through exec.
@@ -27,6 +30,8 @@ pub mod cork;
 pub mod holders;
 pub mod hooks;
 pub mod real;
+pub mod shadow;
+pub mod sock;
 pub mod stdio;
 #[cfg(target_env = "musl")]
 mod stdio_musl;

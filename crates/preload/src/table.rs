@@ -1,127 +1,658 @@
-//! Which application descriptors are SMC-D connections, and what they share.
+//! Descriptor number → its state: one [`FdState`] per number, in one place,
+//! changed by one function ([`transition_locked`]).
 //!
-//! [`TABLE`] has one atomic pointer per descriptor below [`MAX_FD`]; a
-//! non-null entry is a counted reference to the connection ([`Sock`]) that
-//! the descriptor names (after the swap, the descriptor is the
-//! connection's UNIX channel itself, or a `dup` of it). Bit 0 of the pointer is the
-//! application's view of `FD_CLOEXEC` being *off* (the real descriptor
-//! always has it on, see [`crate::hooks`] on exec).
+//! Each number below [`MAX_FD`] has one atomic word that mirrors its state
+//! for the lock-free checks: the variant in its low four bits ([`Kind`]),
+//! and for `Smc` and `Epoll` the address of the data the fast paths use
+//! (the [`Sock`], the [`Shadow`]). A number smclo knows nothing about has
+//! the word 0, so the fast path of every interposed call is one atomic
+//! load. The state itself (the enum with its data) lives in [`STATES`];
+//! the variants without data (`Internal`, `Closing`) are the word alone,
+//! so that a connection's drop can change them without any lock.
 //!
-//! A descriptor that is not in the table costs one atomic load. Using an
-//! entry takes [`LOCK`] for reading just long enough to count a reference;
-//! removing or adding entries takes it for writing, so a reference is never
-//! counted on a `Sock` that is being freed.
+//! Using a state's data takes [`LOCK`] for reading just long enough to
+//! count a reference; changing a state takes it for writing, so a
+//! reference is never counted on data that is being freed. Forgetting a
+//! number (it was closed) is replacing its state by `Unknown`: the old
+//! state is returned, to be dropped once the lock is released.
+//!
+//! Beside the state, [`hint`]s record facts about the kernel's socket
+//! behind a number that only spare system calls (a TCP stream, bound, IP
+//! options or timeouts set, known to be no listener). They are not
+//! smclo's state: nothing is held for them, a hint that is missing costs
+//! a question to the kernel, and one that is wrong (a number closed behind
+//! smclo's back) is forgotten when the number comes back from the kernel.
+//! So they stay separate bits, set by whoever learns the fact, and the
+//! close of a number with hints only takes no lock.
 
-use smclo::adapter::conn::Conn;
-use smclo::device::Registration;
+pub use crate::shadow::Shadow;
+pub use crate::sock::Sock;
+use smclo::adapter::fallbacks::FallbackRecord;
+use smclo::adapter::handshake;
+use smclo::adapter::registry::ListenerGuard;
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Descriptors at or above this are never upgraded (they stay plain TCP).
 pub const MAX_FD: usize = 65536;
 
-/// Tag bit in a table pointer: the application asked for no `FD_CLOEXEC`.
-pub const TAG_NO_CLOEXEC: usize = 1;
+/// An epoll registration of a descriptor that is not (yet) a connection:
+/// the set and the program's event.
+pub type Reg = (RawFd, libc::epoll_event);
 
-#[allow(clippy::declare_interior_mutable_const)]
-const NULL_SOCK: AtomicPtr<Sock> = AtomicPtr::new(std::ptr::null_mut());
-#[allow(clippy::declare_interior_mutable_const)]
-const ZERO: AtomicU16 = AtomicU16::new(0);
+/// What smclo knows of one descriptor number. Transitions (all through
+/// [`transition_locked`], with [`LOCK`] held for writing, except the two
+/// of `Internal` and `Closing`, see [`close_internal`]):
+///
+/// | from | event | to |
+/// | --- | --- | --- |
+/// | `Unknown` | `socket()` of a TCP stream | `Candidate` |
+/// | `Candidate` | `epoll_ctl` on it | `Candidate` (registrations recorded) |
+/// | `Candidate`, `Unknown` | `listen` registered (or an inherited listener met) | `Listener` |
+/// | `Candidate` | `connect` proposed, undecided when it returns | `Pending` |
+/// | `Unknown` | `accept` returned before its handshake decided | `Pending` |
+/// | `Pending` (early) | a non-blocking call cannot go on undecided | `Pending` (writability hidden) |
+/// | `Candidate`, `Pending` | the handshake decided SMC-D: the swap | `Smc` |
+/// | `Candidate`, `Pending` | it decided TCP | `Fallback` (listed) or `Unknown` |
+/// | `Candidate` | `connect` not proposed | `Unknown` (or `Fallback`) |
+/// | `Unknown` | `dup` of a `Smc`, `Listener`, `Fallback` | the same, sharing its data |
+/// | `Smc` | `fcntl(F_SETFD)` | `Smc` (the program's `FD_CLOEXEC`) |
+/// | `Unknown` | an SMC-D member joins the set (`epoll_ctl`) | `Epoll` |
+/// | `Smc` | `close` of the channel's own number | `Internal` |
+/// | `Unknown` | smclo's own descriptor (hidden TCP socket, moved channel) | `Internal` |
+/// | `Internal`, `Unknown` | the connection closes it ([`close_internal`]) | `Closing`, then `Unknown` |
+/// | `Listener`, `Fallback` | `exec` | `Unknown` (the listing stays with this image) |
+/// | any but `Internal`, `Closing` | `close`, `dup2` onto it, met fresh from the kernel | `Unknown` (forgotten) |
+pub enum FdState {
+    /// Nothing: a number smclo does not know (word 0).
+    Unknown,
+    /// A TCP socket made by the program's `socket()`, not connected yet:
+    /// its epoll registrations, which a swap moves to the channel.
+    Candidate {
+        /// In the order made.
+        epoll: Vec<Reg>,
+    },
+    /// A connect (or accept) returned before its handshake decided: the
+    /// descriptor is the TCP socket (`hooks::pending`).
+    Pending {
+        /// The handshake.
+        connecting: Arc<Connecting>,
+        /// Its epoll registrations, given to the kernel without
+        /// writability unless `writable`.
+        epoll: Vec<Reg>,
+        /// Reported writable as the TCP socket is: a blocking connect
+        /// that returned connected, whose writes go early.
+        writable: bool,
+    },
+    /// An SMC-D connection: after the swap the descriptor is its channel
+    /// (or a `dup` of it).
+    Smc {
+        /// The connection.
+        sock: Arc<Sock>,
+        /// The program's view of `FD_CLOEXEC` (the real descriptor always
+        /// has it, see `crate::hooks` on exec).
+        cloexec: bool,
+    },
+    /// A listening TCP socket registered in the device, until the last of
+    /// its `dup`s is closed.
+    Listener(Arc<ListenerGuard>),
+    /// A TCP connection that fell back, listed in the device's fallback
+    /// table (`smclo ss -a`) until the last of its `dup`s is closed.
+    Fallback(Arc<FallbackRecord>),
+    /// An epoll set with SMC-D members, served by its shadow
+    /// (`hooks::epoll`).
+    Epoll(Arc<Shadow>),
+    /// A descriptor smclo itself uses (a hidden TCP socket, or a
+    /// connection's channel at a number the program has let go of): the
+    /// program cannot close it by accident.
+    Internal,
+    /// An internal descriptor that its connection is closing: `close` and
+    /// `dup2` of the number wait until it is `Unknown` ([`settle`]).
+    Closing,
+}
 
-/// Application descriptor → connection.
-pub static TABLE: [AtomicPtr<Sock>; MAX_FD] = [NULL_SOCK; MAX_FD];
+/// A handshake that has not decided, shared by its `Pending` state and the
+/// thread that drives it.
+pub struct Connecting {
+    /// The handshake, `None` while a thread drives it (it takes it out,
+    /// so that no lock is held across its system calls).
+    pub undecided: Mutex<Option<Undecided>>,
+    /// A blocking connect that returned connected (its writes may go
+    /// early): the process's exit ends it as a close would.
+    pub early: bool,
+}
 
-/// Per-descriptor flags that are not table entries (see the `F_*` bits).
-pub static FLAGS: [AtomicU16; MAX_FD] = [ZERO; MAX_FD];
-/// A listening TCP socket registered in the device.
-pub const F_LISTENER: u16 = 1;
-/// A descriptor the preload itself uses (a hidden TCP socket, or a
-/// connection's channel at a number the application has let go of): the
-/// application cannot close it by accident.
-pub const F_INTERNAL: u16 = 2;
-/// A TCP socket that may be swapped later (created, not yet connected):
-/// its epoll registrations are recorded.
-pub const F_CANDIDATE: u16 = 4;
-/// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
-/// `SOCK_STREAM` TCP socket, or accepted on a listener that was: its
-/// domain, type and protocol are known
-/// without asking the kernel (three `getsockopt` calls). Like every flag it
-/// is forgotten when the number is closed or reused through our functions;
-/// a descriptor without it (inherited, dup'ed, made by a raw system call)
-/// is asked with `getsockopt` instead.
-pub const F_TCP: u16 = 8;
-/// An epoll descriptor with SMC-D members: its waits are served by the
-/// event-loop fast path (`hooks::epoll`).
-pub const F_EPOLL: u16 = 16;
-/// A TCP connection that fell back, listed in the device's fallback table
-/// until this descriptor is closed (`smclo ss -a`).
-pub const F_FALLBACK: u16 = 32;
-/// The flags whose records a duplicate of the descriptor shares
-/// (`hooks::state`): the record lasts until the last of them is closed.
-pub const F_DUP_SHARED: u16 = F_LISTENER | F_FALLBACK;
-/// Known not to need a listener registration: not a listening TCP socket
-/// (asked once, or made by our `socket()` as something else), or one whose
-/// registration failed. `accept` and `epoll_ctl` on a descriptor with no
-/// flag and no table entry ask the kernel once whether it is a listener
-/// inherited through exec (`hooks::setup`).
-pub const F_PLAIN: u16 = 64;
-/// The application set an IP option that the handshake's SYN mark changes
-/// (TTL or TOS, hop limit or traffic class): the mark must read it first to
-/// put it back. Without it, a socket with [`F_TCP`] has the defaults.
-pub const F_IP_OPTS: u16 = 128;
-/// A non-blocking `connect` whose handshake has not decided yet: the
-/// descriptor is the TCP socket, not reported writable until it decides
-/// (`hooks::pending`).
-pub const F_PENDING: u16 = 256;
-/// An internal descriptor that a connection is closing: see
-/// [`settle`].
-pub const F_CLOSING: u16 = 512;
-/// The application set `SO_RCVTIMEO` or `SO_SNDTIMEO` (on the socket, or on
-/// the listener that accepted it), which the swap must copy to the
-/// connection. Without it, a socket with [`F_TCP`] has no timeouts, and the
-/// swap asks nothing.
-pub const F_TIMEO: u16 = 1024;
-/// `bind` was called on it: its source address is not routing's choice,
-/// so a proposal asks the socket (`getsockname`). Without it, a socket with
-/// [`F_TCP`] is unbound.
-pub const F_BOUND: u16 = 2048;
+/// The handshake of a `Pending` descriptor and what goes with it.
+pub struct Undecided {
+    pub hs: handshake::Pending,
+    /// The holder slot claimed for the connection.
+    pub slot: usize,
+    /// The other end's address.
+    pub dest: SocketAddr,
+    /// A non-blocking `shutdown` made while it was undecided, carried out
+    /// when it decides.
+    pub shut: Shut,
+}
 
-/// The flags that only spare system calls (what the kernel would say of
-/// the descriptor): no record, lock or connection goes with them, so a
-/// descriptor with no others closes without the table's lock.
-pub const F_HINTS: u16 = F_TCP | F_PLAIN | F_IP_OPTS | F_TIMEO | F_BOUND;
+/// The directions a `shutdown` of an undecided connection closed.
+#[derive(Clone, Copy, Default)]
+pub struct Shut {
+    rd: bool,
+    wr: bool,
+}
 
-/// With [`F_PENDING`]: a blocking connect that returned connected, whose
-/// writes go into the stream as early bytes (`hooks::pending`): reported
-/// writable, as the TCP socket is.
-pub const F_EARLY: u16 = 4096;
+impl Shut {
+    pub fn add(&mut self, how: libc::c_int) {
+        self.rd |= how != libc::SHUT_WR;
+        self.wr |= how != libc::SHUT_RD;
+    }
 
-/// Sets or clears flag bits of `fd` (ignored beyond the table).
-pub fn set_flag(fd: RawFd, f: u16, on: bool) {
-    if let Some(a) = FLAGS.get(fd as usize) {
-        if on {
-            a.fetch_or(f, Ordering::Relaxed);
-        } else {
-            a.fetch_and(!f, Ordering::Relaxed);
+    pub fn how(self) -> Option<libc::c_int> {
+        match (self.rd, self.wr) {
+            (true, true) => Some(libc::SHUT_RDWR),
+            (true, false) => Some(libc::SHUT_RD),
+            (false, true) => Some(libc::SHUT_WR),
+            (false, false) => None,
         }
     }
 }
 
-/// Marks `fd`, a number smclo just got from the kernel, internal ([`F_INTERNAL`])
-/// once any close of that number's former file is done unmarking it
-/// ([`settle`]): a connection's close (in whichever thread waits next, for
-/// a hidden TCP socket, `smclo::adapter::deferred`) unmarks the number after the
-/// kernel freed it, and would otherwise clear the new mark.
-pub fn mark_internal(fd: RawFd) {
-    settle(fd);
-    set_flag(fd, F_INTERNAL, true);
+/// The variant of a state, as its word says it (one atomic load).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Unknown,
+    Candidate,
+    /// `writable`: see [`FdState::Pending`].
+    Pending {
+        writable: bool,
+    },
+    Smc,
+    Listener,
+    Fallback,
+    Epoll,
+    Internal,
+    Closing,
 }
 
-/// Whether `fd` has any of the flag bits `f`.
+// The word's low four bits.
+const K_UNKNOWN: usize = 0;
+const K_CANDIDATE: usize = 1;
+const K_PENDING: usize = 2;
+const K_PENDING_WRITABLE: usize = 3;
+const K_SMC: usize = 4;
+/// `Smc` without the program's `FD_CLOEXEC`.
+const K_SMC_KEPT: usize = 5;
+const K_LISTENER: usize = 6;
+const K_FALLBACK: usize = 7;
+const K_EPOLL: usize = 8;
+const K_INTERNAL: usize = 9;
+const K_CLOSING: usize = 10;
+const KIND_BITS: usize = 15;
+
+const _: () = assert!(std::mem::align_of::<Sock>() > KIND_BITS);
+const _: () = assert!(std::mem::align_of::<Shadow>() > KIND_BITS);
+
+impl Kind {
+    fn of(word: usize) -> Kind {
+        match word & KIND_BITS {
+            K_UNKNOWN => Kind::Unknown,
+            K_CANDIDATE => Kind::Candidate,
+            K_PENDING => Kind::Pending { writable: false },
+            K_PENDING_WRITABLE => Kind::Pending { writable: true },
+            K_SMC | K_SMC_KEPT => Kind::Smc,
+            K_LISTENER => Kind::Listener,
+            K_FALLBACK => Kind::Fallback,
+            K_EPOLL => Kind::Epoll,
+            K_INTERNAL => Kind::Internal,
+            _ => Kind::Closing,
+        }
+    }
+
+    /// A pending handshake's, writable or not.
+    pub fn is_pending(self) -> bool {
+        matches!(self, Kind::Pending { .. })
+    }
+}
+
+impl FdState {
+    /// The word that mirrors it.
+    fn word(&self) -> usize {
+        match self {
+            FdState::Unknown => K_UNKNOWN,
+            FdState::Candidate { .. } => K_CANDIDATE,
+            FdState::Pending { writable, .. } => {
+                if *writable {
+                    K_PENDING_WRITABLE
+                } else {
+                    K_PENDING
+                }
+            }
+            FdState::Smc { sock, cloexec } => {
+                Arc::as_ptr(sock) as usize | if *cloexec { K_SMC } else { K_SMC_KEPT }
+            }
+            FdState::Listener(_) => K_LISTENER,
+            FdState::Fallback(_) => K_FALLBACK,
+            FdState::Epoll(sh) => Arc::as_ptr(sh) as usize | K_EPOLL,
+            FdState::Internal => K_INTERNAL,
+            FdState::Closing => K_CLOSING,
+        }
+    }
+
+    /// Whether the state is its word alone (no entry in [`STATES`]).
+    fn word_only(&self) -> bool {
+        matches!(
+            self,
+            FdState::Unknown | FdState::Internal | FdState::Closing
+        )
+    }
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO_WORD: AtomicUsize = AtomicUsize::new(0);
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO_HINTS: AtomicU8 = AtomicU8::new(0);
+
+/// The words: each number's state, mirrored (see the module's doc).
+static WORDS: [AtomicUsize; MAX_FD] = [ZERO_WORD; MAX_FD];
+
+/// The states with data, by number. Only touched with [`LOCK`] held (for
+/// writing to change one), so never held across `fork`.
+static STATES: Mutex<Option<HashMap<RawFd, FdState>>> = Mutex::new(None);
+
+/// How many numbers are `Pending` (the waits skip all of it at 0).
+static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// How many numbers are `Epoll` (closes skip the shadows at 0).
+static EPOLL_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn in_range(fd: RawFd) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD
+}
+
+fn states() -> std::sync::MutexGuard<'static, Option<HashMap<RawFd, FdState>>> {
+    STATES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The kind of state of `fd` (`Unknown` beyond the table): one load.
 #[inline]
-pub fn has_flag(fd: RawFd, f: u16) -> bool {
-    fd >= 0 && (fd as usize) < MAX_FD && FLAGS[fd as usize].load(Ordering::Relaxed) & f != 0
+pub fn kind(fd: RawFd) -> Kind {
+    if !in_range(fd) {
+        return Kind::Unknown;
+    }
+    Kind::of(WORDS[fd as usize].load(Ordering::Relaxed))
+}
+
+/// Whether smclo knows nothing of `fd`: no state, no hint.
+#[inline]
+pub fn unknown(fd: RawFd) -> bool {
+    in_range(fd)
+        && WORDS[fd as usize].load(Ordering::Relaxed) == 0
+        && HINTS[fd as usize].load(Ordering::Relaxed) == 0
+}
+
+/// Whether `fd` has a state (not `Unknown`).
+#[inline]
+pub fn known(fd: RawFd) -> bool {
+    in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) != 0
+}
+
+/// The one function that changes the state of `fd` (with [`LOCK`] held
+/// for writing): `f` gets the state and returns the new one with what the
+/// caller keeps; the word and the counts follow here. What `f` lets go of
+/// is dropped under the lock: a state whose drop closes descriptors
+/// through the interposed `close` (an undecided handshake) must be handed
+/// back in `R` instead, to be dropped after the lock is released.
+pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) -> R {
+    let Some(w) = WORDS.get(fd as usize).filter(|_| fd >= 0) else {
+        // Beyond the table: nothing is remembered (callers do not ask).
+        return f(FdState::Unknown).1;
+    };
+    let old_word = w.load(Ordering::Acquire);
+    let old = match old_word & KIND_BITS {
+        K_UNKNOWN => FdState::Unknown,
+        K_INTERNAL => FdState::Internal,
+        K_CLOSING => FdState::Closing,
+        _ => states()
+            .as_mut()
+            .and_then(|m| m.remove(&fd))
+            .unwrap_or(FdState::Unknown),
+    };
+    let was = Kind::of(old_word);
+    let (new, r) = f(old);
+    let new_word = new.word();
+    count(was, -1);
+    count(Kind::of(new_word), 1);
+    if !new.word_only() {
+        states().get_or_insert_with(HashMap::new).insert(fd, new);
+    }
+    if new_word != old_word {
+        w.store(new_word, Ordering::Release);
+    }
+    r
+}
+
+/// [`transition_locked`] to `new` whatever the state was; the old state
+/// is returned, to be dropped after the lock is released.
+#[must_use = "drop it after the table's lock is released"]
+pub fn replace_locked(fd: RawFd, new: FdState) -> FdState {
+    transition_locked(fd, |old| (new, old))
+}
+
+fn count(k: Kind, by: isize) {
+    let c = match k {
+        Kind::Pending { .. } => &PENDING_COUNT,
+        Kind::Epoll => &EPOLL_COUNT,
+        _ => return,
+    };
+    if by > 0 {
+        c.fetch_add(1, Ordering::Relaxed);
+    } else {
+        c.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How many numbers are `Pending`.
+pub fn pending_count() -> usize {
+    PENDING_COUNT.load(Ordering::Relaxed)
+}
+
+/// How many numbers are `Epoll`.
+pub fn epoll_count() -> usize {
+    EPOLL_COUNT.load(Ordering::Relaxed)
+}
+
+/// `f` applied to the state of `fd`, which it reads. With [`LOCK`] held.
+pub fn with_state_locked<R>(fd: RawFd, f: impl FnOnce(&FdState) -> R) -> R {
+    match Kind::of(WORDS[fd as usize].load(Ordering::Acquire)) {
+        Kind::Unknown => f(&FdState::Unknown),
+        Kind::Internal => f(&FdState::Internal),
+        Kind::Closing => f(&FdState::Closing),
+        _ => {
+            let m = states();
+            f(m.as_ref()
+                .and_then(|m| m.get(&fd))
+                .unwrap_or(&FdState::Unknown))
+        }
+    }
+}
+
+/// `f` applied to every state with data, with its number. With [`LOCK`]
+/// held (for writing if `f` may drop what it clones).
+pub fn for_each_state_locked(mut f: impl FnMut(RawFd, &FdState)) {
+    if let Some(m) = states().as_ref() {
+        m.iter().for_each(|(fd, s)| f(*fd, s));
+    }
+}
+
+/// The handshake of `fd` if it is `Pending`, counted (a short read lock).
+pub fn connecting(fd: RawFd) -> Option<Arc<Connecting>> {
+    if !kind(fd).is_pending() {
+        return None;
+    }
+    let _g = LOCK.read();
+    with_state_locked(fd, |s| match s {
+        FdState::Pending { connecting, .. } => Some(connecting.clone()),
+        _ => None,
+    })
+}
+
+/// The connection of `fd`, counted, or `None` (the common case: one load).
+#[inline]
+pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
+    if !in_range(fd) {
+        return None;
+    }
+    let k = WORDS[fd as usize].load(Ordering::Relaxed) & KIND_BITS;
+    if k != K_SMC && k != K_SMC_KEPT {
+        return None;
+    }
+    get_slow(fd)
+}
+
+#[cold]
+fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
+    let _g = LOCK.read();
+    let w = WORDS[fd as usize].load(Ordering::Acquire);
+    if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+        return None;
+    }
+    let p = (w & !KIND_BITS) as *const Sock;
+    // SAFETY: the word of a `Smc` state is the address of its Arc<Sock>,
+    // which its entry in STATES counts; the read lock keeps writers (who
+    // change the state, and so drop that count) out until we hold our own.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Some(Arc::from_raw(p))
+    }
+}
+
+/// The shadow of epoll set `ep`, counted, or `None` (one load).
+#[inline]
+pub fn shadow(ep: RawFd) -> Option<Arc<Shadow>> {
+    if kind(ep) != Kind::Epoll {
+        return None;
+    }
+    let _g = LOCK.read();
+    let w = WORDS[ep as usize].load(Ordering::Acquire);
+    if w & KIND_BITS != K_EPOLL {
+        return None;
+    }
+    let p = (w & !KIND_BITS) as *const Shadow;
+    // SAFETY: as in get_slow, for the Arc<Shadow> of an `Epoll` state.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Some(Arc::from_raw(p))
+    }
+}
+
+/// Whether the program asked for `FD_CLOEXEC` on `fd` (a `Smc` number).
+pub fn app_cloexec(fd: RawFd) -> bool {
+    WORDS[fd as usize].load(Ordering::Acquire) & KIND_BITS != K_SMC_KEPT
+}
+
+/// The connection of `fd` if its state is `Smc`, without counting a
+/// reference: call with the write lock held, which keeps it alive.
+pub fn with_entry_locked<R>(fd: RawFd, f: impl FnOnce(&Sock) -> R) -> Option<R> {
+    if !in_range(fd) {
+        return None;
+    }
+    let w = WORDS[fd as usize].load(Ordering::Acquire);
+    if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+        return None;
+    }
+    // SAFETY: as in get_slow; the write lock keeps the state as it is.
+    Some(f(unsafe { &*((w & !KIND_BITS) as *const Sock) }))
+}
+
+/// Whether `fd` still names `sock` (write lock held): a `dup` of a
+/// descriptor that another thread closed meanwhile must fail as the
+/// kernel's would, not name a closed connection.
+pub fn names_locked(fd: RawFd, sock: &Arc<Sock>) -> bool {
+    with_entry_locked(fd, |s| std::ptr::eq(s, &**sock)).unwrap_or(false)
+}
+
+/// Calls `f` with every connection of a `Smc` number, once per number (a
+/// connection with several descriptors comes several times), without
+/// counting references, locking or allocating: async-signal-safe. Call
+/// with the write lock held, which keeps every state alive.
+pub fn for_each_locked(mut f: impl FnMut(&Sock)) {
+    for a in WORDS.iter() {
+        let w = a.load(Ordering::Acquire);
+        if matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+            // SAFETY: as in with_entry_locked.
+            f(unsafe { &*((w & !KIND_BITS) as *const Sock) });
+        }
+    }
+}
+
+/// Every `Smc` number with its connection, counted (for fork and exec).
+/// Call with the write lock held.
+pub fn all_locked() -> Vec<(RawFd, Arc<Sock>)> {
+    let mut v = Vec::new();
+    for (fd, a) in WORDS.iter().enumerate() {
+        let w = a.load(Ordering::Acquire);
+        if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+            continue;
+        }
+        let p = (w & !KIND_BITS) as *const Sock;
+        // SAFETY: as in get_slow; the write lock keeps every state alive.
+        unsafe {
+            Arc::increment_strong_count(p);
+            v.push((fd as RawFd, Arc::from_raw(p)));
+        }
+    }
+    v
+}
+
+/// Makes `fd`, a number smclo just got from the kernel (or the channel's
+/// number the program closed), `Internal`, once any close of that
+/// number's former file is done with it ([`settle`]). With the write lock
+/// held; what the number was is forgotten (returned).
+#[must_use = "drop it after the table's lock is released"]
+pub fn mark_internal_locked(fd: RawFd) -> FdState {
+    if !in_range(fd) {
+        return FdState::Unknown;
+    }
+    settle(fd);
+    replace_locked(fd, FdState::Internal)
+}
+
+/// Closes internal descriptor `fd` with `close`: `Closing` across the
+/// call, `Unknown` after it. The number is free for the program's next
+/// `open` or `socket` as soon as it is closed; `Closing` tells `close` and
+/// `dup2` of the new file there to wait ([`settle`]) instead of ignoring
+/// it or refusing. These are the transitions made without the lock (a
+/// Sock may be dropped anywhere, also where the lock is held): between
+/// states that are their word alone, by compare-and-swap, so that a state
+/// another thread gave the number meanwhile (under the lock) stays.
+pub(crate) fn close_internal(fd: RawFd, close: impl FnOnce()) {
+    let Some(w) = WORDS.get(fd as usize).filter(|_| fd >= 0) else {
+        close();
+        return;
+    };
+    let marked = w
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            matches!(v, K_UNKNOWN | K_INTERNAL).then_some(K_CLOSING)
+        })
+        .is_ok();
+    close();
+    if marked {
+        let _ = w.compare_exchange(K_CLOSING, K_UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// Waits until no connection is between closing `fd` and unmarking it
+/// ([`close_internal`]: a few instructions).
+pub fn settle(fd: RawFd) {
+    while kind(fd) == Kind::Closing {
+        std::thread::yield_now();
+    }
+}
+
+impl Drop for Sock {
+    /// Closes the channel, whose number may be one the application closed
+    /// while the connection still needed it (`Internal` since), and
+    /// hands the hidden TCP socket over to be closed at the next wait
+    /// ([`close_hidden`]). A connection that ended in an abort (ours:
+    /// `SO_LINGER` 0; the peer's, or the peer gone) closes it now: its TCP
+    /// peer may be a program that reads the TCP socket itself (a
+    /// connection that could not follow its peer's exec falls back to it)
+    /// and waits for this end of stream.
+    fn drop(&mut self) {
+        let aborted = self.linger0.load(Ordering::Relaxed)
+            || self
+                .conn
+                .ready()
+                .intersects(smclo::adapter::poller::Ready::ERR);
+        close_internal(self.conn.fd(), || self.conn.close_channel());
+        if aborted || !smclo::adapter::deferred::close_later(self.tcp) {
+            close_hidden(self.tcp);
+        }
+    }
+}
+
+/// Closes a hidden TCP socket and unmarks its number: how
+/// [`smclo::adapter::deferred`] closes those a [`Sock`] handed over.
+pub fn close_hidden(fd: RawFd) {
+    close_internal(fd, || {
+        // SAFETY: the hidden socket is ours alone (nobody else has its
+        // number: it is internal until unmarked here).
+        unsafe { crate::real::close(fd) };
+    });
+}
+
+/// A fact about the kernel's socket behind a number (see the module's
+/// doc), one bit of its hints.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+pub enum Hint {
+    /// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
+    /// `SOCK_STREAM` TCP socket, or accepted on a listener that was: its
+    /// domain, type and protocol are known without asking the kernel
+    /// (three `getsockopt` calls).
+    Tcp = 1,
+    /// Known not to need a listener registration: not a listening TCP
+    /// socket (asked once, or made by our `socket()` as something else),
+    /// or one whose registration failed. `accept` and `epoll_ctl` on an
+    /// unknown descriptor ask the kernel once whether it is a listener
+    /// inherited through exec (`hooks::setup`).
+    Plain = 2,
+    /// The program set an IP option that the handshake's SYN mark changes
+    /// (TTL or TOS, hop limit or traffic class): the mark must read it
+    /// first to put it back. Without it, a [`Hint::Tcp`] socket has the
+    /// defaults.
+    IpOpts = 4,
+    /// The program set `SO_RCVTIMEO` or `SO_SNDTIMEO` (on the socket, or
+    /// on the listener that accepted it), which the swap must copy to the
+    /// connection. Without it, a [`Hint::Tcp`] socket has no timeouts.
+    Timeo = 8,
+    /// `bind` was called on it: its source address is not routing's
+    /// choice, so a proposal asks the socket (`getsockname`). Without it,
+    /// a [`Hint::Tcp`] socket is unbound.
+    Bound = 16,
+}
+
+/// The hints by number.
+static HINTS: [AtomicU8; MAX_FD] = [ZERO_HINTS; MAX_FD];
+
+/// Notes `h` of `fd` (ignored beyond the table).
+pub fn hint(fd: RawFd, h: Hint) {
+    if in_range(fd) {
+        HINTS[fd as usize].fetch_or(h as u8, Ordering::Relaxed);
+    }
+}
+
+/// Whether `fd` has hint `h`.
+#[inline]
+pub fn hinted(fd: RawFd, h: Hint) -> bool {
+    in_range(fd) && HINTS[fd as usize].load(Ordering::Relaxed) & h as u8 != 0
+}
+
+/// The hints of `fd`, all bits (0 beyond the table).
+#[inline]
+pub fn hints(fd: RawFd) -> u8 {
+    if in_range(fd) {
+        HINTS[fd as usize].load(Ordering::Relaxed)
+    } else {
+        0
+    }
+}
+
+/// Forgets the hints of `fd` if they are still `seen`: whether they were.
+pub fn forget_hints_if(fd: RawFd, seen: u8) -> bool {
+    seen == 0
+        || HINTS[fd as usize]
+            .compare_exchange(seen, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// Forgets the hints of `fd` (closed, or met fresh from the kernel).
+pub fn forget_hints(fd: RawFd) {
+    if in_range(fd) {
+        HINTS[fd as usize].store(0, Ordering::Relaxed);
+    }
 }
 
 /// A reader/writer lock made of one atomic word, so that a `fork` child can
@@ -131,7 +662,7 @@ pub struct Lock(AtomicU32);
 
 const WRITER: u32 = 1 << 31;
 
-/// Guards [`TABLE`] updates against reference counting in progress.
+/// Guards state changes against reference counting in progress.
 pub static LOCK: Lock = Lock(AtomicU32::new(0));
 
 impl Lock {
@@ -229,236 +760,6 @@ impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_and(!WRITER, Ordering::Release);
     }
-}
-
-/// One SMC-D connection as this process sees it.
-pub struct Sock {
-    /// The data path. Its channel's descriptor is the application's own
-    /// (the number the connection was made on) while the application
-    /// keeps that number; see `crate::hooks` (`close`, `dup2`, exec).
-    pub conn: Conn,
-    /// This end's DMB registration (stats: bytes sent).
-    pub reg: Registration,
-    /// The TCP socket, hidden at a high descriptor (`FD_CLOEXEC`): identity
-    /// for getsockname/getpeername/options. Its close, which ends the TCP
-    /// connection and nothing else, waits for the process's next wait
-    /// ([`smclo::adapter::deferred`]); the number stays internal until then.
-    pub tcp: RawFd,
-    /// The SYN mark still on `tcp`, put back before the program sees its
-    /// IP options (`getsockopt`, `setsockopt`, exec).
-    pub syn_mark: smclo::adapter::tcp_syn::LeftMark,
-    /// Application descriptors naming this connection in this process.
-    pub fds: AtomicUsize,
-    /// `shutdown(SHUT_RD)` was called: reads return end of stream.
-    pub shut_rd: AtomicBool,
-    /// `SO_LINGER` with a zero timeout is set: the last close aborts.
-    pub linger0: AtomicBool,
-    /// Index of this connection's holder slot ([`crate::holders`]).
-    pub slot: usize,
-    /// A corking deadline is queued for this connection ([`crate::cork`]).
-    pub cork_armed: AtomicBool,
-    /// `tcp` counts against the descriptor budget (`smclo::adapter::fdnum`).
-    pub _held: smclo::adapter::fdnum::Held,
-}
-
-impl Sock {
-    /// `shutdown(how)` of the connection: SHUT_WR half-closes (the peer
-    /// reads what was sent, then end of stream); SHUT_RD is local, as in
-    /// SMC.
-    pub fn shutdown(&self, how: libc::c_int) -> std::io::Result<()> {
-        match how {
-            libc::SHUT_RD => {
-                self.shut_rd.store(true, Ordering::Relaxed);
-                Ok(())
-            }
-            libc::SHUT_WR | libc::SHUT_RDWR => {
-                if how == libc::SHUT_RDWR {
-                    self.shut_rd.store(true, Ordering::Relaxed);
-                }
-                self.conn.shutdown_write()
-            }
-            _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
-        }
-    }
-}
-
-impl Drop for Sock {
-    /// Closes the channel, whose number may be one the application closed
-    /// while the connection still needed it (marked internal since), and
-    /// hands the hidden TCP socket over to be closed at the next wait
-    /// ([`close_hidden`]). A connection that ended in an abort (ours:
-    /// `SO_LINGER` 0; the peer's, or the peer gone) closes it now: its TCP
-    /// peer may be a program that reads the TCP socket itself (a
-    /// connection that could not follow its peer's exec falls back to it)
-    /// and waits for this end of stream.
-    fn drop(&mut self) {
-        let aborted = self.linger0.load(Ordering::Relaxed)
-            || self
-                .conn
-                .ready()
-                .intersects(smclo::adapter::poller::Ready::ERR);
-        close_internal(self.conn.fd(), || self.conn.close_channel());
-        if aborted || !smclo::adapter::deferred::close_later(self.tcp) {
-            close_hidden(self.tcp);
-        }
-    }
-}
-
-/// Closes a hidden TCP socket and unmarks its number: how
-/// [`smclo::adapter::deferred`] closes those a [`Sock`] handed over.
-pub fn close_hidden(fd: RawFd) {
-    close_internal(fd, || {
-        // SAFETY: the hidden socket is ours alone (nobody else has its
-        // number: it is internal until unmarked here).
-        unsafe { crate::real::close(fd) };
-    });
-}
-
-/// Closes internal descriptor `fd` with `close` and unmarks it. The number
-/// is free for the application's next `open` or `socket` as soon as it is
-/// closed, but marked until unmarked: [`F_CLOSING`] across the two tells
-/// `close` and `dup2` of the new file there to wait ([`settle`]) instead of
-/// ignoring it or refusing. No lock: a Sock may be dropped anywhere, also
-/// where the table lock is held.
-fn close_internal(fd: RawFd, close: impl FnOnce()) {
-    set_flag(fd, F_CLOSING, true);
-    close();
-    set_flag(fd, F_INTERNAL | F_CLOSING, false);
-}
-
-/// Waits until no connection is between closing `fd` and unmarking it
-/// ([`close_internal`]: a few instructions).
-pub fn settle(fd: RawFd) {
-    while has_flag(fd, F_CLOSING) {
-        std::thread::yield_now();
-    }
-}
-
-/// The entry of `fd`, counted, or `None` (the common case: one load).
-#[inline]
-pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
-    if fd < 0 || fd as usize >= MAX_FD {
-        return None;
-    }
-    if TABLE[fd as usize].load(Ordering::Relaxed).is_null() {
-        return None;
-    }
-    get_slow(fd)
-}
-
-#[cold]
-fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
-    let _g = LOCK.read();
-    let p = TABLE[fd as usize].load(Ordering::Acquire);
-    if p.is_null() {
-        return None;
-    }
-    let p = (p as usize & !TAG_NO_CLOEXEC) as *const Sock;
-    // SAFETY: a non-null entry owns one strong count of an Arc<Sock>; the
-    // read lock keeps writers (who release that count) out until we hold
-    // our own count.
-    unsafe {
-        Arc::increment_strong_count(p);
-        Some(Arc::from_raw(p))
-    }
-}
-
-/// Whether the application asked for `FD_CLOEXEC` on `fd` (a table fd).
-pub fn app_cloexec(fd: RawFd) -> bool {
-    TABLE[fd as usize].load(Ordering::Acquire) as usize & TAG_NO_CLOEXEC == 0
-}
-
-/// Records the application's `FD_CLOEXEC` view of table fd `fd`.
-pub fn set_app_cloexec(fd: RawFd, on: bool) {
-    let _g = LOCK.write();
-    let a = &TABLE[fd as usize];
-    let p = a.load(Ordering::Acquire) as usize;
-    if p == 0 {
-        return;
-    }
-    let np = if on {
-        p & !TAG_NO_CLOEXEC
-    } else {
-        p | TAG_NO_CLOEXEC
-    };
-    a.store(np as *mut Sock, Ordering::Release);
-}
-
-/// Installs `sock` as the entry of `fd` (which must be free). Call with the
-/// write lock held.
-pub fn install_locked(fd: RawFd, sock: &Arc<Sock>, cloexec: bool) {
-    sock.fds.fetch_add(1, Ordering::AcqRel);
-    let p = Arc::into_raw(sock.clone()) as usize | if cloexec { 0 } else { TAG_NO_CLOEXEC };
-    // The descriptor now names the connection's channel, not a TCP socket.
-    set_flag(fd, F_CANDIDATE | F_TCP, false);
-    TABLE[fd as usize].store(p as *mut Sock, Ordering::Release);
-}
-
-/// `f` applied to the entry of `fd`, if any, without counting a
-/// reference: call with the write lock held, which keeps the entry alive.
-pub fn with_entry_locked<R>(fd: RawFd, f: impl FnOnce(&Sock) -> R) -> Option<R> {
-    if fd < 0 || fd as usize >= MAX_FD {
-        return None;
-    }
-    let p = TABLE[fd as usize].load(Ordering::Acquire) as usize & !TAG_NO_CLOEXEC;
-    // SAFETY: a non-null entry owns a strong count of its Sock, and the
-    // write lock keeps anyone from taking it out meanwhile.
-    (p != 0).then(|| f(unsafe { &*(p as *const Sock) }))
-}
-
-/// Whether `fd` still names `sock` (write lock held): a `dup` of a
-/// descriptor that another thread closed meanwhile must fail as the
-/// kernel's would, not name a closed connection.
-pub fn names_locked(fd: RawFd, sock: &Arc<Sock>) -> bool {
-    with_entry_locked(fd, |s| std::ptr::eq(s, &**sock)).unwrap_or(false)
-}
-
-/// Removes the entry of `fd` (write lock held) and returns its reference;
-/// the caller must pass it to [`release`] after unlocking.
-pub fn take_locked(fd: RawFd) -> Option<Arc<Sock>> {
-    if fd < 0 || fd as usize >= MAX_FD {
-        return None;
-    }
-    let p = TABLE[fd as usize].swap(std::ptr::null_mut(), Ordering::AcqRel);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the entry owned this strong count; it is now ours.
-    Some(unsafe { Arc::from_raw((p as usize & !TAG_NO_CLOEXEC) as *const Sock) })
-}
-
-/// Calls `f` with every connection in the table, once per entry (a
-/// connection with several descriptors comes several times), without
-/// counting references or allocating: async-signal-safe. Call with the
-/// write lock held, which keeps every entry (and its `Sock`) alive.
-pub fn for_each_locked(mut f: impl FnMut(&Sock)) {
-    for a in TABLE.iter() {
-        let p = a.load(Ordering::Acquire) as usize & !TAG_NO_CLOEXEC;
-        if p != 0 {
-            // SAFETY: a non-null entry owns a strong count of its Sock, and
-            // the write lock keeps anyone from taking it out meanwhile.
-            f(unsafe { &*(p as *const Sock) });
-        }
-    }
-}
-
-/// Every table entry with its descriptor, counted (for fork and exec).
-/// Call with the write lock held.
-pub fn all_locked() -> Vec<(RawFd, Arc<Sock>)> {
-    let mut v = Vec::new();
-    for (fd, a) in TABLE.iter().enumerate() {
-        let p = a.load(Ordering::Acquire);
-        if p.is_null() {
-            continue;
-        }
-        let p = (p as usize & !TAG_NO_CLOEXEC) as *const Sock;
-        // SAFETY: as in get_slow; the write lock keeps every entry alive.
-        unsafe {
-            Arc::increment_strong_count(p);
-            v.push((fd as RawFd, Arc::from_raw(p)));
-        }
-    }
-    v
 }
 
 #[cfg(test)]

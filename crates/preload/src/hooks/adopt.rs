@@ -27,7 +27,7 @@
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_INTERNAL, LOCK};
+use crate::table::{self, Sock, LOCK};
 use libc::c_char;
 use smclo::adapter::conn::{Conn, ExecParts, ExecState};
 use smclo::debug;
@@ -556,13 +556,13 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
     });
-    table::set_flag(p.tcp, F_INTERNAL, true);
-    if !p.fds.contains(&p.chan) {
-        table::set_flag(p.chan, F_INTERNAL, true);
-    }
     let g = LOCK.write();
+    super::state::internal_locked(p.tcp);
+    if !p.fds.contains(&p.chan) {
+        super::state::internal_locked(p.chan);
+    }
     for fd in &p.fds {
-        table::install_locked(*fd, &sock, false);
+        super::state::install_locked(*fd, &sock, false);
     }
     drop(g);
     LIVE.fetch_add(1, Ordering::Relaxed);

@@ -6,12 +6,10 @@
 //! socket), and epoll_ctl (recording candidates' registrations for the
 //! swap).
 
-use super::state::{forget_fd_locked, share_records_locked};
+use super::state::{dup_shared, forget_fd_locked, forget_fresh_locked, share_records_locked};
 use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::real;
-use crate::table::{
-    self, Sock, F_CANDIDATE, F_DUP_SHARED, F_EPOLL, F_INTERNAL, F_IP_OPTS, F_TIMEO, LOCK, MAX_FD,
-};
+use crate::table::{self, Hint, Kind, Sock, LOCK, MAX_FD};
 use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::debug;
 use std::os::fd::RawFd;
@@ -44,28 +42,21 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
-    let flags = table::FLAGS[fd as usize].load(Ordering::Relaxed);
-    if flags & !table::F_HINTS == 0
-        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
-        && forget_hints(fd, flags)
-    {
+    let hints = table::hints(fd);
+    if !table::known(fd) && forget_hints(fd, hints) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
     close_slow(fd)
 }
 
-/// Forgets what the flags `flags` of `fd`, hints only ([`table::F_HINTS`]),
-/// said about it, before its close: a plain TCP socket (one connected to
-/// a server without smclo, say) closes without the table's lock. False
-/// when the slow close must do it: the flags changed meanwhile, or an
-/// epoll shadow may hold the descriptor.
-fn forget_hints(fd: RawFd, flags: u16) -> bool {
-    flags == 0
-        || !super::epoll::shadows_exist()
-            && table::FLAGS[fd as usize]
-                .compare_exchange(flags, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+/// Forgets the hints `hints` of `fd`, a number without a state, before
+/// its close: a plain TCP socket (one connected to a server without
+/// smclo, say) closes without the table's lock. False when the slow close
+/// must do it: the hints changed meanwhile, or an epoll shadow may hold
+/// the descriptor.
+fn forget_hints(fd: RawFd, hints: u8) -> bool {
+    hints == 0 || table::epoll_count() == 0 && table::forget_hints_if(fd, hints)
 }
 
 /// Interposed `close_range(2)`: the program's descriptors in the range
@@ -85,9 +76,9 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     let mut fd = first;
     while fd <= top {
         let n = fd as RawFd;
-        let known = table::FLAGS[fd as usize].load(Ordering::Relaxed) != 0
-            || !table::TABLE[fd as usize].load(Ordering::Relaxed).is_null();
-        let ours = table::has_flag(n, F_INTERNAL) || smclo::adapter::fdnum::is_ours(n);
+        let known = table::known(n) || table::hints(n) != 0;
+        let ours = matches!(table::kind(n), Kind::Internal | Kind::Closing)
+            || smclo::adapter::fdnum::is_ours(n);
         if known || ours {
             if from < fd {
                 // SAFETY: the program's own descriptors, as it asked.
@@ -98,7 +89,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             }
             if known && !ours {
                 if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
-                    table::set_app_cloexec(n, true);
+                    super::state::set_app_cloexec(n, true);
                 } else {
                     // SAFETY: as close(2), which the program asked for.
                     unsafe { close(n) };
@@ -128,13 +119,13 @@ fn close_slow(fd: RawFd) -> c_int {
     // application got back from the kernel: wait until it is unmarked.
     table::settle(fd);
     let g = LOCK.write();
-    if table::has_flag(fd, F_INTERNAL) {
+    if table::kind(fd) == Kind::Internal {
         drop(g);
         debug!("close({fd}) ignored: the descriptor belongs to an SMC-D connection");
         return 0;
     }
-    let s = table::take_locked(fd);
-    let pending = forget_fd_locked(fd);
+    let mut forgotten = forget_fd_locked(fd);
+    let s = forgotten.sock.take();
     let r = match &s {
         Some(s) if s.conn.fd() == fd => {
             keep_channel_locked(s, fd);
@@ -145,7 +136,7 @@ fn close_slow(fd: RawFd) -> c_int {
     };
     let e = errno();
     drop(g);
-    drop(pending);
+    drop(forgotten);
     if let Some(s) = s {
         super::swap::release(s);
     }
@@ -154,12 +145,12 @@ fn close_slow(fd: RawFd) -> c_int {
 }
 
 /// The application closed `fd`, the number of `s`'s channel itself. The
-/// descriptor stays open, marked internal, until the connection goes
+/// descriptor stays open, `Internal`, until the connection goes
 /// (Sock's drop closes it): other threads may be in a call on it, and other
 /// descriptors of the application (`dup`s) may still name the connection,
 /// in which case it counts against the budget again.
 fn keep_channel_locked(s: &Sock, fd: RawFd) {
-    table::set_flag(fd, F_INTERNAL, true);
+    super::state::internal_locked(fd);
     if s.fds.load(Ordering::Acquire) > 1 {
         s.conn.count_channel(true);
     }
@@ -168,7 +159,7 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
 fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
     if let Some(s) = s {
         if in_table_range(new) {
-            table::install_locked(new, s, cloexec);
+            super::state::install_locked(new, s, cloexec);
         }
     } else {
         share_records_locked(old, new);
@@ -180,7 +171,7 @@ fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     super::pending::settle(fd);
     let s = table::get(fd);
-    if s.is_none() && !table::has_flag(fd, F_DUP_SHARED) {
+    if s.is_none() && !dup_shared(fd) {
         // SAFETY: forwarded unchanged.
         return super::limits::app_fd(unsafe { real::dup(fd) });
     }
@@ -209,7 +200,7 @@ unsafe fn fcntl_dup(
     // SAFETY: duplicating the application's descriptor.
     let n = super::limits::app_fd(unsafe { real::fcntl(fd, real_cmd, min) });
     let e = errno();
-    let mut pending = None;
+    let mut forgotten = None;
     if n >= 0 {
         if s.is_some() && !in_table_range(n) {
             // A duplicate the table cannot name would read doorbells.
@@ -219,13 +210,24 @@ unsafe fn fcntl_dup(
             debug!("dup of fd {fd} above the table: EMFILE");
             return fail(libc::EMFILE);
         }
-        pending = forget_fd_locked(n);
+        forgotten = Some(forget_fresh_locked(n));
         dup_into(s.as_ref(), fd, n, cloexec);
     }
     drop(g);
-    drop(pending);
+    release_forgotten(forgotten);
     set_errno(e);
     n
+}
+
+/// What a number's state was, forgotten under the table's lock, dropped
+/// after it: its connection's share of a descriptor ends.
+fn release_forgotten(f: Option<super::state::Forgotten>) {
+    let Some(mut f) = f else { return };
+    let s = f.sock.take();
+    drop(f);
+    if let Some(s) = s {
+        super::swap::release(s);
+    }
 }
 
 /// Interposed `dup2(2)`.
@@ -251,10 +253,8 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     }
     let s = table::get(old);
     let interesting = s.is_some()
-        || table::has_flag(old, F_DUP_SHARED)
-        || (in_table_range(new)
-            && (table::FLAGS[new as usize].load(Ordering::Relaxed) != 0
-                || !table::TABLE[new as usize].load(Ordering::Relaxed).is_null()));
+        || dup_shared(old)
+        || (in_table_range(new) && (table::known(new) || table::hints(new) != 0));
     if !interesting || old == new {
         // SAFETY: forwarded unchanged.
         return unsafe {
@@ -271,7 +271,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     }
     table::settle(new); // as in close
     let g = LOCK.write();
-    if table::has_flag(new, F_INTERNAL) {
+    if table::kind(new) == Kind::Internal {
         drop(g);
         debug!("dup2 onto fd {new} refused: it belongs to an SMC-D connection");
         return fail(libc::EBUSY);
@@ -290,17 +290,13 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     // SAFETY: the application's descriptors.
     let r = unsafe { real::dup3(old, new, real_flags) };
     let e = errno();
-    let (mut prev, mut pending) = (None, None);
+    let mut prev = None;
     if r >= 0 {
-        prev = table::take_locked(new);
-        pending = forget_fd_locked(new);
+        prev = Some(forget_fd_locked(new));
         dup_into(s.as_ref(), old, new, flags & libc::O_CLOEXEC != 0);
     }
     drop(g);
-    drop(pending);
-    if let Some(p) = prev {
-        super::swap::release(p);
-    }
+    release_forgotten(prev);
     set_errno(e);
     r
 }
@@ -319,8 +315,7 @@ unsafe fn fcntl_impl(
     }
     let s = table::get(fd);
     if s.is_none() {
-        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && table::has_flag(fd, F_DUP_SHARED)
-        {
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && dup_shared(fd) {
             // SAFETY: forwarded.
             return unsafe { fcntl_dup(fd, None, cmd, arg, cmd == libc::F_DUPFD_CLOEXEC) };
         }
@@ -344,7 +339,7 @@ unsafe fn fcntl_impl(
             }
         }
         libc::F_SETFD => {
-            table::set_app_cloexec(fd, arg as c_int & libc::FD_CLOEXEC != 0);
+            super::state::set_app_cloexec(fd, arg as c_int & libc::FD_CLOEXEC != 0);
             0
         }
         libc::F_SETFL => {
@@ -413,7 +408,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_i
         // The program's view of FD_CLOEXEC, as F_SETFD (the real
         // descriptor keeps it; exec passes what the view says).
         libc::FIOCLEX | libc::FIONCLEX => {
-            table::set_app_cloexec(fd, req == libc::FIOCLEX);
+            super::state::set_app_cloexec(fd, req == libc::FIOCLEX);
             0
         }
         SIOCOUTQ | SIOCATMARK => {
@@ -530,10 +525,10 @@ pub unsafe extern "C" fn setsockopt(
 ) -> c_int {
     let Some(s) = table::get(fd) else {
         if smclo::adapter::tcp_syn::is_mark_option(level, name) {
-            table::set_flag(fd, F_IP_OPTS, true);
+            table::hint(fd, Hint::IpOpts);
         }
         if timeout_option(level, name) {
-            table::set_flag(fd, F_TIMEO, true);
+            table::hint(fd, Hint::Timeo);
         }
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
@@ -581,7 +576,7 @@ const SO_RCVTIMEO_NEW: c_int = 66;
 const SO_SNDTIMEO_NEW: c_int = 67;
 
 /// Whether the option is a socket timeout, in either `timeval` layout
-/// (see [`F_TIMEO`]).
+/// (see [`Hint::Timeo`]).
 fn timeout_option(level: c_int, name: c_int) -> bool {
     level == libc::SOL_SOCKET
         && matches!(
@@ -610,7 +605,8 @@ pub unsafe extern "C" fn epoll_ctl(
     }
     // A candidate's registration is recorded in the same step as the
     // kernel's, which gets no writability while its connect is pending.
-    let g = table::has_flag(fd, F_CANDIDATE).then(|| LOCK.write());
+    let recorded = matches!(table::kind(fd), Kind::Candidate | Kind::Pending { .. });
+    let g = recorded.then(|| LOCK.write());
     if g.is_some() {
         // The swap may have made `fd` the channel while this call waited
         // for the lock: the registration is then the connection's.
@@ -629,7 +625,7 @@ pub unsafe extern "C" fn epoll_ctl(
     if r != 0 {
         return r;
     }
-    if table::has_flag(fd, F_EPOLL) {
+    if table::kind(fd) == Kind::Epoll {
         super::epoll::nest(fd);
     }
     if g.is_some() {

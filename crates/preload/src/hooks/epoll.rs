@@ -3,7 +3,8 @@
 //!
 //! `epoll_ctl` keeps, next to each kernel epoll set that holds SMC-D
 //! connections, a *shadow* of those members (descriptor, events, data,
-//! connection). `epoll_wait` on such a set looks at the members' rings
+//! connection: `crate::shadow`), which the set's descriptor state
+//! (`Epoll`) carries. `epoll_wait` on such a set looks at the members' rings
 //! first, polls the kernel for the set's other descriptors only every
 //! [`KERNEL_EVERY`] (so that under load a request costs no system call,
 //! yet a timer, listener or pipe in the set waits at most that long),
@@ -27,14 +28,14 @@
 use super::lock;
 use super::{errno, set_errno};
 use crate::real;
-use crate::table::{self, Sock, F_EPOLL};
+use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
+use crate::table::{self, FdState, Shadow, Sock};
 use libc::{c_int, epoll_event, sigset_t, timespec};
-use smclo::adapter::poller::{now_ns, Budget, Ready, KERNEL_EVERY};
+use smclo::adapter::poller::{now_ns, Ready, KERNEL_EVERY};
 use smclo::adapter::signal::Watch;
-use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 thread_local! {
@@ -122,136 +123,6 @@ pub(super) fn pwait(
     Ok(r as usize)
 }
 
-/// The events a registration can ask for that the rings can answer.
-const RING_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
-/// Reported whether asked for or not.
-const ALWAYS: u32 = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
-const ET: u32 = libc::EPOLLET as u32;
-const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
-const EXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
-
-/// One SMC-D registration in a set.
-struct Member {
-    fd: RawFd,
-    /// The application's view: what it asked for (0 once deleted).
-    events: u32,
-    data: u64,
-    /// The data of the kernel's registration, which kernel results carry.
-    kdata: u64,
-    /// Deleted by the application; the kernel's registration goes at the
-    /// next [`sync`].
-    gone: bool,
-    /// The kernel's registration differs from the application's view.
-    dirty: bool,
-    sock: Arc<Sock>,
-    /// `EPOLLONESHOT` fired: nothing more until `EPOLL_CTL_MOD`.
-    disabled: bool,
-    /// `EPOLLET`: the ring marks at the last report of `IN` and `OUT`.
-    last_in: Option<u64>,
-    last_out: Option<u64>,
-}
-
-impl Member {
-    /// What to report now, updating the edge and one-shot state.
-    fn take(&mut self) -> u32 {
-        if self.disabled || self.gone {
-            return 0;
-        }
-        let r = self.sock.conn.ready().bits();
-        let mut ev = r & (self.events & RING_EVENTS | ALWAYS);
-        if self.sock.shut_rd.load(Ordering::Relaxed) {
-            ev |= self.events & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
-        }
-        if ev != 0 && self.events & ET != 0 {
-            ev = self.edges(ev);
-        }
-        if ev != 0 {
-            self.fired();
-        }
-        ev
-    }
-
-    /// The part of `ev` that is new since the last report.
-    fn edges(&mut self, ev: u32) -> u32 {
-        let mut out = 0;
-        let out_bit = libc::EPOLLOUT as u32;
-        if ev & !out_bit != 0 {
-            let m = self.sock.conn.rx_mark();
-            if self.last_in != Some(m) {
-                self.last_in = Some(m);
-                out |= ev & !out_bit;
-            }
-        }
-        if ev & out_bit != 0 {
-            let m = self.sock.conn.tx_mark();
-            if self.last_out != Some(m) {
-                self.last_out = Some(m);
-                out |= out_bit;
-            }
-        }
-        out
-    }
-
-    /// Re-registered (`EPOLL_CTL_MOD`, or `ADD` after a delete).
-    fn set(&mut self, ev: epoll_event) {
-        self.events = ev.events;
-        self.data = ev.u64;
-        self.gone = false;
-        self.dirty = true;
-        self.disabled = false;
-        self.last_in = None;
-        self.last_out = None;
-    }
-
-    /// The registration fired (from the ring or the kernel).
-    fn fired(&mut self) {
-        if self.events & ONESHOT != 0 {
-            self.disabled = true;
-        }
-    }
-}
-
-#[derive(Default)]
-struct Set {
-    members: Vec<Member>,
-    /// Where the next scan starts, so that a small `maxevents` does not
-    /// starve the members after the first ones.
-    next: usize,
-    /// The set is itself in another epoll set: never let writers skip.
-    nested: bool,
-    /// Every change goes to the kernel at once: the set is shared with
-    /// another process (`fork`), whose shadow would not know of it.
-    eager: bool,
-}
-
-/// A set's shadow, shared by the threads that wait on it.
-#[derive(Default)]
-struct Shadow {
-    set: Mutex<Set>,
-    /// The connections of the open poll session ([`open`]).
-    session: Mutex<Option<Vec<Arc<Sock>>>>,
-    budget: Budget,
-    /// When the kernel was last asked (nanoseconds of [`now_ns`]).
-    kernel_at: AtomicU64,
-}
-
-/// Shadows by epoll descriptor number.
-static SHADOWS: Mutex<Option<HashMap<RawFd, Arc<Shadow>>>> = Mutex::new(None);
-/// How many shadows exist (closes skip the map at 0).
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any epoll shadow exists (one may hold any descriptor).
-pub(super) fn shadows_exist() -> bool {
-    COUNT.load(Ordering::Relaxed) != 0
-}
-
-fn shadow(ep: RawFd) -> Option<Arc<Shadow>> {
-    if !table::has_flag(ep, F_EPOLL) {
-        return None;
-    }
-    lock(&SHADOWS).as_ref()?.get(&ep).cloned()
-}
-
 /// The real `epoll_ctl`; `Err(errno)`.
 fn real_ctl(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<(), c_int> {
     let mut e = ev.unwrap_or(epoll_event { events: 0, u64: 0 });
@@ -260,18 +131,6 @@ fn real_ctl(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<
         return Err(errno());
     }
     Ok(())
-}
-
-fn shadow_or_new(ep: RawFd) -> Arc<Shadow> {
-    let mut g = lock(&SHADOWS);
-    g.get_or_insert_with(HashMap::new)
-        .entry(ep)
-        .or_insert_with(|| {
-            COUNT.fetch_add(1, Ordering::Relaxed);
-            table::set_flag(ep, F_EPOLL, true);
-            Arc::default()
-        })
-        .clone()
 }
 
 /// `epoll_ctl` on SMC-D descriptor `fd` (`sock`). A registration joins
@@ -303,7 +162,7 @@ pub(super) fn ctl(
 }
 
 fn add(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) -> Result<(), c_int> {
-    let sh = shadow(ep);
+    let sh = table::shadow(ep);
     if let (Some(sh), Some(e)) = (&sh, ev) {
         let mut set = lock(&sh.set);
         if let Some(m) = set.members.iter_mut().find(|m| m.fd == fd) {
@@ -323,7 +182,7 @@ fn add(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) -> Resul
 /// A registration the kernel has now (`fd` added to `ep` with `ev`).
 pub(super) fn adopt(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) {
     let Some(ev) = ev else { return };
-    let sh = shadow_or_new(ep);
+    let sh = super::state::epoll_set(ep);
     join(&sh, sock);
     let mut set = lock(&sh.set);
     set.members.retain(|m| m.fd != fd);
@@ -343,7 +202,7 @@ pub(super) fn adopt(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<So
 
 fn change(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<(), c_int> {
     let exclusive = ev.is_some_and(|e| e.events & EXCLUSIVE != 0);
-    let Some(sh) = shadow(ep) else {
+    let Some(sh) = table::shadow(ep) else {
         return real_ctl(ep, op, fd, ev);
     };
     let mut set = lock(&sh.set);
@@ -404,34 +263,8 @@ fn sync(sh: &Shadow, ep: RawFd) {
 
 /// An epoll descriptor `inner` was added to another set (or removed).
 pub(super) fn nest(inner: RawFd) {
-    if let Some(sh) = shadow(inner) {
+    if let Some(sh) = table::shadow(inner) {
         lock(&sh.set).nested = true;
-    }
-}
-
-/// Descriptor number `fd` was closed: it is no longer a member anywhere
-/// (a closed number cannot be deleted any more), nor a set.
-pub(super) fn forget_fd(fd: RawFd) {
-    if COUNT.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let mut g = lock(&SHADOWS);
-    let Some(map) = g.as_mut() else { return };
-    if let Some(sh) = map.remove(&fd) {
-        COUNT.fetch_sub(1, Ordering::Relaxed);
-        close(&sh);
-    }
-    for (&ep, sh) in map.iter() {
-        let mut session = lock(&sh.session);
-        let mut set = lock(&sh.set);
-        for m in set.members.iter().filter(|m| m.fd == fd) {
-            // Still open: what the shadow deleted leaves the kernel too.
-            if m.gone && m.dirty {
-                let _ = real_ctl(ep, libc::EPOLL_CTL_DEL, m.fd, None);
-            }
-            leave(&mut session, &m.sock);
-        }
-        set.members.retain(|x| x.fd != fd);
     }
 }
 
@@ -445,15 +278,17 @@ pub(super) struct ForkGuard {
     // Fields drop in order: the guards before the shadows they borrow.
     _locks: Vec<(SessionGuard, MutexGuard<'static, Set>)>,
     _shadows: Vec<Arc<Shadow>>,
-    _map: MutexGuard<'static, Option<HashMap<RawFd, Arc<Shadow>>>>,
 }
 
-pub(super) fn before_fork() -> ForkGuard {
-    let map = lock(&SHADOWS);
-    let all: Vec<(RawFd, Arc<Shadow>)> = map
-        .iter()
-        .flat_map(|m| m.iter().map(|(&ep, sh)| (ep, sh.clone())))
-        .collect();
+/// With the table's lock held for writing (which keeps the set of epoll
+/// states as it is across the fork).
+pub(super) fn before_fork_locked() -> ForkGuard {
+    let mut all: Vec<(RawFd, Arc<Shadow>)> = Vec::new();
+    table::for_each_state_locked(|ep, s| {
+        if let FdState::Epoll(sh) = s {
+            all.push((ep, sh.clone()));
+        }
+    });
     let mut locks = Vec::with_capacity(all.len());
     for (ep, sh) in &all {
         // SAFETY: `_shadows` keeps the shadow alive for as long as the
@@ -470,7 +305,6 @@ pub(super) fn before_fork() -> ForkGuard {
     ForkGuard {
         _locks: locks,
         _shadows: all.into_iter().map(|(_, sh)| sh).collect(),
-        _map: map,
     }
 }
 
@@ -589,28 +423,6 @@ fn join(sh: &Shadow, sock: &Arc<Sock>) {
     }
 }
 
-/// A closed member leaves the set's open session, if it is in it: the
-/// session lasts as long as the loop finds work, and the connection it
-/// held would keep its channel, hidden socket and DMB (and the kernel's
-/// registration of the channel) until the loop next slept.
-fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
-    let Some(v) = session.as_mut() else { return };
-    if let Some(i) = v.iter().position(|s| Arc::ptr_eq(s, sock)) {
-        let _ = v.swap_remove(i).conn.poll_end();
-    }
-}
-
-/// Ends the set's poll session; the caller then looks at the rings once
-/// more before it sleeps (see the core's `doorbell` module, "Pollers").
-fn close(sh: &Shadow) {
-    let Some(socks) = lock(&sh.session).take() else {
-        return;
-    };
-    for s in socks {
-        let _ = s.conn.poll_end();
-    }
-}
-
 /// The set will sleep in the kernel: its members' writers must ring even
 /// if another set's session (or another process of the family) polls
 /// them (see `Conn::poll_cancel`).
@@ -685,7 +497,7 @@ fn wait(
     if n > 0 {
         return Ok(n);
     }
-    close(sh);
+    sh.close_session();
     cancel(sh);
     let n = scan(sh, out);
     if n > 0 {
@@ -716,7 +528,7 @@ pub(super) unsafe fn wait_set(
     sigmask: *const sigset_t,
     fallback: impl FnOnce() -> c_int,
 ) -> c_int {
-    let Some(sh) = shadow(ep) else {
+    let Some(sh) = table::shadow(ep) else {
         return fallback();
     };
     if events.is_null() || max <= 0 || max as usize > (c_int::MAX as usize) / 16 {

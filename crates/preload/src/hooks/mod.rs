@@ -1,7 +1,8 @@
 //! The interposed libc functions.
 //!
-//! Every function first asks the table whether the descriptor is an SMC-D
-//! connection (one atomic load); if not, it calls the real function. The
+//! Every function first asks the table what the descriptor's state is
+//! (one atomic load); for a descriptor smclo does not know, it calls the
+//! real function. The
 //! core itself calls libc (poll, recv, fcntl, close, ...) on its own
 //! descriptors, which are never table descriptors, so those calls pass
 //! straight through and nothing recurses.
@@ -14,9 +15,10 @@
 //! `unsupported` refuses what shared memory cannot do) use the
 //! transitions (`pending` drives a handshake that has not decided yet,
 //! `swap` turns a TCP descriptor into an SMC-D one), which use the
-//! descriptor state (`state`: what the hooks remember besides the table;
-//! `epoll`: the sets' shadows). This file keeps only the small functions
-//! they all share.
+//! descriptor state (`state`: each change of a descriptor's state, named;
+//! `epoll`: the waits over the sets' shadows), over the table
+//! (`crate::table`: the states themselves). This file keeps only the
+//! small functions they all share.
 
 mod adopt;
 mod control;

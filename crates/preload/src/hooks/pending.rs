@@ -17,26 +17,23 @@
 //! gives the registrations their `EPOLLOUT` back.
 
 use super::lock;
-use super::state::{
-    end_current_locked, is_current, list_fallback, out_hidden, pending_fds, Shut, Undecided, COUNT,
-    PENDING,
-};
+use super::state::{fallback_record, is_current_locked, out_hidden, pending_fds, pendings};
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_PENDING, LOCK};
+use crate::table::{self, Connecting, Shut, Undecided, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
+use smclo::adapter::fallbacks::FallbackRecord;
 use smclo::adapter::handshake::{Decision, Looker, Polled, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a thread waits before it looks again at a handshake that
@@ -58,12 +55,12 @@ thread_local! {
 /// Whether any connect of this process is pending (and this thread may
 /// wait for one).
 pub(super) fn any() -> bool {
-    COUNT.load(Ordering::Relaxed) > 0 && !DRIVING.with(|d| d.get())
+    table::pending_count() > 0 && !DRIVING.with(|d| d.get())
 }
 
 /// Whether `fd`'s connect is pending (see [`any`]).
 fn pending(fd: RawFd) -> bool {
-    table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
+    table::kind(fd).is_pending() && !DRIVING.with(|d| d.get())
 }
 
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
@@ -119,57 +116,58 @@ fn advance(fd: RawFd, until: Option<Instant>) -> bool {
     if !pending(fd) {
         return true;
     }
-    let Some(pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) else {
+    let c = table::connecting(fd);
+    let Some((c, pd)) = c.and_then(|c| {
+        let pd = lock(&c.undecided).take()?;
+        Some((c, pd))
+    }) else {
         // Another thread drives it (or it was just decided).
-        return !table::has_flag(fd, F_PENDING);
+        return !table::kind(fd).is_pending();
     };
     let e = errno();
     DRIVING.with(|d| d.set(true));
-    let done = drive_one(fd, pd, until);
+    let done = drive_one(fd, c, pd, until);
     DRIVING.with(|d| d.set(false));
     set_errno(e);
     done
 }
 
-/// [`advance`] of `pd`, taken out of the map.
-fn drive_one(fd: RawFd, mut pd: Undecided, until: Option<Instant>) -> bool {
+/// [`advance`] of `pd`, taken out of `c`.
+fn drive_one(fd: RawFd, c: Arc<Connecting>, mut pd: Undecided, until: Option<Instant>) -> bool {
     match step(fd, &mut pd, until) {
         None => {
-            let _g = LOCK.write();
+            let g = LOCK.write();
             // Closed meanwhile (and perhaps its number reused): dropping
-            // `pd` withdraws the proposal.
-            if is_current(fd, pd.id) {
-                lock(&PENDING)
-                    .get_or_insert_with(HashMap::new)
-                    .insert(fd, pd);
+            // `pd`, after the lock, withdraws the proposal.
+            if is_current_locked(fd, &c) {
+                *lock(&c.undecided) = Some(pd);
             } else {
                 holders::forget(pd.slot);
-                COUNT.fetch_sub(1, Ordering::Relaxed);
+                drop(g);
+                drop(pd);
             }
             false
         }
         Some(o) => {
-            end(fd, pd, o);
+            end(fd, &c, pd, o);
             true
         }
     }
 }
 
-/// The handshake of `fd` ended with `o`.
-fn end(fd: RawFd, pd: Undecided, o: Outcome) {
+/// The handshake `c` of `fd` ended with `o`.
+fn end(fd: RawFd, c: &Arc<Connecting>, pd: Undecided, o: Outcome) {
     let Undecided {
         hs,
         slot,
         dest,
-        id,
         shut,
-        ..
     } = pd;
     let role = hs.role();
     drop(hs);
     let current = {
         let _g = LOCK.write();
-        end_current_locked(fd, id)
+        is_current_locked(fd, c)
     };
     if !current {
         // Closed while it was being decided: its number may name another
@@ -177,21 +175,19 @@ fn end(fd: RawFd, pd: Undecided, o: Outcome) {
         // an SMC-D connection (the peer sees it closed).
         holders::forget(slot);
         debug!("fd {fd}: closed while its handshake with {dest} decided");
-        COUNT.fetch_sub(1, Ordering::Relaxed);
         return;
     }
     match o {
         Outcome::Decided(d) => match *d {
             Decision::Smc(est) => swap(fd, est, slot, shut),
-            Decision::Tcp(r) => tcp(fd, slot, dest, role, r, shut),
+            Decision::Tcp(r) => tcp(fd, c, slot, dest, role, r, shut),
         },
         Outcome::TcpFailed => {
             holders::forget(slot);
             debug!("fd {fd}: the TCP connection with {dest} failed; handshake abandoned");
-            as_tcp(fd, shut);
+            as_tcp(fd, c, shut, None);
         }
     }
-    COUNT.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// The handshake of `fd` decided SMC-D: the swap.
@@ -204,8 +200,7 @@ fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shu
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
     let Some(s) = swap_in(fd, est, slot, nonblock, cloexec) else {
         // The swap failed (both ends reset): `fd` stays the TCP socket,
-        // no longer pending. A swap that succeeded cleared the flags with
-        // the table entry.
+        // no longer pending. A swap that succeeded made it `Smc`.
         let _g = LOCK.write();
         super::state::swap_failed_locked(fd);
         return;
@@ -218,7 +213,15 @@ fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shu
 }
 
 /// The handshake of `fd` (this end `role`) decided TCP for `r`.
-fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason, shut: Shut) {
+fn tcp(
+    fd: RawFd,
+    c: &Arc<Connecting>,
+    slot: usize,
+    dest: SocketAddr,
+    role: Role,
+    r: Reason,
+    shut: Shut,
+) {
     holders::forget(slot);
     let (what, peer) = match role {
         Role::Client => ("non-blocking connect to", "server"),
@@ -232,19 +235,18 @@ fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason, shut: Sh
     } else {
         debug!("fd {fd}: {what} {dest} stays TCP ({r})");
     }
-    if let Some(c) = ctx() {
-        list_fallback(c, fd, role, r, Some(dest));
-    }
-    as_tcp(fd, shut);
+    let listed = ctx().and_then(|cx| fallback_record(cx, fd, role, r, Some(dest)));
+    as_tcp(fd, c, shut, listed);
 }
 
-/// `fd` stays the TCP socket: its registrations report writability again
-/// (an edge-triggered one too: the kernel looks again at a MOD).
-fn as_tcp(fd: RawFd, shut: Shut) {
+/// `fd` stays the TCP socket, listed as a fallback (`listed`): its
+/// registrations report writability again (an edge-triggered one too:
+/// the kernel looks again at a MOD).
+fn as_tcp(fd: RawFd, c: &Arc<Connecting>, shut: Shut, listed: Option<FallbackRecord>) {
     let _g = LOCK.write();
-    if let Some(how) = shut.how().filter(|_| table::has_flag(fd, F_PENDING)) {
-        // Under the lock, which `close` takes (it clears the flags): `fd`
-        // is still the socket the shutdown was made on.
+    if let Some(how) = shut.how().filter(|_| is_current_locked(fd, c)) {
+        // Under the lock, which `close` takes (it forgets the state):
+        // `fd` is still the socket the shutdown was made on.
         // SAFETY: shutdown(2) on the application's TCP socket.
         if unsafe { real::shutdown(fd, how) } < 0 {
             debug!(
@@ -253,7 +255,7 @@ fn as_tcp(fd: RawFd, shut: Shut) {
             );
         }
     }
-    super::state::stays_tcp_locked(fd);
+    super::state::stays_tcp_locked(fd, c, listed);
 }
 
 /// Looks once at the handshake of `fd`, if its connect is pending.
@@ -315,10 +317,8 @@ pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
     if advance(fd, Some(Instant::now())) {
         return None;
     }
-    let noted = lock(&PENDING)
-        .as_mut()
-        .and_then(|m| m.get_mut(&fd))
-        .map(|pd| pd.shut.add(how))
+    let noted = table::connecting(fd)
+        .and_then(|c| lock(&c.undecided).as_mut().map(|pd| pd.shut.add(how)))
         .is_some();
     if noted {
         return Some(0);
@@ -349,9 +349,10 @@ pub(super) fn early_send(
         return None;
     }
     {
-        let mut map = lock(&PENDING);
-        // Being driven by another thread (out of the map): wait instead.
-        let pd = map.as_mut()?.get_mut(&fd)?;
+        let c = table::connecting(fd)?;
+        let mut undecided = lock(&c.undecided);
+        // Being driven by another thread (out of it): wait instead.
+        let pd = undecided.as_mut()?;
         let p = pd.hs.proposal_mut()?;
         if !p.add_early(n) {
             return None;
@@ -403,10 +404,14 @@ fn sleep_for(fds: &[RawFd]) -> Sleep {
         fds: Vec::new(),
         within: None,
     };
-    let map = lock(&PENDING);
     for fd in fds {
-        let (wake, deadline) = match map.as_ref().and_then(|m| m.get(fd)) {
-            Some(pd) => (pd.hs.wake(), pd.hs.deadline()),
+        let c = table::connecting(*fd);
+        let looked = c.as_ref().and_then(|c| {
+            let pd = lock(&c.undecided);
+            pd.as_ref().map(|pd| (pd.hs.wake(), pd.hs.deadline()))
+        });
+        let (wake, deadline) = match looked {
+            Some(l) => l,
             None => (
                 Wake {
                     fd: None,
@@ -434,10 +439,12 @@ fn woken(ready: &[RawFd], mine: &[RawFd]) {
     if ready.is_empty() {
         return;
     }
-    if let Some(m) = lock(&PENDING).as_ref() {
-        m.iter()
-            .filter(|(_, pd)| pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)))
-            .for_each(|(fd, pd)| pd.hs.readable(looker(mine, *fd)));
+    for (fd, c) in pendings() {
+        if let Some(pd) = lock(&c.undecided).as_ref() {
+            if pd.hs.wake().fd.is_some_and(|w| ready.contains(&w)) {
+                pd.hs.readable(looker(mine, fd));
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 
 use super::{fail, os_err};
 use crate::real;
-use crate::table::{self, Sock, F_PENDING};
+use crate::table::{self, Sock};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
 use smclo::adapter::poller::{now_ns, Member, Pace, Ready};
 use std::io;
@@ -94,7 +94,7 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
 /// Whether `fds` holds an SMC-D descriptor or a pending connect.
 fn served(fds: &[pollfd]) -> bool {
     fds.iter()
-        .any(|p| table::get(p.fd).is_some() || table::has_flag(p.fd, F_PENDING))
+        .any(|p| table::get(p.fd).is_some() || table::kind(p.fd).is_pending())
 }
 
 /// [`wait`], also sleeping on the descriptors of the pending handshakes

@@ -22,7 +22,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     // Parent and child could not both drive one handshake.
     super::pending::settle_all();
     let g = LOCK.write();
-    let shadows = super::epoll::before_fork();
+    let shadows = super::epoll::before_fork_locked();
     let socks = if LIVE.load(Ordering::Relaxed) > 0 {
         table::all_locked()
     } else {
@@ -88,7 +88,7 @@ fn fall_back(only: Option<&[Arc<Sock>]>) {
             continue;
         }
         let keep = !table::app_cloexec(*fd);
-        if let Some(t) = table::take_locked(*fd) {
+        if let Some(t) = super::state::take_smc_locked(*fd) {
             taken.push(t);
         }
         if keep {
@@ -204,14 +204,14 @@ pub(crate) fn close_all() {
     }
     let g = LOCK.write();
     // Early connects end as closed (their numbers are forgotten).
-    let undecided: Vec<_> = super::state::early_fds()
+    let undecided: Vec<_> = super::state::early_fds_locked()
         .into_iter()
-        .filter_map(super::state::forget_fd_locked)
+        .map(super::state::forget_fd_locked)
         .collect();
     let all = table::all_locked();
     let mut taken = Vec::new();
     for (fd, _) in &all {
-        if let Some(t) = table::take_locked(*fd) {
+        if let Some(t) = super::state::take_smc_locked(*fd) {
             taken.push(t);
         }
     }

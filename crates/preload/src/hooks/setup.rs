@@ -5,14 +5,12 @@
 //! not smclo, stays plain TCP.
 
 use super::pending;
-use super::state::{forget_fd_locked, list_fallback};
+use super::state::{forget_fresh_locked, list_fallback};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
 use crate::holders;
 use crate::real;
-use crate::table::{
-    self, F_BOUND, F_CANDIDATE, F_IP_OPTS, F_LISTENER, F_PLAIN, F_TCP, F_TIMEO, LOCK,
-};
+use crate::table::{self, Hint, Kind, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
 use smclo::adapter::fallbacks;
@@ -22,15 +20,14 @@ use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
 use std::net::SocketAddr;
-use std::os::fd::{IntoRawFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::os::fd::RawFd;
 use std::time::Instant;
 
 /// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
-/// system call for sockets made by our `socket()` ([`F_TCP`]), asked with
+/// system call for sockets made by our `socket()` ([`Hint::Tcp`]), asked with
 /// `getsockopt` for any other descriptor (inherited, duplicated, ...).
 fn is_tcp_stream(fd: RawFd) -> bool {
-    table::has_flag(fd, F_TCP) || kernel_says_tcp_stream(fd)
+    table::hinted(fd, Hint::Tcp) || kernel_says_tcp_stream(fd)
 }
 
 fn kernel_says_tcp_stream(fd: RawFd) -> bool {
@@ -42,7 +39,7 @@ fn kernel_says_tcp_stream(fd: RawFd) -> bool {
 
 /// Interposed `socket(2)`: marks TCP sockets as candidates (their epoll
 /// registrations are recorded until they are connected) and records that
-/// they are TCP streams ([`F_TCP`]), so `connect` and `listen` need not ask.
+/// they are TCP streams ([`Hint::Tcp`]), so `connect` and `listen` need not ask.
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwarded unchanged.
@@ -60,26 +57,14 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 /// A fresh descriptor number from the kernel: whatever we remembered about
 /// that number belongs to a descriptor closed behind our back.
 fn clear_stale(fd: RawFd) {
-    if !in_table_range(fd) {
-        return;
-    }
-    if table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0
-        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
-    {
+    if !in_table_range(fd) || table::unknown(fd) {
         return;
     }
     let g = LOCK.write();
-    let old = table::take_locked(fd);
-    let pending = forget_fd_locked(fd);
-    if let Some(s) = &old {
-        if s.conn.fd() == fd {
-            // The channel was this number: it is gone, and the number is
-            // not the Conn's to close any more.
-            let _ = s.conn.take_channel().map(IntoRawFd::into_raw_fd);
-        }
-    }
+    let mut forgotten = forget_fresh_locked(fd);
+    let old = forgotten.sock.take();
     drop(g);
-    drop(pending);
+    drop(forgotten);
     if let Some(s) = old {
         debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
         super::swap::release(s);
@@ -94,15 +79,14 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     smclo::adapter::deferred::close_deferred();
     if disabled()
         || !in_table_range(fd)
-        || table::has_flag(fd, F_LISTENER)
-        || table::get(fd).is_some()
+        || matches!(table::kind(fd), Kind::Listener | Kind::Smc)
         || !is_tcp_stream(fd)
     {
         // SAFETY: forwarded unchanged.
         return unsafe { real::listen(fd, backlog) };
     }
     let Some(c) = ctx() else {
-        table::set_flag(fd, F_PLAIN, true);
+        table::hint(fd, Hint::Plain);
         // SAFETY: forwarded unchanged.
         return unsafe { real::listen(fd, backlog) };
     };
@@ -121,7 +105,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 
 /// Registers the listening TCP socket `fd` in the device once its SYNs are
 /// saved (`saved`), so that no client proposes before its SYN can be read
-/// back; on failure its connections stay TCP ([`F_PLAIN`]).
+/// back; on failure its connections stay TCP ([`Hint::Plain`]).
 fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     let registered = saved
         .map_err(|err| format!("TCP_SAVE_SYN failed ({err})"))
@@ -138,19 +122,10 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
             debug!("fd {fd}: listening, registered for SMC-D");
         }
         Err(why) => {
-            table::set_flag(fd, F_PLAIN, true);
+            table::hint(fd, Hint::Plain);
             debug!("fd {fd}: {why}; its connections stay TCP");
         }
     }
-}
-
-/// Whether nothing is known about `fd`: no flag (our `socket`, `listen`
-/// and `accept` leave one on every descriptor they return) and no entry.
-#[inline]
-fn unknown(fd: RawFd) -> bool {
-    in_table_range(fd)
-        && table::FLAGS[fd as usize].load(Ordering::Relaxed) == 0
-        && table::TABLE[fd as usize].load(Ordering::Relaxed).is_null()
 }
 
 /// `accept`, `accept4` and `epoll_ctl` meet `fd`: if nothing is known
@@ -158,7 +133,7 @@ fn unknown(fd: RawFd) -> bool {
 /// make listen, inherited through exec (systemd socket activation with
 /// `LISTEN_FDS`, inetd's wait mode, a supervisor that binds and then execs
 /// the server). Such a listener is registered now, as `listen` would have;
-/// anything else is marked [`F_PLAIN`], so each descriptor is asked once
+/// anything else gets [`Hint::Plain`], so each descriptor is asked once
 /// and a known one costs one atomic load. Connections queued before the
 /// registration were made by clients that found no listener, so they never
 /// proposed: they stay TCP without waiting (the server's debug line says
@@ -168,7 +143,9 @@ fn unknown(fd: RawFd) -> bool {
 /// later registration replaces the earlier in its `hooks::state` record, whose guard
 /// then unregisters it. No lock is taken that a `fork` could leave held.
 fn adopt_if_unknown(fd: RawFd) {
-    if !unknown(fd) || disabled() {
+    // Our `socket`, `listen` and `accept` leave a state or a hint on
+    // every descriptor they return.
+    if !table::unknown(fd) || disabled() {
         return;
     }
     let e = errno();
@@ -177,7 +154,7 @@ fn adopt_if_unknown(fd: RawFd) {
             debug!("fd {fd}: a TCP listener inherited from another program; registering it");
             register(c, fd, smclo::adapter::tcp_syn::save_syns(fd));
         }
-        None => table::set_flag(fd, F_PLAIN, true),
+        None => table::hint(fd, Hint::Plain),
     }
     set_errno(e);
 }
@@ -215,19 +192,19 @@ pub(super) fn epoll_add(fd: RawFd) {
 /// A descriptor returned by `accept`: a connected socket, never a listener.
 fn accepted(nfd: c_int) -> c_int {
     if nfd >= 0 {
-        table::set_flag(nfd, F_PLAIN, true);
+        table::hint(nfd, Hint::Plain);
     }
     nfd
 }
 
 /// What the accepted `nfd` is known to share with its listener `fd`: a TCP
-/// stream of the same family ([`F_TCP`]) and the listener's timeouts, which
-/// the kernel copies to it ([`F_TIMEO`]): the swap then asks for timeouts
+/// stream of the same family ([`Hint::Tcp`]) and the listener's timeouts, which
+/// the kernel copies to it ([`Hint::Timeo`]): the swap then asks for timeouts
 /// only if the program set some on the listener.
 fn inherit_flags(fd: c_int, nfd: c_int) {
-    for f in [F_TCP, F_TIMEO] {
-        if table::has_flag(fd, f) {
-            table::set_flag(nfd, f, true);
+    for h in [Hint::Tcp, Hint::Timeo] {
+        if table::hinted(fd, h) {
+            table::hint(nfd, h);
         }
     }
 }
@@ -236,7 +213,7 @@ fn inherit_flags(fd: c_int, nfd: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     adopt_if_unknown(fd);
-    if !table::has_flag(fd, F_LISTENER) {
+    if table::kind(fd) != Kind::Listener {
         if !super::limits::accept_has_room(fd) {
             return fail(libc::EMFILE);
         }
@@ -258,7 +235,7 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     adopt_if_unknown(fd);
-    if !table::has_flag(fd, F_LISTENER) {
+    if table::kind(fd) != Kind::Listener {
         if !super::limits::accept_has_room(fd) {
             return fail(libc::EMFILE);
         }
@@ -453,12 +430,12 @@ fn connect_again(fd: RawFd) -> Option<c_int> {
 }
 
 /// Interposed `bind(2)`: notes that the socket's source address is set, so
-/// that a proposal asks for it (see [`F_BOUND`]); an unbound socket of our
+/// that a proposal asks for it (see [`Hint::Bound`]); an unbound socket of our
 /// `socket()` needs no `getsockname` before its SYN.
 #[no_mangle]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // Before the call: a failed bind costs only the question.
-    table::set_flag(fd, F_BOUND, true);
+    table::hint(fd, Hint::Bound);
     // The port may be one an ended connection's TCP socket still holds
     // (smclo::adapter::deferred): it is as free as over TCP.
     // SAFETY: the caller passes `len` readable bytes at `addr`, as bind
@@ -490,7 +467,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     if let Some(r) = connect_again(fd) {
         return r;
     }
-    if disabled() || !table::has_flag(fd, F_CANDIDATE) {
+    if disabled() || !matches!(table::kind(fd), Kind::Candidate | Kind::Pending { .. }) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::connect(fd, addr, len) };
     }
@@ -507,8 +484,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // A socket of our socket() whose IP options the application left alone
     // needs no reading of them for the SYN mark.
     let facts = handshake::SocketFacts {
-        unbound: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_BOUND),
-        default_ip_options: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_IP_OPTS),
+        unbound: table::hinted(fd, Hint::Tcp) && !table::hinted(fd, Hint::Bound),
+        default_ip_options: table::hinted(fd, Hint::Tcp) && !table::hinted(fd, Hint::IpOpts),
     };
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,

@@ -9,7 +9,7 @@
 use super::LIVE;
 use crate::holders;
 use crate::real;
-use crate::table::{self, Sock, F_TCP, F_TIMEO, LOCK};
+use crate::table::{self, Hint, Sock, LOCK};
 use libc::{c_int, c_void, socklen_t};
 use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
@@ -41,7 +41,7 @@ pub(super) fn swap_in(
     } = est;
     // A high number keeps the hidden socket out of the application's way
     // (smclo::adapter::fdnum, like the channel and the DMB memfd); where there is
-    // none, any free number will do (it is F_INTERNAL).
+    // none, any free number will do (it is `Internal`).
     let tcp = match smclo::adapter::fdnum::dup_high(fd) {
         Ok(t) => t.into_raw_fd(),
         Err(e) => {
@@ -68,7 +68,7 @@ pub(super) fn swap_in(
     // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
     // from the listener) apply to it; a socket of our socket() has none
     // unless the application set them.
-    if !table::has_flag(fd, F_TCP) || table::has_flag(fd, F_TIMEO) {
+    if !table::hinted(fd, Hint::Tcp) || table::hinted(fd, Hint::Timeo) {
         copy_timeouts(tcp, &conn);
     }
     let chan = conn.fd();
@@ -84,8 +84,8 @@ pub(super) fn swap_in(
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
     });
-    table::mark_internal(tcp);
     let g = LOCK.write();
+    super::state::internal_locked(tcp);
     let recs = super::state::take_epoll_locked(fd);
     // Remove the registrations while `fd` still names the TCP file: after
     // dup3 they could no longer be named, and the hidden duplicate keeps
@@ -113,8 +113,9 @@ pub(super) fn swap_in(
     // Conn from now on.
     let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let handshake_chan = sock.conn.replace_channel(at_fd, false);
-    table::install_locked(fd, &sock, cloexec);
-    super::state::swapped_locked(fd);
+    // Not pending any more, in the same step as it names the connection:
+    // a registration made after it is not taken for a pending connect's.
+    super::state::install_locked(fd, &sock, cloexec);
     drop(g);
     drop(handshake_chan);
     LIVE.fetch_add(1, Ordering::Relaxed);
@@ -166,7 +167,7 @@ fn abort_both(
 
 /// `n`, the number of `s`'s channel, is about to name something else (a
 /// `dup2` onto it, the TCP socket at exec): the channel moves to a high
-/// duplicate, marked internal and counted against the budget, and the
+/// duplicate, `Internal` and counted against the budget, and the
 /// number is left to the caller, whose `dup3` replaces it atomically.
 /// Call with the write lock held. Another thread in a call on `s` may
 /// still use `n` for a moment, as it would after a close of the number it
@@ -176,7 +177,7 @@ fn abort_both(
 pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
     match smclo::adapter::fdnum::dup_high(n) {
         Ok(high) => {
-            table::mark_internal(high.as_raw_fd());
+            super::state::internal_locked(high.as_raw_fd());
             let _ = s.conn.replace_channel(high, true).into_raw_fd();
         }
         Err(e) => {

@@ -1,0 +1,63 @@
+//! One SMC-D connection as this process sees it ([`Sock`]): what the
+//! `Smc` state of its descriptors carries (`crate::table`), and what epoll
+//! shadows and the corking thread hold. Its drop is in `crate::table`,
+//! which owns the state of the numbers it closes.
+
+use smclo::adapter::conn::Conn;
+use smclo::device::Registration;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// One SMC-D connection as this process sees it.
+// Aligned so that a pointer to it leaves four low bits for the kind of
+// state it is the data of (`crate::table`).
+#[repr(align(16))]
+pub struct Sock {
+    /// The data path. Its channel's descriptor is the application's own
+    /// (the number the connection was made on) while the application
+    /// keeps that number; see `crate::hooks` (`close`, `dup2`, exec).
+    pub conn: Conn,
+    /// This end's DMB registration (stats: bytes sent).
+    pub reg: Registration,
+    /// The TCP socket, hidden at a high descriptor (`FD_CLOEXEC`): identity
+    /// for getsockname/getpeername/options. Its close, which ends the TCP
+    /// connection and nothing else, waits for the process's next wait
+    /// ([`smclo::adapter::deferred`]); the number stays internal until then.
+    pub tcp: RawFd,
+    /// The SYN mark still on `tcp`, put back before the program sees its
+    /// IP options (`getsockopt`, `setsockopt`, exec).
+    pub syn_mark: smclo::adapter::tcp_syn::LeftMark,
+    /// Application descriptors naming this connection in this process.
+    pub fds: AtomicUsize,
+    /// `shutdown(SHUT_RD)` was called: reads return end of stream.
+    pub shut_rd: AtomicBool,
+    /// `SO_LINGER` with a zero timeout is set: the last close aborts.
+    pub linger0: AtomicBool,
+    /// Index of this connection's holder slot ([`crate::holders`]).
+    pub slot: usize,
+    /// A corking deadline is queued for this connection ([`crate::cork`]).
+    pub cork_armed: AtomicBool,
+    /// `tcp` counts against the descriptor budget (`smclo::adapter::fdnum`).
+    pub _held: smclo::adapter::fdnum::Held,
+}
+
+impl Sock {
+    /// `shutdown(how)` of the connection: SHUT_WR half-closes (the peer
+    /// reads what was sent, then end of stream); SHUT_RD is local, as in
+    /// SMC.
+    pub fn shutdown(&self, how: libc::c_int) -> std::io::Result<()> {
+        match how {
+            libc::SHUT_RD => {
+                self.shut_rd.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            libc::SHUT_WR | libc::SHUT_RDWR => {
+                if how == libc::SHUT_RDWR {
+                    self.shut_rd.store(true, Ordering::Relaxed);
+                }
+                self.conn.shutdown_write()
+            }
+            _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+}
