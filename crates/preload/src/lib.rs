@@ -9,6 +9,7 @@
 //! - [`hooks`]: the interposed libc functions.
 //! - [`table`]: each descriptor number's state (an SMC-D connection, a
 //!   candidate, a pending handshake, a listener, ...), in one place.
+//! - [`hints`]: facts about a descriptor's socket that spare system calls.
 //! - [`sock`]: one SMC-D connection as this process sees it.
 //! - [`shadow`]: the shadow of an epoll set with SMC-D members.
 //! - [`cork`]: TCP's 200 ms ceiling on corked data.
@@ -27,6 +28,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod cork;
+pub mod hints;
 pub mod holders;
 pub mod hooks;
 pub mod real;

@@ -16,14 +16,8 @@
 //! number (it was closed) is replacing its state by `Unknown`: the old
 //! state is returned, to be dropped once the lock is released.
 //!
-//! Beside the state, [`hint`]s record facts about the kernel's socket
-//! behind a number that only spare system calls (a TCP stream, bound, IP
-//! options or timeouts set, known to be no listener). They are not
-//! smclo's state: nothing is held for them, a hint that is missing costs
-//! a question to the kernel, and one that is wrong (a number closed behind
-//! smclo's back) is forgotten when the number comes back from the kernel.
-//! So they stay separate bits, set by whoever learns the fact, and the
-//! close of a number with hints only takes no lock.
+//! Beside the state, `crate::hints` records facts about the kernel's
+//! socket behind a number that only spare system calls.
 
 pub use crate::shadow::Shadow;
 pub use crate::sock::Sock;
@@ -33,7 +27,7 @@ use smclo::adapter::registry::ListenerGuard;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Descriptors at or above this are never upgraded (they stay plain TCP).
@@ -252,8 +246,6 @@ impl FdState {
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO_WORD: AtomicUsize = AtomicUsize::new(0);
-#[allow(clippy::declare_interior_mutable_const)]
-const ZERO_HINTS: AtomicU8 = AtomicU8::new(0);
 
 /// The words: each number's state, mirrored (see the module's doc).
 static WORDS: [AtomicUsize; MAX_FD] = [ZERO_WORD; MAX_FD];
@@ -287,9 +279,7 @@ pub fn kind(fd: RawFd) -> Kind {
 /// Whether smclo knows nothing of `fd`: no state, no hint.
 #[inline]
 pub fn unknown(fd: RawFd) -> bool {
-    in_range(fd)
-        && WORDS[fd as usize].load(Ordering::Relaxed) == 0
-        && HINTS[fd as usize].load(Ordering::Relaxed) == 0
+    in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) == 0 && crate::hints::hints(fd) == 0
 }
 
 /// Whether `fd` has a state (not `Unknown`).
@@ -583,78 +573,6 @@ pub fn close_hidden(fd: RawFd) {
     });
 }
 
-/// A fact about the kernel's socket behind a number (see the module's
-/// doc), one bit of its hints.
-#[derive(Clone, Copy)]
-#[repr(u8)]
-pub enum Hint {
-    /// Created by the interposed `socket()` as an `AF_INET`/`AF_INET6`
-    /// `SOCK_STREAM` TCP socket, or accepted on a listener that was: its
-    /// domain, type and protocol are known without asking the kernel
-    /// (three `getsockopt` calls).
-    Tcp = 1,
-    /// Known not to need a listener registration: not a listening TCP
-    /// socket (asked once, or made by our `socket()` as something else),
-    /// or one whose registration failed. `accept` and `epoll_ctl` on an
-    /// unknown descriptor ask the kernel once whether it is a listener
-    /// inherited through exec (`hooks::setup`).
-    Plain = 2,
-    /// The program set an IP option that the handshake's SYN mark changes
-    /// (TTL or TOS, hop limit or traffic class): the mark must read it
-    /// first to put it back. Without it, a [`Hint::Tcp`] socket has the
-    /// defaults.
-    IpOpts = 4,
-    /// The program set `SO_RCVTIMEO` or `SO_SNDTIMEO` (on the socket, or
-    /// on the listener that accepted it), which the swap must copy to the
-    /// connection. Without it, a [`Hint::Tcp`] socket has no timeouts.
-    Timeo = 8,
-    /// `bind` was called on it: its source address is not routing's
-    /// choice, so a proposal asks the socket (`getsockname`). Without it,
-    /// a [`Hint::Tcp`] socket is unbound.
-    Bound = 16,
-}
-
-/// The hints by number.
-static HINTS: [AtomicU8; MAX_FD] = [ZERO_HINTS; MAX_FD];
-
-/// Notes `h` of `fd` (ignored beyond the table).
-pub fn hint(fd: RawFd, h: Hint) {
-    if in_range(fd) {
-        HINTS[fd as usize].fetch_or(h as u8, Ordering::Relaxed);
-    }
-}
-
-/// Whether `fd` has hint `h`.
-#[inline]
-pub fn hinted(fd: RawFd, h: Hint) -> bool {
-    in_range(fd) && HINTS[fd as usize].load(Ordering::Relaxed) & h as u8 != 0
-}
-
-/// The hints of `fd`, all bits (0 beyond the table).
-#[inline]
-pub fn hints(fd: RawFd) -> u8 {
-    if in_range(fd) {
-        HINTS[fd as usize].load(Ordering::Relaxed)
-    } else {
-        0
-    }
-}
-
-/// Forgets the hints of `fd` if they are still `seen`: whether they were.
-pub fn forget_hints_if(fd: RawFd, seen: u8) -> bool {
-    seen == 0
-        || HINTS[fd as usize]
-            .compare_exchange(seen, 0, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-}
-
-/// Forgets the hints of `fd` (closed, or met fresh from the kernel).
-pub fn forget_hints(fd: RawFd) {
-    if in_range(fd) {
-        HINTS[fd as usize].store(0, Ordering::Relaxed);
-    }
-}
-
 /// A reader/writer lock made of one atomic word, so that a `fork` child can
 /// reset it (no thread of the parent exists there to release it) and so
 /// readers pay one atomic add each way.
@@ -766,6 +684,71 @@ impl Drop for WriteGuard<'_> {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    // Numbers far above what the test process opens, one per test: the
+    // table is the process's, and tests run in parallel.
+
+    /// The word follows every transition: its kind, the shadow's address
+    /// the fast path reads, the count of epoll states; forgetting hands
+    /// the old state back and leaves the word 0.
+    #[test]
+    fn the_word_mirrors_the_state() {
+        let fd = 60_001;
+        assert_eq!(kind(fd), Kind::Unknown);
+        let epolls = epoll_count();
+        {
+            let _g = LOCK.write();
+            drop(replace_locked(fd, FdState::Candidate { epoll: Vec::new() }));
+        }
+        assert_eq!(kind(fd), Kind::Candidate);
+        assert!(known(fd) && get(fd).is_none() && shadow(fd).is_none());
+        let sh = Arc::<Shadow>::default();
+        {
+            let _g = LOCK.write();
+            drop(replace_locked(fd, FdState::Epoll(sh.clone())));
+        }
+        assert_eq!(kind(fd), Kind::Epoll);
+        assert!(Arc::ptr_eq(&shadow(fd).expect("the set's shadow"), &sh));
+        assert_eq!(epoll_count(), epolls + 1);
+        let old = {
+            let _g = LOCK.write();
+            replace_locked(fd, FdState::Unknown)
+        };
+        assert!(matches!(old, FdState::Epoll(ref s) if Arc::ptr_eq(s, &sh)));
+        assert_eq!(epoll_count(), epolls);
+        assert!(!known(fd) && shadow(fd).is_none());
+        drop(old);
+        assert_eq!(Arc::strong_count(&sh), 1, "the table holds no count");
+    }
+
+    /// A connection's close of an internal number (no lock) ends it
+    /// `Unknown`, unless the number got another state meanwhile (the
+    /// kernel gave the freed number out, and it was made a candidate):
+    /// that state stays.
+    #[test]
+    fn closing_an_internal_number_keeps_a_state_given_meanwhile() {
+        let fd = 60_002;
+        let _ = {
+            let _g = LOCK.write();
+            mark_internal_locked(fd)
+        };
+        assert_eq!(kind(fd), Kind::Internal);
+        close_internal(fd, || assert_eq!(kind(fd), Kind::Closing));
+        assert_eq!(kind(fd), Kind::Unknown);
+        settle(fd);
+
+        let _ = {
+            let _g = LOCK.write();
+            mark_internal_locked(fd)
+        };
+        close_internal(fd, || {
+            let _g = LOCK.write();
+            drop(replace_locked(fd, FdState::Candidate { epoll: Vec::new() }));
+        });
+        assert_eq!(kind(fd), Kind::Candidate);
+        let _g = LOCK.write();
+        drop(replace_locked(fd, FdState::Unknown));
+    }
 
     /// `_exit` in a signal handler may interrupt a thread that holds the
     /// lock, for reading or writing: trying must give up, in bounded time.

@@ -8,8 +8,9 @@
 
 use super::state::{dup_shared, forget_fd_locked, forget_fresh_locked, share_records_locked};
 use super::{errno, fail, in_table_range, os_err, set_errno};
+use crate::hints::{self, Hint};
 use crate::real;
-use crate::table::{self, Hint, Kind, Sock, LOCK, MAX_FD};
+use crate::table::{self, Kind, Sock, LOCK, MAX_FD};
 use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::debug;
 use std::os::fd::RawFd;
@@ -42,7 +43,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
     }
-    let hints = table::hints(fd);
+    let hints = hints::hints(fd);
     if !table::known(fd) && forget_hints(fd, hints) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::close(fd) };
@@ -56,7 +57,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// must do it: the hints changed meanwhile, or an epoll shadow may hold
 /// the descriptor.
 fn forget_hints(fd: RawFd, hints: u8) -> bool {
-    hints == 0 || table::epoll_count() == 0 && table::forget_hints_if(fd, hints)
+    hints == 0 || table::epoll_count() == 0 && hints::forget_hints_if(fd, hints)
 }
 
 /// Interposed `close_range(2)`: the program's descriptors in the range
@@ -76,7 +77,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     let mut fd = first;
     while fd <= top {
         let n = fd as RawFd;
-        let known = table::known(n) || table::hints(n) != 0;
+        let known = table::known(n) || hints::hints(n) != 0;
         let ours = matches!(table::kind(n), Kind::Internal | Kind::Closing)
             || smclo::adapter::fdnum::is_ours(n);
         if known || ours {
@@ -254,7 +255,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     let s = table::get(old);
     let interesting = s.is_some()
         || dup_shared(old)
-        || (in_table_range(new) && (table::known(new) || table::hints(new) != 0));
+        || (in_table_range(new) && (table::known(new) || hints::hints(new) != 0));
     if !interesting || old == new {
         // SAFETY: forwarded unchanged.
         return unsafe {
@@ -525,10 +526,10 @@ pub unsafe extern "C" fn setsockopt(
 ) -> c_int {
     let Some(s) = table::get(fd) else {
         if smclo::adapter::tcp_syn::is_mark_option(level, name) {
-            table::hint(fd, Hint::IpOpts);
+            hints::hint(fd, Hint::IpOpts);
         }
         if timeout_option(level, name) {
-            table::hint(fd, Hint::Timeo);
+            hints::hint(fd, Hint::Timeo);
         }
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };

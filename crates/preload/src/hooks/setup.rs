@@ -8,9 +8,10 @@ use super::pending;
 use super::state::{forget_fresh_locked, list_fallback};
 use super::swap::swap_in;
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
+use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
-use crate::table::{self, Hint, Kind, LOCK};
+use crate::table::{self, Kind, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
 use smclo::adapter::fallbacks;
@@ -27,7 +28,7 @@ use std::time::Instant;
 /// system call for sockets made by our `socket()` ([`Hint::Tcp`]), asked with
 /// `getsockopt` for any other descriptor (inherited, duplicated, ...).
 fn is_tcp_stream(fd: RawFd) -> bool {
-    table::hinted(fd, Hint::Tcp) || kernel_says_tcp_stream(fd)
+    hints::hinted(fd, Hint::Tcp) || kernel_says_tcp_stream(fd)
 }
 
 fn kernel_says_tcp_stream(fd: RawFd) -> bool {
@@ -86,7 +87,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return unsafe { real::listen(fd, backlog) };
     }
     let Some(c) = ctx() else {
-        table::hint(fd, Hint::Plain);
+        hints::hint(fd, Hint::Plain);
         // SAFETY: forwarded unchanged.
         return unsafe { real::listen(fd, backlog) };
     };
@@ -122,7 +123,7 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
             debug!("fd {fd}: listening, registered for SMC-D");
         }
         Err(why) => {
-            table::hint(fd, Hint::Plain);
+            hints::hint(fd, Hint::Plain);
             debug!("fd {fd}: {why}; its connections stay TCP");
         }
     }
@@ -154,7 +155,7 @@ fn adopt_if_unknown(fd: RawFd) {
             debug!("fd {fd}: a TCP listener inherited from another program; registering it");
             register(c, fd, smclo::adapter::tcp_syn::save_syns(fd));
         }
-        None => table::hint(fd, Hint::Plain),
+        None => hints::hint(fd, Hint::Plain),
     }
     set_errno(e);
 }
@@ -192,7 +193,7 @@ pub(super) fn epoll_add(fd: RawFd) {
 /// A descriptor returned by `accept`: a connected socket, never a listener.
 fn accepted(nfd: c_int) -> c_int {
     if nfd >= 0 {
-        table::hint(nfd, Hint::Plain);
+        hints::hint(nfd, Hint::Plain);
     }
     nfd
 }
@@ -203,8 +204,8 @@ fn accepted(nfd: c_int) -> c_int {
 /// only if the program set some on the listener.
 fn inherit_flags(fd: c_int, nfd: c_int) {
     for h in [Hint::Tcp, Hint::Timeo] {
-        if table::hinted(fd, h) {
-            table::hint(nfd, h);
+        if hints::hinted(fd, h) {
+            hints::hint(nfd, h);
         }
     }
 }
@@ -435,7 +436,7 @@ fn connect_again(fd: RawFd) -> Option<c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // Before the call: a failed bind costs only the question.
-    table::hint(fd, Hint::Bound);
+    hints::hint(fd, Hint::Bound);
     // The port may be one an ended connection's TCP socket still holds
     // (smclo::adapter::deferred): it is as free as over TCP.
     // SAFETY: the caller passes `len` readable bytes at `addr`, as bind
@@ -484,8 +485,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // A socket of our socket() whose IP options the application left alone
     // needs no reading of them for the SYN mark.
     let facts = handshake::SocketFacts {
-        unbound: table::hinted(fd, Hint::Tcp) && !table::hinted(fd, Hint::Bound),
-        default_ip_options: table::hinted(fd, Hint::Tcp) && !table::hinted(fd, Hint::IpOpts),
+        unbound: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::Bound),
+        default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
     };
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,

@@ -8,11 +8,10 @@
 //! never the other way round.
 
 use super::{errno, in_table_range, lock, set_errno, Ctx};
+use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
-use crate::table::{
-    self, Connecting, FdState, Hint, Kind, Reg, Shadow, Shut, Sock, Undecided, LOCK,
-};
+use crate::table::{self, Connecting, FdState, Kind, Reg, Shadow, Shut, Sock, Undecided, LOCK};
 use smclo::adapter::fallbacks::{self, FallbackRecord};
 use smclo::adapter::handshake;
 use smclo::adapter::registry::ListenerGuard;
@@ -115,10 +114,10 @@ pub(super) fn end_candidacy(fd: RawFd) {
 /// be no listener ([`Hint::Plain`]).
 pub(super) fn made(fd: RawFd, tcp: bool) {
     if !tcp {
-        table::hint(fd, Hint::Plain);
+        hints::hint(fd, Hint::Plain);
         return;
     }
-    table::hint(fd, Hint::Tcp);
+    hints::hint(fd, Hint::Tcp);
     let _g = LOCK.write();
     drop(table::replace_locked(
         fd,
@@ -287,7 +286,7 @@ pub(super) fn forget_fd_locked(fd: RawFd) -> Forgotten {
     if !in_table_range(fd) {
         return out;
     }
-    table::forget_hints(fd);
+    hints::forget_hints(fd);
     if table::epoll_count() != 0 {
         forget_member_locked(fd);
     }

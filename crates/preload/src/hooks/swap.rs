@@ -7,9 +7,10 @@
 //! descriptor of a connection in this process is gone.
 
 use super::LIVE;
+use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
-use crate::table::{self, Hint, Sock, LOCK};
+use crate::table::{Sock, LOCK};
 use libc::{c_int, c_void, socklen_t};
 use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
@@ -68,7 +69,7 @@ pub(super) fn swap_in(
     // SO_RCVTIMEO/SO_SNDTIMEO set before the connection (or inherited
     // from the listener) apply to it; a socket of our socket() has none
     // unless the application set them.
-    if !table::hinted(fd, Hint::Tcp) || table::hinted(fd, Hint::Timeo) {
+    if !hints::hinted(fd, Hint::Tcp) || hints::hinted(fd, Hint::Timeo) {
         copy_timeouts(tcp, &conn);
     }
     let chan = conn.fd();
