@@ -166,11 +166,11 @@ pub(super) fn internal_locked(fd: RawFd) {
 }
 
 /// The swap of `fd` failed (both ends reset): it stays the TCP socket, no
-/// longer pending, a candidate whose registrations went back to the
-/// kernel. With the table's lock held for writing.
+/// longer pending, a candidate with the registrations the swap left it.
+/// With the table's lock held for writing.
 pub(super) fn swap_failed_locked(fd: RawFd) {
     table::transition_locked(fd, |s| match s {
-        FdState::Pending { .. } => (FdState::Candidate { epoll: Vec::new() }, ()),
+        FdState::Pending { epoll, .. } => (FdState::Candidate { epoll }, ()),
         other => (other, ()),
     });
 }
