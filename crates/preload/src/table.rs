@@ -171,7 +171,8 @@ pub enum Kind {
     Closing,
 }
 
-// The word's low four bits.
+// The word's low four bits. The two kinds of `Pending` and of `Smc` differ
+// in bit 0 only, so that the fast paths test either with one mask.
 const K_UNKNOWN: usize = 0;
 const K_CANDIDATE: usize = 1;
 const K_PENDING: usize = 2;
@@ -185,6 +186,14 @@ const K_EPOLL: usize = 8;
 const K_INTERNAL: usize = 9;
 const K_CLOSING: usize = 10;
 const KIND_BITS: usize = 15;
+/// The kind's bits but bit 0.
+const PAIR_BITS: usize = KIND_BITS & !1;
+
+/// Whether word `w` is a `Smc` state's.
+#[inline]
+fn is_smc(w: usize) -> bool {
+    w & PAIR_BITS == K_SMC
+}
 
 const _: () = assert!(std::mem::align_of::<Sock>() > KIND_BITS);
 const _: () = assert!(std::mem::align_of::<Shadow>() > KIND_BITS);
@@ -274,6 +283,12 @@ pub fn kind(fd: RawFd) -> Kind {
         return Kind::Unknown;
     }
     Kind::of(WORDS[fd as usize].load(Ordering::Relaxed))
+}
+
+/// Whether `fd`'s state is `Pending` (one load).
+#[inline]
+pub fn is_pending(fd: RawFd) -> bool {
+    in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) & PAIR_BITS == K_PENDING
 }
 
 /// Whether smclo knows nothing of `fd`: no state, no hint.
@@ -378,7 +393,7 @@ pub fn for_each_state_locked(mut f: impl FnMut(RawFd, &FdState)) {
 
 /// The handshake of `fd` if it is `Pending`, counted (a short read lock).
 pub fn connecting(fd: RawFd) -> Option<Arc<Connecting>> {
-    if !kind(fd).is_pending() {
+    if !is_pending(fd) {
         return None;
     }
     let _g = LOCK.read();
@@ -394,8 +409,7 @@ pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
     if !in_range(fd) {
         return None;
     }
-    let k = WORDS[fd as usize].load(Ordering::Relaxed) & KIND_BITS;
-    if k != K_SMC && k != K_SMC_KEPT {
+    if !is_smc(WORDS[fd as usize].load(Ordering::Relaxed)) {
         return None;
     }
     get_slow(fd)
@@ -405,7 +419,7 @@ pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
 fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
     let _g = LOCK.read();
     let w = WORDS[fd as usize].load(Ordering::Acquire);
-    if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+    if !is_smc(w) {
         return None;
     }
     let p = (w & !KIND_BITS) as *const Sock;
@@ -449,7 +463,7 @@ pub fn with_entry_locked<R>(fd: RawFd, f: impl FnOnce(&Sock) -> R) -> Option<R> 
         return None;
     }
     let w = WORDS[fd as usize].load(Ordering::Acquire);
-    if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+    if !is_smc(w) {
         return None;
     }
     // SAFETY: as in get_slow; the write lock keeps the state as it is.
@@ -470,7 +484,7 @@ pub fn names_locked(fd: RawFd, sock: &Arc<Sock>) -> bool {
 pub fn for_each_locked(mut f: impl FnMut(&Sock)) {
     for a in WORDS.iter() {
         let w = a.load(Ordering::Acquire);
-        if matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+        if is_smc(w) {
             // SAFETY: as in with_entry_locked.
             f(unsafe { &*((w & !KIND_BITS) as *const Sock) });
         }
@@ -483,7 +497,7 @@ pub fn all_locked() -> Vec<(RawFd, Arc<Sock>)> {
     let mut v = Vec::new();
     for (fd, a) in WORDS.iter().enumerate() {
         let w = a.load(Ordering::Acquire);
-        if !matches!(w & KIND_BITS, K_SMC | K_SMC_KEPT) {
+        if !is_smc(w) {
             continue;
         }
         let p = (w & !KIND_BITS) as *const Sock;

@@ -60,7 +60,7 @@ pub(super) fn any() -> bool {
 
 /// Whether `fd`'s connect is pending (see [`any`]).
 fn pending(fd: RawFd) -> bool {
-    table::kind(fd).is_pending() && !DRIVING.with(|d| d.get())
+    table::is_pending(fd) && !DRIVING.with(|d| d.get())
 }
 
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
@@ -122,7 +122,7 @@ fn advance(fd: RawFd, until: Option<Instant>) -> bool {
         Some((c, pd))
     }) else {
         // Another thread drives it (or it was just decided).
-        return !table::kind(fd).is_pending();
+        return !table::is_pending(fd);
     };
     let e = errno();
     DRIVING.with(|d| d.set(true));

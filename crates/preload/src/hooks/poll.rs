@@ -94,7 +94,7 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
 /// Whether `fds` holds an SMC-D descriptor or a pending connect.
 fn served(fds: &[pollfd]) -> bool {
     fds.iter()
-        .any(|p| table::get(p.fd).is_some() || table::kind(p.fd).is_pending())
+        .any(|p| table::get(p.fd).is_some() || table::is_pending(p.fd))
 }
 
 /// [`wait`], also sleeping on the descriptors of the pending handshakes
