@@ -291,12 +291,6 @@ pub fn is_pending(fd: RawFd) -> bool {
     in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) & PAIR_BITS == K_PENDING
 }
 
-/// Whether smclo knows nothing of `fd`: no state, no hint.
-#[inline]
-pub fn unknown(fd: RawFd) -> bool {
-    in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) == 0 && crate::hints::hints(fd) == 0
-}
-
 /// Whether `fd` has a state (not `Unknown`).
 #[inline]
 pub fn known(fd: RawFd) -> bool {

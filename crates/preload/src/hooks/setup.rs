@@ -58,7 +58,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 /// A fresh descriptor number from the kernel: whatever we remembered about
 /// that number belongs to a descriptor closed behind our back.
 fn clear_stale(fd: RawFd) {
-    if !in_table_range(fd) || table::unknown(fd) {
+    if !in_table_range(fd) || super::state::unknown(fd) {
         return;
     }
     let g = LOCK.write();
@@ -146,7 +146,7 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
 fn adopt_if_unknown(fd: RawFd) {
     // Our `socket`, `listen` and `accept` leave a state or a hint on
     // every descriptor they return.
-    if !table::unknown(fd) || disabled() {
+    if !super::state::unknown(fd) || disabled() {
         return;
     }
     let e = errno();

@@ -23,6 +23,12 @@ use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+/// Whether smclo knows nothing of `fd`: no state, no hint.
+#[inline]
+pub(super) fn unknown(fd: RawFd) -> bool {
+    in_table_range(fd) && !table::known(fd) && hints::hints(fd) == 0
+}
+
 /// `fd` listens, registered in the device by `guard` (until its last
 /// `dup` is closed). With the table's lock held for writing.
 pub(super) fn listening_locked(fd: RawFd, guard: ListenerGuard) {
