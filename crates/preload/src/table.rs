@@ -109,7 +109,9 @@ pub enum FdState {
 }
 
 /// A handshake that has not decided, shared by its `Pending` state and the
-/// thread that drives it.
+/// thread that drives it. Its mutex may be taken with [`LOCK`] held, never
+/// the other way round: nobody waits for the table's lock while holding
+/// it.
 pub struct Connecting {
     /// The handshake, `None` while a thread drives it (it takes it out,
     /// so that no lock is held across its system calls).
