@@ -97,6 +97,12 @@ pub const F_HINTS: u16 = F_TCP | F_PLAIN | F_IP_OPTS | F_TIMEO | F_BOUND;
 /// writable, as the TCP socket is.
 pub const F_EARLY: u16 = 4096;
 
+/// With [`F_PENDING`] and [`F_EARLY`]: the connect's handshake is an
+/// announcement (a destination without a registered listener): the
+/// connection is TCP's until a server answers, and no call waits for that
+/// answer (`hooks::pending`).
+pub const F_ANNOUNCED: u16 = 8192;
+
 /// Sets or clears flag bits of `fd` (ignored beyond the table).
 pub fn set_flag(fd: RawFd, f: u16, on: bool) {
     if let Some(a) = FLAGS.get(fd as usize) {

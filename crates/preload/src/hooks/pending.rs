@@ -25,7 +25,7 @@ use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
-use crate::table::{self, F_PENDING, LOCK};
+use crate::table::{self, F_ANNOUNCED, F_PENDING, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
 use smclo::adapter::handshake::{Decision, Looker, Polled, Until, Wake};
@@ -66,6 +66,17 @@ fn pending(fd: RawFd) -> bool {
     table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
 }
 
+/// Whether `fd`'s pending connect is an announcement (see [`F_ANNOUNCED`]).
+fn announced(fd: RawFd) -> bool {
+    table::has_flag(fd, F_ANNOUNCED) && pending(fd)
+}
+
+/// Whether `fd`'s connect is pending as an announcement whose server has
+/// not answered: its calls are TCP's (`connect` again asks the kernel).
+pub(super) fn announced_open(fd: RawFd) -> bool {
+    announced(fd)
+}
+
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
 /// each time: the open file may be shared with descriptors and processes
 /// made before the connect, whose `F_SETFL` no hook on `fd` sees.
@@ -92,6 +103,18 @@ fn tcp_failed(fd: RawFd) -> bool {
     // SAFETY: one valid pollfd, no wait.
     let n = unsafe { real::poll(&mut p, 1, 0) };
     n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+/// Whether TCP socket `fd` is connected and its send buffer has room.
+fn writable(fd: RawFd) -> bool {
+    let mut p = pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { real::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 && p.revents & libc::POLLOUT != 0
 }
 
 /// Advances `pd`, sleeping at most until `until` (`None`: until it ends).
@@ -232,7 +255,9 @@ fn tcp(fd: RawFd, slot: usize, dest: SocketAddr, role: Role, r: Reason, shut: Sh
     } else {
         debug!("fd {fd}: {what} {dest} stays TCP ({r})");
     }
-    if let Some(c) = ctx() {
+    // An announcement no server took is not listed: a connection to a
+    // plain server or another host takes no entry of the fallback table.
+    if let Some(c) = ctx().filter(|_| r != Reason::Unanswered) {
         list_fallback(c, fd, role, r, Some(dest));
     }
     as_tcp(fd, shut);
@@ -263,8 +288,44 @@ pub(super) fn look(fd: RawFd) {
     }
 }
 
-/// Waits for the decision on `fd` (bounded by its deadline).
+/// Ends the announcement of `fd` now, as TCP, unless a server has begun to
+/// answer it: whether it was retracted. Keeps errno.
+fn retract(fd: RawFd) -> bool {
+    let Some(mut pd) = lock(&PENDING).as_mut().and_then(|m| m.remove(&fd)) else {
+        return false;
+    };
+    let e = errno();
+    let done = match pd.hs.retract() {
+        Some(d) => {
+            DRIVING.with(|x| x.set(true));
+            end(fd, pd, Outcome::Decided(Box::new(d)));
+            DRIVING.with(|x| x.set(false));
+            true
+        }
+        None => {
+            let _g = LOCK.write();
+            if is_current(fd, pd.id) {
+                lock(&PENDING)
+                    .get_or_insert_with(HashMap::new)
+                    .insert(fd, pd);
+            } else {
+                holders::forget(pd.slot);
+                COUNT.fetch_sub(1, Ordering::Relaxed);
+            }
+            false
+        }
+    };
+    set_errno(e);
+    done
+}
+
+/// Waits for the decision on `fd` (bounded by its deadline). An
+/// announcement is retracted first: only a server that has begun to
+/// answer it is waited for.
 pub(super) fn settle(fd: RawFd) {
+    if announced(fd) {
+        retract(fd);
+    }
     while !advance(fd, None) {
         // Another thread drives it.
         std::thread::sleep(SLICE);
@@ -297,6 +358,67 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     Ok(())
 }
 
+/// A read on `fd` (`dontwait`: `MSG_DONTWAIT`), as [`before_io`]. An
+/// announcement's read looks once at the handshake and, undecided, goes
+/// to the TCP socket as TCP's would: a non-blocking one at once, a
+/// blocking one once the socket is readable (its server went on over TCP,
+/// which the look after it decides) or the handshake decided.
+pub(super) fn before_read(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
+    if !announced(fd) {
+        return before_io(fd, dontwait);
+    }
+    if advance(fd, Some(Instant::now())) || dontwait || nonblocking(fd) {
+        return Ok(());
+    }
+    while !advance(fd, Some(Instant::now())) {
+        if !announced(fd) {
+            // Another thread drives it: its decision is at hand.
+            std::thread::sleep(SLICE);
+            continue;
+        }
+        let sleep = sleep_for(&[fd]);
+        let mut all = vec![pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        all.extend(sleep.fds.iter().map(|&w| pollfd {
+            fd: w,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let ms = sleep
+            .within
+            .map_or(-1, |d| d.as_millis().clamp(1, i32::MAX as u128) as c_int);
+        // SAFETY: a valid array of `all.len()` pollfds.
+        let n = unsafe { real::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            let ready: Vec<RawFd> = all[1..]
+                .iter()
+                .filter(|p| p.revents != 0)
+                .map(|p| p.fd)
+                .collect();
+            woken(&ready, &[fd]);
+        }
+    }
+    Ok(())
+}
+
+/// A write on `fd` that did not go early ([`early_send`]), as
+/// [`before_io`]. An announcement is retracted (the write goes over TCP at
+/// once), unless a server has begun to answer it, whose decision is then
+/// waited for.
+pub(super) fn before_write(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
+    if !announced(fd) {
+        return before_io(fd, dontwait);
+    }
+    if advance(fd, Some(Instant::now())) || retract(fd) {
+        return Ok(());
+    }
+    settle(fd);
+    Ok(())
+}
+
 /// `shutdown(fd, how)` while `fd`'s connection may be undecided: `None`
 /// when the caller goes on as for any descriptor (it was decided, or a
 /// blocking socket waited for the decision, as its I/O does); `Some(0)`
@@ -306,6 +428,9 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
 /// peer that reads the rings.
 pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
     if !pending(fd) || !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+        return None;
+    }
+    if announced(fd) && retract(fd) {
         return None;
     }
     if !nonblocking(fd) {
@@ -345,7 +470,13 @@ pub(super) fn early_send(
     if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !allowed != 0 {
         return None;
     }
-    if nonblocking(fd) {
+    if announced(fd) {
+        // A non-blocking socket too, once connected: a fresh connection's
+        // send buffer takes EARLY_MAX bytes without waiting.
+        if !writable(fd) {
+            return None;
+        }
+    } else if nonblocking(fd) {
         return None;
     }
     {

@@ -17,7 +17,8 @@ use super::{errno, in_table_range, lock, set_errno, Ctx};
 use crate::holders;
 use crate::real;
 use crate::table::{
-    self, F_CANDIDATE, F_EARLY, F_FALLBACK, F_LISTENER, F_PENDING, F_PLAIN, F_TCP, LOCK,
+    self, F_ANNOUNCED, F_CANDIDATE, F_EARLY, F_FALLBACK, F_LISTENER, F_PENDING, F_PLAIN, F_TCP,
+    LOCK,
 };
 use libc::c_int;
 use smclo::adapter::fallbacks::{self, FallbackRecord};
@@ -191,13 +192,13 @@ pub(super) fn made(fd: RawFd, tcp: bool) {
 /// writing, in the same step as the table entry, so that a registration
 /// made after it is not taken for a pending connect's ([`kernel_event`]).
 pub(super) fn swapped_locked(fd: RawFd) {
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY | F_ANNOUNCED, false);
 }
 
 /// The swap of `fd` failed (both ends reset): it stays the TCP socket, no
 /// longer pending. With the table's lock held for writing.
 pub(super) fn swap_failed_locked(fd: RawFd) {
-    table::set_flag(fd, F_PENDING | F_EARLY, false);
+    table::set_flag(fd, F_PENDING | F_EARLY | F_ANNOUNCED, false);
 }
 
 /// The handshake of `fd` decided TCP (or its TCP connection failed): its
@@ -208,7 +209,7 @@ pub(super) fn swap_failed_locked(fd: RawFd) {
 pub(super) fn stays_tcp_locked(fd: RawFd) {
     hide_out_locked(fd, false);
     drop(take_epoll_locked(fd));
-    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY, false);
+    table::set_flag(fd, F_CANDIDATE | F_PENDING | F_EARLY | F_ANNOUNCED, false);
 }
 
 /// A non-blocking call on `fd`, an early connect's socket, cannot go on
@@ -217,7 +218,7 @@ pub(super) fn stays_tcp_locked(fd: RawFd) {
 /// gives it back, with an edge) instead of finding the socket writable
 /// and failing again.
 pub(super) fn hide_early_out(fd: RawFd) {
-    if !table::has_flag(fd, F_EARLY) {
+    if !table::has_flag(fd, F_EARLY) || table::has_flag(fd, F_ANNOUNCED) {
         return;
     }
     let _g = LOCK.write();
@@ -344,6 +345,7 @@ pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: Socket
     let _g = LOCK.write();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     with_state_locked(fd, |s| s.pending_id = Some(id));
+    let pd_announced = hs.announced();
     let pd = Undecided {
         hs,
         slot,
@@ -359,8 +361,10 @@ pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: Socket
     // Registrations are recorded (the swap moves them) and given to the
     // kernel without writability until the handshake decides.
     table::set_flag(fd, F_PENDING | F_CANDIDATE, true);
-    table::set_flag(fd, F_EARLY, early);
-    hide_out_locked(fd, !early);
+    let announced = pd_announced;
+    table::set_flag(fd, F_EARLY, early || announced);
+    table::set_flag(fd, F_ANNOUNCED, announced);
+    hide_out_locked(fd, !(early || announced));
 }
 
 /// Whether `fd`'s writability is hidden: its connect is pending and its

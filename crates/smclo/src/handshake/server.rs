@@ -20,7 +20,7 @@ use crate::rendezvous::{Progress, Rendezvous, SlotRef, SlotState};
 use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
-use smclo_wire::syn::Mark;
+use smclo_wire::syn::{Mark, Syn};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -60,6 +60,8 @@ pub(super) struct ServerHandshake {
     since: Instant,
     /// Some candidate's mark did not match the SYN's, or its port differs.
     mismatched: bool,
+    /// An unmarked SYN's TSval, which proves an announcement ours.
+    tsval: Option<u32>,
     stage: Stage,
     /// The process that accepted the connection: a copy a fork child
     /// inherited is not its to decline.
@@ -117,6 +119,7 @@ impl ServerHandshake {
             ),
             since: Instant::now(),
             mismatched: false,
+            tsval: None,
             stage: Stage::Done,
             pid: crate::owner::current_pid(),
             may_wait: false,
@@ -145,6 +148,9 @@ impl ServerHandshake {
         };
         self.syn_port = syn.src.port();
         self.ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
+        if !Mark::may_be_marked(syn.mark) {
+            return self.announcements(&syn);
+        }
         let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
         // Proposals for this 4-tuple; more than one only when clients in
         // other network namespaces use the same addresses. The mark picks
@@ -168,6 +174,79 @@ impl ServerHandshake {
             return Err(self.unmatched());
         }
         Ok(out)
+    }
+
+    /// The announcements ([`super::client`]'s `announce`) that may be the
+    /// connection of an unmarked SYN: those from its source address, among
+    /// the one window all announcements share; its client's port and TSval
+    /// window pick ours ([`Self::look_ports`]). One whose TSval window fits
+    /// but whose address is another is this connection seen through
+    /// source NAT ([`Self::source_translated`]). A SYN without a timestamp
+    /// cannot be proven; a plain client's costs one window's look, as
+    /// before announcements.
+    fn announcements(&mut self, syn: &Syn) -> Result<Vec<Candidate>, Reason> {
+        let Some(tsval) = syn.tsval else {
+            return Err(Reason::PeerNoSmc);
+        };
+        self.tsval = Some(tsval);
+        let (peer, port) = (self.ends.1.ip(), self.syn_port);
+        let proven = |s: &SlotRef| s.client_port() == Some(port) && ts_fits(s, tsval);
+        let found = Rendezvous::find_announcements(&self.dev, proven);
+        let (mine, others): (Vec<SlotRef>, Vec<SlotRef>) =
+            found.into_iter().partition(|s| s.client_ip() == Some(peer));
+        let out = self.judge_announced(mine)?;
+        if out.is_empty() {
+            if let Some(s) = others.iter().find(|s| ts_fits(s, tsval)) {
+                return Err(self.source_translated(s));
+            }
+            return Err(Reason::PeerNoSmc);
+        }
+        Ok(out)
+    }
+
+    /// The readable announcements among `found`.
+    fn judge_announced(&self, found: Vec<SlotRef>) -> Result<Vec<Candidate>, Reason> {
+        let mut out = Vec::new();
+        for slot in found {
+            let Some(bytes) = slot.proposal() else {
+                continue; // withdrawn meanwhile
+            };
+            match expect_clc(&bytes, |m| match m {
+                ClcMsg::Proposal(p) => Some(p),
+                _ => None,
+            }) {
+                Ok(proposal) if mark_of(&proposal) == Mark::NONE => out.push(Candidate {
+                    slot,
+                    proposal,
+                    fits: true,
+                }),
+                Ok(_) => {}
+                Err(m) => {
+                    let r = HandshakeError::from(m).reason();
+                    return Err(decline(&self.dev, &slot, r, None));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The announcement in `slot`, whose TSval window our SYN's fits but
+    /// whose client's address is not the one we see: this connection,
+    /// through source NAT (a random 32-bit clock offset makes another
+    /// connection's fitting by chance about one in two billion). Declined
+    /// (SOURCE_NAT) and its client woken, which then goes on over TCP at
+    /// once and counts why.
+    fn source_translated(&self, slot: &SlotRef) -> Reason {
+        debug!(
+            "the connection from {} is an announcement from {:?}: source NAT on the way",
+            self.ends.1,
+            slot.client_ip()
+        );
+        let Some(Ok(ClcMsg::Proposal(p))) = slot.proposal().map(|b| ClcMsg::parse(&b)) else {
+            return Reason::PeerNoSmc;
+        };
+        let client = RendezvousAddr::new(&self.dev, p.nonce);
+        decline(&self.dev, slot, Reason::SourceNat, Some((&client, p.token)))
     }
 
     /// The proposals among `found` that may be this connection's: those
@@ -331,7 +410,20 @@ impl ServerHandshake {
         let mut changed = None;
         for c in candidates {
             let slot = &c.slot;
+            let announced = mark_of(&c.proposal) == Mark::NONE;
             match slot.client_port() {
+                Some(p) if p == self.syn_port && announced => {
+                    if self.tsval.is_some_and(|t| ts_fits(slot, t)) {
+                        return self.matched(c.slot, c.proposal, bound);
+                    }
+                    // Another connection from our source port (to another
+                    // destination): not ours.
+                    debug!(
+                        "an announcement from port {p} whose TSvals {:?} do not hold the SYN's {:?}",
+                        slot.client_ts(),
+                        self.tsval
+                    );
+                }
                 Some(p) if p == self.syn_port && c.fits => {
                     return self.matched(c.slot, c.proposal, bound)
                 }
@@ -340,7 +432,7 @@ impl ServerHandshake {
                 Some(p) if p == self.syn_port => changed = Some(c),
                 // Someone else's connection with the same addresses and
                 // mark: not ours to answer; its own server will.
-                Some(_) => self.mismatched |= c.fits,
+                Some(_) => self.mismatched |= c.fits && !announced,
                 None if !c.fits => waiting.push(c),
                 None if slot.state() != SlotState::Proposed => {
                     if !slot.client().is_alive_fast() {
@@ -709,6 +801,11 @@ fn mark_of(p: &Proposal) -> Mark {
         ttl: p.mark_ttl,
         dscp: p.mark_tos >> 2,
     }
+}
+
+/// Whether the client of `slot` published a TSval window that `tsval` fits.
+fn ts_fits(slot: &SlotRef, tsval: u32) -> bool {
+    slot.client_ts().is_some_and(|w| w.fits(tsval))
 }
 
 /// The mark of the Proposal in `slot`, if it holds a readable one.
