@@ -769,6 +769,13 @@ impl SlotRef {
         crate::early_count::add(&self.entry().early, n)
     }
 
+    /// Server: the client's early bytes counted so far, without taking the
+    /// count (more may follow).
+    pub fn early_counted(&self) -> u32 {
+        let v = self.entry().early.load(Ordering::Acquire) & !crate::early_count::SEALED;
+        v.min(u64::from(u32::MAX)) as u32
+    }
+
     /// Server: accepts with `reply` as [`answer`](Self::answer) does, but
     /// first, with the reply area claimed (REPLYING), takes the count of
     /// the client's early bytes, so that no more are counted, and asks

@@ -294,7 +294,12 @@ fn publish(
             debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
             Reason::Mem
         })?;
-    let rendezvous = RendezvousListener::for_proposal(dev, same_netns).map_err(|e| {
+    let rendezvous = if mark == Mark::NONE {
+        RendezvousListener::for_announcement(dev)
+    } else {
+        RendezvousListener::for_proposal(dev, same_netns)
+    };
+    let rendezvous = rendezvous.map_err(|e| {
         debug!("cannot create the rendezvous socket: {e}");
         Reason::IntErr
     })?;
@@ -397,20 +402,29 @@ impl ClientProposal {
     }
 
     /// An announcement the program needs decided now (its write does not
-    /// fit the early bytes, it reads what a server that went on over TCP
-    /// wrote, or it duplicates the descriptor): TCP (UNANSWERED) unless a
-    /// server has begun to answer, whose decision is then waited for.
+    /// fit the early bytes, it shuts the connection down, or it duplicates
+    /// the descriptor): TCP (UNANSWERED) unless a server has begun to
+    /// answer (it connected to our listener), whose decision is then
+    /// waited for.
     /// `None` when that is the case, or this is no announcement.
     pub(super) fn retract(&mut self) -> Option<Decision> {
         if !self.announced {
             return None;
         }
         let slot = self.slot.as_ref()?;
+        // A server that connected to our listener is answering: its
+        // decision is near, and is waited for.
+        if slot.noted(Progress::ServerConnected) {
+            return None;
+        }
         slot.cas(SlotState::Proposed, SlotState::Declined).ok()?;
-        let d = self.fall_back(Reason::Unanswered)?;
+        let drain = slot.noted(Progress::ServerConnected);
+        self.restore_mark();
+        self.wait.chan = None;
+        self.withdraw(drain);
         self.dev.count_fallback(Reason::Unanswered, Role::Client);
         debug!("client retracts its announcement: stays TCP");
-        Some(d)
+        Some(Decision::Tcp(Reason::Unanswered))
     }
 
     /// The token of the DMB offered in the Proposal.
@@ -647,7 +661,14 @@ impl ClientProposal {
     /// proposal is withdrawn.
     fn fall_back(&mut self, r: Reason) -> Option<Decision> {
         self.wait.chan = None;
-        self.withdraw(true);
+        // An announcement no server connected for has nothing on the
+        // listener to close: a plain server's costs no look at it.
+        let drain = !self.announced
+            || self
+                .slot
+                .as_ref()
+                .is_none_or(|s| s.noted(Progress::ServerConnected));
+        self.withdraw(drain);
         Some(Decision::Tcp(r))
     }
 

@@ -62,6 +62,12 @@ fn unread(fd: RawFd) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Whether the `n` early bytes a client has counted so far (not sealed)
+/// are all in the receive queue of TCP socket `fd`: one look.
+pub(super) fn counted_arrived(fd: RawFd, n: u32) -> bool {
+    n == 0 || unread(fd).is_ok_and(|have| have >= n as usize)
+}
+
 /// Whether the `n` early bytes the client counted are in the receive queue
 /// of TCP socket `fd`, waiting up to `wait` for them ([`arrival_wait`]).
 pub(super) fn arrived(fd: RawFd, n: u32, wait: Duration) -> bool {

@@ -35,6 +35,13 @@ const WITHDRAWN_CHECK: Duration = Duration::from_millis(10);
 /// port.
 const PORT_LOOK: Duration = Duration::from_millis(1);
 
+/// How long a server looks at announcements from other source addresses
+/// whose clients have not published their TSvals yet (their `connect`
+/// has not returned): one may be this connection's through source NAT,
+/// whose client is then told at once (SOURCE_NAT). Past it, such a client
+/// finds out by itself (UNANSWERED).
+const FOREIGN_WAIT: Duration = Duration::from_millis(2);
+
 /// A sleeping wait's pause between two looks at the client's source port,
 /// which it writes in shared memory only.
 const PORT_NAP: Duration = Duration::from_micros(50);
@@ -92,6 +99,9 @@ struct Answering {
     chan: UnixStream,
     /// `dmb` is the one the client keeps a mapping of: it is not passed.
     reused: bool,
+    /// The client's DMB, attached, while its early bytes are on their way
+    /// ([`ServerHandshake::try_finish`]).
+    peer: Option<Dmb>,
 }
 
 /// A proposal that may be this connection's, while its client's port is
@@ -101,6 +111,9 @@ struct Candidate {
     proposal: Proposal,
     /// Its mark fits the SYN's ([`Mark::fits`]).
     fits: bool,
+    /// An announcement from another source address than the SYN's:
+    /// ours only through source NAT, which its TSval window tells.
+    foreign: bool,
 }
 
 impl ServerHandshake {
@@ -194,18 +207,30 @@ impl ServerHandshake {
         let found = Rendezvous::find_announcements(&self.dev, proven);
         let (mine, others): (Vec<SlotRef>, Vec<SlotRef>) =
             found.into_iter().partition(|s| s.client_ip() == Some(peer));
-        let out = self.judge_announced(mine)?;
+        let mut out = self.judge_announced(mine, false)?;
         if out.is_empty() {
             if let Some(s) = others.iter().find(|s| ts_fits(s, tsval)) {
                 return Err(self.source_translated(s));
             }
+        }
+        // Those whose client has not published its TSvals yet (its connect
+        // has not returned) may be ours through source NAT: looked at
+        // again for a short while (FOREIGN_WAIT).
+        let unknown = others.into_iter().filter(|s| s.client_ts().is_none());
+        out.extend(self.judge_announced(unknown.collect(), true)?);
+        if out.is_empty() {
             return Err(Reason::PeerNoSmc);
         }
         Ok(out)
     }
 
-    /// The readable announcements among `found`.
-    fn judge_announced(&self, found: Vec<SlotRef>) -> Result<Vec<Candidate>, Reason> {
+    /// The readable announcements among `found`; `foreign`: from another
+    /// source address than the one we see.
+    fn judge_announced(
+        &self,
+        found: Vec<SlotRef>,
+        foreign: bool,
+    ) -> Result<Vec<Candidate>, Reason> {
         let mut out = Vec::new();
         for slot in found {
             let Some(bytes) = slot.proposal() else {
@@ -219,6 +244,7 @@ impl ServerHandshake {
                     slot,
                     proposal,
                     fits: true,
+                    foreign,
                 }),
                 Ok(_) => {}
                 Err(m) => {
@@ -275,6 +301,7 @@ impl ServerHandshake {
                     slot,
                     proposal,
                     fits,
+                    foreign: false,
                 });
             }
         }
@@ -410,6 +437,20 @@ impl ServerHandshake {
         let mut changed = None;
         for c in candidates {
             let slot = &c.slot;
+            if c.foreign {
+                match slot.client_ts() {
+                    Some(w) if self.tsval.is_some_and(|t| w.fits(t)) => {
+                        return Some(Decision::Tcp(self.source_translated(slot)));
+                    }
+                    None if self.since.elapsed() < FOREIGN_WAIT
+                        && slot.state() == SlotState::Proposed =>
+                    {
+                        waiting.push(c)
+                    }
+                    _ => {}
+                }
+                continue;
+            }
             let announced = mark_of(&c.proposal) == Mark::NONE;
             match slot.client_port() {
                 Some(p) if p == self.syn_port && announced => {
@@ -507,7 +548,7 @@ impl ServerHandshake {
                 self.stage = Stage::Answering(a);
                 None
             }
-            Ok(Connected::Cached(a, peer)) => Some(self.finish(*a, peer)),
+            Ok(Connected::Cached(a, peer)) => self.try_finish(a, peer),
             Err(r) => Some(Decision::Tcp(r)),
         }
     }
@@ -587,6 +628,7 @@ impl ServerHandshake {
             dmb,
             chan,
             reused,
+            peer: None,
         });
         Ok(match cached {
             Some(peer) => Connected::Cached(a, peer),
@@ -596,7 +638,10 @@ impl ServerHandshake {
 
     /// One look at the channel for the client's DMB, passed as soon as the
     /// client has accepted our connection; checked before we accept.
-    fn look_dmb(&mut self, a: Box<Answering>) -> Option<Decision> {
+    fn look_dmb(&mut self, mut a: Box<Answering>) -> Option<Decision> {
+        if let Some(peer) = a.peer.take() {
+            return self.try_finish(a, peer);
+        }
         let failed =
             |a: &Answering, r: Reason| Some(Decision::Tcp(decline(&self.dev, &a.slot, r, None)));
         let fd = match recv_expected(a.chan.as_raw_fd(), CLIENT_DMB_BYTE) {
@@ -628,9 +673,25 @@ impl ServerHandshake {
             return failed(&a, Reason::ErrRtok);
         };
         match self.dev.attach_dmb(a.proposal.token, fd) {
-            Ok(peer) => Some(self.finish(*a, peer)),
+            Ok(peer) => self.try_finish(a, peer),
             Err(e) => failed(&a, attach_error(e).reason()),
         }
+    }
+
+    /// [`finish`](Self::finish), unless the early bytes the client has
+    /// counted so far are not all in our socket yet and our caller does
+    /// not wait (an event loop's step): then the handshake stays where it
+    /// is, and the bytes' arrival (which makes the socket readable for the
+    /// program's wait) brings the next look. A client that counts and then
+    /// is descheduled before it sends would otherwise find the count
+    /// sealed by a server that cannot wait, and fall back (SYNCERR).
+    fn try_finish(&mut self, mut a: Box<Answering>, peer: Dmb) -> Option<Decision> {
+        if !self.may_wait && !early::counted_arrived(self.conn_fd, a.slot.early_counted()) {
+            a.peer = Some(peer);
+            self.stage = Stage::Answering(a);
+            return None;
+        }
+        Some(self.finish(*a, peer))
     }
 
     /// Accepts the proposal, the client's DMB `peer` checked and attached.
@@ -641,6 +702,7 @@ impl ServerHandshake {
             dmb,
             chan,
             reused,
+            ..
         } = a;
         if reused {
             slot.note(Progress::ClientHasServerDmb);
