@@ -510,6 +510,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let facts = handshake::SocketFacts {
         unbound: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_BOUND),
         default_ip_options: table::has_flag(fd, F_TCP) && !table::has_flag(fd, F_IP_OPTS),
+        announce: true,
     };
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,

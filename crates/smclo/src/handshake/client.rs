@@ -158,6 +158,13 @@ pub struct SocketFacts {
     /// IP TTL and TOS (hop limit and traffic class) never set: they are
     /// put back to the defaults after the SYN without being read first.
     pub default_ip_options: bool,
+    /// The caller can carry an announcement ([`ClientProposal::announced`]):
+    /// it goes on over TCP with the handshake pending, drives it from the
+    /// program's calls and never waits for it, so a destination without a
+    /// registered listener may be announced. A caller that waits for the
+    /// decision (the native API's `connect`) leaves it false: it would
+    /// wait on every plain server.
+    pub announce: bool,
 }
 
 impl SocketFacts {
@@ -166,6 +173,7 @@ impl SocketFacts {
         SocketFacts {
             unbound: true,
             default_ip_options: true,
+            announce: false,
         }
     }
 }
@@ -191,7 +199,7 @@ pub fn client_propose_with(
         return Err(Reason::NoSmcdDev);
     }
     let Some(listener) = registry::find_listener(dev, dest) else {
-        if !registry::any_port_listens(dev) {
+        if !facts.announce || !registry::any_port_listens(dev) {
             return Err(Reason::PeerNoSmc);
         }
         return announce(dev, cfg, fd, dest, facts);
