@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 /// the delivery. Past it, the server declines and the bytes stay TCP's.
 /// An event loop's handshake step, which never waits on one client, gives
 /// them the data path's spin budget instead ([`arrival_wait`]).
-const ARRIVAL_WAIT: Duration = Duration::from_millis(50);
+pub(super) const ARRIVAL_WAIT: Duration = Duration::from_millis(50);
 
 /// How long [`arrived`] waits: [`ARRIVAL_WAIT`] if the caller `may_wait`,
 /// else the data path's spin budget.

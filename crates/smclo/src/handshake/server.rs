@@ -100,8 +100,8 @@ struct Answering {
     /// `dmb` is the one the client keeps a mapping of: it is not passed.
     reused: bool,
     /// The client's DMB, attached, while its early bytes are on their way
-    /// ([`ServerHandshake::try_finish`]).
-    peer: Option<Dmb>,
+    /// ([`ServerHandshake::try_finish`]), and since when.
+    peer: Option<(Dmb, Instant)>,
 }
 
 /// A proposal that may be this connection's, while its client's port is
@@ -328,6 +328,8 @@ impl ServerHandshake {
     /// matching its source port, which it writes in shared memory only.
     fn wake_fd(&self) -> Option<RawFd> {
         match &self.stage {
+            // Waiting for its early bytes, which make our socket readable.
+            Stage::Answering(a) if a.peer.is_some() => Some(self.conn_fd),
             Stage::Answering(a) => Some(a.chan.as_raw_fd()),
             _ => None,
         }
@@ -337,6 +339,16 @@ impl ServerHandshake {
     /// [`wake_fd`](Self::wake_fd)).
     pub(super) fn wake(&self) -> Wake {
         match &self.stage {
+            // Waiting for early bytes: the program's wait on its socket
+            // sees them arrive; look again when the wait for them ends.
+            Stage::Answering(a) if a.peer.is_some() => Wake {
+                fd: Some(self.conn_fd),
+                also: None,
+                within: a
+                    .peer
+                    .as_ref()
+                    .map(|(_, t)| early::ARRIVAL_WAIT.saturating_sub(t.elapsed())),
+            },
             Stage::Answering(a) => Wake {
                 fd: Some(a.chan.as_raw_fd()),
                 also: None,
@@ -356,6 +368,9 @@ impl ServerHandshake {
     fn hint(&self) -> bool {
         match &self.stage {
             Stage::Matching(c) => c.iter().any(|c| c.slot.client_port().is_some()),
+            Stage::Answering(a) if a.peer.is_some() => {
+                early::counted_arrived(self.conn_fd, a.slot.early_counted())
+            }
             Stage::Answering(a) => a.slot.noted(Progress::ClientDmbSent),
             _ => true,
         }
@@ -548,7 +563,7 @@ impl ServerHandshake {
                 self.stage = Stage::Answering(a);
                 None
             }
-            Ok(Connected::Cached(a, peer)) => self.try_finish(a, peer),
+            Ok(Connected::Cached(a, peer)) => self.try_finish(a, peer, Instant::now()),
             Err(r) => Some(Decision::Tcp(r)),
         }
     }
@@ -639,8 +654,8 @@ impl ServerHandshake {
     /// One look at the channel for the client's DMB, passed as soon as the
     /// client has accepted our connection; checked before we accept.
     fn look_dmb(&mut self, mut a: Box<Answering>) -> Option<Decision> {
-        if let Some(peer) = a.peer.take() {
-            return self.try_finish(a, peer);
+        if let Some((peer, since)) = a.peer.take() {
+            return self.try_finish(a, peer, since);
         }
         let failed =
             |a: &Answering, r: Reason| Some(Decision::Tcp(decline(&self.dev, &a.slot, r, None)));
@@ -673,7 +688,7 @@ impl ServerHandshake {
             return failed(&a, Reason::ErrRtok);
         };
         match self.dev.attach_dmb(a.proposal.token, fd) {
-            Ok(peer) => self.try_finish(a, peer),
+            Ok(peer) => self.try_finish(a, peer, Instant::now()),
             Err(e) => failed(&a, attach_error(e).reason()),
         }
     }
@@ -681,13 +696,16 @@ impl ServerHandshake {
     /// [`finish`](Self::finish), unless the early bytes the client has
     /// counted so far are not all in our socket yet and our caller does
     /// not wait (an event loop's step): then the handshake stays where it
-    /// is, and the bytes' arrival (which makes the socket readable for the
-    /// program's wait) brings the next look. A client that counts and then
-    /// is descheduled before it sends would otherwise find the count
-    /// sealed by a server that cannot wait, and fall back (SYNCERR).
-    fn try_finish(&mut self, mut a: Box<Answering>, peer: Dmb) -> Option<Decision> {
-        if !self.may_wait && !early::counted_arrived(self.conn_fd, a.slot.early_counted()) {
-            a.peer = Some(peer);
+    /// is for up to [`early::ARRIVAL_WAIT`] from `since`, and the bytes'
+    /// arrival (which makes the socket readable for the program's wait)
+    /// brings the next look. A client that counts and then is descheduled
+    /// before it sends would otherwise find the count sealed by a server
+    /// that cannot wait, and fall back (SYNCERR); one that never sends
+    /// still does, that much later.
+    fn try_finish(&mut self, mut a: Box<Answering>, peer: Dmb, since: Instant) -> Option<Decision> {
+        let missing = || !early::counted_arrived(self.conn_fd, a.slot.early_counted());
+        if !self.may_wait && since.elapsed() < early::ARRIVAL_WAIT && missing() {
+            a.peer = Some((peer, since));
             self.stage = Stage::Answering(a);
             return None;
         }
