@@ -199,7 +199,10 @@ pub fn client_propose_with(
         return Err(Reason::NoSmcdDev);
     }
     let Some(listener) = registry::find_listener(dev, dest) else {
-        if !facts.announce || !registry::any_port_listens(dev) {
+        // A loopback destination is this namespace's own: translated only
+        // by a rule of its own OUTPUT chain, rare enough that a plain local
+        // server's connections are spared the announcement.
+        if !facts.announce || dest.ip().is_loopback() || !registry::any_port_listens(dev) {
             return Err(Reason::PeerNoSmc);
         }
         return announce(dev, cfg, fd, dest, facts);
