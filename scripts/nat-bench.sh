@@ -2,7 +2,7 @@
 # Connections through a ClusterIP-style DNAT (docs/bench/address-translation.md):
 # a client namespace and a server namespace on veths to a "node" namespace
 # that forwards and translates 10.96.77.10:80 to the server. Measures, in
-# ROUNDS rounds (default 5), alternating:
+# ROUNDS rounds (default 7), alternating:
 #   - connect latency and whole-connection latency (connect, PING, +PONG,
 #     close; crates/apptests/tests/nat/connect_rtt.c, N connections, median)
 #     to a plain redis-server: the client plain, under smclo run with no
@@ -13,8 +13,8 @@
 # Needs root (ip netns, iptables). Leaves nothing behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-5}
-N=${N:-2000}
+ROUNDS=${ROUNDS:-7}
+N=${N:-1000}
 smclo=$PWD/target/release/smclo
 tag=natb$$
 cli=$tag-cli node=$tag-node srv=$tag-srv
@@ -37,6 +37,9 @@ for l in "$node ${tag}a" "$node ${tag}c" "$srv ${tag}b" "$cli ${tag}d"; do set -
 ip -n "$cli" route add default via 10.199.81.1
 ip -n "$srv" route add default via 10.199.80.1
 ip netns exec "$node" sysctl -qw net.ipv4.ip_forward=1
+# Tens of thousands of client-closed connections would fill the client's
+# ports with TIME_WAIT (connects then take milliseconds, whatever the mode).
+ip netns exec "$cli" sysctl -qw net.ipv4.tcp_tw_reuse=1
 dnat() { ip netns exec "$node" iptables -t nat -A PREROUTING -p tcp -d "$1" --dport 80 -j DNAT --to-destination "10.199.80.2:$2"; }
 dnat 10.96.77.10 6401   # plain redis
 dnat 10.96.77.11 6402   # redis under smclo
