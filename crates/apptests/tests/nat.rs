@@ -3,7 +3,8 @@
 //! address, as kube-proxy's iptables mode writes it), a Docker-style
 //! published port (DNAT of the node's own address and port), and a
 //! sidecar's capture (an iptables REDIRECT of the application's outbound
-//! connection to a local haproxy, which dials the server). The server sees
+//! connection to a local haproxy, which dials the server); redis and
+//! redis-benchmark through each, nginx, curl and wrk through a ClusterIP. The server sees
 //! the client's own source address and port on each, and the connections
 //! are SMC-D: the client announces them in the device, and the server
 //! finds the announcement by what it sees (ARCHITECTURE.md, "Connections
@@ -450,4 +451,82 @@ fn snat_in_the_path_stays_tcp_with_its_reason() {
         d.fallbacks_desc()
     );
     assert_eq!(d.fallbacks(), 6, "{}", d.fallbacks_desc());
+}
+
+/// nginx (a master and two workers, under `smclo run`) behind a ClusterIP:
+/// curl fetches a file through the translation byte-exact over SMC-D, and
+/// wrk's keep-alive connections (each response's status and length
+/// checked) are SMC-D.
+#[test]
+fn nginx_and_wrk_through_a_clusterip_are_smcd() {
+    let mut env = Env::new("nat-nginx");
+    let n = node(&mut env);
+    let port = 8090;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    let root = env.path("www");
+    fs::create_dir_all(&root).unwrap();
+    let body = pseudo_random(100_000, 0x6e67);
+    fs::write(root.join("f.bin"), &body).unwrap();
+    fs::write(root.join("small.txt"), vec![b'x'; 612]).unwrap();
+    let listen = format!("0.0.0.0:{port}");
+    let srv = n.srv.name.clone();
+    let nginx = start_nginx(&mut env, Mode::Smclo, Some(&srv), &listen, &root, "a");
+    let cli = n.cli.name.clone();
+    let url = format!("http://{CLUSTER_IP}:{CLUSTER_PORT}");
+    let s0 = env.stats();
+    let (got, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        Some(&cli),
+        "curl",
+        &[format!("{url}/f.bin")],
+    );
+    assert!(
+        got[0] == body,
+        "the file came back changed ({} bytes)",
+        got[0].len()
+    );
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        (d.conns_opened, d.fallbacks()),
+        (1, 0),
+        "curl through the ClusterIP: {}",
+        d.fallbacks_desc()
+    );
+    let script = wrk_check_script(&env, "wrk", 612);
+    let s1 = env.stats();
+    let args = ["-t", "2", "-c", "8", "-d", "2s"];
+    let small = format!("{url}/small.txt");
+    let (p, w) = wrk(
+        &mut env,
+        Mode::Smclo,
+        Some(&cli),
+        "wrk",
+        &args,
+        &script,
+        &small,
+    );
+    assert!(
+        w.reqs > 0 && w.bad == 0 && w.checked >= w.reqs && w.errs.is_none(),
+        "wrk through the ClusterIP: {}",
+        p.logs()
+    );
+    // nginx's log holds curl's request too.
+    let (_, logged_n, _) = nginx_log_bytes(&env, "a");
+    assert!(
+        logged_n > w.reqs,
+        "nginx logged {logged_n} requests for wrk's {}",
+        w.reqs
+    );
+    let d = delta(&s1, &env.stats());
+    let desc = format!("{}\n{}", d.fallbacks_desc(), nginx.logs());
+    assert_eq!(d.conns_opened, 8, "wrk through the ClusterIP: {desc}");
+    assert_eq!(d.fallback_client.iter().sum::<u64>(), 0, "{desc}");
+    // A connection wrk closes before it writes (it may try the address
+    // first) withdraws its announcement before nginx looks: nginx counts
+    // it PEERNOSMC, and nothing else.
+    assert!(
+        d.fallbacks() == d.fallback(Reason::PeerNoSmc).1 && d.fallbacks() <= 2,
+        "{desc}"
+    );
 }
