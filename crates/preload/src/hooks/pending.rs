@@ -66,15 +66,11 @@ fn pending(fd: RawFd) -> bool {
     table::has_flag(fd, F_PENDING) && !DRIVING.with(|d| d.get())
 }
 
-/// Whether `fd`'s pending connect is an announcement (see [`F_ANNOUNCED`]).
-fn announced(fd: RawFd) -> bool {
+/// Whether `fd`'s connect is pending as an announcement (see
+/// [`F_ANNOUNCED`]): its calls are TCP's (`connect` again asks the
+/// kernel).
+pub(super) fn announced(fd: RawFd) -> bool {
     table::has_flag(fd, F_ANNOUNCED) && pending(fd)
-}
-
-/// Whether `fd`'s connect is pending as an announcement whose server has
-/// not answered: its calls are TCP's (`connect` again asks the kernel).
-pub(super) fn announced_open(fd: RawFd) -> bool {
-    announced(fd)
 }
 
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked

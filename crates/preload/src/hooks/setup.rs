@@ -482,7 +482,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 /// read only when the connection is about to be swapped.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if pending::announced_open(fd) {
+    if pending::announced(fd) {
         // Connecting again while announced: TCP's own answer (EALREADY,
         // EISCONN), as nothing waits for the announcement.
         // SAFETY: forwarded unchanged.

@@ -499,7 +499,9 @@ impl ServerHandshake {
                             None,
                         )));
                     }
-                    self.mismatched = true;
+                    // A withdrawn announcement says nothing of our SYN's
+                    // mark: its client closed before it published.
+                    self.mismatched |= !announced;
                 }
                 None if spun && !slot.client().is_alive_fast() => {
                     return Some(Decision::Tcp(decline(
