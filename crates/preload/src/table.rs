@@ -119,6 +119,10 @@ pub struct Connecting {
     /// A blocking connect that returned connected (its writes may go
     /// early): the process's exit ends it as a close would.
     pub early: bool,
+    /// The handshake is an announcement (a destination without a
+    /// registered listener): the connection is TCP's until a server
+    /// answers, and no call waits for that answer (`hooks::pending`).
+    pub announced: bool,
 }
 
 /// The handshake of a `Pending` descriptor and what goes with it.

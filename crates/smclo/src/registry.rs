@@ -97,6 +97,18 @@ fn port_may_listen(dev: &Device, port: u16) -> bool {
     word.load(Ordering::Acquire) & bit != 0
 }
 
+/// Whether a listener may ever have been registered on the device, on any
+/// port (the port filter has a bit set): whether a connection to a
+/// destination without a listener may be translated to one on this host.
+/// Reads the filter's words up to the first that is not zero.
+pub fn any_port_listens(dev: &Device) -> bool {
+    (0..layout::PORT_FILTER_WORDS).any(|i| {
+        dev.at::<AtomicU64>(layout::off::PORT_FILTER + i * 8)
+            .load(Ordering::Acquire)
+            != 0
+    })
+}
+
 /// An address in canonical form ([`ends::canon_ip`]), family widened to
 /// the `meta` field's width.
 fn canon(ip: IpAddr) -> (u64, [u8; 16]) {

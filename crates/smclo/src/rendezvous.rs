@@ -55,7 +55,7 @@ use crate::owner::Owner;
 use crate::registry::canonical_addr;
 use crate::table::{Claim, Head, Holder, Judge, State, Ticket, Word};
 use smclo_wire::device_layout as layout;
-use smclo_wire::syn::Mark;
+use smclo_wire::syn::{Mark, TsWindow};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,6 +156,19 @@ impl std::fmt::Display for SlotKey {
 /// The bits of an encoded key's last word that hold the DSCP.
 const KEY_DSCP_BITS: u64 = 0xff;
 
+/// The server half of an announcement's key ([`SlotKey::announcement`]).
+const ANNOUNCED_SERVER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+
+/// The bits of an encoded key's last word that hold the client's family.
+const KEY_CLIENT_FAMILY_BITS: u64 = 0xff << 32;
+
+/// The masks of [`Rendezvous::find_any_client`]: the client's address and
+/// family ignored.
+const KEY_ANY_CLIENT: [u64; 5] = [0, 0, u64::MAX, u64::MAX, !KEY_CLIENT_FAMILY_BITS];
+
 impl SlotKey {
     /// A key from the client's source address and SYN mark and the
     /// server's address (the server builds it from the SYN), made
@@ -193,9 +206,28 @@ impl SlotKey {
         [c0, c1, s0, s1, meta]
     }
 
+    /// The key of a client's announcement from `client` (a proposal with
+    /// no mark, for a destination without a registered listener): its
+    /// server finds it by what it sees, which address translation may
+    /// have changed, so neither the destination nor (for its home) the
+    /// client's address is in what places it: every announcement of the
+    /// device shares one window ([`Rendezvous::find_announcements`]).
+    pub fn announcement(client: IpAddr) -> SlotKey {
+        SlotKey::new(client, Mark::NONE, ANNOUNCED_SERVER)
+    }
+
+    fn is_announcement(&self) -> bool {
+        self.dscp == 0 && self.server == ANNOUNCED_SERVER
+    }
+
     fn home(&self) -> usize {
+        let k = if self.is_announcement() {
+            SlotKey::announcement(IpAddr::from([0u8; 4]))
+        } else {
+            *self
+        };
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for w in self.encode() {
+        for w in k.encode() {
             h = (h ^ w).wrapping_mul(0x0100_0000_01b3);
             h ^= h >> 29;
         }
@@ -225,7 +257,10 @@ pub(crate) struct SlotEntry {
     /// The identity of a DMB memfd of the server's that the client keeps a
     /// mapping of, (0, 0) if none: see [`SlotRef::set_server_dmb_hint`].
     server_dmb_hint: [AtomicU64; 2],
-    _r1: [AtomicU64; 46],
+    /// An unmarked client's TSval window (`TS_KNOWN | span << 32 | lo`), 0
+    /// before: see [`SlotRef::set_client_ts`].
+    client_ts: AtomicU64,
+    _r1: [AtomicU64; 45],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
@@ -237,6 +272,9 @@ const _: () = assert!(
 
 /// Flag in `client_port`: the port is known.
 const PORT_KNOWN: u64 = 1 << 16;
+
+/// Flag in `client_ts`: the window is known.
+const TS_KNOWN: u64 = 1 << 63;
 
 /// A step of the handshake taken on the UNIX channel, noted in the slot so
 /// that the side waiting for it can busy-poll shared memory instead of the
@@ -302,6 +340,7 @@ impl SlotEntry {
         self.client_port.store(0, Ordering::Relaxed);
         self.progress.store(0, Ordering::Relaxed);
         self.early.store(0, Ordering::Relaxed);
+        self.client_ts.store(0, Ordering::Relaxed);
         for w in self.client_dmb.iter().chain(&self.server_dmb_hint) {
             w.store(0, Ordering::Relaxed);
         }
@@ -309,14 +348,14 @@ impl SlotEntry {
         self.head.publish(c, STATE_PROPOSED)
     }
 
-    /// Whether the slot's key is `k`, compared on the bits of `mask` in
-    /// its last word (the others in full).
-    fn key_matches(&self, k: &[u64; 5], mask: u64) -> bool {
-        let last = k.len() - 1;
-        self.key.iter().zip(k).enumerate().all(|(i, (a, b))| {
-            let m = if i == last { mask } else { u64::MAX };
-            a.load(Ordering::Relaxed) & m == *b & m
-        })
+    /// Whether the slot's key is `k`, each word compared on the bits of
+    /// its `mask`.
+    fn key_matches(&self, k: &[u64; 5], mask: &[u64; 5]) -> bool {
+        self.key
+            .iter()
+            .zip(k)
+            .zip(mask)
+            .all(|((a, b), m)| a.load(Ordering::Relaxed) & m == *b & m)
     }
 }
 
@@ -408,6 +447,14 @@ impl Rendezvous {
         Rendezvous::scan_from(dev, key, !KEY_DSCP_BITS, 0, all, ours)
     }
 
+    /// Server: the PROPOSED announcements ([`SlotKey::announcement`]),
+    /// whatever their client's address, up to the first for which `ours`
+    /// holds: one window's look.
+    pub fn find_announcements(dev: &Device, ours: impl Fn(&SlotRef) -> bool) -> Vec<SlotRef> {
+        let key = SlotKey::announcement(IpAddr::from([0u8; 4]));
+        Rendezvous::scan_masked(dev, key, KEY_ANY_CLIENT, key.home(), PROBE, ours)
+    }
+
     /// The PROPOSED slots for `key` in probe order, up to the first for
     /// which `last` holds.
     fn scan(dev: &Device, key: SlotKey, last: impl Fn(&SlotRef) -> bool) -> Vec<SlotRef> {
@@ -425,6 +472,21 @@ impl Rendezvous {
         count: usize,
         last: impl Fn(&SlotRef) -> bool,
     ) -> Vec<SlotRef> {
+        let mut masks = [u64::MAX; 5];
+        masks[4] = mask;
+        Rendezvous::scan_masked(dev, key, masks, home, count, last)
+    }
+
+    /// [`scan_from`](Self::scan_from) comparing each word of the key on
+    /// the bits of its mask.
+    fn scan_masked(
+        dev: &Device,
+        key: SlotKey,
+        mask: [u64; 5],
+        home: usize,
+        count: usize,
+        last: impl Fn(&SlotRef) -> bool,
+    ) -> Vec<SlotRef> {
         let k = key.encode();
         let mut out = Vec::new();
         for p in 0..count {
@@ -432,7 +494,7 @@ impl Rendezvous {
             let s = slot(dev, i);
             let Some((w, true)) = s
                 .head
-                .read(|w| w.state() == STATE_PROPOSED, || s.key_matches(&k, mask))
+                .read(|w| w.state() == STATE_PROPOSED, || s.key_matches(&k, &mask))
             else {
                 continue;
             };
@@ -503,6 +565,30 @@ impl SlotRef {
         self.client
     }
 
+    /// The client's source address in the slot's key; `None` once the
+    /// slot has been reused, or for a key that holds none.
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        let e = self.entry();
+        let (w0, w1, meta) = e
+            .head
+            .read(
+                |w| self.mine(w),
+                || {
+                    let k = |i: usize| e.key[i].load(Ordering::Relaxed);
+                    (k(0), k(1), k(4))
+                },
+            )?
+            .1;
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&w0.to_ne_bytes());
+        b[8..].copy_from_slice(&w1.to_ne_bytes());
+        match (meta & KEY_CLIENT_FAMILY_BITS) >> 32 {
+            4 => Some(IpAddr::from([b[0], b[1], b[2], b[3]])),
+            6 => Some(IpAddr::from(b)),
+            _ => None,
+        }
+    }
+
     /// Client: publishes its TCP source port, known once `connect` has
     /// been called (the kernel picks it then). The key's client half may
     /// carry something else in its port position (the handshake puts the
@@ -528,6 +614,32 @@ impl SlotRef {
             return None;
         }
         Some(v as u16)
+    }
+
+    /// Client of an unmarked proposal: publishes the TSvals its SYN may
+    /// have carried, before its port ([`set_client_port`](Self::set_client_port),
+    /// whose Release orders this store before it): the server's proof that
+    /// the connection with that port is the proposer's.
+    pub fn set_client_ts(&self, w: TsWindow) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            let v = TS_KNOWN | u64::from(w.span) << 32 | u64::from(w.lo);
+            e.client_ts.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Server: the client's TSval window, if it published one (read after
+    /// [`client_port`](Self::client_port) said the port is known).
+    pub fn client_ts(&self) -> Option<TsWindow> {
+        let e = self.entry();
+        let v = e.client_ts.load(Ordering::Acquire);
+        if v & TS_KNOWN == 0 || !self.mine(e.head.word()) {
+            return None;
+        }
+        Some(TsWindow {
+            lo: v as u32,
+            span: (v >> 32) as u16,
+        })
     }
 
     /// Notes that `step` was taken. Changes nothing once the slot is reused
@@ -655,6 +767,13 @@ impl SlotRef {
     /// than counted declines, and the stream carries them as plain TCP.
     pub fn add_early(&self, n: usize) -> bool {
         crate::early_count::add(&self.entry().early, n)
+    }
+
+    /// Server: the client's early bytes counted so far, without taking the
+    /// count (more may follow).
+    pub fn early_counted(&self) -> u32 {
+        let v = self.entry().early.load(Ordering::Acquire) & !crate::early_count::SEALED;
+        v.min(u64::from(u32::MAX)) as u32
     }
 
     /// Server: accepts with `reply` as [`answer`](Self::answer) does, but

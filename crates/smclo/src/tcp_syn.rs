@@ -302,6 +302,17 @@ pub fn route_source_cached(dest: SocketAddr) -> io::Result<IpAddr> {
     Ok(src)
 }
 
+/// `TCP_TIMESTAMP` (linux/tcp.h): read, the connection's TCP timestamp
+/// clock now (milliseconds plus the connection's random offset).
+const TCP_TIMESTAMP: i32 = 24;
+
+/// The timestamp clock of TCP connection `fd` now, which its segments'
+/// TSvals carry: its SYN's is a little earlier. Unprivileged; valid once
+/// `connect` has started (the offset is chosen then).
+pub fn timestamp_clock(fd: RawFd) -> io::Result<u32> {
+    getsockopt_int(fd, libc::IPPROTO_TCP, TCP_TIMESTAMP).map(|v| v as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -367,3 +367,42 @@ fn keys_leave_the_ttl_out_and_a_look_may_ignore_the_dscp() {
     let found = Rendezvous::find_until(&dev, at(200, 7), |s| s.proposal().unwrap() == b"a");
     assert_eq!(found.len(), 1);
 }
+
+/// Announcements from any client address share one window: the server
+/// finds them without knowing the address (source NAT may have changed
+/// it), reads each one's address from its key, and its TSval window and
+/// port belong to its incarnation only.
+#[test]
+fn announcements_are_found_whatever_their_address() {
+    use smclo_wire::syn::TsWindow;
+    let t = TempDir::new("rdvann");
+    let dev = Device::open(&t.0).unwrap();
+    let a: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let b: std::net::IpAddr = "fd00::7".parse().unwrap();
+    let pa = Rendezvous::propose(&dev, SlotKey::announcement(a), b"a").unwrap();
+    let pb = Rendezvous::propose(&dev, SlotKey::announcement(b), b"b").unwrap();
+    // A marked proposal is no announcement.
+    let _marked = Rendezvous::propose(&dev, key(40100, 80), b"m").unwrap();
+    let found = Rendezvous::find_announcements(&dev, |_| false);
+    let mut addrs: Vec<_> = found.iter().map(|s| s.client_ip()).collect();
+    addrs.sort();
+    assert_eq!(addrs, [Some(a), Some(b)]);
+    assert!(found.iter().all(|s| s.client_ts().is_none()));
+    let w = TsWindow::after(1000, 3);
+    pb.set_client_ts(w);
+    pb.set_client_port(4242);
+    let ours = |s: &smclo::testing::rendezvous::SlotRef| {
+        s.client_port() == Some(4242) && s.client_ts().is_some_and(|w| w.fits(999))
+    };
+    let found = Rendezvous::find_announcements(&dev, ours);
+    let last = found.last().unwrap();
+    assert!(ours(last));
+    assert_eq!(last.client_ip(), Some(b));
+    assert_eq!(last.client_ts(), Some(w));
+    // Freed and reused: the old reference sees neither window nor address.
+    drop(pb);
+    assert_eq!(last.client_ts(), None);
+    assert_eq!(last.client_ip(), None);
+    drop(pa);
+    assert!(Rendezvous::find_announcements(&dev, |_| false).is_empty());
+}

@@ -66,12 +66,22 @@ pub enum Reason {
     /// changed its uid after it opened the device, and the device does not
     /// admit the new uid.
     UidChanged = 0x0A00_0007,
+    /// smclo extension: the client announced the connection (its
+    /// destination has no registered listener but may be translated to
+    /// one on this host) and no server took the announcement: its server
+    /// does not run smclo, or is off this host, or sees another source
+    /// address than the client's own.
+    Unanswered = 0x0A00_0008,
+    /// smclo extension: the server found the client's announcement by its
+    /// TCP timestamp, but sees the connection from another source address
+    /// or port (source NAT or MASQUERADE on the way).
+    SourceNat = 0x0A00_0009,
 }
 
 impl Reason {
     /// Number of reasons; the length of [`Reason::ALL`] and the number of
     /// per-reason counters in the device file.
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 21;
 
     /// Every reason, in [`Reason::index`] order.
     ///
@@ -99,6 +109,8 @@ impl Reason {
         Reason::Protocol,
         Reason::PeerCred,
         Reason::UidChanged,
+        Reason::Unanswered,
+        Reason::SourceNat,
     ];
 
     /// The reason code as SMC writes it (`peer_diagnosis`, `smcss`).
@@ -136,6 +148,8 @@ impl Reason {
             Reason::Protocol => 16,
             Reason::PeerCred => 17,
             Reason::UidChanged => 18,
+            Reason::Unanswered => 19,
+            Reason::SourceNat => 20,
         }
     }
 
@@ -161,6 +175,8 @@ impl Reason {
             Reason::Protocol => "PROTOCOL",
             Reason::PeerCred => "PEER_CRED",
             Reason::UidChanged => "UID_CHANGED",
+            Reason::Unanswered => "UNANSWERED",
+            Reason::SourceNat => "SOURCE_NAT",
         }
     }
 
@@ -193,6 +209,12 @@ impl Reason {
             }
             Reason::UidChanged => {
                 "a process changed its uid after opening the device, which its new uid may not use"
+            }
+            Reason::Unanswered => {
+                "no server took the client's announcement (a destination without a registered listener: a plain server, another host, or a server that sees a translated source)"
+            }
+            Reason::SourceNat => {
+                "the server sees the client from a translated source address or port (SNAT, MASQUERADE)"
             }
         }
     }
@@ -262,6 +284,8 @@ mod tests {
                 "PROTOCOL",
                 "PEER_CRED",
                 "UID_CHANGED",
+                "UNANSWERED",
+                "SOURCE_NAT",
             ]
         );
     }
@@ -328,7 +352,9 @@ mod tests {
                 Reason::NoSavedSyn,
                 Reason::Protocol,
                 Reason::PeerCred,
-                Reason::UidChanged
+                Reason::UidChanged,
+                Reason::Unanswered,
+                Reason::SourceNat
             ]
         );
     }

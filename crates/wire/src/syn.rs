@@ -20,6 +20,10 @@ pub struct Mark {
 }
 
 impl Mark {
+    /// No mark: an announcing client's proposal, whose SYN is proven by
+    /// its TCP timestamp instead ([`TsWindow`]).
+    pub const NONE: Mark = Mark { ttl: 0, dscp: 0 };
+
     /// The TTL a plain Linux client sends; never used as a mark, so that a
     /// plain client cannot match by accident.
     pub const DEFAULT_TTL: u8 = 64;
@@ -87,6 +91,47 @@ pub struct Syn {
     pub dst: SocketAddr,
     /// The mark found in the IP header.
     pub mark: Mark,
+    /// The TSval of its TCP timestamp option, if it carries one: the
+    /// client's per-connection timestamp clock when the SYN left, which
+    /// proves an unmarked SYN to be an announcing client's (see
+    /// [`TsWindow`]).
+    pub tsval: Option<u32>,
+}
+
+/// The TSvals a client's SYN may have carried, learnt by the client right
+/// after its `connect` started: its connection's timestamp clock then
+/// (`TCP_TIMESTAMP`), less the milliseconds `connect` took and one for the
+/// clock's tick in between, up to one more than the clock read (the kernel
+/// clears the read value's lowest bit, which flags microsecond
+/// timestamps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TsWindow {
+    /// The lowest TSval the SYN may carry.
+    pub lo: u32,
+    /// How many milliseconds past `lo` it may be (at most
+    /// [`TsWindow::MAX_SPAN`]).
+    pub span: u16,
+}
+
+impl TsWindow {
+    /// The widest window a client publishes: a `connect` that took longer
+    /// (a blocking one across a slow path) proves too little.
+    pub const MAX_SPAN: u16 = 1000;
+
+    /// The window for a clock read of `now` after a `connect` that took
+    /// `took_ms` milliseconds (rounded up).
+    pub fn after(now: u32, took_ms: u32) -> TsWindow {
+        let before = took_ms.saturating_add(1).min(u32::from(Self::MAX_SPAN) - 1);
+        TsWindow {
+            lo: now.wrapping_sub(before),
+            span: before as u16 + 1,
+        }
+    }
+
+    /// Whether a SYN carrying `tsval` fits (the clock wraps).
+    pub fn fits(self, tsval: u32) -> bool {
+        tsval.wrapping_sub(self.lo) <= u32::from(self.span)
+    }
 }
 
 /// Why a saved SYN could not be parsed.
@@ -197,7 +242,40 @@ pub fn parse(b: &[u8]) -> Result<Syn, SynError> {
         src: SocketAddr::new(src_ip, sport),
         dst: SocketAddr::new(dst_ip, dport),
         mark,
+        tsval: tsval(tcp),
     })
+}
+
+/// TCP option kinds the option walk knows.
+const OPT_END: u8 = 0;
+const OPT_NOP: u8 = 1;
+const OPT_TIMESTAMP: u8 = 8;
+const OPT_TIMESTAMP_LEN: usize = 10;
+
+/// The TSval of the timestamp option among the TCP header's options (its
+/// data offset says where they end, bounded by the bytes present); `None`
+/// without one, or when the options do not parse.
+fn tsval(tcp: &[u8]) -> Option<u32> {
+    let end = ((tcp[12] >> 4) as usize * 4).min(tcp.len());
+    let mut i = 20;
+    while i < end {
+        match tcp[i] {
+            OPT_END => return None,
+            OPT_NOP => i += 1,
+            kind => {
+                let len = *tcp.get(i + 1)? as usize;
+                if len < 2 || i + len > end {
+                    return None;
+                }
+                if kind == OPT_TIMESTAMP && len == OPT_TIMESTAMP_LEN {
+                    let v = &tcp[i + 2..i + 6];
+                    return Some(u32::from_be_bytes([v[0], v[1], v[2], v[3]]));
+                }
+                i += len;
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -253,6 +331,38 @@ mod tests {
                 dscp: 0xa8 >> 2
             }
         );
+    }
+
+    #[test]
+    fn reads_the_timestamp_option() {
+        let mut b = v4_syn(64, 0, 0x02);
+        // Data offset 8 words: MSS, NOP NOP, timestamp, as Linux sends.
+        b[32] = 8 << 4;
+        b.resize(52, 0);
+        b[40..44].copy_from_slice(&[2, 4, 0x05, 0xb4]);
+        b[44..46].copy_from_slice(&[1, 1]);
+        b[46..48].copy_from_slice(&[8, 10]);
+        b[48..52].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        b[32] = 9 << 4;
+        assert_eq!(parse(&b).unwrap().tsval, Some(0xdead_beef));
+        // Cut short by the data offset: no timestamp.
+        b[32] = 7 << 4;
+        assert_eq!(parse(&b).unwrap().tsval, None);
+        // A zero-length option ends the walk.
+        b[32] = 9 << 4;
+        b[41] = 0;
+        assert_eq!(parse(&b).unwrap().tsval, None);
+        assert_eq!(parse(&v4_syn(64, 0, 0x02)).unwrap().tsval, None);
+    }
+
+    #[test]
+    fn a_timestamp_window_fits_across_the_wrap() {
+        let w = TsWindow::after(3, 5);
+        assert_eq!(w.span, 7);
+        assert!(w.fits(u32::MAX - 2) && w.fits(0) && w.fits(3) && w.fits(4));
+        assert!(!w.fits(5) && !w.fits(u32::MAX - 3));
+        assert_eq!(TsWindow::after(5000, 1 << 20).span, TsWindow::MAX_SPAN);
     }
 
     #[test]

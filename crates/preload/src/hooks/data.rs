@@ -244,7 +244,7 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
 /// Interposed `read(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, false) {
+    if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -285,7 +285,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     if let Some(r) = super::pending::early_send(fd, buf, n, 0) {
         return r;
     }
-    if let Err(e) = super::pending::before_io(fd, false) {
+    if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// Interposed `recv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -349,7 +349,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
     }
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -378,7 +378,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -434,7 +434,7 @@ pub unsafe extern "C" fn sendto(
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
     }
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -456,7 +456,7 @@ pub unsafe extern "C" fn sendto(
 /// Interposed `readv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, false) {
+    if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -472,7 +472,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// Interposed `writev(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, false) {
+    if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -488,7 +488,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 /// Interposed `recvmsg(2)`: no ancillary data, no address.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -561,7 +561,7 @@ fn share_passed(msg: *const msghdr) {
 /// cannot travel through shared memory and fails loudly.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
@@ -593,7 +593,7 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     if table::get(fd).is_none() {
@@ -631,7 +631,7 @@ pub unsafe extern "C" fn sendmmsg(
     n: c_uint,
     flags: c_int,
 ) -> c_int {
-    if let Err(e) = super::pending::before_io(fd, flags & libc::MSG_DONTWAIT != 0) {
+    if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
     if table::get(fd).is_none() {
@@ -723,7 +723,7 @@ pub unsafe extern "C" fn sendfile(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
-    if let Err(e) = super::pending::before_io(out, false) {
+    if let Err(e) = super::pending::before_write(out, false) {
         return fail(e);
     }
     match table::get(out) {
@@ -744,7 +744,7 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
-    if let Err(e) = super::pending::before_io(out, false) {
+    if let Err(e) = super::pending::before_write(out, false) {
         return fail(e);
     }
     match table::get(out) {

@@ -63,6 +63,13 @@ fn pending(fd: RawFd) -> bool {
     table::is_pending(fd) && !DRIVING.with(|d| d.get())
 }
 
+/// Whether `fd`'s connect is pending as an announcement (see
+/// [`Connecting::announced`]): its calls are TCP's (`connect` again asks
+/// the kernel).
+pub(super) fn announced(fd: RawFd) -> bool {
+    pending(fd) && table::connecting(fd).is_some_and(|c| c.announced)
+}
+
 /// Whether `fd` (a pending connect's socket) is non-blocking now. Asked
 /// each time: the open file may be shared with descriptors and processes
 /// made before the connect, whose `F_SETFL` no hook on `fd` sees.
@@ -89,6 +96,18 @@ fn tcp_failed(fd: RawFd) -> bool {
     // SAFETY: one valid pollfd, no wait.
     let n = unsafe { real::poll(&mut p, 1, 0) };
     n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+/// Whether TCP socket `fd` is connected and its send buffer has room.
+fn writable(fd: RawFd) -> bool {
+    let mut p = pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { real::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 && p.revents & libc::POLLOUT != 0
 }
 
 /// Advances `pd`, sleeping at most until `until` (`None`: until it ends).
@@ -235,7 +254,11 @@ fn tcp(
     } else {
         debug!("fd {fd}: {what} {dest} stays TCP ({r})");
     }
-    let listed = ctx().and_then(|cx| fallback_record(cx, fd, role, r, Some(dest)));
+    // An announcement no server took is not listed: a connection to a
+    // plain server or another host takes no entry of the fallback table.
+    let listed = ctx()
+        .filter(|_| r != Reason::Unanswered)
+        .and_then(|cx| fallback_record(cx, fd, role, r, Some(dest)));
     as_tcp(fd, c, shut, listed);
 }
 
@@ -265,8 +288,48 @@ pub(super) fn look(fd: RawFd) {
     }
 }
 
-/// Waits for the decision on `fd` (bounded by its deadline).
+/// Ends the announcement of `fd` now, as TCP, unless a server has begun to
+/// answer it: whether it was retracted. Keeps errno.
+fn retract(fd: RawFd) -> bool {
+    let Some(c) = table::connecting(fd) else {
+        return false;
+    };
+    let Some(mut pd) = lock(&c.undecided).take() else {
+        // Another thread drives it.
+        return false;
+    };
+    let e = errno();
+    let done = match pd.hs.retract() {
+        Some(d) => {
+            DRIVING.with(|x| x.set(true));
+            end(fd, &c, pd, Outcome::Decided(Box::new(d)));
+            DRIVING.with(|x| x.set(false));
+            true
+        }
+        None => {
+            // As `drive_one` puts back a handshake that goes on.
+            let g = LOCK.write();
+            if is_current_locked(fd, &c) {
+                *lock(&c.undecided) = Some(pd);
+            } else {
+                holders::forget(pd.slot);
+                drop(g);
+                drop(pd);
+            }
+            false
+        }
+    };
+    set_errno(e);
+    done
+}
+
+/// Waits for the decision on `fd` (bounded by its deadline). An
+/// announcement is retracted first: only a server that has begun to
+/// answer it is waited for.
 pub(super) fn settle(fd: RawFd) {
+    if announced(fd) {
+        retract(fd);
+    }
     while !advance(fd, None) {
         // Another thread drives it.
         std::thread::sleep(SLICE);
@@ -299,6 +362,67 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     Ok(())
 }
 
+/// A read on `fd` (`dontwait`: `MSG_DONTWAIT`), as [`before_io`]. An
+/// announcement's read looks once at the handshake and, undecided, goes
+/// to the TCP socket as TCP's would: a non-blocking one at once, a
+/// blocking one once the socket is readable (its server went on over TCP,
+/// which the look after it decides) or the handshake decided.
+pub(super) fn before_read(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
+    if !announced(fd) {
+        return before_io(fd, dontwait);
+    }
+    if advance(fd, Some(Instant::now())) || dontwait || nonblocking(fd) {
+        return Ok(());
+    }
+    while !advance(fd, Some(Instant::now())) {
+        if !announced(fd) {
+            // Another thread drives it: its decision is at hand.
+            std::thread::sleep(SLICE);
+            continue;
+        }
+        let sleep = sleep_for(&[fd]);
+        let mut all = vec![pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        all.extend(sleep.fds.iter().map(|&w| pollfd {
+            fd: w,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let ms = sleep
+            .within
+            .map_or(-1, |d| d.as_millis().clamp(1, i32::MAX as u128) as c_int);
+        // SAFETY: a valid array of `all.len()` pollfds.
+        let n = unsafe { real::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            let ready: Vec<RawFd> = all[1..]
+                .iter()
+                .filter(|p| p.revents != 0)
+                .map(|p| p.fd)
+                .collect();
+            woken(&ready, &[fd]);
+        }
+    }
+    Ok(())
+}
+
+/// A write on `fd` that did not go early ([`early_send`]), as
+/// [`before_io`]. An announcement is retracted (the write goes over TCP at
+/// once), unless a server has begun to answer it, whose decision is then
+/// waited for.
+pub(super) fn before_write(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
+    if !announced(fd) {
+        return before_io(fd, dontwait);
+    }
+    if advance(fd, Some(Instant::now())) || retract(fd) {
+        return Ok(());
+    }
+    settle(fd);
+    Ok(())
+}
+
 /// `shutdown(fd, how)` while `fd`'s connection may be undecided: `None`
 /// when the caller goes on as for any descriptor (it was decided, or a
 /// blocking socket waited for the decision, as its I/O does); `Some(0)`
@@ -308,6 +432,9 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
 /// peer that reads the rings.
 pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
     if !pending(fd) || !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+        return None;
+    }
+    if announced(fd) && retract(fd) {
         return None;
     }
     if !nonblocking(fd) {
@@ -345,7 +472,13 @@ pub(super) fn early_send(
     if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !allowed != 0 {
         return None;
     }
-    if nonblocking(fd) {
+    if announced(fd) {
+        // A non-blocking socket too, once connected: a fresh connection's
+        // send buffer takes EARLY_MAX bytes without waiting.
+        if !writable(fd) {
+            return None;
+        }
+    } else if nonblocking(fd) {
         return None;
     }
     {

@@ -465,6 +465,12 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 /// read only when the connection is about to be swapped.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if pending::announced(fd) {
+        // Connecting again while announced: TCP's own answer (EALREADY,
+        // EISCONN), as nothing waits for the announcement.
+        // SAFETY: forwarded unchanged.
+        return unsafe { real::connect(fd, addr, len) };
+    }
     if let Some(r) = connect_again(fd) {
         return r;
     }
@@ -487,6 +493,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let facts = handshake::SocketFacts {
         unbound: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::Bound),
         default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
+        announce: true,
     };
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,
@@ -523,7 +530,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // handshake asks the socket's mode when it matters). A non-blocking
     // connect may also complete at once on loopback (0).
     let connecting = r != 0 || pending::nonblocking(fd);
-    if connecting || p.answer_expected_unaided() {
+    // An announcement never waits for its server: its handshake goes on
+    // after connect, and its writes go early, whether it is connected yet
+    // or not (`pending::early_send` asks the socket).
+    if connecting || p.answer_expected_unaided() || p.announced() {
         // The handshake goes on after connect returns, as TCP's does: the
         // program's next wait or call on `fd` drives it. A blocking
         // program's first request, written before the server answered,

@@ -215,7 +215,9 @@ pub(super) fn is_current_locked(fd: RawFd, c: &Arc<Connecting>) -> bool {
 /// gives it back, with an edge) instead of finding the socket writable
 /// and failing again.
 pub(super) fn hide_early_out(fd: RawFd) {
-    if table::kind(fd) != (Kind::Pending { writable: true }) {
+    if table::kind(fd) != (Kind::Pending { writable: true })
+        || table::connecting(fd).is_some_and(|c| c.announced)
+    {
         return;
     }
     let _g = LOCK.write();
@@ -388,6 +390,10 @@ const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) 
 /// `dest` decided: `Pending`, its registrations (a candidate's) given to
 /// the kernel without writability unless its writes go `early`.
 pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
+    // An announcement's writes go early too, connected or not
+    // (`pending::early_send` asks the socket).
+    let announced = hs.announced();
+    let writable = early || announced;
     let connecting = Arc::new(Connecting {
         undecided: Mutex::new(Some(Undecided {
             hs,
@@ -396,6 +402,7 @@ pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: Socket
             shut: Shut::default(),
         })),
         early,
+        announced,
     });
     let _g = LOCK.write();
     table::transition_locked(fd, |s| {
@@ -403,11 +410,11 @@ pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: Socket
             FdState::Candidate { epoll } => epoll,
             _ => Vec::new(),
         };
-        give_out(fd, &epoll, !early);
+        give_out(fd, &epoll, !writable);
         let new = FdState::Pending {
             connecting,
             epoll,
-            writable: early,
+            writable,
         };
         (new, ())
     });

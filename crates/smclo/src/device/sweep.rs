@@ -112,6 +112,12 @@ impl Device {
                     );
                     let _ = std::fs::remove_file(ent.path());
                 }
+            } else if name.starts_with(b"u-") && stale_socket(&ent.path()) {
+                crate::debug!(
+                    "removing a rendezvous socket nobody listens on: {}",
+                    ent.path().display()
+                );
+                let _ = std::fs::remove_file(ent.path());
             } else if let Some(rest) = name.strip_prefix(b".device-") {
                 let pid = std::str::from_utf8(rest)
                     .ok()
@@ -156,4 +162,53 @@ impl Device {
         // The file header names no pid namespace: judged in ours.
         judge.owner_dead(Owner::local(hdr.owner_pid, hdr.owner_start))
     }
+}
+
+/// Whether `path` is a UNIX socket at least [`STALE_FILE_SECS`] old that
+/// refuses connections: a rendezvous listener's whose process is gone (a
+/// process's shared one for announcements is never unlinked by it). The
+/// age spares one between its `bind` and its `listen`; a live listener
+/// takes the probe's connection and closes it (it names no proposal).
+fn stale_socket(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let old = std::fs::symlink_metadata(path).is_ok_and(|m| {
+        m.file_type().is_socket()
+            && m.modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a.as_secs() >= STALE_FILE_SECS)
+    });
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroes are a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if !old || bytes.len() >= sa.sun_path.len() {
+        return false;
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, b) in sa.sun_path.iter_mut().zip(bytes) {
+        *d = *b as libc::c_char;
+    }
+    // SAFETY: no pointers; the flags are valid.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: a valid sockaddr_un of the length given, on our own socket.
+    let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
+    let refused = rc != 0 && io_errno() == libc::ECONNREFUSED;
+    // SAFETY: closes the socket made above, which nothing else holds.
+    unsafe { libc::close(fd) };
+    refused
+}
+
+fn io_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }

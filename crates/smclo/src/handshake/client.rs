@@ -14,11 +14,13 @@ use crate::debug;
 use crate::device::{self as device, Device, Role};
 use crate::owner::{self, Owner};
 use crate::registry;
-use crate::rendezvous::{OwnedSlot, Progress, Rendezvous, SlotRef, SlotState, REPLY_GRACE};
+use crate::rendezvous::{
+    OwnedSlot, Progress, Rendezvous, SlotKey, SlotRef, SlotState, REPLY_GRACE,
+};
 use crate::tcp_syn::{self, SavedMark};
 use smclo_wire::clc::{self, ClcMsg, Confirm, Proposal};
 use smclo_wire::reason::Reason;
-use smclo_wire::syn::Mark;
+use smclo_wire::syn::{Mark, TsWindow};
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
@@ -75,6 +77,11 @@ pub struct ClientProposal {
     early: u32,
     /// See [`Self::answer_expected_unaided`].
     unaided: bool,
+    /// An unmarked announcement ([`Self::announced`]).
+    announced: bool,
+    /// When the proposal was made, just before `connect`: the SYN left
+    /// after it (its TSval window, [`TsWindow::after`]).
+    started: Instant,
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool
@@ -151,6 +158,13 @@ pub struct SocketFacts {
     /// IP TTL and TOS (hop limit and traffic class) never set: they are
     /// put back to the defaults after the SYN without being read first.
     pub default_ip_options: bool,
+    /// The caller can carry an announcement ([`ClientProposal::announced`]):
+    /// it goes on over TCP with the handshake pending, drives it from the
+    /// program's calls and never waits for it, so a destination without a
+    /// registered listener may be announced. A caller that waits for the
+    /// decision (the native API's `connect`) leaves it false: it would
+    /// wait on every plain server.
+    pub announce: bool,
 }
 
 impl SocketFacts {
@@ -159,6 +173,7 @@ impl SocketFacts {
         SocketFacts {
             unbound: true,
             default_ip_options: true,
+            announce: false,
         }
     }
 }
@@ -183,10 +198,17 @@ pub fn client_propose_with(
         }
         return Err(Reason::NoSmcdDev);
     }
-    let listener = registry::find_listener(dev, dest).ok_or(Reason::PeerNoSmc)?;
+    let Some(listener) = registry::find_listener(dev, dest) else {
+        // A loopback destination is this namespace's own: translated only
+        // by a rule of its own OUTPUT chain, rare enough that a plain local
+        // server's connections are spared the announcement.
+        if !facts.announce || dest.ip().is_loopback() || !registry::any_port_listens(dev) {
+            return Err(Reason::PeerNoSmc);
+        }
+        return announce(dev, cfg, fd, dest, facts);
+    };
     // After the lookup: a connection to a plain server costs no system call.
     dev.check_caller()?;
-    let me = Owner::current();
     if listener.is_self() {
         // The accept that would answer may run on this very thread; waiting
         // for it could deadlock, so decline up front.
@@ -195,22 +217,7 @@ pub fn client_propose_with(
     if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
         return Err(Reason::Mem);
     }
-    // The key needs the source address before the SYN: the bound one, or
-    // the one routing will choose. The port stays the kernel's choice at
-    // `connect` (see `key_for`).
-    let bound = if facts.unbound {
-        None
-    } else {
-        local_addr(fd).ok()
-    };
-    let src_ip = match bound {
-        Some(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
-        _ => tcp_syn::canonical(SocketAddr::new(
-            tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?,
-            0,
-        ))
-        .ip(),
-    };
+    let src_ip = source_ip(fd, dest, facts)?;
     // Preferably the DMB our last connection with the listener's process
     // used: that process likely keeps a mapping of it, and then needs
     // nothing from us to answer.
@@ -218,58 +225,16 @@ pub fn client_propose_with(
         memfd: None,
         last_peer: Some(listener.owner.pid),
     };
-    let dmb = dev
-        .register_dmb_preferring(cfg.rmem, Role::Client, prefer)
-        .map_err(|e| {
-            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            Reason::Mem
-        })?;
-    let rendezvous = RendezvousListener::for_proposal(dev, listener.same_netns()).map_err(|e| {
-        debug!("cannot create the rendezvous socket: {e}");
-        Reason::IntErr
-    })?;
-    let token = dmb.token();
-    rendezvous.expect(token);
-    let nonce = rendezvous.nonce();
     let mark = Mark::from_random(random_u64() as u32);
-    let proposal = Proposal {
-        gid: dev.gid(),
-        chid: LOOPBACK_CHID,
-        seid: dev.seid(),
-        ueids: cfg.ueid.into_iter().collect(),
-        mark_ttl: mark.ttl,
-        mark_tos: mark.tos(),
-        token: dmb.token(),
-        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
-        nonce,
-        pid: me.pid,
-        start_time: me.start,
-        netns: owner::netns_inode(),
-    };
-    let mut p = ClientProposal {
-        rendezvous: Some(rendezvous),
-        slot: None,
-        dmb: Some(dmb),
-        token,
-        dev: dev.clone(),
-        cfg: cfg.clone(),
-        saved_mark: None,
+    let (mut p, slot) = publish(
+        dev,
+        cfg,
         fd,
-        src_ip,
-        src: None,
-        dest,
-        port_published: false,
-        wait: Wait::default(),
-        server_dmb: None,
-        early: 0,
-        unaided: false,
-    };
-    let key = key_for(src_ip, mark, dest);
-    let slot =
-        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
-            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
-            Reason::MaxDmb
-        })?;
+        (src_ip, dest),
+        mark,
+        prefer,
+        listener.same_netns(),
+    )?;
     // A server that keeps a mapping of this DMB (it reused it from our pool)
     // needs no descriptor.
     if let Some(d) = &p.dmb {
@@ -302,7 +267,177 @@ pub fn client_propose_with(
     Ok(p)
 }
 
+/// The client's source address for `dest`, which the key needs before the
+/// SYN: the bound one, or the one routing will choose. The port stays the
+/// kernel's choice at `connect` (see `key_for`).
+fn source_ip(fd: RawFd, dest: SocketAddr, facts: SocketFacts) -> Result<std::net::IpAddr, Reason> {
+    let bound = if facts.unbound {
+        None
+    } else {
+        local_addr(fd).ok()
+    };
+    Ok(match bound {
+        Some(a) if !a.ip().is_unspecified() => tcp_syn::canonical(a).ip(),
+        _ => tcp_syn::canonical(SocketAddr::new(
+            tcp_syn::route_source_cached(dest).map_err(|_| Reason::IntErr)?,
+            0,
+        ))
+        .ip(),
+    })
+}
+
+/// Registers a DMB and publishes the Proposal for `(src_ip, dest)` with
+/// `mark` (an announcement's is zero) in a slot; the rendezvous socket is
+/// abstract when the server shares our network namespace (`same_netns`).
+fn publish(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    fd: RawFd,
+    (src_ip, dest): (std::net::IpAddr, SocketAddr),
+    mark: Mark,
+    prefer: crate::dmb::pool::Prefer,
+    same_netns: bool,
+) -> Result<(ClientProposal, OwnedSlot), Reason> {
+    let me = Owner::current();
+    let dmb = dev
+        .register_dmb_preferring(cfg.rmem, Role::Client, prefer)
+        .map_err(|e| {
+            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
+            Reason::Mem
+        })?;
+    let rendezvous = if mark == Mark::NONE {
+        RendezvousListener::for_announcement(dev)
+    } else {
+        RendezvousListener::for_proposal(dev, same_netns)
+    };
+    let rendezvous = rendezvous.map_err(|e| {
+        debug!("cannot create the rendezvous socket: {e}");
+        Reason::IntErr
+    })?;
+    let token = dmb.token();
+    rendezvous.expect(token);
+    let nonce = rendezvous.nonce();
+    let proposal = Proposal {
+        gid: dev.gid(),
+        chid: LOOPBACK_CHID,
+        seid: dev.seid(),
+        ueids: cfg.ueid.into_iter().collect(),
+        mark_ttl: mark.ttl,
+        mark_tos: mark.tos(),
+        token: dmb.token(),
+        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+        nonce,
+        pid: me.pid,
+        start_time: me.start,
+        netns: owner::netns_inode(),
+    };
+    let p = ClientProposal {
+        rendezvous: Some(rendezvous),
+        slot: None,
+        dmb: Some(dmb),
+        token,
+        dev: dev.clone(),
+        cfg: cfg.clone(),
+        saved_mark: None,
+        fd,
+        src_ip,
+        src: None,
+        dest,
+        port_published: false,
+        wait: Wait::default(),
+        server_dmb: None,
+        early: 0,
+        unaided: false,
+        announced: mark == Mark::NONE,
+        started: Instant::now(),
+    };
+    let key = if mark == Mark::NONE {
+        SlotKey::announcement(src_ip)
+    } else {
+        key_for(src_ip, mark, dest)
+    };
+    let slot =
+        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
+            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
+            Reason::MaxDmb
+        })?;
+    Ok((p, slot))
+}
+
+/// [`client_propose_with`] for a destination without a registered
+/// listener while the device has listeners: address translation on this
+/// host (DNAT, REDIRECT, IPVS) may take the connection to one of them.
+/// The SYN stays unmarked (it may leave the host); the proposal is an
+/// announcement ([`SlotKey::announcement`]): in the one window every
+/// announcement shares, since the server knows neither the destination we
+/// connected to (translated in another network namespace, the node's)
+/// nor, through source NAT, our address. Right after `connect` we publish
+/// our port and the TSvals our SYN may have carried ([`TsWindow`]): the
+/// server's proof, with our address, that the connection it accepted is
+/// ours. The connection goes on as TCP
+/// meanwhile, never waiting for an answer ([`Self::announced`]).
+fn announce(
+    dev: &Arc<Device>,
+    cfg: &Config,
+    fd: RawFd,
+    dest: SocketAddr,
+    facts: SocketFacts,
+) -> Result<ClientProposal, Reason> {
+    dev.check_caller()?;
+    if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
+        return Err(Reason::Mem);
+    }
+    let src_ip = source_ip(fd, dest, facts)?;
+    // The server may be in any network namespace: a path socket.
+    let prefer = crate::dmb::pool::Prefer {
+        memfd: None,
+        last_peer: None,
+    };
+    let (mut p, slot) = publish(dev, cfg, fd, (src_ip, dest), Mark::NONE, prefer, false)?;
+    if let Some(d) = &p.dmb {
+        slot.set_client_dmb(d.id());
+    }
+    p.slot = Some(slot);
+    debug!("announced {src_ip} -> {dest} (no listener registered there)");
+    Ok(p)
+}
+
 impl ClientProposal {
+    /// Whether this is an announcement ([`announce`]): the connection is
+    /// TCP's until a server answers, and nothing waits for that answer;
+    /// the program's I/O goes on over TCP, its first writes as early bytes
+    /// ([`Self::add_early`]), and [`Self::retract`] ends it when the
+    /// program needs a decision.
+    pub fn announced(&self) -> bool {
+        self.announced
+    }
+
+    /// An announcement the program needs decided now (its write does not
+    /// fit the early bytes, it shuts the connection down, or it duplicates
+    /// the descriptor): TCP (UNANSWERED) unless a server has begun to
+    /// answer (it connected to our listener), whose decision is then
+    /// waited for.
+    /// `None` when that is the case, or this is no announcement.
+    pub(super) fn retract(&mut self) -> Option<Decision> {
+        if !self.announced {
+            return None;
+        }
+        let slot = self.slot.as_ref()?;
+        // A server that connected to our listener is answering: its
+        // decision is near, and is waited for.
+        if slot.noted(Progress::ServerConnected) {
+            return None;
+        }
+        slot.cas(SlotState::Proposed, SlotState::Declined).ok()?;
+        let drain = slot.noted(Progress::ServerConnected);
+        self.restore_mark();
+        self.wait.chan = None;
+        self.withdraw(drain);
+        self.dev.count_fallback(Reason::Unanswered, Role::Client);
+        debug!("client retracts its announcement: stays TCP");
+        Some(Decision::Tcp(Reason::Unanswered))
+    }
+
     /// The token of the DMB offered in the Proposal.
     pub fn token(&self) -> u64 {
         self.token
@@ -386,6 +521,22 @@ impl ClientProposal {
         match local_addr(self.fd).map(tcp_syn::canonical) {
             Ok(a) if a.port() != 0 && a.ip() == self.src_ip => {
                 self.src = Some(a);
+                if self.announced {
+                    // The proof comes before the port, which the server
+                    // reads first.
+                    match tcp_syn::timestamp_clock(self.fd) {
+                        Ok(now) => {
+                            let took = self.started.elapsed().as_millis();
+                            let took = u32::try_from(took).unwrap_or(u32::MAX);
+                            slot.set_client_ts(TsWindow::after(now, took));
+                        }
+                        Err(e) => {
+                            debug!("no TCP timestamp clock ({e}); withdrawing");
+                            let _ = slot.give_up();
+                            return;
+                        }
+                    }
+                }
                 slot.set_client_port(a.port())
             }
             Ok(a) if a.port() != 0 => {
@@ -453,6 +604,8 @@ impl ClientProposal {
     pub(super) fn wake(&self) -> Wake {
         match (&self.wait.chan, &self.rendezvous) {
             // Also back for the next look at the TCP socket.
+            // The program's own waits see the TCP socket.
+            (None, Some(l)) if self.announced => l.wake_for(self.token),
             (None, Some(l)) => {
                 let w = l.wake_for(self.token);
                 let look = self.wait.tcp_look.map_or(TCP_LOOK, |(t, _)| {
@@ -519,7 +672,14 @@ impl ClientProposal {
     /// proposal is withdrawn.
     fn fall_back(&mut self, r: Reason) -> Option<Decision> {
         self.wait.chan = None;
-        self.withdraw(true);
+        // An announcement no server connected for has nothing on the
+        // listener to close: a plain server's costs no look at it.
+        let drain = !self.announced
+            || self
+                .slot
+                .as_ref()
+                .is_none_or(|s| s.noted(Progress::ServerConnected));
+        self.withdraw(drain);
         Some(Decision::Tcp(r))
     }
 
@@ -544,11 +704,12 @@ impl ClientProposal {
                 match slot.give_up() {
                     Ok(()) if went_tcp => {
                         debug!("the server went on over TCP: {}", self.step());
-                        return self.fall_back(Reason::PeerNoSmc);
+                        return self.fall_back(self.no_answer(Reason::PeerNoSmc));
                     }
                     Ok(()) => {
                         debug!("gave up waiting: {}", self.step());
-                        return self.fall_back(self.wait.refused.unwrap_or(Reason::Timeout));
+                        let r = self.wait.refused.unwrap_or(self.no_answer(Reason::Timeout));
+                        return self.fall_back(r);
                     }
                     // The server decided first: follow it. Its DMB follows
                     // its CAS to ACCEPTED at once, so it gets a grace, then
@@ -595,6 +756,17 @@ impl ClientProposal {
         }
     }
 
+    /// Why the client ends its wait with no answer: `r`, or UNANSWERED
+    /// for an announcement no server connected for (a plain server, or
+    /// one that sees another source).
+    fn no_answer(&self, r: Reason) -> Reason {
+        if self.announced && self.wait.chan.is_none() {
+            Reason::Unanswered
+        } else {
+            r
+        }
+    }
+
     /// Whether the server has gone on over TCP, asked of the TCP socket
     /// at each look ([`TCP_LOOK`]; never before the first, so a
     /// server that answers at once costs no system call): bytes to read,
@@ -603,6 +775,8 @@ impl ClientProposal {
     /// never writes into its TCP stream. The bytes stay for the program.
     fn server_went_tcp(&mut self, now: Instant) -> bool {
         match self.wait.tcp_look {
+            // An announcement goes on as TCP: every look asks.
+            _ if self.announced => {}
             Some((t, every)) if now >= t => {
                 let every = (every * 2).min(TCP_LOOK_MAX);
                 self.wait.tcp_look = Some((now + every, every));

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 /// the delivery. Past it, the server declines and the bytes stay TCP's.
 /// An event loop's handshake step, which never waits on one client, gives
 /// them the data path's spin budget instead ([`arrival_wait`]).
-const ARRIVAL_WAIT: Duration = Duration::from_millis(50);
+pub(super) const ARRIVAL_WAIT: Duration = Duration::from_millis(50);
 
 /// How long [`arrived`] waits: [`ARRIVAL_WAIT`] if the caller `may_wait`,
 /// else the data path's spin budget.
@@ -60,6 +60,12 @@ fn unread(fd: RawFd) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Whether the `n` early bytes a client has counted so far (not sealed)
+/// are all in the receive queue of TCP socket `fd`: one look.
+pub(super) fn counted_arrived(fd: RawFd, n: u32) -> bool {
+    n == 0 || unread(fd).is_ok_and(|have| have >= n as usize)
 }
 
 /// Whether the `n` early bytes the client counted are in the receive queue

@@ -9,7 +9,11 @@
 //! before any proposal names it, so no other user can predict or take it
 //! first. Across network namespaces only a path reaches it, and a path
 //! would outlive a killed process, so there the listener is made per
-//! proposal (`u-<nonce>` in the device directory, unlinked when done).
+//! proposal (`u-<nonce>` in the device directory, unlinked when done),
+//! except for announcements (a destination without a registered listener,
+//! perhaps translated to one on this host), which share one path listener
+//! per process and device, its file removed by the device's sweep once it
+//! refuses connections.
 //!
 //! Any uid of the namespace can connect to an abstract socket, and the
 //! threads of one process share it, so every connection says which proposal
@@ -92,6 +96,10 @@ struct Inbox {
 /// The shared listeners of this process, one per device.
 static SHARED: Mutex<Vec<Arc<RendezvousListener>>> = Mutex::new(Vec::new());
 
+/// The shared path listeners of this process for announcements, one per
+/// device (see [`RendezvousListener::for_announcement`]).
+static SHARED_PATHS: Mutex<Vec<Arc<RendezvousListener>>> = Mutex::new(Vec::new());
+
 impl RendezvousListener {
     /// The listener for a proposal to a listener in our network namespace
     /// (`same_netns`: the shared abstract one) or in another (a new one
@@ -116,6 +124,30 @@ impl RendezvousListener {
             return Ok(l.clone());
         }
         let l = Arc::new(Self::bind_abstract(dev, true)?);
+        shared.push(l.clone());
+        Ok(l)
+    }
+
+    /// The listener for an announcement, whose server may be in any
+    /// network namespace: a path, one per process and device, made at the
+    /// first announcement and kept (a socket, `bind`, `chmod`, `listen`,
+    /// `unlink` and `close` per connection were most of what an
+    /// announcement to a plain server cost). A killed or exited process's
+    /// file is removed by the device's sweep once it refuses connections
+    /// (`device/sweep`).
+    pub(super) fn for_announcement(dev: &Device) -> io::Result<Arc<Self>> {
+        let me = Owner::current().pid;
+        let netns = owner::netns_inode();
+        let uid = group_uid(dev);
+        let path_nonce = || crate::rng::next_u64() & !ABSTRACT_NONCE;
+        let Ok(mut shared) = SHARED_PATHS.try_lock() else {
+            return Self::bind(dev, path_nonce(), false).map(Arc::new);
+        };
+        shared.retain(|l| l.pid == me && l.netns == netns && l.uid == uid);
+        if let Some(l) = shared.iter().find(|l| l.gid == dev.gid()) {
+            return Ok(l.clone());
+        }
+        let l = Arc::new(Self::bind(dev, path_nonce(), true)?);
         shared.push(l.clone());
         Ok(l)
     }

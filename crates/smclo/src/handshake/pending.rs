@@ -141,6 +141,23 @@ impl Pending {
         }
     }
 
+    /// Whether this is a client's announcement
+    /// ([`ClientProposal::announced`]): the connection goes on as TCP, and
+    /// nothing waits for the server's answer.
+    pub fn announced(&self) -> bool {
+        matches!(&self.side, Side::Connect(p) if p.announced())
+    }
+
+    /// An announcement the program needs decided now: TCP (UNANSWERED,
+    /// counted) unless a server has begun to answer it, in which case
+    /// `None` and its decision is near ([`ClientProposal::retract`]).
+    pub fn retract(&mut self) -> Option<Decision> {
+        match &mut self.side {
+            Side::Connect(p) => p.retract(),
+            Side::Accept(_) => None,
+        }
+    }
+
     /// When this end gives up (TIMEOUT).
     pub fn deadline(&self) -> Instant {
         self.deadline

@@ -20,7 +20,7 @@ use crate::rendezvous::{Progress, Rendezvous, SlotRef, SlotState};
 use crate::tcp_syn;
 use smclo_wire::clc::{self, Accept, ClcMsg, Decline, Proposal};
 use smclo_wire::reason::Reason;
-use smclo_wire::syn::Mark;
+use smclo_wire::syn::{Mark, Syn};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -34,6 +34,13 @@ const WITHDRAWN_CHECK: Duration = Duration::from_millis(10);
 /// How often a program waiting in steps looks at the client's source
 /// port.
 const PORT_LOOK: Duration = Duration::from_millis(1);
+
+/// How long a server looks at announcements from other source addresses
+/// whose clients have not published their TSvals yet (their `connect`
+/// has not returned): one may be this connection's through source NAT,
+/// whose client is then told at once (SOURCE_NAT). Past it, such a client
+/// finds out by itself (UNANSWERED).
+const FOREIGN_WAIT: Duration = Duration::from_millis(2);
 
 /// A sleeping wait's pause between two looks at the client's source port,
 /// which it writes in shared memory only.
@@ -60,6 +67,8 @@ pub(super) struct ServerHandshake {
     since: Instant,
     /// Some candidate's mark did not match the SYN's, or its port differs.
     mismatched: bool,
+    /// An unmarked SYN's TSval, which proves an announcement ours.
+    tsval: Option<u32>,
     stage: Stage,
     /// The process that accepted the connection: a copy a fork child
     /// inherited is not its to decline.
@@ -90,6 +99,9 @@ struct Answering {
     chan: UnixStream,
     /// `dmb` is the one the client keeps a mapping of: it is not passed.
     reused: bool,
+    /// The client's DMB, attached, while its early bytes are on their way
+    /// ([`ServerHandshake::try_finish`]), and since when.
+    peer: Option<(Dmb, Instant)>,
 }
 
 /// A proposal that may be this connection's, while its client's port is
@@ -99,6 +111,9 @@ struct Candidate {
     proposal: Proposal,
     /// Its mark fits the SYN's ([`Mark::fits`]).
     fits: bool,
+    /// An announcement from another source address than the SYN's:
+    /// ours only through source NAT, which its TSval window tells.
+    foreign: bool,
 }
 
 impl ServerHandshake {
@@ -117,6 +132,7 @@ impl ServerHandshake {
             ),
             since: Instant::now(),
             mismatched: false,
+            tsval: None,
             stage: Stage::Done,
             pid: crate::owner::current_pid(),
             may_wait: false,
@@ -145,6 +161,9 @@ impl ServerHandshake {
         };
         self.syn_port = syn.src.port();
         self.ends = (tcp_syn::canonical(syn.dst), tcp_syn::canonical(syn.src));
+        if !Mark::may_be_marked(syn.mark) {
+            return self.announcements(&syn);
+        }
         let key = key_for(tcp_syn::canonical(syn.src).ip(), syn.mark, syn.dst);
         // Proposals for this 4-tuple; more than one only when clients in
         // other network namespaces use the same addresses. The mark picks
@@ -168,6 +187,92 @@ impl ServerHandshake {
             return Err(self.unmatched());
         }
         Ok(out)
+    }
+
+    /// The announcements ([`super::client`]'s `announce`) that may be the
+    /// connection of an unmarked SYN: those from its source address, among
+    /// the one window all announcements share; its client's port and TSval
+    /// window pick ours ([`Self::look_ports`]). One whose TSval window fits
+    /// but whose address is another is this connection seen through
+    /// source NAT ([`Self::source_translated`]). A SYN without a timestamp
+    /// cannot be proven; a plain client's costs one window's look, as
+    /// before announcements.
+    fn announcements(&mut self, syn: &Syn) -> Result<Vec<Candidate>, Reason> {
+        let Some(tsval) = syn.tsval else {
+            return Err(Reason::PeerNoSmc);
+        };
+        self.tsval = Some(tsval);
+        let (peer, port) = (self.ends.1.ip(), self.syn_port);
+        let proven = |s: &SlotRef| s.client_port() == Some(port) && ts_fits(s, tsval);
+        let found = Rendezvous::find_announcements(&self.dev, proven);
+        let (mine, others): (Vec<SlotRef>, Vec<SlotRef>) =
+            found.into_iter().partition(|s| s.client_ip() == Some(peer));
+        let mut out = self.judge_announced(mine, false)?;
+        if out.is_empty() {
+            if let Some(s) = others.iter().find(|s| ts_fits(s, tsval)) {
+                return Err(self.source_translated(s));
+            }
+        }
+        // Those whose client has not published its TSvals yet (its connect
+        // has not returned) may be ours through source NAT: looked at
+        // again for a short while (FOREIGN_WAIT).
+        let unknown = others.into_iter().filter(|s| s.client_ts().is_none());
+        out.extend(self.judge_announced(unknown.collect(), true)?);
+        if out.is_empty() {
+            return Err(Reason::PeerNoSmc);
+        }
+        Ok(out)
+    }
+
+    /// The readable announcements among `found`; `foreign`: from another
+    /// source address than the one we see.
+    fn judge_announced(
+        &self,
+        found: Vec<SlotRef>,
+        foreign: bool,
+    ) -> Result<Vec<Candidate>, Reason> {
+        let mut out = Vec::new();
+        for slot in found {
+            let Some(bytes) = slot.proposal() else {
+                continue; // withdrawn meanwhile
+            };
+            match expect_clc(&bytes, |m| match m {
+                ClcMsg::Proposal(p) => Some(p),
+                _ => None,
+            }) {
+                Ok(proposal) if mark_of(&proposal) == Mark::NONE => out.push(Candidate {
+                    slot,
+                    proposal,
+                    fits: true,
+                    foreign,
+                }),
+                Ok(_) => {}
+                Err(m) => {
+                    let r = HandshakeError::from(m).reason();
+                    return Err(decline(&self.dev, &slot, r, None));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The announcement in `slot`, whose TSval window our SYN's fits but
+    /// whose client's address is not the one we see: this connection,
+    /// through source NAT (a random 32-bit clock offset makes another
+    /// connection's fitting by chance about one in two billion). Declined
+    /// (SOURCE_NAT) and its client woken, which then goes on over TCP at
+    /// once and counts why.
+    fn source_translated(&self, slot: &SlotRef) -> Reason {
+        debug!(
+            "the connection from {} is an announcement from {:?}: source NAT on the way",
+            self.ends.1,
+            slot.client_ip()
+        );
+        let Some(Ok(ClcMsg::Proposal(p))) = slot.proposal().map(|b| ClcMsg::parse(&b)) else {
+            return Reason::PeerNoSmc;
+        };
+        let client = RendezvousAddr::new(&self.dev, p.nonce);
+        decline(&self.dev, slot, Reason::SourceNat, Some((&client, p.token)))
     }
 
     /// The proposals among `found` that may be this connection's: those
@@ -196,6 +301,7 @@ impl ServerHandshake {
                     slot,
                     proposal,
                     fits,
+                    foreign: false,
                 });
             }
         }
@@ -222,6 +328,8 @@ impl ServerHandshake {
     /// matching its source port, which it writes in shared memory only.
     fn wake_fd(&self) -> Option<RawFd> {
         match &self.stage {
+            // Waiting for its early bytes, which make our socket readable.
+            Stage::Answering(a) if a.peer.is_some() => Some(self.conn_fd),
             Stage::Answering(a) => Some(a.chan.as_raw_fd()),
             _ => None,
         }
@@ -231,6 +339,16 @@ impl ServerHandshake {
     /// [`wake_fd`](Self::wake_fd)).
     pub(super) fn wake(&self) -> Wake {
         match &self.stage {
+            // Waiting for early bytes: the program's wait on its socket
+            // sees them arrive; look again when the wait for them ends.
+            Stage::Answering(a) if a.peer.is_some() => Wake {
+                fd: Some(self.conn_fd),
+                also: None,
+                within: a
+                    .peer
+                    .as_ref()
+                    .map(|(_, t)| early::ARRIVAL_WAIT.saturating_sub(t.elapsed())),
+            },
             Stage::Answering(a) => Wake {
                 fd: Some(a.chan.as_raw_fd()),
                 also: None,
@@ -250,6 +368,9 @@ impl ServerHandshake {
     fn hint(&self) -> bool {
         match &self.stage {
             Stage::Matching(c) => c.iter().any(|c| c.slot.client_port().is_some()),
+            Stage::Answering(a) if a.peer.is_some() => {
+                early::counted_arrived(self.conn_fd, a.slot.early_counted())
+            }
             Stage::Answering(a) => a.slot.noted(Progress::ClientDmbSent),
             _ => true,
         }
@@ -334,7 +455,34 @@ impl ServerHandshake {
         let mut changed = None;
         for c in candidates {
             let slot = &c.slot;
+            if c.foreign {
+                match slot.client_ts() {
+                    Some(w) if self.tsval.is_some_and(|t| w.fits(t)) => {
+                        return Some(Decision::Tcp(self.source_translated(slot)));
+                    }
+                    None if self.since.elapsed() < FOREIGN_WAIT
+                        && slot.state() == SlotState::Proposed =>
+                    {
+                        waiting.push(c)
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            let announced = mark_of(&c.proposal) == Mark::NONE;
             match slot.client_port() {
+                Some(p) if p == self.syn_port && announced => {
+                    if self.tsval.is_some_and(|t| ts_fits(slot, t)) {
+                        return self.matched(c.slot, c.proposal, bound);
+                    }
+                    // Another connection from our source port (to another
+                    // destination): not ours.
+                    debug!(
+                        "an announcement from port {p} whose TSvals {:?} do not hold the SYN's {:?}",
+                        slot.client_ts(),
+                        self.tsval
+                    );
+                }
                 Some(p) if p == self.syn_port && c.fits => {
                     return self.matched(c.slot, c.proposal, bound)
                 }
@@ -343,7 +491,7 @@ impl ServerHandshake {
                 Some(p) if p == self.syn_port => changed = Some(c),
                 // Someone else's connection with the same addresses and
                 // mark: not ours to answer; its own server will.
-                Some(_) => self.mismatched |= c.fits,
+                Some(_) => self.mismatched |= c.fits && !announced,
                 None if !c.fits => waiting.push(c),
                 None if slot.state() != SlotState::Proposed => {
                     if !slot.client().is_alive_fast() {
@@ -354,7 +502,9 @@ impl ServerHandshake {
                             None,
                         )));
                     }
-                    self.mismatched = true;
+                    // A withdrawn announcement says nothing of our SYN's
+                    // mark: its client closed before it published.
+                    self.mismatched |= !announced;
                 }
                 None if spun && !slot.client().is_alive_fast() => {
                     return Some(Decision::Tcp(decline(
@@ -418,7 +568,7 @@ impl ServerHandshake {
                 self.stage = Stage::Answering(a);
                 None
             }
-            Ok(Connected::Cached(a, peer)) => Some(self.finish(*a, peer)),
+            Ok(Connected::Cached(a, peer)) => self.try_finish(a, peer, Instant::now()),
             Err(r) => Some(Decision::Tcp(r)),
         }
     }
@@ -498,6 +648,7 @@ impl ServerHandshake {
             dmb,
             chan,
             reused,
+            peer: None,
         });
         Ok(match cached {
             Some(peer) => Connected::Cached(a, peer),
@@ -507,7 +658,10 @@ impl ServerHandshake {
 
     /// One look at the channel for the client's DMB, passed as soon as the
     /// client has accepted our connection; checked before we accept.
-    fn look_dmb(&mut self, a: Box<Answering>) -> Option<Decision> {
+    fn look_dmb(&mut self, mut a: Box<Answering>) -> Option<Decision> {
+        if let Some((peer, since)) = a.peer.take() {
+            return self.try_finish(a, peer, since);
+        }
         let failed =
             |a: &Answering, r: Reason| Some(Decision::Tcp(decline(&self.dev, &a.slot, r, None)));
         let fd = match recv_expected(a.chan.as_raw_fd(), CLIENT_DMB_BYTE) {
@@ -539,9 +693,28 @@ impl ServerHandshake {
             return failed(&a, Reason::ErrRtok);
         };
         match self.dev.attach_dmb(a.proposal.token, fd) {
-            Ok(peer) => Some(self.finish(*a, peer)),
+            Ok(peer) => self.try_finish(a, peer, Instant::now()),
             Err(e) => failed(&a, attach_error(e).reason()),
         }
+    }
+
+    /// [`finish`](Self::finish), unless the early bytes the client has
+    /// counted so far are not all in our socket yet and our caller does
+    /// not wait (an event loop's step): then the handshake stays where it
+    /// is for up to [`early::ARRIVAL_WAIT`] from `since`, and the bytes'
+    /// arrival (which makes the socket readable for the program's wait)
+    /// brings the next look. A client that counts and then is descheduled
+    /// before it sends would otherwise find the count sealed by a server
+    /// that cannot wait, and fall back (SYNCERR); one that never sends
+    /// still does, that much later.
+    fn try_finish(&mut self, mut a: Box<Answering>, peer: Dmb, since: Instant) -> Option<Decision> {
+        let missing = || !early::counted_arrived(self.conn_fd, a.slot.early_counted());
+        if !self.may_wait && since.elapsed() < early::ARRIVAL_WAIT && missing() {
+            a.peer = Some((peer, since));
+            self.stage = Stage::Answering(a);
+            return None;
+        }
+        Some(self.finish(*a, peer))
     }
 
     /// Accepts the proposal, the client's DMB `peer` checked and attached.
@@ -552,6 +725,7 @@ impl ServerHandshake {
             dmb,
             chan,
             reused,
+            ..
         } = a;
         if reused {
             slot.note(Progress::ClientHasServerDmb);
@@ -712,6 +886,11 @@ fn mark_of(p: &Proposal) -> Mark {
         ttl: p.mark_ttl,
         dscp: p.mark_tos >> 2,
     }
+}
+
+/// Whether the client of `slot` published a TSval window that `tsval` fits.
+fn ts_fits(slot: &SlotRef, tsval: u32) -> bool {
+    slot.client_ts().is_some_and(|w| w.fits(tsval))
 }
 
 /// The mark of the Proposal in `slot`, if it holds a readable one.

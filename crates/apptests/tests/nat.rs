@@ -1,0 +1,532 @@
+//! Address translation on the way, as container platforms install it on a
+//! node: a Kubernetes-style ClusterIP (an iptables DNAT of a virtual
+//! address, as kube-proxy's iptables mode writes it), a Docker-style
+//! published port (DNAT of the node's own address and port), and a
+//! sidecar's capture (an iptables REDIRECT of the application's outbound
+//! connection to a local haproxy, which dials the server); redis and
+//! redis-benchmark through each, nginx, curl and wrk through a ClusterIP. The server sees
+//! the client's own source address and port on each, and the connections
+//! are SMC-D: the client announces them in the device, and the server
+//! finds the announcement by what it sees (ARCHITECTURE.md, "Connections
+//! through address translation"). The negative cases: DNAT to a plain
+//! server costs what TCP costs (no wait; its connect latency is measured
+//! against plain TCP's), and a MASQUERADE in the path leaves plain TCP with
+//! SOURCE_NAT counted on both sides.
+//!
+//! The layout: a client namespace and a server namespace, each on a veth
+//! to a "node" namespace that forwards and holds the translation rules.
+//! Needs root (ip netns, iptables); addresses are from 10.199.80.0/22 and
+//! the virtual 10.96.77.0/24, on veths that exist only inside the test's
+//! namespaces, whose rules go with them.
+
+use smclo_apptests::*;
+use smclo_wire::reason::Reason;
+use std::fs::{self, File};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+/// A ClusterIP-style virtual address: no interface has it.
+const CLUSTER_IP: &str = "10.96.77.10";
+const CLUSTER_PORT: u16 = 80;
+/// The node's address on the client's link, where a published port is.
+const NODE_IP: &str = "10.199.81.1";
+const PUBLISHED_PORT: u16 = 8080;
+const CLIENT_IP: &str = "10.199.81.2";
+const SERVER_IP: &str = "10.199.80.2";
+
+struct Node {
+    cli: Netns,
+    node: Netns,
+    srv: Netns,
+}
+
+fn ip_in(ns: &str, args: &[&str]) {
+    let mut a = vec!["-n", ns];
+    a.extend_from_slice(args);
+    let st = Command::new("ip").args(&a).status().expect("ip");
+    assert!(st.success(), "ip {a:?} failed");
+}
+
+fn exec_in(ns: &str, prog: &str, args: &[&str]) {
+    let st = Command::new("ip")
+        .args(["netns", "exec", ns, prog])
+        .args(args)
+        .status()
+        .expect("ip netns exec");
+    assert!(st.success(), "{prog} {args:?} in {ns} failed");
+}
+
+/// client — node — server, the node forwarding.
+fn node(env: &mut Env) -> Node {
+    let (cli, node, srv) = (env.netns("cli"), env.netns("node"), env.netns("srv"));
+    veth(&node, &srv, "10.199.80.1", SERVER_IP);
+    veth(&node, &cli, NODE_IP, CLIENT_IP);
+    ip_in(&cli.name, &["route", "add", "default", "via", NODE_IP]);
+    ip_in(
+        &srv.name,
+        &["route", "add", "default", "via", "10.199.80.1"],
+    );
+    exec_in(&node.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+    Node { cli, node, srv }
+}
+
+/// The node's DNAT of `vip:vport` to the server's `port`, as kube-proxy
+/// (a ClusterIP) or Docker (a published port) writes it.
+fn dnat(n: &Node, vip: &str, vport: u16, port: u16) {
+    let to = format!("{SERVER_IP}:{port}");
+    let vport = vport.to_string();
+    exec_in(
+        &n.node.name,
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-d",
+            vip,
+            "--dport",
+            &vport,
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &to,
+        ],
+    );
+}
+
+fn start_redis_in(env: &mut Env, mode: Mode, ns: &str, port: u16) -> Proc {
+    let port_s = port.to_string();
+    let args = [
+        "--port",
+        &port_s,
+        "--bind",
+        "0.0.0.0",
+        "--protected-mode",
+        "no",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ];
+    let cmd = env.command(mode, Some(ns), "redis-server", &args);
+    let mut p = env.spawn_cmd("redis-server", cmd);
+    wait_listen(&mut p, port);
+    p
+}
+
+/// redis-cli under `smclo run` in `ns`; its output, and how long it took.
+fn redis_cli(
+    env: &mut Env,
+    ns: &str,
+    host: &str,
+    port: u16,
+    args: &[&str],
+    stdin: Option<&std::path::Path>,
+) -> (String, Duration) {
+    redis_cli_in(env, Mode::Smclo, ns, (host, port), args, stdin)
+}
+
+/// redis-cli in `mode` in `ns`; its output, and how long it took.
+fn redis_cli_in(
+    env: &mut Env,
+    mode: Mode,
+    ns: &str,
+    (host, port): (&str, u16),
+    args: &[&str],
+    stdin: Option<&std::path::Path>,
+) -> (String, Duration) {
+    let port_s = port.to_string();
+    let mut a = vec!["-h", host, "-p", &port_s];
+    a.extend_from_slice(args);
+    let mut cmd = env.command(mode, Some(ns), "redis-cli", &a);
+    if let Some(f) = stdin {
+        cmd.stdin(File::open(f).unwrap());
+    }
+    let t0 = Instant::now();
+    let mut p = env.spawn_cmd("redis-cli", cmd);
+    p.wait_ok(T);
+    (p.stdout_str(), t0.elapsed())
+}
+
+/// Sets `v` to a 256 KiB value (its hex) with a redis-cli without smclo:
+/// a first write larger than the early bytes (`EARLY_MAX`) before the
+/// server answered ends an announcement as TCP (UNANSWERED), where a
+/// connection to a plain server must not wait, so the value goes in over
+/// TCP and is read back through shared memory.
+fn set_value(env: &mut Env, ns: &str, (host, port): (&str, u16), seed: u64) -> String {
+    let value = pseudo_random(256 << 10, seed);
+    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+    let file = env.path("value");
+    fs::write(&file, &hex).unwrap();
+    let args = ["-x", "set", "v"];
+    let (ok, _) = redis_cli_in(env, Mode::Plain, ns, (host, port), &args, Some(&file));
+    assert_eq!(ok.trim(), "OK");
+    hex
+}
+
+/// redis-cli PING, a 256 KiB value read back byte-exact, then
+/// redis-benchmark with a connection per request, all to `host:port` from
+/// the client namespace under smclo; the counters' movement.
+fn redis_through(env: &mut Env, ns: &str, host: &str, port: u16, logs: &Proc) -> Delta {
+    let hex = set_value(env, ns, (host, port), 0x7a7 + u64::from(port));
+    let s0 = env.stats();
+    let (pong, _) = redis_cli(env, ns, host, port, &["ping"], None);
+    assert_eq!(pong.trim(), "PONG");
+    let (back, _) = redis_cli(env, ns, host, port, &["get", "v"], None);
+    assert!(
+        back.trim_end() == hex,
+        "the value came back changed ({} bytes for {})",
+        back.len(),
+        hex.len()
+    );
+    let port_s = port.to_string();
+    let bench = [
+        "-h", host, "-p", &port_s, "-n", "2000", "-c", "4", "-k", "0", "-t", "ping", "-q",
+    ];
+    let cmd = env.command(Mode::Smclo, Some(ns), "redis-benchmark", &bench);
+    let mut b = env.spawn_cmd("redis-benchmark", cmd);
+    b.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "{host}:{port}: {} SMC-D, fallbacks {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback_client.iter().sum::<u64>(),
+        0,
+        "client fallbacks through {host}:{port}: {}\n{}\n{}",
+        d.fallbacks_desc(),
+        b.logs(),
+        logs.logs()
+    );
+    // redis-cli twice, and redis-benchmark's 2000 requests each on a
+    // connection of its own (-k 0).
+    assert!(
+        d.conns_opened >= 2002,
+        "{} SMC-D connections through {host}:{port}: {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+    d
+}
+
+/// A ClusterIP: the client connects to a virtual address that the node
+/// translates to the server's; redis and redis-benchmark through it are
+/// SMC-D, byte-exact.
+#[test]
+fn a_clusterip_dnat_is_smcd() {
+    let mut env = Env::new("nat-clusterip");
+    let n = node(&mut env);
+    let port = 6394;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    redis_through(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &redis);
+}
+
+/// A published port: the client connects to the node's own address and a
+/// port the node translates to the server's (Docker's `-p 8080:6395`).
+#[test]
+fn a_published_port_is_smcd() {
+    let mut env = Env::new("nat-published");
+    let n = node(&mut env);
+    let port = 6395;
+    dnat(&n, NODE_IP, PUBLISHED_PORT, port);
+    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    redis_through(&mut env, &cli, NODE_IP, PUBLISHED_PORT, &redis);
+}
+
+/// A sidecar: in the client's namespace an iptables REDIRECT sends the
+/// application's connections to a virtual service address to a local
+/// haproxy in TCP mode (as Istio and Linkerd capture outbound traffic),
+/// which dials the server by its own address. Both hops are SMC-D: the
+/// application's by its announcement, haproxy's by the server's
+/// registration.
+#[test]
+fn a_sidecar_redirect_is_smcd() {
+    let mut env = Env::new("nat-sidecar");
+    let n = node(&mut env);
+    let (port, sidecar) = (6396, 15001);
+    let service = "10.96.77.20";
+    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cfg = env.path("haproxy.cfg");
+    fs::write(
+        &cfg,
+        format!(
+            "global\n  maxconn 256\n  nbthread 2\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
+             frontend f\n  bind 0.0.0.0:{sidecar}\n  default_backend b\n\
+             backend b\n  server s1 {SERVER_IP}:{port}\n"
+        ),
+    )
+    .unwrap();
+    let cmd = env.command(
+        Mode::Smclo,
+        Some(&n.cli.name),
+        "haproxy",
+        &["-f", cfg.to_str().unwrap(), "-db"],
+    );
+    let mut proxy = env.spawn_cmd("haproxy", cmd);
+    wait_listen(&mut proxy, sidecar);
+    let to = sidecar.to_string();
+    exec_in(
+        &n.cli.name,
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            service,
+            "--dport",
+            "6379",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            &to,
+        ],
+    );
+    let cli = n.cli.name.clone();
+    let hex = set_value(&mut env, &cli, (service, 6379), 0x51de);
+    let s0 = env.stats();
+    let (pong, _) = redis_cli(&mut env, &cli, service, 6379, &["ping"], None);
+    assert_eq!(pong.trim(), "PONG");
+    let (back, _) = redis_cli(&mut env, &cli, service, 6379, &["get", "v"], None);
+    assert!(back.trim_end() == hex, "the value came back changed");
+    let bench = [
+        "-h", service, "-p", "6379", "-n", "500", "-c", "4", "-k", "0", "-t", "ping", "-q",
+    ];
+    let cmd = env.command(Mode::Smclo, Some(&cli), "redis-benchmark", &bench);
+    let mut b = env.spawn_cmd("redis-benchmark", cmd);
+    b.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "sidecar: {} SMC-D, fallbacks {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback_client.iter().sum::<u64>(),
+        0,
+        "client fallbacks through the sidecar: {}\n{}\n{}",
+        d.fallbacks_desc(),
+        proxy.logs(),
+        redis.logs()
+    );
+    // Each of the 502 application connections is two SMC-D connections
+    // (application → haproxy, haproxy → redis).
+    assert!(
+        d.conns_opened >= 2 * 502,
+        "{} SMC-D connections through the sidecar: {}",
+        d.conns_opened,
+        d.fallbacks_desc()
+    );
+}
+
+/// `connect_rtt`'s medians: (connect, whole connection) in µs.
+fn rtt(env: &mut Env, mode: Mode, prog: &str, ns: &str, host: &str, port: u16) -> (f64, f64) {
+    let port_s = port.to_string();
+    let cmd = env.command(mode, Some(ns), prog, &[host, &port_s, "400"]);
+    let mut p = env.spawn_cmd("connect_rtt", cmd);
+    p.wait_ok(T);
+    let out = p.stdout_str();
+    let f: Vec<f64> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(f.len(), 4, "connect_rtt said {out:?}\n{}", p.logs());
+    eprintln!("{mode:?}: {out}");
+    (f[0], f[2])
+}
+
+/// DNAT to a plain server (not under smclo) while the device has an smclo
+/// listener elsewhere: the client announces every connection and goes on
+/// over TCP without waiting; each ends UNANSWERED at its first read of
+/// the server's reply. Connect and whole-connection latency against plain
+/// TCP's on the same path, alternated, best of three rounds each.
+#[test]
+fn dnat_to_a_plain_server_costs_what_tcp_costs() {
+    let mut env = Env::new("nat-plain");
+    let n = node(&mut env);
+    let (plain, smc) = (6397, 6398);
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, plain);
+    let _plain = start_redis_in(&mut env, Mode::Plain, &n.srv.name, plain);
+    // A registered listener: the device has listeners, so the client
+    // announces.
+    let _smc = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, smc);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nat/connect_rtt.c");
+    let prog = compile_c(&env, &src, &[]).display().to_string();
+    let cli = n.cli.name.clone();
+    let s0 = env.stats();
+    let (mut tcp, mut ours) = ((f64::MAX, f64::MAX), (f64::MAX, f64::MAX));
+    for _ in 0..3 {
+        let t = rtt(&mut env, Mode::Plain, &prog, &cli, CLUSTER_IP, CLUSTER_PORT);
+        let s = rtt(&mut env, Mode::Smclo, &prog, &cli, CLUSTER_IP, CLUSTER_PORT);
+        tcp = (tcp.0.min(t.0), tcp.1.min(t.1));
+        ours = (ours.0.min(s.0), ours.1.min(s.1));
+    }
+    let d = delta(&s0, &env.stats());
+    eprintln!(
+        "connect µs (median, best of 3): TCP {:.1}, smclo {:.1}; whole connection: TCP {:.1}, smclo {:.1}; {}",
+        tcp.0,
+        ours.0,
+        tcp.1,
+        ours.1,
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.conns_opened, 0);
+    assert_eq!(
+        d.fallback(Reason::Unanswered),
+        (1200, 0),
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.fallbacks(), 1200, "{}", d.fallbacks_desc());
+    // No wait: a wait for the server (SMCLO_CLC_WAIT_MS, or a look at the
+    // TCP socket after 5 ms) would be milliseconds per connection.
+    assert!(
+        ours.0 < tcp.0 * 1.5 + 30.0 && ours.1 < tcp.1 * 1.5 + 60.0,
+        "smclo's connections cost more than TCP's: connect {:.1} µs vs {:.1}, whole {:.1} vs {:.1}",
+        ours.0,
+        tcp.0,
+        ours.1,
+        tcp.1
+    );
+}
+
+/// The node masquerades what it forwards to the server (kube-proxy's
+/// `--masquerade-all`, or a hairpin): the server sees the node's address,
+/// finds the client's announcement by its TCP timestamp from another
+/// source, and declines it; the connection is plain TCP with SOURCE_NAT
+/// counted on both sides, and nobody waits.
+#[test]
+fn snat_in_the_path_stays_tcp_with_its_reason() {
+    let mut env = Env::new("nat-snat");
+    env.extra_env
+        .push(("SMCLO_CLC_WAIT_MS".into(), "30000".into()));
+    let n = node(&mut env);
+    let port = 6399;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    exec_in(
+        &n.node.name,
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            SERVER_IP,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    let s0 = env.stats();
+    for _ in 0..3 {
+        let (pong, took) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
+        assert_eq!(pong.trim(), "PONG");
+        assert!(
+            took < Duration::from_secs(10),
+            "a connection through source NAT took {took:?}: someone waited"
+        );
+    }
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 0);
+    assert_eq!(
+        d.fallback(Reason::SourceNat),
+        (3, 3),
+        "{}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.fallbacks(), 6, "{}", d.fallbacks_desc());
+}
+
+/// nginx (a master and two workers, under `smclo run`) behind a ClusterIP:
+/// curl fetches a file through the translation byte-exact over SMC-D, and
+/// wrk's keep-alive connections (each response's status and length
+/// checked) are SMC-D.
+#[test]
+fn nginx_and_wrk_through_a_clusterip_are_smcd() {
+    let mut env = Env::new("nat-nginx");
+    let n = node(&mut env);
+    let port = 8090;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    let root = env.path("www");
+    fs::create_dir_all(&root).unwrap();
+    let body = pseudo_random(100_000, 0x6e67);
+    fs::write(root.join("f.bin"), &body).unwrap();
+    fs::write(root.join("small.txt"), vec![b'x'; 612]).unwrap();
+    let listen = format!("0.0.0.0:{port}");
+    let srv = n.srv.name.clone();
+    let nginx = start_nginx(&mut env, Mode::Smclo, Some(&srv), &listen, &root, "a");
+    let cli = n.cli.name.clone();
+    let url = format!("http://{CLUSTER_IP}:{CLUSTER_PORT}");
+    let s0 = env.stats();
+    let (got, _) = curl(
+        &mut env,
+        Mode::Smclo,
+        Some(&cli),
+        "curl",
+        &[format!("{url}/f.bin")],
+    );
+    assert!(
+        got[0] == body,
+        "the file came back changed ({} bytes)",
+        got[0].len()
+    );
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        (d.conns_opened, d.fallbacks()),
+        (1, 0),
+        "curl through the ClusterIP: {}",
+        d.fallbacks_desc()
+    );
+    let script = wrk_check_script(&env, "wrk", 612);
+    let s1 = env.stats();
+    let args = ["-t", "2", "-c", "8", "-d", "2s"];
+    let small = format!("{url}/small.txt");
+    let (p, w) = wrk(
+        &mut env,
+        Mode::Smclo,
+        Some(&cli),
+        "wrk",
+        &args,
+        &script,
+        &small,
+    );
+    assert!(
+        w.reqs > 0 && w.bad == 0 && w.checked >= w.reqs && w.errs.is_none(),
+        "wrk through the ClusterIP: {}",
+        p.logs()
+    );
+    // nginx's log holds curl's request too.
+    let (_, logged_n, _) = nginx_log_bytes(&env, "a");
+    assert!(
+        logged_n > w.reqs,
+        "nginx logged {logged_n} requests for wrk's {}",
+        w.reqs
+    );
+    let d = delta(&s1, &env.stats());
+    let desc = format!("{}\n{}", d.fallbacks_desc(), nginx.logs());
+    assert_eq!(d.conns_opened, 8, "wrk through the ClusterIP: {desc}");
+    assert_eq!(d.fallback_client.iter().sum::<u64>(), 0, "{desc}");
+    // A connection wrk closes before it writes (it may try the address
+    // first) withdraws its announcement before nginx looks: nginx counts
+    // it PEERNOSMC, and nothing else.
+    assert!(
+        d.fallbacks() == d.fallback(Reason::PeerNoSmc).1 && d.fallbacks() <= 2,
+        "{desc}"
+    );
+}
