@@ -29,6 +29,26 @@
 //! The regions are a list of fixed slots, each one word (start page and
 //! page count), read by the handler with plain atomic loads: no lock, no
 //! allocation.
+//! A region is unregistered before it is unmapped, and the faulting thread
+//! is using it, so the handler never maps over memory given to anyone else.
+//!
+//! A lost device makes `Device::open` map the file anew rather than return
+//! the lost mapping (a truncated file then fails validation; the preload
+//! opens its device once, so a program under `smclo run` stays on TCP until
+//! it exits). Each connection looks at one process-wide count of lost
+//! regions at every call and, once it is not zero, at its DMBs and device:
+//! one of them lost resets it (the peer sees the abort flag, or its own
+//! loss). A lost DMB is never
+//! pooled. The loom-checked protocols are unchanged: private zeros read as
+//! free table entries and empty rings.
+//!
+//! The program's action runs with its `SA_SIGINFO`, mask, `SA_NODEFER` and
+//! `SA_RESETHAND`; a sent `SIGBUS` it ignores stays ignored, and its default
+//! is reset to `SIG_DFL`, after which the access faults again or the signal
+//! is raised again. The preload answers `sigaction` queries with the
+//! program's action; only its `SA_RESTART` reaches the kernel, and
+//! [`around_exec`] puts an ignored disposition in the kernel for an exec,
+//! which carries only that one.
 
 use libc::{c_int, c_void, siginfo_t};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
