@@ -7,7 +7,7 @@
 //! redis-benchmark through each, nginx, curl and wrk through a ClusterIP. The server sees
 //! the client's own source address and port on each, and the connections
 //! are SMC-D: the client announces them in the device, and the server
-//! finds the announcement by what it sees (ARCHITECTURE.md, "Connections
+//! finds the announcement by what it sees (docs/handshake.md, "Connections
 //! through address translation"). The negative cases: DNAT to a plain
 //! server costs what TCP costs (no wait; its connect latency is measured
 //! against plain TCP's), and a MASQUERADE in the path leaves plain TCP with

@@ -1,5 +1,5 @@
 //! Handshakes that go on after `accept` and `connect` returned
-//! (`tests/c/accept_steps.c`, ARCHITECTURE.md "Handshake waits"): an event
+//! (`tests/c/accept_steps.c`, docs/handshake.md "Handshake waits"): an event
 //! loop's `accept` does not wait on a client stopped mid-handshake and
 //! serves other clients over SMC-D meanwhile; the stopped client, once
 //! continued, gets its connection with every byte (a greeting the server

@@ -699,7 +699,7 @@ fn unknown_listener_accept_syscall_budget() {
 }
 
 /// System calls per SMC-D connection under the preload, both ends together
-/// (connect, accept, one byte each way, close; ARCHITECTURE.md, "Connection
+/// (connect, accept, one byte each way, close; docs/handshake.md, "Connection
 /// setup cost"), above which setup has regressed: 54 now (early bytes
 /// made it 52.5, then asking an early connect's `O_NONBLOCK` at each call
 /// that depends on it, putting the SYN mark back before its early bytes and

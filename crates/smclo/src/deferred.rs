@@ -1,7 +1,7 @@
 //! Closes nobody waits for, done when the process would wait anyway.
 //!
 //! When an SMC-D connection ends, its TCP connection (kept for identity
-//! and options, see `docs/ARCHITECTURE.md` "Connection setup cost") has
+//! and options, see `docs/handshake.md` "Connection setup cost") has
 //! nothing left to carry: the end of the connection reached the peer
 //! through the ring's flags and the channel. Its `close` is still the
 //! costliest call of a connection's end (a FIN, its processing at the peer

@@ -30,7 +30,7 @@
 //!   so a client that gives up meanwhile waits at most [`REPLY_GRACE`] for
 //!   the copy to finish instead of reading a half-written reply.
 //! - After ACCEPTED the client [`confirm`](SlotRef::confirm)s (ACCEPTED →
-//!   CONFIRMED). The handshake takes ACCEPTED as the decision (ARCHITECTURE.md
+//!   CONFIRMED). The handshake takes ACCEPTED as the decision (docs/handshake.md
 //!   "Handshake waits"): its server does not wait for the Confirm, and
 //!   neither side moves the slot from ACCEPTED to DECLINED, which
 //!   `confirm` with a Decline and `cas(Accepted, Declined)` still allow.

@@ -2,7 +2,7 @@
 //!
 //! To save descriptors a connection closes the peer's memfd once it is
 //! mapped, and its own once the peer has it when the pool could not take
-//! the DMB back (docs/ARCHITECTURE.md "Descriptors"). A mapping does not
+//! the DMB back (docs/descriptors.md "What a connection holds"). A mapping does not
 //! survive exec, a descriptor does: a program that passes a connection to
 //! a new image needs the two memfds again. So each closed memfd is parked
 //! here first, as `SCM_RIGHTS` in flight to a private datagram socket

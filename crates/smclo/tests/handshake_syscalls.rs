@@ -1,5 +1,5 @@
 //! The system calls an SMC-D connection costs to set up, counted with
-//! `strace -f -c` over both processes (ARCHITECTURE.md, "Connection setup
+//! `strace -f -c` over both processes (docs/handshake.md, "Connection setup
 //! cost").
 
 use smclo::device::Device;

@@ -1,6 +1,6 @@
 //! Handshakes that continue after `connect` or `accept` returned: a
 //! non-blocking connect's, as a TCP connection's does, and an event loop's
-//! accepted connection's (see docs/ARCHITECTURE.md "Handshake waits").
+//! accepted connection's (see docs/handshake.md "Handshake waits").
 //!
 //! Until the handshake decides, the descriptor is the TCP socket and is
 //! not reported writable: its epoll registrations are given to the kernel

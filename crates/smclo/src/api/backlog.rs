@@ -1,6 +1,6 @@
 //! [`Backlog`]: the handshakes of a non-blocking [`SmcListener`] that did
 //! not decide within `accept`'s spin budget, and the descriptor an event
-//! loop waits on for them (ARCHITECTURE.md "Handshake waits").
+//! loop waits on for them (docs/handshake.md "Handshake waits").
 //!
 //! As the kernel's SMC finishes handshakes off the accept path and its
 //! `accept` returns only finished connections, a non-blocking `accept`

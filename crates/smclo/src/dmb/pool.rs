@@ -1,5 +1,5 @@
-//! Per-process reuse of our own DMBs (ARCHITECTURE.md, "Connection setup
-//! cost"), like the kernel's reuse of DMBs within a link group.
+//! Per-process reuse of our own DMBs (docs/handshake.md, "Connection
+//! setup cost"), like the kernel's reuse of DMBs within a link group.
 //!
 //! Creating a DMB (memfd, size, header, seals, three `mmap`s, page faults)
 //! and destroying it (`munmap`, freeing the pages) was half the cost of a

@@ -1,4 +1,4 @@
-//! Deciding SMC-D or TCP for one TCP connection (ARCHITECTURE.md, "Handshake").
+//! Deciding SMC-D or TCP for one TCP connection (docs/handshake.md).
 //!
 //! The CLC runs through a rendezvous slot in the device, never through the TCP
 //! stream: a peer that does not run smclo cannot see a single byte of it. The
