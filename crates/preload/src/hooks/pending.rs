@@ -151,20 +151,25 @@ fn advance(fd: RawFd, until: Option<Instant>) -> bool {
     done
 }
 
+/// Puts `pd`, undecided, back into `c` for the next look, unless `fd` was
+/// closed meanwhile (and perhaps its number reused): then dropping `pd`,
+/// after the lock, withdraws the proposal.
+fn put_back(fd: RawFd, c: &Arc<Connecting>, pd: Undecided) {
+    let g = LOCK.write();
+    if is_current_locked(fd, c) {
+        *lock(&c.undecided) = Some(pd);
+    } else {
+        holders::forget(pd.slot);
+        drop(g);
+        drop(pd);
+    }
+}
+
 /// [`advance`] of `pd`, taken out of `c`.
 fn drive_one(fd: RawFd, c: Arc<Connecting>, mut pd: Undecided, until: Option<Instant>) -> bool {
     match step(fd, &mut pd, until) {
         None => {
-            let g = LOCK.write();
-            // Closed meanwhile (and perhaps its number reused): dropping
-            // `pd`, after the lock, withdraws the proposal.
-            if is_current_locked(fd, &c) {
-                *lock(&c.undecided) = Some(pd);
-            } else {
-                holders::forget(pd.slot);
-                drop(g);
-                drop(pd);
-            }
+            put_back(fd, &c, pd);
             false
         }
         Some(o) => {
@@ -307,15 +312,7 @@ fn retract(fd: RawFd) -> bool {
             true
         }
         None => {
-            // As `drive_one` puts back a handshake that goes on.
-            let g = LOCK.write();
-            if is_current_locked(fd, &c) {
-                *lock(&c.undecided) = Some(pd);
-            } else {
-                holders::forget(pd.slot);
-                drop(g);
-                drop(pd);
-            }
+            put_back(fd, &c, pd);
             false
         }
     };
