@@ -282,6 +282,24 @@ impl Drop for Netns {
     }
 }
 
+/// `ip -n ns args...`, which must succeed.
+pub fn ip_in(ns: &str, args: &[&str]) {
+    let mut a = vec!["-n", ns];
+    a.extend_from_slice(args);
+    let st = Command::new("ip").args(&a).status().expect("ip");
+    assert!(st.success(), "ip {a:?} failed");
+}
+
+/// `prog args...` inside network namespace `ns`, which must succeed.
+pub fn exec_in(ns: &str, prog: &str, args: &[&str]) {
+    let st = Command::new("ip")
+        .args(["netns", "exec", ns, prog])
+        .args(args)
+        .status()
+        .expect("ip netns exec");
+    assert!(st.success(), "{prog} {args:?} in {ns} failed");
+}
+
 /// One test's world: a device dir, a temp dir, and the processes it started.
 pub struct Env {
     pub name: String,

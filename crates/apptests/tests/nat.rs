@@ -22,7 +22,6 @@
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
 use std::fs::{self, File};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
@@ -40,22 +39,6 @@ struct Node {
     cli: Netns,
     node: Netns,
     srv: Netns,
-}
-
-fn ip_in(ns: &str, args: &[&str]) {
-    let mut a = vec!["-n", ns];
-    a.extend_from_slice(args);
-    let st = Command::new("ip").args(&a).status().expect("ip");
-    assert!(st.success(), "ip {a:?} failed");
-}
-
-fn exec_in(ns: &str, prog: &str, args: &[&str]) {
-    let st = Command::new("ip")
-        .args(["netns", "exec", ns, prog])
-        .args(args)
-        .status()
-        .expect("ip netns exec");
-    assert!(st.success(), "{prog} {args:?} in {ns} failed");
 }
 
 /// client — node — server, the node forwarding.

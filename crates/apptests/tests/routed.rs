@@ -13,7 +13,6 @@
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
 use std::fs::{self, File};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
@@ -36,22 +35,6 @@ impl Path {
     fn last_router(&self) -> &str {
         &self.hops[self.hops.len() - 2].name
     }
-}
-
-fn ip_in(ns: &str, args: &[&str]) {
-    let mut a = vec!["-n", ns];
-    a.extend_from_slice(args);
-    let st = Command::new("ip").args(&a).status().expect("ip");
-    assert!(st.success(), "ip {a:?} failed");
-}
-
-fn exec_in(ns: &str, prog: &str, args: &[&str]) {
-    let st = Command::new("ip")
-        .args(["netns", "exec", ns, prog])
-        .args(args)
-        .status()
-        .expect("ip netns exec");
-    assert!(st.success(), "{prog} {args:?} in {ns} failed");
 }
 
 /// Client — `routers` forwarding namespaces — server, each link a veth
