@@ -1,6 +1,6 @@
 //! Address translation on the way, as container platforms install it on a
 //! node: a Kubernetes-style ClusterIP (an iptables DNAT of a virtual
-//! address, as kube-proxy's iptables mode writes it), a Docker-style
+//! address, as kube-proxy's iptables and nftables modes write it), a Docker-style
 //! published port (DNAT of the node's own address and port), and a
 //! sidecar's capture (an iptables REDIRECT of the application's outbound
 //! connection to a local haproxy, which dials the server); redis and
@@ -211,6 +211,52 @@ fn a_clusterip_dnat_is_smcd() {
     let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
     let cli = n.cli.name.clone();
     redis_through(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &redis);
+}
+
+/// The same ClusterIP as kube-proxy's nftables mode writes it: a verdict
+/// map from (address, protocol, port) to the service's chain, which picks
+/// an endpoint's chain at random (`numgen`), whose rule is the DNAT. A
+/// rule file loaded with `nft -f` into the node's namespace.
+fn dnat_nft(env: &Env, n: &Node, vip: &str, vport: u16, port: u16) {
+    let rules = format!(
+        "table ip kube-proxy {{
+  chain nat-prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    jump services
+  }}
+  map service-ips {{
+    type ipv4_addr . inet_proto . inet_service : verdict
+    elements = {{ {vip} . tcp . {vport} : goto service-smclo-redis }}
+  }}
+  chain services {{
+    ip daddr . meta l4proto . th dport vmap @service-ips
+  }}
+  chain service-smclo-redis {{
+    numgen random mod 1 vmap {{ 0 : goto endpoint-smclo-redis }}
+  }}
+  chain endpoint-smclo-redis {{
+    meta l4proto tcp dnat to {SERVER_IP}:{port}
+  }}
+}}
+"
+    );
+    let file = env.path("kube-proxy.nft");
+    fs::write(&file, rules).unwrap();
+    exec_in(&n.node.name, "nft", &["-f", file.to_str().unwrap()]);
+}
+
+/// A ClusterIP in kube-proxy's nftables mode ([`dnat_nft`]): SMC-D,
+/// byte-exact, as through iptables' DNAT.
+#[test]
+fn a_clusterip_in_nftables_mode_is_smcd() {
+    let mut env = Env::new("nat-nftables");
+    let n = node(&mut env);
+    let port = 6391;
+    let vip = "10.96.77.30";
+    dnat_nft(&env, &n, vip, CLUSTER_PORT, port);
+    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    redis_through(&mut env, &cli, vip, CLUSTER_PORT, &redis);
 }
 
 /// A published port: the client connects to the node's own address and a
