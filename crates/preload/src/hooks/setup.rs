@@ -363,6 +363,7 @@ fn accept_decided(
                 slot,
                 flags & libc::SOCK_NONBLOCK != 0,
                 flags & libc::SOCK_CLOEXEC != 0,
+                None,
             );
         }
         Decision::Tcp(r) => {
@@ -553,7 +554,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-            swap_in(fd, est, slot, false, cloexec);
+            swap_in(fd, est, slot, false, cloexec, None);
         }
         Decision::Tcp(r) => {
             holders::forget(slot);
