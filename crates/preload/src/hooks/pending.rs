@@ -17,7 +17,7 @@
 //! gives the registrations their `EPOLLOUT` back.
 
 use super::lock;
-use super::state::{fallback_record, is_current_locked, out_hidden, pending_fds, pendings};
+use super::state::{fallback_record, is_current_locked, out_hidden, pendings};
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
@@ -340,10 +340,12 @@ pub(super) fn settle(fd: RawFd) {
     }
 }
 
-/// Waits for every pending decision (before `fork` and `exec`).
+/// Waits for every pending decision (before `fork` and `exec`), also
+/// one another thread is waiting for: the child (the new image) would
+/// inherit it undecided without the thread that drives it.
 pub(super) fn settle_all() {
     if any() {
-        pending_fds().into_iter().for_each(settle);
+        pendings().into_iter().for_each(|(fd, _)| settle(fd));
     }
 }
 

@@ -475,15 +475,6 @@ pub(super) fn early_fds_locked() -> Vec<RawFd> {
     v
 }
 
-/// The descriptors whose connect is pending and not being driven.
-pub(super) fn pending_fds() -> Vec<RawFd> {
-    pendings()
-        .into_iter()
-        .filter(|(_, c)| lock(&c.undecided).is_some())
-        .map(|(fd, _)| fd)
-        .collect()
-}
-
 /// The shadow of epoll set `ep`, made if it has none (an SMC-D member
 /// joins it): `Epoll`. Nothing else is remembered about an epoll
 /// descriptor, so its state was `Unknown`.
