@@ -15,7 +15,7 @@
 //!
 //! A `bind` or `listen` closes them first too (under `smclo run`), so that
 //! a port or a 4-tuple they hold is as free as over TCP (one bound to the
-//! port a `bind` names with an abort, [`close_deferred_freeing`]). A connection that
+//! port a TCP socket's `bind` names with an abort, [`close_deferred_freeing`]). A connection that
 //! ended in an abort does not wait: its TCP peer may be a program that
 //! reads the TCP socket itself (a connection that could not follow an
 //! `exec` falls back to it) and waits for that end of stream.
@@ -93,7 +93,8 @@ pub fn close_deferred() {
 
 /// Closes every descriptor waiting, as [`close_deferred`], those bound to
 /// local port `port` with an abort (an RST, `SO_LINGER` of zero) instead
-/// of a FIN. Called by a `bind` to that port: closed with a FIN first,
+/// of a FIN. Called by a TCP socket's `bind` to that port (a UDP port of
+/// the same number is another port): closed with a FIN first,
 /// such a socket would hold the port's 4-tuple in TIME_WAIT, and the
 /// program's next `connect` from it would fail (`EADDRNOTAVAIL`), where
 /// over TCP its own socket, closed when its peer's was, usually leaves

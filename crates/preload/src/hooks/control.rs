@@ -62,7 +62,8 @@ fn forget_hints(fd: RawFd, hints: u8) -> bool {
 
 /// Interposed `close_range(2)`: the program's descriptors in the range
 /// close as with [`close`] (an SMC-D one ends its share of the
-/// connection), smclo's own (hidden TCP sockets, channels at hidden
+/// connection; with `CLOSE_RANGE_CLOEXEC` an SMC-D one gets it in the
+/// program's view, any other the kernel's flag), smclo's own (hidden TCP sockets, channels at hidden
 /// numbers, DMB memfds) stay open, as the kernel's own files behind a
 /// socket would. Python's `subprocess` closes every descriptor but those
 /// it passes this way before exec; the connections it passes need them.
@@ -89,11 +90,18 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
                 }
             }
             if known && !ours {
-                if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
-                    super::state::set_app_cloexec(n, true);
-                } else {
+                if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
                     // SAFETY: as close(2), which the program asked for.
                     unsafe { close(n) };
+                } else if table::kind(n) == Kind::Smc {
+                    super::state::set_app_cloexec(n, true);
+                } else {
+                    // Any other known number is the program's socket itself.
+                    // SAFETY: the program's own descriptor, as it asked.
+                    let r = unsafe { real::close_range(fd, fd, flags) };
+                    if r != 0 {
+                        return r;
+                    }
                 }
             }
             from = fd + 1;

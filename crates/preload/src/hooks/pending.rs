@@ -17,7 +17,7 @@
 //! gives the registrations their `EPOLLOUT` back.
 
 use super::lock;
-use super::state::{fallback_record, is_current_locked, out_hidden, pending_fds, pendings};
+use super::state::{fallback_record, is_current_locked, out_hidden, pendings};
 use super::swap::swap_in;
 use super::{ctx, errno, set_errno};
 use crate::holders;
@@ -203,7 +203,7 @@ fn end(fd: RawFd, c: &Arc<Connecting>, pd: Undecided, o: Outcome) {
     }
     match o {
         Outcome::Decided(d) => match *d {
-            Decision::Smc(est) => swap(fd, est, slot, shut),
+            Decision::Smc(est) => swap(fd, c, est, slot, shut),
             Decision::Tcp(r) => tcp(fd, c, slot, dest, role, r, shut),
         },
         Outcome::TcpFailed => {
@@ -217,16 +217,23 @@ fn end(fd: RawFd, c: &Arc<Connecting>, pd: Undecided, o: Outcome) {
 /// The handshake of `fd` decided SMC-D: the swap.
 /// A `shutdown` noted before the decision goes to the connection itself,
 /// not to its number, which the program may have closed and reused since.
-fn swap(fd: RawFd, est: smclo::adapter::handshake::Established, slot: usize, shut: Shut) {
+fn swap(
+    fd: RawFd,
+    c: &Arc<Connecting>,
+    est: smclo::adapter::handshake::Established,
+    slot: usize,
+    shut: Shut,
+) {
     let nonblock = nonblocking(fd);
     // SAFETY: F_GETFD on the application's descriptor.
     let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-    let Some(s) = swap_in(fd, est, slot, nonblock, cloexec) else {
+    let Some(s) = swap_in(fd, est, slot, nonblock, cloexec, Some(c)) else {
         // The swap failed (both ends reset): `fd` stays the TCP socket,
-        // no longer pending. A swap that succeeded made it `Smc`.
+        // no longer pending; or `fd` no longer holds `c`. A swap that
+        // succeeded made it `Smc`.
         let _g = LOCK.write();
-        super::state::swap_failed_locked(fd);
+        super::state::swap_failed_locked(fd, c);
         return;
     };
     if let Some(how) = shut.how() {
@@ -333,10 +340,12 @@ pub(super) fn settle(fd: RawFd) {
     }
 }
 
-/// Waits for every pending decision (before `fork` and `exec`).
+/// Waits for every pending decision (before `fork` and `exec`), also
+/// one another thread is waiting for: the child (the new image) would
+/// inherit it undecided without the thread that drives it.
 pub(super) fn settle_all() {
     if any() {
-        pending_fds().into_iter().for_each(settle);
+        pendings().into_iter().for_each(|(fd, _)| settle(fd));
     }
 }
 

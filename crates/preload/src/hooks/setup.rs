@@ -363,6 +363,7 @@ fn accept_decided(
                 slot,
                 flags & libc::SOCK_NONBLOCK != 0,
                 flags & libc::SOCK_CLOEXEC != 0,
+                None,
             );
         }
         Decision::Tcp(r) => {
@@ -438,12 +439,15 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     // Before the call: a failed bind costs only the question.
     hints::hint(fd, Hint::Bound);
     // The port may be one an ended connection's TCP socket still holds
-    // (smclo::adapter::deferred): it is as free as over TCP.
+    // (smclo::adapter::deferred): it is as free as over TCP. Only a TCP
+    // socket's: a UDP port of the same number is another port.
     // SAFETY: the caller passes `len` readable bytes at `addr`, as bind
     // requires.
     match unsafe { smclo::adapter::sockaddr::from_raw(addr, len) }.map_or(0, |a| a.port()) {
-        0 => smclo::adapter::deferred::close_deferred(),
-        port => smclo::adapter::deferred::close_deferred_freeing(port),
+        port if port != 0 && is_tcp_stream(fd) => {
+            smclo::adapter::deferred::close_deferred_freeing(port)
+        }
+        _ => smclo::adapter::deferred::close_deferred(),
     }
     // SAFETY: forwarded unchanged.
     unsafe { real::bind(fd, addr, len) }
@@ -553,7 +557,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-            swap_in(fd, est, slot, false, cloexec);
+            swap_in(fd, est, slot, false, cloexec, None);
         }
         Decision::Tcp(r) => {
             holders::forget(slot);

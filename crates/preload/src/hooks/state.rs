@@ -171,12 +171,15 @@ pub(super) fn internal_locked(fd: RawFd) {
     drop(table::mark_internal_locked(fd));
 }
 
-/// The swap of `fd` failed (both ends reset): it stays the TCP socket, no
-/// longer pending, a candidate with the registrations the swap left it.
+/// The swap of `fd` for handshake `c` failed (both ends reset): it stays
+/// the TCP socket, no longer pending, a candidate with the registrations
+/// the swap left it. Nothing changes if `fd` holds another state by now.
 /// With the table's lock held for writing.
-pub(super) fn swap_failed_locked(fd: RawFd) {
+pub(super) fn swap_failed_locked(fd: RawFd, c: &Arc<Connecting>) {
     table::transition_locked(fd, |s| match s {
-        FdState::Pending { epoll, .. } => (FdState::Candidate { epoll }, ()),
+        FdState::Pending {
+            connecting, epoll, ..
+        } if Arc::ptr_eq(&connecting, c) => (FdState::Candidate { epoll }, ()),
         other => (other, ()),
     });
 }
@@ -470,15 +473,6 @@ pub(super) fn early_fds_locked() -> Vec<RawFd> {
         }
     });
     v
-}
-
-/// The descriptors whose connect is pending and not being driven.
-pub(super) fn pending_fds() -> Vec<RawFd> {
-    pendings()
-        .into_iter()
-        .filter(|(_, c)| lock(&c.undecided).is_some())
-        .map(|(fd, _)| fd)
-        .collect()
 }
 
 /// The shadow of epoll set `ep`, made if it has none (an SMC-D member

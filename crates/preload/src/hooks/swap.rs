@@ -10,7 +10,7 @@ use super::LIVE;
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
-use crate::table::{Sock, LOCK};
+use crate::table::{Connecting, Sock, LOCK};
 use libc::{c_int, c_void, socklen_t};
 use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
@@ -26,14 +26,18 @@ use std::time::Duration;
 /// descriptor, epoll registrations move with the number, and the Conn
 /// owns `fd` from then on (the application's `close` of it goes through
 /// [`crate::table::Sock`]'s drop). On failure both sides had already committed to SMC-D,
-/// so the connection is reset at both ends ([`abort_both`]). Returns the
-/// connection installed at `fd`.
+/// so the connection is reset at both ends ([`abort_both`]). A swap that
+/// decided for handshake `current` of `fd` (a pending one) puts nothing at
+/// `fd` if its number no longer holds that handshake under the table's
+/// lock (closed or replaced meanwhile, perhaps given out again): the
+/// connection ends instead. Returns the connection installed at `fd`.
 pub(super) fn swap_in(
     fd: RawFd,
     est: Established,
     slot: usize,
     nonblock: bool,
     cloexec: bool,
+    current: Option<&Arc<Connecting>>,
 ) -> Option<Arc<Sock>> {
     let Established {
         conn,
@@ -86,6 +90,14 @@ pub(super) fn swap_in(
         _held: smclo::adapter::fdnum::Held::new(),
     });
     let g = LOCK.write();
+    if current.is_some_and(|c| !super::state::is_current_locked(fd, c)) {
+        drop(g);
+        holders::forget(slot);
+        debug!("fd {fd}: closed while its SMC-D connection was swapped in; the connection ends");
+        // Dropping `sock` closes the channel and `tcp`, a duplicate of
+        // whatever the number named when it was made.
+        return None;
+    }
     super::state::internal_locked(tcp);
     let recs = super::state::take_epoll_locked(fd);
     // Remove the registrations while `fd` still names the TCP file: after
