@@ -313,23 +313,45 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // SAFETY: `addr`, `len` and `cap` as `accept` left them.
     let peer = unsafe { accepted_peer(addr, len, cap) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    if blocks && !nonblock {
+    let plain = if blocks && !nonblock {
         let deadline = Instant::now() + c.cfg.clc_wait;
         let d = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline).finish();
-        accept_decided(c, nfd, d, slot, flags, peer);
+        accept_decided(c, nfd, d, slot, flags, peer)
     } else {
-        accept_in_steps(c, nfd, slot, flags, peer);
+        accept_in_steps(c, nfd, slot, flags, peer)
+    };
+    if plain {
+        renew_if_lost(c, fd);
     }
     set_errno(e);
     nfd
+}
+
+/// A client that did not propose connected to listener `fd`: if the
+/// listener's registration was lost while this process listens on it (a
+/// fork child whose parent, which registered it, closed its copy or
+/// exited), it is registered again, so that the next clients propose.
+/// Only then, so that a connection that did propose costs nothing more.
+fn renew_if_lost(c: &Ctx, fd: RawFd) {
+    if super::state::listener_guard(fd).is_some_and(|g| g.lost()) {
+        debug!("fd {fd}: its registration was lost (the process that made it closed it or exited); registering again");
+        register(c, fd, Ok(()));
+    }
 }
 
 /// The handshake of `nfd`, accepted by an event loop (a non-blocking
 /// listener, or a non-blocking connection asked for): whatever the
 /// client's answer takes beyond the spin budget, `accept` returns without
 /// it, and the handshake goes on from the program's next calls on `nfd`
-/// (`hooks::pending`).
-fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<SocketAddr>) {
+/// (`hooks::pending`). Returns whether the client did not propose
+/// ([`accept_decided`]).
+fn accept_in_steps(
+    c: &Ctx,
+    nfd: RawFd,
+    slot: usize,
+    flags: c_int,
+    peer: Option<SocketAddr>,
+) -> bool {
     let now = Instant::now();
     let deadline = now + c.cfg.clc_wait;
     let mut h = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline);
@@ -344,9 +366,11 @@ fn accept_in_steps(c: &Ctx, nfd: RawFd, slot: usize, flags: c_int, peer: Option<
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
     super::state::start(nfd, h, slot, from, false);
+    false
 }
 
-/// The handshake of the accepted `nfd` decided `d`.
+/// The handshake of the accepted `nfd` decided `d`. Returns whether the
+/// client did not propose (`PEERNOSMC`).
 fn accept_decided(
     c: &Ctx,
     nfd: RawFd,
@@ -354,7 +378,8 @@ fn accept_decided(
     slot: usize,
     flags: c_int,
     peer: Option<SocketAddr>,
-) {
+) -> bool {
+    let plain = matches!(d, Decision::Tcp(Reason::PeerNoSmc));
     match d {
         Decision::Smc(est) => {
             swap_in(
@@ -372,6 +397,7 @@ fn accept_decided(
             list_fallback(c, nfd, Role::Server, r, peer);
         }
     }
+    plain
 }
 
 /// The peer address `accept` wrote for the application, if it asked for

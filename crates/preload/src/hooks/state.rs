@@ -36,6 +36,18 @@ pub(super) fn listening_locked(fd: RawFd, guard: ListenerGuard) {
     drop(old); // a candidate's registrations, or an earlier registration
 }
 
+/// The registration of listener `fd`, if it is one.
+pub(super) fn listener_guard(fd: RawFd) -> Option<Arc<ListenerGuard>> {
+    if !in_table_range(fd) {
+        return None;
+    }
+    let _g = LOCK.read();
+    table::with_state_locked(fd, |s| match s {
+        FdState::Listener(g) => Some(g.clone()),
+        _ => None,
+    })
+}
+
 /// Whether `fd` shares its state with its `dup`s (a listener, a
 /// fallback): one load.
 pub(super) fn dup_shared(fd: RawFd) -> bool {

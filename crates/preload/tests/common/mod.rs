@@ -11,12 +11,17 @@ pub fn lib() -> PathBuf {
     smclo_testsupport::built("libsmclo_preload.so")
 }
 
+/// Compilations so far: each writes a file of its own, so that tests of
+/// one file that compile the same program at once do not share one.
+static COMPILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Compiles `tests/c/NAME.c` (with `extra`) into the test's temporary
 /// directory.
 pub fn compile(name: &str, extra: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let k = COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("preload-{name}-{}", std::process::id()));
+        .join(format!("preload-{name}-{}-{k}", std::process::id()));
     smclo_testsupport::compile_c(&src, &out, extra)
 }
 
@@ -36,6 +41,30 @@ pub struct Perf<'a> {
 /// when given; checks that it succeeded over one SMC-D connection that
 /// moved the bytes it read, and returns its output.
 pub fn run_smc(exe: &Path, args: &[&str], spin_us: Option<&str>, perf: Option<Perf>) -> String {
+    let (stdout, stats, report) = run_counted(exe, args, spin_us, perf);
+    let read: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no OK line\n{report}"));
+    assert_eq!(stats.conns_opened, 1, "one SMC-D connection\n{report}");
+    assert_eq!(stats.fallbacks_total(), 0, "no fallback\n{report}");
+    assert!(
+        stats.xfer_bytes >= read,
+        "the {read} bytes read went through the rings\n{report}"
+    );
+    stdout
+}
+
+/// Runs `exe args` as [`run_smc`] does, checking only that it succeeded:
+/// its standard output, the device's counters after it, and a report of
+/// both (with its standard error) for assertion messages.
+pub fn run_counted(
+    exe: &Path,
+    args: &[&str],
+    spin_us: Option<&str>,
+    perf: Option<Perf>,
+) -> (String, smclo::device::Stats, String) {
     use smclo::device::Device;
     let name = exe.file_name().unwrap().to_string_lossy();
     let mode = args[0];
@@ -73,18 +102,7 @@ pub fn run_smc(exe: &Path, args: &[&str], spin_us: Option<&str>, perf: Option<Pe
     let _ = std::fs::remove_dir_all(&dev);
     let report = format!("stdout:\n{stdout}\nstderr:\n{stderr}\nstats: {stats:?}");
     assert!(out.status.success(), "{name} {mode} failed\n{report}");
-    let read: u64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("OK "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no OK line\n{report}"));
-    assert_eq!(stats.conns_opened, 1, "one SMC-D connection\n{report}");
-    assert_eq!(stats.fallbacks_total(), 0, "no fallback\n{report}");
-    assert!(
-        stats.xfer_bytes >= read,
-        "the {read} bytes read went through the rings\n{report}"
-    );
-    stdout.into_owned()
+    (stdout.into_owned(), stats, report)
 }
 
 /// System calls per request of `exe mode N`, counted by `perf stat` with
