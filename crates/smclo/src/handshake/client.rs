@@ -5,6 +5,7 @@ use super::channel::{
     recv_expected, send_msg, wait_readable, Received, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
 use super::listener::RendezvousListener;
+use super::pending::TcpNews;
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
     Decision, Established, HandshakeError, Wake, LOOPBACK_CHID,
@@ -129,6 +130,8 @@ struct Wait {
     /// When the TCP socket is looked at next ([`TCP_LOOK`]), and the time
     /// since the look before; `None` until the wait starts.
     tcp_look: Option<(Instant, Duration)>,
+    /// What the caller of this look knows of the TCP socket.
+    news: TcpNews,
 }
 
 fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
@@ -495,6 +498,7 @@ impl ClientProposal {
     fn end_accepted(&mut self) {
         self.wait.following = true;
         self.wait.deadline = Some(Instant::now() + REPLY_GRACE);
+        self.wait.news = TcpNews::Ask;
         if let Some(Decision::Smc(e)) = self.run(None) {
             self.dev.count_conn_opened();
             if let Err(err) = e.conn.close() {
@@ -562,8 +566,10 @@ impl ClientProposal {
         &mut self,
         deadline: Instant,
         until: Option<Instant>,
+        news: TcpNews,
     ) -> Option<Decision> {
         self.syn_sent();
+        self.wait.news = news;
         self.wait.deadline.get_or_insert(deadline);
         self.wait
             .tcp_look
@@ -774,6 +780,11 @@ impl ClientProposal {
     /// TCP, since a server that takes the connection to shared memory
     /// never writes into its TCP stream. The bytes stay for the program.
     fn server_went_tcp(&mut self, now: Instant) -> bool {
+        match self.wait.news {
+            TcpNews::Ask => {}
+            TcpNews::Nothing => return false,
+            TcpNews::Spoke => return true,
+        }
         match self.wait.tcp_look {
             // An announcement goes on as TCP: every look asks.
             _ if self.announced => {}
