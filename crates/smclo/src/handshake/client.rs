@@ -386,8 +386,10 @@ fn announce(
     dest: SocketAddr,
     facts: SocketFacts,
 ) -> Result<ClientProposal, Reason> {
-    dev.check_caller()?;
-    if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
+    // Checks that a proposal makes afresh, trusted a while: a plain
+    // server's connection asks the kernel only for the proof.
+    dev.check_caller_recent()?;
+    if !crate::fdnum::room_for_announcement(super::relieve_descriptors) {
         return Err(Reason::Mem);
     }
     let src_ip = source_ip(fd, dest, facts)?;
