@@ -212,7 +212,7 @@ impl Device {
     pub fn check_caller_recent(&self) -> std::result::Result<(), Reason> {
         let at = self.caller_checked.load(Ordering::Relaxed);
         let ms = at & CHECKED_MS;
-        let fresh = at >> 40 == crate::owner::fork_gen() & 0xff_ffff
+        let fresh = (at >> 40) == (crate::owner::fork_gen() & 0xff_ffff)
             && ms != 0
             && monotonic_ms() < ms - 1 + CALLER_TRUSTED_MS;
         if fresh {
@@ -227,7 +227,8 @@ impl Device {
     fn note_caller_checked(&self) {
         let gen = crate::owner::fork_gen() & 0xff_ffff;
         let ms = (monotonic_ms() + 1) & CHECKED_MS;
-        self.caller_checked.store(gen << 40 | ms, Ordering::Relaxed);
+        self.caller_checked
+            .store((gen << 40) | ms, Ordering::Relaxed);
     }
 
     /// Whether the calling process may still use the device: it may, unless
@@ -348,7 +349,7 @@ mod tests {
         dev.check_caller().unwrap();
         let noted = dev.caller_checked.load(Ordering::Relaxed);
         // A note no check makes now (one 50 ms ahead): kept while trusted.
-        let mark = noted >> 40 << 40 | (monotonic_ms() + 50);
+        let mark = ((noted >> 40) << 40) | (monotonic_ms() + 50);
         dev.caller_checked.store(mark, Ordering::Relaxed);
         dev.check_caller_recent().unwrap();
         let kept = dev.caller_checked.load(Ordering::Relaxed);
@@ -356,13 +357,13 @@ mod tests {
         let gen = noted >> 40;
         let aged = (monotonic_ms() + 1).saturating_sub(CALLER_TRUSTED_MS);
         dev.caller_checked
-            .store(gen << 40 | aged, Ordering::Relaxed);
+            .store((gen << 40) | aged, Ordering::Relaxed);
         dev.check_caller_recent().unwrap();
         let again = dev.caller_checked.load(Ordering::Relaxed);
-        assert!(again & CHECKED_MS > aged, "an aged check was trusted");
+        assert!((again & CHECKED_MS) > aged, "an aged check was trusted");
         let other = (gen + 1) & 0xff_ffff;
         dev.caller_checked
-            .store(other << 40 | again & CHECKED_MS, Ordering::Relaxed);
+            .store((other << 40) | (again & CHECKED_MS), Ordering::Relaxed);
         dev.check_caller_recent().unwrap();
         let after = dev.caller_checked.load(Ordering::Relaxed);
         assert_eq!(
