@@ -403,8 +403,8 @@ pub(super) fn before_read(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     let wait = !dontwait && !nonblocking(fd);
     loop {
         let Some(sleep) = read_sleep(fd) else {
-            if !pending(fd) {
-                return Ok(());
+            if !announced(fd) {
+                return before_io(fd, dontwait);
             }
             // Another thread drives it: its decision is at hand.
             std::thread::sleep(SLICE);
