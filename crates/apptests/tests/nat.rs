@@ -435,7 +435,10 @@ fn calls_per_conn(env: &mut Env, mode: Mode, prog: &str, ns: &str, n: u32) -> Ha
 /// (the socket with the handshake's descriptor), which also decides
 /// UNANSWERED: no `recv(MSG_PEEK)`, no second `poll`, and neither the
 /// caller check's `geteuid` nor the descriptor budget's `prlimit64` of a
-/// proposal (trusted a while). Counted with strace; those four were 8.1.
+/// proposal (trusted a while): 4 in all (the bound leaves room for the
+/// periodic sweep's calls), where a `recv(MSG_PEEK)`, a `poll` at the
+/// write, an `fcntl` at `connect`, the caller check and the budget made 8.
+/// Counted with strace.
 #[test]
 fn an_announcement_to_a_plain_server_makes_few_system_calls() {
     let mut env = Env::new("nat-calls");
@@ -480,7 +483,7 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
         );
     }
     assert!(
-        extra < 4.2,
+        extra < 5.0,
         "{extra:.2} system calls per announced connection beyond TCP's: {ours:?} vs {tcp:?}"
     );
 }
