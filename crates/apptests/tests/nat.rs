@@ -436,9 +436,9 @@ fn calls_per_conn(env: &mut Env, mode: Mode, prog: &str, ns: &str, n: u32) -> Ha
 /// UNANSWERED: no `recv(MSG_PEEK)`, no second `poll`, and neither the
 /// caller check's `geteuid` nor the descriptor budget's `prlimit64` of a
 /// proposal (trusted a while): 4 in all (the bound leaves room for the
-/// periodic sweep's calls), where a `recv(MSG_PEEK)`, a `poll` at the
-/// write, an `fcntl` at `connect`, the caller check and the budget made 8.
-/// Counted with strace.
+/// periodic sweep's calls). Before, 8: beside the proof and the read's
+/// `poll`, an `fcntl` at `connect`, a `poll` at the write, a
+/// `recv(MSG_PEEK)`, `geteuid` and `prlimit64`. Counted with strace.
 #[test]
 fn an_announcement_to_a_plain_server_makes_few_system_calls() {
     let mut env = Env::new("nat-calls");
