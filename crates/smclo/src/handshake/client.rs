@@ -205,7 +205,13 @@ pub fn client_propose_with(
         // A loopback destination is this namespace's own: translated only
         // by a rule of its own OUTPUT chain, rare enough that a plain local
         // server's connections are spared the announcement.
-        if !facts.announce || dest.ip().is_loopback() || !registry::any_port_listens(dev) {
+        // The operator may limit announcements to some networks
+        // (SMCLO_ANNOUNCE).
+        if !facts.announce
+            || dest.ip().is_loopback()
+            || !cfg.announce.covers(dest.ip())
+            || !registry::any_port_listens(dev)
+        {
             return Err(Reason::PeerNoSmc);
         }
         return announce(dev, cfg, fd, dest, facts);
