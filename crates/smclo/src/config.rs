@@ -10,7 +10,7 @@
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
 //! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
-//! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
+//! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};
