@@ -214,42 +214,6 @@ fn a_clusterip_dnat_is_smcd() {
     redis_through(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &redis);
 }
 
-/// `SMCLO_ANNOUNCE` limits announcements to the networks it names: a
-/// ClusterIP within them is SMC-D; with a list that leaves it out, or
-/// `off`, the client announces nothing and the connection is plain TCP
-/// (PEERNOSMC at both ends, as for a destination without a listener;
-/// nothing UNANSWERED).
-#[test]
-fn smclo_announce_limits_announcements_to_its_networks() {
-    let mut env = Env::new("nat-announce");
-    let n = node(&mut env);
-    let port = 6393;
-    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
-    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
-    for (announce, smcd) in [
-        ("10.96.0.0/12", true),
-        ("192.0.2.0/24,fd00::/8", false),
-        ("off", false),
-        (&format!("{CLIENT_IP},{CLUSTER_IP}")[..], true),
-    ] {
-        env.extra_env = vec![("SMCLO_ANNOUNCE".into(), announce.into())];
-        let s0 = env.stats();
-        let (pong, _) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
-        assert_eq!(pong.trim(), "PONG");
-        let d = delta(&s0, &env.stats());
-        let what = format!("SMCLO_ANNOUNCE={announce}: {}", d.fallbacks_desc());
-        if smcd {
-            assert_eq!((d.conns_opened, d.fallbacks()), (1, 0), "{what}");
-        } else {
-            assert_eq!(d.conns_opened, 0, "{what}");
-            // The server found no announcement for the SYN either.
-            assert_eq!(d.fallback(Reason::PeerNoSmc), (1, 1), "{what}");
-            assert_eq!(d.fallbacks(), 2, "{what}");
-        }
-    }
-}
-
 /// A published port: the client connects to the node's own address and a
 /// port the node translates to the server's (Docker's `-p 8080:6395`).
 #[test]
@@ -522,6 +486,42 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
         extra < 5.0,
         "{extra:.2} system calls per announced connection beyond TCP's: {ours:?} vs {tcp:?}"
     );
+}
+
+/// `SMCLO_ANNOUNCE` limits announcements to the networks it names: a
+/// ClusterIP within them is SMC-D; with a list that leaves it out, or
+/// `off`, the client announces nothing and the connection is plain TCP
+/// (PEERNOSMC at both ends, as for a destination without a listener;
+/// nothing UNANSWERED).
+#[test]
+fn smclo_announce_limits_announcements_to_its_networks() {
+    let mut env = Env::new("nat-announce");
+    let n = node(&mut env);
+    let port = 6393;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    for (announce, smcd) in [
+        ("10.96.0.0/12", true),
+        ("192.0.2.0/24,fd00::/8", false),
+        ("off", false),
+        (&format!("{CLIENT_IP},{CLUSTER_IP}")[..], true),
+    ] {
+        env.extra_env = vec![("SMCLO_ANNOUNCE".into(), announce.into())];
+        let s0 = env.stats();
+        let (pong, _) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
+        assert_eq!(pong.trim(), "PONG");
+        let d = delta(&s0, &env.stats());
+        let what = format!("SMCLO_ANNOUNCE={announce}: {}", d.fallbacks_desc());
+        if smcd {
+            assert_eq!((d.conns_opened, d.fallbacks()), (1, 0), "{what}");
+        } else {
+            assert_eq!(d.conns_opened, 0, "{what}");
+            // The server found no announcement for the SYN either.
+            assert_eq!(d.fallback(Reason::PeerNoSmc), (1, 1), "{what}");
+            assert_eq!(d.fallbacks(), 2, "{what}");
+        }
+    }
 }
 
 /// The node masquerades what it forwards to the server (kube-proxy's
