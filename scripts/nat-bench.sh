@@ -10,6 +10,10 @@
 #     listener on its device (every connection announced, UNANSWERED);
 #   - redis-benchmark GET through the DNAT to a redis-server under smclo
 #     run (SMC-D) and to a plain one (both ends plain).
+# COUNT=1 counts instead of timing, for the same three clients: system
+# calls per connection (strace -f -c) and user-space instructions per
+# connection (valgrind --tool=callgrind), each the difference of a run of
+# 2*N connections and one of N (default 200), so that start-up cancels out.
 # Needs root (ip netns, iptables). Leaves nothing behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +54,52 @@ port=6402 redis env SMCLO_DEVICE_DIR="$dev" "$smclo" run --
 cc -O2 -o "$work/connect_rtt" crates/apptests/tests/nat/connect_rtt.c
 sleep 1
 inc() { ip netns exec "$cli" "$@"; }
+# client MODE PROG...: PROG in the client namespace as the client MODE is
+# (tcp, no-listener, announced) runs.
+client() {
+    local mode=$1; shift
+    case $mode in
+        tcp) inc "$@" ;;
+        no-listener) SMCLO_DEVICE_DIR=$dev0 inc "$smclo" run -- "$@" ;;
+        announced) SMCLO_DEVICE_DIR=$dev inc "$smclo" run -- "$@" ;;
+    esac
+}
+if [ -n "${COUNT:-}" ]; then
+    N=${N:-200}
+    rtt=("$work/connect_rtt" 10.96.77.10 80)
+    echo "nat-bench: counts per connection (runs of $((2 * N)) less runs of $N)"
+    for mode in tcp no-listener announced; do
+        client "$mode" strace -f -c -o "$work/s1" "${rtt[@]}" "$N" >/dev/null
+        client "$mode" strace -f -c -o "$work/s2" "${rtt[@]}" "$((2 * N))" >/dev/null
+        client "$mode" valgrind --tool=callgrind --callgrind-out-file="$work/c1.%p" "${rtt[@]}" "$N" >/dev/null 2>&1
+        client "$mode" valgrind --tool=callgrind --callgrind-out-file="$work/c2.%p" "${rtt[@]}" "$((2 * N))" >/dev/null 2>&1
+        python3 - "$mode" "$N" "$work" <<'PY'
+import glob, re, sys
+mode, n, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def calls(path):
+    d = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 5 and re.match(r"^[0-9.]+$", f[0]) and f[-1] != "total":
+            d[f[-1]] = int(f[3])
+    return d
+def instructions(prefix):
+    # The program's own (its start-up, smclo run's exec, cancels out).
+    for p in glob.glob(prefix + ".*"):
+        for line in open(p):
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    return 0
+a, b = calls(work + "/s1"), calls(work + "/s2")
+per = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
+per = {k: v for k, v in per.items() if abs(v) >= 0.01}
+ins = (instructions(work + "/c2") - instructions(work + "/c1")) / n
+print(f"  {mode:12} {sum(per.values()):5.2f} calls ({', '.join(f'{k} {v:.2f}' for k, v in sorted(per.items()))}); {ins:.0f} instructions:u")
+PY
+        rm -f "$work"/c1.* "$work"/c2.*
+    done
+    exit 0
+fi
 echo "nat-bench: $ROUNDS rounds, $N connections each, $(nproc) cores, kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
     echo "round $r"

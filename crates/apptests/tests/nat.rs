@@ -21,6 +21,7 @@
 
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::time::{Duration, Instant};
 
@@ -431,6 +432,142 @@ fn dnat_to_a_plain_server_costs_what_tcp_costs() {
         ours.1,
         tcp.1
     );
+}
+
+/// `connect_rtt`'s system calls for `n` connections in `mode` (name →
+/// calls), counted by `strace -f -c`.
+fn traced_rtt(env: &mut Env, mode: Mode, prog: &str, ns: &str, n: u32) -> HashMap<String, f64> {
+    let out = env.path(&format!("strace-{mode:?}-{n}.txt"));
+    let out_s = out.display().to_string();
+    let port_s = CLUSTER_PORT.to_string();
+    let n_s = n.to_string();
+    let args = ["-f", "-c", "-o", &out_s, prog, CLUSTER_IP, &port_s, &n_s];
+    let cmd = env.command(mode, Some(ns), "strace", &args);
+    let mut p = env.spawn_cmd("strace", cmd);
+    p.wait_ok(T);
+    let report = fs::read_to_string(&out).unwrap_or_default();
+    // Rows: % time, seconds, usecs/call, calls, [errors,] syscall.
+    let calls: HashMap<String, f64> = report
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 5 && f[0].starts_with(|c: char| c.is_ascii_digit()))
+        .filter(|f| f[f.len() - 1] != "total")
+        .filter_map(|f| Some((f[f.len() - 1].to_string(), f[3].parse().ok()?)))
+        .collect();
+    assert!(
+        calls.contains_key("connect"),
+        "no strace summary:\n{report}\n{}",
+        p.logs()
+    );
+    calls
+}
+
+/// System calls per connection of `connect_rtt` in `mode`: the counts of
+/// a run of 2 × `n` connections less those of a run of `n`, so that the
+/// start-up cancels out.
+fn calls_per_conn(env: &mut Env, mode: Mode, prog: &str, ns: &str, n: u32) -> HashMap<String, f64> {
+    let short = traced_rtt(env, mode, prog, ns, n);
+    let long = traced_rtt(env, mode, prog, ns, 2 * n);
+    long.iter()
+        .map(|(k, v)| (k.clone(), (v - short.get(k).unwrap_or(&0.0)) / f64::from(n)))
+        .filter(|(_, v)| v.abs() > 0.01)
+        .collect()
+}
+
+/// An announced connection to a plain server through DNAT makes, beside
+/// TCP's own calls, only `getsockname` and `getsockopt(TCP_TIMESTAMP)`
+/// (its port and TSvals, published after `connect`: the server's proof)
+/// and, at its first read, one `fcntl` (blocking or not) and one `poll`
+/// (the socket with the handshake's descriptor), which also decides
+/// UNANSWERED: no `recv(MSG_PEEK)`, no second `poll`, and neither the
+/// caller check's `geteuid` nor the descriptor budget's `prlimit64` of a
+/// proposal (trusted a while): 4 in all (the bound leaves room for the
+/// periodic sweep's calls). Before, 8: beside the proof and the read's
+/// `poll`, an `fcntl` at `connect`, a `poll` at the write, a
+/// `recv(MSG_PEEK)`, `geteuid` and `prlimit64`. Counted with strace.
+#[test]
+fn an_announcement_to_a_plain_server_makes_few_system_calls() {
+    let mut env = Env::new("nat-calls");
+    let n = node(&mut env);
+    let plain = 6396;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, plain);
+    let _plain = start_redis_in(&mut env, Mode::Plain, &n.srv.name, plain);
+    let _smc = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, plain + 1);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nat/connect_rtt.c");
+    let prog = compile_c(&env, &src, &[]).display().to_string();
+    let cli = n.cli.name.clone();
+    let s0 = env.stats();
+    let tcp = calls_per_conn(&mut env, Mode::Plain, &prog, &cli, 100);
+    let ours = calls_per_conn(&mut env, Mode::Smclo, &prog, &cli, 100);
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.fallback(Reason::Unanswered),
+        (300, 0),
+        "{}",
+        d.fallbacks_desc()
+    );
+    let per = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+    let total = |m: &HashMap<String, f64>| m.values().sum::<f64>();
+    let extra = total(&ours) - total(&tcp);
+    eprintln!("per connection: TCP {tcp:?}; announced {ours:?}; {extra:.2} more");
+    assert!(
+        per(&ours, "recvfrom") < 0.05,
+        "recv(MSG_PEEK) per announced connection: {ours:?}"
+    );
+    assert!(
+        per(&ours, "poll") < 1.05,
+        "polls per announced connection: {ours:?}"
+    );
+    assert!(
+        per(&ours, "fcntl") < 1.05,
+        "fcntls per announced connection: {ours:?}"
+    );
+    for trusted in ["geteuid", "prlimit64"] {
+        assert!(
+            per(&ours, trusted) < 0.05,
+            "{trusted} per announced connection: {ours:?}"
+        );
+    }
+    assert!(
+        extra < 5.0,
+        "{extra:.2} system calls per announced connection beyond TCP's: {ours:?} vs {tcp:?}"
+    );
+}
+
+/// `SMCLO_ANNOUNCE` limits announcements to the networks it names: a
+/// ClusterIP within them is SMC-D; with a list that leaves it out, or
+/// `off`, the client announces nothing and the connection is plain TCP
+/// (PEERNOSMC at both ends, as for a destination without a listener;
+/// nothing UNANSWERED).
+#[test]
+fn smclo_announce_limits_announcements_to_its_networks() {
+    let mut env = Env::new("nat-announce");
+    let n = node(&mut env);
+    let port = 6393;
+    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
+    let cli = n.cli.name.clone();
+    for (announce, smcd) in [
+        ("10.96.0.0/12", true),
+        ("192.0.2.0/24,fd00::/8", false),
+        ("off", false),
+        (&format!("{CLIENT_IP},{CLUSTER_IP}")[..], true),
+    ] {
+        env.extra_env = vec![("SMCLO_ANNOUNCE".into(), announce.into())];
+        let s0 = env.stats();
+        let (pong, _) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
+        assert_eq!(pong.trim(), "PONG");
+        let d = delta(&s0, &env.stats());
+        let what = format!("SMCLO_ANNOUNCE={announce}: {}", d.fallbacks_desc());
+        if smcd {
+            assert_eq!((d.conns_opened, d.fallbacks()), (1, 0), "{what}");
+        } else {
+            assert_eq!(d.conns_opened, 0, "{what}");
+            // The server found no announcement for the SYN either.
+            assert_eq!(d.fallback(Reason::PeerNoSmc), (1, 1), "{what}");
+            assert_eq!(d.fallbacks(), 2, "{what}");
+        }
+    }
 }
 
 /// The node masquerades what it forwards to the server (kube-proxy's

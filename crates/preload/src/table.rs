@@ -116,8 +116,9 @@ pub struct Connecting {
     /// The handshake, `None` while a thread drives it (it takes it out,
     /// so that no lock is held across its system calls).
     pub undecided: Mutex<Option<Undecided>>,
-    /// A blocking connect that returned connected (its writes may go
-    /// early): the process's exit ends it as a close would.
+    /// A blocking connect, or an announcement's, that returned connected
+    /// (its writes may go early): the process's exit ends it as a close
+    /// would.
     pub early: bool,
     /// The handshake is an announcement (a destination without a
     /// registered listener): the connection is TCP's until a server

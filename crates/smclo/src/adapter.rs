@@ -61,7 +61,7 @@ pub mod fdnum {
 pub mod handshake {
     pub use crate::handshake::{
         client_propose_with, ClientProposal, Decision, Established, Looker, Pending, Polled,
-        SocketFacts, Until, Wake,
+        SocketFacts, TcpNews, Until, Wake,
     };
 }
 

@@ -10,6 +10,7 @@
 //! | `SMCLO_POOL_IDLE_MS` | a kept DMB unused this long is unmapped at the next pool operation | 10000 |
 //! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
+//! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};
@@ -37,6 +38,99 @@ pub fn spin_from_env() -> Result<Duration> {
             ))
         }),
         None => Ok(DEFAULT_SPIN),
+    }
+}
+
+/// `SMCLO_ANNOUNCE`: which destinations without a registered listener a
+/// client announces (docs/handshake.md "Connections through address
+/// translation"): a ClusterIP, a published port or a sidecar's capture
+/// is found only by an announcement, which costs a connection to a plain
+/// server or another host its proof's system calls. An operator who knows
+/// where translated services are limits it to those addresses, or turns
+/// it off.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Announce {
+    /// Every destination that is not loopback (the default).
+    #[default]
+    All,
+    /// None: a destination without a registered listener is plain TCP.
+    Off,
+    /// Destinations within one of these networks.
+    Within(std::sync::Arc<[Cidr]>),
+}
+
+/// A network: an address and the length of its prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: std::net::IpAddr,
+    len: u8,
+}
+
+impl Cidr {
+    /// `a.b.c.d/n`, `x::y/n`, or an address alone (one host); `None` if
+    /// it is none of these.
+    pub fn parse(v: &str) -> Option<Cidr> {
+        let (a, len) = match v.split_once('/') {
+            Some((a, n)) => (a, Some(n)),
+            None => (v, None),
+        };
+        let addr: std::net::IpAddr = a.trim().parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            Some(n) => n.trim().parse::<u8>().ok().filter(|&n| n <= max)?,
+            None => max,
+        };
+        Some(Cidr { addr, len })
+    }
+
+    /// Whether `ip` is in this network (an IPv4-mapped IPv6 address as its
+    /// IPv4 one).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |net: u128, ip: u128, width: u32| {
+            let keep = u32::from(self.len);
+            keep == 0 || (net ^ ip) >> (width - keep) == 0
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(i)) => bits(u32::from(n).into(), u32::from(i).into(), 32),
+            (IpAddr::V6(n), IpAddr::V6(i)) => bits(u128::from(n), u128::from(i), 128),
+            _ => false,
+        }
+    }
+}
+
+impl Announce {
+    /// `SMCLO_ANNOUNCE`, validated.
+    pub fn from_env() -> Result<Announce> {
+        let Some(v) = var("SMCLO_ANNOUNCE") else {
+            return Ok(Announce::All);
+        };
+        match v.trim() {
+            "off" => return Ok(Announce::Off),
+            "on" => return Ok(Announce::All),
+            _ => {}
+        }
+        let nets: Option<Vec<Cidr>> = v.split(',').map(Cidr::parse).collect();
+        match nets {
+            Some(n) if !n.is_empty() => Ok(Announce::Within(n.into())),
+            _ => Err(Error::Config(format!(
+                "SMCLO_ANNOUNCE={v:?} is not on, off or a comma-separated list of CIDRs (10.96.0.0/12,fd00::/108)"
+            ))),
+        }
+    }
+
+    /// Whether a connection to `ip` (no listener registered there) may be
+    /// announced.
+    pub fn covers(&self, ip: std::net::IpAddr) -> bool {
+        match self {
+            Announce::All => true,
+            Announce::Off => false,
+            Announce::Within(nets) => nets.iter().any(|n| n.contains(ip)),
+        }
     }
 }
 
@@ -119,6 +213,8 @@ pub struct Config {
     /// client's once a step returns undecided) is moved all the same,
     /// since the wait may last. Not from the environment.
     pub channel_placed_by_caller: bool,
+    /// `SMCLO_ANNOUNCE`.
+    pub announce: Announce,
 }
 
 impl Config {
@@ -153,6 +249,7 @@ impl Config {
             pool: PoolLimits::from_env()?,
             spin: spin_from_env()?,
             channel_placed_by_caller: false,
+            announce: Announce::from_env()?,
         })
     }
 }

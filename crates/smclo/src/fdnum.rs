@@ -156,6 +156,7 @@ pub fn set_app_nofile(soft: u64, hard: u64) -> std::io::Result<()> {
         soft
     };
     set_nofile(real_soft, hard)?;
+    BUDGET_AT.store(0, Ordering::Relaxed);
     let raised = real_soft > soft;
     APP_SOFT.store(if raised { soft } else { 0 }, Ordering::Relaxed);
     if raised {
@@ -393,6 +394,22 @@ pub fn held() -> usize {
 /// The [`budget`] as [`room_for_conn`] last read it; 0 before.
 static BUDGET: AtomicUsize = AtomicUsize::new(0);
 
+/// When [`BUDGET`] was read ([`since_start_ms`] + 1); 0: read it anew
+/// (never read, or the program changed its limit since).
+static BUDGET_AT: AtomicU64 = AtomicU64::new(0);
+
+/// How long [`room_for_announcement`] trusts a reading of the budget.
+pub const BUDGET_TRUSTED: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Milliseconds since this module first asked (`CLOCK_MONOTONIC`, no system call).
+fn since_start_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// How many descriptors smclo may hold: the room above the program's soft
 /// `RLIMIT_NOFILE` ([`app_limit`]) and 1/[`BUDGET_SHARE`] of the program's
 /// limit, read now (the program may change its limit at any time;
@@ -408,6 +425,7 @@ pub fn budget() -> usize {
         }
     };
     BUDGET.store(b, Ordering::Relaxed);
+    BUDGET_AT.store(since_start_ms() + 1, Ordering::Relaxed);
     b
 }
 
@@ -427,7 +445,26 @@ fn budget_last_read() -> usize {
 /// this one own them: ended connections' TCP sockets waiting to be
 /// closed, pooled DMBs' memfds).
 pub fn room_for_conn(relieve: fn()) -> bool {
-    let budget = budget();
+    room_within(budget(), relieve)
+}
+
+/// [`room_for_conn`] for an announcement, with a reading of the budget
+/// less than [`BUDGET_TRUSTED`] old (the program's own changes of its
+/// limit drop the reading): an announcement to a plain server asks the
+/// kernel nothing beyond its proof (docs/handshake.md), and a limit
+/// changed from outside the process is seen that much later.
+pub fn room_for_announcement(relieve: fn()) -> bool {
+    let at = BUDGET_AT.load(Ordering::Relaxed);
+    let fresh = at != 0 && since_start_ms() < at - 1 + BUDGET_TRUSTED.as_millis() as u64;
+    let budget = match BUDGET.load(Ordering::Relaxed) {
+        b if fresh && b != 0 => b,
+        _ => budget(),
+    };
+    room_within(budget, relieve)
+}
+
+/// Whether one more connection fits in `budget`.
+fn room_within(budget: usize, relieve: fn()) -> bool {
     if held() + PER_CONN > budget {
         relieve();
     }
@@ -453,6 +490,38 @@ pub fn pressed() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An announcement trusts a reading of the budget younger than
+    /// [`BUDGET_TRUSTED`] (a value no reading gives stands for it here),
+    /// and reads anew once it is older or the program set its limit.
+    #[test]
+    fn an_announcement_trusts_a_recent_budget_until_it_ages_or_the_limit_is_set() {
+        const UNREAD: usize = usize::MAX - 7;
+        let real = budget();
+        BUDGET.store(UNREAD, Ordering::Relaxed);
+        assert!(room_for_announcement(|| {}));
+        assert_eq!(
+            BUDGET.load(Ordering::Relaxed),
+            UNREAD,
+            "a fresh reading was read again"
+        );
+        let app = app_nofile().unwrap();
+        set_app_nofile(app.rlim_cur, app.rlim_max).unwrap();
+        assert!(room_for_announcement(|| {}));
+        assert_eq!(
+            BUDGET.load(Ordering::Relaxed),
+            real,
+            "a set limit kept the reading"
+        );
+        std::thread::sleep(BUDGET_TRUSTED);
+        BUDGET.store(UNREAD, Ordering::Relaxed);
+        assert!(room_for_announcement(|| {}));
+        assert_eq!(
+            BUDGET.load(Ordering::Relaxed),
+            real,
+            "an aged reading was trusted"
+        );
+    }
 
     #[test]
     fn moved_descriptors_are_high_and_work() {

@@ -26,7 +26,7 @@ use crate::table::{self, Connecting, Shut, Undecided, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
 use smclo::adapter::fallbacks::FallbackRecord;
-use smclo::adapter::handshake::{Decision, Looker, Polled, Until, Wake};
+use smclo::adapter::handshake::{Decision, Looker, Polled, TcpNews, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
@@ -110,8 +110,30 @@ fn writable(fd: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 && p.revents & libc::POLLOUT != 0
 }
 
-/// Advances `pd`, sleeping at most until `until` (`None`: until it ends).
-fn step(fd: RawFd, pd: &mut Undecided, until: Option<Instant>) -> Option<Outcome> {
+/// How a look at a pending handshake learns about its TCP socket.
+#[derive(Clone, Copy)]
+enum Look {
+    /// It asks the socket (refused or reset, and, for a client, whether
+    /// its server went on over TCP), sleeping at most until the instant
+    /// (`None`: until the handshake ends).
+    Asking(Option<Instant>),
+    /// The caller's wait on the socket said this (see [`TcpNews`]); one
+    /// step, no system call for the socket.
+    Told(TcpNews),
+}
+
+/// Advances `pd` as `look` says.
+fn step(fd: RawFd, pd: &mut Undecided, look: Look) -> Option<Outcome> {
+    let until = match look {
+        Look::Asking(until) => until,
+        Look::Told(news) => {
+            let now = Until::Step(Instant::now());
+            return match pd.hs.poll_told(now, news) {
+                Polled::Decided(d) => Some(Outcome::Decided(Box::new(d))),
+                Polled::Waiting(_) => None,
+            };
+        }
+    };
     loop {
         if tcp_failed(fd) {
             return Some(Outcome::TcpFailed);
@@ -132,6 +154,11 @@ fn step(fd: RawFd, pd: &mut Undecided, until: Option<Instant>) -> Option<Outcome
 /// Looks at the handshake of `fd`, sleeping at most until `until`
 /// (`None`: until it decides); whether it has decided. Keeps errno.
 fn advance(fd: RawFd, until: Option<Instant>) -> bool {
+    advance_as(fd, Look::Asking(until))
+}
+
+/// [`advance`] as `look` says.
+fn advance_as(fd: RawFd, look: Look) -> bool {
     if !pending(fd) {
         return true;
     }
@@ -145,7 +172,7 @@ fn advance(fd: RawFd, until: Option<Instant>) -> bool {
     };
     let e = errno();
     DRIVING.with(|d| d.set(true));
-    let done = drive_one(fd, c, pd, until);
+    let done = drive_one(fd, c, pd, look);
     DRIVING.with(|d| d.set(false));
     set_errno(e);
     done
@@ -165,9 +192,9 @@ fn put_back(fd: RawFd, c: &Arc<Connecting>, pd: Undecided) {
     }
 }
 
-/// [`advance`] of `pd`, taken out of `c`.
-fn drive_one(fd: RawFd, c: Arc<Connecting>, mut pd: Undecided, until: Option<Instant>) -> bool {
-    match step(fd, &mut pd, until) {
+/// [`advance_as`] of `pd`, taken out of `c`.
+fn drive_one(fd: RawFd, c: Arc<Connecting>, mut pd: Undecided, look: Look) -> bool {
+    match step(fd, &mut pd, look) {
         None => {
             put_back(fd, &c, pd);
             false
@@ -369,49 +396,96 @@ pub(super) fn before_io(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
 }
 
 /// A read on `fd` (`dontwait`: `MSG_DONTWAIT`), as [`before_io`]. An
-/// announcement's read looks once at the handshake and, undecided, goes
-/// to the TCP socket as TCP's would: a non-blocking one at once, a
-/// blocking one once the socket is readable (its server went on over TCP,
-/// which the look after it decides) or the handshake decided.
+/// announcement's read goes to the TCP socket as TCP's would: a
+/// non-blocking one at once, a blocking one once the socket is readable
+/// or the handshake decided. One `poll` of the socket with the
+/// handshake's own descriptor (a server's connection to the rendezvous
+/// socket, its answer on the channel), without waiting for a
+/// non-blocking read, then one look at the handshake: the socket readable
+/// says that the server went on over TCP (UNANSWERED, decided before the
+/// read takes the bytes), refused or reset that the connection failed.
+/// Nothing else is asked of the socket.
 pub(super) fn before_read(fd: RawFd, dontwait: bool) -> Result<(), c_int> {
     if !announced(fd) {
         return before_io(fd, dontwait);
     }
-    if advance(fd, Some(Instant::now())) || dontwait || nonblocking(fd) {
-        return Ok(());
-    }
-    while !advance(fd, Some(Instant::now())) {
-        if !announced(fd) {
+    let wait = !dontwait && !nonblocking(fd);
+    loop {
+        let Some(sleep) = read_sleep(fd) else {
+            if !announced(fd) {
+                return before_io(fd, dontwait);
+            }
             // Another thread drives it: its decision is at hand.
             std::thread::sleep(SLICE);
             continue;
+        };
+        let (mut all, n) = (sleep.fds, sleep.n);
+        let ms = match sleep.within {
+            _ if !wait => 0,
+            None => -1,
+            Some(d) => d.as_millis().clamp(1, i32::MAX as u128) as c_int,
+        };
+        // SAFETY: a valid array of `n` pollfds.
+        let r = unsafe { real::poll(all.as_mut_ptr(), n as libc::nfds_t, ms) };
+        let said = if r > 0 { all[0].revents } else { 0 };
+        if said & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            // Refused or reset: what the look that asks finds.
+            advance(fd, Some(Instant::now()));
+            return Ok(());
         }
-        let sleep = sleep_for(&[fd]);
-        let mut all = vec![pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        all.extend(sleep.fds.iter().map(|&w| pollfd {
-            fd: w,
-            events: libc::POLLIN,
-            revents: 0,
-        }));
-        let ms = sleep
-            .within
-            .map_or(-1, |d| d.as_millis().clamp(1, i32::MAX as u128) as c_int);
-        // SAFETY: a valid array of `all.len()` pollfds.
-        let n = unsafe { real::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, ms) };
-        if n > 0 {
-            let ready: Vec<RawFd> = all[1..]
+        if r > 0 && all[1..n].iter().any(|p| p.revents != 0) {
+            let ready: Vec<RawFd> = all[1..n]
                 .iter()
                 .filter(|p| p.revents != 0)
                 .map(|p| p.fd)
                 .collect();
             woken(&ready, &[fd]);
         }
+        let news = if said != 0 {
+            TcpNews::Spoke
+        } else {
+            TcpNews::Nothing
+        };
+        if advance_as(fd, Look::Told(news)) || !wait {
+            return Ok(());
+        }
     }
-    Ok(())
+}
+
+/// What an announcement's read on `fd` sleeps on: the socket first, then
+/// the handshake's descriptors (`n` in all), at most `within`.
+struct ReadSleep {
+    fds: [pollfd; 3],
+    n: usize,
+    within: Option<Duration>,
+}
+
+/// [`ReadSleep`] for the announcement of `fd`; `None` when it is no
+/// longer announced or another thread drives it.
+fn read_sleep(fd: RawFd) -> Option<ReadSleep> {
+    let c = table::connecting(fd).filter(|c| c.announced)?;
+    let (wake, deadline) = {
+        let pd = lock(&c.undecided);
+        let pd = pd.as_ref()?;
+        (pd.hs.wake(), pd.hs.deadline())
+    };
+    let polled = |fd, events| pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let mut out = ReadSleep {
+        fds: [polled(fd, libc::POLLIN); 3],
+        n: 1,
+        within: None,
+    };
+    for w in [wake.fd, wake.also].into_iter().flatten() {
+        out.fds[out.n] = polled(w, libc::POLLIN);
+        out.n += 1;
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    out.within = Some(wake.within.map_or(left, |w| w.min(left)));
+    Some(out)
 }
 
 /// A write on `fd` that did not go early ([`early_send`]), as
@@ -478,17 +552,18 @@ pub(super) fn early_send(
     if !pending(fd) || n == 0 || n > EARLY_MAX as usize || flags & !allowed != 0 {
         return None;
     }
-    if announced(fd) {
+    let c = table::connecting(fd)?;
+    if c.announced {
         // A non-blocking socket too, once connected: a fresh connection's
-        // send buffer takes EARLY_MAX bytes without waiting.
-        if !writable(fd) {
+        // send buffer takes EARLY_MAX bytes without waiting. One whose
+        // connect returned connected (`early`) is not asked.
+        if !c.early && !writable(fd) {
             return None;
         }
     } else if nonblocking(fd) {
         return None;
     }
     {
-        let c = table::connecting(fd)?;
         let mut undecided = lock(&c.undecided);
         // Being driven by another thread (out of it): wait instead.
         let pd = undecided.as_mut()?;

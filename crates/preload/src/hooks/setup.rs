@@ -558,12 +558,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // EINPROGRESS: a non-blocking socket, or a blocking one whose
     // SO_SNDTIMEO ran out; TCP's connect goes on either way (the pending
     // handshake asks the socket's mode when it matters). A non-blocking
-    // connect may also complete at once on loopback (0).
-    let connecting = r != 0 || pending::nonblocking(fd);
-    // An announcement never waits for its server: its handshake goes on
-    // after connect, and its writes go early, whether it is connected yet
-    // or not (`pending::early_send` asks the socket).
-    if connecting || p.answer_expected_unaided() || p.announced() {
+    // connect may also complete at once on loopback (0). An announcement
+    // never waits for its server: its handshake goes on after connect, and
+    // its writes go early, whether it is connected yet or not; connected
+    // (0), its socket's mode does not matter, and is not asked.
+    let announced = p.announced();
+    let connecting = r != 0 || (!announced && pending::nonblocking(fd));
+    if connecting || p.answer_expected_unaided() || announced {
         // The handshake goes on after connect returns, as TCP's does: the
         // program's next wait or call on `fd` drives it. A blocking
         // program's first request, written before the server answered,

@@ -406,7 +406,7 @@ const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) 
 /// the kernel without writability unless its writes go `early`.
 pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
     // An announcement's writes go early too, connected or not
-    // (`pending::early_send` asks the socket).
+    // (`pending::early_send` asks the socket unless it is `early`).
     let announced = hs.announced();
     let writable = early || announced;
     let connecting = Arc::new(Connecting {

@@ -318,6 +318,7 @@ impl Device {
             shape,
             opened_by: euid(),
             admitted: AtomicU64::new(ADMITTED_UNKNOWN),
+            caller_checked: AtomicU64::new(0),
             me: me.clone(),
             region: crate::fault::Region::register(p.cast(), len),
             _membership: membership,

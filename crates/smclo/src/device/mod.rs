@@ -97,6 +97,9 @@ pub struct Device {
     /// [`Device::check_caller`] judged, and its verdict
     /// ([`ADMITTED_UNKNOWN`] before any).
     admitted: AtomicU64,
+    /// When [`Device::check_caller`] last passed ([`monotonic_ms`] + 1; 0:
+    /// never), which [`Device::check_caller_recent`] trusts a while.
+    caller_checked: AtomicU64,
     me: Weak<Device>,
     /// The mapping, registered for recovery from a shrunk file
     /// ([`crate::fault`]).
@@ -152,6 +155,14 @@ fn monotonic_ms() -> u64 {
 /// [`Device::admitted`] before any changed uid was judged.
 const ADMITTED_UNKNOWN: u64 = u64::MAX;
 
+/// How long [`Device::check_caller_recent`] trusts a passed check, in
+/// milliseconds.
+pub const CALLER_TRUSTED_MS: u64 = 100;
+
+/// The milliseconds in [`Device::caller_checked`]; the fork generation's
+/// low 24 bits are above them.
+const CHECKED_MS: u64 = (1 << 40) - 1;
+
 impl Device {
     /// Whether this process lost its mapping of the device: the file was
     /// shrunk under it (or a hole in it could not be filled), and
@@ -193,6 +204,33 @@ impl Device {
         self.shape.file_mode()
     }
 
+    /// [`Device::check_caller`], trusting one that passed in this fork
+    /// generation less than [`CALLER_TRUSTED_MS`] ago: an announcement's
+    /// connection to a plain server asks the kernel nothing beyond its
+    /// proof (docs/handshake.md); a uid changed within that time is seen
+    /// that much later.
+    pub fn check_caller_recent(&self) -> std::result::Result<(), Reason> {
+        let at = self.caller_checked.load(Ordering::Relaxed);
+        let ms = at & CHECKED_MS;
+        let fresh = (at >> 40) == (crate::owner::fork_gen() & 0xff_ffff)
+            && ms != 0
+            && monotonic_ms() < ms - 1 + CALLER_TRUSTED_MS;
+        if fresh {
+            return Ok(());
+        }
+        self.check_caller()
+    }
+
+    /// Notes a passed [`Device::check_caller`] for [`Device::check_caller_recent`]:
+    /// when, and in which fork generation (a child that changes its uid
+    /// right after `fork`, as a server's workers do, checks afresh).
+    fn note_caller_checked(&self) {
+        let gen = crate::owner::fork_gen() & 0xff_ffff;
+        let ms = (monotonic_ms() + 1) & CHECKED_MS;
+        self.caller_checked
+            .store((gen << 40) | ms, Ordering::Relaxed);
+    }
+
     /// Whether the calling process may still use the device: it may, unless
     /// it changed its effective uid since it opened the device (a server's
     /// workers that switch from root to an unprivileged user keep root's
@@ -202,6 +240,7 @@ impl Device {
     pub fn check_caller(&self) -> std::result::Result<(), Reason> {
         let uid = euid();
         if uid == self.opened_by {
+            self.note_caller_checked();
             return Ok(());
         }
         let seen = self.admitted.load(Ordering::Relaxed);
@@ -214,6 +253,7 @@ impl Device {
             ok
         };
         if ok {
+            self.note_caller_checked();
             return Ok(());
         }
         crate::debug!(
@@ -291,5 +331,45 @@ impl Device {
     pub fn set_dmb_type(&self, t: DmbType) {
         self.u32_at(layout::off::DMB_TYPE)
             .store(t as u32, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smclo_testsupport::DevDir;
+
+    /// A passed check is trusted for [`CALLER_TRUSTED_MS`] in its fork
+    /// generation; an older one, or one of another generation (a fork
+    /// child's, which may change its uid next), is made again.
+    #[test]
+    fn a_passed_caller_check_is_trusted_a_while_in_its_fork_generation() {
+        let dir = DevDir::new("caller-check");
+        let dev = Device::open(&dir.0).unwrap();
+        dev.check_caller().unwrap();
+        let noted = dev.caller_checked.load(Ordering::Relaxed);
+        // A note no check makes now (one 50 ms ahead): kept while trusted.
+        let mark = ((noted >> 40) << 40) | (monotonic_ms() + 50);
+        dev.caller_checked.store(mark, Ordering::Relaxed);
+        dev.check_caller_recent().unwrap();
+        let kept = dev.caller_checked.load(Ordering::Relaxed);
+        assert_eq!(kept, mark, "a trusted check was made again");
+        let gen = noted >> 40;
+        let aged = (monotonic_ms() + 1).saturating_sub(CALLER_TRUSTED_MS);
+        dev.caller_checked
+            .store((gen << 40) | aged, Ordering::Relaxed);
+        dev.check_caller_recent().unwrap();
+        let again = dev.caller_checked.load(Ordering::Relaxed);
+        assert!((again & CHECKED_MS) > aged, "an aged check was trusted");
+        let other = (gen + 1) & 0xff_ffff;
+        dev.caller_checked
+            .store((other << 40) | (again & CHECKED_MS), Ordering::Relaxed);
+        dev.check_caller_recent().unwrap();
+        let after = dev.caller_checked.load(Ordering::Relaxed);
+        assert_eq!(
+            after >> 40,
+            gen,
+            "another fork generation's check was trusted"
+        );
     }
 }

@@ -5,6 +5,7 @@ use super::channel::{
     recv_expected, send_msg, wait_readable, Received, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
 use super::listener::RendezvousListener;
+use super::pending::TcpNews;
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
     Decision, Established, HandshakeError, Wake, LOOPBACK_CHID,
@@ -129,6 +130,8 @@ struct Wait {
     /// When the TCP socket is looked at next ([`TCP_LOOK`]), and the time
     /// since the look before; `None` until the wait starts.
     tcp_look: Option<(Instant, Duration)>,
+    /// What the caller of this look knows of the TCP socket.
+    news: TcpNews,
 }
 
 fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
@@ -202,7 +205,13 @@ pub fn client_propose_with(
         // A loopback destination is this namespace's own: translated only
         // by a rule of its own OUTPUT chain, rare enough that a plain local
         // server's connections are spared the announcement.
-        if !facts.announce || dest.ip().is_loopback() || !registry::any_port_listens(dev) {
+        // The operator may limit announcements to some networks
+        // (SMCLO_ANNOUNCE).
+        if !facts.announce
+            || dest.ip().is_loopback()
+            || !cfg.announce.covers(dest.ip())
+            || !registry::any_port_listens(dev)
+        {
             return Err(Reason::PeerNoSmc);
         }
         return announce(dev, cfg, fd, dest, facts);
@@ -383,8 +392,10 @@ fn announce(
     dest: SocketAddr,
     facts: SocketFacts,
 ) -> Result<ClientProposal, Reason> {
-    dev.check_caller()?;
-    if !crate::fdnum::room_for_conn(super::relieve_descriptors) {
+    // Checks that a proposal makes afresh, trusted a while: a plain
+    // server's connection asks the kernel only for the proof.
+    dev.check_caller_recent()?;
+    if !crate::fdnum::room_for_announcement(super::relieve_descriptors) {
         return Err(Reason::Mem);
     }
     let src_ip = source_ip(fd, dest, facts)?;
@@ -495,6 +506,7 @@ impl ClientProposal {
     fn end_accepted(&mut self) {
         self.wait.following = true;
         self.wait.deadline = Some(Instant::now() + REPLY_GRACE);
+        self.wait.news = TcpNews::Ask;
         if let Some(Decision::Smc(e)) = self.run(None) {
             self.dev.count_conn_opened();
             if let Err(err) = e.conn.close() {
@@ -562,8 +574,10 @@ impl ClientProposal {
         &mut self,
         deadline: Instant,
         until: Option<Instant>,
+        news: TcpNews,
     ) -> Option<Decision> {
         self.syn_sent();
+        self.wait.news = news;
         self.wait.deadline.get_or_insert(deadline);
         self.wait
             .tcp_look
@@ -774,6 +788,11 @@ impl ClientProposal {
     /// TCP, since a server that takes the connection to shared memory
     /// never writes into its TCP stream. The bytes stay for the program.
     fn server_went_tcp(&mut self, now: Instant) -> bool {
+        match self.wait.news {
+            TcpNews::Ask => {}
+            TcpNews::Nothing => return false,
+            TcpNews::Spoke => return true,
+        }
         match self.wait.tcp_look {
             // An announcement goes on as TCP: every look asks.
             _ if self.announced => {}

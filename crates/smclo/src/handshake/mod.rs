@@ -22,7 +22,7 @@ mod pending;
 mod server;
 
 pub use client::{client_propose, client_propose_with, ClientProposal, SocketFacts};
-pub use pending::{Looker, Pending, Polled, Until};
+pub use pending::{Looker, Pending, Polled, TcpNews, Until};
 use server::ServerHandshake;
 
 use crate::access::PeerRefused;

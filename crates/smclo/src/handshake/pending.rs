@@ -41,6 +41,22 @@ impl Until {
     }
 }
 
+/// What a client's look knows of its TCP socket before it polls
+/// ([`Pending::poll_told`]): whether its server went on over TCP is asked
+/// of the socket, or the caller's own wait on it already said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TcpNews {
+    /// The look asks the socket (a `recv(MSG_PEEK)`) when it is due.
+    #[default]
+    Ask,
+    /// The caller has not seen the socket readable: the look makes no
+    /// system call for it.
+    Nothing,
+    /// The caller's wait found the socket readable (bytes, the end of
+    /// the stream): the server went on over TCP.
+    Spoke,
+}
+
 /// What a [`Pending::poll`] found.
 // Made once per connection and moved once: boxing the decision would cost
 // an allocation per connection for nothing.
@@ -103,8 +119,14 @@ impl Pending {
     /// spin budget before it busy-polls, a longer wait sleeps on
     /// [`wake`](Self::wake).
     pub fn poll(&mut self, until: Until) -> Polled {
+        self.poll_told(until, TcpNews::Ask)
+    }
+
+    /// [`poll`](Self::poll) with what the caller knows of a client's TCP
+    /// socket (`news`; a server's handshake ignores it).
+    pub fn poll_told(&mut self, until: Until, news: TcpNews) -> Polled {
         let d = match &mut self.side {
-            Side::Connect(p) => p.decide_by(self.deadline, until.at()),
+            Side::Connect(p) => p.decide_by(self.deadline, until.at(), news),
             Side::Accept(h) => h.decide_within(self.deadline, until.at(), until.may_wait()),
         };
         match d {
