@@ -33,6 +33,18 @@
 //!   device spins on fewer CPUs, and once it is over the slots free
 //!   themselves. A short preemption (a thread woken for a moment) costs
 //!   the CPU's spinners as short a pause.
+//! - **Contention that lasts pauses the slot longer.** Each spin of a
+//!   thread that a preemption ends, after one that a preemption ended
+//!   too, pauses its slot twice as long as the one before (up to
+//!   [`GIVE_WAY_MOST`]); a yield that gets the CPU straight back (no
+//!   other thread wanted it) starts the count again. A yield that hands
+//!   the CPU over costs the spinner the other thread's whole slice, and
+//!   meanwhile its peers skip the doorbells (the spinner polls), so no
+//!   answer brings it back sooner, while a sleeper would be woken by the
+//!   first one. A single-threaded event loop sharing its CPU with a busy
+//!   process (pgbench's 32 connections beside a build) stalled every
+//!   connection that long after each pause; with pauses that double,
+//!   the stalls become rare while the contention lasts.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -68,8 +80,15 @@ pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 
 /// How long the slot of a preempted spin stays held by no one, at most
 /// (as long as the spin was kept off its CPU, up to this): a few
-/// wake-ups of the threads the spinner kept waiting.
+/// wake-ups of the threads the spinner kept waiting. Doubled for each
+/// preempted spin of the thread just before it (see the module's
+/// documentation).
 pub const GIVE_WAY: Duration = Duration::from_millis(1);
+
+/// The longest pause of a slot: [`GIVE_WAY`] doubled seven times. Long
+/// next to a scheduler slice (the stall one probing spin costs where
+/// the contention lasts), short enough that spinning resumes soon after.
+pub const GIVE_WAY_MOST: Duration = Duration::from_millis(128);
 
 /// How long a thread trusts what it read of its CPU affinity.
 const AFFINITY_FRESH: Duration = Duration::from_secs(1);
@@ -154,7 +173,26 @@ const _: () = assert!(SPIN_SLOTS == u128::BITS as usize);
 thread_local! {
     /// This thread's allowed slots and when they were read (0: never).
     static ALLOWED: Cell<(Slots, u64)> = const { Cell::new((Slots(0), 0)) };
+
+    /// How many of this thread's spins in a row a preemption ended since
+    /// one of its yields last got the CPU straight back.
+    static PREEMPTIONS: Cell<u32> = const { Cell::new(0) };
 }
+
+/// How long a spin that a preemption of `gap` ended pauses its slot: as
+/// long as the preemption (at most [`GIVE_WAY`]), doubled for each of the
+/// thread's spins before it that a preemption ended, up to
+/// [`GIVE_WAY_MOST`]. Counts this one.
+fn pause(gap: u64) -> u64 {
+    let before = PREEMPTIONS.with(|p| p.replace(p.get().saturating_add(1)));
+    let doubled = gap.min(ns(GIVE_WAY)) << before.min(DOUBLINGS);
+    doubled.min(ns(GIVE_WAY_MOST))
+}
+
+/// [`GIVE_WAY_MOST`] is [`GIVE_WAY`] doubled this many times.
+const DOUBLINGS: u32 = 7;
+
+const _: () = assert!(GIVE_WAY.as_nanos() << DOUBLINGS == GIVE_WAY_MOST.as_nanos());
 
 /// The slots of the CPUs this thread may run on, read again once
 /// [`AFFINITY_FRESH`] old.
@@ -291,15 +329,15 @@ pub fn run<T, E>(
             Ok(None) => {}
             r => return r,
         }
-        if now >= next_yield {
-            // SAFETY: no arguments; it only reorders the run queue.
-            unsafe { libc::sched_yield() };
-            now = monotonic_ns();
+        // A look that was preempted ends the spin below, unyielded: its
+        // yield would find the CPU free and start the count again.
+        if now >= next_yield && now.saturating_sub(last) <= ns(PREEMPTED) {
+            now = yield_cpu(now);
             next_yield = now.saturating_add(now - start);
         }
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
-            held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
+            held.give_way(now.saturating_add(pause(gap)));
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
@@ -308,6 +346,19 @@ pub fn run<T, E>(
         last = now;
         std::hint::spin_loop();
     }
+}
+
+/// Lets the CPU's other runnable threads run first (`sched_yield`),
+/// asked at `before`; the time it returned. Back at once, it found the
+/// CPU free: the thread's count of preempted spins starts again.
+fn yield_cpu(before: u64) -> u64 {
+    // SAFETY: no arguments; it only reorders the run queue.
+    unsafe { libc::sched_yield() };
+    let now = monotonic_ns();
+    if now.saturating_sub(before) <= ns(PREEMPTED) {
+        PREEMPTIONS.with(|p| p.set(0));
+    }
+    now
 }
 
 /// [`run`] for a `look` that cannot fail.

@@ -1,7 +1,8 @@
 //! The spinner slots (`smclo::testing::spin`): no more threads spin at
 //! once than the CPUs they may run on, a thread that finds its CPUs'
 //! slots held does not spin, a preempted spin's slot stays held for a
-//! while, a spin lets the threads waiting for its CPU run, and a
+//! while (longer after each of a thread's spins in a row that a
+//! preemption ended), a spin lets the threads waiting for its CPU run, and a
 //! spinner that dies (`kill -9`) holds its slot no longer
 //! than the spin it took it for.
 
@@ -190,6 +191,77 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
     .unwrap();
 }
 
+/// Sleeps until slot `slot` of the process's table is free.
+fn wait_until_free(slot: usize) {
+    while spin::table()[slot].load(Ordering::SeqCst) > spin::monotonic_ns() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A spin on the calling (pinned) thread whose one look takes 3 ms, as a
+/// spin kept off its CPU that long sees, once the CPU's slot is free:
+/// when the look ended, when the spin did, and until when the slot is
+/// then held.
+fn preempted_spin(slot: usize) -> (u64, u64, u64) {
+    wait_until_free(slot);
+    let mut looks = 0;
+    let mut looked = 0;
+    let r = spin::until(Duration::from_secs(1), None, || {
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(3));
+        looked = spin::monotonic_ns();
+        None::<()>
+    });
+    let ended = spin::monotonic_ns();
+    assert_eq!((r, looks), (None, 1), "spun on after a preemption");
+    (looked, ended, spin::table()[slot].load(Ordering::SeqCst))
+}
+
+/// A thread whose spins a preemption ends one after another pauses its
+/// CPU's spinners twice as long each time, up to `GIVE_WAY_MOST`: a
+/// contention that lasts is not probed every `GIVE_WAY` by a yield that
+/// costs the spinner another thread's whole slice (during which its
+/// peers skip the doorbells that would bring it back). A spin whose
+/// yields get the CPU straight back starts the count again.
+#[test]
+fn spins_preempted_in_a_row_pause_their_cpus_spinners_longer_each_time() {
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    let slot = spin::slot_of(cpu);
+    std::thread::spawn(move || {
+        pin(cpu);
+        let first = spin::GIVE_WAY.as_nanos() as u64;
+        let most = spin::GIVE_WAY_MOST.as_nanos() as u64;
+        let mut want = first;
+        for round in 0..9 {
+            let (looked, ended, held) = preempted_spin(slot);
+            assert!(
+                held >= looked + want && held <= ended + want,
+                "spin {round} in a row paused the slot {} ns, not {want}",
+                held.saturating_sub(looked)
+            );
+            want = (want * 2).min(most);
+        }
+        // A spin of 200 µs yields at least once; one that gives its slot
+        // back was not preempted: its yields got the CPU straight back.
+        let free = (0..100).any(|_| {
+            wait_until_free(slot);
+            spin::until(Duration::from_micros(200), None, || None::<()>);
+            spin::table()[slot].load(Ordering::SeqCst) == 0
+        });
+        assert!(free, "no spin of 100 kept its CPU");
+        let (looked, ended, held) = preempted_spin(slot);
+        assert!(
+            held >= looked + first && held <= ended + first,
+            "after a free CPU, a preempted spin paused the slot {} ns",
+            held.saturating_sub(looked)
+        );
+        wait_until_free(slot);
+    })
+    .join()
+    .unwrap();
+}
+
 /// A thread that waits for the spinner's CPU runs within a few
 /// microseconds of the spin's start, not when the scheduler takes the CPU
 /// away at the end of the spinner's slice (0.7 ms to a 4 ms tick here):
@@ -201,7 +273,9 @@ fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     let cpu = some_cpu();
     let waits = std::thread::spawn(move || {
         pin(cpu);
-        (0..5).map(|_| waited_for_the_cpu()).collect::<Vec<u64>>()
+        (0..5)
+            .map(|_| waited_for_the_cpu(spin::slot_of(cpu)))
+            .collect::<Vec<u64>>()
     })
     .join()
     .unwrap();
@@ -213,9 +287,10 @@ fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     );
 }
 
-/// One round of the test above, on the calling (pinned) thread: how long
-/// after the spin began the other thread ran.
-fn waited_for_the_cpu() -> u64 {
+/// One round of the test above, on the calling (pinned) thread, whose
+/// CPU's slot is `slot`: how long after the spin began the other thread
+/// ran.
+fn waited_for_the_cpu(slot: usize) -> u64 {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let go = Arc::new(AtomicBool::new(false));
@@ -228,8 +303,10 @@ fn waited_for_the_cpu() -> u64 {
         }
         r.store(spin::monotonic_ns(), Ordering::Release);
     });
-    // Longer than a paused slot (`GIVE_WAY`) and than the other's start.
+    // Longer than the other's start; and until a slot paused by the
+    // previous round's spin (its yield may have been a preemption) is free.
     std::thread::sleep(Duration::from_millis(3));
+    wait_until_free(slot);
     let start = spin::monotonic_ns();
     go.store(true, Ordering::Release);
     let mut looks = 0;
@@ -278,7 +355,7 @@ fn a_killed_spinner_holds_its_slot_no_longer_than_its_spin() {
         .find_map(|_| kill_a_spinner(&d.0, &table[..]))
         .expect("killed between two spins three times");
     let last = *times.iter().max().unwrap();
-    let bound = CHILD_SPIN.max(spin::GIVE_WAY).as_nanos() as u64;
+    let bound = CHILD_SPIN.max(spin::GIVE_WAY_MOST).as_nanos() as u64;
     assert!(
         last <= killed + bound,
         "a slot held past the dead spinner's own spin"
