@@ -36,7 +36,7 @@
 //! - **Contention that lasts pauses the slot longer.** Each spin of a
 //!   thread that a preemption ends, after one that a preemption ended
 //!   too, pauses its slot twice as long as the one before (up to
-//!   [`GIVE_WAY_MOST`]); a yield that gets the CPU straight back (no
+//!   [`GIVE_WAY_MOST`]); a spin that yielded and kept its CPU (no
 //!   other thread wanted it) starts the count again. A yield that hands
 //!   the CPU over costs the spinner the other thread's whole slice, and
 //!   meanwhile its peers skip the doorbells (the spinner polls), so no
@@ -322,18 +322,21 @@ pub fn run<T, E>(
     };
     let mut last = start;
     let mut next_yield = start.saturating_add(ns(FIRST_YIELD));
+    let mut yielded = false;
     loop {
         let r = look();
         let mut now = monotonic_ns();
-        match r {
-            Ok(None) => {}
-            r => return r,
+        if !matches!(r, Ok(None)) {
+            kept_cpu(yielded);
+            return r;
         }
-        // A look that was preempted ends the spin below, unyielded: its
-        // yield would find the CPU free and start the count again.
+        // A look that was preempted ends the spin below, unyielded.
         if now >= next_yield && now.saturating_sub(last) <= ns(PREEMPTED) {
-            now = yield_cpu(now);
+            // SAFETY: no arguments; it only reorders the run queue.
+            unsafe { libc::sched_yield() };
+            now = monotonic_ns();
             next_yield = now.saturating_add(now - start);
+            yielded = true;
         }
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
@@ -341,6 +344,7 @@ pub fn run<T, E>(
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
+            kept_cpu(yielded);
             return Ok(None);
         }
         last = now;
@@ -348,17 +352,13 @@ pub fn run<T, E>(
     }
 }
 
-/// Lets the CPU's other runnable threads run first (`sched_yield`),
-/// asked at `before`; the time it returned. Back at once, it found the
-/// CPU free: the thread's count of preempted spins starts again.
-fn yield_cpu(before: u64) -> u64 {
-    // SAFETY: no arguments; it only reorders the run queue.
-    unsafe { libc::sched_yield() };
-    let now = monotonic_ns();
-    if now.saturating_sub(before) <= ns(PREEMPTED) {
+/// A spin ended unpreempted. If it yielded, each yield got the CPU
+/// straight back (no other thread wanted it; a yield that ran one is a
+/// preemption): the thread's count of preempted spins starts again.
+fn kept_cpu(yielded: bool) {
+    if yielded {
         PREEMPTIONS.with(|p| p.set(0));
     }
-    now
 }
 
 /// [`run`] for a `look` that cannot fail.

@@ -242,24 +242,66 @@ fn spins_preempted_in_a_row_pause_their_cpus_spinners_longer_each_time() {
             );
             want = (want * 2).min(most);
         }
-        // A spin of 200 µs yields at least once; one that gives its slot
-        // back was not preempted: its yields got the CPU straight back.
-        let free = (0..100).any(|_| {
-            wait_until_free(slot);
-            spin::until(Duration::from_micros(200), None, || None::<()>);
-            spin::table()[slot].load(Ordering::SeqCst) == 0
-        });
-        assert!(free, "no spin of 100 kept its CPU");
-        let (looked, ended, held) = preempted_spin(slot);
-        assert!(
-            held >= looked + first && held <= ended + first,
-            "after a free CPU, a preempted spin paused the slot {} ns",
-            held.saturating_sub(looked)
-        );
+        // After a spin that yielded and kept its CPU, a preempted spin
+        // pauses the slot `GIVE_WAY` again; a spin whose yields got the
+        // CPU straight back but that a preemption then ended counts (its
+        // pause doubles). A try that a real preemption spoils starts over.
+        let mut counted = false;
+        for _ in 0..20 {
+            free_cpu(slot);
+            let (looked, ended, held) = preempted_spin(slot);
+            assert!(
+                held >= looked + first && held <= ended + first,
+                "after a free CPU, a preempted spin paused the slot {} ns",
+                held.saturating_sub(looked)
+            );
+            if let Some((looked, ended, held)) = preempted_after_yields(slot) {
+                assert!(
+                    held >= looked + 2 * first && held <= ended + 2 * first,
+                    "a spin preempted after its yields paused the slot {} ns",
+                    held.saturating_sub(looked)
+                );
+                counted = true;
+                break;
+            }
+        }
+        assert!(counted, "no spin of 20 reached its preemption unpreempted");
         wait_until_free(slot);
     })
     .join()
     .unwrap();
+}
+
+/// Spins on the calling (pinned) thread until a spin of 200 µs (it
+/// yields at least once) gives its slot back: one that no preemption
+/// ended, whose yields got the CPU straight back.
+fn free_cpu(slot: usize) {
+    let free = (0..100).any(|_| {
+        wait_until_free(slot);
+        spin::until(Duration::from_micros(200), None, || None::<()>);
+        spin::table()[slot].load(Ordering::SeqCst) == 0
+    });
+    assert!(free, "no spin of 100 kept its CPU");
+}
+
+/// A spin on the calling (pinned) thread that looks without finding for
+/// 100 µs (yielding at 5, 10, 20, 40 and 80 µs), then takes 3 ms over one
+/// look, as a preempted spin sees: when that look ended, when the spin
+/// did, and until when the slot is then held. None: a preemption ended
+/// the spin before that look.
+fn preempted_after_yields(slot: usize) -> Option<(u64, u64, u64)> {
+    wait_until_free(slot);
+    let begun = spin::monotonic_ns();
+    let mut looked = None;
+    spin::until(Duration::from_secs(1), None, || {
+        if spin::monotonic_ns() - begun >= 100_000 {
+            std::thread::sleep(Duration::from_millis(3));
+            looked = Some(spin::monotonic_ns());
+        }
+        None::<()>
+    });
+    let ended = spin::monotonic_ns();
+    looked.map(|l| (l, ended, spin::table()[slot].load(Ordering::SeqCst)))
 }
 
 /// A thread that waits for the spinner's CPU runs within a few
@@ -273,9 +315,12 @@ fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     let cpu = some_cpu();
     let waits = std::thread::spawn(move || {
         pin(cpu);
-        (0..5)
+        let waits = (0..5)
             .map(|_| waited_for_the_cpu(spin::slot_of(cpu)))
-            .collect::<Vec<u64>>()
+            .collect::<Vec<u64>>();
+        // The next test finds the slot free.
+        wait_until_free(spin::slot_of(cpu));
+        waits
     })
     .join()
     .unwrap();
