@@ -33,18 +33,22 @@
 //!   device spins on fewer CPUs, and once it is over the slots free
 //!   themselves. A short preemption (a thread woken for a moment) costs
 //!   the CPU's spinners as short a pause.
-//! - **Contention that lasts pauses the slot longer.** Each spin of a
-//!   thread that a preemption ends, after one that a preemption ended
-//!   too, pauses its slot twice as long as the one before (up to
-//!   [`GIVE_WAY_MOST`]); a spin that yielded and kept its CPU (no
-//!   other thread wanted it) starts the count again. A yield that hands
-//!   the CPU over costs the spinner the other thread's whole slice, and
-//!   meanwhile its peers skip the doorbells (the spinner polls), so no
+//! - **A thread whose spins keep being preempted stops spinning for
+//!   longer.** Each spin of a thread that a preemption ends, after one
+//!   that a preemption ended too, keeps the thread itself from spinning
+//!   twice as long as the one before (from the slot's pause up to
+//!   [`GIVE_WAY_MOST`]): the waits whose peers skip their doorbells
+//!   while it spins ask [`may_spin`] first. A spin that yielded and kept its
+//!   CPU (no other thread wanted it) starts the count again. A yield that
+//!   hands the CPU over costs the spinner the other thread's whole slice,
+//!   and meanwhile its peers skip the doorbells (the spinner polls), so no
 //!   answer brings it back sooner, while a sleeper would be woken by the
 //!   first one. A single-threaded event loop sharing its CPU with a busy
 //!   process (pgbench's 32 connections beside a build) stalled every
-//!   connection that long after each pause; with pauses that double,
-//!   the stalls become rare while the contention lasts.
+//!   connection that long after each 1 ms pause; with pauses that double,
+//!   the stalls become rare while the contention lasts. The slot's own
+//!   pause stays the preemption's: other threads (another process's
+//!   handshake) are kept from spinning no longer than before.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -80,14 +84,13 @@ pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 
 /// How long the slot of a preempted spin stays held by no one, at most
 /// (as long as the spin was kept off its CPU, up to this): a few
-/// wake-ups of the threads the spinner kept waiting. Doubled for each
-/// preempted spin of the thread just before it (see the module's
-/// documentation).
+/// wake-ups of the threads the spinner kept waiting.
 pub const GIVE_WAY: Duration = Duration::from_millis(1);
 
-/// The longest pause of a slot: [`GIVE_WAY`] doubled seven times. Long
-/// next to a scheduler slice (the stall one probing spin costs where
-/// the contention lasts), short enough that spinning resumes soon after.
+/// The longest a thread whose spins keep being preempted stops spinning:
+/// [`GIVE_WAY`] doubled seven times. Long next to a scheduler slice (the
+/// stall one probing spin costs where the contention lasts), short
+/// enough that spinning resumes soon after it.
 pub const GIVE_WAY_MOST: Duration = Duration::from_millis(128);
 
 /// How long a thread trusts what it read of its CPU affinity.
@@ -175,15 +178,36 @@ thread_local! {
     static ALLOWED: Cell<(Slots, u64)> = const { Cell::new((Slots(0), 0)) };
 
     /// How many of this thread's spins in a row a preemption ended since
-    /// one of its yields last got the CPU straight back.
+    /// one of its spins last yielded and kept its CPU.
     static PREEMPTIONS: Cell<u32> = const { Cell::new(0) };
+
+    /// Until when this thread does not spin (0: no such time).
+    static QUIET: Cell<u64> = const { Cell::new(0) };
 }
 
-/// How long a spin that a preemption of `gap` ended pauses its slot: as
-/// long as the preemption (at most [`GIVE_WAY`]), doubled for each of the
-/// thread's spins before it that a preemption ended, up to
+/// Until when (CLOCK_MONOTONIC nanoseconds) the calling thread's waits
+/// whose peers skip their doorbells while it spins do not spin
+/// ([`may_spin`]): its last spin was preempted, and as many before it in
+/// a row.
+pub fn quiet_until() -> u64 {
+    QUIET.with(Cell::get)
+}
+
+/// Whether the calling thread's waits whose peers skip their doorbells
+/// while it spins (an event loop's, a blocking read's) may spin now. A
+/// yield of theirs that hands the CPU over stalls them until the other
+/// thread's slice ends, as no doorbell wakes them; other waits (the
+/// handshake's, whose peer's write wakes them alike) spin regardless,
+/// within their slot.
+pub fn may_spin() -> bool {
+    monotonic_ns() >= quiet_until()
+}
+
+/// How long a thread whose spin a preemption of `gap` ended does not spin
+/// again: as long as the preemption (at most [`GIVE_WAY`]), doubled for
+/// each of its spins in a row before it that a preemption ended, up to
 /// [`GIVE_WAY_MOST`]. Counts this one.
-fn pause(gap: u64) -> u64 {
+fn quiet_for(gap: u64) -> u64 {
     let before = PREEMPTIONS.with(|p| p.replace(p.get().saturating_add(1)));
     let doubled = gap.min(ns(GIVE_WAY)) << before.min(DOUBLINGS);
     doubled.min(ns(GIVE_WAY_MOST))
@@ -340,7 +364,8 @@ pub fn run<T, E>(
         }
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
-            held.give_way(now.saturating_add(pause(gap)));
+            held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
+            QUIET.with(|q| q.set(now.saturating_add(quiet_for(gap))));
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
