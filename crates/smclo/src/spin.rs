@@ -35,8 +35,8 @@
 //!   the CPU's spinners as short a pause.
 //! - **A thread whose spins keep being preempted stops spinning for
 //!   longer.** Each spin of a thread that a preemption ends, after one
-//!   that a preemption ended too, keeps the thread itself from spinning
-//!   twice as long as the one before (from the slot's pause up to
+//!   that a preemption ended too, keeps the thread itself from spinning,
+//!   twice as long as the one before (from twice the slot's pause up to
 //!   [`GIVE_WAY_MOST`]): the waits whose peers skip their doorbells
 //!   while it spins ask [`may_spin`] first. A spin that yielded and kept its
 //!   CPU (no other thread wanted it) starts the count again. A yield that
@@ -204,11 +204,15 @@ pub fn may_spin() -> bool {
 }
 
 /// How long a thread whose spin a preemption of `gap` ended does not spin
-/// again: as long as the preemption (at most [`GIVE_WAY`]), doubled for
-/// each of its spins in a row before it that a preemption ended, up to
+/// again: not at all after one such spin (the slot's pause is enough),
+/// then as long as the preemption (at most [`GIVE_WAY`]) doubled for each
+/// of its spins in a row before it that a preemption ended, up to
 /// [`GIVE_WAY_MOST`]. Counts this one.
 fn quiet_for(gap: u64) -> u64 {
     let before = PREEMPTIONS.with(|p| p.replace(p.get().saturating_add(1)));
+    if before == 0 {
+        return 0;
+    }
     let doubled = gap.min(ns(GIVE_WAY)) << before.min(DOUBLINGS);
     doubled.min(ns(GIVE_WAY_MOST))
 }
@@ -365,7 +369,10 @@ pub fn run<T, E>(
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
             held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
-            QUIET.with(|q| q.set(now.saturating_add(quiet_for(gap))));
+            let quiet = quiet_for(gap);
+            if quiet > 0 {
+                QUIET.with(|q| q.set(now.saturating_add(quiet)));
+            }
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
