@@ -181,14 +181,15 @@ thread_local! {
     /// one of its spins last yielded and kept its CPU.
     static PREEMPTIONS: Cell<u32> = const { Cell::new(0) };
 
-    /// Until when this thread does not spin (0: no such time).
+    /// Until when this thread's waits that ask [`may_spin`] do not spin
+    /// (0: no such time).
     static QUIET: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Until when (CLOCK_MONOTONIC nanoseconds) the calling thread's waits
 /// whose peers skip their doorbells while it spins do not spin
-/// ([`may_spin`]): its last spin was preempted, and as many before it in
-/// a row.
+/// ([`may_spin`]): set when two or more of its spins in a row were
+/// preempted.
 pub fn quiet_until() -> u64 {
     QUIET.with(Cell::get)
 }
