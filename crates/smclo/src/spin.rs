@@ -33,22 +33,6 @@
 //!   device spins on fewer CPUs, and once it is over the slots free
 //!   themselves. A short preemption (a thread woken for a moment) costs
 //!   the CPU's spinners as short a pause.
-//! - **A thread whose spins keep being preempted stops spinning for
-//!   longer.** Each spin of a thread that a preemption ends, after one
-//!   that a preemption ended too, keeps the thread itself from spinning,
-//!   twice as long as the one before (from twice the slot's pause up to
-//!   [`GIVE_WAY_MOST`]): the waits whose peers skip their doorbells
-//!   while it spins ask [`may_spin`] first. A spin that yielded and kept its
-//!   CPU (no other thread wanted it) starts the count again. A yield that
-//!   hands the CPU over costs the spinner the other thread's whole slice,
-//!   and meanwhile its peers skip the doorbells (the spinner polls), so no
-//!   answer brings it back sooner, while a sleeper would be woken by the
-//!   first one. A single-threaded event loop sharing its CPU with a busy
-//!   process (pgbench's 32 connections beside a build) stalled every
-//!   connection that long after each 1 ms pause; with pauses that double,
-//!   the stalls become rare while the contention lasts. The slot's own
-//!   pause stays the preemption's: other threads (another process's
-//!   handshake) are kept from spinning no longer than before.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -86,12 +70,6 @@ pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 /// (as long as the spin was kept off its CPU, up to this): a few
 /// wake-ups of the threads the spinner kept waiting.
 pub const GIVE_WAY: Duration = Duration::from_millis(1);
-
-/// The longest a thread whose spins keep being preempted stops spinning:
-/// [`GIVE_WAY`] doubled seven times. Long next to a scheduler slice (the
-/// stall one probing spin costs where the contention lasts), short
-/// enough that spinning resumes soon after it.
-pub const GIVE_WAY_MOST: Duration = Duration::from_millis(128);
 
 /// How long a thread trusts what it read of its CPU affinity.
 const AFFINITY_FRESH: Duration = Duration::from_secs(1);
@@ -176,52 +154,7 @@ const _: () = assert!(SPIN_SLOTS == u128::BITS as usize);
 thread_local! {
     /// This thread's allowed slots and when they were read (0: never).
     static ALLOWED: Cell<(Slots, u64)> = const { Cell::new((Slots(0), 0)) };
-
-    /// How many of this thread's spins in a row a preemption ended since
-    /// one of its spins last yielded and kept its CPU.
-    static PREEMPTIONS: Cell<u32> = const { Cell::new(0) };
-
-    /// Until when this thread's waits that ask [`may_spin`] do not spin
-    /// (0: no such time).
-    static QUIET: Cell<u64> = const { Cell::new(0) };
 }
-
-/// Until when (CLOCK_MONOTONIC nanoseconds) the calling thread's waits
-/// whose peers skip their doorbells while it spins do not spin
-/// ([`may_spin`]): set when two or more of its spins in a row were
-/// preempted.
-pub fn quiet_until() -> u64 {
-    QUIET.with(Cell::get)
-}
-
-/// Whether the calling thread's waits whose peers skip their doorbells
-/// while it spins (an event loop's, a blocking read's) may spin now. A
-/// yield of theirs that hands the CPU over stalls them until the other
-/// thread's slice ends, as no doorbell wakes them; other waits (the
-/// handshake's, whose peer's write wakes them alike) spin regardless,
-/// within their slot.
-pub fn may_spin() -> bool {
-    monotonic_ns() >= quiet_until()
-}
-
-/// How long a thread whose spin a preemption of `gap` ended does not spin
-/// again: not at all after one such spin (the slot's pause is enough),
-/// then as long as the preemption (at most [`GIVE_WAY`]) doubled for each
-/// of its spins in a row before it that a preemption ended, up to
-/// [`GIVE_WAY_MOST`]. Counts this one.
-fn quiet_for(gap: u64) -> u64 {
-    let before = PREEMPTIONS.with(|p| p.replace(p.get().saturating_add(1)));
-    if before == 0 {
-        return 0;
-    }
-    let doubled = gap.min(ns(GIVE_WAY)) << before.min(DOUBLINGS);
-    doubled.min(ns(GIVE_WAY_MOST))
-}
-
-/// [`GIVE_WAY_MOST`] is [`GIVE_WAY`] doubled this many times.
-const DOUBLINGS: u32 = 7;
-
-const _: () = assert!(GIVE_WAY.as_nanos() << DOUBLINGS == GIVE_WAY_MOST.as_nanos());
 
 /// The slots of the CPUs this thread may run on, read again once
 /// [`AFFINITY_FRESH`] old.
@@ -351,46 +284,29 @@ pub fn run<T, E>(
     };
     let mut last = start;
     let mut next_yield = start.saturating_add(ns(FIRST_YIELD));
-    let mut yielded = false;
     loop {
         let r = look();
         let mut now = monotonic_ns();
-        if !matches!(r, Ok(None)) {
-            kept_cpu(yielded);
-            return r;
+        match r {
+            Ok(None) => {}
+            r => return r,
         }
-        // A look that was preempted ends the spin below, unyielded.
-        if now >= next_yield && now.saturating_sub(last) <= ns(PREEMPTED) {
+        if now >= next_yield {
             // SAFETY: no arguments; it only reorders the run queue.
             unsafe { libc::sched_yield() };
             now = monotonic_ns();
             next_yield = now.saturating_add(now - start);
-            yielded = true;
         }
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
             held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
-            let quiet = quiet_for(gap);
-            if quiet > 0 {
-                QUIET.with(|q| q.set(now.saturating_add(quiet)));
-            }
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
-            kept_cpu(yielded);
             return Ok(None);
         }
         last = now;
         std::hint::spin_loop();
-    }
-}
-
-/// A spin ended unpreempted. If it yielded, each yield got the CPU
-/// straight back (no other thread wanted it; a yield that ran one is a
-/// preemption): the thread's count of preempted spins starts again.
-fn kept_cpu(yielded: bool) {
-    if yielded {
-        PREEMPTIONS.with(|p| p.set(0));
     }
 }
 

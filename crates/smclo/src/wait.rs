@@ -104,18 +104,13 @@ impl Budget {
     /// calling `look` until it finds something (`Some`), fails, or
     /// `signals` sees a handler run, and records whether it found
     /// something: the spin of the waits that keep a budget (the preload's
-    /// epoll, the event loops' `poller::poll`, a blocking `accept`). No
-    /// spin (nor record) while the thread's spins keep being preempted
-    /// ([`crate::spin::may_spin`]).
+    /// epoll, the event loops' `poller::poll`, a blocking `accept`).
     pub fn spin<T, E>(
         &self,
         time: Duration,
         signals: &Watch,
         look: impl FnMut() -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
-        if !crate::spin::may_spin() {
-            return Ok(None);
-        }
         let r = crate::spin::run(time, Some(signals), look);
         self.note(matches!(r, Ok(Some(_))));
         r

@@ -1,15 +1,12 @@
 //! The spinner slots (`smclo::testing::spin`): no more threads spin at
 //! once than the CPUs they may run on, a thread that finds its CPUs'
 //! slots held does not spin, a preempted spin's slot stays held for a
-//! while (and its thread does not spin for longer after each of its
-//! spins in a row that a preemption ended), a spin lets the threads waiting for its CPU run, and a
+//! while, a spin lets the threads waiting for its CPU run, and a
 //! spinner that dies (`kill -9`) holds its slot no longer
 //! than the spin it took it for.
 
 mod common;
 use common::{spawn_child, TempDir};
-use smclo::adapter::poller::Budget;
-use smclo::adapter::signal::Watch;
 use smclo::device::Device;
 use smclo::testing::spin::{self, claim, Slots};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -193,156 +190,6 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
     .unwrap();
 }
 
-/// Sleeps until slot `slot` of the process's table is free and the
-/// calling thread may spin again.
-fn wait_until_may_spin(slot: usize) {
-    while spin::table()[slot].load(Ordering::SeqCst) > spin::monotonic_ns()
-        || spin::quiet_until() > spin::monotonic_ns()
-    {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// A spin on the calling (pinned) thread whose one look takes 3 ms, as a
-/// spin kept off its CPU that long sees, once it may spin: when the look
-/// ended, when the spin did, and until when the thread then does not
-/// spin. The slot's own pause is the preemption's, at most `GIVE_WAY`.
-fn preempted_spin(slot: usize) -> (u64, u64, u64) {
-    wait_until_may_spin(slot);
-    let mut looks = 0;
-    let mut looked = 0;
-    let r = spin::until(Duration::from_secs(1), None, || {
-        looks += 1;
-        std::thread::sleep(Duration::from_millis(3));
-        looked = spin::monotonic_ns();
-        None::<()>
-    });
-    let ended = spin::monotonic_ns();
-    assert_eq!((r, looks), (None, 1), "spun on after a preemption");
-    let held = spin::table()[slot].load(Ordering::SeqCst);
-    let give_way = spin::GIVE_WAY.as_nanos() as u64;
-    assert!(
-        held >= looked + give_way && held <= ended + give_way,
-        "the slot is not paused for the preemption"
-    );
-    (looked, ended, spin::quiet_until())
-}
-
-/// A thread whose spins a preemption ends one after another does not spin
-/// (in the waits whose peers skip their doorbells) for `2 × GIVE_WAY`
-/// after the second, then twice as long each time, up to `GIVE_WAY_MOST`,
-/// though its CPU's slot is free again after `GIVE_WAY`: a contention that lasts is not
-/// probed every `GIVE_WAY` by a yield that costs the spinner another
-/// thread's whole slice (during which its peers skip the doorbells that
-/// would bring it back). A spin that yielded and kept its CPU starts the
-/// count again.
-#[test]
-fn a_thread_whose_spins_keep_being_preempted_stops_spinning_longer_each_time() {
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    let cpu = some_cpu();
-    let slot = spin::slot_of(cpu);
-    std::thread::spawn(move || {
-        pin(cpu);
-        let first = spin::GIVE_WAY.as_nanos() as u64;
-        let most = spin::GIVE_WAY_MOST.as_nanos() as u64;
-        // One preempted spin: the slot's pause only.
-        let (_, ended, quiet) = preempted_spin(slot);
-        assert!(quiet <= ended, "one preempted spin stopped the thread");
-        let mut want = 2 * first;
-        for round in 1..9 {
-            let (looked, ended, quiet) = preempted_spin(slot);
-            assert!(
-                quiet >= looked + want && quiet <= ended + want,
-                "spin {round} in a row stopped the thread for {} ns, not {want}",
-                quiet.saturating_sub(looked)
-            );
-            want = (want * 2).min(most);
-        }
-        // Once the slot is free, the thread's event-loop waits still do
-        // not spin while it is quiet (for GIVE_WAY_MOST now).
-        while spin::table()[slot].load(Ordering::SeqCst) > spin::monotonic_ns() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let mut looks = 0;
-        let signals = Watch::begin(None);
-        let r = Budget::new().spin(Duration::from_millis(10), &signals, || {
-            looks += 1;
-            Ok::<_, ()>(Some(()))
-        });
-        assert!(!spin::may_spin(), "quiet too soon");
-        assert_eq!(
-            (r, looks),
-            (Ok(None), 0),
-            "an event loop's wait spun while quiet"
-        );
-        // The handshake's waits spin within their slot regardless.
-        let r = spin::until(Duration::from_millis(10), None, || Some(()));
-        assert_eq!(r, Some(()), "a handshake's wait did not spin");
-        while spin::table()[slot].load(Ordering::SeqCst) > spin::monotonic_ns() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // After a spin that yielded and kept its CPU, a preempted spin
-        // does not stop the thread again; a spin whose yields got the CPU
-        // straight back but that a preemption then ended counts (it stops
-        // the thread). A try that a real preemption spoils starts over.
-        let mut counted = false;
-        for _ in 0..20 {
-            free_cpu(slot);
-            let (looked, ended, quiet) = preempted_spin(slot);
-            assert!(
-                quiet <= ended,
-                "after a free CPU, a preempted spin stopped the thread for {} ns",
-                quiet.saturating_sub(looked)
-            );
-            if let Some((looked, ended, quiet)) = preempted_after_yields(slot) {
-                assert!(
-                    quiet >= looked + 2 * first && quiet <= ended + 2 * first,
-                    "a spin preempted after its yields stopped the thread for {} ns",
-                    quiet.saturating_sub(looked)
-                );
-                counted = true;
-                break;
-            }
-        }
-        assert!(counted, "no spin of 20 reached its preemption unpreempted");
-        wait_until_may_spin(slot);
-    })
-    .join()
-    .unwrap();
-}
-
-/// Spins on the calling (pinned) thread until a spin of 200 µs (it
-/// yields at least once) gives its slot back: one that no preemption
-/// ended, whose yields got the CPU straight back.
-fn free_cpu(slot: usize) {
-    let free = (0..100).any(|_| {
-        wait_until_may_spin(slot);
-        spin::until(Duration::from_micros(200), None, || None::<()>);
-        spin::table()[slot].load(Ordering::SeqCst) == 0
-    });
-    assert!(free, "no spin of 100 kept its CPU");
-}
-
-/// A spin on the calling (pinned) thread that looks without finding for
-/// 100 µs (yielding at 5, 10, 20, 40 and 80 µs), then takes 3 ms over one
-/// look, as a preempted spin sees: when that look ended, when the spin
-/// did, and until when the thread then does not spin. None: a preemption
-/// ended the spin before that look.
-fn preempted_after_yields(slot: usize) -> Option<(u64, u64, u64)> {
-    wait_until_may_spin(slot);
-    let begun = spin::monotonic_ns();
-    let mut looked = None;
-    spin::until(Duration::from_secs(1), None, || {
-        if spin::monotonic_ns() - begun >= 100_000 {
-            std::thread::sleep(Duration::from_millis(3));
-            looked = Some(spin::monotonic_ns());
-        }
-        None::<()>
-    });
-    let ended = spin::monotonic_ns();
-    looked.map(|l| (l, ended, spin::quiet_until()))
-}
-
 /// A thread that waits for the spinner's CPU runs within a few
 /// microseconds of the spin's start, not when the scheduler takes the CPU
 /// away at the end of the spinner's slice (0.7 ms to a 4 ms tick here):
@@ -354,12 +201,7 @@ fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     let cpu = some_cpu();
     let waits = std::thread::spawn(move || {
         pin(cpu);
-        let waits = (0..5)
-            .map(|_| waited_for_the_cpu(spin::slot_of(cpu)))
-            .collect::<Vec<u64>>();
-        // The next test finds the slot free.
-        wait_until_may_spin(spin::slot_of(cpu));
-        waits
+        (0..5).map(|_| waited_for_the_cpu()).collect::<Vec<u64>>()
     })
     .join()
     .unwrap();
@@ -371,10 +213,9 @@ fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     );
 }
 
-/// One round of the test above, on the calling (pinned) thread, whose
-/// CPU's slot is `slot`: how long after the spin began the other thread
-/// ran.
-fn waited_for_the_cpu(slot: usize) -> u64 {
+/// One round of the test above, on the calling (pinned) thread: how long
+/// after the spin began the other thread ran.
+fn waited_for_the_cpu() -> u64 {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let go = Arc::new(AtomicBool::new(false));
@@ -387,11 +228,8 @@ fn waited_for_the_cpu(slot: usize) -> u64 {
         }
         r.store(spin::monotonic_ns(), Ordering::Release);
     });
-    // Longer than the other's start; and until the previous round's spin
-    // (its yield may have been a preemption) no longer keeps this thread
-    // from spinning.
+    // Longer than a paused slot (`GIVE_WAY`) and than the other's start.
     std::thread::sleep(Duration::from_millis(3));
-    wait_until_may_spin(slot);
     let start = spin::monotonic_ns();
     go.store(true, Ordering::Release);
     let mut looks = 0;

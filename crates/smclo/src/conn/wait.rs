@@ -190,8 +190,7 @@ impl Conn {
 
     /// Busy-polls `word` until it differs from `from`, the budget runs
     /// out or a signal handler runs (the sleep that follows then fails).
-    /// The clock is read once per 32 loads. No spin while the thread's
-    /// spins keep being preempted ([`crate::spin::may_spin`]).
+    /// The clock is read once per 32 loads.
     fn spin_on(word: &AtomicU64, from: u64, budget: Duration, signals: &Watch) -> bool {
         let moved = || {
             (0..32).any(|_| {
@@ -202,8 +201,7 @@ impl Conn {
                 m
             })
         };
-        crate::spin::may_spin()
-            && crate::spin::until(budget, Some(signals), || moved().then_some(())).is_some()
+        crate::spin::until(budget, Some(signals), || moved().then_some(())).is_some()
     }
 
     /// Reader: spin until the local `prod` word changes. With `cap`, sets
