@@ -205,13 +205,22 @@ fn redis_through(env: &mut Env, ns: &str, host: &str, port: u16, logs: &Proc) ->
 /// SMC-D, byte-exact.
 #[test]
 fn a_clusterip_dnat_is_smcd() {
-    let mut env = Env::new("nat-clusterip");
-    let n = node(&mut env);
     let port = 6394;
-    dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
+    redis_behind("nat-clusterip", port, (CLUSTER_IP, CLUSTER_PORT), |_, n| {
+        dnat(n, CLUSTER_IP, CLUSTER_PORT, port)
+    });
+}
+
+/// Client — node — server ([`node`]) with `translate` on the node, a redis
+/// server under smclo on `port` in the server's namespace, and
+/// [`redis_through`] from the client's to `to`.
+fn redis_behind(name: &str, port: u16, to: (&str, u16), translate: impl FnOnce(&Env, &Node)) {
+    let mut env = Env::new(name);
+    let n = node(&mut env);
+    translate(&env, &n);
     let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
     let cli = n.cli.name.clone();
-    redis_through(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &redis);
+    redis_through(&mut env, &cli, to.0, to.1, &redis);
 }
 
 /// The same ClusterIP as kube-proxy's nftables mode writes it: a verdict
@@ -250,27 +259,20 @@ fn dnat_nft(env: &Env, n: &Node, vip: &str, vport: u16, port: u16) {
 /// byte-exact, as through iptables' DNAT.
 #[test]
 fn a_clusterip_in_nftables_mode_is_smcd() {
-    let mut env = Env::new("nat-nftables");
-    let n = node(&mut env);
-    let port = 6391;
-    let vip = "10.96.77.30";
-    dnat_nft(&env, &n, vip, CLUSTER_PORT, port);
-    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
-    redis_through(&mut env, &cli, vip, CLUSTER_PORT, &redis);
+    let (port, vip) = (6391, "10.96.77.30");
+    redis_behind("nat-nftables", port, (vip, CLUSTER_PORT), |env, n| {
+        dnat_nft(env, n, vip, CLUSTER_PORT, port)
+    });
 }
 
 /// A published port: the client connects to the node's own address and a
 /// port the node translates to the server's (Docker's `-p 8080:6395`).
 #[test]
 fn a_published_port_is_smcd() {
-    let mut env = Env::new("nat-published");
-    let n = node(&mut env);
     let port = 6395;
-    dnat(&n, NODE_IP, PUBLISHED_PORT, port);
-    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
-    redis_through(&mut env, &cli, NODE_IP, PUBLISHED_PORT, &redis);
+    redis_behind("nat-published", port, (NODE_IP, PUBLISHED_PORT), |_, n| {
+        dnat(n, NODE_IP, PUBLISHED_PORT, port)
+    });
 }
 
 /// A sidecar: in the client's namespace an iptables REDIRECT sends the

@@ -29,19 +29,24 @@
 
 #define CONNS 2
 
+/* Reads N bytes from `fd` into `b`, failing with `what` short of them. */
+static void read_full(int fd, char *b, const char *what) {
+    ssize_t got = 0;
+    while (got < N) {
+        ssize_t r = read(fd, b + got, N - got);
+        if (r <= 0)
+            fail(what);
+        got += r;
+    }
+}
+
 static void serve(int l) {
     for (int k = 0; k < CONNS; k++) {
         int s = accept(l, NULL, NULL);
         if (s < 0)
             fail("accept");
         char b[N];
-        ssize_t got = 0;
-        while (got < N) {
-            ssize_t r = read(s, b + got, N - got);
-            if (r <= 0)
-                fail("server read");
-            got += r;
-        }
+        read_full(s, b, "server read");
         if (write(s, b, N) != N)
             fail("server write");
         close(s);
@@ -59,13 +64,7 @@ static void echo(struct sockaddr_in *a) {
         b[i] = pat(i);
     if (write(c, b, N) != N)
         fail("client write");
-    ssize_t got = 0;
-    while (got < N) {
-        ssize_t r = read(c, b + got, N - got);
-        if (r <= 0)
-            fail("client read");
-        got += r;
-    }
+    read_full(c, b, "client read");
     for (int i = 0; i < N; i++)
         if ((unsigned char)b[i] != pat(i))
             fail("byte %d", i);
