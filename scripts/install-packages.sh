@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs (as root, on Debian) the programs that the tests and the benchmark
 # suite run: redis, nginx, memcached (with memcslap), haproxy, node, a Java JDK (javac, for the Java tests),
-# postgresql, sockperf, iperf3, wrk, curl, strace, perf, socat, systemd-socket-activate
+# Go (golang-go, for the tests of Go programs), postgresql, sockperf, iperf3, wrk, curl, strace, perf, socat, systemd-socket-activate
 # (systemd), musl-tools (musl-gcc, for the musl tests), iptables, nftables and
 # libcap2-bin (setcap), prometheus_client (the metrics format test's parser), PyYAML (the Kubernetes manifests test), and matplotlib for the suite's chart. Packaged daemons are kept from starting and from holding the
 # ports the tests use.

@@ -3,7 +3,8 @@
 //! systemd) passes its listener to a server under `smclo run`
 //! (`LISTEN_FDS`); a supervisor under `smclo run` binds, listens and execs
 //! the server with the socket; inetd's wait mode gives the server the
-//! listener as standard input. A python client under `smclo run` checks
+//! listener as standard input. A supervisor under `smclo run` that execs a
+//! program without the preload leaves no client waiting. A python client under `smclo run` checks
 //! every byte; the device's counters say which connections went through
 //! shared memory.
 
@@ -210,5 +211,80 @@ fn inetd_wait_mode_listener_on_stdin_is_accelerated() {
     assert!(seen, "the listener on descriptor 0 was never registered");
     assert_smc("inetd wait mode", &d, count, moved, moved, &server.logs());
     assert_eq!(d.conns_opened, count, "{d:?}");
+    assert_clean(&env, true);
+}
+
+/// systemd-socket-activate itself under `smclo run` registers the listener
+/// it makes, and a client connects (and proposes) before it execs the
+/// server, here a static program that will never answer a proposal. The
+/// client, which waits for its connection to become writable before it
+/// writes (as curl does), learns at its first look that the listener is no
+/// longer registered and goes on as TCP (PEERNOSMC), not after
+/// `SMCLO_CLC_WAIT_MS` (set to 5 s here; TIMEOUT before).
+#[test]
+fn a_proposal_to_a_listener_handed_to_a_static_program_does_not_wait() {
+    let mut env = Env::new("activate-static");
+    let ssa = require("systemd-socket-activate");
+    let server = compile_c(
+        &env,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/static_answer.c"),
+        &["-static"],
+    );
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut srv = env.spawn(
+        Mode::Smclo,
+        "socket-activate",
+        ssa.to_str().unwrap(),
+        &["-l", &listen, server.to_str().unwrap(), "2"],
+    );
+    wait_listen(&mut srv, port);
+    assert!(
+        registered(&env, port),
+        "systemd-socket-activate's listener was never registered\n{}",
+        srv.logs()
+    );
+    let s0 = env.stats();
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/wait_writable.py");
+    for _ in 0..2 {
+        let mut c = env.command(
+            Mode::Smclo,
+            None,
+            "python3",
+            &[py.to_str().unwrap(), "127.0.0.1", &port.to_string()],
+        );
+        c.env("SMCLO_CLC_WAIT_MS", "5000").env("SMCLO_DEBUG", "1");
+        let mut p = env.spawn_cmd("client", c);
+        let st = p.wait(T);
+        let out = p.stdout_str();
+        assert!(
+            st.success() && out.contains("answer 'answer\\n'"),
+            "{out}\n{}",
+            p.logs()
+        );
+        let waited: f64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(
+            waited < 2.5,
+            "the client waited {waited} s for its connection\n{}",
+            p.logs()
+        );
+    }
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let logs = srv.logs();
+    assert_eq!(d.conns_opened, 0, "{d:?}\n{logs}");
+    assert_eq!(
+        d.fallback(Reason::Timeout),
+        (0, 0),
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback(Reason::PeerNoSmc).0,
+        2,
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.fallbacks(), 2, "{}\n{logs}", d.fallbacks_desc());
     assert_clean(&env, true);
 }

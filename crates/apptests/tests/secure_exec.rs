@@ -1,5 +1,7 @@
 //! exec into a program the kernel runs in secure mode (`AT_SECURE`, where
-//! the loader ignores `LD_PRELOAD` paths): an inetd-style server under
+//! the loader ignores `LD_PRELOAD` paths), or into a Go program (which
+//! loads the preload but makes its system calls itself): an inetd-style
+//! server under
 //! `smclo run` hands its SMC-D connection (dup2'd onto 0 and 1) to a
 //! program that will not load the preload, so the connection falls back
 //! as documented: the program gets the TCP socket at 0 and 1, never the
@@ -7,8 +9,8 @@
 //! (a reset) at once instead of waiting for an answer that cannot come.
 //! The device's counters show the connection was SMC-D.
 //!
-//! Each test creates a user (unique name) and deletes it when it ends,
-//! even when it fails.
+//! The secure-mode tests each create a user (unique name) and delete it
+//! when they end, even when they fail.
 
 use smclo_apptests::*;
 use std::path::{Path, PathBuf};
@@ -184,4 +186,27 @@ fn exec_with_effective_ids_apart_from_real_falls_back() {
     let ids = user.ids();
     let why = "real and effective user or group differ: secure mode";
     secure_exec(&mut env, &prog, "execv", ("INETD_EUSER", &ids), why);
+}
+
+/// The program is a Go program linked dynamically (tests/exec/probe.go):
+/// its loader loads the preload, but Go reads and writes descriptors with
+/// its own system calls, so it must get the TCP socket, not the channel.
+#[test]
+fn exec_of_a_go_program_falls_back() {
+    let mut env = Env::new("exec-go");
+    let dir = env.path("probe-go");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src("probe.go"), dir.join("probe.go")).unwrap();
+    std::fs::write(dir.join("go.mod"), "module probe\ngo 1.18\n").unwrap();
+    let st = Command::new(require("go"))
+        .args(["build", "-o", "probe", "."])
+        .current_dir(&dir)
+        .env("GOFLAGS", "-mod=mod")
+        .env("CGO_ENABLED", "1")
+        .status()
+        .unwrap();
+    assert!(st.success(), "go build of probe.go failed");
+    let prog = dir.join("probe").display().to_string();
+    let why = "a Go program, which makes its system calls without the C library";
+    secure_exec(&mut env, &prog, "execv", ("INETD_GO", "1"), why);
 }

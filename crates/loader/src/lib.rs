@@ -249,6 +249,28 @@ pub const MACHINE: Option<u16> = if cfg!(target_arch = "x86_64") {
 };
 
 const PT_INTERP: u32 = 3;
+const PT_NOTE: u32 = 4;
+
+/// The type of Go's build ID note (`.note.go.buildid`, owner "Go"), which
+/// the Go linker puts in every program it links, in a note segment of its
+/// own.
+const NT_GO_BUILDID: u32 = 4;
+
+/// The most of a note segment read when looking for Go's note.
+const MAX_NOTES: usize = 1024;
+
+/// Whether the ELF program in `f` was linked by Go's linker (its build ID
+/// note). Go makes its system calls itself, not through the C library, so
+/// an interposed library sees none of its sockets even when its loader
+/// loads one (a program that uses cgo is linked dynamically). A program
+/// that cannot be read, or is not ELF, is not.
+pub fn is_go(f: &File) -> bool {
+    let mut head = [0u8; HEAD];
+    let Ok(n) = f.read_at(&mut head, 0) else {
+        return false;
+    };
+    Header::parse(&head[..n]).is_some_and(|h| h.has_go_note(f) == Ok(true))
+}
 
 /// What the ELF header says about the program headers.
 struct Header {
@@ -335,6 +357,53 @@ impl Header {
     /// The `PT_INTERP` path, read into `buf`; `None` if there is none;
     /// `Err` if the program headers cannot be read.
     fn interp<'b>(&self, f: &File, buf: &'b mut [u8]) -> Result<Option<&'b [u8]>, ()> {
+        let Some((off, len)) = self.segment(f, PT_INTERP, |_, _| Ok(true))? else {
+            return Ok(None);
+        };
+        let len = len.min(buf.len() as u64) as usize;
+        f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
+        let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
+        Ok(Some(&buf[..end]))
+    }
+
+    /// Whether a `PT_NOTE` segment holds Go's build ID note.
+    fn has_go_note(&self, f: &File) -> Result<bool, ()> {
+        let go = |off, len: u64| {
+            let mut buf = [0u8; MAX_NOTES];
+            let len = len.min(MAX_NOTES as u64) as usize;
+            f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
+            Ok(self.notes_have_go(&buf[..len]))
+        };
+        Ok(self.segment(f, PT_NOTE, go)?.is_some())
+    }
+
+    /// Whether the notes in `b` (a note segment's start) include Go's
+    /// build ID: name "Go" (Go's linker pads it to 4 bytes in `namesz`),
+    /// type [`NT_GO_BUILDID`].
+    fn notes_have_go(&self, b: &[u8]) -> bool {
+        let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
+        let mut at = 0;
+        while at + 12 <= b.len() {
+            let (namesz, descsz, ty) =
+                (self.half(b, at), self.half(b, at + 4), self.half(b, at + 8));
+            let name = &b[at + 12..];
+            if ty == NT_GO_BUILDID && matches!(namesz, 3 | 4) && name.starts_with(b"Go\0") {
+                return true;
+            }
+            at += 12 + align4(namesz) + align4(descsz);
+        }
+        false
+    }
+
+    /// The first program header of type `ty` for which `pick(p_offset,
+    /// p_filesz)` holds: its offset and size. `Err` if the program headers
+    /// cannot be read.
+    fn segment(
+        &self,
+        f: &File,
+        ty: u32,
+        mut pick: impl FnMut(u64, u64) -> Result<bool, ()>,
+    ) -> Result<Option<(u64, u64)>, ()> {
         // p_type, then p_offset and p_filesz, at the offsets of each class.
         let (size, offset, filesz) = if self.class64 {
             (56, 8, 32)
@@ -349,7 +418,7 @@ impl Header {
         for i in 0..self.phnum {
             let at = self.phoff.checked_add(i * self.phentsize).ok_or(())?;
             f.read_exact_at(ph, at).map_err(|_| ())?;
-            if self.half(ph, 0) != PT_INTERP {
+            if self.half(ph, 0) != ty {
                 continue;
             }
             let (off, len) = if self.class64 {
@@ -357,10 +426,9 @@ impl Header {
             } else {
                 (self.half(ph, offset) as u64, self.half(ph, filesz) as u64)
             };
-            let len = len.min(buf.len() as u64) as usize;
-            f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
-            let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
-            return Ok(Some(&buf[..end]));
+            if pick(off, len)? {
+                return Ok(Some((off, len)));
+            }
         }
         Ok(None)
     }

@@ -234,3 +234,102 @@ fn each_loader_gets_its_own_build() {
     assert_eq!(Choice::for_loader(Loader::Static), Choice::Keep);
     assert_eq!(Choice::for_loader(Loader::Unknown), Choice::Keep);
 }
+
+/// A minimal 64-bit little-endian ELF program with a PT_INTERP (as `elf`)
+/// followed by a PT_NOTE segment holding `notes`: (owner, type, desc len).
+fn elf_with_notes(notes: &[(&str, u32, usize)]) -> Vec<u8> {
+    let mut b = elf(true, OURS, Some("/lib64/ld-linux-x86-64.so.2"));
+    let mut seg = Vec::new();
+    for &(owner, ty, desc) in notes {
+        let name = format!("{owner}\0");
+        seg.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        seg.extend_from_slice(&(desc as u32).to_le_bytes());
+        seg.extend_from_slice(&ty.to_le_bytes());
+        seg.extend_from_slice(name.as_bytes());
+        seg.resize(seg.len().div_ceil(4) * 4, 0);
+        seg.extend(std::iter::repeat_n(0x5a, desc));
+        seg.resize(seg.len().div_ceil(4) * 4, 0);
+    }
+    // A second program header, after the first (e_phnum 2): the note
+    // segment, placed at the end of the file.
+    let ph_at = 64 + 56;
+    let seg_at = b.len() + 56;
+    let mut ph = vec![0u8; 56];
+    ph[..4].copy_from_slice(&PT_NOTE.to_le_bytes());
+    ph[8..16].copy_from_slice(&(seg_at as u64).to_le_bytes());
+    ph[32..40].copy_from_slice(&(seg.len() as u64).to_le_bytes());
+    b.splice(ph_at..ph_at, ph);
+    b[56..58].copy_from_slice(&2u16.to_le_bytes());
+    // The interpreter's path moved by one program header.
+    let interp_at = u64::from_le_bytes(b[64 + 8..64 + 16].try_into().unwrap()) + 56;
+    b[64 + 8..64 + 16].copy_from_slice(&interp_at.to_le_bytes());
+    b.extend_from_slice(&seg);
+    b
+}
+
+#[test]
+fn a_go_program_is_told_by_its_build_id_note() {
+    let d = Dir::new("go");
+    let judge = |name: &str, bytes: &[u8]| {
+        let p = d.file(name, bytes);
+        let f = File::open(&p).unwrap();
+        (is_go(&f), Loader::of_file(&f))
+    };
+    let glibc = Loader::of_interp(b"/lib64/ld-linux-x86-64.so.2");
+    // Go's linker writes its note alone, its name padded ("Go\0\0");
+    // with external linking the GNU build ID may come first.
+    let go = elf_with_notes(&[("Go\0", NT_GO_BUILDID, 83)]);
+    assert_eq!(
+        judge("go", &go),
+        (true, glibc),
+        "the interpreter is still read"
+    );
+    let cgo = elf_with_notes(&[("GNU", 3, 20), ("Go", NT_GO_BUILDID, 83)]);
+    assert!(judge("cgo", &cgo).0);
+    // Other owners and other Go note types are not Go's build ID.
+    assert!(!judge("gnu", &elf_with_notes(&[("GNU", 3, 20)])).0);
+    assert!(!judge("go-type", &elf_with_notes(&[("Go", 1, 4)])).0);
+    assert!(!judge("gopher", &elf_with_notes(&[("Gopher", NT_GO_BUILDID, 4)])).0);
+    // A note segment cut short, no note segment, not ELF.
+    let mut cut = go.clone();
+    cut.truncate(cut.len() - 90);
+    assert!(!judge("cut", &cut).0);
+    assert!(
+        !judge(
+            "plain",
+            &elf(true, OURS, Some("/lib64/ld-linux-x86-64.so.2"))
+        )
+        .0
+    );
+    assert!(!judge("text", b"#!/bin/sh\necho hi\n").0);
+}
+
+/// A program Go's linker made (Debian's golang-go, which
+/// scripts/install-packages.sh installs): real programs, not only crafted
+/// headers.
+#[test]
+fn a_program_go_builds_is_go_and_a_rust_program_is_not() {
+    let rust = File::open(std::env::current_exe().unwrap()).unwrap();
+    assert!(!is_go(&rust), "this test program (Rust) is not Go");
+    let go = "/usr/bin/go";
+    assert!(
+        Path::new(go).exists(),
+        "{go} is missing: install golang-go (scripts/install-packages.sh)"
+    );
+    let d = Dir::new("go-build");
+    d.file("go.mod", b"module hello\ngo 1.18\n");
+    d.file(
+        "main.go",
+        b"package main\nfunc main() { println(\"hi\") }\n",
+    );
+    let st = std::process::Command::new(go)
+        .args(["build", "-o", "hello", "."])
+        .current_dir(&d.0)
+        .env("GOCACHE", d.0.join("cache"))
+        .env("GOFLAGS", "-mod=mod")
+        .env("CGO_ENABLED", "0")
+        .status()
+        .unwrap();
+    assert!(st.success(), "go build failed");
+    assert!(is_go(&File::open(d.0.join("hello")).unwrap()));
+}

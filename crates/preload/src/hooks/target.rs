@@ -2,7 +2,8 @@
 //! can it adopt the process's SMC-D connections (`hooks::adopt`). It will
 //! when the environment passed to the exec has `LD_PRELOAD` naming a build
 //! of this library (`hooks::variant`), the file is a dynamically linked
-//! ELF program (`PT_INTERP`) of this library's machine, or a script whose
+//! ELF program (`PT_INTERP`) of this library's machine and not Go's (whose
+//! programs make their system calls themselves), or a script whose
 //! interpreter is one, and the kernel will not run it in secure mode
 //! (`AT_SECURE`, where the loader ignores `LD_PRELOAD` paths): see
 //! [`new_image`], the one judgement every exec form makes. Anything unsure
@@ -45,6 +46,9 @@ pub(super) enum NoPreload {
     ForeignMachine,
     /// No `PT_INTERP`: linked statically.
     Static,
+    /// Linked by Go: it makes its system calls itself, so the library it
+    /// loads would see none of its sockets' reads and writes.
+    Go,
     /// Scripts nested deeper than the kernel follows.
     TooDeep,
     /// Secure mode: a set-user-ID or set-group-ID file.
@@ -66,6 +70,7 @@ impl fmt::Display for NoPreload {
             NoPreload::NotElf => "not an ELF program of this library's class and byte order",
             NoPreload::ForeignMachine => "an ELF program of another machine",
             NoPreload::Static => "linked statically",
+            NoPreload::Go => "a Go program, which makes its system calls without the C library",
             NoPreload::TooDeep => "scripts nested too deep",
             NoPreload::SetId => "set-user-ID or set-group-ID: secure mode",
             NoPreload::FileCaps => "file capabilities: secure mode",
@@ -157,10 +162,12 @@ fn loads_preload(f: &File, depth: usize) -> Result<(), NoPreload> {
         return path_loads(&p, depth + 1);
     }
     native_elf(head)?;
-    if has_interp(f, head) {
-        Ok(())
-    } else {
+    if !has_interp(f, head) {
         Err(NoPreload::Static)
+    } else if smclo_loader::is_go(f) {
+        Err(NoPreload::Go)
+    } else {
+        Ok(())
     }
 }
 

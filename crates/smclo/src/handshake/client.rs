@@ -80,6 +80,10 @@ pub struct ClientProposal {
     unaided: bool,
     /// An unmarked announcement ([`Self::announced`]).
     announced: bool,
+    /// The registered listener's process proposed to (none for an
+    /// announcement): a wait ends when it no longer lists the destination
+    /// ([`Self::listener_gone`]).
+    listener: Option<Owner>,
     /// When the proposal was made, just before `connect`: the SYN left
     /// after it (its TSval window, [`TsWindow::after`]).
     started: Instant,
@@ -263,6 +267,7 @@ pub fn client_propose_with(
         }
     }
     p.slot = Some(slot);
+    p.listener = Some(listener.owner);
     p.saved_mark = Some(
         tcp_syn::apply_mark(fd, &given, mark, facts.default_ip_options).map_err(|e| {
             debug!("cannot mark the SYN: {e}");
@@ -358,6 +363,7 @@ fn publish(
         early: 0,
         unaided: false,
         announced: mark == Mark::NONE,
+        listener: None,
         started: Instant::now(),
     };
     let key = if mark == Mark::NONE {
@@ -713,12 +719,21 @@ impl ClientProposal {
                 }
             }
             let now = Instant::now();
-            let went_tcp = self.server_went_tcp(now);
-            if now >= deadline || went_tcp {
+            let look = self.look_due(now);
+            let went_tcp = self.server_went_tcp(look);
+            let gone = look && !went_tcp && self.listener_gone();
+            if now >= deadline || went_tcp || gone {
                 match slot.give_up() {
                     Ok(()) if went_tcp => {
                         debug!("the server went on over TCP: {}", self.step());
                         return self.fall_back(self.no_answer(Reason::PeerNoSmc));
+                    }
+                    Ok(()) if gone => {
+                        debug!(
+                            "the listener proposed to is no longer registered (closed, or its process runs a program without smclo now): {}",
+                            self.step()
+                        );
+                        return self.fall_back(Reason::PeerNoSmc);
                     }
                     Ok(()) => {
                         debug!("gave up waiting: {}", self.step());
@@ -781,26 +796,47 @@ impl ClientProposal {
         }
     }
 
+    /// Whether a look at the TCP socket and the registry is due
+    /// ([`TCP_LOOK`]; never before the first, so a server that answers at
+    /// once costs no system call), and if so, when the next one is.
+    fn look_due(&mut self, now: Instant) -> bool {
+        match self.wait.tcp_look {
+            // An announcement goes on as TCP: every look asks.
+            _ if self.announced => true,
+            Some((t, every)) if now >= t => {
+                let every = (every * 2).min(TCP_LOOK_MAX);
+                self.wait.tcp_look = Some((now + every, every));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the listener proposed to is no longer registered for our
+    /// destination: its process closed it, or ran a program that does not
+    /// load smclo (a static or Go program after a supervisor's exec),
+    /// which will never answer. The connection goes on as TCP now rather
+    /// than after `SMCLO_CLC_WAIT_MS`; a server whose new image registers
+    /// the listener again before this look still answers.
+    fn listener_gone(&self) -> bool {
+        self.listener.is_some_and(|o| {
+            registry::find_listener(&self.dev, self.dest).is_none_or(|l| l.owner != o)
+        })
+    }
+
     /// Whether the server has gone on over TCP, asked of the TCP socket
-    /// at each look ([`TCP_LOOK`]; never before the first, so a
-    /// server that answers at once costs no system call): bytes to read,
+    /// when a look is `due` ([`Self::look_due`]): bytes to read,
     /// the end of the stream or an error (a reset) all say that it decided
     /// TCP, since a server that takes the connection to shared memory
     /// never writes into its TCP stream. The bytes stay for the program.
-    fn server_went_tcp(&mut self, now: Instant) -> bool {
+    fn server_went_tcp(&mut self, due: bool) -> bool {
         match self.wait.news {
             TcpNews::Ask => {}
             TcpNews::Nothing => return false,
             TcpNews::Spoke => return true,
         }
-        match self.wait.tcp_look {
-            // An announcement goes on as TCP: every look asks.
-            _ if self.announced => {}
-            Some((t, every)) if now >= t => {
-                let every = (every * 2).min(TCP_LOOK_MAX);
-                self.wait.tcp_look = Some((now + every, every));
-            }
-            _ => return false,
+        if !due {
+            return false;
         }
         if self.fd < 0 {
             return false; // the program closed it (socket_closed)
