@@ -170,7 +170,7 @@ impl ListenerGuard {
     /// is gone (it exited, as a program that daemonizes after it listens),
     /// while a fork child still listens on the socket. Clients propose
     /// only to live registrations, so that child registers it again.
-    pub fn lost(&self) -> bool {
+    fn lost(&self) -> bool {
         let e = entry(&self.dev, self.idx);
         let w = e.head.word();
         !self.ticket.matches(w) || Judge::fast(self.dev.dir()).dead(&e.head, w)
