@@ -76,7 +76,10 @@ smclo_listener *smclo_listen(const char *host, uint16_t port);
  * memory if the client runs smclo, TCP otherwise. Non-blocking, it never
  * waits on a client: a handshake that goes on is returned by a later call.
  * Returns NULL with errno on error (EAGAIN when non-blocking and nothing
- * has decided).
+ * has decided). A fork child accepting after the process that made the
+ * listener closed it or exited registers it again at its first client that
+ * did not propose: that connection stays TCP, the next ones use shared
+ * memory.
  */
 smclo_stream *smclo_accept(smclo_listener *l);
 

@@ -42,7 +42,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 
 /// How long [`device`] reuses a device without re-validating its directory.
 const DEVICE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -116,8 +116,9 @@ pub struct SmcListener {
     backlog: Backlog,
     tcp: TcpListener,
     /// The device and the registration in it; `None` when the device is
-    /// unusable (every connection is then plain TCP).
-    smc: Option<(Arc<Device>, ListenerGuard)>,
+    /// unusable (every connection is then plain TCP). A fork child that
+    /// finds the registration lost replaces it ([`Self::renew_if_lost`]).
+    smc: Option<(Arc<Device>, Mutex<ListenerGuard>)>,
     cfg: Config,
     /// Whether `accept` is non-blocking (the socket's `O_NONBLOCK`).
     nonblocking: AtomicBool,
@@ -156,7 +157,7 @@ impl SmcListener {
                 tcp_syn::save_syns(tcp.as_raw_fd())?;
                 let reg = registry::register_listener(&dev, tcp.local_addr()?)
                     .map_err(io::Error::from)?;
-                Some((dev, reg))
+                Some((dev, Mutex::new(reg)))
             }
             None => None,
         };
@@ -188,8 +189,14 @@ impl SmcListener {
     /// client did not answer within `SMCLO_CLC_WAIT_MS`), with every byte
     /// the client wrote; those still undecided when the listener is
     /// dropped are reset, as the kernel resets a closed listener's queue.
+    ///
+    /// A fork child that goes on accepting after the process that made the
+    /// listener dropped it or exited (a program that daemonizes after it
+    /// listens) registers the listener again when it accepts a client
+    /// that did not propose: that connection stays TCP (PEERNOSMC), the
+    /// next ones are SMC-D.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let Some((dev, _)) = &self.smc else {
+        let Some((dev, reg)) = &self.smc else {
             let (tcp, peer) = self.tcp.accept()?;
             return Ok((SmcStream::new(tcp, Decision::Tcp(Reason::NoSmcdDev)), peer));
         };
@@ -210,10 +217,32 @@ impl SmcListener {
             let d = handshake::Pending::accept(dev, &self.cfg, tcp.as_raw_fd(), deadline).finish();
             (tcp, peer, d)
         };
+        if d.peer_did_not_propose() {
+            self.renew_if_lost(reg);
+        }
         Ok((
             SmcStream::new(tcp, d).on_device(dev, Role::Server, peer),
             peer,
         ))
+    }
+
+    /// A client that did not propose was accepted: if the registration
+    /// `reg` was lost while this process listens (a fork child whose
+    /// parent, which made it, dropped the listener or exited), the
+    /// listener is registered again, so that the next clients propose.
+    fn renew_if_lost(&self, reg: &Mutex<ListenerGuard>) {
+        // try_lock: a thread renewing meanwhile does it for this one too,
+        // and a fork child must not wait for a lock held by a lost thread.
+        let mut g = match reg.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        match g.renewed(self.tcp.as_raw_fd()) {
+            Some(Ok(new)) => *g = new,
+            Some(Err(e)) => crate::debug!("listener not registered again ({e}); clients use TCP"),
+            None => {}
+        }
     }
 
     /// The address the listener is bound to.

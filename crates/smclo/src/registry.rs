@@ -40,6 +40,7 @@ use crate::tcp_syn::is_local;
 use smclo_wire::device_layout as layout;
 use smclo_wire::ends;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -169,10 +170,31 @@ impl ListenerGuard {
     /// is gone (it exited, as a program that daemonizes after it listens),
     /// while a fork child still listens on the socket. Clients propose
     /// only to live registrations, so that child registers it again.
-    pub fn lost(&self) -> bool {
+    fn lost(&self) -> bool {
         let e = entry(&self.dev, self.idx);
         let w = e.head.word();
         !self.ticket.matches(w) || Judge::fast(self.dev.dir()).dead(&e.head, w)
+    }
+
+    /// The listening socket `fd`'s registration made again by this
+    /// process, at the address it is bound to, when this one is
+    /// [`lost`](Self::lost); `None` while it stands. Asked when the
+    /// listener accepted a client that did not propose, as every client
+    /// of a lost registration is: a connection that proposed pays nothing
+    /// for it, and the one that finds the registration lost stays TCP.
+    pub fn renewed(&self, fd: RawFd) -> Option<Result<ListenerGuard>> {
+        if !self.lost() {
+            return None;
+        }
+        crate::debug!(
+            "fd {fd}: its listener's registration was lost (the process that made it closed it \
+             or exited); registering again"
+        );
+        Some(
+            sockaddr::local(fd)
+                .map_err(Error::from)
+                .and_then(|a| register_listener(&self.dev, a)),
+        )
     }
 }
 

@@ -116,6 +116,12 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
                 .and_then(|a| registry::register_listener(&c.dev, a))
                 .map_err(|err| format!("listener not registered ({err})"))
         });
+    record_registration(fd, registered);
+}
+
+/// Keeps `fd`'s registration, or, when there is none, lets its
+/// connections stay TCP ([`Hint::Plain`]), saying why.
+fn record_registration(fd: RawFd, registered: Result<registry::ListenerGuard, String>) {
     match registered {
         Ok(guard) => {
             let _g = LOCK.write();
@@ -321,7 +327,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         accept_in_steps(c, nfd, slot, flags, peer)
     };
     if plain {
-        renew_if_lost(c, fd);
+        renew_if_lost(fd);
     }
     set_errno(e);
     nfd
@@ -330,13 +336,15 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 /// A client that did not propose connected to listener `fd`: if the
 /// listener's registration was lost while this process listens on it (a
 /// fork child whose parent, which registered it, closed its copy or
-/// exited), it is registered again, so that the next clients propose.
-/// Only then, so that a connection that did propose costs nothing more.
-fn renew_if_lost(c: &Ctx, fd: RawFd) {
-    if super::state::listener_guard(fd).is_some_and(|g| g.lost()) {
-        debug!("fd {fd}: its registration was lost (the process that made it closed it or exited); registering again");
-        register(c, fd, Ok(()));
-    }
+/// exited), it is registered again
+/// ([`ListenerGuard::renewed`](registry::ListenerGuard::renewed)), so that
+/// the next clients propose.
+fn renew_if_lost(fd: RawFd) {
+    let Some(renewed) = super::state::listener_guard(fd).and_then(|g| g.renewed(fd)) else {
+        return;
+    };
+    let renewed = renewed.map_err(|err| format!("listener not registered again ({err})"));
+    record_registration(fd, renewed);
 }
 
 /// The handshake of `nfd`, accepted by an event loop (a non-blocking
@@ -379,7 +387,7 @@ fn accept_decided(
     flags: c_int,
     peer: Option<SocketAddr>,
 ) -> bool {
-    let plain = matches!(d, Decision::Tcp(Reason::PeerNoSmc));
+    let plain = d.peer_did_not_propose();
     match d {
         Decision::Smc(est) => {
             swap_in(

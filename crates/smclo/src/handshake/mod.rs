@@ -72,6 +72,14 @@ impl Decision {
             Decision::Tcp(r) => Some(*r),
         }
     }
+
+    /// Whether the client did not propose (PEERNOSMC): it found no live
+    /// registration of the listener, which may have been lost while this
+    /// process listens on it
+    /// ([`ListenerGuard::renewed`](crate::registry::ListenerGuard::renewed)).
+    pub fn peer_did_not_propose(&self) -> bool {
+        matches!(self, Decision::Tcp(Reason::PeerNoSmc))
+    }
 }
 
 /// What a program that waits for a handshake in steps
