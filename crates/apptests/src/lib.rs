@@ -8,7 +8,17 @@
 //! Programs that are missing make the test FAIL with the Debian package to
 //! install (`.ci/run` installs them); nothing is skipped silently.
 
+pub mod haproxy;
+pub mod redis;
+pub mod routed;
 pub mod sockdiag;
+
+pub use haproxy::start_haproxy_tcp;
+pub use redis::{
+    info_field, redis_benchmark_ping_in, redis_cli_in, redis_get_value_in, redis_ping_in,
+    redis_set_value_in, start_redis, start_redis_in,
+};
+pub use routed::Routed;
 
 use smclo::device::{Device, Stats};
 use smclo_wire::reason::Reason;
@@ -831,43 +841,10 @@ pub fn http_get_plain(addr: &str, path: &str) -> Vec<u8> {
     v
 }
 
-/// Extracts `key:value` from redis INFO output.
-pub fn info_field(info: &str, key: &str) -> Option<String> {
-    info.lines().find_map(|l| {
-        l.strip_prefix(&format!("{key}:"))
-            .map(|v| v.trim().to_string())
-    })
-}
-
 /// `user root;` when running as root (nginx's default user may not exist).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// Starts redis-server in `mode` on a free port with a config file in the
-/// test's temp dir (no persistence unless BGSAVE is asked for).
-pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
-    let port = free_port();
-    let conf = env.path("redis.conf");
-    fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\nsave \"\"\nappendonly no\n\
-             dir {}\ndbfilename dump.rdb\nlogfile {}\nrdbcompression no\n",
-            env.tmp.display(),
-            env.path("redis.log").display()
-        ),
-    )
-    .unwrap();
-    let mut p = env.spawn(
-        mode,
-        "redis-server",
-        "redis-server",
-        &[conf.to_str().unwrap()],
-    );
-    wait_listen(&mut p, port);
-    (p, port)
 }
 
 /// nginx under `smclo run` on 127.0.0.1 at a free port, serving `root`

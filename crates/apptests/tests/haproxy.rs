@@ -3,7 +3,6 @@
 //! non-blocking connect → the server), every byte moved twice through rings.
 
 use smclo_apptests::*;
-use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,24 +20,8 @@ fn haproxy_tcp_mode_between_smclo_ends() {
         &[script, "server", &bs],
     );
     wait_listen(&mut server, back);
-    let cfg = env.path("haproxy.cfg");
-    fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 256\n  nbthread 2\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
-             frontend f\n  bind 127.0.0.1:{front}\n  default_backend b\n\
-             backend b\n  server s1 127.0.0.1:{back}\n"
-        ),
-    )
-    .unwrap();
-    let mut proxy = env.spawn(
-        Mode::Smclo,
-        "haproxy",
-        "haproxy",
-        &["-f", cfg.to_str().unwrap(), "-db"],
-    );
-    wait_listen(&mut proxy, front);
+    let lo = "127.0.0.1";
+    let mut proxy = start_haproxy_tcp(&mut env, None, (lo, front), (lo, back));
     let s0 = env.stats();
     let conns = 8u64;
     let client = env.run(
