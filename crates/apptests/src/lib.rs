@@ -230,6 +230,29 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    /// Waits until its standard output contains `text`; panics with its
+    /// logs and those of `others` if it exits first or `timeout` passes.
+    pub fn wait_stdout(&mut self, text: &str, timeout: Duration, others: &[&Proc]) {
+        let t0 = Instant::now();
+        while !self.stdout_str().contains(text) {
+            let why = if !self.alive() {
+                format!("exited before printing {text:?}")
+            } else if t0.elapsed() >= timeout {
+                format!("did not print {text:?} within {timeout:?}")
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let others: Vec<String> = others.iter().map(|p| p.logs()).collect();
+            panic!(
+                "{} {why}\n{}\n{}",
+                self.name,
+                self.logs(),
+                others.join("\n")
+            );
+        }
+    }
+
     /// Waits, then panics unless it exited with status 0.
     pub fn wait_ok(&mut self, timeout: Duration) {
         let st = self.wait(timeout);
