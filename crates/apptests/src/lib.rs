@@ -808,7 +808,6 @@ pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
     );
 }
 
-/// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
 /// A document root for web servers: `small.txt` with `small`, and
 /// `big.bin`, 1 MiB of `pseudo_random` bytes from `seed` (returned).
 pub fn web_root(env: &Env, small: &[u8], seed: u64) -> (PathBuf, Vec<u8>) {
@@ -820,6 +819,7 @@ pub fn web_root(env: &Env, small: &[u8], seed: u64) -> (PathBuf, Vec<u8>) {
     (root, big)
 }
 
+/// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(len + 8);

@@ -15,11 +15,7 @@ fn listening_is_fast_beside_many_time_wait_sockets() {
     const N: u32 = 25000;
     let mut env = Env::new("harness-time-wait");
     let ns = env.netns("tw");
-    let up = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"])
-        .status()
-        .expect("ip link set lo up");
-    assert!(up.success());
+    ip_in(&ns.name, &["link", "set", "lo", "up"]);
     let port = 20000;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/time_wait.py");
     let cmd = env.command(
