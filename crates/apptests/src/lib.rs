@@ -16,7 +16,7 @@ pub mod sockdiag;
 pub use haproxy::start_haproxy_tcp;
 pub use redis::{
     info_field, redis_benchmark_ping_in, redis_cli_in, redis_get_value_in, redis_ping_in,
-    redis_set_value_in, start_redis, start_redis_in,
+    redis_set_value_in, start_redis, start_redis_in, start_redis_with,
 };
 pub use routed::Routed;
 
@@ -831,6 +831,30 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(len);
     v
+}
+
+/// The value of the python expression `expr` over `d`, iperf3's JSON
+/// output `json` (parsed by python3), as a number.
+pub fn iperf3_json(env: &Env, json: &str, expr: &str) -> f64 {
+    let f = env.path("iperf3.json");
+    fs::write(&f, json).unwrap();
+    let o = Command::new(require("python3"))
+        .args([
+            "-c",
+            &format!("import json,sys; d=json.load(open(sys.argv[1])); print({expr})"),
+            f.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| {
+            panic!(
+                "no {expr} in iperf3's output: {}\n{json}",
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
 }
 
 /// Lowercase hex SHA-256 of a file, via coreutils' sha256sum.

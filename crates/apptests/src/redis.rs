@@ -20,26 +20,37 @@ pub fn info_field(info: &str, key: &str) -> Option<String> {
 }
 
 /// Starts redis-server in `mode` on a free port with a config file in the
-/// test's temp dir (no persistence unless BGSAVE is asked for).
+/// test's temp dir (no persistence unless BGSAVE is asked for, an RDB
+/// file `dump.rdb` not compressed).
 pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
+    let dir = env.tmp.clone();
+    let extra = "dbfilename dump.rdb\nrdbcompression no\n";
+    start_redis_with(env, mode, "redis-server", &dir, extra)
+}
+
+/// Starts redis-server (`name`) in `mode` on 127.0.0.1 at a free port,
+/// without persistence, its configuration (with the lines `extra`), log
+/// and files in `dir`; waits until it listens.
+pub fn start_redis_with(
+    env: &mut Env,
+    mode: Mode,
+    name: &str,
+    dir: &Path,
+    extra: &str,
+) -> (Proc, u16) {
     let port = free_port();
-    let conf = env.path("redis.conf");
+    let conf = dir.join("redis.conf");
     fs::write(
         &conf,
         format!(
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\nsave \"\"\nappendonly no\n\
-             dir {}\ndbfilename dump.rdb\nlogfile {}\nrdbcompression no\n",
-            env.tmp.display(),
-            env.path("redis.log").display()
+             dir {}\nlogfile {}\n{extra}\n",
+            dir.display(),
+            dir.join("redis.log").display()
         ),
     )
     .unwrap();
-    let mut p = env.spawn(
-        mode,
-        "redis-server",
-        "redis-server",
-        &[conf.to_str().unwrap()],
-    );
+    let mut p = env.spawn(mode, name, "redis-server", &[conf.to_str().unwrap()]);
     wait_listen(&mut p, port);
     (p, port)
 }
