@@ -1251,6 +1251,50 @@ pub fn ok_numbers(p: &Proc, logs: &str) -> Vec<u64> {
         .collect()
 }
 
+/// tests/py/asyncio_echo.py: an asyncio echo server and a client that
+/// checks every answer.
+fn asyncio_echo_script() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/asyncio_echo.py");
+    p.display().to_string()
+}
+
+/// The asyncio echo server (`name`) under `smclo run` on 127.0.0.1:`port`;
+/// waits until it listens.
+pub fn start_asyncio_echo(env: &mut Env, name: &str, port: u16) -> Proc {
+    let (script, ps) = (asyncio_echo_script(), port.to_string());
+    let mut server = env.spawn(Mode::Smclo, name, "python3", &[&script, "server", &ps]);
+    wait_listen(&mut server, port);
+    server
+}
+
+/// The asyncio echo client (`name`) under `smclo run`: `conns` connections
+/// at once to `port`, `rounds` frames each (their sizes from `seed`),
+/// every answer checked; the bytes it sent and received. `others`: the
+/// logs to show if it fails.
+pub fn asyncio_echo_client(
+    env: &mut Env,
+    name: &str,
+    port: u16,
+    (conns, rounds, seed): (u64, u64, u64),
+    others: &[&Proc],
+) -> (u64, u64) {
+    let script = asyncio_echo_script();
+    let [c, r, s] = [conns, rounds, seed].map(|n| n.to_string());
+    let args = [&script[..], "client", &port.to_string(), &c, &r, &s];
+    let client = env.run(
+        Mode::Smclo,
+        name,
+        "python3",
+        &args,
+        Duration::from_secs(120),
+    );
+    let logs: Vec<String> = others.iter().map(|p| p.logs()).collect();
+    let [sent, received] = ok_numbers(&client, &logs.join("\n"))[..] else {
+        panic!("asyncio_echo.py printed no byte counts")
+    };
+    (sent, received)
+}
+
 /// Compiles the C program `src` into the test's temp dir with
 /// [`smclo_testsupport::CFLAGS`] and `flags`; returns the executable.
 pub fn compile_c(env: &Env, src: &Path, flags: &[&str]) -> PathBuf {
