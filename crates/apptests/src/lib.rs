@@ -8,7 +8,17 @@
 //! Programs that are missing make the test FAIL with the Debian package to
 //! install (`.ci/run` installs them); nothing is skipped silently.
 
+pub mod haproxy;
+pub mod redis;
+pub mod routed;
 pub mod sockdiag;
+
+pub use haproxy::start_haproxy_tcp;
+pub use redis::{
+    info_field, redis_benchmark_ping_in, redis_cli_in, redis_get_value_in, redis_ping_in,
+    redis_set_value_in, start_redis, start_redis_in, start_redis_with,
+};
+pub use routed::Routed;
 
 use smclo::device::{Device, Stats};
 use smclo_wire::reason::Reason;
@@ -220,6 +230,29 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    /// Waits until its standard output contains `text`; panics with its
+    /// logs and those of `others` if it exits first or `timeout` passes.
+    pub fn wait_stdout(&mut self, text: &str, timeout: Duration, others: &[&Proc]) {
+        let t0 = Instant::now();
+        while !self.stdout_str().contains(text) {
+            let why = if !self.alive() {
+                format!("exited before printing {text:?}")
+            } else if t0.elapsed() >= timeout {
+                format!("did not print {text:?} within {timeout:?}")
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let others: Vec<String> = others.iter().map(|p| p.logs()).collect();
+            panic!(
+                "{} {why}\n{}\n{}",
+                self.name,
+                self.logs(),
+                others.join("\n")
+            );
+        }
+    }
+
     /// Waits, then panics unless it exited with status 0.
     pub fn wait_ok(&mut self, timeout: Duration) {
         let st = self.wait(timeout);
@@ -775,7 +808,6 @@ pub fn assert_plain(what: &str, d: &Delta, conns: u64, side: &str, logs: &str) {
     );
 }
 
-/// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
 /// A document root for web servers: `small.txt` with `small`, and
 /// `big.bin`, 1 MiB of `pseudo_random` bytes from `seed` (returned).
 pub fn web_root(env: &Env, small: &[u8], seed: u64) -> (PathBuf, Vec<u8>) {
@@ -787,6 +819,7 @@ pub fn web_root(env: &Env, small: &[u8], seed: u64) -> (PathBuf, Vec<u8>) {
     (root, big)
 }
 
+/// Deterministic pseudo-random bytes (xorshift), for bodies to checksum.
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(len + 8);
@@ -798,6 +831,30 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(len);
     v
+}
+
+/// The value of the python expression `expr` over `d`, iperf3's JSON
+/// output `json` (parsed by python3), as a number.
+pub fn iperf3_json(env: &Env, json: &str, expr: &str) -> f64 {
+    let f = env.path("iperf3.json");
+    fs::write(&f, json).unwrap();
+    let o = Command::new(require("python3"))
+        .args([
+            "-c",
+            &format!("import json,sys; d=json.load(open(sys.argv[1])); print({expr})"),
+            f.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| {
+            panic!(
+                "no {expr} in iperf3's output: {}\n{json}",
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
 }
 
 /// Lowercase hex SHA-256 of a file, via coreutils' sha256sum.
@@ -831,43 +888,10 @@ pub fn http_get_plain(addr: &str, path: &str) -> Vec<u8> {
     v
 }
 
-/// Extracts `key:value` from redis INFO output.
-pub fn info_field(info: &str, key: &str) -> Option<String> {
-    info.lines().find_map(|l| {
-        l.strip_prefix(&format!("{key}:"))
-            .map(|v| v.trim().to_string())
-    })
-}
-
 /// `user root;` when running as root (nginx's default user may not exist).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// Starts redis-server in `mode` on a free port with a config file in the
-/// test's temp dir (no persistence unless BGSAVE is asked for).
-pub fn start_redis(env: &mut Env, mode: Mode) -> (Proc, u16) {
-    let port = free_port();
-    let conf = env.path("redis.conf");
-    fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\nsave \"\"\nappendonly no\n\
-             dir {}\ndbfilename dump.rdb\nlogfile {}\nrdbcompression no\n",
-            env.tmp.display(),
-            env.path("redis.log").display()
-        ),
-    )
-    .unwrap();
-    let mut p = env.spawn(
-        mode,
-        "redis-server",
-        "redis-server",
-        &[conf.to_str().unwrap()],
-    );
-    wait_listen(&mut p, port);
-    (p, port)
 }
 
 /// nginx under `smclo run` on 127.0.0.1 at a free port, serving `root`
@@ -1225,6 +1249,50 @@ pub fn ok_numbers(p: &Proc, logs: &str) -> Vec<u64> {
                 .unwrap_or_else(|e| panic!("{}: {n:?} in {out:?}: {e}", p.name))
         })
         .collect()
+}
+
+/// tests/py/asyncio_echo.py: an asyncio echo server and a client that
+/// checks every answer.
+fn asyncio_echo_script() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/asyncio_echo.py");
+    p.display().to_string()
+}
+
+/// The asyncio echo server (`name`) under `smclo run` on 127.0.0.1:`port`;
+/// waits until it listens.
+pub fn start_asyncio_echo(env: &mut Env, name: &str, port: u16) -> Proc {
+    let (script, ps) = (asyncio_echo_script(), port.to_string());
+    let mut server = env.spawn(Mode::Smclo, name, "python3", &[&script, "server", &ps]);
+    wait_listen(&mut server, port);
+    server
+}
+
+/// The asyncio echo client (`name`) under `smclo run`: `conns` connections
+/// at once to `port`, `rounds` frames each (their sizes from `seed`),
+/// every answer checked; the bytes it sent and received. `others`: the
+/// logs to show if it fails.
+pub fn asyncio_echo_client(
+    env: &mut Env,
+    name: &str,
+    port: u16,
+    (conns, rounds, seed): (u64, u64, u64),
+    others: &[&Proc],
+) -> (u64, u64) {
+    let script = asyncio_echo_script();
+    let [c, r, s] = [conns, rounds, seed].map(|n| n.to_string());
+    let args = [&script[..], "client", &port.to_string(), &c, &r, &s];
+    let client = env.run(
+        Mode::Smclo,
+        name,
+        "python3",
+        &args,
+        Duration::from_secs(120),
+    );
+    let logs: Vec<String> = others.iter().map(|p| p.logs()).collect();
+    let [sent, received] = ok_numbers(&client, &logs.join("\n"))[..] else {
+        panic!("asyncio_echo.py printed no byte counts")
+    };
+    (sent, received)
 }
 
 /// Compiles the C program `src` into the test's temp dir with

@@ -197,12 +197,7 @@ fn identity_map(p: &mut Proc) {
 
 /// Waits for "ready" on the server's stdout.
 fn ready(p: &mut Proc) {
-    let t0 = Instant::now();
-    while !p.stdout_str().contains("ready") {
-        assert!(p.alive(), "{} exited\n{}", p.name, p.logs());
-        assert!(t0.elapsed() < Duration::from_secs(20), "{}", p.logs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_stdout("ready", Duration::from_secs(20), &[]);
 }
 
 /// Bytes the client `p` moved (both ways), after it checked every byte.

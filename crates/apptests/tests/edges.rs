@@ -47,23 +47,6 @@ fn nginx_curl_ipv6() {
     assert_smc("nginx + curl over ::1", &d, 1, bytes, bytes, &nginx.logs());
 }
 
-fn iperf3_json(env: &Env, json: &str, expr: &str) -> f64 {
-    let f = env.path("iperf3.json");
-    fs::write(&f, json).unwrap();
-    let o = std::process::Command::new(require("python3"))
-        .args([
-            "-c",
-            &format!("import json,sys; d=json.load(open(sys.argv[1])); print({expr})"),
-            f.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("{expr}: {}\n{json}", String::from_utf8_lossy(&o.stderr)))
-}
-
 /// 4 parallel streams, sendfile from a file (-Z), both directions at once.
 #[test]
 fn iperf3_parallel_zerocopy_bidir() {

@@ -142,16 +142,7 @@ fn idle_client(env: &mut Env, port: u16, request: &str, secs: u64) -> Proc {
          s.sendall({request:?}.encode())\nassert s.recv(65536)\nprint('connected',flush=True)\ntime.sleep({secs})\n"
     );
     let mut p = env.spawn(Mode::Smclo, "idle-client", "python3", &["-c", &code]);
-    let t0 = Instant::now();
-    while !p.stdout_str().contains("connected") {
-        assert!(p.alive(), "idle client failed\n{}", p.logs());
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "idle client: no exchange\n{}",
-            p.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_stdout("connected", Duration::from_secs(20), &[]);
     p
 }
 

@@ -213,16 +213,7 @@ fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usiz
         &[&ps, &ns],
         20000,
     );
-    let t0 = std::time::Instant::now();
-    while !client.stdout_str().contains("HELD") {
-        let logs = format!("{}\n{}", client.logs(), server.logs());
-        assert!(client.alive(), "the client failed\n{logs}");
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the client did not open its connections\n{logs}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    client.wait_stdout("HELD", Duration::from_secs(60), &[&server]);
     // The client's descriptors before it connected: python with the same
     // script and no connection.
     let mut idle = python(
@@ -232,10 +223,7 @@ fn descriptors_of_held_connections(n: usize, rmem: &str) -> [(usize, usize, usiz
         &[&ps, "0"],
         20000,
     );
-    while !idle.stdout_str().contains("HELD") {
-        assert!(idle.alive(), "{}", idle.logs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    idle.wait_stdout("HELD", Duration::from_secs(60), &[]);
     let d = delta(&s0, &env.stats());
     assert_eq!(
         d.conns_opened,

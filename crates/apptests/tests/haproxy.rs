@@ -3,61 +3,19 @@
 //! non-blocking connect → the server), every byte moved twice through rings.
 
 use smclo_apptests::*;
-use std::fs;
-use std::path::Path;
 use std::time::Duration;
 
 #[test]
 fn haproxy_tcp_mode_between_smclo_ends() {
     let mut env = Env::new("haproxy");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/asyncio_echo.py");
-    let script = script.to_str().unwrap();
     let (front, back) = (free_port(), free_port());
-    let bs = back.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "echo-server",
-        "python3",
-        &[script, "server", &bs],
-    );
-    wait_listen(&mut server, back);
-    let cfg = env.path("haproxy.cfg");
-    fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 256\n  nbthread 2\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
-             frontend f\n  bind 127.0.0.1:{front}\n  default_backend b\n\
-             backend b\n  server s1 127.0.0.1:{back}\n"
-        ),
-    )
-    .unwrap();
-    let mut proxy = env.spawn(
-        Mode::Smclo,
-        "haproxy",
-        "haproxy",
-        &["-f", cfg.to_str().unwrap(), "-db"],
-    );
-    wait_listen(&mut proxy, front);
+    let mut server = start_asyncio_echo(&mut env, "echo-server", back);
+    let lo = "127.0.0.1";
+    let mut proxy = start_haproxy_tcp(&mut env, None, (lo, front), (lo, back));
     let s0 = env.stats();
     let conns = 8u64;
-    let client = env.run(
-        Mode::Smclo,
-        "echo-client",
-        "python3",
-        &[
-            script,
-            "client",
-            &front.to_string(),
-            &conns.to_string(),
-            "20",
-            "3",
-        ],
-        Duration::from_secs(120),
-    );
-    let [sent, received] = ok_numbers(&client, &proxy.logs())[..] else {
-        panic!("asyncio_echo.py printed no byte counts")
-    };
+    let run = (conns, 20, 3);
+    let (sent, received) = asyncio_echo_client(&mut env, "echo-client", front, run, &[&proxy]);
     let d = delta(&s0, &env.stats());
     let both = 2 * (sent + received);
     assert_smc(

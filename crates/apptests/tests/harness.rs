@@ -15,11 +15,7 @@ fn listening_is_fast_beside_many_time_wait_sockets() {
     const N: u32 = 25000;
     let mut env = Env::new("harness-time-wait");
     let ns = env.netns("tw");
-    let up = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"])
-        .status()
-        .expect("ip link set lo up");
-    assert!(up.success());
+    ip_in(&ns.name, &["link", "set", "lo", "up"]);
     let port = 20000;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/time_wait.py");
     let cmd = env.command(
@@ -29,12 +25,7 @@ fn listening_is_fast_beside_many_time_wait_sockets() {
         &[script.to_str().unwrap(), &port.to_string(), &N.to_string()],
     );
     let mut p = env.spawn_cmd("time-wait", cmd);
-    let t0 = Instant::now();
-    while !p.stdout_str().contains("READY") {
-        assert!(p.alive(), "{}", p.logs());
-        assert!(t0.elapsed() < Duration::from_secs(120), "{}", p.logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    p.wait_stdout("READY", Duration::from_secs(120), &[]);
     let mut fastest = Duration::MAX;
     for _ in 0..5 {
         let t = Instant::now();
@@ -133,4 +124,38 @@ fn programs_do_not_inherit_an_ignored_sigint() {
         .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
         .expect("SigIgn line");
     assert_eq!(ign & (1 << (libc::SIGINT - 1)), 0, "SIGINT ignored: {out}");
+}
+
+/// The panic message of `f`, which must panic.
+fn panic_of(f: impl FnOnce()) -> String {
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .expect_err("it returned, where it should have panicked");
+    e.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
+/// `Proc::wait_stdout` returns once the text is printed; it panics, with
+/// the logs, as soon as the process exits without printing it, and when
+/// the time given passes.
+#[test]
+fn wait_stdout_waits_for_the_text_and_no_longer() {
+    let mut env = Env::new("harness-wait-stdout");
+    let late = "import time; time.sleep(0.3); print('READY', flush=True); time.sleep(30)";
+    let mut p = env.spawn(Mode::Plain, "late", "python3", &["-c", late]);
+    p.wait_stdout("READY", Duration::from_secs(10), &[]);
+    let mut gone = env.spawn(Mode::Plain, "gone", "python3", &["-c", "print('no')"]);
+    let t0 = Instant::now();
+    let why = panic_of(|| gone.wait_stdout("READY", Duration::from_secs(30), &[&p]));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{why}");
+    assert!(
+        why.starts_with("gone exited before printing \"READY\""),
+        "{why}"
+    );
+    assert!(why.contains("--- late stdout:\nREADY"), "{why}");
+    let mut quiet = env.spawn(Mode::Plain, "quiet", "python3", &["-c", late]);
+    let short = Duration::from_millis(100);
+    let why = panic_of(|| quiet.wait_stdout("READY", short, &[]));
+    assert!(
+        why.starts_with("quiet did not print \"READY\" within 100ms"),
+        "{why}"
+    );
 }

@@ -152,12 +152,7 @@ fn supervisor_exec_listener_is_accelerated() {
         ],
     );
     // "ready" comes from the server, after the exec.
-    let t0 = Instant::now();
-    while !server.stdout_str().contains("ready") {
-        assert!(server.alive(), "server died\n{}", server.logs());
-        assert!(t0.elapsed() < Duration::from_secs(10), "{}", server.logs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_stdout("ready", Duration::from_secs(10), &[]);
     let seen = registered(&env, port);
     let s0 = env.stats();
     let moved = client(&mut env, port, count, &server.logs());

@@ -3,27 +3,9 @@
 use smclo_apptests::*;
 use std::time::Duration;
 
-/// `end.<section>.<key>` of iperf3's JSON output (parsed by python3).
+/// `end.<section>.<key>` of iperf3's JSON output.
 fn json_num(env: &Env, json: &str, section: &str, key: &str) -> f64 {
-    let f = env.path("iperf3.json");
-    std::fs::write(&f, json).unwrap();
-    let o = std::process::Command::new(require("python3"))
-        .args([
-            "-c",
-            &format!(
-                "import json,sys; print(json.load(open(sys.argv[1]))['end']['{section}']['{key}'])"
-            ),
-            f.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let v = String::from_utf8_lossy(&o.stdout);
-    v.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "no end.{section}.{key} in iperf3 output: {}\n{json}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
+    iperf3_json(env, json, &format!("d['end']['{section}']['{key}']"))
 }
 
 #[test]

@@ -154,10 +154,7 @@ fn nginx_session(
     server_mode: Mode,
     client_mode: Mode,
 ) -> (Vec<Vec<u8>>, u64, Vec<String>, Delta) {
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
-    fs::write(root.join("small.txt"), b"mixed small file\n").unwrap();
-    fs::write(root.join("big.bin"), pseudo_random(1 << 20, 99)).unwrap();
+    let (root, _) = web_root(env, b"mixed small file\n", 99);
     let port = free_port();
     let nginx = start_nginx(
         env,

@@ -22,47 +22,37 @@
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::time::{Duration, Instant};
+use std::fs;
+use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
 /// A ClusterIP-style virtual address: no interface has it.
 const CLUSTER_IP: &str = "10.96.77.10";
 const CLUSTER_PORT: u16 = 80;
-/// The node's address on the client's link, where a published port is.
-const NODE_IP: &str = "10.199.81.1";
+/// The node's address on the client's link, where a published port is;
+/// the client's and the server's addresses ([`node`]'s links).
+const NODE_IP: &str = "10.199.80.2";
 const PUBLISHED_PORT: u16 = 8080;
-const CLIENT_IP: &str = "10.199.81.2";
-const SERVER_IP: &str = "10.199.80.2";
+const CLIENT_IP: &str = "10.199.80.1";
+const SERVER_IP: &str = "10.199.81.2";
 
-struct Node {
-    cli: Netns,
-    node: Netns,
-    srv: Netns,
-}
-
-/// client — node — server, the node forwarding.
-fn node(env: &mut Env) -> Node {
-    let (cli, node, srv) = (env.netns("cli"), env.netns("node"), env.netns("srv"));
-    veth(&node, &srv, "10.199.80.1", SERVER_IP);
-    veth(&node, &cli, NODE_IP, CLIENT_IP);
-    ip_in(&cli.name, &["route", "add", "default", "via", NODE_IP]);
-    ip_in(
-        &srv.name,
-        &["route", "add", "default", "via", "10.199.80.1"],
-    );
-    exec_in(&node.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-    Node { cli, node, srv }
+/// client — node — server, the node forwarding: a [`Routed`] path with
+/// one router, its links from 10.199.80.0.
+fn node(env: &mut Env) -> Routed {
+    let n = Routed::new(env, 1, 80);
+    let ips = (n.client_ip(), n.addr(0, 2), n.server_ip());
+    assert_eq!(ips, (CLIENT_IP.into(), NODE_IP.into(), SERVER_IP.into()));
+    n
 }
 
 /// The node's DNAT of `vip:vport` to the server's `port`, as kube-proxy
 /// (a ClusterIP) or Docker (a published port) writes it.
-fn dnat(n: &Node, vip: &str, vport: u16, port: u16) {
+fn dnat(n: &Routed, vip: &str, vport: u16, port: u16) {
     let to = format!("{SERVER_IP}:{port}");
     let vport = vport.to_string();
     exec_in(
-        &n.node.name,
+        n.last_router(),
         "iptables",
         &[
             "-t",
@@ -83,99 +73,32 @@ fn dnat(n: &Node, vip: &str, vport: u16, port: u16) {
     );
 }
 
-fn start_redis_in(env: &mut Env, mode: Mode, ns: &str, port: u16) -> Proc {
-    let port_s = port.to_string();
-    let args = [
-        "--port",
-        &port_s,
-        "--bind",
-        "0.0.0.0",
-        "--protected-mode",
-        "no",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ];
-    let cmd = env.command(mode, Some(ns), "redis-server", &args);
-    let mut p = env.spawn_cmd("redis-server", cmd);
-    wait_listen(&mut p, port);
-    p
-}
-
-/// redis-cli under `smclo run` in `ns`; its output, and how long it took.
-fn redis_cli(
-    env: &mut Env,
-    ns: &str,
-    host: &str,
-    port: u16,
-    args: &[&str],
-    stdin: Option<&std::path::Path>,
-) -> (String, Duration) {
-    redis_cli_in(env, Mode::Smclo, ns, (host, port), args, stdin)
-}
-
-/// redis-cli in `mode` in `ns`; its output, and how long it took.
-fn redis_cli_in(
-    env: &mut Env,
-    mode: Mode,
-    ns: &str,
-    (host, port): (&str, u16),
-    args: &[&str],
-    stdin: Option<&std::path::Path>,
-) -> (String, Duration) {
-    let port_s = port.to_string();
-    let mut a = vec!["-h", host, "-p", &port_s];
-    a.extend_from_slice(args);
-    let mut cmd = env.command(mode, Some(ns), "redis-cli", &a);
-    if let Some(f) = stdin {
-        cmd.stdin(File::open(f).unwrap());
-    }
-    let t0 = Instant::now();
-    let mut p = env.spawn_cmd("redis-cli", cmd);
-    p.wait_ok(T);
-    (p.stdout_str(), t0.elapsed())
-}
-
-/// Sets `v` to a 256 KiB value (its hex) with a redis-cli without smclo:
-/// a first write larger than the early bytes (`EARLY_MAX`) before the
-/// server answered ends an announcement as TCP (UNANSWERED), where a
-/// connection to a plain server must not wait, so the value goes in over
-/// TCP and is read back through shared memory.
-fn set_value(env: &mut Env, ns: &str, (host, port): (&str, u16), seed: u64) -> String {
-    let value = pseudo_random(256 << 10, seed);
-    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
-    let file = env.path("value");
-    fs::write(&file, &hex).unwrap();
-    let args = ["-x", "set", "v"];
-    let (ok, _) = redis_cli_in(env, Mode::Plain, ns, (host, port), &args, Some(&file));
-    assert_eq!(ok.trim(), "OK");
-    hex
-}
-
 /// redis-cli PING, a 256 KiB value read back byte-exact, then
-/// redis-benchmark with a connection per request, all to `host:port` from
-/// the client namespace under smclo; the counters' movement.
-fn redis_through(env: &mut Env, ns: &str, host: &str, port: u16, logs: &Proc) -> Delta {
-    let hex = set_value(env, ns, (host, port), 0x7a7 + u64::from(port));
+/// redis-benchmark with a connection per request (`requests` of them),
+/// all to `to` from namespace `ns` under smclo; every application
+/// connection is `legs` SMC-D connections (two through a proxy), none
+/// falls back at the client. The value goes in by a redis-cli without
+/// smclo: a first write larger than the early bytes (`EARLY_MAX`) before
+/// the server answered ends an announcement as TCP (UNANSWERED), where a
+/// connection to a plain server must not wait, so the value goes in over
+/// TCP and is read back through shared memory. `logs`: the servers.
+fn redis_through(
+    env: &mut Env,
+    ns: &str,
+    to: (&str, u16),
+    seed: u64,
+    requests: u64,
+    legs: u64,
+    logs: &[&Proc],
+) {
+    let (host, port) = to;
+    let hex = redis_set_value_in(env, Mode::Plain, ns, to, seed);
     let s0 = env.stats();
-    let (pong, _) = redis_cli(env, ns, host, port, &["ping"], None);
-    assert_eq!(pong.trim(), "PONG");
-    let (back, _) = redis_cli(env, ns, host, port, &["get", "v"], None);
-    assert!(
-        back.trim_end() == hex,
-        "the value came back changed ({} bytes for {})",
-        back.len(),
-        hex.len()
-    );
-    let port_s = port.to_string();
-    let bench = [
-        "-h", host, "-p", &port_s, "-n", "2000", "-c", "4", "-k", "0", "-t", "ping", "-q",
-    ];
-    let cmd = env.command(Mode::Smclo, Some(ns), "redis-benchmark", &bench);
-    let mut b = env.spawn_cmd("redis-benchmark", cmd);
-    b.wait_ok(T);
+    redis_ping_in(env, ns, to);
+    redis_get_value_in(env, ns, to, &hex);
+    let b = redis_benchmark_ping_in(env, ns, to, requests);
     let d = delta(&s0, &env.stats());
+    let logs: Vec<String> = logs.iter().map(|p| p.logs()).collect();
     eprintln!(
         "{host}:{port}: {} SMC-D, fallbacks {}",
         d.conns_opened,
@@ -187,17 +110,16 @@ fn redis_through(env: &mut Env, ns: &str, host: &str, port: u16, logs: &Proc) ->
         "client fallbacks through {host}:{port}: {}\n{}\n{}",
         d.fallbacks_desc(),
         b.logs(),
-        logs.logs()
+        logs.join("\n")
     );
-    // redis-cli twice, and redis-benchmark's 2000 requests each on a
+    // redis-cli twice, and redis-benchmark's requests each on a
     // connection of its own (-k 0).
     assert!(
-        d.conns_opened >= 2002,
+        d.conns_opened >= legs * (requests + 2),
         "{} SMC-D connections through {host}:{port}: {}",
         d.conns_opened,
         d.fallbacks_desc()
     );
-    d
 }
 
 /// A ClusterIP: the client connects to a virtual address that the node
@@ -214,20 +136,21 @@ fn a_clusterip_dnat_is_smcd() {
 /// Client — node — server ([`node`]) with `translate` on the node, a redis
 /// server under smclo on `port` in the server's namespace, and
 /// [`redis_through`] from the client's to `to`.
-fn redis_behind(name: &str, port: u16, to: (&str, u16), translate: impl FnOnce(&Env, &Node)) {
+fn redis_behind(name: &str, port: u16, to: (&str, u16), translate: impl FnOnce(&Env, &Routed)) {
     let mut env = Env::new(name);
     let n = node(&mut env);
     translate(&env, &n);
-    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
-    redis_through(&mut env, &cli, to.0, to.1, &redis);
+    let redis = start_redis_in(&mut env, Mode::Smclo, n.server(), port);
+    let cli = n.client().to_string();
+    let seed = 0x7a7 + u64::from(port);
+    redis_through(&mut env, &cli, to, seed, 2000, 1, &[&redis]);
 }
 
 /// The same ClusterIP as kube-proxy's nftables mode writes it: a verdict
 /// map from (address, protocol, port) to the service's chain, which picks
 /// an endpoint's chain at random (`numgen`), whose rule is the DNAT. A
 /// rule file loaded with `nft -f` into the node's namespace.
-fn dnat_nft(env: &Env, n: &Node, vip: &str, vport: u16, port: u16) {
+fn dnat_nft(env: &Env, n: &Routed, vip: &str, vport: u16, port: u16) {
     let rules = format!(
         "table ip kube-proxy {{
   chain nat-prerouting {{
@@ -252,7 +175,7 @@ fn dnat_nft(env: &Env, n: &Node, vip: &str, vport: u16, port: u16) {
     );
     let file = env.path("kube-proxy.nft");
     fs::write(&file, rules).unwrap();
-    exec_in(&n.node.name, "nft", &["-f", file.to_str().unwrap()]);
+    exec_in(n.last_router(), "nft", &["-f", file.to_str().unwrap()]);
 }
 
 /// A ClusterIP in kube-proxy's nftables mode ([`dnat_nft`]): SMC-D,
@@ -287,29 +210,12 @@ fn a_sidecar_redirect_is_smcd() {
     let n = node(&mut env);
     let (port, sidecar) = (6396, 15001);
     let service = "10.96.77.20";
-    let redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cfg = env.path("haproxy.cfg");
-    fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 256\n  nbthread 2\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
-             frontend f\n  bind 0.0.0.0:{sidecar}\n  default_backend b\n\
-             backend b\n  server s1 {SERVER_IP}:{port}\n"
-        ),
-    )
-    .unwrap();
-    let cmd = env.command(
-        Mode::Smclo,
-        Some(&n.cli.name),
-        "haproxy",
-        &["-f", cfg.to_str().unwrap(), "-db"],
-    );
-    let mut proxy = env.spawn_cmd("haproxy", cmd);
-    wait_listen(&mut proxy, sidecar);
+    let redis = start_redis_in(&mut env, Mode::Smclo, n.server(), port);
+    let (front, back) = (("0.0.0.0", sidecar), (SERVER_IP, port));
+    let proxy = start_haproxy_tcp(&mut env, Some(n.client()), front, back);
     let to = sidecar.to_string();
     exec_in(
-        &n.cli.name,
+        n.client(),
         "iptables",
         &[
             "-t",
@@ -328,41 +234,11 @@ fn a_sidecar_redirect_is_smcd() {
             &to,
         ],
     );
-    let cli = n.cli.name.clone();
-    let hex = set_value(&mut env, &cli, (service, 6379), 0x51de);
-    let s0 = env.stats();
-    let (pong, _) = redis_cli(&mut env, &cli, service, 6379, &["ping"], None);
-    assert_eq!(pong.trim(), "PONG");
-    let (back, _) = redis_cli(&mut env, &cli, service, 6379, &["get", "v"], None);
-    assert!(back.trim_end() == hex, "the value came back changed");
-    let bench = [
-        "-h", service, "-p", "6379", "-n", "500", "-c", "4", "-k", "0", "-t", "ping", "-q",
-    ];
-    let cmd = env.command(Mode::Smclo, Some(&cli), "redis-benchmark", &bench);
-    let mut b = env.spawn_cmd("redis-benchmark", cmd);
-    b.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    eprintln!(
-        "sidecar: {} SMC-D, fallbacks {}",
-        d.conns_opened,
-        d.fallbacks_desc()
-    );
-    assert_eq!(
-        d.fallback_client.iter().sum::<u64>(),
-        0,
-        "client fallbacks through the sidecar: {}\n{}\n{}",
-        d.fallbacks_desc(),
-        proxy.logs(),
-        redis.logs()
-    );
-    // Each of the 502 application connections is two SMC-D connections
-    // (application → haproxy, haproxy → redis).
-    assert!(
-        d.conns_opened >= 2 * 502,
-        "{} SMC-D connections through the sidecar: {}",
-        d.conns_opened,
-        d.fallbacks_desc()
-    );
+    let cli = n.client().to_string();
+    // Each application connection is two SMC-D connections (application
+    // → haproxy, haproxy → redis).
+    let logs = [&proxy, &redis];
+    redis_through(&mut env, &cli, (service, 6379), 0x51de, 500, 2, &logs);
 }
 
 /// `connect_rtt`'s medians: (connect, whole connection) in µs.
@@ -392,13 +268,13 @@ fn dnat_to_a_plain_server_costs_what_tcp_costs() {
     let n = node(&mut env);
     let (plain, smc) = (6397, 6398);
     dnat(&n, CLUSTER_IP, CLUSTER_PORT, plain);
-    let _plain = start_redis_in(&mut env, Mode::Plain, &n.srv.name, plain);
+    let _plain = start_redis_in(&mut env, Mode::Plain, n.server(), plain);
     // A registered listener: the device has listeners, so the client
     // announces.
-    let _smc = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, smc);
+    let _smc = start_redis_in(&mut env, Mode::Smclo, n.server(), smc);
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nat/connect_rtt.c");
     let prog = compile_c(&env, &src, &[]).display().to_string();
-    let cli = n.cli.name.clone();
+    let cli = n.client().to_string();
     let s0 = env.stats();
     let (mut tcp, mut ours) = ((f64::MAX, f64::MAX), (f64::MAX, f64::MAX));
     for _ in 0..3 {
@@ -493,11 +369,11 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
     let n = node(&mut env);
     let plain = 6396;
     dnat(&n, CLUSTER_IP, CLUSTER_PORT, plain);
-    let _plain = start_redis_in(&mut env, Mode::Plain, &n.srv.name, plain);
-    let _smc = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, plain + 1);
+    let _plain = start_redis_in(&mut env, Mode::Plain, n.server(), plain);
+    let _smc = start_redis_in(&mut env, Mode::Smclo, n.server(), plain + 1);
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nat/connect_rtt.c");
     let prog = compile_c(&env, &src, &[]).display().to_string();
-    let cli = n.cli.name.clone();
+    let cli = n.client().to_string();
     let s0 = env.stats();
     let tcp = calls_per_conn(&mut env, Mode::Plain, &prog, &cli, 100);
     let ours = calls_per_conn(&mut env, Mode::Smclo, &prog, &cli, 100);
@@ -547,8 +423,8 @@ fn smclo_announce_limits_announcements_to_its_networks() {
     let n = node(&mut env);
     let port = 6393;
     dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
-    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
+    let _redis = start_redis_in(&mut env, Mode::Smclo, n.server(), port);
+    let cli = n.client().to_string();
     for (announce, smcd) in [
         ("10.96.0.0/12", true),
         ("192.0.2.0/24,fd00::/8", false),
@@ -557,8 +433,7 @@ fn smclo_announce_limits_announcements_to_its_networks() {
     ] {
         env.extra_env = vec![("SMCLO_ANNOUNCE".into(), announce.into())];
         let s0 = env.stats();
-        let (pong, _) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
-        assert_eq!(pong.trim(), "PONG");
+        redis_ping_in(&mut env, &cli, (CLUSTER_IP, CLUSTER_PORT));
         let d = delta(&s0, &env.stats());
         let what = format!("SMCLO_ANNOUNCE={announce}: {}", d.fallbacks_desc());
         if smcd {
@@ -586,7 +461,7 @@ fn snat_in_the_path_stays_tcp_with_its_reason() {
     let port = 6399;
     dnat(&n, CLUSTER_IP, CLUSTER_PORT, port);
     exec_in(
-        &n.node.name,
+        n.last_router(),
         "iptables",
         &[
             "-t",
@@ -599,8 +474,8 @@ fn snat_in_the_path_stays_tcp_with_its_reason() {
             "MASQUERADE",
         ],
     );
-    let _redis = start_redis_in(&mut env, Mode::Smclo, &n.srv.name, port);
-    let cli = n.cli.name.clone();
+    let _redis = start_redis_in(&mut env, Mode::Smclo, n.server(), port);
+    let cli = n.client().to_string();
     let s0 = env.stats();
     // Until three are counted SOURCE_NAT. Under load the server's short
     // look for an announcement not yet published may end first: that
@@ -608,8 +483,7 @@ fn snat_in_the_path_stays_tcp_with_its_reason() {
     // (server), and another is made.
     let mut made = 0;
     let d = loop {
-        let (pong, took) = redis_cli(&mut env, &cli, CLUSTER_IP, CLUSTER_PORT, &["ping"], None);
-        assert_eq!(pong.trim(), "PONG");
+        let took = redis_ping_in(&mut env, &cli, (CLUSTER_IP, CLUSTER_PORT));
         assert!(
             took < Duration::from_secs(10),
             "a connection through source NAT took {took:?}: someone waited"
@@ -656,9 +530,9 @@ fn nginx_and_wrk_through_a_clusterip_are_smcd() {
     fs::write(root.join("f.bin"), &body).unwrap();
     fs::write(root.join("small.txt"), vec![b'x'; 612]).unwrap();
     let listen = format!("0.0.0.0:{port}");
-    let srv = n.srv.name.clone();
+    let srv = n.server().to_string();
     let nginx = start_nginx(&mut env, Mode::Smclo, Some(&srv), &listen, &root, "a");
-    let cli = n.cli.name.clone();
+    let cli = n.client().to_string();
     let url = format!("http://{CLUSTER_IP}:{CLUSTER_PORT}");
     let s0 = env.stats();
     let (got, _) = curl(

@@ -43,12 +43,8 @@ fn netns_veth_nginx_wrk_curl() {
     let mut env = Env::new("netns-veth");
     let (a, b) = (env.netns("srv"), env.netns("cli"));
     veth(&a, &b, "10.199.1.1", "10.199.1.2");
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
     let small = b"served across a veth pair\n".to_vec();
-    let big = pseudo_random(1 << 20, 0xfeed);
-    fs::write(root.join("small.txt"), &small).unwrap();
-    fs::write(root.join("big.bin"), &big).unwrap();
+    let (root, big) = web_root(&env, &small, 0xfeed);
     let nginx = start_nginx(
         &mut env,
         Mode::Smclo,

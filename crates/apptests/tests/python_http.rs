@@ -2,18 +2,13 @@
 //! both under `smclo run`.
 
 use smclo_apptests::*;
-use std::fs;
 use std::time::Duration;
 
 #[test]
 fn python_http_server_curl() {
     let mut env = Env::new("python-http");
-    let root = env.path("www");
-    fs::create_dir_all(&root).unwrap();
     let small = b"python http.server small file\n".to_vec();
-    let big = pseudo_random(1 << 20, 0x9e3779b9);
-    fs::write(root.join("small.txt"), &small).unwrap();
-    fs::write(root.join("big.bin"), &big).unwrap();
+    let (root, big) = web_root(&env, &small, 0x9e3779b9);
     let port = free_port();
     let ps = port.to_string();
     let mut server = env.spawn(

@@ -9,23 +9,12 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
 
+/// redis-server `name` under smclo with the configuration lines `extra`,
+/// in a directory of its own.
 fn start(env: &mut Env, name: &str, extra: &str) -> (Proc, u16) {
-    let port = free_port();
     let dir = env.path(name);
     fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("redis.conf");
-    fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\nsave \"\"\nappendonly no\ndir {}\nlogfile {}\n{extra}\n",
-            dir.display(),
-            dir.join("redis.log").display()
-        ),
-    )
-    .unwrap();
-    let mut p = env.spawn(Mode::Smclo, name, "redis-server", &[conf.to_str().unwrap()]);
-    wait_listen(&mut p, port);
-    (p, port)
+    start_redis_with(env, Mode::Smclo, name, &dir, extra)
 }
 
 fn cli(env: &mut Env, port: u16, args: &[&str]) -> String {

@@ -8,159 +8,31 @@
 //! TTL or DSCP): the server cannot match the proposal, says so at once,
 //! and the connection goes on over TCP without waiting for the client's
 //! timeout. Needs root (ip netns, iptables); addresses are from
-//! 10.199.60.0/22, on veths that exist only inside the test's namespaces.
+//! 10.199.60.0/22 ([`Routed`] from link 60), on veths that exist only
+//! inside the test's namespaces.
 
 use smclo_apptests::*;
 use smclo_wire::reason::Reason;
-use std::fs::{self, File};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
-
-/// The namespaces of a routed path, client's first, server's last, and
-/// the server's address.
-struct Path {
-    hops: Vec<Netns>,
-    server_ip: String,
-}
-
-impl Path {
-    fn client(&self) -> &str {
-        &self.hops[0].name
-    }
-    fn server(&self) -> &str {
-        &self.hops[self.hops.len() - 1].name
-    }
-    /// The forwarding namespace next to the server.
-    fn last_router(&self) -> &str {
-        &self.hops[self.hops.len() - 2].name
-    }
-}
-
-/// Client — `routers` forwarding namespaces — server, each link a veth
-/// with a /30 of 10.199.(60 + link).0, default routes towards the middle.
-fn routed(env: &mut Env, routers: usize) -> Path {
-    let mut hops = vec![env.netns("cli")];
-    for r in 0..routers {
-        hops.push(env.netns(&format!("r{r}")));
-    }
-    hops.push(env.netns("srv"));
-    let addr = |link: usize, end: u8| format!("10.199.{}.{end}", 60 + link);
-    for link in 0..hops.len() - 1 {
-        veth(&hops[link], &hops[link + 1], &addr(link, 1), &addr(link, 2));
-    }
-    let last = hops.len() - 1;
-    ip_in(
-        &hops[0].name,
-        &["route", "add", "default", "via", &addr(0, 2)],
-    );
-    ip_in(
-        &hops[last].name,
-        &["route", "add", "default", "via", &addr(last - 1, 1)],
-    );
-    // Each router forwards, and reaches the links beyond its neighbours
-    // through them.
-    for (r, router) in hops.iter().enumerate().take(last).skip(1) {
-        exec_in(&router.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-        for link in 0..last {
-            let via = if link + 1 < r {
-                addr(r - 1, 1)
-            } else if link > r {
-                addr(r, 2)
-            } else {
-                continue;
-            };
-            let net = format!("{}/30", addr(link, 0));
-            ip_in(&router.name, &["route", "add", &net, "via", &via]);
-        }
-    }
-    Path {
-        server_ip: addr(last - 1, 2),
-        hops,
-    }
-}
-
-fn start_redis_in(env: &mut Env, ns: &str, port: u16) -> Proc {
-    let port_s = port.to_string();
-    let args = [
-        "--port",
-        &port_s,
-        "--bind",
-        "0.0.0.0",
-        "--protected-mode",
-        "no",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ];
-    let cmd = env.command(Mode::Smclo, Some(ns), "redis-server", &args);
-    let mut p = env.spawn_cmd("redis-server", cmd);
-    wait_listen(&mut p, port);
-    p
-}
-
-/// redis-cli under `smclo run` in `ns`; its output, and how long it took.
-fn redis_cli(
-    env: &mut Env,
-    ns: &str,
-    host: &str,
-    port: u16,
-    args: &[&str],
-    stdin: Option<&std::path::Path>,
-) -> (String, Duration) {
-    let port_s = port.to_string();
-    let mut a = vec!["-h", host, "-p", &port_s];
-    a.extend_from_slice(args);
-    let mut cmd = env.command(Mode::Smclo, Some(ns), "redis-cli", &a);
-    if let Some(f) = stdin {
-        cmd.stdin(File::open(f).unwrap());
-    }
-    let t0 = Instant::now();
-    let mut p = env.spawn_cmd("redis-cli", cmd);
-    p.wait_ok(T);
-    (p.stdout_str(), t0.elapsed())
-}
 
 /// One and two routing hops: every connection is SMC-D (none falls back,
 /// none waits for a proposal the server cannot see), and a 256 KiB value
 /// comes back byte-exact.
 fn through_hops(routers: usize) {
     let mut env = Env::new(&format!("routed-{routers}"));
-    let path = routed(&mut env, routers);
+    let path = Routed::new(&mut env, routers, 60);
     let port = 6391;
-    let redis = start_redis_in(&mut env, path.server(), port);
-    let (client, host) = (path.client().to_string(), path.server_ip.clone());
+    let redis = start_redis_in(&mut env, Mode::Smclo, path.server(), port);
+    let (client, host) = (path.client().to_string(), path.server_ip());
+    let to = (&host[..], port);
     let s0 = env.stats();
-    let (pong, _) = redis_cli(&mut env, &client, &host, port, &["ping"], None);
-    assert_eq!(pong.trim(), "PONG");
-    let value = pseudo_random(256 << 10, 0x5eed + routers as u64);
-    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
-    let file = env.path("value");
-    fs::write(&file, &hex).unwrap();
-    let (ok, _) = redis_cli(
-        &mut env,
-        &client,
-        &host,
-        port,
-        &["-x", "set", "v"],
-        Some(&file),
-    );
-    assert_eq!(ok.trim(), "OK");
-    let (back, _) = redis_cli(&mut env, &client, &host, port, &["get", "v"], None);
-    assert!(
-        back.trim_end() == hex,
-        "the value came back changed ({} bytes for {})",
-        back.len(),
-        hex.len()
-    );
-    let port_s = port.to_string();
-    let bench = [
-        "-h", &host, "-p", &port_s, "-n", "2000", "-c", "4", "-k", "0", "-t", "ping", "-q",
-    ];
-    let cmd = env.command(Mode::Smclo, Some(&client), "redis-benchmark", &bench);
-    let mut b = env.spawn_cmd("redis-benchmark", cmd);
-    b.wait_ok(T);
+    redis_ping_in(&mut env, &client, to);
+    let seed = 0x5eed + routers as u64;
+    let hex = redis_set_value_in(&mut env, Mode::Smclo, &client, to, seed);
+    redis_get_value_in(&mut env, &client, to, &hex);
+    let b = redis_benchmark_ping_in(&mut env, &client, to, 2000);
     let s1 = env.stats();
     let d = delta(&s0, &s1);
     let client_fallbacks: u64 = d.fallback_client.iter().sum();
@@ -227,17 +99,16 @@ fn changed_mark(label: &str, rule: &[&str]) {
     let mut env = Env::new(&format!("routed-{label}"));
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "30000".into()));
-    let path = routed(&mut env, 1);
+    let path = Routed::new(&mut env, 1, 60);
     let mut ipt = vec!["-t", "mangle", "-A", "FORWARD", "-p", "tcp", "--syn", "-j"];
     ipt.extend_from_slice(rule);
     exec_in(path.last_router(), "iptables", &ipt);
     let port = 6392;
-    let _redis = start_redis_in(&mut env, path.server(), port);
-    let (client, host) = (path.client().to_string(), path.server_ip.clone());
+    let _redis = start_redis_in(&mut env, Mode::Smclo, path.server(), port);
+    let (client, host) = (path.client().to_string(), path.server_ip());
     let s0 = env.stats();
     for _ in 0..3 {
-        let (pong, took) = redis_cli(&mut env, &client, &host, port, &["ping"], None);
-        assert_eq!(pong.trim(), "PONG");
+        let took = redis_ping_in(&mut env, &client, (&host, port));
         assert!(
             took < Duration::from_secs(10),
             "a connection with a changed mark took {took:?}: the client waited for the server"
