@@ -112,10 +112,11 @@ fn redis_through(
         b.logs(),
         logs.join("\n")
     );
-    // redis-cli twice, and redis-benchmark's requests each on a
-    // connection of its own (-k 0).
+    // redis-cli twice, and redis-benchmark's requests of each of its two
+    // tests (PING_INLINE, PING_MBULK) each on a connection of its own
+    // (-k 0).
     assert!(
-        d.conns_opened >= legs * (requests + 2),
+        d.conns_opened >= legs * (2 * requests + 2),
         "{} SMC-D connections through {host}:{port}: {}",
         d.conns_opened,
         d.fallbacks_desc()
