@@ -6,6 +6,11 @@
 //                        writing a pseudo-random message (one thread) while
 //                        reading the echo (another), then shutdownOutput;
 //                        prints "ok CONNS BYTES" if every echo is exact
+//   load PORT THREADS SECONDS
+//                        THREADS connections, one thread each, sending
+//                        100-byte requests and reading their 100-byte
+//                        echo for SECONDS; prints the requests per second
+//                        (scripts/java-bench.sh)
 //   asyncclose PORT      readers blocked in read while another thread
 //                        closes the socket or channel, or interrupts the
 //                        reader; prints "ok CONNS BYTES" (BYTES echoed
@@ -25,6 +30,7 @@ public class Echo {
             case "nioserver" -> nioServer(port);
             case "client" -> client(port, Integer.parseInt(a[2]));
             case "asyncclose" -> asyncClose(port);
+            case "load" -> load(port, Integer.parseInt(a[2]), Double.parseDouble(a[3]));
             default -> throw new IllegalArgumentException(a[0]);
         }
     }
@@ -121,6 +127,38 @@ public class Echo {
                 throw new IOException("connection " + id + ": echo of " + got.length + " bytes, sent " + msg.length);
             return got.length;
         }
+    }
+
+    static void load(int port, int threads, double secs) throws Exception {
+        long end = System.nanoTime() + (long) (secs * 1e9);
+        long[] done = new long[threads];
+        Thread[] ts = new Thread[threads];
+        for (int i = 0; i < threads; i++) {
+            final int id = i;
+            ts[i] = new Thread(() -> {
+                try (Socket s = new Socket("127.0.0.1", port)) {
+                    s.setTcpNoDelay(true);
+                    OutputStream out = s.getOutputStream();
+                    InputStream in = s.getInputStream();
+                    byte[] req = new byte[100];
+                    while (System.nanoTime() < end) {
+                        out.write(req);
+                        if (in.readNBytes(req, 0, 100) != 100) throw new IOException("end of stream");
+                        done[id]++;
+                    }
+                } catch (IOException e) {
+                    System.err.println("load: " + e);
+                    System.exit(1);
+                }
+            });
+            ts[i].start();
+        }
+        long total = 0;
+        for (int i = 0; i < threads; i++) {
+            ts[i].join();
+            total += done[i];
+        }
+        System.out.printf("%.0f%n", total / secs);
     }
 
     // A reader blocked in read must wake when another thread closes its
