@@ -260,7 +260,11 @@ pub(crate) struct SlotEntry {
     /// An unmarked client's TSval window (`TS_KNOWN | span << 32 | lo`), 0
     /// before: see [`SlotRef::set_client_ts`].
     client_ts: AtomicU64,
-    _r1: [AtomicU64; 45],
+    /// The token of a DMB the client registered after its Proposal (an
+    /// announcement's), valid once [`Progress::ClientDmbNamed`] is noted:
+    /// see [`SlotRef::set_client_token`].
+    client_token: AtomicU64,
+    _r1: [AtomicU64; 44],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
@@ -294,6 +298,10 @@ pub enum Progress {
     /// ([`SlotRef::server_dmb_hint`]): the server passes no descriptor.
     /// Noted before its CAS to ACCEPTED.
     ClientHasServerDmb = 8,
+    /// The client registered its DMB only once the server connected (an
+    /// announcement, whose Proposal names no DMB) and published its token
+    /// ([`SlotRef::client_token`]), before it passes the DMB.
+    ClientDmbNamed = 16,
 }
 
 const PROPOSAL: usize = 0;
@@ -341,6 +349,7 @@ impl SlotEntry {
         self.progress.store(0, Ordering::Relaxed);
         self.early.store(0, Ordering::Relaxed);
         self.client_ts.store(0, Ordering::Relaxed);
+        self.client_token.store(0, Ordering::Relaxed);
         for w in self.client_dmb.iter().chain(&self.server_dmb_hint) {
             w.store(0, Ordering::Relaxed);
         }
@@ -660,6 +669,33 @@ impl SlotRef {
             e.client_dmb[0].store(id.0, Ordering::Relaxed);
             e.client_dmb[1].store(id.1, Ordering::Release);
         }
+    }
+
+    /// Client of an announcement: publishes the token of the DMB it
+    /// registered once the server connected, before it passes that DMB on
+    /// the channel. The Proposal's token field then only named the
+    /// proposal (the server's channel is named for it), since a DMB for
+    /// every announcement would be taken and given back for nothing by
+    /// every plain server's connection.
+    pub fn set_client_token(&self, token: u64) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            e.client_token.store(token, Ordering::Relaxed);
+            e.progress
+                .fetch_or(Progress::ClientDmbNamed as u64, Ordering::Release);
+        }
+    }
+
+    /// Server: the token the client published with
+    /// [`set_client_token`](Self::set_client_token), if it did for this
+    /// incarnation.
+    pub fn client_token(&self) -> Option<u64> {
+        let e = self.entry();
+        if !self.noted(Progress::ClientDmbNamed) {
+            return None;
+        }
+        let t = e.client_token.load(Ordering::Relaxed);
+        self.mine(e.head.word()).then_some(t)
     }
 
     /// Client: publishes the identity (device, inode) of a DMB memfd of the

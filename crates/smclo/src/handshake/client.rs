@@ -56,7 +56,10 @@ pub struct ClientProposal {
     rendezvous: Option<Arc<RendezvousListener>>,
     slot: Option<OwnedSlot>,
     dmb: Option<device::DmbHandle>,
-    /// The token of the DMB named in the Proposal.
+    /// What names the proposal to its server (whose channel is named for
+    /// it): the token of the DMB named in the Proposal, or an
+    /// announcement's random id (its DMB is registered only when a server
+    /// answers, [`Self::pass_dmb`]).
     token: u64,
     dev: Arc<Device>,
     cfg: Config,
@@ -80,6 +83,9 @@ pub struct ClientProposal {
     unaided: bool,
     /// An unmarked announcement ([`Self::announced`]).
     announced: bool,
+    /// The DMB is still to be registered, when a server answers (an
+    /// announcement's: most are never answered).
+    dmb_on_answer: bool,
     /// When the proposal was made, just before `connect`: the SYN left
     /// after it (its TSval window, [`TsWindow::after`]).
     started: Instant,
@@ -120,6 +126,9 @@ struct Wait {
     server_dmb: Option<Option<File>>,
     /// The give-up failed: the server decided first, and we follow it.
     following: bool,
+    /// Why we declined ourselves after the server connected (no DMB to
+    /// pass it): the fallback's reason when the slot says DECLINED.
+    declined: Option<Reason>,
     /// Why the last connection to our rendezvous socket was refused: a
     /// timeout after it is reported with that reason. Refusing does not
     /// end the wait: anyone in the namespace can connect to an abstract
@@ -235,13 +244,14 @@ pub fn client_propose_with(
         last_peer: Some(listener.owner.pid),
     };
     let mark = Mark::from_random(random_u64() as u32);
+    let dmb = register(dev, cfg, prefer)?;
     let (mut p, slot) = publish(
         dev,
         cfg,
         fd,
         (src_ip, dest),
         mark,
-        prefer,
+        Some(dmb),
         listener.same_netns(),
     )?;
     // A server that keeps a mapping of this DMB (it reused it from our pool)
@@ -295,25 +305,34 @@ fn source_ip(fd: RawFd, dest: SocketAddr, facts: SocketFacts) -> Result<std::net
     })
 }
 
-/// Registers a DMB and publishes the Proposal for `(src_ip, dest)` with
-/// `mark` (an announcement's is zero) in a slot; the rendezvous socket is
-/// abstract when the server shares our network namespace (`same_netns`).
+/// Our DMB for a connection, from the pool preferably as `prefer` says.
+fn register(
+    dev: &Device,
+    cfg: &Config,
+    prefer: crate::dmb::pool::Prefer,
+) -> Result<device::DmbHandle, Reason> {
+    dev.register_dmb_preferring(cfg.rmem, Role::Client, prefer)
+        .map_err(|e| {
+            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
+            Reason::Mem
+        })
+}
+
+/// Publishes the Proposal for `(src_ip, dest)` with `mark` (an
+/// announcement's is zero) in a slot, naming `dmb`; without one (an
+/// announcement) it is named by a random id, and the DMB is registered
+/// when a server answers. The rendezvous socket is abstract when the
+/// server shares our network namespace (`same_netns`).
 fn publish(
     dev: &Arc<Device>,
     cfg: &Config,
     fd: RawFd,
     (src_ip, dest): (std::net::IpAddr, SocketAddr),
     mark: Mark,
-    prefer: crate::dmb::pool::Prefer,
+    dmb: Option<device::DmbHandle>,
     same_netns: bool,
 ) -> Result<(ClientProposal, OwnedSlot), Reason> {
     let me = Owner::current();
-    let dmb = dev
-        .register_dmb_preferring(cfg.rmem, Role::Client, prefer)
-        .map_err(|e| {
-            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            Reason::Mem
-        })?;
     let rendezvous = if mark == Mark::NONE {
         RendezvousListener::for_announcement(dev)
     } else {
@@ -323,7 +342,8 @@ fn publish(
         debug!("cannot create the rendezvous socket: {e}");
         Reason::IntErr
     })?;
-    let token = dmb.token();
+    let token = dmb.as_ref().map_or_else(random_u64, |d| d.token());
+    let ring_len = dmb.as_ref().map_or(cfg.rmem, |d| d.dmb().ring_len());
     rendezvous.expect(token);
     let nonce = rendezvous.nonce();
     let proposal = Proposal {
@@ -333,8 +353,8 @@ fn publish(
         ueids: cfg.ueid.into_iter().collect(),
         mark_ttl: mark.ttl,
         mark_tos: mark.tos(),
-        token: dmb.token(),
-        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+        token,
+        dmbe_size_comp: clc::size_comp(ring_len),
         nonce,
         pid: me.pid,
         start_time: me.start,
@@ -343,7 +363,8 @@ fn publish(
     let p = ClientProposal {
         rendezvous: Some(rendezvous),
         slot: None,
-        dmb: Some(dmb),
+        dmb_on_answer: dmb.is_none(),
+        dmb,
         token,
         dev: dev.clone(),
         cfg: cfg.clone(),
@@ -399,15 +420,9 @@ fn announce(
         return Err(Reason::Mem);
     }
     let src_ip = source_ip(fd, dest, facts)?;
-    // The server may be in any network namespace: a path socket.
-    let prefer = crate::dmb::pool::Prefer {
-        memfd: None,
-        last_peer: None,
-    };
-    let (mut p, slot) = publish(dev, cfg, fd, (src_ip, dest), Mark::NONE, prefer, false)?;
-    if let Some(d) = &p.dmb {
-        slot.set_client_dmb(d.id());
-    }
+    // The server may be in any network namespace: a path socket. No DMB
+    // yet: the server that answers gets one ([`ClientProposal::pass_dmb`]).
+    let (mut p, slot) = publish(dev, cfg, fd, (src_ip, dest), Mark::NONE, None, false)?;
     p.slot = Some(slot);
     debug!("announced {src_ip} -> {dest} (no listener registered there)");
     Ok(p)
@@ -705,7 +720,13 @@ impl ClientProposal {
             match seen {
                 // The server sends its DMB right after its CAS to ACCEPTED.
                 SlotState::Accepted if self.wait.server_dmb.is_some() => break,
-                SlotState::Declined => return self.fall_back(peer_decline(slot.reply())),
+                SlotState::Declined => {
+                    let r = self
+                        .wait
+                        .declined
+                        .unwrap_or_else(|| peer_decline(slot.reply()));
+                    return self.fall_back(r);
+                }
                 SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
                 other => {
                     debug!("rendezvous slot in state {other:?} while waiting for the server");
@@ -869,9 +890,11 @@ impl ClientProposal {
     }
 
     /// Passes our DMB on the server's connection `c` unless the server
-    /// noted that it has it: the server checks it before it accepts. A failed send shows on the server's side (end of
-    /// file, or no descriptor).
-    fn pass_dmb(&self, slot: &SlotRef, c: UnixStream) -> UnixStream {
+    /// noted that it has it: the server checks it before it accepts. An
+    /// announcement registers its DMB now and names it in the slot first.
+    /// A failed send shows on the server's side (end of file, or no
+    /// descriptor).
+    fn pass_dmb(&mut self, slot: &SlotRef, c: UnixStream) -> UnixStream {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum), unless the caller
         // puts it elsewhere at once.
@@ -884,12 +907,37 @@ impl ClientProposal {
             // It attached our DMB from its own mapping: nothing to pass.
             return c;
         }
+        if self.dmb_on_answer {
+            self.register_on_answer(slot);
+        }
         let fd = self.dmb.as_ref().map(|d| d.fd());
         match send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
             Ok(()) => slot.note(Progress::ClientDmbSent),
             Err(e) => debug!("sending our DMB to the server failed: {e}"),
         }
         c
+    }
+
+    /// An announcement's DMB, registered now that a server answers, its
+    /// token named in the slot. Without one we decline (MEM) rather than
+    /// let the server wait for it.
+    fn register_on_answer(&mut self, slot: &SlotRef) {
+        self.dmb_on_answer = false;
+        let prefer = crate::dmb::pool::Prefer {
+            memfd: None,
+            last_peer: None,
+        };
+        match register(&self.dev, &self.cfg, prefer) {
+            Ok(d) => {
+                slot.set_client_token(d.token());
+                self.dmb = Some(d);
+            }
+            Err(r) => {
+                if slot.give_up().is_ok() {
+                    self.wait.declined = Some(r);
+                }
+            }
+        }
     }
 
     /// Waits (at most `timeout`) for the server's connection, passes our
