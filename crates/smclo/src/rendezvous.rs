@@ -387,7 +387,8 @@ impl Rendezvous {
         let me = Owner::current();
         let k = key.encode();
         let home = key.home();
-        let mut judge = Judge::new(dev.dir());
+        // Made only for the second pass: a free slot is the rule.
+        let mut judge = None;
         for pass in 0..2 {
             for p in 0..PROBE {
                 let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
@@ -395,7 +396,9 @@ impl Rendezvous {
                 let claim = match pass {
                     0 => s.head.claim(&me),
                     // Second pass: slots whose client is gone.
-                    _ => judge.reclaim(&s.head, s.head.word()),
+                    _ => judge
+                        .get_or_insert_with(|| Judge::new(dev.dir()))
+                        .reclaim(&s.head, s.head.word()),
                 };
                 let Some(claim) = claim else {
                     continue;

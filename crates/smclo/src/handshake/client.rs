@@ -55,14 +55,16 @@ pub struct ClientProposal {
     /// `token` until the proposal is withdrawn (see [`Self::withdraw`]).
     rendezvous: Option<Arc<RendezvousListener>>,
     slot: Option<OwnedSlot>,
-    dmb: Option<device::DmbHandle>,
+    /// Boxed, as `server_dmb`: a proposal is moved several times on its
+    /// way to the program's descriptor, and an announcement has neither.
+    dmb: Option<Box<device::DmbHandle>>,
     /// What names the proposal to its server (whose channel is named for
     /// it): the token of the DMB named in the Proposal, or an
     /// announcement's random id (its DMB is registered only when a server
     /// answers, [`Self::pass_dmb`]).
     token: u64,
     dev: Arc<Device>,
-    cfg: Config,
+    cfg: Settings,
     saved_mark: Option<SavedMark>,
     /// The caller's socket, and the source address of the slot key (whose
     /// port position holds the mark, see [`key_for`]).
@@ -76,7 +78,7 @@ pub struct ClientProposal {
     /// The mapping of a DMB of the server's named in the slot
     /// ([`SlotRef::set_server_dmb_hint`]), kept out of the pool until the
     /// server says whether it reused that DMB.
-    server_dmb: Option<KeptPeer>,
+    server_dmb: Option<Box<KeptPeer>>,
     /// Early bytes counted in the slot ([`Self::add_early`]).
     early: u32,
     /// See [`Self::answer_expected_unaided`].
@@ -89,6 +91,25 @@ pub struct ClientProposal {
     /// When the proposal was made, just before `connect`: the SYN left
     /// after it (its TSval window, [`TsWindow::after`]).
     started: Instant,
+}
+
+/// What a proposal needs of the [`Config`] it was made with (a copy of
+/// the whole would cost an allocation per connection).
+#[derive(Clone, Copy)]
+struct Settings {
+    rmem: u32,
+    wmem: u32,
+    channel_placed_by_caller: bool,
+}
+
+impl Settings {
+    fn of(cfg: &Config) -> Settings {
+        Settings {
+            rmem: cfg.rmem,
+            wmem: cfg.wmem,
+            channel_placed_by_caller: cfg.channel_placed_by_caller,
+        }
+    }
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool
@@ -244,7 +265,7 @@ pub fn client_propose_with(
         last_peer: Some(listener.owner.pid),
     };
     let mark = Mark::from_random(random_u64() as u32);
-    let dmb = register(dev, cfg, prefer)?;
+    let dmb = register(dev, cfg.rmem, prefer)?;
     let (mut p, slot) = publish(
         dev,
         cfg,
@@ -265,7 +286,7 @@ pub fn client_propose_with(
     if matches!(dev.shape(), crate::access::Shape::Private { .. }) {
         if let Some((id, d)) = crate::dmb::pool::take_peer_of(listener.owner.pid) {
             slot.set_server_dmb_hint(id);
-            p.server_dmb = Some(KeptPeer { id, dmb: Some(d) });
+            p.server_dmb = Some(Box::new(KeptPeer { id, dmb: Some(d) }));
             p.unaided = p
                 .dmb
                 .as_ref()
@@ -308,14 +329,16 @@ fn source_ip(fd: RawFd, dest: SocketAddr, facts: SocketFacts) -> Result<std::net
 /// Our DMB for a connection, from the pool preferably as `prefer` says.
 fn register(
     dev: &Device,
-    cfg: &Config,
+    rmem: u32,
     prefer: crate::dmb::pool::Prefer,
-) -> Result<device::DmbHandle, Reason> {
-    dev.register_dmb_preferring(cfg.rmem, Role::Client, prefer)
-        .map_err(|e| {
-            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            Reason::Mem
-        })
+) -> Result<Box<device::DmbHandle>, Reason> {
+    match dev.register_dmb_preferring(rmem, Role::Client, prefer) {
+        Ok(d) => Ok(Box::new(d)),
+        Err(e) => {
+            debug!("registering a {rmem} byte DMB failed: {e}");
+            Err(Reason::Mem)
+        }
+    }
 }
 
 /// Publishes the Proposal for `(src_ip, dest)` with `mark` (an
@@ -329,7 +352,7 @@ fn publish(
     fd: RawFd,
     (src_ip, dest): (std::net::IpAddr, SocketAddr),
     mark: Mark,
-    dmb: Option<device::DmbHandle>,
+    dmb: Option<Box<device::DmbHandle>>,
     same_netns: bool,
 ) -> Result<(ClientProposal, OwnedSlot), Reason> {
     let me = Owner::current();
@@ -367,7 +390,7 @@ fn publish(
         dmb,
         token,
         dev: dev.clone(),
-        cfg: cfg.clone(),
+        cfg: Settings::of(cfg),
         saved_mark: None,
         fd,
         src_ip,
@@ -386,11 +409,13 @@ fn publish(
     } else {
         key_for(src_ip, mark, dest)
     };
-    let slot =
-        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
-            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
-            Reason::MaxDmb
-        })?;
+    // Encoded on the stack: the slot takes a copy.
+    let mut buf = [0u8; clc::MAX_LEN];
+    let len = proposal.encode(&mut buf);
+    let slot = Rendezvous::propose(dev, key, &buf[..len]).map_err(|e| {
+        debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
+        Reason::MaxDmb
+    })?;
     Ok((p, slot))
 }
 
@@ -927,7 +952,7 @@ impl ClientProposal {
             memfd: None,
             last_peer: None,
         };
-        match register(&self.dev, &self.cfg, prefer) {
+        match register(&self.dev, self.cfg.rmem, prefer) {
             Ok(d) => {
                 slot.set_client_token(d.token());
                 self.dmb = Some(d);
@@ -1015,9 +1040,9 @@ impl ClientProposal {
             return Err(Reason::SyncErr);
         }
         self.withdraw(false);
-        let dmb = self.dmb.take().expect("client DMB");
+        let dmb = *self.dmb.take().expect("client DMB");
         let local = self.src.unwrap_or(SocketAddr::new(self.src_ip, 0));
-        let mode = mode(&self.dev, &self.cfg);
+        let mode = mode(&self.dev, self.cfg.wmem);
         match establish(dmb, peer, chan, accept.token, (local, self.dest), mode) {
             Ok(mut e) => {
                 e.syn_mark = tcp_syn::LeftMark::new(self.saved_mark.take());

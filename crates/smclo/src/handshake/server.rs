@@ -797,7 +797,7 @@ impl ServerHandshake {
                 return abort_tcp(fd, Reason::IntErr);
             }
         }
-        let mode = mode(&self.dev, &self.cfg);
+        let mode = mode(&self.dev, self.cfg.wmem);
         match establish(dmb, peer, chan, peer_token, self.ends, mode) {
             Ok(e) => Decision::Smc(e),
             Err(e) => {
