@@ -318,9 +318,19 @@ impl SlotEntry {
     /// Word-wise atomic stores: another process may read concurrently, and
     /// a torn message is caught by the reader's validation, never UB.
     fn write_msg(&self, a: usize, bytes: &[u8]) {
-        for (i, chunk) in bytes.chunks(8).enumerate() {
+        // Whole words as they are (a copy of a slice of unknown length per
+        // word would be a call each), the tail padded with zeros.
+        let words = bytes.chunks_exact(8);
+        let tail = words.remainder();
+        let mut i = 0;
+        for chunk in words {
+            let w: [u8; 8] = chunk.try_into().expect("8 bytes");
+            self.msgs[a][i].store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            i += 1;
+        }
+        if !tail.is_empty() {
             let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
+            w[..tail.len()].copy_from_slice(tail);
             self.msgs[a][i].store(u64::from_ne_bytes(w), Ordering::Relaxed);
         }
         self.lens[a].store(bytes.len() as u64, Ordering::Relaxed);

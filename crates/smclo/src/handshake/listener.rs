@@ -35,9 +35,9 @@ use super::channel::{check_peer, poll_in, token_of, RendezvousAddr, ABSTRACT_NON
 use super::Wake;
 use crate::access::Shape;
 use crate::device::Device;
+use crate::numhash::NumMap;
 use crate::owner::{self, Owner};
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -84,7 +84,7 @@ pub(super) struct RendezvousListener {
 struct Inbox {
     /// The tokens of the live proposals, and the server's connection for
     /// each once it arrived, or why one that named it was refused.
-    expected: HashMap<u64, Option<Result<UnixStream, Reason>>>,
+    expected: NumMap<u64, Option<Result<UnixStream, Reason>>>,
     /// A thread sleeps in `poll` on the socket.
     polling: bool,
     /// Threads waiting on the condition variable.
