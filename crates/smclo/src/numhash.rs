@@ -1,5 +1,5 @@
 //! The hasher of maps keyed by the process's own numbers (descriptor
-//! numbers, DMB tokens): one multiplication per key, where the standard
+//! numbers, proposals' tokens): one multiplication per key, where the standard
 //! library's keyed SipHash costs some 70 instructions per look, several
 //! per connection. No peer chooses these keys, so nothing can flood a map
 //! with colliding ones.
