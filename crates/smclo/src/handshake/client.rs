@@ -489,7 +489,8 @@ impl ClientProposal {
         Some(Decision::Tcp(Reason::Unanswered))
     }
 
-    /// The token of the DMB offered in the Proposal.
+    /// What names the proposal: the token of the DMB offered in the
+    /// Proposal, or an announcement's id.
     pub fn token(&self) -> u64 {
         self.token
     }
