@@ -710,6 +710,7 @@ fn describe_fallbacks(client: &[u64], server: &[u64]) -> String {
 #[derive(Debug, Clone)]
 pub struct Delta {
     pub conns_opened: u64,
+    pub dmbs_registered: u64,
     pub xfer_bytes: u64,
     pub fallback_client: Vec<u64>,
     pub fallback_server: Vec<u64>,
@@ -718,6 +719,7 @@ pub struct Delta {
 pub fn delta(before: &Stats, after: &Stats) -> Delta {
     Delta {
         conns_opened: after.conns_opened - before.conns_opened,
+        dmbs_registered: after.dmbs_registered - before.dmbs_registered,
         xfer_bytes: after.xfer_bytes - before.xfer_bytes,
         fallback_client: (0..Reason::COUNT)
             .map(|i| after.fallback_client[i] - before.fallback_client[i])

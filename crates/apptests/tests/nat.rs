@@ -360,10 +360,13 @@ fn calls_per_conn(env: &mut Env, mode: Mode, prog: &str, ns: &str, n: u32) -> Ha
 /// (the socket with the handshake's descriptor), which also decides
 /// UNANSWERED: no `recv(MSG_PEEK)`, no second `poll`, and neither the
 /// caller check's `geteuid` nor the descriptor budget's `prlimit64` of a
-/// proposal (trusted a while): 4 in all (the bound leaves room for the
-/// periodic sweep's calls). Before, 8: beside the proof and the read's
-/// `poll`, an `fcntl` at `connect`, a `poll` at the write, a
-/// `recv(MSG_PEEK)`, `geteuid` and `prlimit64`. Counted with strace.
+/// proposal (trusted a while): 4 in all (the bound leaves room for those
+/// checks' renewals and the batched `getrandom`). Before, 8: beside the
+/// proof and the read's `poll`, an `fcntl` at `connect`, a `poll` at the
+/// write, a `recv(MSG_PEEK)`, `geteuid` and `prlimit64`. Counted with
+/// strace. No DMB is registered for an announcement no server answers
+/// (its registration's periodic sweep of the device directory once showed
+/// here too, as `statx` and `getdents64`).
 #[test]
 fn an_announcement_to_a_plain_server_makes_few_system_calls() {
     let mut env = Env::new("nat-calls");
@@ -384,6 +387,12 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
         (300, 0),
         "{}",
         d.fallbacks_desc()
+    );
+    // No DMB for an announcement no server answered: it is registered
+    // when one does.
+    assert_eq!(
+        d.dmbs_registered, 0,
+        "DMBs registered for 300 unanswered announcements"
     );
     let per = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
     let total = |m: &HashMap<String, f64>| m.values().sum::<f64>();
@@ -408,7 +417,7 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
         );
     }
     assert!(
-        extra < 5.0,
+        extra < 4.5,
         "{extra:.2} system calls per announced connection beyond TCP's: {ours:?} vs {tcp:?}"
     );
 }

@@ -23,8 +23,8 @@ pub use crate::shadow::Shadow;
 pub use crate::sock::Sock;
 use smclo::adapter::fallbacks::FallbackRecord;
 use smclo::adapter::handshake;
+use smclo::adapter::numhash::NumMap;
 use smclo::adapter::registry::ListenerGuard;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -268,7 +268,7 @@ static WORDS: [AtomicUsize; MAX_FD] = [ZERO_WORD; MAX_FD];
 
 /// The states with data, by number. Only touched with [`LOCK`] held (for
 /// writing to change one), so never held across `fork`.
-static STATES: Mutex<Option<HashMap<RawFd, FdState>>> = Mutex::new(None);
+static STATES: Mutex<Option<NumMap<RawFd, FdState>>> = Mutex::new(None);
 
 /// How many numbers are `Pending` (the waits skip all of it at 0).
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -279,7 +279,7 @@ fn in_range(fd: RawFd) -> bool {
     fd >= 0 && (fd as usize) < MAX_FD
 }
 
-fn states() -> std::sync::MutexGuard<'static, Option<HashMap<RawFd, FdState>>> {
+fn states() -> std::sync::MutexGuard<'static, Option<NumMap<RawFd, FdState>>> {
     STATES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -331,7 +331,7 @@ pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) 
     count(was, -1);
     count(Kind::of(new_word), 1);
     if !new.word_only() {
-        states().get_or_insert_with(HashMap::new).insert(fd, new);
+        states().get_or_insert_with(NumMap::default).insert(fd, new);
     }
     if new_word != old_word {
         w.store(new_word, Ordering::Release);

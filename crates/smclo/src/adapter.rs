@@ -66,6 +66,11 @@ pub mod handshake {
 }
 
 /// Process identity.
+/// Maps keyed by the process's own numbers (the descriptor table's).
+pub mod numhash {
+    pub use crate::numhash::NumMap;
+}
+
 pub mod owner {
     pub use crate::owner::{current_pid, Owner};
 }

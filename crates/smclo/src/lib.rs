@@ -37,6 +37,7 @@ mod fallbacks;
 mod fault;
 mod fdnum;
 mod handshake;
+mod numhash;
 mod owner;
 mod poller;
 mod registry;

@@ -260,7 +260,11 @@ pub(crate) struct SlotEntry {
     /// An unmarked client's TSval window (`TS_KNOWN | span << 32 | lo`), 0
     /// before: see [`SlotRef::set_client_ts`].
     client_ts: AtomicU64,
-    _r1: [AtomicU64; 45],
+    /// The token of a DMB the client registered after its Proposal (an
+    /// announcement's), valid once [`Progress::ClientDmbNamed`] is noted:
+    /// see [`SlotRef::set_client_token`].
+    client_token: AtomicU64,
+    _r1: [AtomicU64; 44],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotEntry>() == layout::RENDEZVOUS_ENTRY_LEN as usize);
@@ -294,6 +298,10 @@ pub enum Progress {
     /// ([`SlotRef::server_dmb_hint`]): the server passes no descriptor.
     /// Noted before its CAS to ACCEPTED.
     ClientHasServerDmb = 8,
+    /// The client registered its DMB only once the server connected (an
+    /// announcement, whose Proposal names no DMB) and published its token
+    /// ([`SlotRef::client_token`]), before it passes the DMB.
+    ClientDmbNamed = 16,
 }
 
 const PROPOSAL: usize = 0;
@@ -310,9 +318,19 @@ impl SlotEntry {
     /// Word-wise atomic stores: another process may read concurrently, and
     /// a torn message is caught by the reader's validation, never UB.
     fn write_msg(&self, a: usize, bytes: &[u8]) {
-        for (i, chunk) in bytes.chunks(8).enumerate() {
+        // Whole words as they are (a copy of a slice of unknown length per
+        // word would be a call each), the tail padded with zeros.
+        let words = bytes.chunks_exact(8);
+        let tail = words.remainder();
+        let mut i = 0;
+        for chunk in words {
+            let w: [u8; 8] = chunk.try_into().expect("8 bytes");
+            self.msgs[a][i].store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            i += 1;
+        }
+        if !tail.is_empty() {
             let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
+            w[..tail.len()].copy_from_slice(tail);
             self.msgs[a][i].store(u64::from_ne_bytes(w), Ordering::Relaxed);
         }
         self.lens[a].store(bytes.len() as u64, Ordering::Relaxed);
@@ -341,6 +359,7 @@ impl SlotEntry {
         self.progress.store(0, Ordering::Relaxed);
         self.early.store(0, Ordering::Relaxed);
         self.client_ts.store(0, Ordering::Relaxed);
+        self.client_token.store(0, Ordering::Relaxed);
         for w in self.client_dmb.iter().chain(&self.server_dmb_hint) {
             w.store(0, Ordering::Relaxed);
         }
@@ -378,7 +397,8 @@ impl Rendezvous {
         let me = Owner::current();
         let k = key.encode();
         let home = key.home();
-        let mut judge = Judge::new(dev.dir());
+        // Made only for the second pass: a free slot is the rule.
+        let mut judge = None;
         for pass in 0..2 {
             for p in 0..PROBE {
                 let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
@@ -386,7 +406,9 @@ impl Rendezvous {
                 let claim = match pass {
                     0 => s.head.claim(&me),
                     // Second pass: slots whose client is gone.
-                    _ => judge.reclaim(&s.head, s.head.word()),
+                    _ => judge
+                        .get_or_insert_with(|| Judge::new(dev.dir()))
+                        .reclaim(&s.head, s.head.word()),
                 };
                 let Some(claim) = claim else {
                     continue;
@@ -660,6 +682,33 @@ impl SlotRef {
             e.client_dmb[0].store(id.0, Ordering::Relaxed);
             e.client_dmb[1].store(id.1, Ordering::Release);
         }
+    }
+
+    /// Client of an announcement: publishes the token of the DMB it
+    /// registered once the server connected, before it passes that DMB on
+    /// the channel. The Proposal's token field then only named the
+    /// proposal (the server's channel is named for it), since a DMB for
+    /// every announcement would be taken and given back for nothing by
+    /// every plain server's connection.
+    pub fn set_client_token(&self, token: u64) {
+        let e = self.entry();
+        if self.mine(e.head.word()) {
+            e.client_token.store(token, Ordering::Relaxed);
+            e.progress
+                .fetch_or(Progress::ClientDmbNamed as u64, Ordering::Release);
+        }
+    }
+
+    /// Server: the token the client published with
+    /// [`set_client_token`](Self::set_client_token), if it did for this
+    /// incarnation.
+    pub fn client_token(&self) -> Option<u64> {
+        let e = self.entry();
+        if !self.noted(Progress::ClientDmbNamed) {
+            return None;
+        }
+        let t = e.client_token.load(Ordering::Relaxed);
+        self.mine(e.head.word()).then_some(t)
     }
 
     /// Client: publishes the identity (device, inode) of a DMB memfd of the

@@ -17,6 +17,9 @@ pub mod chan_sys {
 pub mod conn {
     pub use crate::conn::*;
 }
+pub mod numhash {
+    pub use crate::numhash::*;
+}
 pub mod deferred {
     pub use crate::deferred::*;
 }

@@ -406,3 +406,28 @@ fn announcements_are_found_whatever_their_address() {
     drop(pa);
     assert!(Rendezvous::find_announcements(&dev, |_| false).is_empty());
 }
+
+/// An announcement's client names its DMB's token in the slot only once a
+/// server answers: the server reads it from then on, for that incarnation
+/// only, and a new proposal in the slot starts without one.
+#[test]
+fn an_announcements_dmb_token_is_named_late_and_per_incarnation() {
+    let t = TempDir::new("rdvtok");
+    let dev = Device::open(&t.0).unwrap();
+    let a: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let p = Rendezvous::propose(&dev, SlotKey::announcement(a), b"a").unwrap();
+    let server = Rendezvous::find_announcements(&dev, |_| false)
+        .pop()
+        .unwrap();
+    assert_eq!(server.client_token(), None);
+    p.set_client_token(0x1234_5678_9abc_def0);
+    assert_eq!(server.client_token(), Some(0x1234_5678_9abc_def0));
+    drop(p);
+    assert_eq!(server.client_token(), None);
+    let _q = Rendezvous::propose(&dev, SlotKey::announcement(a), b"b").unwrap();
+    let again = Rendezvous::find_announcements(&dev, |_| false)
+        .pop()
+        .unwrap();
+    assert_eq!(again.index(), server.index());
+    assert_eq!(again.client_token(), None);
+}

@@ -13,8 +13,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "system and settings",
         &[
-            "debug", "error", "chan_sys", "signal", "rng", "tcp_syn", "sockaddr", "access",
-            "config", "doorbell",
+            "numhash", "debug", "error", "chan_sys", "signal", "rng", "tcp_syn", "sockaddr",
+            "access", "config", "doorbell",
         ],
     ),
     (

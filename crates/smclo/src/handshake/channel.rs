@@ -69,7 +69,7 @@ impl RendezvousAddr {
     }
 
     /// Connects to the client's rendezvous socket from a socket named for
-    /// the proposal whose DMB has `token` ([`server_name`]), waiting at most
+    /// the proposal named `token` ([`server_name`]), waiting at most
     /// `bound` for room in its backlog, and checks that its owner may share
     /// the device of shape `shape` with us.
     ///
@@ -153,7 +153,8 @@ fn connect_bounded(
 
 /// The abstract name the server binds its end of the channel to before it
 /// connects: it tells the client's listener which of its proposals (the one
-/// whose DMB has `token`) the connection answers.
+/// named `token`: its DMB's, or an announcement's id) the connection
+/// answers.
 pub(super) fn server_name(gid: u64, token: u64) -> Vec<u8> {
     format!("smclo-{gid:016x}-s-{token:016x}").into_bytes()
 }

@@ -55,11 +55,16 @@ pub struct ClientProposal {
     /// `token` until the proposal is withdrawn (see [`Self::withdraw`]).
     rendezvous: Option<Arc<RendezvousListener>>,
     slot: Option<OwnedSlot>,
-    dmb: Option<device::DmbHandle>,
-    /// The token of the DMB named in the Proposal.
+    /// Boxed, as `server_dmb`: a proposal is moved several times on its
+    /// way to the program's descriptor, and an announcement has neither.
+    dmb: Option<Box<device::DmbHandle>>,
+    /// What names the proposal to its server (whose channel is named for
+    /// it): the token of the DMB named in the Proposal, or an
+    /// announcement's random id (its DMB is registered only when a server
+    /// answers, [`Self::pass_dmb`]).
     token: u64,
     dev: Arc<Device>,
-    cfg: Config,
+    cfg: Settings,
     saved_mark: Option<SavedMark>,
     /// The caller's socket, and the source address of the slot key (whose
     /// port position holds the mark, see [`key_for`]).
@@ -73,7 +78,7 @@ pub struct ClientProposal {
     /// The mapping of a DMB of the server's named in the slot
     /// ([`SlotRef::set_server_dmb_hint`]), kept out of the pool until the
     /// server says whether it reused that DMB.
-    server_dmb: Option<KeptPeer>,
+    server_dmb: Option<Box<KeptPeer>>,
     /// Early bytes counted in the slot ([`Self::add_early`]).
     early: u32,
     /// See [`Self::answer_expected_unaided`].
@@ -84,9 +89,31 @@ pub struct ClientProposal {
     /// announcement): a wait ends when it no longer lists the destination
     /// ([`Self::listener_gone`]).
     listener: Option<Owner>,
+    /// The DMB is still to be registered, when a server answers (an
+    /// announcement's: most are never answered).
+    dmb_on_answer: bool,
     /// When the proposal was made, just before `connect`: the SYN left
     /// after it (its TSval window, [`TsWindow::after`]).
     started: Instant,
+}
+
+/// What a proposal needs of the [`Config`] it was made with (a copy of
+/// the whole would cost an allocation per connection).
+#[derive(Clone, Copy)]
+struct Settings {
+    rmem: u32,
+    wmem: u32,
+    channel_placed_by_caller: bool,
+}
+
+impl Settings {
+    fn of(cfg: &Config) -> Settings {
+        Settings {
+            rmem: cfg.rmem,
+            wmem: cfg.wmem,
+            channel_placed_by_caller: cfg.channel_placed_by_caller,
+        }
+    }
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool
@@ -124,6 +151,9 @@ struct Wait {
     server_dmb: Option<Option<File>>,
     /// The give-up failed: the server decided first, and we follow it.
     following: bool,
+    /// Why we declined ourselves after the server connected (no DMB to
+    /// pass it): the fallback's reason when the slot says DECLINED.
+    declined: Option<Reason>,
     /// Why the last connection to our rendezvous socket was refused: a
     /// timeout after it is reported with that reason. Refusing does not
     /// end the wait: anyone in the namespace can connect to an abstract
@@ -239,13 +269,14 @@ pub fn client_propose_with(
         last_peer: Some(listener.owner.pid),
     };
     let mark = Mark::from_random(random_u64() as u32);
+    let dmb = register(dev, cfg.rmem, prefer)?;
     let (mut p, slot) = publish(
         dev,
         cfg,
         fd,
         (src_ip, dest),
         mark,
-        prefer,
+        Some(dmb),
         listener.same_netns(),
     )?;
     // A server that keeps a mapping of this DMB (it reused it from our pool)
@@ -259,7 +290,7 @@ pub fn client_propose_with(
     if matches!(dev.shape(), crate::access::Shape::Private { .. }) {
         if let Some((id, d)) = crate::dmb::pool::take_peer_of(listener.owner.pid) {
             slot.set_server_dmb_hint(id);
-            p.server_dmb = Some(KeptPeer { id, dmb: Some(d) });
+            p.server_dmb = Some(Box::new(KeptPeer { id, dmb: Some(d) }));
             p.unaided = p
                 .dmb
                 .as_ref()
@@ -300,25 +331,36 @@ fn source_ip(fd: RawFd, dest: SocketAddr, facts: SocketFacts) -> Result<std::net
     })
 }
 
-/// Registers a DMB and publishes the Proposal for `(src_ip, dest)` with
-/// `mark` (an announcement's is zero) in a slot; the rendezvous socket is
-/// abstract when the server shares our network namespace (`same_netns`).
+/// Our DMB for a connection, from the pool preferably as `prefer` says.
+fn register(
+    dev: &Device,
+    rmem: u32,
+    prefer: crate::dmb::pool::Prefer,
+) -> Result<Box<device::DmbHandle>, Reason> {
+    match dev.register_dmb_preferring(rmem, Role::Client, prefer) {
+        Ok(d) => Ok(Box::new(d)),
+        Err(e) => {
+            debug!("registering a {rmem} byte DMB failed: {e}");
+            Err(Reason::Mem)
+        }
+    }
+}
+
+/// Publishes the Proposal for `(src_ip, dest)` with `mark` (an
+/// announcement's is zero) in a slot, naming `dmb`; without one (an
+/// announcement) it is named by a random id, and the DMB is registered
+/// when a server answers. The rendezvous socket is abstract when the
+/// server shares our network namespace (`same_netns`).
 fn publish(
     dev: &Arc<Device>,
     cfg: &Config,
     fd: RawFd,
     (src_ip, dest): (std::net::IpAddr, SocketAddr),
     mark: Mark,
-    prefer: crate::dmb::pool::Prefer,
+    dmb: Option<Box<device::DmbHandle>>,
     same_netns: bool,
 ) -> Result<(ClientProposal, OwnedSlot), Reason> {
     let me = Owner::current();
-    let dmb = dev
-        .register_dmb_preferring(cfg.rmem, Role::Client, prefer)
-        .map_err(|e| {
-            debug!("registering a {} byte DMB failed: {e}", cfg.rmem);
-            Reason::Mem
-        })?;
     let rendezvous = if mark == Mark::NONE {
         RendezvousListener::for_announcement(dev)
     } else {
@@ -328,7 +370,8 @@ fn publish(
         debug!("cannot create the rendezvous socket: {e}");
         Reason::IntErr
     })?;
-    let token = dmb.token();
+    let token = dmb.as_ref().map_or_else(random_u64, |d| d.token());
+    let ring_len = dmb.as_ref().map_or(cfg.rmem, |d| d.dmb().ring_len());
     rendezvous.expect(token);
     let nonce = rendezvous.nonce();
     let proposal = Proposal {
@@ -338,8 +381,8 @@ fn publish(
         ueids: cfg.ueid.into_iter().collect(),
         mark_ttl: mark.ttl,
         mark_tos: mark.tos(),
-        token: dmb.token(),
-        dmbe_size_comp: clc::size_comp(dmb.dmb().ring_len()),
+        token,
+        dmbe_size_comp: clc::size_comp(ring_len),
         nonce,
         pid: me.pid,
         start_time: me.start,
@@ -348,10 +391,11 @@ fn publish(
     let p = ClientProposal {
         rendezvous: Some(rendezvous),
         slot: None,
-        dmb: Some(dmb),
+        dmb_on_answer: dmb.is_none(),
+        dmb,
         token,
         dev: dev.clone(),
-        cfg: cfg.clone(),
+        cfg: Settings::of(cfg),
         saved_mark: None,
         fd,
         src_ip,
@@ -371,11 +415,13 @@ fn publish(
     } else {
         key_for(src_ip, mark, dest)
     };
-    let slot =
-        Rendezvous::propose(dev, key, &ClcMsg::Proposal(proposal).to_bytes()).map_err(|e| {
-            debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
-            Reason::MaxDmb
-        })?;
+    // Encoded on the stack: the slot takes a copy.
+    let mut buf = [0u8; clc::MAX_LEN];
+    let len = proposal.encode(&mut buf);
+    let slot = Rendezvous::propose(dev, key, &buf[..len]).map_err(|e| {
+        debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
+        Reason::MaxDmb
+    })?;
     Ok((p, slot))
 }
 
@@ -405,15 +451,9 @@ fn announce(
         return Err(Reason::Mem);
     }
     let src_ip = source_ip(fd, dest, facts)?;
-    // The server may be in any network namespace: a path socket.
-    let prefer = crate::dmb::pool::Prefer {
-        memfd: None,
-        last_peer: None,
-    };
-    let (mut p, slot) = publish(dev, cfg, fd, (src_ip, dest), Mark::NONE, prefer, false)?;
-    if let Some(d) = &p.dmb {
-        slot.set_client_dmb(d.id());
-    }
+    // The server may be in any network namespace: a path socket. No DMB
+    // yet: the server that answers gets one ([`ClientProposal::pass_dmb`]).
+    let (mut p, slot) = publish(dev, cfg, fd, (src_ip, dest), Mark::NONE, None, false)?;
     p.slot = Some(slot);
     debug!("announced {src_ip} -> {dest} (no listener registered there)");
     Ok(p)
@@ -455,7 +495,8 @@ impl ClientProposal {
         Some(Decision::Tcp(Reason::Unanswered))
     }
 
-    /// The token of the DMB offered in the Proposal.
+    /// What names the proposal: the token of the DMB offered in the
+    /// Proposal, or an announcement's id.
     pub fn token(&self) -> u64 {
         self.token
     }
@@ -711,7 +752,13 @@ impl ClientProposal {
             match seen {
                 // The server sends its DMB right after its CAS to ACCEPTED.
                 SlotState::Accepted if self.wait.server_dmb.is_some() => break,
-                SlotState::Declined => return self.fall_back(peer_decline(slot.reply())),
+                SlotState::Declined => {
+                    let r = self
+                        .wait
+                        .declined
+                        .unwrap_or_else(|| peer_decline(slot.reply()));
+                    return self.fall_back(r);
+                }
                 SlotState::Proposed | SlotState::Replying | SlotState::Accepted => {}
                 other => {
                     debug!("rendezvous slot in state {other:?} while waiting for the server");
@@ -905,9 +952,11 @@ impl ClientProposal {
     }
 
     /// Passes our DMB on the server's connection `c` unless the server
-    /// noted that it has it: the server checks it before it accepts. A failed send shows on the server's side (end of
-    /// file, or no descriptor).
-    fn pass_dmb(&self, slot: &SlotRef, c: UnixStream) -> UnixStream {
+    /// noted that it has it: the server checks it before it accepts. An
+    /// announcement registers its DMB now and names it in the slot first.
+    /// A failed send shows on the server's side (end of file, or no
+    /// descriptor).
+    fn pass_dmb(&mut self, slot: &SlotRef, c: UnixStream) -> UnixStream {
         // The connection's channel if the handshake succeeds: out of the
         // application's range of numbers (crate::fdnum), unless the caller
         // puts it elsewhere at once.
@@ -920,12 +969,37 @@ impl ClientProposal {
             // It attached our DMB from its own mapping: nothing to pass.
             return c;
         }
+        if self.dmb_on_answer {
+            self.register_on_answer(slot);
+        }
         let fd = self.dmb.as_ref().map(|d| d.fd());
         match send_msg(c.as_raw_fd(), CLIENT_DMB_BYTE, fd) {
             Ok(()) => slot.note(Progress::ClientDmbSent),
             Err(e) => debug!("sending our DMB to the server failed: {e}"),
         }
         c
+    }
+
+    /// An announcement's DMB, registered now that a server answers, its
+    /// token named in the slot. Without one we decline (MEM) rather than
+    /// let the server wait for it.
+    fn register_on_answer(&mut self, slot: &SlotRef) {
+        self.dmb_on_answer = false;
+        let prefer = crate::dmb::pool::Prefer {
+            memfd: None,
+            last_peer: None,
+        };
+        match register(&self.dev, self.cfg.rmem, prefer) {
+            Ok(d) => {
+                slot.set_client_token(d.token());
+                self.dmb = Some(d);
+            }
+            Err(r) => {
+                if slot.give_up().is_ok() {
+                    self.wait.declined = Some(r);
+                }
+            }
+        }
     }
 
     /// Waits (at most `timeout`) for the server's connection, passes our
@@ -1003,9 +1077,9 @@ impl ClientProposal {
             return Err(Reason::SyncErr);
         }
         self.withdraw(false);
-        let dmb = self.dmb.take().expect("client DMB");
+        let dmb = *self.dmb.take().expect("client DMB");
         let local = self.src.unwrap_or(SocketAddr::new(self.src_ip, 0));
-        let mode = mode(&self.dev, &self.cfg);
+        let mode = mode(&self.dev, self.cfg.wmem);
         match establish(dmb, peer, chan, accept.token, (local, self.dest), mode) {
             Ok(mut e) => {
                 e.syn_mark = tcp_syn::LeftMark::new(self.saved_mark.take());

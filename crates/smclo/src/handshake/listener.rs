@@ -18,7 +18,7 @@
 //! Any uid of the namespace can connect to an abstract socket, and the
 //! threads of one process share it, so every connection says which proposal
 //! it answers: the server binds its end to `\0smclo-<gid>-s-<token>`, the
-//! token of the client's DMB named in the Proposal (see
+//! token in the Proposal: its DMB's, or an announcement's random id (see
 //! [`super::channel::server_name`]). A connection is handed to the thread
 //! waiting for that token only if the token is one of this listener's live
 //! proposals and its peer may share the device
@@ -35,9 +35,9 @@ use super::channel::{check_peer, poll_in, token_of, RendezvousAddr, ABSTRACT_NON
 use super::Wake;
 use crate::access::Shape;
 use crate::device::Device;
+use crate::numhash::NumMap;
 use crate::owner::{self, Owner};
 use smclo_wire::reason::Reason;
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -84,7 +84,7 @@ pub(super) struct RendezvousListener {
 struct Inbox {
     /// The tokens of the live proposals, and the server's connection for
     /// each once it arrived, or why one that named it was refused.
-    expected: HashMap<u64, Option<Result<UnixStream, Reason>>>,
+    expected: NumMap<u64, Option<Result<UnixStream, Reason>>>,
     /// A thread sleeps in `poll` on the socket.
     polling: bool,
     /// Threads waiting on the condition variable.
@@ -209,7 +209,7 @@ impl RendezvousListener {
         self.inbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Announces a proposal whose DMB has `token`: from now on a server's
+    /// Announces a proposal named `token`: from now on a server's
     /// connection for it is kept for [`take`](Self::take).
     pub(super) fn expect(&self, token: u64) {
         self.lock().expected.insert(token, None);

@@ -26,7 +26,6 @@ pub use pending::{Looker, Pending, Polled, TcpNews, Until};
 use server::ServerHandshake;
 
 use crate::access::PeerRefused;
-use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
 use crate::device::{Device, DmbHandle, Registration, LOOPBACK_CHID};
@@ -235,11 +234,11 @@ fn random_u64() -> u64 {
     crate::rng::next_u64()
 }
 
-fn mode(dev: &Device, cfg: &Config) -> Mode {
+/// The data path's mode on `dev`, with send buffers of `wmem` bytes if it
+/// copies.
+fn mode(dev: &Device, wmem: u32) -> Mode {
     if dev.dmb_copy() {
-        Mode::Copy {
-            sndbuf_len: cfg.wmem,
-        }
+        Mode::Copy { sndbuf_len: wmem }
     } else {
         Mode::NoCopy
     }

@@ -104,6 +104,16 @@ struct Answering {
     peer: Option<(Dmb, Instant)>,
 }
 
+impl Answering {
+    /// The token of the client's DMB: the one its Proposal names, or the
+    /// one it named in the slot when it registered its DMB on our
+    /// connection (an announcement, whose Proposal's token only names the
+    /// proposal).
+    fn client_token(&self) -> u64 {
+        self.slot.client_token().unwrap_or(self.proposal.token)
+    }
+}
+
 /// A proposal that may be this connection's, while its client's port is
 /// not known yet.
 struct Candidate {
@@ -688,11 +698,11 @@ impl ServerHandshake {
         let Some(fd) = fd else {
             debug!(
                 "the client passed no DMB for token {:016x}",
-                a.proposal.token
+                a.client_token()
             );
             return failed(&a, Reason::ErrRtok);
         };
-        match self.dev.attach_dmb(a.proposal.token, fd) {
+        match self.dev.attach_dmb(a.client_token(), fd) {
             Ok(peer) => self.try_finish(a, peer, Instant::now()),
             Err(e) => failed(&a, attach_error(e).reason()),
         }
@@ -719,9 +729,9 @@ impl ServerHandshake {
 
     /// Accepts the proposal, the client's DMB `peer` checked and attached.
     fn finish(&self, a: Answering, peer: Dmb) -> Decision {
+        let peer_token = a.client_token();
         let Answering {
             slot,
-            proposal,
             dmb,
             chan,
             reused,
@@ -787,8 +797,8 @@ impl ServerHandshake {
                 return abort_tcp(fd, Reason::IntErr);
             }
         }
-        let mode = mode(&self.dev, &self.cfg);
-        match establish(dmb, peer, chan, proposal.token, self.ends, mode) {
+        let mode = mode(&self.dev, self.cfg.wmem);
+        match establish(dmb, peer, chan, peer_token, self.ends, mode) {
             Ok(e) => Decision::Smc(e),
             Err(e) => {
                 debug!("building the connection failed ({e}): connection aborted");
