@@ -426,7 +426,11 @@ fn an_announcement_to_a_plain_server_makes_few_system_calls() {
 /// ClusterIP within them is SMC-D; with a list that leaves it out, or
 /// `off`, the client announces nothing and the connection is plain TCP
 /// (PEERNOSMC at both ends, as for a destination without a listener;
-/// nothing UNANSWERED).
+/// nothing UNANSWERED). Under load the server's bounded look for an
+/// announcement may end before the client published its port (the
+/// connection is then TCP, UNANSWERED at the client and PEERNOSMC at the
+/// server): an announcing setting gets up to 5 connections to show one
+/// SMC-D, and every other must be that miss.
 #[test]
 fn smclo_announce_limits_announcements_to_its_networks() {
     let mut env = Env::new("nat-announce");
@@ -443,11 +447,27 @@ fn smclo_announce_limits_announcements_to_its_networks() {
     ] {
         env.extra_env = vec![("SMCLO_ANNOUNCE".into(), announce.into())];
         let s0 = env.stats();
-        redis_ping_in(&mut env, &cli, (CLUSTER_IP, CLUSTER_PORT));
+        let tries = if smcd { 5 } else { 1 };
+        for _ in 0..tries {
+            redis_ping_in(&mut env, &cli, (CLUSTER_IP, CLUSTER_PORT));
+            if delta(&s0, &env.stats()).conns_opened > 0 {
+                break;
+            }
+        }
         let d = delta(&s0, &env.stats());
         let what = format!("SMCLO_ANNOUNCE={announce}: {}", d.fallbacks_desc());
         if smcd {
-            assert_eq!((d.conns_opened, d.fallbacks()), (1, 0), "{what}");
+            assert_eq!(d.conns_opened, 1, "{what}");
+            let (missed, unmatched) = (
+                d.fallback(Reason::Unanswered).0,
+                d.fallback(Reason::PeerNoSmc).1,
+            );
+            assert_eq!(
+                (missed, unmatched),
+                (d.fallbacks() / 2, d.fallbacks() / 2),
+                "{what}"
+            );
+            assert_eq!(missed + unmatched, d.fallbacks(), "{what}");
         } else {
             assert_eq!(d.conns_opened, 0, "{what}");
             // The server found no announcement for the SYN either.
