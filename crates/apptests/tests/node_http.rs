@@ -3,6 +3,7 @@
 //! client's sockets wrote and read (headers included) counted by the device.
 
 use smclo_apptests::*;
+use smclo_wire::reason::Reason;
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,4 +33,59 @@ fn node_http_server_and_client() {
     assert_smc("node http", &d, used, bytes, bytes, &server.logs());
     server.stop(Duration::from_secs(5));
     assert_clean(&env, false);
+}
+
+/// node's cluster module (PM2's cluster mode): the primary accepts each
+/// connection and passes its descriptor to a worker (`SCM_RIGHTS`) before
+/// the handshake ends. Shared memory cannot follow a descriptor into
+/// another process, so the primary declines the client's proposal as it
+/// passes it (PASSED at both ends) and the connection is plain TCP at
+/// TCP's speed: before, every client waited for an answer no process
+/// would give (`SMCLO_CLC_WAIT_MS`, 5 s here) and fell back with TIMEOUT.
+#[test]
+fn node_cluster_primary_passing_connections_costs_no_wait() {
+    let mut env = Env::new("node-cluster");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/cluster.js");
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "node-cluster",
+        "node",
+        &[script.to_str().unwrap(), &ps],
+    );
+    server.wait_stdout("ready", Duration::from_secs(30), &[]);
+    let s0 = env.stats();
+    let url = format!("http://127.0.0.1:{port}/");
+    let conns = 6u64;
+    for _ in 0..conns {
+        let t0 = std::time::Instant::now();
+        let mut c = env.command(Mode::Smclo, None, "curl", &["-s", "-m", "20", &url]);
+        c.env("SMCLO_CLC_WAIT_MS", "5000");
+        let mut p = env.spawn_cmd("curl", c);
+        let st = p.wait(Duration::from_secs(30));
+        let took = t0.elapsed();
+        assert!(
+            st.success() && p.stdout_str().starts_with("worker "),
+            "{}\n{}",
+            p.logs(),
+            server.logs()
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "a connection took {took:?}\n{}",
+            server.logs()
+        );
+    }
+    let d = delta(&s0, &env.stats());
+    let logs = server.logs();
+    assert_eq!(d.conns_opened, 0, "{d:?}\n{logs}");
+    assert_eq!(
+        d.fallback(Reason::Passed),
+        (conns, conns),
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(d.fallbacks(), 2 * conns, "{}\n{logs}", d.fallbacks_desc());
+    server.stop(Duration::from_secs(5));
 }

@@ -76,12 +76,17 @@ pub enum Reason {
     /// TCP timestamp, but sees the connection from another source address
     /// or port (source NAT or MASQUERADE on the way).
     SourceNat = 0x0A00_0009,
+    /// smclo extension: the server passed the connection's descriptor to
+    /// another process (`SCM_RIGHTS`: a primary handing accepted
+    /// connections to its workers) before the handshake ended; shared
+    /// memory cannot follow a descriptor into another process.
+    Passed = 0x0A00_000A,
 }
 
 impl Reason {
     /// Number of reasons; the length of [`Reason::ALL`] and the number of
     /// per-reason counters in the device file.
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 22;
 
     /// Every reason, in [`Reason::index`] order.
     ///
@@ -111,6 +116,7 @@ impl Reason {
         Reason::UidChanged,
         Reason::Unanswered,
         Reason::SourceNat,
+        Reason::Passed,
     ];
 
     /// The reason code as SMC writes it (`peer_diagnosis`, `smcss`).
@@ -150,6 +156,7 @@ impl Reason {
             Reason::UidChanged => 18,
             Reason::Unanswered => 19,
             Reason::SourceNat => 20,
+            Reason::Passed => 21,
         }
     }
 
@@ -177,6 +184,7 @@ impl Reason {
             Reason::UidChanged => "UID_CHANGED",
             Reason::Unanswered => "UNANSWERED",
             Reason::SourceNat => "SOURCE_NAT",
+            Reason::Passed => "PASSED",
         }
     }
 
@@ -215,6 +223,9 @@ impl Reason {
             }
             Reason::SourceNat => {
                 "the server sees the client from a translated source address or port (SNAT, MASQUERADE)"
+            }
+            Reason::Passed => {
+                "the server passed the connection's descriptor to another process (SCM_RIGHTS) before the handshake ended"
             }
         }
     }
@@ -286,6 +297,7 @@ mod tests {
                 "UID_CHANGED",
                 "UNANSWERED",
                 "SOURCE_NAT",
+                "PASSED",
             ]
         );
     }
@@ -354,7 +366,8 @@ mod tests {
                 Reason::PeerCred,
                 Reason::UidChanged,
                 Reason::Unanswered,
-                Reason::SourceNat
+                Reason::SourceNat,
+                Reason::Passed
             ]
         );
     }

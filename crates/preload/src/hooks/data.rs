@@ -517,12 +517,16 @@ fn control_len(m: &msghdr) -> usize {
     m.msg_controllen as _
 }
 
-/// The SMC-D connections whose descriptors `msg` passes (`SCM_RIGHTS`):
-/// the receiving process shares their open files from now on, and may
-/// change `O_NONBLOCK` there ([`smclo::adapter::conn::Conn::share_file`]). Marked
-/// before the message leaves: the receiver may act as soon as it arrives.
+/// The descriptors `msg` passes (`SCM_RIGHTS`), before the message
+/// leaves (the receiver may act as soon as it arrives): an SMC-D
+/// connection's open file is shared with the receiving process from now
+/// on, which may change `O_NONBLOCK` there
+/// ([`smclo::adapter::conn::Conn::share_file`]); an accepted connection
+/// whose handshake is undecided stays TCP, its client told at once
+/// ([`super::pending::pass`]: a primary handing connections to its
+/// workers, as node's cluster module does).
 fn share_passed(msg: *const msghdr) {
-    if msg.is_null() || super::LIVE.load(Ordering::Relaxed) == 0 {
+    if msg.is_null() || (super::LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any()) {
         return;
     }
     // SAFETY: the application's msghdr, which the kernel reads next.
@@ -547,8 +551,10 @@ fn share_passed(msg: *const msghdr) {
                     .saturating_sub(libc::CMSG_LEN(0) as usize)
                     .min(room);
                 for i in 0..len / std::mem::size_of::<c_int>() {
-                    if let Some(s) = table::get(std::ptr::read_unaligned(data.add(i))) {
-                        s.conn.share_file();
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    match table::get(fd) {
+                        Some(s) => s.conn.share_file(),
+                        None => super::pending::pass(fd),
                     }
                 }
             }

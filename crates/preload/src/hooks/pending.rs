@@ -354,6 +354,33 @@ fn retract(fd: RawFd) -> bool {
     done
 }
 
+/// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
+/// undecided: a server's ends as TCP now, its client told at once
+/// (`Pending::pass`). Keeps errno.
+pub(super) fn pass(fd: RawFd) {
+    if !pending(fd) {
+        return;
+    }
+    let Some(c) = table::connecting(fd) else {
+        return;
+    };
+    let Some(mut pd) = lock(&c.undecided).take() else {
+        // Another thread drives it.
+        return;
+    };
+    let e = errno();
+    match pd.hs.pass() {
+        Some(d) => {
+            debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
+            DRIVING.with(|x| x.set(true));
+            end(fd, &c, pd, Outcome::Decided(Box::new(d)));
+            DRIVING.with(|x| x.set(false));
+        }
+        None => put_back(fd, &c, pd),
+    }
+    set_errno(e);
+}
+
 /// Waits for the decision on `fd` (bounded by its deadline). An
 /// announcement is retracted first: only a server that has begun to
 /// answer it is waited for.

@@ -180,6 +180,17 @@ impl Pending {
         }
     }
 
+    /// The descriptor goes to another process (`SCM_RIGHTS`) while the
+    /// handshake is undecided: a server declines the client's proposal
+    /// (PASSED, [`ServerHandshake::pass`]) and the connection is TCP. A
+    /// client's handshake goes on (`None`): its socket is the proposer's.
+    pub fn pass(&mut self) -> Option<Decision> {
+        match &mut self.side {
+            Side::Accept(h) => Some(h.pass(self.deadline)),
+            Side::Connect(_) => None,
+        }
+    }
+
     /// When this end gives up (TIMEOUT).
     pub fn deadline(&self) -> Instant {
         self.deadline

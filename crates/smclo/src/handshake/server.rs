@@ -77,6 +77,9 @@ pub(super) struct ServerHandshake {
     /// client's early bytes may be waited for longer than an event loop's
     /// step may take ([`early::arrival_wait`]).
     may_wait: bool,
+    /// The descriptor goes to another process ([`Self::pass`]): the
+    /// client's proposal is declined, not answered.
+    passed: bool,
 }
 
 enum Stage {
@@ -146,6 +149,7 @@ impl ServerHandshake {
             stage: Stage::Done,
             pid: crate::owner::current_pid(),
             may_wait: false,
+            passed: false,
         };
         h.stage = match h.candidates() {
             Ok(c) => Stage::Matching(c),
@@ -421,6 +425,18 @@ impl ServerHandshake {
         }
     }
 
+    /// The connection's descriptor goes to another process (`SCM_RIGHTS`)
+    /// before the handshake ended: shared memory cannot follow it there.
+    /// Decides TCP, and declines the client's proposal (PASSED) as soon as
+    /// it is found, waking its client, so that the client goes on over TCP
+    /// at once instead of waiting for an answer no process will give.
+    /// Waits for the client's port at most until `deadline`.
+    pub(super) fn pass(&mut self, deadline: Instant) -> Decision {
+        self.passed = true;
+        self.decide_within(deadline, None, false)
+            .unwrap_or(Decision::Tcp(Reason::Passed))
+    }
+
     /// Waits at most until `stop` for the client's next step: spins for
     /// the spin budget, then sleeps.
     fn wait_client(&self, stop: Instant) {
@@ -573,6 +589,16 @@ impl ServerHandshake {
                 None,
             )));
         }
+        if self.passed {
+            let client = RendezvousAddr::new(&self.dev, proposal.nonce);
+            let wake = (&client, proposal.token);
+            return Some(Decision::Tcp(decline(
+                &self.dev,
+                &slot,
+                Reason::Passed,
+                Some(wake),
+            )));
+        }
         match self.connect_client(slot, proposal, bound) {
             Ok(Connected::Waiting(a)) => {
                 self.stage = Stage::Answering(a);
@@ -669,6 +695,15 @@ impl ServerHandshake {
     /// One look at the channel for the client's DMB, passed as soon as the
     /// client has accepted our connection; checked before we accept.
     fn look_dmb(&mut self, mut a: Box<Answering>) -> Option<Decision> {
+        if self.passed {
+            // Our channel's end closes with `a`: the client wakes.
+            return Some(Decision::Tcp(decline(
+                &self.dev,
+                &a.slot,
+                Reason::Passed,
+                None,
+            )));
+        }
         if let Some((peer, since)) = a.peer.take() {
             return self.try_finish(a, peer, since);
         }
