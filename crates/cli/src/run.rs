@@ -12,11 +12,6 @@
 //! go in the environment, for the program's exec hooks to do the same.
 
 use smclo_loader::{Choice, Loader, Variant};
-
-/// Whether the program file at `p` was linked by Go ([`smclo_loader::is_go`]).
-fn is_go(p: &Path) -> bool {
-    std::fs::File::open(p).is_ok_and(|f| smclo_loader::is_go(&f))
-}
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -132,11 +127,11 @@ fn program_file(prog: &str) -> Option<PathBuf> {
 /// The build for `prog`'s loader, `None` for no build. `Err`: the build
 /// the program needs is not there, with what to do.
 fn build_for(prog: &str, debug: bool) -> Result<Option<PathBuf>, String> {
-    let file = program_file(prog);
-    if debug && file.as_deref().is_some_and(is_go) {
+    let file = program_file(prog).and_then(|p| std::fs::File::open(p).ok());
+    if debug && file.as_ref().is_some_and(smclo_loader::is_go) {
         eprintln!("smclo run: {prog} is a Go program, which makes its system calls without the C library: its own connections stay TCP (programs it starts get smclo)");
     }
-    let loader = file.map_or(Loader::Unknown, |p| Loader::of_path(&p));
+    let loader = file.as_ref().map_or(Loader::Unknown, Loader::of_file);
     let v = match Choice::for_loader(loader) {
         Choice::Load(v) => v,
         // No loader reads it, or it cannot be told: glibc's, for the

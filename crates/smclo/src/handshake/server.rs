@@ -285,8 +285,7 @@ impl ServerHandshake {
         let Some(Ok(ClcMsg::Proposal(p))) = slot.proposal().map(|b| ClcMsg::parse(&b)) else {
             return Reason::PeerNoSmc;
         };
-        let client = RendezvousAddr::new(&self.dev, p.nonce);
-        decline(&self.dev, slot, Reason::SourceNat, Some((&client, p.token)))
+        decline_waking(&self.dev, slot, Reason::SourceNat, &p)
     }
 
     /// The proposals among `found` that may be this connection's: those
@@ -565,13 +564,11 @@ impl ServerHandshake {
             "the SYN from {} carries a mark other than its proposal's (changed on the way?): TCP",
             self.ends.1
         );
-        let client = RendezvousAddr::new(&self.dev, c.proposal.nonce);
-        let wake = (&client, c.proposal.token);
-        Decision::Tcp(decline(
+        Decision::Tcp(decline_waking(
             &self.dev,
             &c.slot,
             Reason::MarkMismatch,
-            Some(wake),
+            &c.proposal,
         ))
     }
 
@@ -590,13 +587,11 @@ impl ServerHandshake {
             )));
         }
         if self.passed {
-            let client = RendezvousAddr::new(&self.dev, proposal.nonce);
-            let wake = (&client, proposal.token);
-            return Some(Decision::Tcp(decline(
+            return Some(Decision::Tcp(decline_waking(
                 &self.dev,
                 &slot,
                 Reason::Passed,
-                Some(wake),
+                &proposal,
             )));
         }
         match self.connect_client(slot, proposal, bound) {
@@ -945,6 +940,13 @@ fn proposal_mark(slot: &SlotRef) -> Option<Mark> {
         Ok(ClcMsg::Proposal(p)) => Some(mark_of(&p)),
         _ => None,
     }
+}
+
+/// [`decline`] of proposal `p` in `slot`, waking its client at the
+/// rendezvous socket `p` names.
+fn decline_waking(dev: &Device, slot: &SlotRef, r: Reason, p: &Proposal) -> Reason {
+    let client = RendezvousAddr::new(dev, p.nonce);
+    decline(dev, slot, r, Some((&client, p.token)))
 }
 
 /// Declines the proposal in `slot` with reason `r` and wakes the client (by
