@@ -11,6 +11,8 @@ if (cluster.isPrimary) {
   let listening = 0;
   cluster.schedulingPolicy = cluster.SCHED_RR;
   for (let i = 0; i < 2; i++) cluster.fork();
+  cluster.on('exit', (w, code, signal) =>
+    console.error('worker ' + w.process.pid + ' exited: ' + (signal || code)));
   cluster.on('listening', () => {
     if (++listening === 2) console.log('ready');
   });

@@ -26,7 +26,7 @@ use crate::table::{self, Connecting, Shut, Undecided, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
 use smclo::adapter::fallbacks::FallbackRecord;
-use smclo::adapter::handshake::{Decision, Looker, Polled, TcpNews, Until, Wake};
+use smclo::adapter::handshake::{self, Decision, Looker, Polled, TcpNews, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
@@ -330,6 +330,24 @@ pub(super) fn look(fd: RawFd) {
 /// Ends the announcement of `fd` now, as TCP, unless a server has begun to
 /// answer it: whether it was retracted. Keeps errno.
 fn retract(fd: RawFd) -> bool {
+    decide_now(fd, handshake::Pending::retract)
+}
+
+/// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
+/// undecided: a server's ends as TCP now, its client told at once
+/// (`Pending::pass`), and the process's listeners are unregistered
+/// (`state::unlist_listeners_passing`). Keeps errno.
+pub(super) fn pass(fd: RawFd) {
+    if pending(fd) && decide_now(fd, handshake::Pending::pass) {
+        debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
+        super::state::unlist_listeners_passing();
+    }
+}
+
+/// Decides the handshake of `fd` now as `how` does, if no other thread
+/// drives it and `how` gives a decision (otherwise it stays undecided):
+/// whether it was decided. Keeps errno.
+fn decide_now(fd: RawFd, how: impl FnOnce(&mut handshake::Pending) -> Option<Decision>) -> bool {
     let Some(c) = table::connecting(fd) else {
         return false;
     };
@@ -338,7 +356,7 @@ fn retract(fd: RawFd) -> bool {
         return false;
     };
     let e = errno();
-    let done = match pd.hs.retract() {
+    let done = match how(&mut pd.hs) {
         Some(d) => {
             DRIVING.with(|x| x.set(true));
             end(fd, &c, pd, Outcome::Decided(Box::new(d)));
@@ -352,33 +370,6 @@ fn retract(fd: RawFd) -> bool {
     };
     set_errno(e);
     done
-}
-
-/// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
-/// undecided: a server's ends as TCP now, its client told at once
-/// (`Pending::pass`). Keeps errno.
-pub(super) fn pass(fd: RawFd) {
-    if !pending(fd) {
-        return;
-    }
-    let Some(c) = table::connecting(fd) else {
-        return;
-    };
-    let Some(mut pd) = lock(&c.undecided).take() else {
-        // Another thread drives it.
-        return;
-    };
-    let e = errno();
-    match pd.hs.pass() {
-        Some(d) => {
-            debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
-            DRIVING.with(|x| x.set(true));
-            end(fd, &c, pd, Outcome::Decided(Box::new(d)));
-            DRIVING.with(|x| x.set(false));
-        }
-        None => put_back(fd, &c, pd),
-    }
-    set_errno(e);
 }
 
 /// Waits for the decision on `fd` (bounded by its deadline). An
