@@ -37,8 +37,8 @@ fn node_http_server_and_client() {
 
 /// node's cluster module (PM2's cluster mode): the primary accepts each
 /// connection and passes its descriptor to a worker (`SCM_RIGHTS`) before
-/// the handshake ends. Shared memory cannot follow a descriptor into
-/// another process, so the primary declines the client's proposal as it
+/// the handshake ends. The worker cannot finish a handshake the primary
+/// began, so the primary declines the client's proposal as it
 /// passes it (PASSED at both ends) and unregisters its listener: the
 /// later clients do not propose (PEERNOSMC at the client), and none can
 /// get a handshake that finished within the primary's `accept`, whose

@@ -372,6 +372,18 @@ impl Dmb {
             || self.attach.is_some_and(|a| a.1 != now)
     }
 
+    /// Another process goes on with this mapping's connection (its
+    /// descriptor was passed there): as after a fork, the mapping is
+    /// neither pooled nor detached from when it is dropped.
+    pub(crate) fn mark_shared(&mut self) {
+        if let Some(o) = self.own.as_mut() {
+            o.fork_gen = 0;
+        }
+        if let Some(a) = self.attach.as_mut() {
+            a.1 = 0;
+        }
+    }
+
     /// The fork generation an adopted mapping records: the current one, or
     /// one that never matches when the image before exec had forked since
     /// (`forked`), so that, as in a fork child, the mapping is neither

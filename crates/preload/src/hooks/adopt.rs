@@ -32,6 +32,7 @@ use libc::c_char;
 use smclo::adapter::conn::{Conn, ExecParts, ExecState};
 use smclo::debug;
 use smclo::device::Device;
+use smclo::device::Registration;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -113,19 +114,20 @@ impl Moves {
     }
 }
 
-/// One connection as the new image receives it.
-struct Passed {
+/// One connection as the new image (or a process it is passed to,
+/// [`super::passing`]) receives it.
+pub(super) struct Passed {
     /// The program's descriptors of it (none: close it at once).
-    fds: Vec<RawFd>,
-    chan: RawFd,
-    tcp: RawFd,
-    local: RawFd,
-    peer: RawFd,
-    shut_rd: bool,
-    linger0: bool,
+    pub(super) fds: Vec<RawFd>,
+    pub(super) chan: RawFd,
+    pub(super) tcp: RawFd,
+    pub(super) local: RawFd,
+    pub(super) peer: RawFd,
+    pub(super) shut_rd: bool,
+    pub(super) linger0: bool,
     /// Other processes that hold it (fork family).
-    holders: Vec<u32>,
-    st: ExecState,
+    pub(super) holders: Vec<u32>,
+    pub(super) st: ExecState,
 }
 
 fn join<T: ToString>(v: &[T]) -> String {
@@ -140,7 +142,7 @@ fn split<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
 }
 
 impl Passed {
-    fn encode(&self) -> String {
+    pub(super) fn encode(&self) -> String {
         let st = &self.st;
         let b = |x: bool| x as u8;
         format!(
@@ -171,7 +173,7 @@ impl Passed {
         )
     }
 
-    fn decode(s: &str) -> Option<Passed> {
+    pub(super) fn decode(s: &str) -> Option<Passed> {
         let f: Vec<&str> = s.split(',').collect();
         if f.len() != 23 {
             return None;
@@ -435,11 +437,11 @@ fn pass(h: &mut Handoff, s: &Sock, fds: &[RawFd]) -> Result<Passed, String> {
     })
 }
 
-fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub(super) fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
@@ -535,6 +537,24 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
         Ok(x) => x,
         Err(e) => return Err(e.to_string()),
     };
+    install(p, conn, reg, false)?;
+    debug!(
+        "exec: adopted SMC-D connection on fd {} (channel fd {}, hidden TCP fd {})",
+        join(&p.fds),
+        p.chan,
+        p.tcp
+    );
+    Ok(())
+}
+
+/// Puts adopted connection `p` into the table at its descriptors
+/// (`cloexec`: in the program's view).
+pub(super) fn install(
+    p: &Passed,
+    conn: Conn,
+    reg: Registration,
+    cloexec: bool,
+) -> Result<(), String> {
     let Some(slot) = holders::claim() else {
         conn.abort();
         return Err("no holder slot".into());
@@ -562,19 +582,13 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
         super::state::internal_locked(p.chan);
     }
     for fd in &p.fds {
-        super::state::install_locked(*fd, &sock, false);
+        super::state::install_locked(*fd, &sock, cloexec);
     }
     drop(g);
     LIVE.fetch_add(1, Ordering::Relaxed);
     for fd in p.fds.iter().filter(|fd| (0..=2).contains(*fd)) {
         crate::stdio::adopt_std(*fd);
     }
-    debug!(
-        "exec: adopted SMC-D connection on fd {} (channel fd {}, hidden TCP fd {})",
-        join(&p.fds),
-        p.chan,
-        p.tcp
-    );
     Ok(())
 }
 
@@ -582,9 +596,9 @@ fn adopt(dev: &Arc<Device>, p: &Passed) -> Result<(), String> {
 /// peer through the channel closing without a close flag, this program
 /// through the TCP socket its descriptors become). `consumed`: [`adopt`]
 /// has closed the memfds and the channel already.
-fn reset(p: &Passed, why: &str, consumed: bool) {
+pub(super) fn reset(p: &Passed, why: &str, consumed: bool) {
     debug!(
-        "exec: SMC-D connection on fd {} cannot be adopted ({why}); it is reset, the descriptors get the TCP socket",
+        "SMC-D connection on fd {} cannot be adopted ({why}); it is reset, the descriptors get the TCP socket",
         join(&p.fds)
     );
     if let Err(e) = smclo::adapter::tcp_syn::reset(p.tcp) {

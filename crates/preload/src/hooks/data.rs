@@ -492,8 +492,8 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
-        // SAFETY: forwarded unchanged.
-        return unsafe { real::recvmsg(fd, msg, flags) };
+        // SAFETY: the application's arguments.
+        return unsafe { super::passing::recvmsg(fd, msg, flags) };
     };
     if msg.is_null() {
         return fail(libc::EFAULT);
@@ -512,57 +512,6 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     n
 }
 
-/// `msg_controllen` (`size_t` in glibc, `socklen_t` in musl).
-fn control_len(m: &msghdr) -> usize {
-    m.msg_controllen as _
-}
-
-/// The descriptors `msg` passes (`SCM_RIGHTS`), before the message
-/// leaves (the receiver may act as soon as it arrives): an SMC-D
-/// connection's open file is shared with the receiving process from now
-/// on, which may change `O_NONBLOCK` there
-/// ([`smclo::adapter::conn::Conn::share_file`]); an accepted connection
-/// whose handshake is undecided stays TCP, its client told at once
-/// ([`super::pending::pass`]: a primary handing connections to its
-/// workers, as node's cluster module does).
-fn share_passed(msg: *const msghdr) {
-    if msg.is_null() || (super::LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any()) {
-        return;
-    }
-    // SAFETY: the application's msghdr, which the kernel reads next.
-    let m = unsafe { &*msg };
-    if m.msg_control.is_null() || control_len(m) < std::mem::size_of::<libc::cmsghdr>() {
-        return;
-    }
-    // SAFETY: the CMSG macros walk the application's control buffer
-    // within `msg_controllen` (they return null past its end); each
-    // header and descriptor is read unaligned, as a copy.
-    unsafe {
-        let end = m.msg_control.cast::<u8>().add(control_len(m));
-        let mut c = libc::CMSG_FIRSTHDR(m);
-        while !c.is_null() {
-            let h = std::ptr::read_unaligned(c);
-            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const c_int;
-                // Within the buffer even if the header lies (the kernel
-                // refuses such a message).
-                let room = (end as usize).saturating_sub(data as usize);
-                let len = (h.cmsg_len as usize)
-                    .saturating_sub(libc::CMSG_LEN(0) as usize)
-                    .min(room);
-                for i in 0..len / std::mem::size_of::<c_int>() {
-                    let fd = std::ptr::read_unaligned(data.add(i));
-                    match table::get(fd) {
-                        Some(s) => s.conn.share_file(),
-                        None => super::pending::pass(fd),
-                    }
-                }
-            }
-            c = libc::CMSG_NXTHDR(m, c);
-        }
-    }
-}
-
 /// Interposed `sendmsg(2)`: ancillary data (SCM_RIGHTS and the like)
 /// cannot travel through shared memory and fails loudly.
 #[no_mangle]
@@ -571,9 +520,8 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         return fail(e);
     }
     let Some(s) = table::get(fd) else {
-        share_passed(msg);
-        // SAFETY: forwarded unchanged.
-        return unsafe { real::sendmsg(fd, msg, flags) };
+        // SAFETY: the application's arguments.
+        return unsafe { super::passing::sendmsg(fd, msg, flags) };
     };
     if msg.is_null() {
         return fail(libc::EFAULT);
@@ -640,11 +588,7 @@ pub unsafe extern "C" fn sendmmsg(
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    if table::get(fd).is_none() {
-        for i in 0..n as usize {
-            // SAFETY: the application passes `n` mmsghdrs.
-            share_passed(unsafe { &(*v.add(i)).msg_hdr });
-        }
+    if table::get(fd).is_none() && !super::passing::may_pass(v, n) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
     }

@@ -26,6 +26,7 @@ mod data;
 mod epoll;
 mod epoll_calls;
 mod limits;
+mod passing;
 mod pending;
 mod poll;
 mod process;

@@ -88,7 +88,8 @@ pub(super) fn unlist_all() {
 }
 
 /// This process passes the connections it accepts to other processes
-/// (`SCM_RIGHTS`), which shared memory cannot follow: its listeners leave
+/// (`SCM_RIGHTS`) before their handshakes end, which another process
+/// cannot finish: its listeners leave
 /// the registry and their later connections stay TCP ([`Hint::Plain`]),
 /// so that no client proposes to them again. Otherwise a handshake that
 /// finished within the `accept` would hand the next process a connection

@@ -59,7 +59,7 @@ impl Conn {
     }
 
     fn close_inner(&self) {
-        if self.closed.swap(true, Ordering::Relaxed) {
+        if self.closed.swap(true, Ordering::Relaxed) || self.passed.load(Ordering::Relaxed) {
             return;
         }
         // An orderly close delivers what corking held; an error here means
@@ -166,6 +166,10 @@ impl Drop for Conn {
     /// Dropping without `close` closes; then the channel's descriptor goes.
     fn drop(&mut self) {
         self.close_inner();
+        if *self.passed.get_mut() {
+            self.local.mark_shared();
+            self.peer.mark_shared();
+        }
         self.close_channel();
     }
 }

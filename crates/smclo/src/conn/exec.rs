@@ -5,9 +5,10 @@
 //! words of state that are private to the process.
 
 use super::{Conn, Mode};
-use crate::device::{Device, Registration};
+use crate::device::{Device, Registration, Role};
 use crate::dmb::Dmb;
 use crate::doorbell;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -117,6 +118,60 @@ impl Conn {
         Ok(ExecParts { local, peer, state })
     }
 
+    /// Prepares this end for another process that receives its descriptor
+    /// (`SCM_RIGHTS`) and returns what that process needs to go on with it
+    /// ([`Conn::pass_adopt`]), as [`Conn::exec_export`] does for a new
+    /// image. From now on the receiving process ends the connection: this
+    /// process's close sets no flag, and its mappings are neither pooled
+    /// nor detached from, since the receiver writes through its own
+    /// ([`Conn::unpass`] undoes that if the descriptor does not leave).
+    pub fn pass_export(&self, reg: &Registration) -> Result<ExecParts, ExecRefusal> {
+        let mut parts = self.exec_export(reg)?;
+        // The receiver does not know who else maps the DMBs: it treats
+        // them as a fork child does.
+        parts.state.forked = true;
+        self.passed.store(true, Ordering::Relaxed);
+        Ok(parts)
+    }
+
+    /// The descriptor did not leave after [`Conn::pass_export`] (the
+    /// message was not sent): this process ends the connection again.
+    pub fn unpass(&self) {
+        self.passed.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether this end's descriptor went to another process
+    /// ([`Conn::pass_export`]).
+    pub fn is_passed(&self) -> bool {
+        self.passed.load(Ordering::Relaxed)
+    }
+
+    /// The connection end that another process passed with
+    /// [`Conn::pass_export`], on device `dev`, with its channel `chan`,
+    /// between TCP addresses `local` and `peer`. Its DMB gets a table entry
+    /// of this process's ([`Device::register_passed`]).
+    pub fn pass_adopt(
+        dev: &Device,
+        parts: ExecParts,
+        chan: OwnedFd,
+        local: SocketAddr,
+        peer: SocketAddr,
+    ) -> crate::Result<(Conn, Registration)> {
+        let st = parts.state;
+        let gid = dev.gid();
+        let own = Dmb::adopt_own(parts.local.into(), st.local_token, gid, true)?;
+        let theirs = Dmb::adopt_peer(parts.peer.into(), st.peer_token, gid, st.peer_attach, true)?;
+        let role = if st.client {
+            Role::Client
+        } else {
+            Role::Server
+        };
+        let reg = dev.register_passed(st.local_token, own.ring_len(), role)?;
+        let c = Conn::resume(own, theirs, chan, &st, &reg)?;
+        reg.set_connected(st.peer_token, local, peer, c.mode);
+        Ok((c, reg))
+    }
+
     /// The connection end that the image before exec passed with
     /// [`Conn::exec_export`], on device `dev`, with its channel `chan`,
     /// and its DMB table entry.
@@ -138,12 +193,26 @@ impl Conn {
             st.peer_attach,
             st.forked,
         )?;
+        let c = Conn::resume(local, peer, chan, &st, &reg)?;
+        Ok((c, reg))
+    }
+
+    /// A connection end made again from its DMBs, channel and the state
+    /// another image or process exported.
+    fn resume(
+        local: Dmb,
+        peer: Dmb,
+        chan: OwnedFd,
+        st: &ExecState,
+        reg: &Registration,
+    ) -> crate::Result<Conn> {
         let mode = match st.sndbuf_len {
             0 => Mode::NoCopy,
             n => Mode::Copy { sndbuf_len: n },
         };
         let mut c = Conn::new(local, peer, UnixStream::from(chan), mode)?;
-        // The image before exec may have shared the channel's open file.
+        // The exporting image or process may have shared the channel's
+        // open file.
         c.share_file();
         c.set_record(reg.record());
         c.sent.store(st.sent, Ordering::Relaxed);
@@ -154,6 +223,6 @@ impl Conn {
         c.cork.store(st.cork, Ordering::Relaxed);
         c.shut_wr.store(st.shut_wr, Ordering::Relaxed);
         c.err.store(st.err, Ordering::Relaxed);
-        Ok((c, reg))
+        Ok(c)
     }
 }

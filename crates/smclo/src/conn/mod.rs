@@ -105,6 +105,10 @@ pub struct Conn {
     shut_wr: AtomicBool,
     /// close/abort ran (so drop does not close again).
     closed: AtomicBool,
+    /// The descriptor went to another process ([`Conn::pass_export`]),
+    /// whose close ends the connection: this process's close sets no
+    /// flag, and its mappings are neither pooled nor detached from.
+    passed: AtomicBool,
     /// `O_NONBLOCK` of the descriptor as last set or read: the flag itself
     /// while `nb_own_gen` holds, else a hint checked against the
     /// descriptor before a call sleeps or returns WouldBlock.
@@ -206,6 +210,7 @@ impl Conn {
             peer_gone: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            passed: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             record: None,

@@ -39,16 +39,8 @@ impl Device {
         role: Role,
         prefer: crate::dmb::pool::Prefer,
     ) -> Result<DmbHandle> {
-        self.maybe_sweep();
         let me = Owner::current();
-        let (idx, claim) = match self.claim_dmb_entry(&me) {
-            Some(c) => c,
-            None => {
-                self.sweep();
-                self.claim_dmb_entry(&me)
-                    .ok_or_else(|| errno_err(libc::ENOSPC))?
-            }
-        };
+        let (idx, claim) = self.claim_entry(&me)?;
         let e = self.dmb_entry(idx);
         let token = random_u64()?;
         let dmb = match crate::dmb::pool::take(ring_len, self.gid, token, prefer) {
@@ -71,6 +63,20 @@ impl Device {
                 }
             },
         };
+        let reg = self.publish_entry(idx, claim, token, ring_len, role);
+        Ok(DmbHandle { reg, dmb })
+    }
+
+    /// Fills claimed entry `idx` for the DMB `token` and publishes it.
+    fn publish_entry(
+        &self,
+        idx: usize,
+        claim: Claim,
+        token: u64,
+        ring_len: u32,
+        role: Role,
+    ) -> Registration {
+        let e = self.dmb_entry(idx);
         e.token.store(token, Ordering::Relaxed);
         e.peer_token.store(0, Ordering::Relaxed);
         e.ring_len.store(ring_len, Ordering::Relaxed);
@@ -85,16 +91,41 @@ impl Device {
         self.u64_at(layout::off::DMBS_REGISTERED)
             .fetch_add(1, Ordering::Relaxed);
         crate::debug!("registered DMB {token:016x} ({ring_len} bytes, {role:?}) in entry {idx}");
-        Ok(DmbHandle {
-            reg: Registration {
-                dev: self.arc(),
-                idx,
-                ticket,
-                token,
-                role,
-            },
-            dmb,
-        })
+        Registration {
+            dev: self.arc(),
+            idx,
+            ticket,
+            token,
+            role,
+        }
+    }
+
+    /// Registers, in an entry of its own, the DMB `token` of a connection
+    /// end that another process passed to this one (`SCM_RIGHTS`): each
+    /// process owns the entry it registered, and the one that passed the
+    /// connection unregisters its own when it lets go.
+    pub(crate) fn register_passed(
+        &self,
+        token: u64,
+        ring_len: u32,
+        role: Role,
+    ) -> Result<Registration> {
+        let (idx, claim) = self.claim_entry(&Owner::current())?;
+        Ok(self.publish_entry(idx, claim, token, ring_len, role))
+    }
+
+    /// Claims a DMB table entry for `me`, reclaiming the entries of dead
+    /// processes first (at most every
+    /// [`SWEEP_INTERVAL_MS`](super::SWEEP_INTERVAL_MS), and always when the
+    /// table is full).
+    fn claim_entry(&self, me: &Owner) -> Result<(usize, Claim)> {
+        self.maybe_sweep();
+        if let Some(c) = self.claim_dmb_entry(me) {
+            return Ok(c);
+        }
+        self.sweep();
+        self.claim_dmb_entry(me)
+            .ok_or_else(|| errno_err(libc::ENOSPC))
     }
 
     /// Claims a FREE DMB table entry, starting at a random index so that

@@ -1,0 +1,97 @@
+//! An established SMC-D connection passed to another process with
+//! `SCM_RIGHTS` (a dispatcher handing connections to a worker) goes on in
+//! that process through shared memory, as a TCP socket would: the worker
+//! reads and writes it, every byte checked by the client and counted by
+//! the device. The dispatcher closes its copy right after passing it,
+//! before the worker reads it, or exits before the worker reads it; none of
+//! these ends the connection.
+
+use smclo_apptests::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const COUNT: u64 = 4;
+const SIZE: u64 = 200_000;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pass_conn.py")
+}
+
+/// A dispatcher under `smclo run` passes `COUNT` connections to its worker
+/// (`hold`: see pass_conn.py); a client under `smclo run` checks each echo.
+fn passed_connections_stay_smc(hold: &str) {
+    let mut env = Env::new(&format!("passing-{hold}"));
+    let port = free_port();
+    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
+    let ps = port.to_string();
+    let count = COUNT.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "dispatcher",
+        "python3",
+        &[s.to_str().unwrap(), "dispatch", &ps, &count, hold],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let s0 = env.stats();
+    // One client per connection, all at once: with `hold` the worker
+    // serves none before the dispatcher has passed them all.
+    let mut clients: Vec<Proc> = (0..COUNT)
+        .map(|i| {
+            env.spawn(
+                Mode::Smclo,
+                &format!("client-{i}"),
+                "python3",
+                &[
+                    echo.to_str().unwrap(),
+                    "client",
+                    "127.0.0.1",
+                    &ps,
+                    "1",
+                    &SIZE.to_string(),
+                ],
+            )
+        })
+        .collect();
+    let (mut sent, mut received) = (0, 0);
+    for c in &mut clients {
+        c.wait_ok(Duration::from_secs(60));
+        let [s, r] = ok_numbers(c, &server.logs())[..] else {
+            panic!("echo_check.py client printed no byte counts")
+        };
+        (sent, received) = (sent + s, received + r);
+    }
+    let logs = server.logs();
+    assert_eq!((sent, received), (COUNT * SIZE, COUNT * SIZE), "{logs}");
+    let st = server.wait(Duration::from_secs(30));
+    assert!(st.success(), "dispatcher: {st:?}\n{}", server.logs());
+    if hold != "exit" {
+        let out = server.stdout_str();
+        assert_eq!(out.lines().last(), Some(&*format!("ok {COUNT}")), "{logs}");
+    }
+    let d = delta(&s0, &env.stats());
+    assert_smc(
+        &format!("passed ({hold})"),
+        &d,
+        COUNT,
+        sent + received,
+        sent + received,
+        &server.logs(),
+    );
+    assert_eq!(d.conns_opened, COUNT, "{d:?}\n{}", server.logs());
+    assert_clean(&env, false);
+}
+
+#[test]
+fn a_connection_passed_to_a_worker_stays_smc() {
+    passed_connections_stay_smc("now");
+}
+
+#[test]
+fn a_connection_in_flight_when_the_dispatcher_closes_it_stays_smc() {
+    passed_connections_stay_smc("hold");
+}
+
+#[test]
+fn a_connection_in_flight_when_the_dispatcher_exits_stays_smc() {
+    passed_connections_stay_smc("exit");
+}
