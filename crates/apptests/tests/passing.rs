@@ -4,7 +4,7 @@
 //! reads and writes it, every byte checked by the client and counted by
 //! the device. The dispatcher closes its copy right after passing it,
 //! before the worker reads it, or exits before the worker reads it; none of
-//! these ends the connection.
+//! these ends the connection. A process may pass a connection to itself.
 
 use smclo_apptests::*;
 use std::path::{Path, PathBuf};
@@ -94,4 +94,9 @@ fn a_connection_in_flight_when_the_dispatcher_closes_it_stays_smc() {
 #[test]
 fn a_connection_in_flight_when_the_dispatcher_exits_stays_smc() {
     passed_connections_stay_smc("exit");
+}
+
+#[test]
+fn a_connection_passed_to_the_same_process_stays_smc() {
+    passed_connections_stay_smc("self");
 }

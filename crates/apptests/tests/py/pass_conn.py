@@ -9,7 +9,9 @@ with SCM_RIGHTS, for tests/passing.rs.
       reading only once the dispatcher has closed them all (the
       descriptors are in flight when the dispatcher lets go);
       HOLD=exit: the same, and the dispatcher exits before the worker
-      reads. Prints "ready", then "ok N" when the worker has served N.
+      reads. HOLD=self: no worker, the dispatcher passes each connection
+      to itself and serves what it receives. Prints "ready", then "ok N"
+      when N connections were served.
   pass_conn.py worker FD GO COUNT
       once a byte arrives on the UNIX socket GO, receive COUNT descriptors
       on the UNIX socket FD; serve each: read to end of stream, echo
@@ -49,11 +51,27 @@ def worker(fd, go, count):
     print("worker served %d" % served, file=sys.stderr, flush=True)
 
 
+def to_itself(lst, count):
+    a, b = socket.socketpair()
+    print("ready", flush=True)
+    for _ in range(count):
+        c, _ = lst.accept()
+        select.select([c], [], [], 30)
+        socket.send_fds(a, [b"c"], [c.fileno()])
+        c.close()
+        msg, fds, _, _ = socket.recv_fds(b, 16, 1)
+        assert msg == b"c" and len(fds) == 1, (msg, fds)
+        serve_one(socket.socket(fileno=fds[0]))
+    print("ok %d" % count, flush=True)
+
+
 def dispatch(port, count, hold):
     lst = socket.socket()
     lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lst.bind(("127.0.0.1", port))
     lst.listen(64)
+    if hold == "self":
+        return to_itself(lst, count)
     mine, theirs = socket.socketpair()
     go, their_go = socket.socketpair()
     w = subprocess.Popen(

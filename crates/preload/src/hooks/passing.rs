@@ -212,10 +212,9 @@ fn prepare(m: &msghdr) -> Option<Parcel> {
         return None;
     }
     // SAFETY: the application's control buffer of `msg_controllen` bytes,
-    // copied.
-    let control =
-        unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), control_len(m)) }.to_vec();
-    let fds = passed_fds(&control);
+    // which the program does not change during its own call.
+    let control = unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), control_len(m)) };
+    let fds = passed_fds(control);
     let mut conns = Vec::new();
     for (i, &fd) in fds.iter().enumerate() {
         match table::get(fd) {
@@ -232,7 +231,7 @@ fn prepare(m: &msghdr) -> Option<Parcel> {
         return None;
     }
     let mut p = Parcel {
-        control,
+        control: control.to_vec(),
         _extras: Vec::new(),
         socks: Vec::new(),
     };
@@ -343,7 +342,17 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmsg(fd, msg, flags) };
     }
-    let mut buf = vec![0u64; (want + room()).div_ceil(8)];
+    // Most control buffers fit on the stack (a receive with a few
+    // descriptors, a datagram's packet information).
+    let words = (want + room()).div_ceil(8);
+    let mut stack = [0u64; 256];
+    let mut heap = Vec::new();
+    let buf: &mut [u64] = if words <= stack.len() {
+        &mut stack[..words]
+    } else {
+        heap.resize(words, 0);
+        &mut heap
+    };
     let mut mine = *m;
     mine.msg_control = buf.as_mut_ptr().cast();
     mine.msg_controllen = (buf.len() * 8) as _;
