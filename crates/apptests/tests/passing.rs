@@ -100,3 +100,40 @@ fn a_connection_in_flight_when_the_dispatcher_exits_stays_smc() {
 fn a_connection_passed_to_the_same_process_stays_smc() {
     passed_connections_stay_smc("self");
 }
+
+/// A client passes its socket to another process right after a
+/// non-blocking `connect`, its handshake undecided: the handshake is
+/// decided before the descriptor leaves (as before `fork` and exec), and
+/// the SMC-D connection goes with it.
+#[test]
+fn a_connecting_socket_passed_to_another_process_stays_smc() {
+    let mut env = Env::new("passing-connect");
+    let port = free_port();
+    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "server",
+        "python3",
+        &[echo.to_str().unwrap(), "listen", "127.0.0.1", &ps, "1"],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let s0 = env.stats();
+    let client = env.run(
+        Mode::Smclo,
+        "connector",
+        "python3",
+        &[s.to_str().unwrap(), "connect", &ps, &SIZE.to_string()],
+        Duration::from_secs(60),
+    );
+    let logs = server.logs();
+    let [sent, received] = ok_numbers(&client, &logs)[..] else {
+        panic!("pass_conn.py use printed no byte counts")
+    };
+    assert_eq!((sent, received), (SIZE, SIZE));
+    server.wait(Duration::from_secs(30));
+    let d = delta(&s0, &env.stats());
+    assert_smc("passed while connecting", &d, 1, 2 * SIZE, 2 * SIZE, &logs);
+    assert_eq!(d.conns_opened, 1, "{d:?}\n{logs}");
+    assert_clean(&env, false);
+}

@@ -12,6 +12,10 @@ with SCM_RIGHTS, for tests/passing.rs.
       reads. HOLD=self: no worker, the dispatcher passes each connection
       to itself and serves what it receives. Prints "ready", then "ok N"
       when N connections were served.
+  pass_conn.py connect PORT SIZE
+      start a non-blocking connect to 127.0.0.1:PORT and pass the socket
+      at once to a child (this script, "use"), which sends SIZE bytes,
+      reads the echo and prints "ok SENT RECEIVED" if it is exact.
   pass_conn.py worker FD GO COUNT
       once a byte arrives on the UNIX socket GO, receive COUNT descriptors
       on the UNIX socket FD; serve each: read to end of stream, echo
@@ -100,8 +104,49 @@ def dispatch(port, count, hold):
     print("ok %d" % (count if done == b"d" else 0), flush=True)
 
 
+def connect(port, size):
+    mine, theirs = socket.socketpair()
+    w = subprocess.Popen(
+        [sys.executable, __file__, "use", str(theirs.fileno()), str(size)],
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    socket.send_fds(mine, [b"c"], [s.fileno()])
+    s.close()
+    sys.exit(w.wait(timeout=60))
+
+
+def use(fd, size):
+    chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
+    msg, fds, _, _ = socket.recv_fds(chan, 16, 1)
+    s = socket.socket(fileno=fds[0])
+    s.setblocking(True)
+    payload = bytes(i % 251 for i in range(size))
+    s.sendall(payload)
+    s.shutdown(socket.SHUT_WR)
+    back = bytearray()
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        back += b
+    if back != payload:
+        sys.exit("%d bytes back, want %d" % (len(back), size))
+    print("ok", size, len(back), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "worker":
+    if sys.argv[1] == "connect":
+        connect(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "use":
+        use(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "worker":
         worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
         dispatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -205,8 +205,8 @@ fn passed_fds(control: &[u8]) -> Vec<RawFd> {
 }
 
 /// The parcel for the connections `m` passes; `None` when it passes none
-/// (an accepted connection whose handshake is undecided stays TCP,
-/// [`super::pending::pass`]).
+/// (an accepted connection whose handshake is undecided stays TCP, a
+/// connecting one is decided first: [`super::pending::pass`]).
 fn prepare(m: &msghdr) -> Option<Parcel> {
     if m.msg_control.is_null() || control_len(m) < hdr_len() {
         return None;
@@ -217,9 +217,11 @@ fn prepare(m: &msghdr) -> Option<Parcel> {
     let fds = passed_fds(control);
     let mut conns = Vec::new();
     for (i, &fd) in fds.iter().enumerate() {
-        match table::get(fd) {
-            Some(s) => conns.push((i, s)),
-            None => super::pending::pass(fd),
+        if table::get(fd).is_none() {
+            super::pending::pass(fd);
+        }
+        if let Some(s) = table::get(fd) {
+            conns.push((i, s));
         }
     }
     if conns.is_empty() {

@@ -336,12 +336,22 @@ fn retract(fd: RawFd) -> bool {
 /// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
 /// undecided: a server's ends as TCP now, its client told at once
 /// (`Pending::pass`), and the process's listeners are unregistered
-/// (`state::unlist_listeners_passing`). Keeps errno.
+/// (`state::unlist_listeners_passing`). A client's is decided first, as
+/// before `fork` and exec (its socket is the proposer's, which the
+/// receiver cannot drive): an SMC-D connection then goes with the
+/// descriptor ([`super::passing`]). Keeps errno.
 pub(super) fn pass(fd: RawFd) {
-    if pending(fd) && decide_now(fd, handshake::Pending::pass) {
+    if !pending(fd) {
+        return;
+    }
+    if decide_now(fd, handshake::Pending::pass) {
         debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
         super::state::unlist_listeners_passing();
+        return;
     }
+    let e = errno();
+    settle(fd);
+    set_errno(e);
 }
 
 /// Decides the handshake of `fd` now as `how` does, if no other thread
