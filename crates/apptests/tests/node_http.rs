@@ -36,18 +36,18 @@ fn node_http_server_and_client() {
 }
 
 /// node's cluster module (PM2's cluster mode): the primary accepts each
-/// connection and passes its descriptor to a worker (`SCM_RIGHTS`) before
-/// the handshake ends. The worker cannot finish a handshake the primary
-/// began, so the primary declines the client's proposal as it
-/// passes it (PASSED at both ends) and unregisters its listener: the
-/// later clients do not propose (PEERNOSMC at the client), and none can
-/// get a handshake that finished within the primary's `accept`, whose
-/// worker would read a connection it cannot (a reset, one run in eight
-/// with the first fix alone). Every connection is plain TCP at TCP's
-/// speed: before, every client waited for an answer no process would give
-/// (`SMCLO_CLC_WAIT_MS`, 5 s here) and fell back with TIMEOUT.
+/// connection and passes its descriptor to a worker (`SCM_RIGHTS`), most
+/// often before the handshake ends. The primary decides it first (a
+/// worker cannot finish a handshake the primary began), and the SMC-D
+/// connection goes to the worker with what it needs to adopt it. The
+/// workers answer every request through shared memory, each in well
+/// under a second. Before, every client waited for an answer no process
+/// would give (`SMCLO_CLC_WAIT_MS`, 5 s here) and fell back with TIMEOUT;
+/// then, declined as the descriptor left, every connection was TCP.
+/// A handshake that takes longer than the primary waits (5 ms, a loaded
+/// machine) is declined (PASSED): that connection is TCP, without a wait.
 #[test]
-fn node_cluster_primary_passing_connections_costs_no_wait() {
+fn node_cluster_primary_passing_connections_to_workers() {
     let mut env = Env::new("node-cluster");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/cluster.js");
     let port = free_port();
@@ -61,7 +61,8 @@ fn node_cluster_primary_passing_connections_costs_no_wait() {
     server.wait_stdout("ready", Duration::from_secs(30), &[]);
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/");
-    let conns = 6u64;
+    let conns = 8u64;
+    let mut bytes = 0;
     for i in 0..conns {
         let t0 = std::time::Instant::now();
         let mut c = env.command(Mode::Smclo, None, "curl", &["-sS", "-m", "20", &url]);
@@ -81,17 +82,17 @@ fn node_cluster_primary_passing_connections_costs_no_wait() {
             "a connection took {took:?}\n{}",
             server.logs()
         );
+        bytes += p.stdout_str().len() as u64;
     }
     let d = delta(&s0, &env.stats());
     let logs = server.logs();
-    assert_eq!(d.conns_opened, 0, "{d:?}\n{logs}");
     let what = d.fallbacks_desc();
-    assert_eq!(d.fallback(Reason::Passed), (1, 1), "{what}\n{logs}");
-    assert_eq!(
-        d.fallback(Reason::PeerNoSmc),
-        (conns - 1, 0),
-        "{what}\n{logs}"
-    );
-    assert_eq!(d.fallbacks(), conns + 1, "{what}\n{logs}");
+    let (passed, passed_server) = d.fallback(Reason::Passed);
+    assert_eq!(passed, passed_server, "{what}\n{logs}");
+    assert_eq!(d.fallbacks(), 2 * passed, "only PASSED: {what}\n{logs}");
+    assert_eq!(d.conns_opened + passed, conns, "{d:?}\n{logs}");
+    assert!(passed <= 1, "{passed} of {conns} declined: {what}\n{logs}");
+    // Requests and responses, headers included, went through the rings.
+    assert!(d.xfer_bytes > 2 * bytes, "{d:?}\n{logs}");
     server.stop(Duration::from_secs(5));
 }

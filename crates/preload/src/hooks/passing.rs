@@ -387,6 +387,8 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
 /// our descriptors closed; and whether it was truncated.
 fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     let mut fds = passed_fds(got);
+    // Fresh numbers: what the table knew of them is stale.
+    fds.iter().for_each(|&f| super::setup::clear_stale(f));
     let keep = fds
         .last()
         .and_then(|&f| parcel(f))

@@ -333,24 +333,36 @@ fn retract(fd: RawFd) -> bool {
     decide_now(fd, handshake::Pending::retract)
 }
 
+/// How long an accepted connection's handshake may still take when its
+/// descriptor leaves: the client answers within microseconds when it
+/// runs, and the sender (a dispatcher's loop) must not wait on a client
+/// that does not.
+const PASS_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
-/// undecided: a server's ends as TCP now, its client told at once
-/// (`Pending::pass`), and the process's listeners are unregistered
-/// (`state::unlist_listeners_passing`). A client's is decided first, as
-/// before `fork` and exec (its socket is the proposer's, which the
-/// receiver cannot drive): an SMC-D connection then goes with the
-/// descriptor ([`super::passing`]). Keeps errno.
+/// undecided, which the receiver cannot finish: it is decided here, and
+/// an SMC-D connection goes with the descriptor ([`super::passing`]). A
+/// server's waits at most [`PASS_WAIT`], then ends as TCP, its client
+/// told at once (PASSED, `Pending::pass`). A client's is decided as
+/// before `fork` and exec (bounded by its deadline). Keeps errno.
 pub(super) fn pass(fd: RawFd) {
     if !pending(fd) {
         return;
     }
-    if decide_now(fd, handshake::Pending::pass) {
-        debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
-        super::state::unlist_listeners_passing();
-        return;
-    }
     let e = errno();
-    settle(fd);
+    let accepted = table::connecting(fd).is_some_and(|c| {
+        lock(&c.undecided)
+            .as_ref()
+            .is_some_and(|u| u.hs.role() == Role::Server)
+    });
+    if !accepted {
+        settle(fd);
+    } else {
+        advance(fd, Some(Instant::now() + PASS_WAIT));
+        if decide_now(fd, handshake::Pending::pass) {
+            debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
+        }
+    }
     set_errno(e);
 }
 

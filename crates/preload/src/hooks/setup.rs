@@ -56,8 +56,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 }
 
 /// A fresh descriptor number from the kernel: whatever we remembered about
-/// that number belongs to a descriptor closed behind our back.
-fn clear_stale(fd: RawFd) {
+/// that number belongs to a descriptor closed behind our back (libuv, for
+/// one, closes with a raw system call).
+pub(super) fn clear_stale(fd: RawFd) {
     if !in_table_range(fd) || super::state::unknown(fd) {
         return;
     }

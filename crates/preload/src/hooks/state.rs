@@ -87,28 +87,6 @@ pub(super) fn unlist_all() {
     }
 }
 
-/// This process passes the connections it accepts to other processes
-/// (`SCM_RIGHTS`) before their handshakes end, which another process
-/// cannot finish: its listeners leave
-/// the registry and their later connections stay TCP ([`Hint::Plain`]),
-/// so that no client proposes to them again. Otherwise a handshake that
-/// finished within the `accept` would hand the next process a connection
-/// it cannot read.
-pub(super) fn unlist_listeners_passing() {
-    let _g = LOCK.write();
-    let mut listed = Vec::new();
-    table::for_each_state_locked(|fd, s| {
-        if matches!(s, FdState::Listener(_)) {
-            listed.push(fd);
-        }
-    });
-    for fd in listed {
-        drop(table::replace_locked(fd, FdState::Unknown));
-        hints::hint(fd, Hint::Plain);
-        debug!("fd {fd}: its accepted connections go to other processes; unregistered, its connections stay TCP");
-    }
-}
-
 /// Records the program's epoll registration of candidate (or pending)
 /// `fd` in set `ep` (`event`; `None`: deleted), made with the kernel just
 /// now. With the table's lock held for writing.
