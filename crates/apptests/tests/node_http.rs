@@ -96,3 +96,39 @@ fn node_cluster_primary_passing_connections_to_workers() {
     assert!(d.xfer_bytes > 2 * bytes, "{d:?}\n{logs}");
     server.stop(Duration::from_secs(5));
 }
+
+/// libuv closes descriptors with `syscall(SYS_close, fd)`, not `close`: a
+/// node client that destroys its socket ends the SMC-D connection as over
+/// TCP. The server reads what was written, then end of stream; before,
+/// the close went by smclo, and the server read a reset (the channel
+/// closed without the close flag) while the connection stayed in the
+/// client's table.
+#[test]
+fn a_node_socket_destroyed_is_an_end_of_stream() {
+    let mut env = Env::new("node-destroy");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let (js, py) = (dir.join("js/destroy.js"), dir.join("py/read_to_end.py"));
+    let port = free_port();
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "reader",
+        "python3",
+        &[py.to_str().unwrap(), &ps],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let s0 = env.stats();
+    env.run(
+        Mode::Smclo,
+        "node-destroy",
+        "node",
+        &[js.to_str().unwrap(), &ps],
+        Duration::from_secs(30),
+    );
+    server.wait(Duration::from_secs(20));
+    let out = server.stdout_str();
+    assert_eq!(out.lines().last(), Some("eof 5"), "{}", server.logs());
+    let d = delta(&s0, &env.stats());
+    assert_smc("node destroy", &d, 1, 5, 5, &server.logs());
+    assert_eq!(env.stats().conns_active, 0, "{d:?}");
+}

@@ -21,6 +21,7 @@
 //! connection are not tracked (logged); the extra ones are invisible to the
 //! close rule.
 
+use smclo::adapter::chan_sys::syscall as sys;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
@@ -178,13 +179,15 @@ fn holds(pid: u32, chan: RawFd) -> bool {
     // SAFETY: kcmp only compares kernel objects; all arguments are plain
     // integers.
     let r = unsafe {
-        libc::syscall(
+        sys(
             libc::SYS_kcmp,
-            me() as libc::pid_t,
-            pid as libc::pid_t,
-            KCMP_FILE,
-            chan as libc::c_long,
-            chan as libc::c_long,
+            &[
+                me() as libc::c_long,
+                pid as libc::c_long,
+                KCMP_FILE,
+                chan as libc::c_long,
+                chan as libc::c_long,
+            ],
         )
     };
     if r == 0 {
@@ -228,11 +231,13 @@ fn alive_not_zombie(pid: u32) -> bool {
     // SAFETY: `path` is NUL-terminated; openat reads it and returns a new
     // descriptor or -1.
     let fd = unsafe {
-        libc::syscall(
+        sys(
             libc::SYS_openat,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
+            &[
+                libc::AT_FDCWD as libc::c_long,
+                path.as_ptr() as libc::c_long,
+                (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_long,
+            ],
         )
     };
     if fd < 0 {
@@ -242,8 +247,15 @@ fn alive_not_zombie(pid: u32) -> bool {
     // SAFETY: reads at most buf.len() bytes into our buffer; then closes
     // the descriptor opened above, which nobody else has.
     let len = unsafe {
-        let len = libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len());
-        libc::syscall(libc::SYS_close, fd);
+        let len = sys(
+            libc::SYS_read,
+            &[
+                fd,
+                buf.as_mut_ptr() as libc::c_long,
+                buf.len() as libc::c_long,
+            ],
+        );
+        sys(libc::SYS_close, &[fd]);
         len
     };
     let Ok(len) = usize::try_from(len) else {

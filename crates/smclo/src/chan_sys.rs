@@ -10,6 +10,74 @@
 use libc::{c_int, c_long, c_void};
 use std::os::fd::RawFd;
 
+/// A system call made with the instruction itself, as libc's `syscall`
+/// makes it (-1 with `errno` set on failure), without calling libc's
+/// `syscall`: the preload interposes that too (libuv closes descriptors
+/// with `syscall(SYS_close, ..)`), and smclo's own system calls must not
+/// come back into it. Async-signal-safe.
+///
+/// # Safety
+/// The arguments must be valid for system call `n`, as for `syscall(2)`.
+/// `args`: up to six, as integers (pointers cast); the rest are 0.
+#[inline]
+pub unsafe fn syscall(n: c_long, args: &[c_long]) -> c_long {
+    let mut a = [0; 6];
+    a[..args.len().min(6)].copy_from_slice(&args[..args.len().min(6)]);
+    // SAFETY: the caller vouches for the arguments; the instruction
+    // clobbers only what is declared.
+    let r = unsafe { instruction(n, a) };
+    if (-4095..0).contains(&r) {
+        // SAFETY: this thread's errno slot.
+        unsafe { *libc::__errno_location() = -r as c_int };
+        return -1;
+    }
+    r
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe fn instruction(n: c_long, a: [c_long; 6]) -> c_long {
+    let r: c_long;
+    // SAFETY: the Linux x86_64 system call convention: number in rax,
+    // arguments in rdi, rsi, rdx, r10, r8, r9; rcx and r11 are clobbered.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") n => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    r
+}
+
+#[cfg(target_arch = "aarch64")]
+unsafe fn instruction(n: c_long, a: [c_long; 6]) -> c_long {
+    let r: c_long;
+    // SAFETY: the Linux aarch64 system call convention: number in x8,
+    // arguments in x0..x5, the result in x0.
+    unsafe {
+        std::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") a[0] => r,
+            in("x1") a[1],
+            in("x2") a[2],
+            in("x3") a[3],
+            in("x4") a[4],
+            in("x5") a[5],
+            options(nostack),
+        );
+    }
+    r
+}
+
 /// `send(2)`.
 ///
 /// # Safety
@@ -17,7 +85,12 @@ use std::os::fd::RawFd;
 pub unsafe fn send(fd: RawFd, buf: *const c_void, len: usize, flags: c_int) -> isize {
     // SAFETY: sendto without an address is send; the caller vouches for
     // `buf`.
-    unsafe { libc::syscall(libc::SYS_sendto, fd, buf, len, flags, 0usize, 0usize) as isize }
+    unsafe {
+        syscall(
+            libc::SYS_sendto,
+            &[fd as c_long, buf as c_long, len as c_long, flags as c_long],
+        ) as isize
+    }
 }
 
 /// `recv(2)`.
@@ -27,7 +100,12 @@ pub unsafe fn send(fd: RawFd, buf: *const c_void, len: usize, flags: c_int) -> i
 pub unsafe fn recv(fd: RawFd, buf: *mut c_void, len: usize, flags: c_int) -> isize {
     // SAFETY: recvfrom without an address is recv; the caller vouches for
     // `buf`.
-    unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as isize }
+    unsafe {
+        syscall(
+            libc::SYS_recvfrom,
+            &[fd as c_long, buf as c_long, len as c_long, flags as c_long],
+        ) as isize
+    }
 }
 
 /// `poll(2)` (as `ppoll` without a signal mask, which every architecture
@@ -45,13 +123,13 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
     // SAFETY: `fds` is valid for its length and `tsp` is null or points to
     // `ts`, both alive across the call; no signal mask is passed.
     unsafe {
-        libc::syscall(
+        syscall(
             libc::SYS_ppoll,
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            tsp,
-            std::ptr::null::<libc::sigset_t>(),
-            0usize,
+            &[
+                fds.as_mut_ptr() as c_long,
+                fds.len() as c_long,
+                tsp as c_long,
+            ],
         ) as c_int
     }
 }
@@ -60,13 +138,13 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
 pub fn fcntl(fd: RawFd, cmd: c_int, arg: c_long) -> c_int {
     // SAFETY: the commands used here (F_GETFL, F_SETFL, F_DUPFD_CLOEXEC)
     // take an integer, no pointer.
-    unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int }
+    unsafe { syscall(libc::SYS_fcntl, &[fd as c_long, cmd as c_long, arg]) as c_int }
 }
 
 /// `shutdown(2)`.
 pub fn shutdown(fd: RawFd, how: c_int) -> c_int {
     // SAFETY: integer arguments only.
-    unsafe { libc::syscall(libc::SYS_shutdown, fd, how) as c_int }
+    unsafe { syscall(libc::SYS_shutdown, &[fd as c_long, how as c_long]) as c_int }
 }
 
 /// `setsockopt(SO_LINGER)` of zero: the socket's `close` then aborts the
@@ -80,13 +158,15 @@ pub fn set_linger_zero(fd: RawFd) {
     // SAFETY: `l` is a valid linger of the size given, read during the
     // call only.
     unsafe {
-        libc::syscall(
+        syscall(
             libc::SYS_setsockopt,
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            &[
+                fd as c_long,
+                libc::SOL_SOCKET as c_long,
+                libc::SO_LINGER as c_long,
+                &l as *const libc::linger as c_long,
+                std::mem::size_of::<libc::linger>() as c_long,
+            ],
         )
     };
 }
@@ -94,5 +174,5 @@ pub fn set_linger_zero(fd: RawFd) {
 /// `close(2)`.
 pub fn close(fd: RawFd) -> c_int {
     // SAFETY: integer argument only; the caller owns `fd`.
-    unsafe { libc::syscall(libc::SYS_close, fd) as c_int }
+    unsafe { syscall(libc::SYS_close, &[fd as c_long]) as c_int }
 }

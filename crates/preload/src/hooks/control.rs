@@ -11,7 +11,8 @@ use super::{errno, fail, in_table_range, os_err, set_errno};
 use crate::hints::{self, Hint};
 use crate::real;
 use crate::table::{self, Kind, Sock, LOCK, MAX_FD};
-use libc::{c_int, c_uint, c_ulong, c_void, sockaddr, socklen_t};
+use libc::{c_int, c_long, c_uint, c_ulong, c_void, sockaddr, socklen_t};
+use smclo::adapter::chan_sys;
 use smclo::debug;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -49,6 +50,37 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return unsafe { real::close(fd) };
     }
     close_slow(fd)
+}
+
+/// Interposed `syscall(2)`: libuv (node) closes its descriptors with
+/// `syscall(SYS_close, fd)`, which for a descriptor smclo knows is
+/// [`close`] (an SMC-D connection ends as over TCP, the peer reads end of
+/// stream, and the number's state goes). Every other call is made as
+/// libc's `syscall` makes it ([`chan_sys::syscall`], async-signal-safe).
+///
+/// `syscall` is variadic; on the Linux ABIs we build for (x86_64,
+/// aarch64) its integer and pointer arguments travel as fixed ones do, so
+/// it is declared with the six a system call can take (a call with fewer
+/// leaves registers whose values are passed on unread).
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    if n == libc::SYS_close {
+        let fd = a as c_int;
+        if in_table_range(fd) && (table::known(fd) || hints::hints(fd) != 0) {
+            // SAFETY: `close` of the caller's descriptor.
+            return unsafe { close(fd) } as c_long;
+        }
+    }
+    // SAFETY: the caller's arguments, passed on as libc would.
+    unsafe { chan_sys::syscall(n, &[a, b, c, d, e, f]) }
 }
 
 /// Forgets the hints `hints` of `fd`, a number without a state, before
