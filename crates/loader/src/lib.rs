@@ -6,7 +6,9 @@
 //! libsmclo_preload.so: _Unwind_Resume: symbol not found"). So `smclo run`
 //! and the preload's exec hooks read the program's `PT_INTERP` (through
 //! `#!` interpreters, as the kernel does) and give its `LD_PRELOAD` the
-//! build for that loader, or none of smclo's. Nothing here allocates
+//! build for that loader, or none of smclo's. The exec hooks also judge
+//! with [`Header`] whether the new program loads the library at all (of
+//! this machine, linked dynamically, not by Go). Nothing here allocates
 //! unless `LD_PRELOAD` changes: an exec may follow `fork` in a
 //! multithreaded program.
 
@@ -195,7 +197,7 @@ pub fn with_lib(value: &[u8], is_ours: impl Fn(&[u8]) -> bool, lib: Option<&[u8]
 
 /// Scripts may name an interpreter that is a script in turn; the kernel
 /// stops at 4 levels too.
-const MAX_DEPTH: usize = 4;
+pub const MAX_DEPTH: usize = 4;
 
 /// How much of a file's start is read: the ELF header, a `#!` line.
 const HEAD: usize = 256;
@@ -224,15 +226,15 @@ fn of_file(f: &File, depth: usize) -> Loader {
     };
     let mut path = [0u8; MAX_INTERP];
     match h.interp(f, &mut path) {
-        Err(()) => Loader::Unknown,
+        Err(_) => Loader::Unknown,
         Ok(None) => Loader::Static,
         Ok(Some(_)) if !h.is_ours() => Loader::Foreign,
         Ok(Some(path)) => Loader::of_interp(path),
     }
 }
 
-/// The interpreter named on a `#!` line.
-fn interpreter(rest: &[u8]) -> Option<&[u8]> {
+/// The interpreter named on a `#!` line (`rest`: what follows the `#!`).
+pub fn interpreter(rest: &[u8]) -> Option<&[u8]> {
     let line = rest.split(|&b| b == b'\n').next()?;
     line.split(|&b| b == b' ' || b == b'\t')
         .find(|w| !w.is_empty())
@@ -269,11 +271,25 @@ pub fn is_go(f: &File) -> bool {
     let Ok(n) = f.read_at(&mut head, 0) else {
         return false;
     };
-    Header::parse(&head[..n]).is_some_and(|h| h.has_go_note(f) == Ok(true))
+    Header::parse(&head[..n]).is_some_and(|h| h.is_go(f))
 }
 
-/// What the ELF header says about the program headers.
-struct Header {
+/// Why an ELF file's program headers, or a segment they name, cannot be
+/// read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElfError {
+    /// `e_phentsize` is smaller than a program header of the file's class,
+    /// or a program header's offset overflows.
+    Malformed,
+    /// The file ends, or reading fails, before the program header or
+    /// segment.
+    Unreadable,
+}
+
+/// What an ELF file's header says: the program it holds and where its
+/// program headers are. The one reader of ELF headers for both `smclo
+/// run` and the preload's exec hooks.
+pub struct Header {
     class64: bool,
     little: bool,
     machine: u16,
@@ -283,7 +299,10 @@ struct Header {
 }
 
 impl Header {
-    fn parse(b: &[u8]) -> Option<Header> {
+    /// The header at the start of a file (`b`: its first bytes, at least
+    /// 64); `None` if it is not an ELF file of a known class and byte
+    /// order.
+    pub fn parse(b: &[u8]) -> Option<Header> {
         if b.len() < 64 || &b[..4] != b"\x7fELF" {
             return None;
         }
@@ -321,7 +340,9 @@ impl Header {
         })
     }
 
-    fn is_ours(&self) -> bool {
+    /// Whether it is a program of this build's ELF class, byte order and
+    /// [`MACHINE`]: one a build of the preload library can be loaded into.
+    pub fn is_ours(&self) -> bool {
         self.class64 == cfg!(target_pointer_width = "64")
             && self.little == cfg!(target_endian = "little")
             && MACHINE == Some(self.machine)
@@ -354,24 +375,36 @@ impl Header {
         }
     }
 
-    /// The `PT_INTERP` path, read into `buf`; `None` if there is none;
-    /// `Err` if the program headers cannot be read.
-    fn interp<'b>(&self, f: &File, buf: &'b mut [u8]) -> Result<Option<&'b [u8]>, ()> {
+    /// Whether the program in `f` (the file this header starts) has a
+    /// `PT_INTERP` program header: it is linked dynamically.
+    pub fn has_interp(&self, f: &File) -> Result<bool, ElfError> {
+        Ok(self.segment(f, PT_INTERP, |_, _| Ok(true))?.is_some())
+    }
+
+    /// The `PT_INTERP` path of the program in `f`, read into `buf`;
+    /// `None` if there is none.
+    fn interp<'b>(&self, f: &File, buf: &'b mut [u8]) -> Result<Option<&'b [u8]>, ElfError> {
         let Some((off, len)) = self.segment(f, PT_INTERP, |_, _| Ok(true))? else {
             return Ok(None);
         };
         let len = len.min(buf.len() as u64) as usize;
-        f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
+        read_at(f, &mut buf[..len], off)?;
         let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
         Ok(Some(&buf[..end]))
     }
 
+    /// Whether the program in `f` was linked by Go's linker (see
+    /// [`is_go`]); not when its program headers cannot be read.
+    pub fn is_go(&self, f: &File) -> bool {
+        self.has_go_note(f) == Ok(true)
+    }
+
     /// Whether a `PT_NOTE` segment holds Go's build ID note.
-    fn has_go_note(&self, f: &File) -> Result<bool, ()> {
+    fn has_go_note(&self, f: &File) -> Result<bool, ElfError> {
         let go = |off, len: u64| {
             let mut buf = [0u8; MAX_NOTES];
             let len = len.min(MAX_NOTES as u64) as usize;
-            f.read_exact_at(&mut buf[..len], off).map_err(|_| ())?;
+            read_at(f, &mut buf[..len], off)?;
             Ok(self.notes_have_go(&buf[..len]))
         };
         Ok(self.segment(f, PT_NOTE, go)?.is_some())
@@ -396,14 +429,13 @@ impl Header {
     }
 
     /// The first program header of type `ty` for which `pick(p_offset,
-    /// p_filesz)` holds: its offset and size. `Err` if the program headers
-    /// cannot be read.
+    /// p_filesz)` holds: its offset and size.
     fn segment(
         &self,
         f: &File,
         ty: u32,
-        mut pick: impl FnMut(u64, u64) -> Result<bool, ()>,
-    ) -> Result<Option<(u64, u64)>, ()> {
+        mut pick: impl FnMut(u64, u64) -> Result<bool, ElfError>,
+    ) -> Result<Option<(u64, u64)>, ElfError> {
         // p_type, then p_offset and p_filesz, at the offsets of each class.
         let (size, offset, filesz) = if self.class64 {
             (56, 8, 32)
@@ -411,13 +443,13 @@ impl Header {
             (32, 4, 16)
         };
         if self.phentsize < size as u64 {
-            return Err(());
+            return Err(ElfError::Malformed);
         }
         let mut whole = [0u8; 56];
         let ph = &mut whole[..size];
         for i in 0..self.phnum {
-            let at = self.phoff.checked_add(i * self.phentsize).ok_or(())?;
-            f.read_exact_at(ph, at).map_err(|_| ())?;
+            let at = self.phoff.checked_add(i * self.phentsize);
+            read_at(f, ph, at.ok_or(ElfError::Malformed)?)?;
             if self.half(ph, 0) != ty {
                 continue;
             }
@@ -432,6 +464,11 @@ impl Header {
         }
         Ok(None)
     }
+}
+
+/// `buf`'s length of `f` from `off`.
+fn read_at(f: &File, buf: &mut [u8], off: u64) -> Result<(), ElfError> {
+    f.read_exact_at(buf, off).map_err(|_| ElfError::Unreadable)
 }
 
 #[cfg(test)]

@@ -333,3 +333,39 @@ fn a_program_go_builds_is_go_and_a_rust_program_is_not() {
     assert!(st.success(), "go build failed");
     assert!(is_go(&File::open(d.0.join("hello")).unwrap()));
 }
+
+/// The header's reading, as the preload's exec hooks use it: whose
+/// program it is, and whether it is linked dynamically.
+#[test]
+fn a_header_tells_whose_program_and_whether_dynamic() {
+    let d = Dir::new("header");
+    let judge = |name: &str, bytes: &[u8]| {
+        let f = File::open(d.file(name, bytes)).unwrap();
+        let h = Header::parse(bytes).expect(name);
+        (h.is_ours(), h.has_interp(&f))
+    };
+    let glibc = Some("/lib64/ld-linux-x86-64.so.2");
+    let ours = MACHINE.is_some();
+    assert_eq!(judge("dyn", &elf(true, OURS, glibc)), (ours, Ok(true)));
+    assert_eq!(judge("static", &elf(true, OURS, None)), (ours, Ok(false)));
+    assert_eq!(
+        judge("i386", &elf(false, 3, Some("/lib/ld-linux.so.2"))),
+        (false, Ok(true))
+    );
+    assert_eq!(
+        judge("other", &elf(true, OURS + 1, glibc)),
+        (false, Ok(true))
+    );
+    let mut big = elf(true, OURS, glibc);
+    big[5] = 2;
+    assert!(!Header::parse(&big).unwrap().is_ours());
+    // Program headers past the end, or smaller than the class's.
+    let mut cut = elf(true, OURS, glibc);
+    cut.truncate(64 + 20);
+    assert_eq!(judge("cut", &cut).1, Err(ElfError::Unreadable));
+    let mut small = elf(true, OURS, glibc);
+    small[54] = 4;
+    assert_eq!(judge("small", &small).1, Err(ElfError::Malformed));
+    assert!(Header::parse(b"#!/bin/sh\n").is_none());
+    assert!(Header::parse(&[b'x'; 64]).is_none());
+}

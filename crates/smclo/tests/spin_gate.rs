@@ -190,47 +190,72 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
     .unwrap();
 }
 
-/// A thread that waits for the spinner's CPU runs within a few
-/// microseconds of the spin's start, not when the scheduler takes the CPU
-/// away at the end of the spinner's slice (0.7 ms to a 4 ms tick here):
-/// a spin yields. The waiting thread is a busy loop on the same CPU; the
-/// spinner sleeps first, so that it spins on a fresh slice.
+/// A thread that waits for the spinner's CPU runs after a few
+/// microseconds of the spin, not when the scheduler takes the CPU away at
+/// the end of the spinner's slice (0.7 ms to a 4 ms tick here): a spin
+/// yields. The waiting thread is a busy loop on the same CPU; the spinner
+/// sleeps first, so that it spins on a fresh slice. What is measured is
+/// the spinner's own CPU time until the other thread runs: the CPU it
+/// kept from that thread. Other programs' threads that the scheduler runs
+/// on that CPU in between (a loaded machine: 5 ms on the wall clock)
+/// add nothing to it, and a spin that does not yield spends its slice.
 #[test]
 fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
     let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
     let cpu = some_cpu();
-    let waits = std::thread::spawn(move || {
+    let rounds = std::thread::spawn(move || {
         pin(cpu);
-        (0..5).map(|_| waited_for_the_cpu()).collect::<Vec<u64>>()
+        (0..5).map(|_| waited_for_the_cpu()).collect::<Vec<_>>()
     })
     .join()
     .unwrap();
-    let mut sorted = waits.clone();
+    let (spun, wall): (Vec<u64>, Vec<u64>) = rounds.into_iter().unzip();
+    let mut sorted = spun.clone();
     sorted.sort();
     assert!(
         sorted[2] < 300_000,
-        "a thread runnable on the spinner's CPU waited {waits:?} ns"
+        "a thread runnable on the spinner's CPU waited while it spun {spun:?} ns of CPU ({wall:?} ns on the wall clock)"
     );
 }
 
-/// One round of the test above, on the calling (pinned) thread: how long
-/// after the spin began the other thread ran.
-fn waited_for_the_cpu() -> u64 {
+/// The CPU time of the thread whose clock is `clock`, in nanoseconds.
+fn cpu_ns(clock: libc::clockid_t) -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec.
+    let rc = unsafe { libc::clock_gettime(clock, &mut t) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// One round of the test above, on the calling (pinned) thread: how much
+/// CPU time the spin used before the other thread ran, and how long after
+/// the spin began that was.
+fn waited_for_the_cpu() -> (u64, u64) {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: this thread's own handle; writes one clockid_t.
+    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+    assert_eq!(rc, 0);
     let go = Arc::new(AtomicBool::new(false));
     let ran = Arc::new(AtomicU64::new(0));
-    let (g, r) = (go.clone(), ran.clone());
-    // Inherits the pinning: runnable on the same CPU only.
+    let spun = Arc::new(AtomicU64::new(0));
+    let (g, r, sp) = (go.clone(), ran.clone(), spun.clone());
+    // Inherits the pinning: runnable on the same CPU only, so the
+    // spinner is not running when it reads the spinner's clock.
     let other = std::thread::spawn(move || {
         while !g.load(Ordering::Acquire) {
             std::hint::spin_loop();
         }
+        sp.store(cpu_ns(clock), Ordering::Relaxed);
         r.store(spin::monotonic_ns(), Ordering::Release);
     });
     // Longer than a paused slot (`GIVE_WAY`) and than the other's start.
     std::thread::sleep(Duration::from_millis(3));
-    let start = spin::monotonic_ns();
+    let (start, cpu_start) = (spin::monotonic_ns(), cpu_ns(clock));
     go.store(true, Ordering::Release);
     let mut looks = 0;
     spin::until(Duration::from_millis(50), None, || {
@@ -239,7 +264,10 @@ fn waited_for_the_cpu() -> u64 {
     });
     other.join().unwrap();
     assert!(looks > 0, "did not spin");
-    ran.load(Ordering::Acquire).saturating_sub(start)
+    (
+        spun.load(Ordering::Relaxed).saturating_sub(cpu_start),
+        ran.load(Ordering::Acquire).saturating_sub(start),
+    )
 }
 
 /// Starts a spinner child on the device in `dir`, waits until it holds a

@@ -2,8 +2,9 @@
 //! can it adopt the process's SMC-D connections (`hooks::adopt`). It will
 //! when the environment passed to the exec has `LD_PRELOAD` naming a build
 //! of this library (`hooks::variant`), the file is a dynamically linked
-//! ELF program (`PT_INTERP`) of this library's machine and not Go's (whose
-//! programs make their system calls themselves), or a script whose
+//! ELF program (`PT_INTERP`) of this library's machine, class and byte
+//! order and not Go's (whose programs make their system calls
+//! themselves), as `smclo_loader::Header` reads it, or a script whose
 //! interpreter is one, and the kernel will not run it in secure mode
 //! (`AT_SECURE`, where the loader ignores `LD_PRELOAD` paths): see
 //! [`new_image`], the one judgement every exec form makes. Anything unsure
@@ -13,14 +14,14 @@
 //! connections must stay as they are.
 
 use libc::c_char;
-use smclo_loader::MACHINE;
+use smclo_loader::{Header, MAX_DEPTH};
 use std::ffi::{CStr, OsStr};
 use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What an exec's program file says about the new image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +39,13 @@ pub(super) enum Target {
 pub(super) enum NoPreload {
     /// The file (or a script's interpreter) cannot be opened or read.
     Unreadable,
-    /// Not an ELF program of this library's class and byte order, nor a
-    /// script.
+    /// Neither an ELF program nor a script.
     NotElf,
-    /// An ELF program of another machine (`e_machine`): binfmt_misc runs
-    /// it through an emulator, which does not load this library.
-    ForeignMachine,
+    /// An ELF program of another machine (`e_machine`; binfmt_misc runs
+    /// it through an emulator, which does not load this library), ELF
+    /// class or byte order (a 32-bit one's loader cannot load this 64-bit
+    /// library): `smclo_loader::Header::is_ours`.
+    Foreign,
     /// No `PT_INTERP`: linked statically.
     Static,
     /// Linked by Go: it makes its system calls itself, so the library it
@@ -67,8 +69,8 @@ impl fmt::Display for NoPreload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             NoPreload::Unreadable => "its file cannot be read",
-            NoPreload::NotElf => "not an ELF program of this library's class and byte order",
-            NoPreload::ForeignMachine => "an ELF program of another machine",
+            NoPreload::NotElf => "neither an ELF program nor a script",
+            NoPreload::Foreign => "an ELF program of another machine, ELF class or byte order",
             NoPreload::Static => "linked statically",
             NoPreload::Go => "a Go program, which makes its system calls without the C library",
             NoPreload::TooDeep => "scripts nested too deep",
@@ -95,10 +97,6 @@ pub(super) fn entries<'a>(envp: *const *const c_char) -> impl Iterator<Item = &'
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
     })
 }
-
-/// Scripts may name an interpreter that is a script in turn; the kernel
-/// stops at 4 levels too.
-const MAX_DEPTH: usize = 4;
 
 /// Whether the image an exec of the program in `f` starts will load
 /// `LD_PRELOAD` libraries: the process's credentials ([`secure_caller`]),
@@ -158,13 +156,26 @@ fn loads_preload(f: &File, depth: usize) -> Result<(), NoPreload> {
         if depth >= MAX_DEPTH {
             return Err(NoPreload::TooDeep);
         }
-        let p = interpreter(rest).ok_or(NoPreload::NotElf)?;
-        return path_loads(&p, depth + 1);
+        let p = smclo_loader::interpreter(rest).ok_or(NoPreload::NotElf)?;
+        return path_loads(Path::new(OsStr::from_bytes(p)), depth + 1);
     }
-    native_elf(head)?;
-    if !has_interp(f, head) {
+    elf_loads(f, head)
+}
+
+/// Whether the ELF program in `f` (first bytes `head`) loads `LD_PRELOAD`
+/// libraries: it is one of this library's machine, class and byte order,
+/// linked dynamically, and not by Go. Its machine is judged first: a
+/// 32-bit program is foreign whether or not it is linked statically.
+fn elf_loads(f: &File, head: &[u8]) -> Result<(), NoPreload> {
+    let h = Header::parse(head).ok_or(NoPreload::NotElf)?;
+    if !h.is_ours() {
+        return Err(NoPreload::Foreign);
+    }
+    // Program headers that cannot be read show no `PT_INTERP` (nor would
+    // they to the kernel, which then does not run the file).
+    if h.has_interp(f) != Ok(true) {
         Err(NoPreload::Static)
-    } else if smclo_loader::is_go(f) {
+    } else if h.is_go(f) {
         Err(NoPreload::Go)
     } else {
         Ok(())
@@ -193,15 +204,6 @@ fn has_caps(f: &File) -> bool {
 /// programs with file capabilities are not in secure mode.
 fn real_root() -> bool {
     real_and_effective(libc::getresuid).is_some_and(|(r, _)| r == 0)
-}
-
-/// The interpreter named on a `#!` line.
-fn interpreter(rest: &[u8]) -> Option<PathBuf> {
-    let line = rest.split(|&b| b == b'\n').next()?;
-    let word = line
-        .split(|&b| b == b' ' || b == b'\t')
-        .find(|w| !w.is_empty())?;
-    Some(PathBuf::from(OsStr::from_bytes(word)))
 }
 
 fn path_loads(p: &Path, depth: usize) -> Result<(), NoPreload> {
@@ -242,40 +244,6 @@ fn missing_or_unreadable(e: &std::io::Error) -> Program {
     } else {
         Program::Unreadable
     }
-}
-
-/// Whether the file that starts with `head` is a 64-bit little-endian ELF
-/// file (the only kind [`has_interp`] reads) of [`MACHINE`].
-fn native_elf(head: &[u8]) -> Result<(), NoPreload> {
-    const ELFCLASS64: u8 = 2;
-    const ELFDATA2LSB: u8 = 1;
-    if head.len() < 64 || &head[..4] != b"\x7fELF" {
-        return Err(NoPreload::NotElf);
-    }
-    if head[4] != ELFCLASS64 || head[5] != ELFDATA2LSB || cfg!(not(target_endian = "little")) {
-        return Err(NoPreload::NotElf);
-    }
-    match MACHINE {
-        Some(m) if u16::from_le_bytes([head[18], head[19]]) == m => Ok(()),
-        _ => Err(NoPreload::ForeignMachine),
-    }
-}
-
-/// Whether the 64-bit little-endian ELF file `f` (first bytes `head`) has
-/// a `PT_INTERP` program header: it is linked dynamically.
-fn has_interp(f: &File, head: &[u8]) -> bool {
-    const PT_INTERP: u32 = 3;
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
-    let phoff = u64::from_le_bytes(head[32..40].try_into().expect("8 bytes"));
-    let (phentsize, phnum) = (u16_at(head, 54), u16_at(head, 56));
-    if phentsize < 4 {
-        return false;
-    }
-    (0..phnum).any(|i| {
-        let mut ty = [0u8; 4];
-        f.read_exact_at(&mut ty, phoff + i * phentsize).is_ok()
-            && u32::from_le_bytes(ty) == PT_INTERP
-    })
 }
 
 /// The program file at `path` (an exec's path argument).
@@ -345,22 +313,50 @@ pub(super) fn open_fd(fd: RawFd) -> Program {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smclo_loader::MACHINE;
+    use std::path::PathBuf;
 
-    /// A 64-bit little-endian ELF header of `machine` with one program
-    /// header of type `ty`, in a file of its own (removed on drop).
+    /// An ELF file's class and byte order.
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Le64,
+        Le32,
+        Be64,
+    }
+
+    /// An ELF header of `kind` and `machine` with one program header of
+    /// type `ty`, in a file of its own (removed on drop).
     struct Crafted(PathBuf);
 
     impl Crafted {
-        fn new(tag: &str, class: u8, machine: u16, ty: u32) -> Crafted {
-            let mut b = vec![0u8; 64 + 56];
+        fn new(tag: &str, kind: Kind, machine: u16, ty: u32) -> Crafted {
+            let (class, data, big) = match kind {
+                Kind::Le64 => (2, 1, false),
+                Kind::Le32 => (1, 1, false),
+                Kind::Be64 => (2, 2, true),
+            };
+            // Where e_phoff, e_phentsize and e_phnum are, and the sizes of
+            // the ELF header and a program header, in this class.
+            let (phoff, phent, ehsize, phsize) = if class == 2 {
+                (32..40, 54, 64, 56)
+            } else {
+                (28..32, 42, 52, 32)
+            };
+            let put = |b: &mut [u8], at: usize, v: u64, n: usize| {
+                let le = v.to_le_bytes();
+                for i in 0..n {
+                    b[at + i] = if big { le[n - 1 - i] } else { le[i] };
+                }
+            };
+            let mut b = vec![0u8; ehsize + phsize];
             b[..4].copy_from_slice(b"\x7fELF");
-            (b[4], b[5], b[6]) = (class, 1, 1);
-            b[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-            b[18..20].copy_from_slice(&machine.to_le_bytes());
-            b[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
-            b[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
-            b[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
-            b[64..68].copy_from_slice(&ty.to_le_bytes());
+            (b[4], b[5], b[6]) = (class, data, 1);
+            put(&mut b, 16, 3, 2); // ET_DYN
+            put(&mut b, 18, machine.into(), 2);
+            put(&mut b, phoff.start, ehsize as u64, phoff.len());
+            put(&mut b, phent, phsize as u64, 2);
+            put(&mut b, phent + 2, 1, 2);
+            put(&mut b, ehsize, ty.into(), 4);
             Crafted::write(tag, &b)
         }
 
@@ -400,14 +396,37 @@ mod tests {
         let Some(m) = MACHINE else {
             return;
         };
-        let native = Crafted::new("native", 2, m, PT_INTERP);
+        let native = Crafted::new("native", Kind::Le64, m, PT_INTERP);
         assert_eq!(native.judged(), Ok(()));
-        let other = Crafted::new("foreign", 2, foreign(), PT_INTERP);
-        assert_eq!(other.judged(), Err(NoPreload::ForeignMachine));
-        let x32 = Crafted::new("class32", 1, m, PT_INTERP);
-        assert_eq!(x32.judged(), Err(NoPreload::NotElf));
-        let fixed = Crafted::new("static", 2, m, PT_LOAD);
+        let other = Crafted::new("foreign", Kind::Le64, foreign(), PT_INTERP);
+        assert_eq!(other.judged(), Err(NoPreload::Foreign));
+        let fixed = Crafted::new("static", Kind::Le64, m, PT_LOAD);
         assert_eq!(fixed.judged(), Err(NoPreload::Static));
+        let text = Crafted::write("text", &[b'x'; 100]);
+        assert_eq!(text.judged(), Err(NoPreload::NotElf));
+    }
+
+    /// A 32-bit or big-endian program is an ELF program, of a class or
+    /// byte order this library cannot be loaded into: the debug log says
+    /// so, as it says for `LD_PRELOAD` (`hooks::variant`), and not that the
+    /// file is not ELF; nor, for a static one, that it is merely static.
+    #[test]
+    fn a_program_of_another_class_or_byte_order_is_foreign() {
+        let Some(m) = MACHINE else {
+            return;
+        };
+        const EM_386: u16 = 3;
+        for (tag, kind, machine, ty) in [
+            ("i386", Kind::Le32, EM_386, PT_INTERP),
+            ("i386-static", Kind::Le32, EM_386, PT_LOAD),
+            ("x32", Kind::Le32, m, PT_INTERP),
+            ("big", Kind::Be64, m, PT_INTERP),
+        ] {
+            let c = Crafted::new(tag, kind, machine, ty);
+            assert_eq!(c.judged(), Err(NoPreload::Foreign), "{tag}");
+        }
+        let why = NoPreload::Foreign.to_string();
+        assert!(why.contains("ELF class or byte order"), "{why}");
     }
 
     #[test]
@@ -415,12 +434,12 @@ mod tests {
         let Some(m) = MACHINE else {
             return;
         };
-        let native = Crafted::new("interp-native", 2, m, PT_INTERP);
-        let other = Crafted::new("interp-foreign", 2, foreign(), PT_INTERP);
+        let native = Crafted::new("interp-native", Kind::Le64, m, PT_INTERP);
+        let other = Crafted::new("interp-foreign", Kind::Le64, foreign(), PT_INTERP);
         let line = |c: &Crafted| format!("#!{} -x\necho\n", c.0.display());
         let on_native = Crafted::write("script-native", line(&native).as_bytes());
         let on_other = Crafted::write("script-foreign", line(&other).as_bytes());
         assert_eq!(on_native.judged(), Ok(()));
-        assert_eq!(on_other.judged(), Err(NoPreload::ForeignMachine));
+        assert_eq!(on_other.judged(), Err(NoPreload::Foreign));
     }
 }
