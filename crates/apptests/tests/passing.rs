@@ -4,7 +4,10 @@
 //! reads and writes it, every byte checked by the client and counted by
 //! the device. The dispatcher closes its copy right after passing it,
 //! before the worker reads it, or exits before the worker reads it; none of
-//! these ends the connection. A process may pass a connection to itself.
+//! these ends the connection. A process may pass a connection to itself,
+//! with `SO_LINGER` 0 set, or twice in one message; a receiver whose
+//! control buffer is too small for all the connections gets those that
+//! fit, the others end.
 
 use smclo_apptests::*;
 use std::path::{Path, PathBuf};
@@ -136,4 +139,74 @@ fn a_connecting_socket_passed_to_another_process_stays_smc() {
     assert_smc("passed while connecting", &d, 1, 2 * SIZE, 2 * SIZE, &logs);
     assert_eq!(d.conns_opened, 1, "{d:?}\n{logs}");
     assert_clean(&env, false);
+}
+
+/// `SO_LINGER` 0 applies to the last close: the dispatcher's close of a
+/// connection it passed aborts nothing (the worker sets the option off
+/// again before its own close, as a program that wants an orderly end
+/// would).
+#[test]
+fn a_connection_passed_with_linger_zero_stays_smc() {
+    passed_connections_stay_smc("linger");
+}
+
+/// Two descriptors of one connection in one message: one connection in
+/// the worker, which closes one of them and serves through the other.
+#[test]
+fn a_connection_passed_twice_in_one_message_stays_smc() {
+    passed_connections_stay_smc("dup");
+}
+
+/// Two connections per message to a worker that takes one descriptor
+/// per message (`MSG_CTRUNC`): it serves the one it got, through shared
+/// memory; the other's client sees its connection end instead of
+/// waiting, and nothing of it stays in the worker (the files the worker
+/// opens next read as files).
+#[test]
+fn a_connection_truncated_from_a_message_ends() {
+    let mut env = Env::new("passing-two");
+    let port = free_port();
+    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
+    let ps = port.to_string();
+    let count = COUNT.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "dispatcher",
+        "python3",
+        &[s.to_str().unwrap(), "dispatch", &ps, &count, "two"],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let s0 = env.stats();
+    let mut clients: Vec<Proc> = (0..COUNT)
+        .map(|i| {
+            let args = [
+                echo.to_str().unwrap(),
+                "client",
+                "127.0.0.1",
+                &ps,
+                "1",
+                "1000",
+            ];
+            env.spawn(Mode::Smclo, &format!("client-{i}"), "python3", &args)
+        })
+        .collect();
+    let mut served = 0;
+    for c in &mut clients {
+        if c.wait(Duration::from_secs(30)).success() {
+            assert_eq!(ok_numbers(c, &server.logs()), vec![1000, 1000]);
+            served += 1;
+        }
+    }
+    let st = server.wait(Duration::from_secs(30));
+    let logs = server.logs();
+    assert!(st.success(), "dispatcher: {st:?}\n{logs}");
+    assert_eq!(
+        server.stdout_str().lines().last(),
+        Some(&*format!("ok {}", COUNT / 2)),
+        "{logs}"
+    );
+    assert_eq!(served, COUNT / 2, "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!((d.conns_opened, d.fallbacks()), (COUNT, 0), "{d:?}\n{logs}");
+    assert_eq!(env.stats().conns_active, 0, "{d:?}\n{logs}");
 }

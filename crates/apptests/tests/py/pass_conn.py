@@ -10,13 +10,20 @@ with SCM_RIGHTS, for tests/passing.rs.
       descriptors are in flight when the dispatcher lets go);
       HOLD=exit: the same, and the dispatcher exits before the worker
       reads. HOLD=self: no worker, the dispatcher passes each connection
-      to itself and serves what it receives. Prints "ready", then "ok N"
-      when N connections were served.
+      to itself and serves what it receives. HOLD=linger: SO_LINGER 0 is
+      set on each connection before it is passed (the worker sets it off
+      again). HOLD=dup: each is
+      passed twice in one message; the worker closes the second copy at
+      once. HOLD=two: connections are passed two per message and the
+      worker takes one descriptor per message (the rest is truncated);
+      it serves the one it got, then checks that files it opens read as
+      the file. Prints "ready", then "ok N" when N connections were
+      served.
   pass_conn.py connect PORT SIZE
       start a non-blocking connect to 127.0.0.1:PORT and pass the socket
       at once to a child (this script, "use"), which sends SIZE bytes,
       reads the echo and prints "ok SENT RECEIVED" if it is exact.
-  pass_conn.py worker FD GO COUNT
+  pass_conn.py worker FD GO COUNT HOLD
       once a byte arrives on the UNIX socket GO, receive COUNT descriptors
       on the UNIX socket FD; serve each: read to end of stream, echo
       everything back, close.
@@ -25,6 +32,7 @@ with SCM_RIGHTS, for tests/passing.rs.
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 
@@ -40,17 +48,35 @@ def serve_one(c):
     c.close()
 
 
-def worker(fd, go, count):
+def worker(fd, go, count, hold):
     chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
     go = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=go)
     assert go.recv(1) == b"g"
     served = 0
+    if hold == "two":
+        count //= 2
     while served < count:
-        msg, fds, _, _ = socket.recv_fds(chan, 16, 1)
-        assert msg == b"c" and len(fds) == 1, (msg, fds)
+        if hold == "two":
+            msg, fds, flags, _ = socket.recv_fds(chan, 16, 1)
+            assert msg == b"c" and len(fds) == 1, (msg, fds)
+            assert flags & socket.MSG_CTRUNC, flags
+        elif hold == "dup":
+            msg, fds, _, _ = socket.recv_fds(chan, 16, 2)
+            assert msg == b"c" and len(fds) == 2, (msg, fds)
+            os.close(fds.pop())
+        else:
+            msg, fds, _, _ = socket.recv_fds(chan, 16, 1)
+            assert msg == b"c" and len(fds) == 1, (msg, fds)
         c = socket.socket(fileno=fds[0])
+        if hold == "linger":
+            # The option is the socket's: the worker's close would abort.
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                         struct.pack("ii", 0, 0))
         serve_one(c)
         served += 1
+        if hold == "two":
+            with open(__file__, "rb") as f, open(__file__, "rb") as g:
+                assert f.read() == g.read()
     chan.sendall(b"d")
     print("worker served %d" % served, file=sys.stderr, flush=True)
 
@@ -80,19 +106,33 @@ def dispatch(port, count, hold):
     go, their_go = socket.socketpair()
     w = subprocess.Popen(
         [sys.executable, __file__, "worker", str(theirs.fileno()),
-         str(their_go.fileno()), str(count)],
+         str(their_go.fileno()), str(count), hold],
         pass_fds=[theirs.fileno(), their_go.fileno()],
     )
     theirs.close()
     their_go.close()
-    if hold == "now":
+    if hold in ("now", "linger", "dup", "two"):
         go.sendall(b"g")
     print("ready", flush=True)
+    held = []
     for _ in range(count):
         c, _ = lst.accept()
         # The client writes first: once readable, the handshake is over.
         select.select([c], [], [], 30)
-        socket.send_fds(mine, [b"c"], [c.fileno()])
+        if hold == "linger":
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                         struct.pack("ii", 1, 0))
+        if hold == "two":
+            held.append(c)
+            if len(held) < 2:
+                continue
+            socket.send_fds(mine, [b"c"], [x.fileno() for x in held])
+            for x in held:
+                x.close()
+            held = []
+            continue
+        fds = [c.fileno()] * (2 if hold == "dup" else 1)
+        socket.send_fds(mine, [b"c"], fds)
         c.close()
     if hold == "exit":
         go.sendall(b"g")
@@ -101,7 +141,8 @@ def dispatch(port, count, hold):
         go.sendall(b"g")
     done = mine.recv(1)
     w.wait(timeout=60)
-    print("ok %d" % (count if done == b"d" else 0), flush=True)
+    served = count // 2 if hold == "two" else count
+    print("ok %d" % (served if done == b"d" else 0), flush=True)
 
 
 def connect(port, size):
@@ -147,6 +188,6 @@ if __name__ == "__main__":
     elif sys.argv[1] == "use":
         use(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "worker":
-        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         dispatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

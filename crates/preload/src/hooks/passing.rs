@@ -5,55 +5,56 @@
 //!
 //! The program's descriptor of a connection is its channel, which the
 //! kernel passes like any other. What else the receiver needs travels in
-//! the same message, after the program's descriptors: for each connection
-//! its TCP socket and the memfds of both DMBs, then a *parcel*, a sealed
-//! memfd that starts with [`MAGIC`] and describes them ([`Passed`] lines
-//! whose numbers are positions in the message's descriptors). The kernel
-//! delivers every `SCM_RIGHTS` descriptor of a message in one array, in
-//! order, so the parcel is the array's last.
+//! the same message as one more descriptor after the program's, a
+//! *parcel*: a UNIX datagram socket whose one queued datagram starts with
+//! [`MAGIC`] and describes the connections ([`Passed`] lines: the
+//! program's descriptors by their positions in the message, ours by
+//! their positions in the datagram) and carries, for each, its TCP socket
+//! and the memfds of both DMBs. The kernel delivers every `SCM_RIGHTS`
+//! descriptor of a message in one array, in order, so the parcel is the
+//! array's last. A receiver that does not know parcels gets one
+//! descriptor more, and closing it frees what the parcel holds.
 //!
 //! - Sending ([`sendmsg`]): the message goes with a control buffer that is
-//!   the program's plus one `SCM_RIGHTS` header for ours. From then on the
-//!   receiver ends the connection ([`Conn::pass_export`]); if the message
-//!   is not sent, nothing changed.
+//!   the program's plus one `SCM_RIGHTS` header for the parcel. From then
+//!   on the receiver ends the connection ([`Conn::pass_export`]); if the
+//!   message is not sent, nothing changed.
 //! - Receiving ([`recvmsg`]): the kernel writes into a control buffer with
-//!   room for ours; a parcel's connections are adopted at the numbers the
-//!   program got, our descriptors are closed, and the program's control
+//!   room for every descriptor a message can carry. The program's control
 //!   buffer gets what the kernel would have written there (truncated as
-//!   the kernel truncates, `MSG_CTRUNC`). A connection that cannot be
-//!   adopted is reset and the program's descriptor becomes its TCP socket.
+//!   the kernel truncates, `MSG_CTRUNC`); then the parcel's connections
+//!   whose descriptors the program got are adopted at those numbers, and
+//!   the parcel is closed. A connection that cannot be adopted is reset
+//!   and the program's descriptor becomes its TCP socket.
 //!
-//! A receiver without this library gets the channels and our descriptors:
-//! the peer sees the connection reset once the receiver closes them.
+//! A receiver without this library gets the channels: the peer sees the
+//! connection reset once the receiver closes them. A connection passed to
+//! two processes (or twice) ends when the first of them closes it.
 
 use super::adopt::{self, hex, unhex, Passed};
 use super::{errno, set_errno, LIVE};
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, msghdr, ssize_t};
-use smclo::adapter::chan_sys;
 use smclo::adapter::conn::{Conn, ExecParts};
 use smclo::adapter::fdnum;
 use smclo::adapter::sockaddr;
 use smclo::debug;
-use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileExt;
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The start of a parcel, with its layout's version.
-const MAGIC: &[u8] = b"smclo-passed 1 ";
-/// The seals of a parcel: all of them, which a program's own memfd with
-/// our magic is not expected to have.
-const SEALS: c_int =
-    libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+/// The start of a parcel's datagram, with its layout's version.
+const MAGIC: &[u8] = b"smclo-passed 2 ";
 /// Descriptors per message (the kernel's `SCM_MAX_FD`).
 const MAX_FDS: usize = 253;
-/// Descriptors we add per connection: TCP socket, local and peer memfd.
+/// Descriptors a parcel carries per connection: TCP socket, local and
+/// peer memfd.
 const PER_CONN: usize = 3;
-/// A parcel larger than this is not ours.
-const PARCEL_MAX: u64 = 1 << 20;
+/// The largest parcel datagram read.
+const PARCEL_MAX: usize = 1 << 16;
 
 /// The size of a control message header.
 fn hdr_len() -> usize {
@@ -110,7 +111,8 @@ fn cmsgs(buf: &[u8]) -> impl Iterator<Item = Cmsg<'_>> {
     })
 }
 
-/// Appends a control message (aligned) to `out`.
+/// Appends a control message (aligned) to `out`, its header saying
+/// `len` bytes (the kernel's truncated length) or its full length.
 fn push_cmsg(out: &mut Vec<u8>, level: c_int, kind: c_int, data: &[u8]) {
     out.resize(align(out.len()), 0);
     // SAFETY: an all-zero cmsghdr is valid; its fields are set below.
@@ -133,23 +135,39 @@ fn control_len(m: &msghdr) -> usize {
     m.msg_controllen as _
 }
 
+/// The descriptors passed in `control`, in order.
+fn passed_fds(control: &[u8]) -> Vec<RawFd> {
+    cmsgs(control)
+        .filter(|c| c.is_rights())
+        .flat_map(|c| c.fds().collect::<Vec<_>>())
+        .collect()
+}
+
+fn close(fd: RawFd) {
+    // SAFETY: a descriptor the kernel gave this call, which nobody else
+    // knows of.
+    unsafe { real::close(fd) };
+}
+
 // ---- Sending ----------------------------------------------------------
 
 /// What a message adds for the connections it passes.
 struct Parcel {
-    /// The program's control messages and ours.
+    /// The program's control messages and the parcel's.
     control: Vec<u8>,
-    /// Our descriptors in it, closed here once the message is sent.
-    _extras: Vec<OwnedFd>,
-    /// The connections passed, given back if the message is not sent.
-    socks: Vec<Arc<Sock>>,
+    /// The parcel's descriptor in it, closed here once the message is
+    /// sent.
+    _parcel: OwnedFd,
+    /// The connections passed, each with whether it had been passed
+    /// before ([`Conn::unpass`] if the message is not sent).
+    socks: Vec<(Arc<Sock>, bool)>,
 }
 
 /// Interposed `sendmsg(2)` on a descriptor that is not an SMC-D
-/// connection: connections among the descriptors passed go with what the
-/// receiver needs to adopt them (see the module documentation).
+/// connection: connections among the descriptors passed go with a parcel
+/// (see the module documentation).
 pub(super) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    let parcel = if msg.is_null() || (LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any()) {
+    let parcel = if msg.is_null() || !live() {
         None
     } else {
         // SAFETY: the application's msghdr, which the kernel reads next.
@@ -166,14 +184,15 @@ pub(super) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssi
     // SAFETY: the application's message with our control buffer, which
     // lives until the call returns.
     let n = unsafe { real::sendmsg(fd, &m, flags) };
-    if n < 0 {
+    // A stream socket sends no descriptor with no byte.
+    if n < 0 || (n == 0 && payload_len(&m) == 0) {
         let e = errno();
-        for s in &p.socks {
-            s.conn.unpass();
+        for (s, before) in &p.socks {
+            s.conn.unpass(*before);
         }
         set_errno(e);
     } else {
-        for s in &p.socks {
+        for (s, _) in &p.socks {
             debug!(
                 "SCM_RIGHTS: SMC-D connection (channel fd {}) passed to another process, which ends it",
                 s.conn.fd()
@@ -183,67 +202,89 @@ pub(super) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssi
     n
 }
 
-/// Whether one of the `n` messages of `v` (`sendmmsg`) may pass an SMC-D
-/// connection: it has ancillary data and this process has connections.
-pub(super) fn may_pass(v: *const libc::mmsghdr, n: libc::c_uint) -> bool {
-    if v.is_null() || (LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any()) {
-        return false;
+/// Whether this process has connections to pass (one load, or two).
+fn live() -> bool {
+    LIVE.load(Ordering::Relaxed) > 0 || super::pending::any()
+}
+
+/// The bytes `m` sends.
+fn payload_len(m: &msghdr) -> usize {
+    if m.msg_iov.is_null() {
+        return 0;
     }
-    (0..n as usize).any(|i| {
-        // SAFETY: the application passes `n` mmsghdrs.
-        let m = unsafe { &(*v.add(i)).msg_hdr };
-        !m.msg_control.is_null() && control_len(m) > 0
-    })
+    // SAFETY: the application's iovec array of `msg_iovlen` entries, which
+    // the kernel accepted.
+    let v =
+        unsafe { std::slice::from_raw_parts(m.msg_iov, (m.msg_iovlen as c_int).max(0) as usize) };
+    v.iter().map(|i| i.iov_len).sum()
 }
 
-/// The descriptors the program passes in `control`, in order.
-fn passed_fds(control: &[u8]) -> Vec<RawFd> {
-    cmsgs(control)
-        .filter(|c| c.is_rights())
-        .flat_map(|c| c.fds().collect::<Vec<_>>())
-        .collect()
-}
-
-/// The parcel for the connections `m` passes; `None` when it passes none
-/// (an accepted connection whose handshake is undecided stays TCP, a
-/// connecting one is decided first: [`super::pending::pass`]).
-fn prepare(m: &msghdr) -> Option<Parcel> {
+/// The application's control buffer of `m`, if any.
+fn app_control(m: &msghdr) -> Option<&[u8]> {
     if m.msg_control.is_null() || control_len(m) < hdr_len() {
         return None;
     }
     // SAFETY: the application's control buffer of `msg_controllen` bytes,
     // which the program does not change during its own call.
-    let control = unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), control_len(m)) };
+    Some(unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), control_len(m)) })
+}
+
+/// Whether one of the `n` messages of `v` (`sendmmsg`) passes a
+/// descriptor that is, or may become, an SMC-D connection (no system
+/// call).
+pub(super) fn may_pass(v: *const libc::mmsghdr, n: libc::c_uint) -> bool {
+    if v.is_null() || !live() {
+        return false;
+    }
+    (0..n as usize).any(|i| {
+        // SAFETY: the application passes `n` mmsghdrs.
+        let m = unsafe { &(*v.add(i)).msg_hdr };
+        app_control(m).is_some_and(|c| {
+            passed_fds(c)
+                .into_iter()
+                .any(|fd| table::get(fd).is_some() || table::is_pending(fd))
+        })
+    })
+}
+
+/// The parcel for the connections `m` passes; `None` when it passes none
+/// (an accepted connection whose handshake is undecided is decided first,
+/// or stays TCP: [`super::pending::pass`]).
+fn prepare(m: &msghdr) -> Option<Parcel> {
+    let control = app_control(m)?;
     let fds = passed_fds(control);
-    let mut conns = Vec::new();
+    let mut conns: Vec<(Arc<Sock>, Vec<usize>)> = Vec::new();
     for (i, &fd) in fds.iter().enumerate() {
         if table::get(fd).is_none() {
             super::pending::pass(fd);
         }
-        if let Some(s) = table::get(fd) {
-            conns.push((i, s));
+        let Some(s) = table::get(fd) else { continue };
+        match conns.iter_mut().find(|(x, _)| Arc::ptr_eq(x, &s)) {
+            Some((_, at)) => at.push(i),
+            None => conns.push((s, vec![i])),
         }
     }
     if conns.is_empty() {
         return None;
     }
     let ctx = super::ctx()?;
-    if fds.len() + conns.len() * PER_CONN + 1 > MAX_FDS {
+    if fds.len() + 1 > MAX_FDS || conns.len() * PER_CONN > MAX_FDS {
         debug!("SCM_RIGHTS: too many descriptors in one message to pass SMC-D connections; the receiver cannot use them");
         return None;
     }
-    let mut p = Parcel {
-        control: control.to_vec(),
-        _extras: Vec::new(),
-        socks: Vec::new(),
-    };
     let mut lines = Vec::new();
-    for (i, s) in conns {
-        match export(&mut p, fds.len(), i, &s) {
-            Ok(line) => lines.push(line),
+    let mut theirs: Vec<OwnedFd> = Vec::new();
+    let mut socks = Vec::new();
+    for (s, at) in conns {
+        match export(&s, &at, theirs.len()) {
+            Ok((line, fds, before)) => {
+                lines.push(line);
+                theirs.extend(fds);
+                socks.push((s, before));
+            }
             Err(why) => debug!(
                 "SCM_RIGHTS: SMC-D connection on fd {} cannot go with its descriptor ({why}); the receiver cannot use it",
-                fds[i]
+                fds[at[0]]
             ),
         }
     }
@@ -251,84 +292,118 @@ fn prepare(m: &msghdr) -> Option<Parcel> {
         return None;
     }
     let dir = hex(ctx.dev.dir().as_os_str().as_encoded_bytes());
-    let text = format!("{dir} {}\n", lines.join("\n"));
-    match parcel_file(&text) {
-        Ok(f) => {
-            let mut ours: Vec<RawFd> = p._extras.iter().map(|f| f.as_raw_fd()).collect();
-            ours.push(f.as_raw_fd());
-            p._extras.push(f);
+    let text = format!("{dir} {}", lines.join("\n"));
+    match parcel_socket(&text, &theirs) {
+        Ok(parcel) => {
+            let mut control = control.to_vec();
+            let one = [parcel.as_raw_fd()];
             push_cmsg(
-                &mut p.control,
+                &mut control,
                 libc::SOL_SOCKET,
                 libc::SCM_RIGHTS,
-                &fd_bytes(&ours),
+                &fd_bytes(&one),
             );
-            Some(p)
+            Some(Parcel {
+                control,
+                _parcel: parcel,
+                socks,
+            })
         }
         Err(e) => {
             debug!("SCM_RIGHTS: no parcel for the SMC-D connections passed ({e}); the receiver cannot use them");
-            for s in &p.socks {
-                s.conn.unpass();
+            for (s, before) in &socks {
+                s.conn.unpass(*before);
             }
             None
         }
     }
 }
 
-/// Adds connection `s` (the program's descriptor at position `at` of
-/// `base` passed) to `p`: its line for the parcel.
-fn export(p: &mut Parcel, base: usize, at: usize, s: &Arc<Sock>) -> Result<String, String> {
+/// Connection `s`, the program's descriptors at positions `at` of the
+/// message: its parcel line (its own descriptors from position `base` of
+/// the parcel's), those descriptors, and whether it had been passed
+/// before.
+fn export(
+    s: &Arc<Sock>,
+    at: &[usize],
+    base: usize,
+) -> Result<(String, [OwnedFd; 3], bool), String> {
     s.syn_mark.put_back(s.tcp);
     let tcp = fdnum::dup_high(s.tcp).map_err(|e| e.to_string())?;
-    let ExecParts { local, peer, state } = s.conn.pass_export(&s.reg).map_err(|e| e.to_string())?;
+    let (ExecParts { local, peer, state }, before) =
+        s.conn.pass_export(&s.reg).map_err(|e| e.to_string())?;
     s.conn.share_file();
-    let n = base + p._extras.len();
-    p._extras.extend([tcp, local, peer]);
-    p.socks.push(s.clone());
     let line = Passed {
-        fds: vec![at as RawFd],
-        chan: at as RawFd,
-        tcp: n as RawFd,
-        local: (n + 1) as RawFd,
-        peer: (n + 2) as RawFd,
+        fds: at.iter().map(|&i| i as RawFd).collect(),
+        chan: at[0] as RawFd,
+        tcp: base as RawFd,
+        local: (base + 1) as RawFd,
+        peer: (base + 2) as RawFd,
         shut_rd: s.shut_rd.load(Ordering::Relaxed),
         linger0: s.linger0.load(Ordering::Relaxed),
         holders: Vec::new(),
         st: state,
     };
-    Ok(line.encode())
+    Ok((line.encode(), [tcp, local, peer], before))
 }
 
-/// A sealed memfd holding [`MAGIC`] and `text`.
-fn parcel_file(text: &str) -> std::io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name and flags; returns a new descriptor.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"smclo-passed".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+/// A UNIX datagram socket holding one datagram, [`MAGIC`] and `text`,
+/// with descriptors `fds`.
+fn parcel_socket(text: &str, fds: &[OwnedFd]) -> std::io::Result<OwnedFd> {
+    let mut sv = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into `sv`.
+    let r = unsafe {
+        real::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
         )
     };
-    if fd < 0 {
+    if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: just created, owned by nobody else.
-    let low = unsafe { OwnedFd::from_raw_fd(fd) };
-    let f = fdnum::dup_high(low.as_raw_fd())?;
-    drop(low);
-    let mut file = std::fs::File::from(f);
-    file.write_all(MAGIC)?;
-    file.write_all(text.as_bytes())?;
-    if chan_sys::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, SEALS as libc::c_long) < 0 {
+    // SAFETY: both just created, owned by nobody else.
+    let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+    let rx = fdnum::dup_high(rx.as_raw_fd())?;
+    let mut data = MAGIC.to_vec();
+    data.extend_from_slice(text.as_bytes());
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let mut control = Vec::new();
+    push_cmsg(
+        &mut control,
+        libc::SOL_SOCKET,
+        libc::SCM_RIGHTS,
+        &fd_bytes(&raw),
+    );
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.as_mut_ptr().cast();
+    m.msg_controllen = control.len() as _;
+    // SAFETY: a message of our own buffers, which live across the call.
+    if unsafe { real::sendmsg(tx.as_raw_fd(), &m, libc::MSG_DONTWAIT) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(file.into())
+    Ok(rx)
 }
 
 // ---- Receiving --------------------------------------------------------
 
-/// Room for our descriptors beyond the program's control buffer.
+/// Room for the descriptors a message can carry beyond the program's
+/// control buffer.
 fn room() -> usize {
     align(hdr_len() + 4 * MAX_FDS)
+}
+
+thread_local! {
+    /// A control buffer for programs whose own is larger than the stack's.
+    static LARGE: RefCell<Vec<MaybeUninit<u64>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Interposed `recvmsg(2)` on a descriptor that is not an SMC-D
@@ -344,17 +419,40 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmsg(fd, msg, flags) };
     }
-    // Most control buffers fit on the stack (a receive with a few
-    // descriptors, a datagram's packet information).
     let words = (want + room()).div_ceil(8);
-    let mut stack = [0u64; 256];
-    let mut heap = Vec::new();
-    let buf: &mut [u64] = if words <= stack.len() {
-        &mut stack[..words]
-    } else {
-        heap.resize(words, 0);
-        &mut heap
-    };
+    let mut stack = [MaybeUninit::<u64>::uninit(); 512];
+    if words <= stack.len() {
+        // SAFETY: the caller's message and a buffer of `words` words.
+        return unsafe { recv_into(fd, m, flags, &mut stack[..words]) };
+    }
+    LARGE.with(|l| match l.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < words {
+                v.resize(words, MaybeUninit::uninit());
+            }
+            // SAFETY: as above.
+            unsafe { recv_into(fd, m, flags, &mut v[..words]) }
+        }
+        // A signal handler's receive within ours: a buffer of its own.
+        Err(_) => {
+            let mut v = vec![MaybeUninit::<u64>::uninit(); words];
+            // SAFETY: as above.
+            unsafe { recv_into(fd, m, flags, &mut v) }
+        }
+    })
+}
+
+/// [`recvmsg`] with `buf` for the kernel's control messages.
+///
+/// # Safety
+/// `m` is the application's message, valid for `recvmsg`.
+unsafe fn recv_into(
+    fd: c_int,
+    m: &mut msghdr,
+    flags: c_int,
+    buf: &mut [MaybeUninit<u64>],
+) -> ssize_t {
+    let want = control_len(m);
     let mut mine = *m;
     mine.msg_control = buf.as_mut_ptr().cast();
     mine.msg_controllen = (buf.len() * 8) as _;
@@ -363,14 +461,16 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
     if n < 0 {
         return n;
     }
-    // SAFETY: our buffer, of which the kernel wrote `msg_controllen` bytes.
-    let got = unsafe {
-        std::slice::from_raw_parts(
-            buf.as_ptr().cast::<u8>(),
-            control_len(&mine).min(buf.len() * 8),
-        )
+    let len = control_len(&mine).min(buf.len() * 8);
+    // SAFETY: the kernel wrote `len` bytes of our buffer.
+    let got = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len) };
+    let (out, trunc) = if got.len() <= want && !cmsgs(got).any(|c| c.is_rights()) {
+        // What the kernel wrote, as it would have into the program's.
+        (std::borrow::Cow::Borrowed(got), false)
+    } else {
+        let (v, t) = deliver(got, want, flags);
+        (std::borrow::Cow::Owned(v), t)
     };
-    let (out, trunc) = deliver(got, want, flags);
     // SAFETY: the application's control buffer holds `want` bytes and
     // `out` is at most that long.
     unsafe {
@@ -383,23 +483,34 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
 }
 
 /// The program's control buffer (at most `want` bytes) from what the
-/// kernel wrote into ours, `got`, with a parcel's connections adopted and
-/// our descriptors closed; and whether it was truncated.
+/// kernel wrote into ours, `got`, and whether it was truncated; a
+/// parcel's connections among the descriptors the program got are
+/// adopted, and the parcel is closed.
 fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     let mut fds = passed_fds(got);
     // Fresh numbers: what the table knew of them is stale.
     fds.iter().for_each(|&f| super::setup::clear_stale(f));
-    let keep = fds
-        .last()
-        .and_then(|&f| parcel(f))
-        .map(|text| take_parcel(&text, &fds, flags))
-        .unwrap_or(fds.len());
-    for &f in &fds[keep..] {
-        close(f);
+    let parcel = fds.last().copied().filter(|&f| is_parcel(f));
+    if parcel.is_some() {
+        fds.pop();
     }
-    fds.truncate(keep);
+    let (out, trunc, fit) = program_control(got, want, &fds);
+    if let Some(p) = parcel {
+        if flags & libc::MSG_PEEK == 0 {
+            take_parcel(p, &fds[..fit], flags & libc::MSG_CMSG_CLOEXEC != 0);
+        }
+        close(p);
+    }
+    (out, trunc)
+}
+
+/// What the kernel would have written into a control buffer of `want`
+/// bytes, with descriptors `fds`: the buffer, whether it was truncated,
+/// and how many of `fds` it has (the others are closed).
+fn program_control(got: &[u8], want: usize, fds: &[RawFd]) -> (Vec<u8>, bool, usize) {
     let mut out = Vec::new();
     let mut trunc = false;
+    let mut fit = 0;
     let mut rights_done = false;
     for c in cmsgs(got) {
         let start = align(out.len());
@@ -408,22 +519,18 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
                 continue;
             }
             rights_done = true;
-            let fit = want.saturating_sub(start + hdr_len()) / 4;
-            let n = fit.min(fds.len());
-            if want < start + hdr_len() + 4 && !fds.is_empty() {
-                trunc = true;
-                fds.iter().for_each(|&f| close(f));
-                break;
-            }
-            for &f in &fds[n..] {
-                close(f);
-                trunc = true;
-            }
-            if n > 0 {
-                push_cmsg(&mut out, c.level, c.kind, &fd_bytes(&fds[..n]));
+            // The kernel's scm_detach_fds: as many as fit after a header.
+            fit = (want.saturating_sub(start + hdr_len()) / 4).min(fds.len());
+            if fit > 0 {
+                push_cmsg(&mut out, c.level, c.kind, &fd_bytes(&fds[..fit]));
                 pad(&mut out, want);
             }
+            if fit < fds.len() {
+                trunc = true;
+            }
         } else {
+            // The kernel's put_cmsg: no room for a header, nothing; else
+            // as much as fits, the header saying so.
             if want < start + hdr_len() {
                 trunc = true;
                 break;
@@ -431,14 +538,23 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
             push_cmsg(&mut out, c.level, c.kind, c.data);
             if out.len() > want {
                 out.truncate(want);
+                let cut = want - start;
+                // SAFETY: the header lies within `out` (checked above);
+                // written unaligned.
+                unsafe {
+                    let h = out.as_mut_ptr().add(start).cast::<libc::cmsghdr>();
+                    let mut v = std::ptr::read_unaligned(h);
+                    v.cmsg_len = cut as _;
+                    std::ptr::write_unaligned(h, v);
+                }
                 trunc = true;
                 break;
             }
             pad(&mut out, want);
         }
     }
-    out.truncate(want);
-    (out, trunc)
+    fds[fit..].iter().for_each(|&f| close(f));
+    (out, trunc, fit)
 }
 
 /// As the kernel does after each control message: its alignment padding,
@@ -450,97 +566,145 @@ fn pad(out: &mut Vec<u8>, want: usize) {
     }
 }
 
-fn close(fd: RawFd) {
-    // SAFETY: a descriptor the kernel gave this call, which nobody else
-    // knows of.
-    unsafe { real::close(fd) };
+/// Whether `fd` is a parcel: a UNIX datagram socket whose next datagram
+/// starts with [`MAGIC`] (peeked without its descriptors).
+fn is_parcel(fd: RawFd) -> bool {
+    let opt = |name: c_int| {
+        let mut v: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `v`.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    if opt(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || opt(libc::SO_TYPE) != Some(libc::SOCK_DGRAM) {
+        return false;
+    }
+    let mut head = [0u8; 16];
+    // SAFETY: reads at most `head.len()` bytes into `head`; no control
+    // buffer, so no descriptor is installed.
+    let n = unsafe {
+        real::recv(
+            fd,
+            head.as_mut_ptr().cast(),
+            head.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(n).is_ok_and(|n| head[..n].starts_with(MAGIC))
 }
 
-/// The text of `fd` after [`MAGIC`], if it is a parcel.
-fn parcel(fd: RawFd) -> Option<String> {
-    if chan_sys::fcntl(fd, libc::F_GET_SEALS, 0) != SEALS {
-        return None;
+/// Reads parcel `p` and adopts its connections whose descriptors the
+/// program got (`delivered`, by position in the message); closes the
+/// rest of what it carries.
+fn take_parcel(p: RawFd, delivered: &[RawFd], cloexec: bool) {
+    let Some((text, theirs)) = read_parcel(p) else {
+        debug!("SCM_RIGHTS: an unreadable parcel; its connections are unusable here");
+        return;
+    };
+    let lines = text.split_once(' ').map(|(dir, list)| {
+        let passed: Option<Vec<Passed>> = list.split('\n').map(Passed::decode).collect();
+        (dir, passed)
+    });
+    match lines {
+        Some((dir, Some(passed))) => {
+            for p in passed {
+                match at_numbers(p, delivered, &theirs) {
+                    Some(p) => adopt_one(p, dir, cloexec),
+                    None => debug!("SCM_RIGHTS: an SMC-D connection passed whose descriptors the program did not get (truncated) is closed"),
+                }
+            }
+        }
+        _ => debug!(
+            "SCM_RIGHTS: a parcel of another smclo version; its connections are unusable here"
+        ),
     }
-    // SAFETY: borrowed for the reads only; the caller closes it.
-    let f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    let len = f.metadata().ok()?.len();
-    if len > PARCEL_MAX || len < MAGIC.len() as u64 {
-        return None;
-    }
-    let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, 0).ok()?;
-    let text = buf.strip_prefix(MAGIC)?;
-    String::from_utf8(text.to_vec()).ok()
+    theirs.iter().for_each(|&f| close(f));
 }
 
-/// Adopts the connections of parcel `text` among `fds` (the message's
-/// descriptors, the parcel last); returns how many of `fds` are the
-/// program's. Under `MSG_PEEK` nothing is adopted: the descriptors are
-/// copies, and the message comes again.
-fn take_parcel(text: &str, fds: &[RawFd], flags: c_int) -> usize {
-    let Some((dir, list)) = text.trim_end().split_once(' ') else {
-        return fds.len();
+/// The parcel's datagram: its text after [`MAGIC`] and its descriptors.
+fn read_parcel(p: RawFd) -> Option<(String, Vec<RawFd>)> {
+    let mut data = vec![0u8; PARCEL_MAX];
+    let mut control = vec![0u64; room().div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
     };
-    let passed: Option<Vec<Passed>> = list.split('\n').map(Passed::decode).collect();
-    let Some(passed) = passed.filter(|v| !v.is_empty()) else {
-        debug!("SCM_RIGHTS: a parcel of another smclo version; its connections are unusable here");
-        return fds.len() - 1;
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.as_mut_ptr().cast();
+    m.msg_controllen = (control.len() * 8) as _;
+    // SAFETY: a message of our own buffers.
+    let n = unsafe { real::recvmsg(p, &mut m, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = usize::try_from(n).ok()?;
+    // SAFETY: the kernel wrote `msg_controllen` bytes of `control`.
+    let got = unsafe {
+        std::slice::from_raw_parts(
+            control.as_ptr().cast::<u8>(),
+            control_len(&m).min(control.len() * 8),
+        )
     };
-    let Some(keep) = (fds.len() - 1).checked_sub(passed.len() * PER_CONN) else {
-        debug!("SCM_RIGHTS: a parcel names more descriptors than the message has");
-        return fds.len();
-    };
-    if flags & libc::MSG_PEEK != 0 {
-        return keep;
-    }
-    let cloexec = flags & libc::MSG_CMSG_CLOEXEC != 0;
-    for p in passed {
-        match at_numbers(p, fds, keep) {
-            Some(p) => adopt_one(p, dir, cloexec),
-            None => debug!("SCM_RIGHTS: a parcel names descriptors the message does not have"),
+    let fds = passed_fds(got);
+    let text = data[..n]
+        .strip_prefix(MAGIC)
+        .and_then(|t| String::from_utf8(t.to_vec()).ok());
+    match text {
+        Some(t) if m.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) == 0 => Some((t, fds)),
+        _ => {
+            fds.iter().for_each(|&f| close(f));
+            None
         }
     }
-    keep
 }
 
-/// `p` with its positions turned into the descriptors received, ours
-/// moved to high numbers.
-fn at_numbers(mut p: Passed, fds: &[RawFd], keep: usize) -> Option<Passed> {
-    let prog = |i: RawFd| {
-        usize::try_from(i)
-            .ok()
-            .filter(|&i| i < keep)
-            .map(|i| fds[i])
+/// `p` with its positions turned into the descriptors the program got
+/// and the parcel's (duplicated at high numbers); `None` if the program
+/// got none of its descriptors or the parcel lacks one of its own.
+fn at_numbers(mut p: Passed, delivered: &[RawFd], theirs: &[RawFd]) -> Option<Passed> {
+    let fds: Vec<RawFd> = p
+        .fds
+        .iter()
+        .filter_map(|&i| delivered.get(usize::try_from(i).ok()?).copied())
+        .collect();
+    let chan = usize::try_from(p.chan)
+        .ok()
+        .and_then(|i| delivered.get(i).copied())
+        .or(fds.first().copied())?;
+    let high = |i: RawFd| {
+        let f = *theirs.get(usize::try_from(i).ok()?)?;
+        fdnum::dup_high(f).ok()
     };
-    let ours = |i: RawFd| {
-        let i = usize::try_from(i)
-            .ok()
-            .filter(|&i| i >= keep && i + 1 < fds.len())?;
-        let high = fdnum::dup_high(fds[i]).ok()?;
-        Some(std::os::fd::IntoRawFd::into_raw_fd(high))
-    };
-    let chan = prog(p.chan)?;
-    p.fds = vec![chan];
+    // Owned until adoption takes them: dropped (closed) on the way out.
+    let (tcp, local, peer) = (high(p.tcp)?, high(p.local)?, high(p.peer)?);
+    p.fds = fds;
     p.chan = chan;
-    p.tcp = ours(p.tcp)?;
-    p.local = ours(p.local)?;
-    p.peer = ours(p.peer)?;
+    p.tcp = tcp.into_raw_fd();
+    p.local = local.into_raw_fd();
+    p.peer = peer.into_raw_fd();
+    // Parcels name no other holders; a forged one must not add any.
+    p.holders.clear();
     Some(p)
 }
 
-/// Adopts one passed connection at the program's descriptor, or resets it.
+/// Adopts one passed connection at the program's descriptors, or resets
+/// it.
 fn adopt_one(p: Passed, dir: &str, cloexec: bool) {
-    let why = match adopt_in(&p, dir, cloexec) {
-        Ok(()) => {
-            debug!(
-                "SCM_RIGHTS: adopted SMC-D connection on fd {} (hidden TCP fd {})",
-                p.chan, p.tcp
-            );
-            return;
-        }
-        Err(why) => why,
-    };
-    adopt::reset(&p, &why.0, why.1);
+    match adopt_in(&p, dir, cloexec) {
+        Ok(()) => debug!(
+            "SCM_RIGHTS: adopted SMC-D connection on fd {} (hidden TCP fd {})",
+            p.chan, p.tcp
+        ),
+        Err((why, consumed)) => adopt::reset(&p, &why, consumed),
+    }
 }
 
 /// [`adopt_one`]'s work; the error says why, and whether the memfds and
@@ -647,7 +811,14 @@ mod tests {
         // SAFETY: the kernel (or deliver) wrote msg_controllen bytes.
         let got = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), control_len(&m)) };
         let heads = cmsgs(got)
-            .map(|c| (c.level, c.kind, c.data.len()))
+            .map(|c| {
+                // The header's own length, as the program reads it.
+                // SAFETY: `c.data` follows its header within `got`.
+                let h = unsafe {
+                    std::ptr::read_unaligned(c.data.as_ptr().sub(hdr_len()).cast::<libc::cmsghdr>())
+                };
+                (c.level, c.kind, h.cmsg_len as usize)
+            })
             .collect();
         let fds = passed_fds(got);
         fds.iter().for_each(|&f| close(f));
@@ -688,21 +859,53 @@ mod tests {
         }
     }
 
-    /// A parcel that is not ours (unsealed, or sealed without the magic)
-    /// is the program's descriptor.
+    /// With credentials before the descriptors (`SO_PASSCRED`), each
+    /// truncated as the kernel truncates it.
     #[test]
-    fn only_a_sealed_memfd_with_the_magic_is_a_parcel() {
-        let p = parcel_file("x 1,2").unwrap();
-        assert_eq!(parcel(p.as_raw_fd()).as_deref(), Some("x 1,2"));
+    fn a_received_control_buffer_with_credentials_is_the_kernels() {
+        let (a, b) = pair();
+        let one: c_int = 1;
+        // SAFETY: setsockopt reads an int.
+        let r = unsafe {
+            real::setsockopt(
+                b.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&one as *const c_int).cast(),
+                4,
+            )
+        };
+        assert_eq!(r, 0);
+        for want in [8, hdr_len(), 20, 24, 28, 32, 36, 40, 44, 48, 56, 200] {
+            for n in [1, 2] {
+                send_fds(a.as_raw_fd(), n);
+                let kernel = receive(b.as_raw_fd(), want, false);
+                send_fds(a.as_raw_fd(), n);
+                let ours = receive(b.as_raw_fd(), want, true);
+                assert_eq!(
+                    ours, kernel,
+                    "credentials, {n} descriptors into {want} bytes"
+                );
+            }
+        }
+    }
+
+    /// A parcel is a UNIX datagram socket whose datagram starts with the
+    /// magic; its text and descriptors are read back.
+    #[test]
+    fn only_a_datagram_socket_with_the_magic_is_a_parcel() {
+        let devnull = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let p = parcel_socket("x 1,2", &[devnull]).unwrap();
+        assert!(is_parcel(p.as_raw_fd()));
+        let (text, fds) = read_parcel(p.as_raw_fd()).unwrap();
+        assert_eq!((text.as_str(), fds.len()), ("x 1,2", 1));
+        fds.into_iter().for_each(close);
         let plain = std::fs::File::open("/dev/null").unwrap();
-        assert_eq!(parcel(plain.as_raw_fd()), None);
-        // SAFETY: a NUL-terminated name; returns a new descriptor.
-        let fd = unsafe { libc::memfd_create(c"other".as_ptr(), libc::MFD_ALLOW_SEALING) };
-        // SAFETY: just created, ours.
-        let mut other = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        other.write_all(b"smclo-passed 2 x").unwrap();
-        assert_eq!(parcel(other.as_raw_fd()), None, "unsealed");
-        chan_sys::fcntl(other.as_raw_fd(), libc::F_ADD_SEALS, SEALS as libc::c_long);
-        assert_eq!(parcel(other.as_raw_fd()), None, "another layout");
+        assert!(!is_parcel(plain.as_raw_fd()));
+        let (x, y) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        x.send(b"smclo-passed 1 old").unwrap();
+        assert!(!is_parcel(y.as_raw_fd()), "another layout");
+        let (_s, t) = pair();
+        assert!(!is_parcel(t.as_raw_fd()), "a stream socket");
     }
 }

@@ -228,6 +228,10 @@ fn last_close(s: &Sock) {
             "SMC-D connection (channel fd {}) aborted (SO_LINGER 0)",
             s.conn.fd()
         ),
+        Ending::Passed => debug!(
+            "SMC-D connection (channel fd {}) let go: the process it was passed to ends it",
+            s.conn.fd()
+        ),
         Ending::Closed => {}
     }
 }
@@ -238,6 +242,10 @@ pub(crate) enum Ending {
     Disowned(u32),
     /// Reset (`SO_LINGER` 0): the peer reads `ECONNRESET`.
     Aborted,
+    /// Its descriptor went to another process (`SCM_RIGHTS`), which ends
+    /// it: nothing is said to the peer, whatever `SO_LINGER` says (it
+    /// applies to the last close, as a socket's).
+    Passed,
     /// Closed as the kernel closes a socket (a reset if unread data remains).
     Closed,
 }
@@ -247,7 +255,10 @@ pub(crate) enum Ending {
 /// and raw system calls, no allocation, no lock), so that `_exit` can use
 /// it from a signal handler.
 pub(crate) fn end_share(s: &Sock) -> Ending {
-    if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
+    if s.conn.is_passed() {
+        s.conn.disown();
+        Ending::Passed
+    } else if let Some(pid) = holders::leave(s.slot, s.conn.fd()) {
         s.conn.disown();
         Ending::Disowned(pid)
     } else if s.linger0.load(Ordering::Relaxed) {

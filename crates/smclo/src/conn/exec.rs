@@ -125,19 +125,22 @@ impl Conn {
     /// process's close sets no flag, and its mappings are neither pooled
     /// nor detached from, since the receiver writes through its own
     /// ([`Conn::unpass`] undoes that if the descriptor does not leave).
-    pub fn pass_export(&self, reg: &Registration) -> Result<ExecParts, ExecRefusal> {
+    /// Also returns whether it had been passed before (for
+    /// [`Conn::unpass`]).
+    pub fn pass_export(&self, reg: &Registration) -> Result<(ExecParts, bool), ExecRefusal> {
         let mut parts = self.exec_export(reg)?;
         // The receiver does not know who else maps the DMBs: it treats
         // them as a fork child does.
         parts.state.forked = true;
-        self.passed.store(true, Ordering::Relaxed);
-        Ok(parts)
+        let before = self.passed.swap(true, Ordering::Relaxed);
+        Ok((parts, before))
     }
 
     /// The descriptor did not leave after [`Conn::pass_export`] (the
-    /// message was not sent): this process ends the connection again.
-    pub fn unpass(&self) {
-        self.passed.store(false, Ordering::Relaxed);
+    /// message was not sent): the connection is again as it was then
+    /// (`before`: passed earlier, to a process that ends it).
+    pub fn unpass(&self, before: bool) {
+        self.passed.store(before, Ordering::Relaxed);
     }
 
     /// Whether this end's descriptor went to another process
@@ -148,8 +151,8 @@ impl Conn {
 
     /// The connection end that another process passed with
     /// [`Conn::pass_export`], on device `dev`, with its channel `chan`,
-    /// between TCP addresses `local` and `peer`. Its DMB gets a table entry
-    /// of this process's ([`Device::register_passed`]).
+    /// between TCP addresses `local` and `peer`. Its DMB's table entry
+    /// becomes this process's ([`Device::take_passed`]).
     pub fn pass_adopt(
         dev: &Device,
         parts: ExecParts,
@@ -166,7 +169,7 @@ impl Conn {
         } else {
             Role::Server
         };
-        let reg = dev.register_passed(st.local_token, own.ring_len(), role)?;
+        let reg = dev.take_passed(st.entry, st.local_token, own.ring_len(), role)?;
         let c = Conn::resume(own, theirs, chan, &st, &reg)?;
         reg.set_connected(st.peer_token, local, peer, c.mode);
         Ok((c, reg))

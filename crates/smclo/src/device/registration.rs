@@ -100,16 +100,50 @@ impl Device {
         }
     }
 
-    /// Registers, in an entry of its own, the DMB `token` of a connection
-    /// end that another process passed to this one (`SCM_RIGHTS`): each
-    /// process owns the entry it registered, and the one that passed the
-    /// connection unregisters its own when it lets go.
-    pub(crate) fn register_passed(
+    /// The DMB table entry of a connection end that another process passed
+    /// to this one (`SCM_RIGHTS`), with its byte counts and state: entry
+    /// `idx` if it still holds `token` (its owner passed it along with the
+    /// connection and has not let go yet) and this process could take it
+    /// over ([`crate::table::Head::hand_over`], from exactly the word
+    /// seen); else a new entry ([`Device::register_passed`]).
+    pub(crate) fn take_passed(
         &self,
+        idx: usize,
         token: u64,
         ring_len: u32,
         role: Role,
     ) -> Result<Registration> {
+        let taken = (idx < layout::DMB_ENTRIES as usize)
+            .then(|| self.dmb_entry(idx))
+            .filter(|e| e.token.load(Ordering::Relaxed) == token)
+            .and_then(|e| {
+                let w = e.head.word();
+                if w.is_free() {
+                    return None;
+                }
+                e.head
+                    .hand_over(Ticket::of(w), &DMB_STATES, &Owner::current())
+            });
+        // The token is checked again: the entry may have been freed and
+        // taken for another DMB between the two loads.
+        match taken {
+            Some(ticket) if self.dmb_entry(idx).token.load(Ordering::Relaxed) == token => {
+                Ok(Registration {
+                    dev: self.arc(),
+                    idx,
+                    ticket,
+                    token,
+                    role,
+                })
+            }
+            _ => self.register_passed(token, ring_len, role),
+        }
+    }
+
+    /// Registers, in an entry of its own, the DMB `token` of a connection
+    /// end that another process passed to this one, whose entry went with
+    /// the process that passed it.
+    fn register_passed(&self, token: u64, ring_len: u32, role: Role) -> Result<Registration> {
         let (idx, claim) = self.claim_entry(&Owner::current())?;
         Ok(self.publish_entry(idx, claim, token, ring_len, role))
     }
