@@ -29,11 +29,15 @@ run() { # run LABEL PREFIX...
     b1=$(busy) t1=$(date +%s.%N)
     kill "$srv"; wait "$srv" 2>/dev/null || true
     pkill -f "cluster.js $port" || true
+    local dev_says=""
+    if [ "$label" != tcp ]; then
+        dev_says=$(SMCLO_DEVICE_DIR=$dev "$smclo" stats | awk '/opened/ {o=$NF} /^Fallbacks/ {f=$NF} END {printf " (device: %s SMC-D connections, %s fallbacks)", o, f}')
+    fi
     local n rps
     n=$(awk '/requests in/ {print $1}' <<<"$out")
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
     awk -v l="$label" -v rps="$rps" -v n="$n" -v b=$((b1 - b0)) -v t0="$t0" -v t1="$t1" \
-        'BEGIN { printf "%s %.0f req/s, %.2f cores busy, %.1f us CPU/request\n", l, rps, b / 100 / (t1 - t0), b / 100 / n * 1e6 }'
+        -v d="$dev_says" 'BEGIN { printf "%s %.0f req/s, %.2f cores busy, %.1f us CPU/request%s\n", l, rps, b / 100 / (t1 - t0), b / 100 / n * 1e6, d }'
 }
 ratios=()
 for r in $(seq "$ROUNDS"); do
