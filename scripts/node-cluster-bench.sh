@@ -3,14 +3,19 @@
 # pinning): tests/js/cluster.js (a primary that accepts every connection
 # and passes it to one of two workers with SCM_RIGHTS) and wrk -t2 -c32
 # against it for SECS (default 5) seconds, over TCP and with both under
-# smclo run, alternating, ROUNDS rounds (default 4). Prints per run:
+# smclo run (the primary with SMCLO_PASS_WAIT_MS=$PASS_WAIT_MS, default 5;
+# 0 is smclo's default), alternating, ROUNDS rounds (default 4).
+# CLOSE=1: every request on a new connection (wrk -c8, "Connection:
+# close"). Prints per run:
 # requests/s, cores busy (all CPUs, from /proc/stat) and CPU microseconds
 # per request (busy time over requests: node, wrk and the kernel), then the
 # median of the per-round ratios smclo/TCP.
 # Needs node, wrk and the release build (target/release/smclo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-4} SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-4} SECS=${SECS:-5} PASS_WAIT_MS=${PASS_WAIT_MS:-5} CLOSE=${CLOSE:-0}
+wrk_args=(-t2 -c32)
+if [ "$CLOSE" = 1 ]; then wrk_args=(-t2 -c8 -H "Connection: close"); fi
 smclo=$PWD/target/release/smclo
 script=$PWD/crates/apptests/tests/js/cluster.js
 work=$(mktemp -d)
@@ -20,12 +25,12 @@ run() { # run LABEL PREFIX...
     local label=$1; shift
     local port=$((20000 + RANDOM % 20000)) dev
     dev=$(mktemp -d "$work/dev.XXXX")
-    SMCLO_DEVICE_DIR=$dev "$@" node "$script" "$port" >"$work/out" 2>/dev/null &
+    SMCLO_DEVICE_DIR=$dev SMCLO_PASS_WAIT_MS=$PASS_WAIT_MS "$@" node "$script" "$port" >"$work/out" 2>/dev/null &
     local srv=$!
     for _ in $(seq 100); do grep -q ready "$work/out" && break; sleep 0.05; done
     local b0 t0 out b1 t1
     b0=$(busy) t0=$(date +%s.%N)
-    out=$(SMCLO_DEVICE_DIR=$dev "$@" wrk -t2 -c32 -d"${SECS}s" "http://127.0.0.1:$port/")
+    out=$(SMCLO_DEVICE_DIR=$dev "$@" wrk "${wrk_args[@]}" -d"${SECS}s" "http://127.0.0.1:$port/")
     b1=$(busy) t1=$(date +%s.%N)
     kill "$srv"; wait "$srv" 2>/dev/null || true
     pkill -f "cluster.js $port" || true

@@ -35,33 +35,23 @@ fn node_http_server_and_client() {
     assert_clean(&env, false);
 }
 
-/// node's cluster module (PM2's cluster mode): the primary accepts each
-/// connection and passes its descriptor to a worker (`SCM_RIGHTS`), most
-/// often before the handshake ends. The primary decides it first (a
-/// worker cannot finish a handshake the primary began), and the SMC-D
-/// connection goes to the worker with what it needs to adopt it. The
-/// workers answer every request through shared memory, each in well
-/// under a second. Before, every client waited for an answer no process
-/// would give (`SMCLO_CLC_WAIT_MS`, 5 s here) and fell back with TIMEOUT;
-/// then, declined as the descriptor left, every connection was TCP.
-/// A handshake that takes longer than the primary waits (5 ms, a loaded
-/// machine) is declined (PASSED): that connection is TCP, without a wait.
-#[test]
-fn node_cluster_primary_passing_connections_to_workers() {
-    let mut env = Env::new("node-cluster");
+/// Runs node's cluster module under `smclo run` with `env` and `conns`
+/// curls (each must answer in under 2 s, waiting up to 5 s for a
+/// server's answer); returns the device's counts over them, the bytes the
+/// curls read and the server's log.
+fn cluster_requests(name: &str, env_vars: &[(&str, &str)], conns: u64) -> (Delta, u64, String) {
+    let mut env = Env::new(name);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/cluster.js");
     let port = free_port();
     let ps = port.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "node-cluster",
-        "node",
-        &[script.to_str().unwrap(), &ps],
-    );
+    let mut cmd = env.command(Mode::Smclo, None, "node", &[script.to_str().unwrap(), &ps]);
+    for (k, v) in env_vars {
+        cmd.env(k, v);
+    }
+    let mut server = env.spawn_cmd("node-cluster", cmd);
     server.wait_stdout("ready", Duration::from_secs(30), &[]);
     let s0 = env.stats();
     let url = format!("http://127.0.0.1:{port}/");
-    let conns = 8u64;
     let mut bytes = 0;
     for i in 0..conns {
         let t0 = std::time::Instant::now();
@@ -86,6 +76,45 @@ fn node_cluster_primary_passing_connections_to_workers() {
     }
     let d = delta(&s0, &env.stats());
     let logs = server.logs();
+    server.stop(Duration::from_secs(5));
+    (d, bytes, logs)
+}
+
+/// node's cluster module (PM2's cluster mode): the primary accepts each
+/// connection and passes its descriptor to a worker (`SCM_RIGHTS`) before
+/// the handshake ends, which the worker cannot finish. By default the
+/// primary does not wait for it: it declines the client's proposal as it
+/// passes it (PASSED at both ends) and unregisters its listener, so the
+/// later clients do not propose (PEERNOSMC at the client) and every
+/// connection is plain TCP at TCP's cost. Before, every client waited for
+/// an answer no process would give (`SMCLO_CLC_WAIT_MS`, 5 s here) and
+/// fell back with TIMEOUT.
+#[test]
+fn node_cluster_primary_passing_connections_costs_no_wait() {
+    let conns = 6;
+    let (d, _, logs) = cluster_requests("node-cluster", &[], conns);
+    assert_eq!(d.conns_opened, 0, "{d:?}\n{logs}");
+    let what = d.fallbacks_desc();
+    assert_eq!(d.fallback(Reason::Passed), (1, 1), "{what}\n{logs}");
+    assert_eq!(
+        d.fallback(Reason::PeerNoSmc),
+        (conns - 1, 0),
+        "{what}\n{logs}"
+    );
+    assert_eq!(d.fallbacks(), conns + 1, "{what}\n{logs}");
+}
+
+/// With `SMCLO_PASS_WAIT_MS` the primary waits for each handshake before
+/// it passes the connection, and the SMC-D connection goes to the worker
+/// with what it needs to adopt it: the workers answer every request
+/// through shared memory. A handshake that takes longer than the wait (a
+/// loaded machine) is declined (PASSED): that connection is TCP, without
+/// a wait.
+#[test]
+fn node_cluster_primary_waiting_passes_smc_connections_to_workers() {
+    let conns = 8;
+    let (d, bytes, logs) =
+        cluster_requests("node-cluster-smc", &[("SMCLO_PASS_WAIT_MS", "5")], conns);
     let what = d.fallbacks_desc();
     let (passed, passed_server) = d.fallback(Reason::Passed);
     assert_eq!(passed, passed_server, "{what}\n{logs}");
@@ -94,7 +123,6 @@ fn node_cluster_primary_passing_connections_to_workers() {
     assert!(passed <= 1, "{passed} of {conns} declined: {what}\n{logs}");
     // Requests and responses, headers included, went through the rings.
     assert!(d.xfer_bytes > 2 * bytes, "{d:?}\n{logs}");
-    server.stop(Duration::from_secs(5));
 }
 
 /// libuv closes descriptors with `syscall(SYS_close, fd)`, not `close`: a

@@ -11,6 +11,7 @@
 //! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
+//! | `SMCLO_PASS_WAIT_MS` | how long a process that passes an accepted connection to another process (`SCM_RIGHTS`, node's cluster mode) before its handshake ended waits for the handshake, so that the connection goes as SMC-D; 0: it goes as TCP at once (PASSED) and the process's listeners leave the registry, its later connections plain TCP | 0 |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};
@@ -215,6 +216,8 @@ pub struct Config {
     pub channel_placed_by_caller: bool,
     /// `SMCLO_ANNOUNCE`.
     pub announce: Announce,
+    /// `SMCLO_PASS_WAIT_MS`.
+    pub pass_wait: Duration,
 }
 
 impl Config {
@@ -236,6 +239,10 @@ impl Config {
             Some(v) => millis("SMCLO_CLC_WAIT_MS", &v)?,
             None => Duration::from_millis(1000),
         };
+        let pass_wait = match var("SMCLO_PASS_WAIT_MS") {
+            Some(v) => millis("SMCLO_PASS_WAIT_MS", &v)?,
+            None => Duration::ZERO,
+        };
         let ueid = match var("SMCLO_UEID") {
             Some(v) => Some(ueid(&v)?),
             None => None,
@@ -250,6 +257,7 @@ impl Config {
             spin: spin_from_env()?,
             channel_placed_by_caller: false,
             announce: Announce::from_env()?,
+            pass_wait,
         })
     }
 }

@@ -333,18 +333,16 @@ fn retract(fd: RawFd) -> bool {
     decide_now(fd, handshake::Pending::retract)
 }
 
-/// How long an accepted connection's handshake may still take when its
-/// descriptor leaves: the client answers within microseconds when it
-/// runs, and the sender (a dispatcher's loop) must not wait on a client
-/// that does not.
-const PASS_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
-
 /// `fd` goes to another process (`SCM_RIGHTS`) with its handshake
-/// undecided, which the receiver cannot finish: it is decided here, and
-/// an SMC-D connection goes with the descriptor ([`super::passing`]). A
-/// server's waits at most [`PASS_WAIT`], then ends as TCP, its client
-/// told at once (PASSED, `Pending::pass`). A client's is decided as
-/// before `fork` and exec (bounded by its deadline). Keeps errno.
+/// undecided, which the receiver cannot finish. A client's is decided
+/// here, as before `fork` and exec (bounded by its deadline), and an
+/// SMC-D connection goes with the descriptor ([`super::passing`]). A
+/// server's waits at most `SMCLO_PASS_WAIT_MS`, then ends as TCP, its
+/// client told at once (PASSED, `Pending::pass`); without a wait (the
+/// default) the process's listeners also leave the registry
+/// ([`super::state::unlist_listeners_passing`]): a connection made to be
+/// passed pays the setup of two processes' mappings, which short
+/// connections do not earn back. Keeps errno.
 pub(super) fn pass(fd: RawFd) {
     if !pending(fd) {
         return;
@@ -355,12 +353,18 @@ pub(super) fn pass(fd: RawFd) {
             .as_ref()
             .is_some_and(|u| u.hs.role() == Role::Server)
     });
+    let wait = ctx().map_or(std::time::Duration::ZERO, |c| c.cfg.pass_wait);
     if !accepted {
         settle(fd);
     } else {
-        advance(fd, Some(Instant::now() + PASS_WAIT));
+        if !wait.is_zero() {
+            advance(fd, Some(Instant::now() + wait));
+        }
         if decide_now(fd, handshake::Pending::pass) {
             debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
+            if wait.is_zero() {
+                super::state::unlist_listeners_passing();
+            }
         }
     }
     set_errno(e);

@@ -87,6 +87,27 @@ pub(super) fn unlist_all() {
     }
 }
 
+/// This process passes the connections it accepts to other processes
+/// (`SCM_RIGHTS`) before their handshakes end, and may not wait for them
+/// (`SMCLO_PASS_WAIT_MS` 0): its listeners leave the registry and their
+/// later connections stay TCP ([`Hint::Plain`]), so that no client
+/// proposes to them again, and none pays for a handshake that ends in
+/// TCP.
+pub(super) fn unlist_listeners_passing() {
+    let _g = LOCK.write();
+    let mut listed = Vec::new();
+    table::for_each_state_locked(|fd, s| {
+        if matches!(s, FdState::Listener(_)) {
+            listed.push(fd);
+        }
+    });
+    for fd in listed {
+        drop(table::replace_locked(fd, FdState::Unknown));
+        hints::hint(fd, Hint::Plain);
+        debug!("fd {fd}: its accepted connections go to other processes; unregistered, its connections stay TCP");
+    }
+}
+
 /// Records the program's epoll registration of candidate (or pending)
 /// `fd` in set `ep` (`event`; `None`: deleted), made with the kernel just
 /// now. With the table's lock held for writing.
