@@ -21,6 +21,7 @@
 //! small functions they all share.
 
 mod adopt;
+mod cmsg;
 mod control;
 mod data;
 mod epoll;

@@ -32,6 +32,10 @@
 //! two processes (or twice) ends when the first of them closes it.
 
 use super::adopt::{self, hex, unhex, Passed};
+use super::cmsg::{
+    cmsgs, control_len, fd_bytes, hdr_len, one_buffer, passed_fds, program_control, push_cmsg,
+    room, MAX_FDS,
+};
 use super::{errno, set_errno, LIVE};
 use crate::real;
 use crate::table::{self, Sock};
@@ -48,100 +52,11 @@ use std::sync::Arc;
 
 /// The start of a parcel's datagram, with its layout's version.
 const MAGIC: &[u8] = b"smclo-passed 2 ";
-/// Descriptors per message (the kernel's `SCM_MAX_FD`).
-const MAX_FDS: usize = 253;
 /// Descriptors a parcel carries per connection: TCP socket, local and
 /// peer memfd.
 const PER_CONN: usize = 3;
 /// The largest parcel datagram read.
 const PARCEL_MAX: usize = 1 << 16;
-
-/// The size of a control message header.
-fn hdr_len() -> usize {
-    std::mem::size_of::<libc::cmsghdr>()
-}
-
-/// `CMSG_ALIGN`: control messages are aligned to `size_t`.
-fn align(n: usize) -> usize {
-    let a = std::mem::size_of::<usize>();
-    (n + a - 1) & !(a - 1)
-}
-
-/// One control message of a buffer.
-struct Cmsg<'a> {
-    level: c_int,
-    kind: c_int,
-    data: &'a [u8],
-}
-
-impl Cmsg<'_> {
-    fn is_rights(&self) -> bool {
-        self.level == libc::SOL_SOCKET && self.kind == libc::SCM_RIGHTS
-    }
-
-    fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
-        self.data
-            .chunks_exact(4)
-            .map(|c| RawFd::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-    }
-}
-
-/// The control messages of `buf`, as `CMSG_NXTHDR` walks them.
-fn cmsgs(buf: &[u8]) -> impl Iterator<Item = Cmsg<'_>> {
-    let mut off = 0;
-    std::iter::from_fn(move || {
-        let rest = buf.get(off..)?;
-        if rest.len() < hdr_len() {
-            return None;
-        }
-        // SAFETY: `rest` holds at least a header's bytes; read unaligned,
-        // as a copy.
-        let h = unsafe { std::ptr::read_unaligned(rest.as_ptr().cast::<libc::cmsghdr>()) };
-        let len = h.cmsg_len as usize;
-        if len < hdr_len() {
-            return None;
-        }
-        let data = &rest[hdr_len()..len.min(rest.len())];
-        off += align(len);
-        Some(Cmsg {
-            level: h.cmsg_level,
-            kind: h.cmsg_type,
-            data,
-        })
-    })
-}
-
-/// Appends a control message (aligned) to `out`, its header saying
-/// `len` bytes (the kernel's truncated length) or its full length.
-fn push_cmsg(out: &mut Vec<u8>, level: c_int, kind: c_int, data: &[u8]) {
-    out.resize(align(out.len()), 0);
-    // SAFETY: an all-zero cmsghdr is valid; its fields are set below.
-    let mut h: libc::cmsghdr = unsafe { std::mem::zeroed() };
-    h.cmsg_len = (hdr_len() + data.len()) as _;
-    h.cmsg_level = level;
-    h.cmsg_type = kind;
-    // SAFETY: a plain struct viewed as its bytes.
-    let hb = unsafe { std::slice::from_raw_parts(std::ptr::addr_of!(h).cast::<u8>(), hdr_len()) };
-    out.extend_from_slice(hb);
-    out.extend_from_slice(data);
-}
-
-fn fd_bytes(fds: &[RawFd]) -> Vec<u8> {
-    fds.iter().flat_map(|f| f.to_ne_bytes()).collect()
-}
-
-/// `msg_controllen` (`size_t` in glibc, `socklen_t` in musl).
-fn control_len(m: &msghdr) -> usize {
-    m.msg_controllen as _
-}
-
-/// The descriptors passed in `control`, in order.
-fn passed_fds(control: &[u8]) -> Vec<RawFd> {
-    cmsgs(control)
-        .filter(|c| c.is_rights())
-        .flat_map(|c| c.fds().collect::<Vec<_>>())
-        .collect()
-}
 
 fn close(fd: RawFd) {
     // SAFETY: a descriptor the kernel gave this call, which nobody else
@@ -380,12 +295,7 @@ fn parcel_socket(text: &str, fds: &[OwnedFd]) -> std::io::Result<OwnedFd> {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
-    let mut m: msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control.as_mut_ptr().cast();
-    m.msg_controllen = control.len() as _;
+    let m = one_buffer(&mut iov, control.as_mut_ptr().cast(), control.len());
     // SAFETY: a message of our own buffers, which live across the call.
     if unsafe { real::sendmsg(tx.as_raw_fd(), &m, libc::MSG_DONTWAIT) } < 0 {
         return Err(std::io::Error::last_os_error());
@@ -394,12 +304,6 @@ fn parcel_socket(text: &str, fds: &[OwnedFd]) -> std::io::Result<OwnedFd> {
 }
 
 // ---- Receiving --------------------------------------------------------
-
-/// Room for the descriptors a message can carry beyond the program's
-/// control buffer.
-fn room() -> usize {
-    align(hdr_len() + 4 * MAX_FDS)
-}
 
 thread_local! {
     /// A control buffer for programs whose own is larger than the stack's.
@@ -495,6 +399,7 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
         fds.pop();
     }
     let (out, trunc, fit) = program_control(got, want, &fds);
+    fds[fit..].iter().for_each(|&f| close(f));
     if let Some(p) = parcel {
         if flags & libc::MSG_PEEK == 0 {
             take_parcel(p, &fds[..fit], flags & libc::MSG_CMSG_CLOEXEC != 0);
@@ -504,86 +409,10 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     (out, trunc)
 }
 
-/// What the kernel would have written into a control buffer of `want`
-/// bytes, with descriptors `fds`: the buffer, whether it was truncated,
-/// and how many of `fds` it has (the others are closed).
-fn program_control(got: &[u8], want: usize, fds: &[RawFd]) -> (Vec<u8>, bool, usize) {
-    let mut out = Vec::new();
-    let mut trunc = false;
-    let mut fit = 0;
-    let mut rights_done = false;
-    for c in cmsgs(got) {
-        let start = align(out.len());
-        if c.is_rights() {
-            if rights_done {
-                continue;
-            }
-            rights_done = true;
-            // The kernel's scm_detach_fds: as many as fit after a header.
-            fit = (want.saturating_sub(start + hdr_len()) / 4).min(fds.len());
-            if fit > 0 {
-                push_cmsg(&mut out, c.level, c.kind, &fd_bytes(&fds[..fit]));
-                pad(&mut out, want);
-            }
-            if fit < fds.len() {
-                trunc = true;
-            }
-        } else {
-            // The kernel's put_cmsg: no room for a header, nothing; else
-            // as much as fits, the header saying so.
-            if want < start + hdr_len() {
-                trunc = true;
-                break;
-            }
-            push_cmsg(&mut out, c.level, c.kind, c.data);
-            if out.len() > want {
-                out.truncate(want);
-                let cut = want - start;
-                // SAFETY: the header lies within `out` (checked above);
-                // written unaligned.
-                unsafe {
-                    let h = out.as_mut_ptr().add(start).cast::<libc::cmsghdr>();
-                    let mut v = std::ptr::read_unaligned(h);
-                    v.cmsg_len = cut as _;
-                    std::ptr::write_unaligned(h, v);
-                }
-                trunc = true;
-                break;
-            }
-            pad(&mut out, want);
-        }
-    }
-    fds[fit..].iter().for_each(|&f| close(f));
-    (out, trunc, fit)
-}
-
-/// As the kernel does after each control message: its alignment padding,
-/// as far as the buffer has room.
-fn pad(out: &mut Vec<u8>, want: usize) {
-    let end = align(out.len()).min(want);
-    if end > out.len() {
-        out.resize(end, 0);
-    }
-}
-
 /// Whether `fd` is a parcel: a UNIX datagram socket whose next datagram
 /// starts with [`MAGIC`] (peeked without its descriptors).
 fn is_parcel(fd: RawFd) -> bool {
-    let opt = |name: c_int| {
-        let mut v: c_int = 0;
-        let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `v`.
-        let r = unsafe {
-            real::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                name,
-                (&mut v as *mut c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(v)
-    };
+    let opt = |name| super::setup::sockopt_int(fd, name);
     if opt(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || opt(libc::SO_TYPE) != Some(libc::SOCK_DGRAM) {
         return false;
     }
@@ -637,12 +466,7 @@ fn read_parcel(p: RawFd) -> Option<(String, Vec<RawFd>)> {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
-    let mut m: msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control.as_mut_ptr().cast();
-    m.msg_controllen = (control.len() * 8) as _;
+    let mut m = one_buffer(&mut iov, control.as_mut_ptr().cast(), control.len() * 8);
     // SAFETY: a message of our own buffers.
     let n = unsafe { real::recvmsg(p, &mut m, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
     let n = usize::try_from(n).ok()?;
@@ -767,12 +591,7 @@ mod tests {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        // SAFETY: an all-zero msghdr is valid; its pointers are set below.
-        let mut m: msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control.as_mut_ptr().cast();
-        m.msg_controllen = control.len() as _;
+        let m = one_buffer(&mut iov, control.as_mut_ptr().cast(), control.len());
         // SAFETY: a valid message of our own buffers.
         assert_eq!(unsafe { real::sendmsg(fd, &m, 0) }, 1);
         fds.into_iter().for_each(close);
@@ -792,12 +611,7 @@ mod tests {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        // SAFETY: as in send_fds.
-        let mut m: msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = buf.as_mut_ptr().cast();
-        m.msg_controllen = want as _;
+        let mut m = one_buffer(&mut iov, buf.as_mut_ptr().cast(), want);
         // SAFETY: a valid message of our own buffers.
         let n = unsafe {
             if ours {

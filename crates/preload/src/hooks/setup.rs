@@ -174,7 +174,7 @@ fn is_listening(fd: RawFd) -> bool {
 
 /// An `int` socket option of level `SOL_SOCKET`, or `None` if it cannot be
 /// read (not a socket).
-fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {
+pub(super) fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut l = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: the kernel writes at most `l` bytes into `v`.
