@@ -210,3 +210,38 @@ fn a_connection_truncated_from_a_message_ends() {
     assert_eq!((d.conns_opened, d.fallbacks()), (COUNT, 0), "{d:?}\n{logs}");
     assert_eq!(env.stats().conns_active, 0, "{d:?}\n{logs}");
 }
+
+/// A worker without smclo cannot read an SMC-D connection: it gets the
+/// connection's descriptor and one more (the parcel), no more, and once
+/// it closes them the client sees its connection end instead of waiting.
+#[test]
+fn a_connection_passed_to_a_process_without_smclo_ends_when_it_closes() {
+    let mut env = Env::new("passing-plain");
+    let port = free_port();
+    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "dispatcher",
+        "python3",
+        &[s.to_str().unwrap(), "dispatch", &ps, "1", "plain"],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let t0 = std::time::Instant::now();
+    let args = [
+        echo.to_str().unwrap(),
+        "client",
+        "127.0.0.1",
+        &ps,
+        "1",
+        "1000",
+    ];
+    let mut client = env.spawn(Mode::Smclo, "client", "python3", &args);
+    let st = client.wait(Duration::from_secs(30));
+    assert!(!st.success(), "{}", client.logs());
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let st = server.wait(Duration::from_secs(30));
+    let logs = server.logs();
+    assert!(st.success(), "dispatcher: {st:?}\n{logs}");
+    assert!(logs.contains("fds 2"), "{logs}");
+}

@@ -17,8 +17,10 @@ with SCM_RIGHTS, for tests/passing.rs.
       once. HOLD=two: connections are passed two per message and the
       worker takes one descriptor per message (the rest is truncated);
       it serves the one it got, then checks that files it opens read as
-      the file. Prints "ready", then "ok N" when N connections were
-      served.
+      the file. HOLD=plain: the worker runs without smclo (LD_PRELOAD
+      removed); it reports how many descriptors each message brought
+      ("fds N" on standard error) and closes them without serving. Prints
+      "ready", then "ok N" when N connections were served.
   pass_conn.py connect PORT SIZE
       start a non-blocking connect to 127.0.0.1:PORT and pass the socket
       at once to a child (this script, "use"), which sends SIZE bytes,
@@ -60,6 +62,13 @@ def worker(fd, go, count, hold):
             msg, fds, flags, _ = socket.recv_fds(chan, 16, 1)
             assert msg == b"c" and len(fds) == 1, (msg, fds)
             assert flags & socket.MSG_CTRUNC, flags
+        elif hold == "plain":
+            msg, fds, _, _ = socket.recv_fds(chan, 16, 8)
+            print("fds %d" % len(fds), file=sys.stderr, flush=True)
+            for f in fds:
+                os.close(f)
+            served += 1
+            continue
         elif hold == "dup":
             msg, fds, _, _ = socket.recv_fds(chan, 16, 2)
             assert msg == b"c" and len(fds) == 2, (msg, fds)
@@ -104,14 +113,18 @@ def dispatch(port, count, hold):
         return to_itself(lst, count)
     mine, theirs = socket.socketpair()
     go, their_go = socket.socketpair()
+    env = dict(os.environ)
+    if hold == "plain":
+        env.pop("LD_PRELOAD", None)
     w = subprocess.Popen(
         [sys.executable, __file__, "worker", str(theirs.fileno()),
          str(their_go.fileno()), str(count), hold],
         pass_fds=[theirs.fileno(), their_go.fileno()],
+        env=env,
     )
     theirs.close()
     their_go.close()
-    if hold in ("now", "linger", "dup", "two"):
+    if hold in ("now", "linger", "dup", "two", "plain"):
         go.sendall(b"g")
     print("ready", flush=True)
     held = []
