@@ -34,9 +34,17 @@ pub(super) struct Cmsg<'a> {
     pub(super) data: &'a [u8],
 }
 
+/// `SCM_PIDFD` (Linux 6.5): a descriptor of the sender's process, which
+/// the kernel installs only where the buffer has room for it.
+const SCM_PIDFD: c_int = 0x04;
+
 impl Cmsg<'_> {
     pub(super) fn is_rights(&self) -> bool {
         self.level == libc::SOL_SOCKET && self.kind == libc::SCM_RIGHTS
+    }
+
+    fn is_pidfd(&self) -> bool {
+        self.level == libc::SOL_SOCKET && self.kind == SCM_PIDFD
     }
 
     pub(super) fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
@@ -103,18 +111,41 @@ pub(super) fn passed_fds(control: &[u8]) -> Vec<RawFd> {
         .collect()
 }
 
+/// The pidfds (`SCM_PIDFD`) in `control`.
+pub(super) fn pidfds(control: &[u8]) -> Vec<RawFd> {
+    cmsgs(control)
+        .filter(|c| c.is_pidfd())
+        .flat_map(|c| c.fds().collect::<Vec<_>>())
+        .collect()
+}
+
 /// What the kernel would have written into a control buffer of `want`
 /// bytes, with descriptors `fds`: the buffer, whether it was truncated,
-/// and how many of `fds` it has (the caller closes the others, as the
-/// kernel would not have installed them).
-pub(super) fn program_control(got: &[u8], want: usize, fds: &[RawFd]) -> (Vec<u8>, bool, usize) {
+/// how many of `fds` it has and whether it has the pidfd (the caller
+/// closes the descriptors it does not have, as the kernel would not have
+/// installed them).
+pub(super) fn program_control(
+    got: &[u8],
+    want: usize,
+    fds: &[RawFd],
+) -> (Vec<u8>, bool, usize, bool) {
     let mut out = Vec::new();
     let mut trunc = false;
     let mut fit = 0;
+    let mut pidfd = false;
     let mut rights_done = false;
     for c in cmsgs(got) {
         let start = align(out.len());
-        if c.is_rights() {
+        if c.is_pidfd() {
+            // The kernel's scm_pidfd_recv: the whole message or nothing.
+            if want < start + hdr_len() + c.data.len() {
+                trunc = true;
+                continue;
+            }
+            push_cmsg(&mut out, c.level, c.kind, c.data);
+            pad(&mut out, want);
+            pidfd = true;
+        } else if c.is_rights() {
             if rights_done {
                 continue;
             }
@@ -153,7 +184,7 @@ pub(super) fn program_control(got: &[u8], want: usize, fds: &[RawFd]) -> (Vec<u8
             pad(&mut out, want);
         }
     }
-    (out, trunc, fit)
+    (out, trunc, fit, pidfd)
 }
 
 /// As the kernel does after each control message: its alignment padding,

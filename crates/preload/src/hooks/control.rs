@@ -55,8 +55,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// Interposed `syscall(2)`: libuv (node) closes its descriptors with
 /// `syscall(SYS_close, fd)`, which for a descriptor smclo knows is
 /// [`close`] (an SMC-D connection ends as over TCP, the peer reads end of
-/// stream, and the number's state goes). Every other call is made as
-/// libc's `syscall` makes it ([`chan_sys::syscall`], async-signal-safe).
+/// stream, and the number's state goes), with `close`'s locks. Every
+/// other call is made as libc's `syscall` makes it
+/// ([`chan_sys::syscall`]: no lock, async-signal-safe as libc's).
 ///
 /// `syscall` is variadic; on the Linux ABIs we build for (x86_64,
 /// aarch64) its integer and pointer arguments travel as fixed ones do, so

@@ -33,8 +33,8 @@
 
 use super::adopt::{self, hex, unhex, Passed};
 use super::cmsg::{
-    cmsgs, control_len, fd_bytes, hdr_len, one_buffer, passed_fds, program_control, push_cmsg,
-    room, MAX_FDS,
+    cmsgs, control_len, fd_bytes, hdr_len, one_buffer, passed_fds, pidfds, program_control,
+    push_cmsg, room, MAX_FDS,
 };
 use super::{errno, set_errno, LIVE};
 use crate::real;
@@ -45,7 +45,6 @@ use smclo::adapter::fdnum;
 use smclo::adapter::sockaddr;
 use smclo::debug;
 use std::cell::RefCell;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -307,7 +306,7 @@ fn parcel_socket(text: &str, fds: &[OwnedFd]) -> std::io::Result<OwnedFd> {
 
 thread_local! {
     /// A control buffer for programs whose own is larger than the stack's.
-    static LARGE: RefCell<Vec<MaybeUninit<u64>>> = const { RefCell::new(Vec::new()) };
+    static LARGE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Interposed `recvmsg(2)` on a descriptor that is not an SMC-D
@@ -323,23 +322,23 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvmsg(fd, msg, flags) };
     }
+    // Zeroed: the kernel leaves the padding between messages unwritten.
     let words = (want + room()).div_ceil(8);
-    let mut stack = [MaybeUninit::<u64>::uninit(); 512];
+    let mut stack = [0u64; 512];
     if words <= stack.len() {
         // SAFETY: the caller's message and a buffer of `words` words.
         return unsafe { recv_into(fd, m, flags, &mut stack[..words]) };
     }
     LARGE.with(|l| match l.try_borrow_mut() {
         Ok(mut v) => {
-            if v.len() < words {
-                v.resize(words, MaybeUninit::uninit());
-            }
+            v.clear();
+            v.resize(words, 0);
             // SAFETY: as above.
-            unsafe { recv_into(fd, m, flags, &mut v[..words]) }
+            unsafe { recv_into(fd, m, flags, &mut v) }
         }
         // A signal handler's receive within ours: a buffer of its own.
         Err(_) => {
-            let mut v = vec![MaybeUninit::<u64>::uninit(); words];
+            let mut v = vec![0u64; words];
             // SAFETY: as above.
             unsafe { recv_into(fd, m, flags, &mut v) }
         }
@@ -350,12 +349,7 @@ pub(super) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize
 ///
 /// # Safety
 /// `m` is the application's message, valid for `recvmsg`.
-unsafe fn recv_into(
-    fd: c_int,
-    m: &mut msghdr,
-    flags: c_int,
-    buf: &mut [MaybeUninit<u64>],
-) -> ssize_t {
+unsafe fn recv_into(fd: c_int, m: &mut msghdr, flags: c_int, buf: &mut [u64]) -> ssize_t {
     let want = control_len(m);
     let mut mine = *m;
     mine.msg_control = buf.as_mut_ptr().cast();
@@ -398,8 +392,13 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     if parcel.is_some() {
         fds.pop();
     }
-    let (out, trunc, fit) = program_control(got, want, &fds);
+    let pidfds = pidfds(got);
+    pidfds.iter().for_each(|&f| super::setup::clear_stale(f));
+    let (out, trunc, fit, pidfd_kept) = program_control(got, want, &fds);
     fds[fit..].iter().for_each(|&f| close(f));
+    if !pidfd_kept {
+        pidfds.iter().for_each(|&f| close(f));
+    }
     if let Some(p) = parcel {
         if flags & libc::MSG_PEEK == 0 {
             take_parcel(p, &fds[..fit], flags & libc::MSG_CMSG_CLOEXEC != 0);
@@ -700,6 +699,43 @@ mod tests {
                     ours, kernel,
                     "credentials, {n} descriptors into {want} bytes"
                 );
+            }
+        }
+    }
+
+    /// With the sender's pidfd (`SO_PASSPIDFD`, Linux 6.5) after the
+    /// descriptors: installed only where the program's buffer has room
+    /// for it, as the kernel does.
+    #[test]
+    fn a_received_control_buffer_with_a_pidfd_is_the_kernels() {
+        const SO_PASSPIDFD: c_int = 76;
+        let (a, b) = pair();
+        let one: c_int = 1;
+        // SAFETY: setsockopt reads an int.
+        let r = unsafe {
+            real::setsockopt(
+                b.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PASSPIDFD,
+                (&one as *const c_int).cast(),
+                4,
+            )
+        };
+        if r != 0 {
+            // An older kernel: nothing to compare.
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ENOPROTOOPT)
+            );
+            return;
+        }
+        for want in [hdr_len(), 20, 24, 32, 36, 40, 44, 48, 56, 200] {
+            for n in [1, 2] {
+                send_fds(a.as_raw_fd(), n);
+                let kernel = receive(b.as_raw_fd(), want, false);
+                send_fds(a.as_raw_fd(), n);
+                let ours = receive(b.as_raw_fd(), want, true);
+                assert_eq!(ours, kernel, "pidfd, {n} descriptors into {want} bytes");
             }
         }
     }

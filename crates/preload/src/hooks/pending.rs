@@ -344,30 +344,43 @@ fn retract(fd: RawFd) -> bool {
 /// passed pays the setup of two processes' mappings, which short
 /// connections do not earn back. Keeps errno.
 pub(super) fn pass(fd: RawFd) {
-    if !pending(fd) {
-        return;
-    }
     let e = errno();
-    let accepted = table::connecting(fd).is_some_and(|c| {
-        lock(&c.undecided)
-            .as_ref()
-            .is_some_and(|u| u.hs.role() == Role::Server)
-    });
     let wait = ctx().map_or(std::time::Duration::ZERO, |c| c.cfg.pass_wait);
-    if !accepted {
-        settle(fd);
-    } else {
-        if !wait.is_zero() {
-            advance(fd, Some(Instant::now() + wait));
-        }
-        if decide_now(fd, handshake::Pending::pass) {
-            debug!("fd {fd}: passed to another process before its handshake ended; stays TCP");
-            if wait.is_zero() {
-                super::state::unlist_listeners_passing();
+    let until = Instant::now() + wait;
+    // Until it is decided: the descriptor must not leave undecided, also
+    // while another thread drives its handshake.
+    while pending(fd) {
+        match role_now(fd) {
+            Some(Role::Client) => settle(fd),
+            Some(Role::Server) => {
+                if Instant::now() < until {
+                    advance(fd, Some(until));
+                }
+                if decide_now(fd, handshake::Pending::pass) {
+                    debug!(
+                        "fd {fd}: passed to another process before its handshake ended; stays TCP"
+                    );
+                    if wait.is_zero() {
+                        super::state::unlist_listeners_passing();
+                    }
+                }
             }
+            None => {}
+        }
+        if pending(fd) {
+            // Another thread drives it.
+            std::thread::sleep(SLICE);
         }
     }
     set_errno(e);
+}
+
+/// Which end `fd`'s undecided handshake is; `None` while another thread
+/// drives it (or once it is decided).
+fn role_now(fd: RawFd) -> Option<Role> {
+    let c = table::connecting(fd)?;
+    let u = lock(&c.undecided);
+    u.as_ref().map(|u| u.hs.role())
 }
 
 /// Decides the handshake of `fd` now as `how` does, if no other thread
