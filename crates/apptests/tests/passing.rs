@@ -245,3 +245,52 @@ fn a_connection_passed_to_a_process_without_smclo_ends_when_it_closes() {
     assert!(st.success(), "dispatcher: {st:?}\n{logs}");
     assert!(logs.contains("fds 2"), "{logs}");
 }
+
+/// A connection passed as soon as it is accepted, its handshake
+/// undecided, goes as TCP (PASSED at both ends), and the listener it came
+/// from leaves the registry; another listener of the same process stays
+/// registered: its connection is SMC-D.
+#[test]
+fn a_connection_passed_undecided_leaves_other_listeners_registered() {
+    let mut env = Env::new("passing-early");
+    let port = free_port();
+    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
+    let ps = port.to_string();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "dispatcher",
+        "python3",
+        &[s.to_str().unwrap(), "dispatch", &ps, "1", "early"],
+    );
+    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let other = server
+        .stdout_str()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let s0 = env.stats();
+    for (p, name) in [(&ps, "client-passed"), (&other, "client-other")] {
+        let args = [
+            echo.to_str().unwrap(),
+            "client",
+            "127.0.0.1",
+            p,
+            "1",
+            "1000",
+        ];
+        let c = env.run(Mode::Smclo, name, "python3", &args, Duration::from_secs(30));
+        assert_eq!(ok_numbers(&c, &server.logs()), vec![1000, 1000]);
+    }
+    let st = server.wait(Duration::from_secs(30));
+    let logs = server.logs();
+    assert!(st.success(), "dispatcher: {st:?}\n{logs}");
+    let d = delta(&s0, &env.stats());
+    let what = d.fallbacks_desc();
+    assert_eq!(
+        d.fallback(smclo_wire::reason::Reason::Passed),
+        (1, 1),
+        "{what}\n{logs}"
+    );
+    assert_eq!((d.conns_opened, d.fallbacks()), (1, 2), "{d:?}\n{logs}");
+}

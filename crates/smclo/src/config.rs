@@ -11,7 +11,7 @@
 //! | `SMCLO_SPIN_US` | how long a wait busy-polls before it sleeps in the kernel; 0 turns spinning off | [`DEFAULT_SPIN`] |
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
-//! | `SMCLO_PASS_WAIT_MS` | how long a process that passes an accepted connection to another process (`SCM_RIGHTS`, node's cluster mode) before its handshake ended waits for the handshake, so that the connection goes as SMC-D; 0: it goes as TCP at once (PASSED) and the process's listeners leave the registry, its later connections plain TCP | 0 |
+//! | `SMCLO_PASS_WAIT_MS` | how long a process that passes an accepted connection to another process (`SCM_RIGHTS`, node's cluster mode) before its handshake ended waits for the handshake, so that the connection goes as SMC-D; 0: it goes as TCP at once (PASSED) and the process's listeners on that port leave the registry, their later connections plain TCP | 0 |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};

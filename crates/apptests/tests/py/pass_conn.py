@@ -19,8 +19,12 @@ with SCM_RIGHTS, for tests/passing.rs.
       it serves the one it got, then checks that files it opens read as
       the file. HOLD=plain: the worker runs without smclo (LD_PRELOAD
       removed); it reports how many descriptors each message brought
-      ("fds N" on standard error) and closes them without serving. Prints
-      "ready", then "ok N" when N connections were served.
+      ("fds N" on standard error) and closes them without serving.
+      HOLD=early: each connection is passed as soon as a non-blocking
+      accept returns it (its handshake undecided); the dispatcher also listens on a second,
+      ephemeral port, named on its "ready" line, and serves one
+      connection there itself after the others. Prints "ready", then
+      "ok N" when N connections were served.
   pass_conn.py connect PORT SIZE
       start a non-blocking connect to 127.0.0.1:PORT and pass the socket
       at once to a child (this script, "use"), which sends SIZE bytes,
@@ -124,14 +128,27 @@ def dispatch(port, count, hold):
     )
     theirs.close()
     their_go.close()
-    if hold in ("now", "linger", "dup", "two", "plain"):
+    if hold in ("now", "linger", "dup", "two", "plain", "early"):
         go.sendall(b"g")
-    print("ready", flush=True)
+    other = None
+    if hold == "early":
+        other = socket.socket()
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        print("ready", other.getsockname()[1], flush=True)
+    else:
+        print("ready", flush=True)
+    if hold == "early":
+        # As an event loop accepts (node's): the handshake goes on after
+        # a non-blocking accept.
+        lst.setblocking(False)
     held = []
     for _ in range(count):
+        select.select([lst], [], [], 30)
         c, _ = lst.accept()
         # The client writes first: once readable, the handshake is over.
-        select.select([c], [], [], 30)
+        if hold != "early":
+            select.select([c], [], [], 30)
         if hold == "linger":
             c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                          struct.pack("ii", 1, 0))
@@ -152,6 +169,9 @@ def dispatch(port, count, hold):
         os._exit(0)
     if hold == "hold":
         go.sendall(b"g")
+    if other is not None:
+        c, _ = other.accept()
+        serve_one(c)
     done = mine.recv(1)
     w.wait(timeout=60)
     served = count // 2 if hold == "two" else count

@@ -339,7 +339,7 @@ fn retract(fd: RawFd) -> bool {
 /// SMC-D connection goes with the descriptor ([`super::passing`]). A
 /// server's waits at most `SMCLO_PASS_WAIT_MS`, then ends as TCP, its
 /// client told at once (PASSED, `Pending::pass`); without a wait (the
-/// default) the process's listeners also leave the registry
+/// default) the process's listeners on its port also leave the registry
 /// ([`super::state::unlist_listeners_passing`]): a connection made to be
 /// passed pays the setup of two processes' mappings, which short
 /// connections do not earn back. Keeps errno.
@@ -360,8 +360,12 @@ pub(super) fn pass(fd: RawFd) {
                     debug!(
                         "fd {fd}: passed to another process before its handshake ended; stays TCP"
                     );
-                    if wait.is_zero() {
-                        super::state::unlist_listeners_passing();
+                    if let Some(port) = wait
+                        .is_zero()
+                        .then(|| smclo::adapter::sockaddr::local(fd).ok())
+                        .flatten()
+                    {
+                        super::state::unlist_listeners_passing(port.port());
                     }
                 }
             }

@@ -87,17 +87,19 @@ pub(super) fn unlist_all() {
     }
 }
 
-/// This process passes the connections it accepts to other processes
-/// (`SCM_RIGHTS`) before their handshakes end, and may not wait for them
-/// (`SMCLO_PASS_WAIT_MS` 0): its listeners leave the registry and their
-/// later connections stay TCP ([`Hint::Plain`]), so that no client
-/// proposes to them again, and none pays for a handshake that ends in
-/// TCP.
-pub(super) fn unlist_listeners_passing() {
+/// This process passes the connections it accepts on `port` to other
+/// processes (`SCM_RIGHTS`) before their handshakes end, and may not wait
+/// for them (`SMCLO_PASS_WAIT_MS` 0): its listeners on that port leave
+/// the registry and their later connections stay TCP ([`Hint::Plain`]),
+/// so that no client proposes to them again, and none pays for a
+/// handshake that ends in TCP. Its other listeners stay.
+pub(super) fn unlist_listeners_passing(port: u16) {
     let _g = LOCK.write();
     let mut listed = Vec::new();
     table::for_each_state_locked(|fd, s| {
-        if matches!(s, FdState::Listener(_)) {
+        if matches!(s, FdState::Listener(_))
+            && smclo::adapter::sockaddr::local(fd).is_ok_and(|a| a.port() == port)
+        {
             listed.push(fd);
         }
     });
