@@ -388,7 +388,12 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     let mut fds = passed_fds(got);
     // Fresh numbers: what the table knew of them is stale.
     fds.iter().for_each(|&f| super::setup::clear_stale(f));
-    let parcel = fds.last().copied().filter(|&f| is_parcel(f));
+    // A parcel follows at least one descriptor of the program's: a lone
+    // descriptor costs no look.
+    let parcel = fds
+        .last()
+        .copied()
+        .filter(|&f| fds.len() >= 2 && is_parcel(f));
     if parcel.is_some() {
         fds.pop();
     }
