@@ -385,6 +385,45 @@ fn exec_keeps_flags_and_options() {
     assert_smc("flags through exec", &d, 1, bytes, bytes, &srv.logs());
 }
 
+/// `close_range(3, ~0, 0)` between two connections, through libc's
+/// wrapper and as a raw `syscall(SYS_close_range, ..)` (the preload's
+/// `close_range` both ways): smclo's own descriptors stay open, the
+/// process's rendezvous socket among them, and the second connection goes
+/// through shared memory as the first did. Before, the rendezvous socket
+/// was closed (the second connection fell back, PEER_DEAD), and the raw
+/// call closed every descriptor behind smclo's back.
+#[test]
+fn close_range_leaves_smclo_its_descriptors() {
+    let mut env = Env::new("exec-raw-close-range");
+    let prog = compile_c(&env, &src("raw_close_range.c"), &[])
+        .display()
+        .to_string();
+    let echo = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/echo_check.py");
+    let port = free_port();
+    let ps = port.to_string();
+    let mut srv = env.spawn(
+        Mode::Smclo,
+        "echo",
+        "python3",
+        &[echo.to_str().unwrap(), "listen", "127.0.0.1", &ps, "4"],
+    );
+    srv.wait_stdout("ready", T, &[]);
+    let s0 = env.stats();
+    for wrapper in [true, false] {
+        let mut c = env.command(Mode::Smclo, None, &prog, &[&ps, "100000"]);
+        if wrapper {
+            c.env("WRAPPER", "1");
+        }
+        let mut p = env.spawn_cmd("close-range", c);
+        p.wait_ok(T);
+        assert_eq!(p.stdout_str(), "ok\n", "{}\n{}", p.logs(), srv.logs());
+    }
+    srv.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    assert_smc("close_range", &d, 4, 800_000, 800_000, &srv.logs());
+    assert_eq!(d.conns_opened, 4, "{d:?}");
+}
+
 /// The preload's `close_range` (which python's subprocess uses before it
 /// execs, and which leaves smclo's own descriptors open) answers as the
 /// kernel's for the program's own descriptors, and for an empty range.

@@ -55,7 +55,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// Interposed `syscall(2)`: libuv (node) closes its descriptors with
 /// `syscall(SYS_close, fd)`, which for a descriptor smclo knows is
 /// [`close`] (an SMC-D connection ends as over TCP, the peer reads end of
-/// stream, and the number's state goes), with `close`'s locks. Every
+/// stream, and the number's state goes), with `close`'s locks; so are
+/// `SYS_close_range` ([`close_range`]: smclo's own descriptors stay open)
+/// and `SYS_dup2`/`SYS_dup3` onto or from such a descriptor. Every
 /// other call is made as libc's `syscall` makes it
 /// ([`chan_sys::syscall`]: no lock, async-signal-safe as libc's).
 ///
@@ -73,15 +75,24 @@ pub unsafe extern "C" fn syscall(
     e: c_long,
     f: c_long,
 ) -> c_long {
-    if n == libc::SYS_close {
-        let fd = a as c_int;
-        if in_table_range(fd) && (table::known(fd) || hints::hints(fd) != 0) {
-            // SAFETY: `close` of the caller's descriptor.
-            return unsafe { close(fd) } as c_long;
-        }
-    }
-    // SAFETY: the caller's arguments, passed on as libc would.
-    unsafe { chan_sys::syscall(n, &[a, b, c, d, e, f]) }
+    let (fd, other) = (a as c_int, b as c_int);
+    let seen = |fd: c_int| in_table_range(fd) && (table::known(fd) || hints::hints(fd) != 0);
+    // The interposed function of the same system call, with the caller's
+    // arguments.
+    let r = match n {
+        // SAFETY: close(2) of the caller's descriptor.
+        libc::SYS_close if seen(fd) => unsafe { close(fd) },
+        // SAFETY: close_range(2) with the caller's arguments.
+        libc::SYS_close_range => unsafe { close_range(a as c_uint, b as c_uint, c as c_int) },
+        // SAFETY: dup3(2) with the caller's arguments.
+        libc::SYS_dup3 if seen(fd) || seen(other) => unsafe { dup3(fd, other, c as c_int) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: dup2(2) with the caller's arguments.
+        libc::SYS_dup2 if seen(fd) || seen(other) => unsafe { dup2(fd, other) },
+        // SAFETY: the caller's arguments, passed on as libc would.
+        _ => return unsafe { chan_sys::syscall(n, &[a, b, c, d, e, f]) },
+    };
+    r as c_long
 }
 
 /// Forgets the hints `hints` of `fd`, a number without a state, before
@@ -104,7 +115,7 @@ fn forget_hints(fd: RawFd, hints: u8) -> bool {
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if first > last {
         // SAFETY: forwarded unchanged (the kernel answers EINVAL).
-        return unsafe { real::close_range(first, last, flags) };
+        return unsafe { sys_close_range(first, last, flags) };
     }
     let mut from = first;
     let top = last.min(MAX_FD as c_uint - 1);
@@ -117,7 +128,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         if known || ours {
             if from < fd {
                 // SAFETY: the program's own descriptors, as it asked.
-                let r = unsafe { real::close_range(from, fd - 1, flags) };
+                let r = unsafe { sys_close_range(from, fd - 1, flags) };
                 if r != 0 {
                     return r;
                 }
@@ -131,7 +142,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
                 } else {
                     // Any other known number is the program's socket itself.
                     // SAFETY: the program's own descriptor, as it asked.
-                    let r = unsafe { real::close_range(fd, fd, flags) };
+                    let r = unsafe { sys_close_range(fd, fd, flags) };
                     if r != 0 {
                         return r;
                     }
@@ -145,7 +156,18 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         return 0;
     }
     // SAFETY: the rest of the program's range.
-    unsafe { real::close_range(from, last, flags) }
+    unsafe { sys_close_range(from, last, flags) }
+}
+
+/// The close_range(2) system call itself: libc's wrapper (glibc 2.34)
+/// may be missing where the call comes through [`syscall`].
+///
+/// # Safety
+/// As close_range(2): closes descriptors the caller owns.
+unsafe fn sys_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let args = [first as c_long, last as c_long, flags as c_long];
+    // SAFETY: integer arguments; the caller owns the range.
+    unsafe { chan_sys::syscall(libc::SYS_close_range, &args) as c_int }
 }
 
 /// Interposed `closefrom(3)`: [`close_range`] up to the last number.

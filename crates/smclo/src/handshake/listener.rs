@@ -78,6 +78,9 @@ pub(super) struct RendezvousListener {
     woken: Condvar,
     _held: crate::fdnum::Held,
     _held_filed: Option<crate::fdnum::Held>,
+    /// The two descriptors are the core's: a program's `close_range` in
+    /// this process leaves them open.
+    _marks: [Option<crate::fdnum::Mark>; 2],
 }
 
 #[derive(Default)]
@@ -183,8 +186,16 @@ impl RendezvousListener {
             }
         };
         sock.set_nonblocking(true)?;
+        let sock = crate::fdnum::move_high(sock);
+        let filed_fd = if shared { Some(eventfd()?) } else { None };
+        let marks = [
+            Some(crate::fdnum::Mark::new(sock.as_raw_fd())),
+            filed_fd
+                .as_ref()
+                .map(|f| crate::fdnum::Mark::new(f.as_raw_fd())),
+        ];
         Ok(RendezvousListener {
-            sock: Some(crate::fdnum::move_high(sock)),
+            sock: Some(sock),
             nonce,
             gid: dev.gid(),
             pid: Owner::current().pid,
@@ -192,11 +203,12 @@ impl RendezvousListener {
             uid: group_uid(dev),
             shape: dev.shape(),
             path,
-            filed_fd: if shared { Some(eventfd()?) } else { None },
+            filed_fd,
             inbox: Mutex::new(Inbox::default()),
             woken: Condvar::new(),
             _held: crate::fdnum::Held::new(),
             _held_filed: shared.then(crate::fdnum::Held::new),
+            _marks: marks,
         })
     }
 
