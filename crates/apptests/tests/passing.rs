@@ -104,6 +104,14 @@ fn a_connection_passed_to_the_same_process_stays_smc() {
     passed_connections_stay_smc("self");
 }
 
+/// The same process holds both descriptors for a while: closing the one
+/// it passed lets go of nothing the received one uses (the device still
+/// counts every byte).
+#[test]
+fn a_connection_passed_to_the_same_process_and_closed_late_stays_smc() {
+    passed_connections_stay_smc("self-late");
+}
+
 /// A client passes its socket to another process right after a
 /// non-blocking `connect`, its handshake undecided: the handshake is
 /// decided before the descriptor leaves (as before `fork` and exec), and

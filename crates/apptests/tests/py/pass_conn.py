@@ -10,7 +10,8 @@ with SCM_RIGHTS, for tests/passing.rs.
       descriptors are in flight when the dispatcher lets go);
       HOLD=exit: the same, and the dispatcher exits before the worker
       reads. HOLD=self: no worker, the dispatcher passes each connection
-      to itself and serves what it receives. HOLD=linger: SO_LINGER 0 is
+      to itself and serves what it receives (HOLD=self-late: it closes
+      its own copy only once it has received the other). HOLD=linger: SO_LINGER 0 is
       set on each connection before it is passed (the worker sets it off
       again). HOLD=dup: each is
       passed twice in one message; the worker closes the second copy at
@@ -94,16 +95,19 @@ def worker(fd, go, count, hold):
     print("worker served %d" % served, file=sys.stderr, flush=True)
 
 
-def to_itself(lst, count):
+def to_itself(lst, count, late):
     a, b = socket.socketpair()
     print("ready", flush=True)
     for _ in range(count):
         c, _ = lst.accept()
         select.select([c], [], [], 30)
         socket.send_fds(a, [b"c"], [c.fileno()])
-        c.close()
+        if not late:
+            c.close()
         msg, fds, _, _ = socket.recv_fds(b, 16, 1)
         assert msg == b"c" and len(fds) == 1, (msg, fds)
+        if late:
+            c.close()
         serve_one(socket.socket(fileno=fds[0]))
     print("ok %d" % count, flush=True)
 
@@ -113,8 +117,8 @@ def dispatch(port, count, hold):
     lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lst.bind(("127.0.0.1", port))
     lst.listen(64)
-    if hold == "self":
-        return to_itself(lst, count)
+    if hold in ("self", "self-late"):
+        return to_itself(lst, count, hold == "self-late")
     mine, theirs = socket.socketpair()
     go, their_go = socket.socketpair()
     env = dict(os.environ)

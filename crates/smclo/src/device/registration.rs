@@ -118,11 +118,14 @@ impl Device {
             .filter(|e| e.token.load(Ordering::Relaxed) == token)
             .and_then(|e| {
                 let w = e.head.word();
-                if w.is_free() {
+                let me = Owner::current();
+                // This process's own entry (it passed the connection to
+                // itself) stays with the registration that holds it, which
+                // frees it when that end lets go.
+                if w.is_free() || w.pid() == me.pid {
                     return None;
                 }
-                e.head
-                    .hand_over(Ticket::of(w), &DMB_STATES, &Owner::current())
+                e.head.hand_over(Ticket::of(w), &DMB_STATES, &me)
             });
         // The token is checked again: the entry may have been freed and
         // taken for another DMB between the two loads.
