@@ -20,40 +20,43 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pass_conn.py")
 }
 
+/// pass_conn.py's dispatcher under `smclo run` on `port` for `count`
+/// connections (`hold`: see pass_conn.py), once it says it is ready.
+fn dispatcher(env: &mut Env, port: &str, count: &str, hold: &str) -> Proc {
+    let s = script();
+    let args = [s.to_str().unwrap(), "dispatch", port, count, hold];
+    let mut p = env.spawn(Mode::Smclo, "dispatcher", "python3", &args);
+    p.wait_stdout("ready", Duration::from_secs(20), &[]);
+    p
+}
+
+/// echo_check.py's client under `smclo run`: one connection to `port`,
+/// `size` bytes each way.
+fn client(env: &mut Env, name: &str, port: &str, size: u64) -> Proc {
+    let echo = script().with_file_name("echo_check.py");
+    let size = size.to_string();
+    let args = [
+        echo.to_str().unwrap(),
+        "client",
+        "127.0.0.1",
+        port,
+        "1",
+        &size,
+    ];
+    env.spawn(Mode::Smclo, name, "python3", &args)
+}
+
 /// A dispatcher under `smclo run` passes `COUNT` connections to its worker
 /// (`hold`: see pass_conn.py); a client under `smclo run` checks each echo.
 fn passed_connections_stay_smc(hold: &str) {
     let mut env = Env::new(&format!("passing-{hold}"));
-    let port = free_port();
-    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
-    let ps = port.to_string();
-    let count = COUNT.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "dispatcher",
-        "python3",
-        &[s.to_str().unwrap(), "dispatch", &ps, &count, hold],
-    );
-    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let ps = free_port().to_string();
+    let mut server = dispatcher(&mut env, &ps, &COUNT.to_string(), hold);
     let s0 = env.stats();
     // One client per connection, all at once: with `hold` the worker
     // serves none before the dispatcher has passed them all.
     let mut clients: Vec<Proc> = (0..COUNT)
-        .map(|i| {
-            env.spawn(
-                Mode::Smclo,
-                &format!("client-{i}"),
-                "python3",
-                &[
-                    echo.to_str().unwrap(),
-                    "client",
-                    "127.0.0.1",
-                    &ps,
-                    "1",
-                    &SIZE.to_string(),
-                ],
-            )
-        })
+        .map(|i| client(&mut env, &format!("client-{i}"), &ps, SIZE))
         .collect();
     let (mut sent, mut received) = (0, 0);
     for c in &mut clients {
@@ -173,30 +176,11 @@ fn a_connection_passed_twice_in_one_message_stays_smc() {
 #[test]
 fn a_connection_truncated_from_a_message_ends() {
     let mut env = Env::new("passing-two");
-    let port = free_port();
-    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
-    let ps = port.to_string();
-    let count = COUNT.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "dispatcher",
-        "python3",
-        &[s.to_str().unwrap(), "dispatch", &ps, &count, "two"],
-    );
-    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let ps = free_port().to_string();
+    let mut server = dispatcher(&mut env, &ps, &COUNT.to_string(), "two");
     let s0 = env.stats();
     let mut clients: Vec<Proc> = (0..COUNT)
-        .map(|i| {
-            let args = [
-                echo.to_str().unwrap(),
-                "client",
-                "127.0.0.1",
-                &ps,
-                "1",
-                "1000",
-            ];
-            env.spawn(Mode::Smclo, &format!("client-{i}"), "python3", &args)
-        })
+        .map(|i| client(&mut env, &format!("client-{i}"), &ps, 1000))
         .collect();
     let mut served = 0;
     for c in &mut clients {
@@ -225,28 +209,12 @@ fn a_connection_truncated_from_a_message_ends() {
 #[test]
 fn a_connection_passed_to_a_process_without_smclo_ends_when_it_closes() {
     let mut env = Env::new("passing-plain");
-    let port = free_port();
-    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
-    let ps = port.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "dispatcher",
-        "python3",
-        &[s.to_str().unwrap(), "dispatch", &ps, "1", "plain"],
-    );
-    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let ps = free_port().to_string();
+    let mut server = dispatcher(&mut env, &ps, "1", "plain");
     let t0 = std::time::Instant::now();
-    let args = [
-        echo.to_str().unwrap(),
-        "client",
-        "127.0.0.1",
-        &ps,
-        "1",
-        "1000",
-    ];
-    let mut client = env.spawn(Mode::Smclo, "client", "python3", &args);
-    let st = client.wait(Duration::from_secs(30));
-    assert!(!st.success(), "{}", client.logs());
+    let mut c = client(&mut env, "client", &ps, 1000);
+    let st = c.wait(Duration::from_secs(30));
+    assert!(!st.success(), "{}", c.logs());
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     let st = server.wait(Duration::from_secs(30));
     let logs = server.logs();
@@ -261,16 +229,8 @@ fn a_connection_passed_to_a_process_without_smclo_ends_when_it_closes() {
 #[test]
 fn a_connection_passed_undecided_leaves_other_listeners_registered() {
     let mut env = Env::new("passing-early");
-    let port = free_port();
-    let (s, echo) = (script(), script().with_file_name("echo_check.py"));
-    let ps = port.to_string();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "dispatcher",
-        "python3",
-        &[s.to_str().unwrap(), "dispatch", &ps, "1", "early"],
-    );
-    server.wait_stdout("ready", Duration::from_secs(20), &[]);
+    let ps = free_port().to_string();
+    let mut server = dispatcher(&mut env, &ps, "1", "early");
     let other = server
         .stdout_str()
         .split_whitespace()
@@ -279,15 +239,8 @@ fn a_connection_passed_undecided_leaves_other_listeners_registered() {
         .to_string();
     let s0 = env.stats();
     for (p, name) in [(&ps, "client-passed"), (&other, "client-other")] {
-        let args = [
-            echo.to_str().unwrap(),
-            "client",
-            "127.0.0.1",
-            p,
-            "1",
-            "1000",
-        ];
-        let c = env.run(Mode::Smclo, name, "python3", &args, Duration::from_secs(30));
+        let mut c = client(&mut env, name, p, 1000);
+        c.wait_ok(Duration::from_secs(30));
         assert_eq!(ok_numbers(&c, &server.logs()), vec![1000, 1000]);
     }
     let st = server.wait(Duration::from_secs(30));

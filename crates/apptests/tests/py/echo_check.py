@@ -23,15 +23,18 @@ import socket
 import sys
 
 
-def serve_one(c):
-    # Read to end of stream, then echo everything back.
+def read_to_end(c):
     data = bytearray()
     while True:
         b = c.recv(65536)
         if not b:
-            break
+            return data
         data += b
-    c.sendall(data)
+
+
+def serve_one(c):
+    # Read to end of stream, then echo everything back.
+    c.sendall(read_to_end(c))
     c.close()
 
 
@@ -92,12 +95,7 @@ def client(host, port, count, size):
         s = socket.create_connection((host, port))
         s.sendall(payload)
         s.shutdown(socket.SHUT_WR)
-        back = bytearray()
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            back += b
+        back = read_to_end(s)
         s.close()
         if back != payload:
             sys.exit(f"connection {i}: {len(back)} bytes back, want {size}, differing")

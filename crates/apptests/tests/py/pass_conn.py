@@ -43,16 +43,7 @@ import struct
 import subprocess
 import sys
 
-
-def serve_one(c):
-    data = bytearray()
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        data += b
-    c.sendall(data)
-    c.close()
+from echo_check import read_to_end, serve_one
 
 
 def worker(fd, go, count, hold):
@@ -208,12 +199,7 @@ def use(fd, size):
     payload = bytes(i % 251 for i in range(size))
     s.sendall(payload)
     s.shutdown(socket.SHUT_WR)
-    back = bytearray()
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        back += b
+    back = read_to_end(s)
     if back != payload:
         sys.exit("%d bytes back, want %d" % (len(back), size))
     print("ok", size, len(back), flush=True)

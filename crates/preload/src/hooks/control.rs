@@ -52,6 +52,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     close_slow(fd)
 }
 
+/// Whether smclo knows something of number `fd`: a state or hints.
+fn seen(fd: RawFd) -> bool {
+    in_table_range(fd) && (table::known(fd) || hints::hints(fd) != 0)
+}
+
 /// Interposed `syscall(2)`: libuv (node) closes its descriptors with
 /// `syscall(SYS_close, fd)`, which for a descriptor smclo knows is
 /// [`close`] (an SMC-D connection ends as over TCP, the peer reads end of
@@ -76,7 +81,6 @@ pub unsafe extern "C" fn syscall(
     f: c_long,
 ) -> c_long {
     let (fd, other) = (a as c_int, b as c_int);
-    let seen = |fd: c_int| in_table_range(fd) && (table::known(fd) || hints::hints(fd) != 0);
     // The interposed function of the same system call, with the caller's
     // arguments.
     let r = match n {
@@ -122,7 +126,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     let mut fd = first;
     while fd <= top {
         let n = fd as RawFd;
-        let known = table::known(n) || hints::hints(n) != 0;
+        let known = seen(n);
         let ours = matches!(table::kind(n), Kind::Internal | Kind::Closing)
             || smclo::adapter::fdnum::is_ours(n);
         if known || ours {
@@ -316,9 +320,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
         super::pending::settle(old);
     }
     let s = table::get(old);
-    let interesting = s.is_some()
-        || dup_shared(old)
-        || (in_table_range(new) && (table::known(new) || hints::hints(new) != 0));
+    let interesting = s.is_some() || dup_shared(old) || seen(new);
     if !interesting || old == new {
         // SAFETY: forwarded unchanged.
         return unsafe {

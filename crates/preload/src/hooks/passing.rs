@@ -387,7 +387,7 @@ unsafe fn recv_into(fd: c_int, m: &mut msghdr, flags: c_int, buf: &mut [u64]) ->
 fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     let mut fds = passed_fds(got);
     // Fresh numbers: what the table knew of them is stale.
-    fds.iter().for_each(|&f| super::setup::clear_stale(f));
+    fds.iter().for_each(|&f| super::swap::clear_stale(f));
     // A parcel follows at least one descriptor of the program's: a lone
     // descriptor costs no look.
     let parcel = fds
@@ -398,7 +398,7 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
         fds.pop();
     }
     let pidfds = pidfds(got);
-    pidfds.iter().for_each(|&f| super::setup::clear_stale(f));
+    pidfds.iter().for_each(|&f| super::swap::clear_stale(f));
     let (out, trunc, fit, pidfd_kept) = program_control(got, want, &fds);
     fds[fit..].iter().for_each(|&f| close(f));
     if !pidfd_kept {
@@ -416,7 +416,7 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
 /// Whether `fd` is a parcel: a UNIX datagram socket whose next datagram
 /// starts with [`MAGIC`] (peeked without its descriptors).
 fn is_parcel(fd: RawFd) -> bool {
-    let opt = |name| super::setup::sockopt_int(fd, name);
+    let opt = |name| super::sockopt_int(fd, name);
     if opt(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || opt(libc::SO_TYPE) != Some(libc::SOCK_DGRAM) {
         return false;
     }
@@ -666,15 +666,37 @@ mod tests {
             space(3),
             200,
         ];
-        for want in sizes {
-            for n in [1, 2, 3] {
+        same_as_the_kernel(&a, &b, "", &sizes, &[1, 2, 3]);
+    }
+
+    /// Each of `counts` descriptors, received into each of `sizes` bytes,
+    /// by the kernel and by our `recvmsg`: the same.
+    fn same_as_the_kernel(a: &OwnedFd, b: &OwnedFd, what: &str, sizes: &[usize], counts: &[usize]) {
+        for &want in sizes {
+            for &n in counts {
                 send_fds(a.as_raw_fd(), n);
                 let kernel = receive(b.as_raw_fd(), want, false);
                 send_fds(a.as_raw_fd(), n);
                 let ours = receive(b.as_raw_fd(), want, true);
-                assert_eq!(ours, kernel, "{n} descriptors into {want} bytes");
+                assert_eq!(ours, kernel, "{what}{n} descriptors into {want} bytes");
             }
         }
+    }
+
+    /// Sets the `SOL_SOCKET` option `name` of `fd` to 1; whether it could.
+    fn set_on(fd: &OwnedFd, name: c_int) -> bool {
+        let one: c_int = 1;
+        // SAFETY: setsockopt reads an int.
+        let r = unsafe {
+            real::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                name,
+                (&one as *const c_int).cast(),
+                4,
+            )
+        };
+        r == 0
     }
 
     /// With credentials before the descriptors (`SO_PASSCRED`), each
@@ -682,30 +704,9 @@ mod tests {
     #[test]
     fn a_received_control_buffer_with_credentials_is_the_kernels() {
         let (a, b) = pair();
-        let one: c_int = 1;
-        // SAFETY: setsockopt reads an int.
-        let r = unsafe {
-            real::setsockopt(
-                b.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PASSCRED,
-                (&one as *const c_int).cast(),
-                4,
-            )
-        };
-        assert_eq!(r, 0);
-        for want in [8, hdr_len(), 20, 24, 28, 32, 36, 40, 44, 48, 56, 200] {
-            for n in [1, 2] {
-                send_fds(a.as_raw_fd(), n);
-                let kernel = receive(b.as_raw_fd(), want, false);
-                send_fds(a.as_raw_fd(), n);
-                let ours = receive(b.as_raw_fd(), want, true);
-                assert_eq!(
-                    ours, kernel,
-                    "credentials, {n} descriptors into {want} bytes"
-                );
-            }
-        }
+        assert!(set_on(&b, libc::SO_PASSCRED));
+        let sizes = [8, hdr_len(), 20, 24, 28, 32, 36, 40, 44, 48, 56, 200];
+        same_as_the_kernel(&a, &b, "credentials, ", &sizes, &[1, 2]);
     }
 
     /// With the sender's pidfd (`SO_PASSPIDFD`, Linux 6.5) after the
@@ -715,18 +716,7 @@ mod tests {
     fn a_received_control_buffer_with_a_pidfd_is_the_kernels() {
         const SO_PASSPIDFD: c_int = 76;
         let (a, b) = pair();
-        let one: c_int = 1;
-        // SAFETY: setsockopt reads an int.
-        let r = unsafe {
-            real::setsockopt(
-                b.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_PASSPIDFD,
-                (&one as *const c_int).cast(),
-                4,
-            )
-        };
-        if r != 0 {
+        if !set_on(&b, SO_PASSPIDFD) {
             // An older kernel: nothing to compare.
             assert_eq!(
                 std::io::Error::last_os_error().raw_os_error(),
@@ -734,15 +724,8 @@ mod tests {
             );
             return;
         }
-        for want in [hdr_len(), 20, 24, 32, 36, 40, 44, 48, 56, 200] {
-            for n in [1, 2] {
-                send_fds(a.as_raw_fd(), n);
-                let kernel = receive(b.as_raw_fd(), want, false);
-                send_fds(a.as_raw_fd(), n);
-                let ours = receive(b.as_raw_fd(), want, true);
-                assert_eq!(ours, kernel, "pidfd, {n} descriptors into {want} bytes");
-            }
-        }
+        let sizes = [hdr_len(), 20, 24, 32, 36, 40, 44, 48, 56, 200];
+        same_as_the_kernel(&a, &b, "pidfd, ", &sizes, &[1, 2]);
     }
 
     /// A parcel is a UNIX datagram socket whose datagram starts with the

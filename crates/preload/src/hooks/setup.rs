@@ -5,9 +5,9 @@
 //! not smclo, stays plain TCP.
 
 use super::pending;
-use super::state::{forget_fresh_locked, list_fallback};
-use super::swap::swap_in;
-use super::{ctx, disabled, errno, fail, in_table_range, set_errno, Ctx};
+use super::state::list_fallback;
+use super::swap::{clear_stale, swap_in};
+use super::{ctx, disabled, errno, fail, in_table_range, set_errno, sockopt_int, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
@@ -53,24 +53,6 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         super::state::made(fd, tcp);
     }
     fd
-}
-
-/// A fresh descriptor number from the kernel: whatever we remembered about
-/// that number belongs to a descriptor closed behind our back (libuv, for
-/// one, closes with a raw system call).
-pub(super) fn clear_stale(fd: RawFd) {
-    if !in_table_range(fd) || super::state::unknown(fd) {
-        return;
-    }
-    let g = LOCK.write();
-    let mut forgotten = forget_fresh_locked(fd);
-    let old = forgotten.sock.take();
-    drop(g);
-    drop(forgotten);
-    if let Some(s) = old {
-        debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
-        super::swap::release(s);
-    }
 }
 
 /// Interposed `listen(2)`: TCP listeners save SYNs and are registered in
@@ -170,24 +152,6 @@ fn adopt_if_unknown(fd: RawFd) {
 /// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).
 fn is_listening(fd: RawFd) -> bool {
     sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
-}
-
-/// An `int` socket option of level `SOL_SOCKET`, or `None` if it cannot be
-/// read (not a socket).
-pub(super) fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut l = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: the kernel writes at most `l` bytes into `v`.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            (&mut v as *mut c_int).cast(),
-            &mut l,
-        )
-    };
-    (r == 0).then_some(v)
 }
 
 /// `epoll_ctl(EPOLL_CTL_ADD)` of `fd`: an event loop adds its listener

@@ -200,6 +200,24 @@ pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
     }
 }
 
+/// A fresh descriptor number from the kernel: whatever we remembered about
+/// that number belongs to a descriptor closed behind our back (libuv, for
+/// one, closes with a raw system call).
+pub(super) fn clear_stale(fd: RawFd) {
+    if !super::in_table_range(fd) || super::state::unknown(fd) {
+        return;
+    }
+    let g = LOCK.write();
+    let mut forgotten = super::state::forget_fresh_locked(fd);
+    let old = forgotten.sock.take();
+    drop(g);
+    drop(forgotten);
+    if let Some(s) = old {
+        debug!("fd {fd}: was closed without close(); forgetting its SMC-D connection");
+        release(s);
+    }
+}
+
 /// One application descriptor of `sock` is gone: when it was the last one
 /// in this process, this process's share of the connection ends.
 pub(super) fn release(sock: Arc<Sock>) {
