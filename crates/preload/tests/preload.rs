@@ -1241,6 +1241,76 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     run_preloaded(tag, cmd)
 }
 
+/// The client of an early connect reads its reply (and the end of the
+/// stream) even when the server replied, closed and made another
+/// connection before the client followed its answer: the server's DMB,
+/// named in its Accept, is not handed to the next connection while the
+/// client may still attach it. Before, the server's pool renewed it for
+/// the next connection (its attach record was 0: the client had not
+/// attached yet), and the client found another token there: ERR_RTOK,
+/// the connection reset. `prelude` makes the early connection `c` and
+/// writes the request.
+fn early_reply_outlives_the_servers_close(tag: &str, prelude: &str) {
+    let body = format!(
+        r#"{prelude}time.sleep(0.4)
+d = socket.create_connection(("127.0.0.1", port))
+d.sendall(b"again")
+if d.recv(64) != b"reply 2":
+    os._exit(2)
+d.close()
+c.setblocking(True)
+got = c.recv(64)
+rest = c.recv(64)
+c.close()
+if got != b"reply" or rest != b"":
+    os._exit(1)
+"#
+    );
+    let (ok, out, stats) = early_pair(
+        tag,
+        &body,
+        r#"time.sleep(0.15)
+a, _ = l.accept()
+print("read %r" % a.recv(64))
+a.sendall(b"reply")
+a.close()
+b, _ = l.accept()
+b.recv(64)
+b.sendall(b"reply 2")
+b.close()
+"#,
+    );
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(out.contains("read b'request'"), "{out}");
+    assert_eq!(stats.conns_opened, 3, "{out}\n{stats:?}");
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
+}
+
+#[test]
+fn a_blocking_early_clients_reply_outlives_the_servers_close() {
+    early_reply_outlives_the_servers_close(
+        "early-outlives",
+        r#"c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"request")
+"#,
+    );
+}
+
+/// The same for an event loop's connect: a non-blocking socket is
+/// writable once TCP connected, and its first request goes early.
+#[test]
+fn a_nonblocking_early_clients_reply_outlives_the_servers_close() {
+    early_reply_outlives_the_servers_close(
+        "early-outlives-nb",
+        r#"c = socket.socket()
+c.setblocking(False)
+c.connect_ex(("127.0.0.1", port))
+select.select([], [c], [], 5)
+c.send(b"request")
+"#,
+    );
+}
+
 /// A server that waits for its early connection in an epoll set nested in
 /// another (or anything else that trusts the descriptor alone) is woken by
 /// the client's request, as over TCP. Before, the server moved the early

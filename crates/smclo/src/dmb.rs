@@ -28,6 +28,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::AtomicU64;
 
+pub mod attach_record;
 pub mod pool;
 
 /// One mapped DMB. `Send + Sync`: all shared access goes through atomics or
@@ -330,15 +331,12 @@ impl Dmb {
     }
 
     /// Writes our attach record into the peer's DMB `d` (memfd `id`), which
-    /// holds `token`; fails if another attacher holds it.
+    /// holds `token`: over the owner's reservation for us, or over 0;
+    /// fails if another attacher holds it.
     fn claim(mut d: Dmb, id: (u64, u64), token: u64) -> Result<Dmb> {
         d.hdr.token = token;
-        let rec = crate::rng::next_u64();
-        use std::sync::atomic::Ordering;
-        if d.attach_word()
-            .compare_exchange(0, rec, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
+        let rec = attach_record::record_from(crate::rng::next_u64());
+        if !attach_record::claim(d.attach_word(), rec) {
             crate::dmb::pool::put_peer(id, d);
             return Err(AttachError::AlreadyAttached.into());
         }
@@ -357,6 +355,19 @@ impl Dmb {
             (None, Some(k)) => crate::vault::withdraw(k.id()),
             (None, None) => None,
         }
+    }
+
+    /// Reserves our own DMB for the peer we name it to (see
+    /// [`attach_record`]): until that peer attached and
+    /// detached, the pool does not reuse it, even once our end is gone.
+    pub(crate) fn reserve_for_peer(&self) {
+        attach_record::reserve(self.attach_word());
+    }
+
+    /// Takes back a reservation no peer will claim (the handshake did not
+    /// accept), so that the pool may reuse the DMB.
+    pub(crate) fn unreserve(&self) {
+        attach_record::unreserve(self.attach_word());
     }
 
     /// The attach record this process wrote into the peer's DMB.
@@ -608,7 +619,6 @@ impl Dmb {
 
 impl Drop for Dmb {
     fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
         if self.lost() {
             // Private zeros now: nothing to detach, nothing to reuse.
             self.attach = None;
@@ -620,9 +630,7 @@ impl Drop for Dmb {
             // and only our own record (compare-and-swap). The idle mapping
             // is kept for the next time the peer passes this memfd.
             if gen == crate::owner::fork_gen() {
-                let _ =
-                    self.attach_word()
-                        .compare_exchange(rec, 0, Ordering::SeqCst, Ordering::SeqCst);
+                attach_record::release(self.attach_word(), rec);
                 let cached = Dmb {
                     base: self.base,
                     map_len: self.map_len,

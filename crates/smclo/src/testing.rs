@@ -11,6 +11,9 @@ pub mod accept_spin {
 pub mod access {
     pub use crate::access::*;
 }
+pub mod attach_record {
+    pub use crate::dmb::attach_record::*;
+}
 pub mod chan_sys {
     pub use crate::chan_sys::*;
 }

@@ -48,9 +48,15 @@ pub const PROD_OFFSET: usize = 64;
 /// Offset of the `cons` cursor word (its own cache line, away from `prod`).
 pub const CONS_OFFSET: usize = 128;
 /// Offset of the attach record: a non-zero value chosen by the attacher,
-/// set (by compare-and-swap from 0) when it maps the DMB and cleared when
-/// it unmaps it. The owner reuses a DMB only while the record is 0.
+/// set (by compare-and-swap from 0 or [`ATTACH_RESERVED`]) when it maps
+/// the DMB and cleared when it unmaps it. The owner reuses a DMB only while
+/// the record is 0.
 pub const ATTACH_OFFSET: usize = 192;
+/// The attach record of a DMB its owner has named to a peer that has not
+/// attached it yet (a server's DMB in its Accept): not 0, so the owner does
+/// not reuse it before that peer attached and detached; no attacher's own
+/// record.
+pub const ATTACH_RESERVED: u64 = u64::MAX;
 /// Smallest ring.
 pub const MIN_RING_LEN: u32 = 16 * 1024;
 /// Largest ring.

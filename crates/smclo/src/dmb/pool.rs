@@ -43,7 +43,6 @@
 
 use crate::config::PoolLimits;
 use crate::dmb::Dmb;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -99,7 +98,7 @@ fn limits() -> PoolLimits {
 }
 
 fn detached(d: &Dmb) -> bool {
-    d.attach_word().load(Ordering::SeqCst) == 0
+    crate::dmb::attach_record::reusable(d.attach_word())
 }
 
 /// Unmapped when dropped, after the pool's lock is released.

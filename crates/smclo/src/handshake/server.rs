@@ -784,6 +784,9 @@ impl ServerHandshake {
         // gets a Decline, and its stream carries them as TCP.
         let fd = self.conn_fd;
         let gid = self.dev.gid();
+        // The client may attach our DMB only after we closed (it follows
+        // the Accept at its next call): it must still hold this token then.
+        dmb.dmb().reserve_for_peer();
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
             if n == 0
                 || (n < dmb.dmb().ring_len()
@@ -797,10 +800,14 @@ impl ServerHandshake {
         });
         let early = match early {
             Ok(Some(n)) => n,
-            Ok(None) => return Decision::Tcp(Reason::SyncErr),
+            Ok(None) => {
+                dmb.dmb().unreserve();
+                return Decision::Tcp(Reason::SyncErr);
+            }
             Err(st) => {
                 // The client gave up first (timeout): its decision is TCP.
                 debug!("client withdrew before our Accept (slot {st:?})");
+                dmb.dmb().unreserve();
                 return Decision::Tcp(Reason::Timeout);
             }
         };
@@ -815,6 +822,7 @@ impl ServerHandshake {
                 // Nobody will read the rings, and the stream holds what the
                 // client sent (its early bytes too) and its end: TCP's.
                 debug!("the client ended before our message ({e}): stays TCP");
+                dmb.dmb().unreserve();
                 return Decision::Tcp(Reason::PeerDead);
             }
             debug!("sending our DMB to the client failed ({e}): connection aborted");
