@@ -7,7 +7,8 @@
 //! these ends the connection. A process may pass a connection to itself,
 //! with `SO_LINGER` 0 set, or twice in one message; a receiver whose
 //! control buffer is too small for all the connections gets those that
-//! fit, the others end.
+//! fit, the others end. A worker may receive them with `recvmmsg`, several
+//! messages per call.
 
 use smclo_apptests::*;
 use std::path::{Path, PathBuf};
@@ -113,6 +114,20 @@ fn a_connection_passed_to_the_same_process_stays_smc() {
 #[test]
 fn a_connection_passed_to_the_same_process_and_closed_late_stays_smc() {
     passed_connections_stay_smc("self-late");
+}
+
+/// A worker that receives its connections with `recvmmsg`, as many as
+/// have come (`MSG_WAITFORONE`), serves them through shared memory.
+#[test]
+fn a_connection_received_with_recvmmsg_stays_smc() {
+    passed_connections_stay_smc("mmsg");
+}
+
+/// Two messages, each with a connection, in every `recvmmsg` of the
+/// worker: both connections go on through shared memory.
+#[test]
+fn two_connections_received_in_one_recvmmsg_stay_smc() {
+    passed_connections_stay_smc("mmsg2");
 }
 
 /// A client passes its socket to another process right after a

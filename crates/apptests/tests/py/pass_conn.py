@@ -21,6 +21,9 @@ with SCM_RIGHTS, for tests/passing.rs.
       the file. HOLD=plain: the worker runs without smclo (LD_PRELOAD
       removed); it reports how many descriptors each message brought
       ("fds N" on standard error) and closes them without serving.
+      HOLD=mmsg: the worker receives with recvmmsg, two messages at most
+      per call (MSG_WAITFORONE). HOLD=mmsg2: as HOLD=hold, and the worker
+      receives two messages, each with a connection, in every recvmmsg.
       HOLD=early: each connection is passed as soon as a non-blocking
       accept returns it (its handshake undecided); the dispatcher also listens on a second,
       ephemeral port, named on its "ready" line, and serves one
@@ -36,6 +39,7 @@ with SCM_RIGHTS, for tests/passing.rs.
       everything back, close.
 """
 
+import ctypes
 import os
 import select
 import socket
@@ -46,6 +50,80 @@ import sys
 from echo_check import read_to_end, serve_one
 
 
+MSG_WAITFORONE = 0x10000
+
+
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class MsgHdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(IoVec)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+class MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", MsgHdr), ("len", ctypes.c_uint)]
+
+
+def control_fds(raw):
+    """The SCM_RIGHTS descriptors of the control messages RAW."""
+    fds, off, head = [], 0, struct.calcsize("Nii")
+    while off + head <= len(raw):
+        length, level, kind = struct.unpack_from("Nii", raw, off)
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            data = raw[off + head:off + length]
+            fds += struct.unpack("%di" % (len(data) // 4), data)
+        off += (length + 7) & ~7
+    return fds
+
+
+def recv_fds_mmsg(sock, vlen, maxfds, flags):
+    """socket.recv_fds for up to VLEN messages in one recvmmsg (Python's
+    socket has none): [(data, fds, msg_flags)], one per message received."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.recvmmsg.argtypes = [ctypes.c_int, ctypes.POINTER(MMsgHdr),
+                              ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+    space = socket.CMSG_SPACE(4 * maxfds)
+    datas = [ctypes.create_string_buffer(16) for _ in range(vlen)]
+    controls = [ctypes.create_string_buffer(space) for _ in range(vlen)]
+    iovs = (IoVec * vlen)(*[IoVec(ctypes.addressof(d), 16) for d in datas])
+    v = (MMsgHdr * vlen)()
+    for i in range(vlen):
+        v[i].hdr.iov = ctypes.pointer(iovs[i])
+        v[i].hdr.iovlen = 1
+        v[i].hdr.control = ctypes.addressof(controls[i])
+        v[i].hdr.controllen = space
+    n = libc.recvmmsg(sock.fileno(), v, vlen, flags, None)
+    if n < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return [(datas[i].raw[:v[i].len],
+             control_fds(controls[i].raw[:v[i].hdr.controllen]),
+             v[i].hdr.flags) for i in range(n)]
+
+
+def receive(chan, hold):
+    """The connections of the next recvmmsg call (HOLD=mmsg, mmsg2) or
+    message (the others), as sockets."""
+    if hold in ("mmsg", "mmsg2"):
+        got = recv_fds_mmsg(chan, 2, 1, MSG_WAITFORONE if hold == "mmsg" else 0)
+        assert hold == "mmsg" or len(got) == 2, got
+    elif hold == "dup":
+        msg, fds, flags, _ = socket.recv_fds(chan, 16, 2)
+        assert len(fds) == 2, (msg, fds)
+        os.close(fds.pop())
+        got = [(msg, fds, flags)]
+    else:
+        got = [socket.recv_fds(chan, 16, 1)[:3]]
+    for msg, fds, flags in got:
+        assert msg == b"c" and len(fds) == 1, (msg, fds)
+        assert bool(flags & socket.MSG_CTRUNC) == (hold == "two"), flags
+    return [socket.socket(fileno=fds[0]) for _, fds, _ in got]
+
+
 def worker(fd, go, count, hold):
     chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
     go = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=go)
@@ -54,31 +132,21 @@ def worker(fd, go, count, hold):
     if hold == "two":
         count //= 2
     while served < count:
-        if hold == "two":
-            msg, fds, flags, _ = socket.recv_fds(chan, 16, 1)
-            assert msg == b"c" and len(fds) == 1, (msg, fds)
-            assert flags & socket.MSG_CTRUNC, flags
-        elif hold == "plain":
+        if hold == "plain":
             msg, fds, _, _ = socket.recv_fds(chan, 16, 8)
             print("fds %d" % len(fds), file=sys.stderr, flush=True)
             for f in fds:
                 os.close(f)
             served += 1
             continue
-        elif hold == "dup":
-            msg, fds, _, _ = socket.recv_fds(chan, 16, 2)
-            assert msg == b"c" and len(fds) == 2, (msg, fds)
-            os.close(fds.pop())
-        else:
-            msg, fds, _, _ = socket.recv_fds(chan, 16, 1)
-            assert msg == b"c" and len(fds) == 1, (msg, fds)
-        c = socket.socket(fileno=fds[0])
-        if hold == "linger":
-            # The option is the socket's: the worker's close would abort.
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                         struct.pack("ii", 0, 0))
-        serve_one(c)
-        served += 1
+        for c in receive(chan, hold):
+            if hold == "linger":
+                # The option is the socket's: the worker's close would
+                # abort.
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                             struct.pack("ii", 0, 0))
+            serve_one(c)
+            served += 1
         if hold == "two":
             with open(__file__, "rb") as f, open(__file__, "rb") as g:
                 assert f.read() == g.read()
@@ -123,7 +191,7 @@ def dispatch(port, count, hold):
     )
     theirs.close()
     their_go.close()
-    if hold in ("now", "linger", "dup", "two", "plain", "early"):
+    if hold in ("now", "linger", "dup", "two", "plain", "early", "mmsg"):
         go.sendall(b"g")
     other = None
     if hold == "early":
@@ -162,7 +230,7 @@ def dispatch(port, count, hold):
     if hold == "exit":
         go.sendall(b"g")
         os._exit(0)
-    if hold == "hold":
+    if hold in ("hold", "mmsg2"):
         go.sendall(b"g")
     if other is not None:
         c, _ = other.accept()

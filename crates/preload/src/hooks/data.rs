@@ -537,8 +537,9 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     do_sendv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
 }
 
-/// Interposed `recvmmsg(2)`: one message after another; only the first may
-/// wait.
+/// Interposed `recvmmsg(2)`: on a connection, one message after another;
+/// only the first may wait. On another socket, connections passed in the
+/// messages are adopted (`passing::recvmmsg`).
 #[no_mangle]
 pub unsafe extern "C" fn recvmmsg(
     fd: c_int,
@@ -551,8 +552,8 @@ pub unsafe extern "C" fn recvmmsg(
         return fail(e);
     }
     if table::get(fd).is_none() {
-        // SAFETY: forwarded unchanged.
-        return unsafe { real::recvmmsg(fd, v, n, flags, t) };
+        // SAFETY: the application's arguments.
+        return unsafe { super::passing::recvmmsg(fd, v, n, flags, t) };
     }
     let mut done = 0;
     for i in 0..n as usize {
