@@ -77,8 +77,8 @@ pub enum FdState {
         /// Its epoll registrations, given to the kernel without
         /// writability unless `writable`.
         epoll: Vec<Reg>,
-        /// Reported writable as the TCP socket is: a connect whose
-        /// writes go early ([`Connecting::early`]).
+        /// Reported writable as the TCP socket is: a blocking connect
+        /// that returned connected, whose writes go early.
         writable: bool,
     },
     /// An SMC-D connection: after the swap the descriptor is its channel
@@ -116,13 +116,10 @@ pub struct Connecting {
     /// The handshake, `None` while a thread drives it (it takes it out,
     /// so that no lock is held across its system calls).
     pub undecided: Mutex<Option<Undecided>>,
-    /// Its first writes may go early, into the TCP stream before the
-    /// decision: an announcement's, and a connect's whose server can
-    /// answer unaided. The process's exit ends it as a close would.
+    /// A blocking connect, or an announcement's, that returned connected
+    /// (its writes may go early): the process's exit ends it as a close
+    /// would.
     pub early: bool,
-    /// `connect` returned connected: an early write needs no look at the
-    /// socket first.
-    pub connected: bool,
     /// The handshake is an announcement (a destination without a
     /// registered listener): the connection is TCP's until a server
     /// answers, and no call waits for that answer (`hooks::pending`).

@@ -1296,21 +1296,6 @@ c.sendall(b"request")
     );
 }
 
-/// The same for an event loop's connect: a non-blocking socket is
-/// writable once TCP connected, and its first request goes early.
-#[test]
-fn a_nonblocking_early_clients_reply_outlives_the_servers_close() {
-    early_reply_outlives_the_servers_close(
-        "early-outlives-nb",
-        r#"c = socket.socket()
-c.setblocking(False)
-c.connect_ex(("127.0.0.1", port))
-select.select([], [c], [], 5)
-c.send(b"request")
-"#,
-    );
-}
-
 /// A server that waits for its early connection in an epoll set nested in
 /// another (or anything else that trusts the descriptor alone) is woken by
 /// the client's request, as over TCP. Before, the server moved the early

@@ -45,11 +45,6 @@ fn a_number_replaced_during_the_swap_keeps_what_the_program_put_there() {
         // Every fcntl takes 20 ms: the server waits for the client's
         // answer longer than that.
         .env("SMCLO_CLC_WAIT_MS", "10000")
-        // No DMB mappings kept: every connect is a first contact, whose
-        // socket turns writable with the decision, so that the poll for
-        // writability drives the swap (with the server's answer expected
-        // unaided, the socket is writable as TCP's at once).
-        .env("SMCLO_POOL_IDLE_MS", "0")
         .env_remove("SMCLO_DEBUG")
         .env_remove("SMCLO_DISABLE")
         .stdin(Stdio::null())

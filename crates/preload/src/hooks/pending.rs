@@ -110,17 +110,6 @@ fn writable(fd: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 && p.revents & libc::POLLOUT != 0
 }
 
-/// Sleeps until TCP socket `fd` has room to send (or fails).
-fn wait_writable(fd: RawFd) {
-    let mut p = pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { real::poll(&mut p, 1, -1) };
-}
-
 /// How a look at a pending handshake learns about its TCP socket.
 #[derive(Clone, Copy)]
 enum Look {
@@ -608,8 +597,7 @@ pub(super) fn shutdown(fd: RawFd, how: c_int) -> Option<c_int> {
 }
 
 /// A send of `n` bytes at `buf` (`flags`: none but `MSG_NOSIGNAL` and
-/// `MSG_DONTWAIT`) on `fd`, a socket whose connect is pending with early
-/// writes ([`Connecting::early`]), connected: when its proposal
+/// `MSG_DONTWAIT`) on `fd`, a blocking socket whose connect is pending: when its proposal
 /// counts them as early bytes (the server has not taken the count, and
 /// they fit [`EARLY_MAX`]), they go into the TCP stream now and `Some` is
 /// the result, which the server moves into its ring if it accepts (see
@@ -626,10 +614,14 @@ pub(super) fn early_send(
         return None;
     }
     let c = table::connecting(fd)?;
-    // A non-blocking socket too, once connected: a fresh connection's
-    // send buffer takes EARLY_MAX bytes without waiting. One whose
-    // connect returned connected is not asked.
-    if !c.early || (!c.connected && !writable(fd)) {
+    if c.announced {
+        // A non-blocking socket too, once connected: a fresh connection's
+        // send buffer takes EARLY_MAX bytes without waiting. One whose
+        // connect returned connected (`early`) is not asked.
+        if !c.early && !writable(fd) {
+            return None;
+        }
+    } else if nonblocking(fd) {
         return None;
     }
     {
@@ -643,9 +635,8 @@ pub(super) fn early_send(
     }
     // Counted: every byte must now reach the stream, as a blocking TCP
     // send delivers all of them (a signal does not cut it short here).
-    // Even with MSG_DONTWAIT or a non-blocking socket: a fresh
-    // connection's send buffer holds EARLY_MAX bytes, so no send waits,
-    // and one that found no room waits for it rather than lose a byte.
+    // Even with MSG_DONTWAIT: a fresh connection's send buffer holds
+    // EARLY_MAX bytes, so the socket (a blocking one) does not wait.
     let flags = flags & !libc::MSG_DONTWAIT;
     let mut done = 0usize;
     while done < n {
@@ -654,7 +645,6 @@ pub(super) fn early_send(
         match r {
             r if r >= 0 => done += r as usize,
             _ if errno() == libc::EINTR => {}
-            _ if errno() == libc::EAGAIN => wait_writable(fd),
             _ if done == 0 => return Some(-1),
             _ => break,
         }

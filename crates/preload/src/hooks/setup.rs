@@ -5,7 +5,7 @@
 //! not smclo, stays plain TCP.
 
 use super::pending;
-use super::state::{list_fallback, Writes};
+use super::state::list_fallback;
 use super::swap::{clear_stale, swap_in};
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, sockopt_int, Ctx};
 use crate::hints::{self, Hint};
@@ -338,7 +338,7 @@ fn accept_in_steps(
         return accept_decided(c, nfd, h.finish(), slot, flags, peer);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
-    super::state::start(nfd, h, slot, from, Writes::AfterDecision);
+    super::state::start(nfd, h, slot, from, false);
     false
 }
 
@@ -537,25 +537,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // (0), its socket's mode does not matter, and is not asked.
     let announced = p.announced();
     let connecting = r != 0 || (!announced && pending::nonblocking(fd));
-    let unaided = p.answer_expected_unaided();
-    if connecting || unaided || announced {
+    if connecting || p.answer_expected_unaided() || announced {
         // The handshake goes on after connect returns, as TCP's does: the
-        // program's next wait or call on `fd` drives it. When the server
-        // can answer without us, the program's first request, written
-        // before the server answered, goes into the TCP stream as early
-        // bytes (`pending::early_send`), so that the server finds it with
-        // the connection instead of waiting for it, and an event loop
-        // sees the socket writable as TCP's, without waiting for the
-        // answer first. Only then: a program that idles after connect
-        // would keep a first contact's server waiting for our DMB until
-        // it gives up.
-        let writes = if unaided || announced {
-            Writes::Early { connected: r == 0 }
-        } else {
-            Writes::AfterDecision
-        };
+        // program's next wait or call on `fd` drives it. A blocking
+        // program's first request, written before the server answered,
+        // goes into the TCP stream as early bytes (`pending::early_send`),
+        // so that the server finds it with the connection instead of
+        // waiting for it. Only when the server can answer without us: a
+        // program that idles after connect would keep a first contact's
+        // server waiting for our DMB until it gives up.
         let hs = handshake::Pending::connect(p, start + c.cfg.clc_wait);
-        super::state::start(fd, hs, slot, dest, writes);
+        super::state::start(fd, hs, slot, dest, !connecting);
         set_errno(e);
         return r;
     }

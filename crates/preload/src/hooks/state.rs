@@ -424,35 +424,14 @@ pub(super) fn list_fallback(
 /// The writability a pending connect does not report (epoll).
 const OUT_EPOLL: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32;
 
-/// When the writes of a pending connect may go (see
-/// [`Connecting::early`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Writes {
-    /// Once the handshake decided: writability is hidden until then.
-    AfterDecision,
-    /// Early, into the TCP stream; `connected`: `connect` returned
-    /// connected.
-    Early { connected: bool },
-}
-
 /// `connect` (`accept`) returned `fd` before its handshake `hs` with
 /// `dest` decided: `Pending`, its registrations (a candidate's) given to
-/// the kernel without writability unless its writes go early. An
-/// announcement's writes always go early (`pending::early_send` asks the
-/// socket unless it is connected).
-pub(super) fn start(
-    fd: RawFd,
-    hs: handshake::Pending,
-    slot: usize,
-    dest: SocketAddr,
-    writes: Writes,
-) {
+/// the kernel without writability unless its writes go `early`.
+pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: SocketAddr, early: bool) {
+    // An announcement's writes go early too, connected or not
+    // (`pending::early_send` asks the socket unless it is `early`).
     let announced = hs.announced();
-    let (early, connected) = match writes {
-        Writes::Early { connected } => (true, connected),
-        Writes::AfterDecision => (announced, false),
-    };
-    let writable = early;
+    let writable = early || announced;
     let connecting = Arc::new(Connecting {
         undecided: Mutex::new(Some(Undecided {
             hs,
@@ -461,7 +440,6 @@ pub(super) fn start(
             shut: Shut::default(),
         })),
         early,
-        connected,
         announced,
     });
     let _g = LOCK.write();
