@@ -108,6 +108,96 @@ pub unsafe fn recv(fd: RawFd, buf: *mut c_void, len: usize, flags: c_int) -> isi
     }
 }
 
+/// `sendmsg(2)`.
+///
+/// # Safety
+/// `msg` must point to a valid `msghdr` whose buffers live across the call.
+pub unsafe fn sendmsg(fd: RawFd, msg: *const libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: the caller vouches for `msg`.
+    unsafe {
+        syscall(
+            libc::SYS_sendmsg,
+            &[fd as c_long, msg as c_long, flags as c_long],
+        ) as isize
+    }
+}
+
+/// `recvmsg(2)`.
+///
+/// # Safety
+/// `msg` must point to a valid `msghdr` whose buffers live across the call.
+pub unsafe fn recvmsg(fd: RawFd, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: the caller vouches for `msg`.
+    unsafe {
+        syscall(
+            libc::SYS_recvmsg,
+            &[fd as c_long, msg as c_long, flags as c_long],
+        ) as isize
+    }
+}
+
+/// `socket(2)`.
+pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: integer arguments only.
+    unsafe {
+        syscall(
+            libc::SYS_socket,
+            &[domain as c_long, ty as c_long, protocol as c_long],
+        ) as c_int
+    }
+}
+
+/// `connect(2)` of `fd` to the first `len` bytes of the UNIX address `sa`.
+pub fn connect_unix(fd: RawFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> c_int {
+    with_unix_addr(libc::SYS_connect, fd, sa, len)
+}
+
+/// `bind(2)` of `fd` to the first `len` bytes of the UNIX address `sa`.
+pub fn bind_unix(fd: RawFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> c_int {
+    with_unix_addr(libc::SYS_bind, fd, sa, len)
+}
+
+/// System call `n` (`connect` or `bind`) of `fd` with an address.
+fn with_unix_addr(n: c_long, fd: RawFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> c_int {
+    let len = len.min(std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t);
+    // SAFETY: `sa` is a valid address for the call's duration and `len`
+    // is at most its size.
+    unsafe {
+        syscall(
+            n,
+            &[
+                fd as c_long,
+                sa as *const libc::sockaddr_un as c_long,
+                len as c_long,
+            ],
+        ) as c_int
+    }
+}
+
+/// `accept4(2)` on the UNIX listening socket `fd`, the peer's address into
+/// `sa` (its length returned beside the descriptor).
+pub fn accept_unix(
+    fd: RawFd,
+    sa: &mut libc::sockaddr_un,
+    flags: c_int,
+) -> (c_int, libc::socklen_t) {
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `sa` and `len` are valid for writing across the call, `len`
+    // holding the size of `sa`.
+    let r = unsafe {
+        syscall(
+            libc::SYS_accept4,
+            &[
+                fd as c_long,
+                sa as *mut libc::sockaddr_un as c_long,
+                &mut len as *mut libc::socklen_t as c_long,
+                flags as c_long,
+            ],
+        ) as c_int
+    };
+    (r, len)
+}
+
 /// `poll(2)` (as `ppoll` without a signal mask, which every architecture
 /// has); a negative `timeout_ms` waits for good.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
@@ -139,6 +229,22 @@ pub fn fcntl(fd: RawFd, cmd: c_int, arg: c_long) -> c_int {
     // SAFETY: the commands used here (F_GETFL, F_SETFL, F_DUPFD_CLOEXEC)
     // take an integer, no pointer.
     unsafe { syscall(libc::SYS_fcntl, &[fd as c_long, cmd as c_long, arg]) as c_int }
+}
+
+/// `ioctl(FIONBIO)`: `fd`'s `O_NONBLOCK` set or cleared in one call.
+pub fn set_nonblocking(fd: RawFd, nonblocking: bool) -> c_int {
+    let on: c_int = nonblocking.into();
+    // SAFETY: FIONBIO reads one int, `on`, alive across the call.
+    unsafe {
+        syscall(
+            libc::SYS_ioctl,
+            &[
+                fd as c_long,
+                libc::FIONBIO as c_long,
+                &on as *const c_int as c_long,
+            ],
+        ) as c_int
+    }
 }
 
 /// `shutdown(2)`.

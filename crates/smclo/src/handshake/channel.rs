@@ -85,8 +85,7 @@ impl RendezvousAddr {
     ) -> Result<UnixStream, HandshakeError> {
         let (sa, len) = self.sockaddr().map_err(HandshakeError::Io)?;
         let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
-        // SAFETY: plain socket(2); the descriptor is owned right below.
-        let fd = crate::fdnum::internal(|| unsafe { libc::socket(libc::AF_UNIX, flags, 0) });
+        let fd = crate::fdnum::internal(|| crate::chan_sys::socket(libc::AF_UNIX, flags, 0));
         if fd < 0 {
             return Err(HandshakeError::Io(io::Error::last_os_error()));
         }
@@ -96,9 +95,9 @@ impl RendezvousAddr {
         // Non-blocking, a connect with room in the backlog completes at
         // once; only a full backlog needs the bounded blocking connect.
         match connect_raw(fd, &sa, len) {
-            Ok(()) => s.set_nonblocking(false).map_err(HandshakeError::Io)?,
+            Ok(()) => blocking(fd)?,
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                s.set_nonblocking(false).map_err(HandshakeError::Io)?;
+                blocking(fd)?;
                 connect_bounded(&s, &sa, len, bound)?;
             }
             Err(e) => return Err(connect_error(e)),
@@ -108,11 +107,18 @@ impl RendezvousAddr {
     }
 }
 
+/// Clears `O_NONBLOCK` of our socket `fd`.
+fn blocking(fd: RawFd) -> Result<(), HandshakeError> {
+    if crate::chan_sys::set_nonblocking(fd, false) == 0 {
+        Ok(())
+    } else {
+        Err(HandshakeError::Io(io::Error::last_os_error()))
+    }
+}
+
 /// `connect(2)` of `fd` to the first `len` bytes of `sa`.
 fn connect_raw(fd: RawFd, sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<()> {
-    // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes are the
-    // address.
-    let rc = unsafe { libc::connect(fd, (sa as *const libc::sockaddr_un).cast(), len) };
+    let rc = crate::chan_sys::connect_unix(fd, sa, len);
     if rc == 0 {
         Ok(())
     } else {
@@ -173,9 +179,7 @@ pub(super) fn token_of(gid: u64, name: &[u8]) -> Option<u64> {
 /// Binds the socket `fd` to the abstract `name`.
 fn bind_abstract(fd: RawFd, name: &[u8]) -> io::Result<()> {
     let (sa, len) = RendezvousAddr::Abstract(name.to_vec()).sockaddr()?;
-    // SAFETY: `sa` is a valid sockaddr_un whose first `len` bytes are the
-    // address.
-    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
+    let rc = crate::chan_sys::bind_unix(fd, &sa, len);
     if rc == 0 {
         Ok(())
     } else {
@@ -237,7 +241,8 @@ pub(super) fn send_msg(sock: RawFd, byte: u8, fd: Option<RawFd>) -> io::Result<(
         }
     }
     // SAFETY: msg points to live buffers (data, cbuf) for the call.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    let n =
+        unsafe { crate::chan_sys::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     if n == 1 {
         Ok(())
     } else {
@@ -273,7 +278,9 @@ pub(super) fn recv_expected(sock: RawFd, byte: u8) -> Result<Received, Handshake
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
     // SAFETY: msg points to live buffers (data, cbuf) for the call.
-    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe {
+        crate::chan_sys::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC)
+    };
     if n < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -369,8 +376,7 @@ pub(super) fn poll_in(fd: RawFd, ms: i32) -> bool {
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one valid pollfd, count 1.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+    crate::chan_sys::poll(std::slice::from_mut(&mut p), ms) > 0
 }
 
 #[cfg(test)]

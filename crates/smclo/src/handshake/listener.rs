@@ -39,7 +39,7 @@ use crate::numhash::NumMap;
 use crate::owner::{self, Owner};
 use smclo_wire::reason::Reason;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -386,7 +386,7 @@ impl RendezvousListener {
         let Some(sock) = &self.sock else { return };
         let (mut filed, mut others) = (false, false);
         for _ in 0..ACCEPT_BATCH {
-            let (c, addr) = match crate::fdnum::internal(|| sock.accept()) {
+            let (c, name) = match crate::fdnum::internal(|| accept_named(sock.as_raw_fd())) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -395,8 +395,7 @@ impl RendezvousListener {
                     break;
                 }
             };
-            use std::os::linux::net::SocketAddrExt;
-            let token = addr.as_abstract_name().and_then(|n| token_of(self.gid, n));
+            let token = name.and_then(|n| token_of(self.gid, &n));
             let Some(slot) = token.and_then(|t| inbox.expected.get_mut(&t)) else {
                 crate::debug!("refused a rendezvous connection for no proposal of ours");
                 crate::fdnum::close_own(c.into());
@@ -430,6 +429,31 @@ impl RendezvousListener {
             self.note_filed(inbox, others);
         }
     }
+}
+
+/// Accepts a connection on the rendezvous socket `fd` (close-on-exec), with
+/// the abstract name its peer bound, if any. The system call itself: the
+/// preload interposes `accept4`, and this socket is smclo's own.
+fn accept_named(fd: RawFd) -> io::Result<(UnixStream, Option<Vec<u8>>)> {
+    // SAFETY: an all-zero sockaddr_un is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let (c, len) = crate::chan_sys::accept_unix(fd, &mut sa, libc::SOCK_CLOEXEC);
+    if c < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `c` is the fresh descriptor accept returned, owned by nothing
+    // else.
+    let c = unsafe { UnixStream::from_raw_fd(c) };
+    let path = std::mem::offset_of!(libc::sockaddr_un, sun_path);
+    let end = (len as usize).min(std::mem::size_of::<libc::sockaddr_un>());
+    // An abstract name: a path that starts with a zero byte.
+    let name = (end > path + 1 && sa.sun_path[0] == 0).then(|| {
+        sa.sun_path[1..end - path]
+            .iter()
+            .map(|&b| b as u8)
+            .collect()
+    });
+    Ok((c, name))
 }
 
 impl Drop for RendezvousListener {
