@@ -578,6 +578,13 @@ fn traced_peer_env(
         }
         panic!("peer {args:?} under strace failed: {r:?}\n{report}");
     }
+    let m = strace_counts(&report);
+    assert!(m.contains_key(key), "no strace summary:\n{report}");
+    Some(m)
+}
+
+/// The calls per system call in a `strace -c` report.
+fn strace_counts(report: &str) -> std::collections::HashMap<String, u64> {
     // Rows: % time, seconds, usecs/call, calls, [errors,] syscall.
     let mut m = std::collections::HashMap::new();
     for line in report.lines() {
@@ -588,8 +595,87 @@ fn traced_peer_env(
             }
         }
     }
-    assert!(m.contains_key(key), "no strace summary:\n{report}");
-    Some(m)
+    m
+}
+
+/// An epoll set whose SMC-D connections have all ended waits in the
+/// kernel alone: its other members, plain descriptors, cost one kernel
+/// wait per `epoll_wait`, as without smclo. Before, the set kept its
+/// shadow and every wait spun over no rings first, asking the kernel again
+/// and again (an event loop whose connections to a server went plain,
+/// wrk's, spent half its CPU there).
+#[test]
+fn a_set_whose_connections_ended_does_not_spin() {
+    let script = r#"
+import os, select, socket
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(4)
+port = l.getsockname()[1]
+done_r, done_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    l.close()
+    ep = select.epoll()
+    c = socket.create_connection(("127.0.0.1", port))
+    ep.register(c.fileno(), select.EPOLLIN)
+    c.sendall(b"x")
+    ep.poll(5)
+    c.recv(1)
+    ep.unregister(c.fileno())
+    c.close()
+    os.read(done_r, 1)
+    r, w = socket.socketpair()
+    ep.register(r.fileno(), select.EPOLLIN)
+    for _ in range(WAITS):
+        ep.poll(0.002)
+    os._exit(0)
+a, _ = l.accept()
+a.sendall(a.recv(1))
+a.recv(1)
+a.close()
+os.write(done_w, b"d")
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#;
+    const WAITS: u64 = 200;
+    let dev = DevDir::new("nospin");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("preload-nospin-{}", std::process::id()));
+    let r = Command::new("strace")
+        .args(["-f", "-c", "-o"])
+        .arg(&out)
+        .args([
+            "python3",
+            "-c",
+            &script.replace("WAITS", &WAITS.to_string()),
+        ])
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("LD_PRELOAD", lib())
+        .env_remove("SMCLO_DEBUG")
+        .env_remove("SMCLO_DISABLE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("strace (./test.sh runs as root with strace installed)");
+    let report = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let text = format!("{}\n{report}", String::from_utf8_lossy(&r.stdout));
+    assert!(
+        r.status.success() && text.contains("OK done"),
+        "{text}\n{r:?}"
+    );
+    let stats = dev.stats();
+    assert_eq!(stats.conns_opened, 1, "{text}\n{stats:?}");
+    let m = strace_counts(&report);
+    let waits = ["epoll_wait", "epoll_pwait", "epoll_pwait2"]
+        .iter()
+        .map(|k| m.get(*k).copied().unwrap_or(0))
+        .sum::<u64>();
+    assert!(waits >= WAITS, "{text}");
+    assert!(
+        waits <= WAITS + WAITS / 4,
+        "{waits} kernel waits for {WAITS} epoll waits on plain descriptors\n{text}"
+    );
 }
 
 /// A connect under the preload to a server with no smclo listener costs no

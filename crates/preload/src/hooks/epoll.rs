@@ -257,6 +257,21 @@ fn sync_locked(set: &mut Set, ep: RawFd) {
     set.members.retain(|m| !m.gone);
 }
 
+/// Whether `sh` has members left. When its last ones are gone, the
+/// kernel's registrations are brought up to that first: the set then waits
+/// in the kernel alone, with no spin over rings that are no more (an event
+/// loop whose SMC-D connections ended, its others plain TCP).
+fn live_members(sh: &Shadow, ep: RawFd) -> bool {
+    let mut set = lock(&sh.set);
+    if set.members.iter().any(|m| !m.gone) {
+        return true;
+    }
+    if !set.members.is_empty() {
+        sync_locked(&mut set, ep);
+    }
+    false
+}
+
 fn sync(sh: &Shadow, ep: RawFd) {
     sync_locked(&mut lock(&sh.set), ep);
 }
@@ -532,6 +547,10 @@ pub(super) unsafe fn wait_set(
         return fallback();
     };
     if events.is_null() || max <= 0 || max as usize > (c_int::MAX as usize) / 16 {
+        return fallback();
+    }
+    if !live_members(&sh, ep) {
+        sh.close_session();
         return fallback();
     }
     // SAFETY: the caller passes `max` writable events (as for the kernel);
