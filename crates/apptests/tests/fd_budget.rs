@@ -333,6 +333,10 @@ fn closed_connections_leave_a_busy_event_loop() {
     let mut env = Env::new("fd-busy-loop");
     env.extra_env
         .push(("SMCLO_CLC_WAIT_MS".into(), "10000".into()));
+    // Every connection proposes: the test is about the descriptors of
+    // many short SMC-D connections (a client that learns short
+    // connections, the default, makes most of them plain TCP).
+    env.extra_env.push(("SMCLO_SHORT".into(), "smc".into()));
     let port = free_port();
     let (ps, ns) = (port.to_string(), N.to_string());
     let mut server = env.spawn(

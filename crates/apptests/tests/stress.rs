@@ -231,6 +231,10 @@ fn nginx_reload_under_load() {
 #[test]
 fn nginx_connection_churn() {
     let mut env = Env::new("stress-churn");
+    // Every connection proposes: the churn of handshakes is what is
+    // tested (a client that learns short connections, the default, makes
+    // most of these plain TCP after 16).
+    env.extra_env.push(("SMCLO_SHORT".into(), "smc".into()));
     let (root, small, _) = www(&env);
     let (mut nginx, port) = start_local_nginx(&mut env, &root);
     let script = wrk_check_script(&env, "check", small.len());

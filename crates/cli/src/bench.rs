@@ -478,7 +478,9 @@ fn bench_command(t: Transport, args: &[&str], dir: &Path) -> io::Result<Command>
     cmd.arg("bench").args(args).env("SMCLO_DEVICE_DIR", dir);
     if t == Transport::SmcloRun {
         let lib = crate::run::find_build(smclo_loader::Variant::Glibc).map_err(io::Error::other)?;
-        cmd.env("LD_PRELOAD", lib);
+        // Every connection through shared memory, the setup workload's
+        // short ones too: what is measured is the transport.
+        cmd.env("LD_PRELOAD", lib).env("SMCLO_SHORT", "smc");
     }
     Ok(cmd)
 }

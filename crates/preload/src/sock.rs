@@ -39,6 +39,10 @@ pub struct Sock {
     pub cork_armed: AtomicBool,
     /// `tcp` counts against the descriptor budget (`smclo::adapter::fdnum`).
     pub _held: smclo::adapter::fdnum::Held,
+    /// The destination this process connected to, when its short
+    /// connections are learnt (`SMCLO_SHORT`): told how the connection
+    /// went when it ends here ([`smclo::adapter::short`]).
+    pub learn: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Sock {

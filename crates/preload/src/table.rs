@@ -571,6 +571,11 @@ impl Drop for Sock {
                 .conn
                 .ready()
                 .intersects(smclo::adapter::poller::Ready::ERR);
+        if let Some(&dest) = self.learn.get() {
+            if !self.conn.is_passed() {
+                smclo::adapter::short::ended(dest, self.conn.was_short());
+            }
+        }
         close_internal(self.conn.fd(), || self.conn.close_channel());
         if aborted || !smclo::adapter::deferred::close_later(self.tcp) {
             close_hidden(self.tcp);

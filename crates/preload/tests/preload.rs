@@ -914,7 +914,7 @@ fn smc_setup_syscall_budget() {
             true,
             &["smcchurn", &n.to_string()],
             "accept4",
-            &[("SMCLO_SPIN_US", "0")],
+            &[("SMCLO_SPIN_US", "0"), ("SMCLO_SHORT", "smc")],
         )
     };
     let (Some(a), Some(b)) = (run(short), run(long)) else {
@@ -1380,6 +1380,82 @@ fn a_blocking_early_clients_reply_outlives_the_servers_close() {
 c.sendall(b"request")
 "#,
     );
+}
+
+/// A client whose connections to a server carry one request each learns
+/// it (`SMCLO_SHORT`, `smclo::short`): after `LEARN_AFTER` of them through
+/// shared memory, the next `FIRST_SKIP` go as TCP without a proposal
+/// (SHORT at the client, PEERNOSMC at the server), byte for byte as
+/// before; the one after proposes again, and being long (five requests),
+/// makes the client forget: the later ones are SMC-D. With
+/// `SMCLO_SHORT=smc`, every one is SMC-D.
+fn short_then_long(env: &[(&str, &str)]) -> (String, Stats) {
+    use smclo::testing::short::{FIRST_SKIP, LEARN_AFTER};
+    let script = format!(
+        r#"
+import os, socket
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(16)
+port = l.getsockname()[1]
+plan = [1] * ({LEARN_AFTER} + {FIRST_SKIP}) + [5] * 3
+pid = os.fork()
+if pid == 0:
+    l.close()
+    for i, n in enumerate(plan):
+        c = socket.create_connection(("127.0.0.1", port))
+        for k in range(n):
+            msg = b"request %d.%d" % (i, k)
+            c.sendall(msg)
+            got = b""
+            while len(got) < len(msg):
+                got += c.recv(64)
+            if got != msg[::-1]:
+                os._exit(1)
+        c.close()
+    os._exit(0)
+for n in plan:
+    a, _ = l.accept()
+    while True:
+        d = a.recv(64)
+        if not d:
+            break
+        a.sendall(d[::-1])
+    a.close()
+_, st = os.waitpid(pid, 0)
+print("OK done" if st == 0 else "FAIL child %d" % st)
+"#
+    );
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", &script]).envs(env.iter().copied());
+    let (ok, out, stats) = run_preloaded("short", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    (out, stats)
+}
+
+#[test]
+fn short_connections_are_learnt_and_long_ones_forget_them() {
+    use smclo::testing::short::{FIRST_SKIP, LEARN_AFTER};
+    let (out, stats) = short_then_long(&[]);
+    let learnt = u64::from(LEARN_AFTER);
+    assert_eq!(stats.conns_opened, learnt + 3, "{out}\n{stats:?}");
+    assert_eq!(
+        stats.fallback(Reason::Short),
+        (u64::from(FIRST_SKIP), 0),
+        "{out}\n{stats:?}"
+    );
+    assert_eq!(
+        stats.fallback(Reason::PeerNoSmc),
+        (0, u64::from(FIRST_SKIP)),
+        "{out}\n{stats:?}"
+    );
+    let (out, stats) = short_then_long(&[("SMCLO_SHORT", "smc")]);
+    assert_eq!(
+        stats.conns_opened,
+        learnt + u64::from(FIRST_SKIP) + 3,
+        "{out}\n{stats:?}"
+    );
+    assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
 
 /// A server that waits for its early connection in an epoll set nested in

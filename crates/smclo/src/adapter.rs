@@ -90,6 +90,11 @@ pub mod signal {
     pub use crate::signal::{handler_ran, Watch};
 }
 
+/// Destinations whose connections end short: whether to propose.
+pub mod short {
+    pub use crate::short::{ended, propose};
+}
+
 /// Addresses of raw descriptors.
 pub mod sockaddr {
     pub use crate::sockaddr::{from_raw, local, peer};

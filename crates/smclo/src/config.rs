@@ -12,6 +12,7 @@
 //! | `SMCLO_UEID` | user-defined EID; both ends must name the same one (or none) | none |
 //! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
 //! | `SMCLO_PASS_WAIT_MS` | how long a process that passes an accepted connection to another process (`SCM_RIGHTS`, node's cluster mode) before its handshake ended waits for the handshake, so that the connection goes as SMC-D; 0: it goes as TCP at once (PASSED) and the process's listeners on that port leave the registry, their later connections plain TCP | 0 |
+//! | `SMCLO_SHORT` | what a client does for a destination whose connections through shared memory end short ([`Short`]): `learn` (propose less often to it, [`crate::short`]) or `smc` (always propose) | `learn` |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};
@@ -185,6 +186,32 @@ fn millis(name: &str, v: &str) -> Result<Duration> {
         .map_err(|_| Error::Config(format!("{name}={v:?} is not a number of milliseconds")))
 }
 
+/// `SMCLO_SHORT`: whether a client stops proposing to a destination whose
+/// connections through shared memory carry a request or two and close
+/// ([`crate::short`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Short {
+    /// Learn such destinations and connect to them as TCP, proposing again
+    /// now and then (the default).
+    #[default]
+    Learn,
+    /// Always propose.
+    Smc,
+}
+
+impl Short {
+    /// From the environment, validated.
+    pub fn from_env() -> Result<Short> {
+        match var("SMCLO_SHORT").as_deref() {
+            None | Some("learn") => Ok(Short::Learn),
+            Some("smc") => Ok(Short::Smc),
+            Some(v) => Err(Error::Config(format!(
+                "SMCLO_SHORT={v:?} is neither \"learn\" nor \"smc\""
+            ))),
+        }
+    }
+}
+
 /// All settings a process reads from its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -218,6 +245,8 @@ pub struct Config {
     pub announce: Announce,
     /// `SMCLO_PASS_WAIT_MS`.
     pub pass_wait: Duration,
+    /// `SMCLO_SHORT`.
+    pub short: Short,
 }
 
 impl Config {
@@ -258,6 +287,7 @@ impl Config {
             channel_placed_by_caller: false,
             announce: Announce::from_env()?,
             pass_wait,
+            short: Short::from_env()?,
         })
     }
 }

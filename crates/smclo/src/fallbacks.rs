@@ -106,7 +106,7 @@ pub fn record(
 /// so that connecting to a plain server or another host costs no system
 /// call; a client that proposed lists whatever the outcome.
 pub fn client_lists(r: Reason) -> bool {
-    !matches!(r, Reason::PeerNoSmc | Reason::NoSmcdDev)
+    !matches!(r, Reason::PeerNoSmc | Reason::NoSmcdDev | Reason::Short)
 }
 
 /// A recorded fallback connection, as [`open`] reads it.

@@ -44,6 +44,7 @@ mod registry;
 mod rendezvous;
 mod ring;
 mod rng;
+mod short;
 mod signal;
 mod sockaddr;
 mod spin;

@@ -302,6 +302,11 @@ pub enum Progress {
     /// announcement, whose Proposal names no DMB) and published its token
     /// ([`SlotRef::client_token`]), before it passes the DMB.
     ClientDmbNamed = 16,
+    /// The client claims a DMB its server reserved for it
+    /// (`dmb::attach_record`), noted before its SYN leaves: the server
+    /// reserves its DMB only then, since a client of an older build claims
+    /// from 0 alone and would find the DMB taken.
+    ClientClaimsReserved = 32,
 }
 
 const PROPOSAL: usize = 0;

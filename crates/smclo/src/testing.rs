@@ -65,6 +65,9 @@ pub mod rendezvous {
 pub mod ring {
     pub use crate::ring::*;
 }
+pub mod short {
+    pub use crate::short::*;
+}
 pub mod signal {
     pub use crate::signal::*;
 }

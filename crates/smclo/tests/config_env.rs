@@ -16,6 +16,7 @@ fn malformed_knobs_are_refused() {
         ("SMCLO_ANNOUNCE", "10.96.0.0/33"),
         ("SMCLO_ANNOUNCE", "10.96.0.0/12,cluster"),
         ("SMCLO_ANNOUNCE", "no"),
+        ("SMCLO_SHORT", "never"),
     ] {
         std::env::set_var(k, bad);
         let e = Config::from_env().expect_err(k).to_string();
@@ -46,4 +47,15 @@ fn malformed_knobs_are_refused() {
     std::env::remove_var("SMCLO_ANNOUNCE");
     let all = Config::from_env().expect("no SMCLO_ANNOUNCE").announce;
     assert!(all.covers("203.0.113.1".parse().unwrap()));
+    use smclo::config::Short;
+    assert_eq!(
+        Config::from_env().expect("no SMCLO_SHORT").short,
+        Short::Learn
+    );
+    std::env::set_var("SMCLO_SHORT", "smc");
+    assert_eq!(
+        Config::from_env().expect("SMCLO_SHORT=smc").short,
+        Short::Smc
+    );
+    std::env::remove_var("SMCLO_SHORT");
 }

@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "system and settings",
         &[
             "numhash", "debug", "error", "chan_sys", "signal", "rng", "tcp_syn", "sockaddr",
-            "access", "config", "doorbell",
+            "access", "config", "doorbell", "short",
         ],
     ),
     (

@@ -81,12 +81,17 @@ pub enum Reason {
     /// connections to its workers) before the handshake ended; shared
     /// memory cannot follow a descriptor into another process.
     Passed = 0x0A00_000A,
+    /// smclo extension: the client did not propose, because its last
+    /// connections to this destination through shared memory were short
+    /// (a request or two and closed): setting one up costs more than it
+    /// saves (`SMCLO_SHORT`). Now and then one proposes again.
+    Short = 0x0A00_000B,
 }
 
 impl Reason {
     /// Number of reasons; the length of [`Reason::ALL`] and the number of
     /// per-reason counters in the device file.
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
 
     /// Every reason, in [`Reason::index`] order.
     ///
@@ -117,6 +122,7 @@ impl Reason {
         Reason::Unanswered,
         Reason::SourceNat,
         Reason::Passed,
+        Reason::Short,
     ];
 
     /// The reason code as SMC writes it (`peer_diagnosis`, `smcss`).
@@ -157,6 +163,7 @@ impl Reason {
             Reason::Unanswered => 19,
             Reason::SourceNat => 20,
             Reason::Passed => 21,
+            Reason::Short => 22,
         }
     }
 
@@ -185,6 +192,7 @@ impl Reason {
             Reason::Unanswered => "UNANSWERED",
             Reason::SourceNat => "SOURCE_NAT",
             Reason::Passed => "PASSED",
+            Reason::Short => "SHORT",
         }
     }
 
@@ -226,6 +234,9 @@ impl Reason {
             }
             Reason::Passed => {
                 "the server passed the connection's descriptor to another process (SCM_RIGHTS) before the handshake ended"
+            }
+            Reason::Short => {
+                "the client's last connections to this destination were short: shared memory costs them more than it saves (SMCLO_SHORT)"
             }
         }
     }
@@ -298,6 +309,7 @@ mod tests {
                 "UNANSWERED",
                 "SOURCE_NAT",
                 "PASSED",
+                "SHORT",
             ]
         );
     }
@@ -367,7 +379,8 @@ mod tests {
                 Reason::UidChanged,
                 Reason::Unanswered,
                 Reason::SourceNat,
-                Reason::Passed
+                Reason::Passed,
+                Reason::Short
             ]
         );
     }

@@ -575,6 +575,7 @@ pub(super) fn install(
         slot,
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
+        learn: Default::default(),
     });
     let g = LOCK.write();
     super::state::internal_locked(p.tcp);

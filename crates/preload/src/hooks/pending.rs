@@ -230,7 +230,14 @@ fn end(fd: RawFd, c: &Arc<Connecting>, pd: Undecided, o: Outcome) {
     }
     match o {
         Outcome::Decided(d) => match *d {
-            Decision::Smc(est) => swap(fd, c, est, slot, shut),
+            Decision::Smc(est) => swap(
+                fd,
+                c,
+                est,
+                slot,
+                shut,
+                (role == Role::Client).then_some(dest),
+            ),
             Decision::Tcp(r) => tcp(fd, c, slot, dest, role, r, shut),
         },
         Outcome::TcpFailed => {
@@ -250,6 +257,7 @@ fn swap(
     est: smclo::adapter::handshake::Established,
     slot: usize,
     shut: Shut,
+    client_of: Option<SocketAddr>,
 ) {
     let nonblock = nonblocking(fd);
     // SAFETY: F_GETFD on the application's descriptor.
@@ -263,6 +271,9 @@ fn swap(
         super::state::swap_failed_locked(fd, c);
         return;
     };
+    if let (Some(dest), Some(cx)) = (client_of, ctx()) {
+        super::swap::learn(&s, cx, dest);
+    }
     if let Some(how) = shut.how() {
         if let Err(e) = s.shutdown(how) {
             debug!("fd {fd}: the shutdown made before the decision failed: {e}");

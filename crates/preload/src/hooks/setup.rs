@@ -6,7 +6,7 @@
 
 use super::pending;
 use super::state::list_fallback;
-use super::swap::{clear_stale, swap_in};
+use super::swap::{clear_stale, learn, swap_in};
 use super::{ctx, disabled, errno, fail, in_table_range, set_errno, sockopt_int, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
@@ -17,6 +17,7 @@ use smclo::adapter::accept_spin::{self, Spun};
 use smclo::adapter::fallbacks;
 use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
+use smclo::config::Short;
 use smclo::debug;
 use smclo::device::Role;
 use smclo_wire::reason::Reason;
@@ -498,6 +499,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
         announce: true,
     };
+    if c.cfg.short == Short::Learn && !smclo::adapter::short::propose(dest) {
+        c.dev.count_fallback(Reason::Short, Role::Client);
+        debug!("fd {fd}: connect to {dest} stays TCP (its last connections there were short)");
+        super::state::end_candidacy(fd);
+        // SAFETY: forwarded unchanged.
+        return unsafe { connect_listed(c, fd, addr, len, Reason::Short, dest) };
+    }
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,
         Err(r) => {
@@ -557,7 +565,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-            swap_in(fd, est, slot, false, cloexec, None);
+            if let Some(s) = swap_in(fd, est, slot, false, cloexec, None) {
+                learn(&s, c, dest);
+            }
         }
         Decision::Tcp(r) => {
             holders::forget(slot);

@@ -88,6 +88,7 @@ pub(super) fn swap_in(
         slot,
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
+        learn: Default::default(),
     });
     let g = LOCK.write();
     if current.is_some_and(|c| !super::state::is_current_locked(fd, c)) {
@@ -319,5 +320,13 @@ pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
         if let Some(t) = socket_timeout(tcp, name) {
             set(conn, t);
         }
+    }
+}
+
+/// Tells the ledger of short connections ([`smclo::adapter::short`]) how
+/// the client connection `s` to `dest` went, when it ends.
+pub(super) fn learn(s: &Sock, c: &super::Ctx, dest: std::net::SocketAddr) {
+    if c.cfg.short == smclo::config::Short::Learn {
+        let _ = s.learn.set(dest);
     }
 }

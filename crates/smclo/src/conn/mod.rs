@@ -127,6 +127,10 @@ pub struct Conn {
     /// Stats, counted by this process.
     sent: AtomicU64,
     received: AtomicU64,
+    /// Sends, and reads that returned data, in this process: whether the
+    /// connection was short ([`Conn::was_short`]).
+    sends: AtomicU32,
+    reads: AtomicU32,
     /// This end's DMB table entry, when it has one: byte counts and close
     /// steps for `xfer_bytes` and `smclo ss`.
     record: Option<ConnRecord>,
@@ -213,6 +217,8 @@ impl Conn {
             passed: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            sends: AtomicU32::new(0),
+            reads: AtomicU32::new(0),
             record: None,
             rx_spin: Budget::new(),
             tx_spin: Budget::new(),
@@ -249,6 +255,7 @@ impl Conn {
 
     fn count_sent(&self, n: u32) {
         self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.sends.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = &self.record {
             r.add_tx(n as u64);
         }
@@ -256,6 +263,7 @@ impl Conn {
 
     fn count_received(&self, n: usize) {
         self.received.fetch_add(n as u64, Ordering::Relaxed);
+        self.reads.fetch_add(1, Ordering::Relaxed);
         self.looked_at.store(mono_ns(), Ordering::Relaxed);
         if let Some(r) = &self.record {
             r.add_rx(n as u64);
@@ -343,6 +351,16 @@ impl Conn {
     /// Bytes read by this process from the local ring.
     pub fn bytes_received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether what this process did on the connection makes it short
+    /// ([`crate::short::is_short`]): a request or two, then closed.
+    pub fn was_short(&self) -> bool {
+        crate::short::is_short(
+            self.sends.load(Ordering::Relaxed),
+            self.reads.load(Ordering::Relaxed),
+            self.bytes_sent() + self.bytes_received(),
+        )
     }
 
     fn rx_snap(&self) -> io::Result<Snap> {

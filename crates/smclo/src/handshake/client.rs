@@ -422,6 +422,7 @@ fn publish(
         debug!("no rendezvous slot for {src_ip} -> {dest}: {e}");
         Reason::MaxDmb
     })?;
+    slot.note(Progress::ClientClaimsReserved);
     Ok((p, slot))
 }
 

@@ -786,7 +786,9 @@ impl ServerHandshake {
         let gid = self.dev.gid();
         // The client may attach our DMB only after we closed (it follows
         // the Accept at its next call): it must still hold this token then.
-        dmb.dmb().reserve_for_peer();
+        if slot.noted(Progress::ClientClaimsReserved) {
+            dmb.dmb().reserve_for_peer();
+        }
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
             if n == 0
                 || (n < dmb.dmb().ring_len()
