@@ -76,20 +76,38 @@ class DeviceCounters:
         }
 
     @staticmethod
-    def proof(before, after, min_conns=1):
-        """What the device saw during one measurement; raises BenchError
-        unless it shows at least `min_conns` new shared-memory connections,
-        bytes moved, and no fallback."""
-        p = {
+    def proof_counts(before, after):
+        """The counters' differences over one measurement."""
+        return {
             "conns_opened": after["conns_opened"] - before["conns_opened"],
             "xfer_bytes": after["xfer_bytes"] - before["xfer_bytes"],
             "fallbacks": {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()
                           if v != before["fallbacks"].get(k, 0)},
         }
+
+    @staticmethod
+    def proof(before, after, min_conns=1):
+        """What the device saw during one measurement; raises BenchError
+        unless it shows at least `min_conns` new shared-memory connections,
+        bytes moved, and no fallback."""
+        p = DeviceCounters.proof_counts(before, after)
         if p["conns_opened"] < min_conns or p["xfer_bytes"] <= 0 or p["fallbacks"]:
             raise BenchError("not accelerated: the device shows %d new connections (wanted %d), %d bytes moved, fallbacks %s"
                              % (p["conns_opened"], min_conns, p["xfer_bytes"], p["fallbacks"] or "none"))
         return p
+
+
+def proof_learnt(before, after, learn_after=16):
+    """What the device saw while a client learnt its connections short
+    (SMCLO_SHORT's default): its first `learn_after` went through shared
+    memory, the others are SHORT at the client and PEERNOSMC at the server;
+    raises BenchError on anything else."""
+    p = DeviceCounters.proof_counts(before, after)
+    others = {k: v for k, v in p["fallbacks"].items() if k not in ("SHORT", "PEERNOSMC")}
+    if p["conns_opened"] < learn_after or p["xfer_bytes"] <= 0 or others or "SHORT" not in p["fallbacks"]:
+        raise BenchError("not learnt: the device shows %d new connections (wanted %d), %d bytes moved, fallbacks %s"
+                         % (p["conns_opened"], learn_after, p["xfer_bytes"], p["fallbacks"] or "none"))
+    return p
 
 
 def kernel_smc_status(smclo):

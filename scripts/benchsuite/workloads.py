@@ -9,7 +9,7 @@ import os
 import select
 import subprocess
 
-from . import parse, pgcluster
+from . import parse, pgcluster, transports
 from .layout import Layout
 from .procs import BenchError, Server, free_port, meminfo_kib, process_rss_kib, run_client, wait_listening
 
@@ -82,13 +82,17 @@ class Workload:
                 parsed = self.read(out)
             except ValueError as e:
                 raise BenchError(str(e))
-            proof = ctx.counters(t).proof(before, ctx.counters(t).read()) if t.device_dir else None
+            proof = self.prove(ctx.counters(t), before) if t.device_dir else None
         finally:
             srv.stop()
         return {"values": {r.key: parsed[r.field] for r in self.rows()},
                 "cpu_s": {"client": ccpu, "server": scpu}, "wall_s": wall,
                 "cpu_per_op": self.cpu_per_op(ccpu + scpu, parsed),
                 "parsed": parsed, "device": proof}
+
+    def prove(self, counters, before):
+        """The device's proof that the run went through shared memory."""
+        return counters.proof(before, counters.read())
 
     server_stays = True
     #: the server serves each connection in a process of its own that
@@ -172,6 +176,25 @@ class Setup(Own):
         # short connections (SMCLO_SHORT's default) makes most of these
         # plain TCP after the first 16.
         return ["env", "SMCLO_SHORT=smc", *super().client(ctx, t, addr)]
+
+
+class SetupLearnt(Setup):
+    """The setup row as users get it: the client learns that its
+    connections carry one byte each way and close, and connects as TCP
+    after its first 16 (SMCLO_SHORT's default, docs/handshake.md "Short
+    connections")."""
+
+    name = "setup-learnt"
+    transports = ("tcp", "smclo")
+
+    def rows(self):
+        return [Row("setup_learnt", "… with short connections learnt (smclo's default)", "conn/s")]
+
+    def client(self, ctx, t, addr):
+        return Own.client(self, ctx, t, addr)
+
+    def prove(self, counters, before):
+        return transports.proof_learnt(before, counters.read())
 
 
 class Idle(Own):
@@ -507,6 +530,7 @@ def all_workloads(idle_conns=1000, redis_requests=100000, layout=None):
         pg,
         Postgres("postgres-32", 32, pg.cluster),
         Setup(),
+        SetupLearnt(),
         Idle(idle_conns),
     ]
     for w in ws:
