@@ -26,7 +26,7 @@
 use crate::signal::Watch;
 use crate::wait::Budget;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,13 @@ static BUDGET: Budget = Budget::new();
 /// handler that `siglongjmp`ed out of it, a thread that did not follow a
 /// `fork`) is taken over once it is older than [`STALE`].
 static SPINNING_SINCE: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the client of the process's last accepted connection proposed
+/// (or none was accepted yet). A server whose clients do not (plain ones,
+/// or clients that learnt their connections short) sleeps in `accept` as
+/// over TCP: the spin shortens a handshake, and a plain connection has
+/// none, so it would only take a CPU its clients may need.
+static PEER_PROPOSED: AtomicBool = AtomicBool::new(true);
 
 /// A spin is over after one budget; older marks are left over.
 const STALE: Duration = Duration::from_millis(100);
@@ -79,6 +86,9 @@ pub enum Spun {
 /// runs out or a handler `signals` watches runs. For a blocking `accept`
 /// only: a non-blocking one never waits.
 pub fn before_accept(fd: RawFd, signals: &Watch) -> Spun {
+    if !PEER_PROPOSED.load(Ordering::Relaxed) {
+        return Spun::Skipped;
+    }
     let time = BUDGET.next().min(STALE);
     if time.is_zero() || !claim_spinner() {
         return Spun::Skipped;
@@ -123,6 +133,12 @@ pub fn accepted(spun: Spun) {
     }
 }
 
+/// Whether the client of the connection just accepted proposed: the next
+/// blocking `accept` spins only if it did.
+pub fn peer_proposed(proposed: bool) {
+    PEER_PROPOSED.store(proposed, Ordering::Relaxed);
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -164,5 +180,12 @@ mod tests {
         SPINNING_SINCE.store(now_mark(), Ordering::Release);
         assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Skipped);
         SPINNING_SINCE.store(0, Ordering::Release);
+        // After a client that did not propose, no spin; after one that
+        // did, the spin again (a pending connection is found).
+        let _c2 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        peer_proposed(false);
+        assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Skipped);
+        peer_proposed(true);
+        assert_eq!(before_accept(l.as_raw_fd(), &w), Spun::Pending);
     }
 }

@@ -13,7 +13,7 @@
 
 /// A blocking `accept` that polls its listening socket before it sleeps.
 pub mod accept_spin {
-    pub use crate::accept_spin::{accepted, before_accept, Spun};
+    pub use crate::accept_spin::{accepted, before_accept, peer_proposed, Spun};
 }
 
 /// The system calls on a connection's channel, past the interposed names.

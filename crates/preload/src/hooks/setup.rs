@@ -354,6 +354,7 @@ fn accept_decided(
     peer: Option<SocketAddr>,
 ) -> bool {
     let plain = d.peer_did_not_propose();
+    accept_spin::peer_proposed(!plain);
     match d {
         Decision::Smc(est) => {
             swap_in(
