@@ -114,12 +114,7 @@ pub unsafe fn recv(fd: RawFd, buf: *mut c_void, len: usize, flags: c_int) -> isi
 /// `msg` must point to a valid `msghdr` whose buffers live across the call.
 pub unsafe fn sendmsg(fd: RawFd, msg: *const libc::msghdr, flags: c_int) -> isize {
     // SAFETY: the caller vouches for `msg`.
-    unsafe {
-        syscall(
-            libc::SYS_sendmsg,
-            &[fd as c_long, msg as c_long, flags as c_long],
-        ) as isize
-    }
+    unsafe { msg_call(libc::SYS_sendmsg, fd, msg as c_long, flags) }
 }
 
 /// `recvmsg(2)`.
@@ -128,12 +123,16 @@ pub unsafe fn sendmsg(fd: RawFd, msg: *const libc::msghdr, flags: c_int) -> isiz
 /// `msg` must point to a valid `msghdr` whose buffers live across the call.
 pub unsafe fn recvmsg(fd: RawFd, msg: *mut libc::msghdr, flags: c_int) -> isize {
     // SAFETY: the caller vouches for `msg`.
-    unsafe {
-        syscall(
-            libc::SYS_recvmsg,
-            &[fd as c_long, msg as c_long, flags as c_long],
-        ) as isize
-    }
+    unsafe { msg_call(libc::SYS_recvmsg, fd, msg as c_long, flags) }
+}
+
+/// System call `n` (`sendmsg` or `recvmsg`) with a message header.
+///
+/// # Safety
+/// `msg` is a valid `msghdr` for the call, as for `n`.
+unsafe fn msg_call(n: c_long, fd: RawFd, msg: c_long, flags: c_int) -> isize {
+    // SAFETY: the caller vouches for `msg`.
+    unsafe { syscall(n, &[fd as c_long, msg, flags as c_long]) as isize }
 }
 
 /// `socket(2)`.

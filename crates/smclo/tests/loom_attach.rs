@@ -82,18 +82,20 @@ fn a_client_that_follows_late_finds_the_accepts_dmb() {
             let s = s.clone();
             loom::thread::spawn(move || server(&s))
         };
-        loop {
-            match s.slot.load(SeqCst) {
-                UNDECIDED => loom::thread::yield_now(),
-                token => {
-                    follow(&s, token);
-                    break;
-                }
-            }
-        }
+        follow_when_accepted(&s);
         srv.join().unwrap();
         assert!(reusable(&s.record), "the record did not end 0");
     });
+}
+
+/// The client waits for the server's Accept, then follows it.
+fn follow_when_accepted(s: &Shared) {
+    loop {
+        match s.slot.load(SeqCst) {
+            UNDECIDED => loom::thread::yield_now(),
+            token => return follow(s, token),
+        }
+    }
 }
 
 #[test]
@@ -109,15 +111,7 @@ fn a_client_that_gave_up_leaves_no_reservation() {
             .is_err()
         {
             // Accepted first: the client follows.
-            loop {
-                match s.slot.load(SeqCst) {
-                    UNDECIDED => loom::thread::yield_now(),
-                    token => {
-                        follow(&s, token);
-                        break;
-                    }
-                }
-            }
+            follow_when_accepted(&s);
         }
         srv.join().unwrap();
         assert!(reusable(&s.record), "the record did not end 0");
