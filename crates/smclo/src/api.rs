@@ -217,8 +217,9 @@ impl SmcListener {
             let d = handshake::Pending::accept(dev, &self.cfg, tcp.as_raw_fd(), deadline).finish();
             (tcp, peer, d)
         };
-        crate::accept_spin::peer_proposed(!d.peer_did_not_propose());
-        if d.peer_did_not_propose() {
+        let plain = d.peer_did_not_propose();
+        crate::accept_spin::peer_proposed(!plain);
+        if plain {
             self.renew_if_lost(reg);
         }
         Ok((

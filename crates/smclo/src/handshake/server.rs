@@ -789,6 +789,11 @@ impl ServerHandshake {
         if slot.noted(Progress::ClientClaimsReserved) {
             dmb.dmb().reserve_for_peer();
         }
+        // TCP before the client could attach our DMB: no reservation left.
+        let tcp = |r| {
+            dmb.dmb().unreserve();
+            Decision::Tcp(r)
+        };
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
             if n == 0
                 || (n < dmb.dmb().ring_len()
@@ -802,15 +807,11 @@ impl ServerHandshake {
         });
         let early = match early {
             Ok(Some(n)) => n,
-            Ok(None) => {
-                dmb.dmb().unreserve();
-                return Decision::Tcp(Reason::SyncErr);
-            }
+            Ok(None) => return tcp(Reason::SyncErr),
             Err(st) => {
                 // The client gave up first (timeout): its decision is TCP.
                 debug!("client withdrew before our Accept (slot {st:?})");
-                dmb.dmb().unreserve();
-                return Decision::Tcp(Reason::Timeout);
+                return tcp(Reason::Timeout);
             }
         };
         // ACCEPTED decides: SMC-D for both ends. The client follows once it
@@ -824,8 +825,7 @@ impl ServerHandshake {
                 // Nobody will read the rings, and the stream holds what the
                 // client sent (its early bytes too) and its end: TCP's.
                 debug!("the client ended before our message ({e}): stays TCP");
-                dmb.dmb().unreserve();
-                return Decision::Tcp(Reason::PeerDead);
+                return tcp(Reason::PeerDead);
             }
             debug!("sending our DMB to the client failed ({e}): connection aborted");
             return abort_tcp(fd, Reason::IntErr);
