@@ -7,7 +7,7 @@
 # ports the tests use.
 set -euo pipefail
 
-APT_PACKAGES="build-essential pkg-config iproute2 iptables nftables musl-tools libcap2-bin procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs openjdk-17-jdk-headless postgresql sockperf iperf3 wrk curl socat python3 python3-matplotlib python3-prometheus-client python3-yaml strace linux-perf systemd"
+APT_PACKAGES="build-essential pkg-config iproute2 iptables nftables musl-tools libcap2-bin procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs openjdk-17-jdk-headless golang-go postgresql sockperf iperf3 wrk curl socat python3 python3-matplotlib python3-prometheus-client python3-yaml strace linux-perf systemd"
 # Packaged daemons that the install would start as system services.
 SERVICES="redis-server nginx iperf3 memcached haproxy postgresql"
 
