@@ -784,6 +784,58 @@ fn unknown_listener_accept_syscall_budget() {
     );
 }
 
+/// A server under the preload pays one system call per plain client's
+/// connection beyond the program's own: the saved SYN (`getsockopt`),
+/// which tells that the client did not propose. The fallback table
+/// takes the connection's addresses from the SYN, not `getsockname`, and
+/// a blocking accept asks the listener's flags (`fcntl`) only when it
+/// may spin or the client proposed. Both were a system call per plain
+/// connection before.
+#[test]
+fn plain_client_accept_syscall_budget() {
+    let dev = DevDir::new("pbudget");
+    let (short, long) = (20u32, 120u32);
+    let mut per = Vec::new();
+    for preload in [false, true] {
+        let run = |n: u32| traced_peer(&dev, preload, &["plainchurn", &n.to_string()], "total");
+        let (Some(a), Some(b)) = (run(short), run(long)) else {
+            return;
+        };
+        let calls =
+            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
+        // glibc's accept is the accept system call; the preload's, accept4.
+        assert_eq!(
+            grow("accept") + grow("accept4"),
+            (long - short) as i64,
+            "accepts counted"
+        );
+        per.push(["getsockopt", "getsockname", "fcntl", "total"].map(grow));
+    }
+    let (base, pre) = (per[0], per[1]);
+    let n = (long - short) as i64;
+    let added = |i: usize| pre[i] - base[i];
+    assert_eq!(added(0), n, "getsockopt calls added over {n} plain accepts");
+    assert_eq!(
+        added(1),
+        0,
+        "getsockname calls added over {n} plain accepts"
+    );
+    assert_eq!(added(2), 0, "fcntl calls added over {n} plain accepts");
+    assert!(
+        added(3) <= n + n / 20,
+        "system calls added by the preload over {n} plain accepts: {}",
+        added(3)
+    );
+    let st = dev.stats();
+    assert_eq!(st.conns_opened, 0, "{st:?}");
+    assert_eq!(
+        st.fallbacks_total(),
+        u64::from(short + long),
+        "every accept counted as a fallback (PEERNOSMC): {st:?}"
+    );
+}
+
 /// System calls per SMC-D connection under the preload, both ends together
 /// (connect, accept, one byte each way, close; docs/handshake.md, "Connection
 /// setup cost"), above which setup has regressed: 54 now (early bytes

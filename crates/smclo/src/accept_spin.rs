@@ -82,11 +82,17 @@ pub enum Spun {
     Skipped,
 }
 
+/// Whether [`before_accept`] may spin: not after a client that did not
+/// propose ([`peer_proposed`]).
+pub fn may_spin() -> bool {
+    PEER_PROPOSED.load(Ordering::Relaxed)
+}
+
 /// Spins until the listening socket `fd` has a connection, the budget
 /// runs out or a handler `signals` watches runs. For a blocking `accept`
 /// only: a non-blocking one never waits.
 pub fn before_accept(fd: RawFd, signals: &Watch) -> Spun {
-    if !PEER_PROPOSED.load(Ordering::Relaxed) {
+    if !may_spin() {
         return Spun::Skipped;
     }
     let time = BUDGET.next().min(STALE);

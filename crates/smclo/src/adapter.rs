@@ -13,7 +13,7 @@
 
 /// A blocking `accept` that polls its listening socket before it sleeps.
 pub mod accept_spin {
-    pub use crate::accept_spin::{accepted, before_accept, peer_proposed, Spun};
+    pub use crate::accept_spin::{accepted, before_accept, may_spin, peer_proposed, Spun};
 }
 
 /// The system calls on a connection's channel, past the interposed names.
@@ -39,7 +39,7 @@ pub mod early_count {
 
 /// The device's table of open fallback connections (`smclo ss -a`).
 pub mod fallbacks {
-    pub use crate::fallbacks::{client_lists, record, FallbackRecord};
+    pub use crate::fallbacks::{client_lists, record, FallbackRecord, Known};
 }
 
 /// `SIGBUS` from shared files shrunk under smclo's mappings, and the

@@ -312,7 +312,13 @@ impl SmcStream {
     /// it lives, as the `side` that decided, connected to `peer`.
     fn on_device(mut self, dev: &Device, side: Role, peer: SocketAddr) -> SmcStream {
         if let Some(r) = self.fallback {
-            self._listed = fallbacks::record(dev, self.tcp.as_raw_fd(), side, r, Some(peer));
+            self._listed = fallbacks::record(
+                dev,
+                self.tcp.as_raw_fd(),
+                side,
+                r,
+                fallbacks::Known::peer(Some(peer)),
+            );
         }
         self
     }

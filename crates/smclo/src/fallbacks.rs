@@ -1,9 +1,9 @@
 //! The fallback table: TCP connections that fell back, while the
 //! descriptor they were connected or accepted on is open, for `smclo ss -a`.
 //!
-//! A connection that stays TCP costs one more system call or two
-//! (`getsockname`, and `getpeername` where the peer is not known) and a
-//! claim in shared memory: the caller keeps the [`FallbackRecord`] with the
+//! A connection that stays TCP costs a claim in shared memory, and a
+//! system call or two for the addresses its caller does not know
+//! ([`Known`]; a server knows both from the saved SYN): the caller keeps the [`FallbackRecord`] with the
 //! descriptor, and dropping it frees the entry. A client lists only
 //! connections to smclo listeners ([`client_lists`]): a connection to a
 //! plain server or another host costs nothing. A full table (or a full
@@ -22,7 +22,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Entries examined from a random start before giving up on recording.
+/// Entries examined from the start [`record`] picks before giving up on
+/// recording.
 pub const PROBE: usize = 64;
 
 const OPEN: State = State(2);
@@ -64,26 +65,46 @@ impl Drop for FallbackRecord {
     }
 }
 
+/// What the caller knows of a connection's addresses; [`record`] asks
+/// the socket for the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Known {
+    /// The connection's local address.
+    pub local: Option<SocketAddr>,
+    /// Its peer's address.
+    pub peer: Option<SocketAddr>,
+}
+
+impl Known {
+    /// Only the peer is known (a client's destination, `accept`'s address).
+    pub fn peer(peer: Option<SocketAddr>) -> Known {
+        Known { local: None, peer }
+    }
+}
+
 /// Records the TCP connection on `fd`, which fell back for `reason` on
-/// `side`: its local address (`getsockname`) and peer (`peer`, or
-/// `getpeername`). `None` when the socket has no addresses (not
-/// connected) or no entry is free in the window probed.
+/// `side`: its addresses as `known`, the others asked of the socket
+/// (`getsockname`, `getpeername`). `None` when the socket has no addresses
+/// (not connected) or no entry is free in the window probed.
 pub fn record(
     dev: &Device,
     fd: RawFd,
     side: Role,
     reason: Reason,
-    peer: Option<SocketAddr>,
+    known: Known,
 ) -> Option<FallbackRecord> {
-    let local = crate::sockaddr::local(fd).ok()?;
-    let peer = match peer {
+    let local = match known.local {
+        Some(l) => l,
+        None => crate::sockaddr::local(fd).ok()?,
+    };
+    let peer = match known.peer {
         Some(p) => p,
         None => crate::sockaddr::peer(fd).ok()?,
     };
     let mut words = ends::pack(local, peer);
     words[4] |= (reason.index() as u64) << REASON_SHIFT | (side as u64) << ROLE_SHIFT;
     let me = Owner::current();
-    let start = crate::rng::next_u64() as usize;
+    let start = start_of(me, fd);
     let (idx, claim) = (0..PROBE).find_map(|k| {
         let i = (start + k) % layout::FALLBACK_ENTRIES as usize;
         entry(dev, i).head.claim(&me).map(|c| (i, c))
@@ -98,6 +119,16 @@ pub fn record(
         idx,
         ticket,
     })
+}
+
+/// Where [`record`] starts looking for a free entry for descriptor `fd`
+/// of `me`: spread over the table by process and descriptor (a hash, one
+/// multiplication), so that processes rarely probe the same entries, and
+/// a descriptor number reused for the next connection finds the entry
+/// its last one freed.
+fn start_of(me: Owner, fd: RawFd) -> usize {
+    let key = u64::from(me.pid) << 32 | u64::from(fd as u32);
+    (crate::numhash::fib(key) >> 32) as usize
 }
 
 /// Whether a client that declined with `r` before proposing lists its

@@ -43,6 +43,12 @@ impl Hasher for NumHasher {
     }
 }
 
+/// Fibonacci hashing of `key`: its high 32 bits spread consecutive keys
+/// over a table (an index is `fib(key) >> 32` reduced to its size).
+pub(crate) fn fib(key: u64) -> u64 {
+    key.wrapping_mul(K)
+}
+
 /// A map keyed by numbers of the process's own.
 pub type NumMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<NumHasher>>;
 

@@ -119,8 +119,7 @@ fn canon(ip: IpAddr) -> (u64, [u8; 16]) {
 
 fn home(port: u16) -> usize {
     // Fibonacci hashing spreads neighbouring ports over the table.
-    ((port as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
-        % layout::LISTENER_ENTRIES as usize
+    (crate::numhash::fib(port as u64) >> 32) as usize % layout::LISTENER_ENTRIES as usize
 }
 
 /// A live listener found by [`find_listener`].

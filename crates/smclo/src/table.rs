@@ -503,6 +503,11 @@ impl<'d> Judge<'d> {
 
     /// Whether `o` is certainly gone.
     pub fn owner_dead(&mut self, o: Owner) -> bool {
+        // The caller itself, as a listener's check on every plain accept
+        // finds its own registration: no look, and nothing memoised.
+        if o == self.me {
+            return false;
+        }
         if let Some(d) = self.owners.get(&o) {
             return *d;
         }

@@ -25,7 +25,7 @@ use crate::real;
 use crate::table::{self, Connecting, Shut, Undecided, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
-use smclo::adapter::fallbacks::FallbackRecord;
+use smclo::adapter::fallbacks::{FallbackRecord, Known};
 use smclo::adapter::handshake::{self, Decision, Looker, Polled, TcpNews, Until, Wake};
 use smclo::debug;
 use smclo::device::Role;
@@ -308,7 +308,7 @@ fn tcp(
     // plain server or another host takes no entry of the fallback table.
     let listed = ctx()
         .filter(|_| r != Reason::Unanswered)
-        .and_then(|cx| fallback_record(cx, fd, role, r, Some(dest)));
+        .and_then(|cx| fallback_record(cx, fd, role, r, Known::peer(Some(dest))));
     as_tcp(fd, c, shut, listed);
 }
 

@@ -14,7 +14,7 @@ use crate::real;
 use crate::table::{self, Kind, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
-use smclo::adapter::fallbacks;
+use smclo::adapter::fallbacks::{self, Known};
 use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
 use smclo::config::Short;
@@ -249,8 +249,9 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // An accept may wait for the next client: ended connections' TCP
     // sockets are closed first.
     smclo::adapter::deferred::close_deferred();
-    let blocks = listener_blocks(fd);
-    let spun = if blocks {
+    // The spin comes first: asking whether the listener blocks costs a
+    // system call that a plain client's accept need not pay.
+    let spun = if accept_spin::may_spin() && listener_blocks(fd) {
         let watch = smclo::adapter::signal::Watch::begin(None);
         match accept_spin::before_accept(fd, &watch) {
             Spun::Interrupted if !accept_restarts(fd) => return fail(libc::EINTR),
@@ -278,25 +279,49 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         debug!("fd {nfd}: above the table, stays TCP");
         return nfd;
     }
-    let Some(slot) = holders::claim() else {
-        debug!("fd {nfd}: no holder slot, stays TCP");
-        return nfd;
-    };
     // SAFETY: `addr`, `len` and `cap` as `accept` left them.
     let peer = unsafe { accepted_peer(addr, len, cap) };
-    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    let plain = if blocks && !nonblock {
-        let deadline = Instant::now() + c.cfg.clc_wait;
-        let d = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline).finish();
-        accept_decided(c, nfd, d, slot, flags, peer)
-    } else {
-        accept_in_steps(c, nfd, slot, flags, peer)
-    };
+    let plain = accept_handshake(c, fd, nfd, flags, peer);
     if plain {
         renew_if_lost(fd);
     }
     set_errno(e);
     nfd
+}
+
+/// The handshake of `nfd`, just accepted on listener `fd` with `flags`
+/// from `peer` (if `accept` reported it). Returns whether the client did
+/// not propose ([`accepted_tcp`]).
+fn accept_handshake(
+    c: &Ctx,
+    fd: RawFd,
+    nfd: RawFd,
+    flags: c_int,
+    peer: Option<SocketAddr>,
+) -> bool {
+    let now = Instant::now();
+    let mut h = handshake::Pending::accept(&c.dev, &c.cfg, nfd, now + c.cfg.clc_wait);
+    // The saved SYN's addresses are the socket's: a fallback is listed
+    // without asking for them.
+    let known = match h.seen_ends() {
+        Some((local, peer)) => Known {
+            local: Some(local),
+            peer: Some(peer),
+        },
+        None => Known::peer(peer),
+    };
+    if let Some(r) = h.settled() {
+        return accepted_tcp(c, nfd, r, known);
+    }
+    let Some(slot) = holders::claim() else {
+        debug!("fd {nfd}: no holder slot, stays TCP");
+        return false;
+    };
+    if listener_blocks(fd) && flags & libc::SOCK_NONBLOCK == 0 {
+        accept_decided(c, nfd, h.finish(), slot, flags, known)
+    } else {
+        accept_in_steps(c, nfd, h, slot, flags, known)
+    }
 }
 
 /// A client that did not propose connected to listener `fd`: if the
@@ -322,41 +347,42 @@ fn renew_if_lost(fd: RawFd) {
 fn accept_in_steps(
     c: &Ctx,
     nfd: RawFd,
+    mut h: handshake::Pending,
     slot: usize,
     flags: c_int,
-    peer: Option<SocketAddr>,
+    known: Known,
 ) -> bool {
-    let now = Instant::now();
-    let deadline = now + c.cfg.clc_wait;
-    let mut h = handshake::Pending::accept(&c.dev, &c.cfg, nfd, deadline);
-    let spin = Until::Step(now + smclo::adapter::conn::spin_budget());
+    let spin = Until::Step(Instant::now() + smclo::adapter::conn::spin_budget());
     if let Polled::Decided(d) = h.poll(spin) {
-        return accept_decided(c, nfd, d, slot, flags, peer);
+        return accept_decided(c, nfd, d, slot, flags, known);
     }
-    let Some(from) = peer.or_else(|| smclo::adapter::sockaddr::peer(nfd).ok()) else {
+    let Some(from) = known
+        .peer
+        .or_else(|| smclo::adapter::sockaddr::peer(nfd).ok())
+    else {
         // Without the peer's address the connection cannot be listed; it
         // is decided here instead (bounded by SMCLO_CLC_WAIT_MS).
-        return accept_decided(c, nfd, h.finish(), slot, flags, peer);
+        return accept_decided(c, nfd, h.finish(), slot, flags, known);
     };
     debug!("fd {nfd}: accepted from {from}; the handshake goes on after accept");
     super::state::start(nfd, h, slot, from, false);
     false
 }
 
-/// The handshake of the accepted `nfd` decided `d`. Returns whether the
-/// client did not propose (`PEERNOSMC`).
+/// The handshake of the accepted `nfd`, holding holder slot `slot`,
+/// decided `d`. Returns whether the client did not propose
+/// ([`accepted_tcp`]).
 fn accept_decided(
     c: &Ctx,
     nfd: RawFd,
     d: Decision,
     slot: usize,
     flags: c_int,
-    peer: Option<SocketAddr>,
+    known: Known,
 ) -> bool {
-    let plain = d.peer_did_not_propose();
-    accept_spin::peer_proposed(!plain);
     match d {
         Decision::Smc(est) => {
+            accept_spin::peer_proposed(true);
             swap_in(
                 nfd,
                 est,
@@ -365,13 +391,22 @@ fn accept_decided(
                 flags & libc::SOCK_CLOEXEC != 0,
                 None,
             );
+            false
         }
         Decision::Tcp(r) => {
             holders::forget(slot);
-            debug!("fd {nfd}: accepted as TCP ({r})");
-            list_fallback(c, nfd, Role::Server, r, peer);
+            accepted_tcp(c, nfd, r, known)
         }
     }
+}
+
+/// The accepted `nfd` stays TCP for `r`: listed as a fallback. Returns
+/// whether the client did not propose (`PEERNOSMC`).
+fn accepted_tcp(c: &Ctx, nfd: RawFd, r: Reason, known: Known) -> bool {
+    let plain = r == Reason::PeerNoSmc;
+    accept_spin::peer_proposed(!plain);
+    debug!("fd {nfd}: accepted as TCP ({r})");
+    list_fallback(c, nfd, Role::Server, r, known);
     plain
 }
 
@@ -416,7 +451,7 @@ unsafe fn connect_listed(
     // SAFETY: forwarded unchanged (the caller's contract).
     let r = unsafe { real::connect(fd, addr, len) };
     if (r == 0 || errno() == libc::EINPROGRESS) && fallbacks::client_lists(reason) {
-        list_fallback(c, fd, Role::Client, reason, Some(dest));
+        list_fallback(c, fd, Role::Client, reason, Known::peer(Some(dest)));
     }
     r
 }
@@ -573,7 +608,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Decision::Tcp(r) => {
             holders::forget(slot);
             debug!("fd {fd}: connected to {dest} as TCP ({r})");
-            list_fallback(c, fd, Role::Client, r, Some(dest));
+            list_fallback(c, fd, Role::Client, r, Known::peer(Some(dest)));
         }
     }
     super::state::end_candidacy(fd);

@@ -12,7 +12,7 @@ use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Connecting, FdState, Kind, Reg, Shadow, Shut, Sock, Undecided, LOCK};
-use smclo::adapter::fallbacks::{self, FallbackRecord};
+use smclo::adapter::fallbacks::{self, FallbackRecord, Known};
 use smclo::adapter::handshake;
 use smclo::adapter::registry::ListenerGuard;
 use smclo::debug;
@@ -395,27 +395,21 @@ pub(super) fn fallback_record(
     fd: RawFd,
     side: Role,
     reason: Reason,
-    peer: Option<SocketAddr>,
+    known: Known,
 ) -> Option<FallbackRecord> {
     if !in_table_range(fd) {
         return None;
     }
     let e = errno();
-    let rec = fallbacks::record(&c.dev, fd, side, reason, peer);
+    let rec = fallbacks::record(&c.dev, fd, side, reason, known);
     set_errno(e);
     rec
 }
 
 /// Lists the TCP connection on `fd` (see [`fallback_record`]) until `fd`
 /// is closed: `Fallback`. Keeps errno.
-pub(super) fn list_fallback(
-    c: &Ctx,
-    fd: RawFd,
-    side: Role,
-    reason: Reason,
-    peer: Option<SocketAddr>,
-) {
-    if let Some(rec) = fallback_record(c, fd, side, reason, peer) {
+pub(super) fn list_fallback(c: &Ctx, fd: RawFd, side: Role, reason: Reason, known: Known) {
+    if let Some(rec) = fallback_record(c, fd, side, reason, known) {
         let _g = LOCK.write();
         drop(table::replace_locked(fd, FdState::Fallback(Arc::new(rec))));
     }

@@ -731,6 +731,41 @@ static int smc_churn(int n) {
     return 0;
 }
 
+/* ---- accept churn of plain clients: a fork child connects N times with
+ * raw system calls (so the preload it inherited never sees its sockets:
+ * it proposes nothing, as a program without smclo), writes a byte and
+ * reads it back; the parent accepts, echoes and closes, so a tracer can
+ * count what the preload adds to a server's plain connection ---- */
+static int plain_churn(int n) {
+    int lfd = mk_listener();
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
+    pid_t child = fork();
+    if (child < 0) fail("fork: %s", strerror(errno));
+    if (child == 0) {
+        for (int i = 0; i < n; i++) {
+            int fd = (int)syscall(SYS_socket, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            char c = (char)i;
+            if (fd < 0 || syscall(SYS_connect, fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
+            if (syscall(SYS_write, fd, &c, 1) != 1 || syscall(SYS_read, fd, &c, 1) != 1 || c != (char)i) _exit(2);
+            syscall(SYS_close, fd);
+        }
+        _exit(0);
+    }
+    for (int i = 0; i < n; i++) {
+        int c = accept(lfd, NULL, NULL);
+        char b;
+        if (c < 0) fail("accept %d: %s", i, strerror(errno));
+        if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
+        close(c);
+    }
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("connecting child failed");
+    printf("OK %d\n", 2 * n);
+    return 0;
+}
+
 /* A listener in this process and a forked child to be its client: the
  * child's pid in the parent, 0 in the child (where `lfd` is closed); `a`
  * and `alen` get the listener's address. */
@@ -921,6 +956,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
     if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "plainchurn")) return plain_churn(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "deferclose")) return defer_close();
     if (argc >= 2 && !strcmp(argv[1], "abortclose")) return abort_close();
     if (argc >= 2 && !strcmp(argv[1], "fixedport")) return fixed_port(0);

@@ -7,6 +7,8 @@
 use super::{ClientProposal, Decision, ServerHandshake, Wake};
 use crate::config::Config;
 use crate::device::{Device, Role};
+use smclo_wire::reason::Reason;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -194,6 +196,25 @@ impl Pending {
     /// When this end gives up (TIMEOUT).
     pub fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// The reason a server's connection stays TCP, when its handshake
+    /// decided as it began, without a client to look for (a plain
+    /// client's connection): reported, and nothing else to do. `None`
+    /// otherwise (a client's handshake too).
+    pub fn settled(&mut self) -> Option<Reason> {
+        match &mut self.side {
+            Side::Accept(h) => h.settled(),
+            Side::Connect(_) => None,
+        }
+    }
+
+    /// A server's local and peer addresses, as its saved SYN showed them.
+    pub fn seen_ends(&self) -> Option<(SocketAddr, SocketAddr)> {
+        match &self.side {
+            Side::Accept(h) => h.seen_ends(),
+            Side::Connect(_) => None,
+        }
     }
 
     /// Which end this is.

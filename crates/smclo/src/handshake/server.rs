@@ -158,6 +158,26 @@ impl ServerHandshake {
         h
     }
 
+    /// The TCP decision reached when the SYN was read (no proposal, no
+    /// saved SYN, ...), reported; `None` while there is a client to look
+    /// for.
+    pub(super) fn settled(&mut self) -> Option<Reason> {
+        match self.stage {
+            Stage::Decided(r) => {
+                self.counted(Decision::Tcp(r));
+                Some(r)
+            }
+            _ => None,
+        }
+    }
+
+    /// This end's and the client's TCP addresses, as the saved SYN showed
+    /// them (the socket's own, address translation included); `None`
+    /// without one.
+    pub(super) fn seen_ends(&self) -> Option<(SocketAddr, SocketAddr)> {
+        (self.syn_port != 0).then_some(self.ends)
+    }
+
     /// The proposals with the SYN's addresses and mark, or the decision
     /// when there can be none.
     fn candidates(&mut self) -> Result<Vec<Candidate>, Reason> {
