@@ -56,7 +56,7 @@ const PORT_NAP: Duration = Duration::from_micros(50);
 /// the copy a fork child inherited.
 pub(super) struct ServerHandshake {
     dev: Arc<Device>,
-    cfg: Config,
+    cfg: Settings,
     conn_fd: RawFd,
     /// The SYN's source port: the proposal whose client published it is
     /// the one to answer.
@@ -80,6 +80,27 @@ pub(super) struct ServerHandshake {
     /// The descriptor goes to another process ([`Self::pass`]): the
     /// client's proposal is declined, not answered.
     passed: bool,
+}
+
+/// The settings a server answers with, copied from the [`Config`]: a
+/// plain client's connection, which needs none, does not clone it all.
+#[derive(Clone, Copy)]
+struct Settings {
+    rmem: u32,
+    wmem: u32,
+    ueid: Option<[u8; 32]>,
+    channel_placed_by_caller: bool,
+}
+
+impl Settings {
+    fn of(cfg: &Config) -> Settings {
+        Settings {
+            rmem: cfg.rmem,
+            wmem: cfg.wmem,
+            ueid: cfg.ueid,
+            channel_placed_by_caller: cfg.channel_placed_by_caller,
+        }
+    }
 }
 
 enum Stage {
@@ -136,7 +157,7 @@ impl ServerHandshake {
     pub(super) fn new(dev: &Arc<Device>, cfg: &Config, conn_fd: RawFd) -> ServerHandshake {
         let mut h = ServerHandshake {
             dev: dev.clone(),
-            cfg: cfg.clone(),
+            cfg: Settings::of(cfg),
             conn_fd,
             syn_port: 0,
             ends: (
@@ -943,7 +964,7 @@ fn client_ended(fd: RawFd) -> bool {
         .is_ok_and(|r| r & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
 }
 
-fn ueid_match(p: &Proposal, cfg: &Config) -> bool {
+fn ueid_match(p: &Proposal, cfg: &Settings) -> bool {
     match &cfg.ueid {
         None => p.ueids.is_empty(),
         Some(u) => p.ueids.iter().any(|x| x == u),
