@@ -251,7 +251,8 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     smclo::adapter::deferred::close_deferred();
     // The spin comes first: asking whether the listener blocks costs a
     // system call that a plain client's accept need not pay.
-    let spun = if accept_spin::may_spin() && listener_blocks(fd) {
+    let blocks = accept_spin::may_spin().then(|| listener_blocks(fd));
+    let spun = if blocks == Some(true) {
         let watch = smclo::adapter::signal::Watch::begin(None);
         match accept_spin::before_accept(fd, &watch) {
             Spun::Interrupted if !accept_restarts(fd) => return fail(libc::EINTR),
@@ -281,7 +282,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     }
     // SAFETY: `addr`, `len` and `cap` as `accept` left them.
     let peer = unsafe { accepted_peer(addr, len, cap) };
-    let plain = accept_handshake(c, fd, nfd, flags, peer);
+    let plain = accept_handshake(c, fd, blocks, nfd, flags, peer);
     if plain {
         renew_if_lost(fd);
     }
@@ -290,11 +291,13 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
 }
 
 /// The handshake of `nfd`, just accepted on listener `fd` with `flags`
-/// from `peer` (if `accept` reported it). Returns whether the client did
-/// not propose ([`accepted_tcp`]).
+/// from `peer` (if `accept` reported it); `blocks`: whether the listener
+/// blocks, if asked already. Returns whether the client did not propose
+/// ([`accepted_tcp`]).
 fn accept_handshake(
     c: &Ctx,
     fd: RawFd,
+    blocks: Option<bool>,
     nfd: RawFd,
     flags: c_int,
     peer: Option<SocketAddr>,
@@ -317,7 +320,7 @@ fn accept_handshake(
         debug!("fd {nfd}: no holder slot, stays TCP");
         return false;
     };
-    if listener_blocks(fd) && flags & libc::SOCK_NONBLOCK == 0 {
+    if blocks.unwrap_or_else(|| listener_blocks(fd)) && flags & libc::SOCK_NONBLOCK == 0 {
         accept_decided(c, nfd, h.finish(), slot, flags, known)
     } else {
         accept_in_steps(c, nfd, h, slot, flags, known)
