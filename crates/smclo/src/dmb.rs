@@ -21,15 +21,20 @@
 //! owner rewrites on reuse) are accessed in the shared page as atomics only.
 
 use crate::error::{AttachError, Error, Result};
+use crate::fault::PAGE;
 use smclo_wire::dmb_header::{self, DmbHeader, CONS_OFFSET, HEADER_LEN, PROD_OFFSET};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub mod attach_record;
 pub mod pool;
+
+/// The most [`Dmb::prepare_write`] makes present at once beyond what a
+/// write needs.
+const POPULATE_STEP: usize = 256 * 1024;
 
 /// One mapped DMB. `Send + Sync`: all shared access goes through atomics or
 /// through [`crate::ring`], whose soundness argument does not depend on the
@@ -56,6 +61,9 @@ pub struct Dmb {
     /// The reservation, registered for recovery from a shrunk file
     /// ([`crate::fault`]); `None` only while the drop moves the mapping.
     region: Option<crate::fault::Region>,
+    /// Bytes of the ring's first copy made present for writing
+    /// ([`Dmb::prepare_write`]); 0 for each new use of a mapping.
+    populated: AtomicU32,
 }
 
 /// The parts of a [`Dmb`] that only its owner has.
@@ -541,6 +549,7 @@ impl Dmb {
             attach: None,
             kept: None,
             region: Some(crate::fault::Region::register(base.cast(), map_len)),
+            populated: AtomicU32::new(0),
         })
     }
 
@@ -609,6 +618,42 @@ impl Dmb {
         }
     }
 
+    /// Makes the ring's pages for a write of `len` bytes at `pos` present
+    /// in this mapping before the copy, with one `MADV_POPULATE_WRITE` for
+    /// many pages where the copy would take a page fault per page (a
+    /// shared mapping's write faults map one page each). The first lap
+    /// only: each call takes at least what the write needs and, past the
+    /// first page, as much again as is present already (at most
+    /// [`POPULATE_STEP`]), so a connection that moves a few bytes holds
+    /// the pages it did before, and one that streams has at most twice
+    /// what it touched. The kernel's DMBs are allocated whole; these are
+    /// memfds that grow as written. A failure (a kernel without it, a
+    /// shrunk file) leaves the copy to fault as before.
+    pub(crate) fn prepare_write(&self, pos: u64, len: usize) {
+        let ring = self.ring_len() as usize;
+        let done = self.populated.load(Ordering::Relaxed) as usize;
+        let end = (pos as usize & (ring - 1)) + len;
+        if done >= ring || end <= done {
+            return;
+        }
+        let step = done.clamp(PAGE, POPULATE_STEP);
+        let want = end.max(done + step).next_multiple_of(PAGE).min(ring);
+        // SAFETY: `done..want` lies in the ring's first copy (want <= ring),
+        // a shared mapping of the memfd this `Dmb` keeps mapped;
+        // MADV_POPULATE_WRITE only faults its pages in, as the copy would,
+        // and reports a failure (EFAULT for a file shrunk under it) instead
+        // of raising SIGBUS.
+        let r = unsafe {
+            libc::madvise(
+                self.ring_ptr().add(done).cast(),
+                want - done,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        let next = if r == 0 { want } else { ring };
+        self.populated.store(next as u32, Ordering::Relaxed);
+    }
+
     /// Start of the first copy of the ring. `ring_len * 2` bytes from here
     /// are mapped: the ring, then the ring again. Used by [`crate::ring`].
     pub(crate) fn ring_ptr(&self) -> *mut u8 {
@@ -639,6 +684,7 @@ impl Drop for Dmb {
                     attach: None,
                     kept: self.kept.take(),
                     region: self.region.take(),
+                    populated: AtomicU32::new(0),
                 };
                 self.base = std::ptr::null_mut();
                 crate::dmb::pool::put_peer(id, cached);
@@ -659,6 +705,7 @@ impl Drop for Dmb {
                     attach: None,
                     kept: None,
                     region: self.region.take(),
+                    populated: AtomicU32::new(0),
                 };
                 self.base = std::ptr::null_mut();
                 crate::dmb::pool::put(pooled);

@@ -58,8 +58,9 @@ use std::sync::Mutex;
 /// Slots per chunk of the region list.
 const CHUNK: usize = 256;
 
-/// Page size the region words count in (regions are page aligned).
-const PAGE: usize = 4096;
+/// Page size the region words count in (regions are page aligned), and
+/// the granule of a DMB's population ([`crate::dmb::Dmb::prepare_write`]).
+pub(crate) const PAGE: usize = 4096;
 
 /// Bits of a region word for its page count; the rest hold the start page.
 const COUNT_BITS: u32 = 28;

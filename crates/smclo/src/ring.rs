@@ -82,6 +82,7 @@ pub fn copy_in(dmb: &Dmb, pos: u64, src: &[u8]) {
         "copy of {} bytes into a {len}-byte ring",
         src.len()
     );
+    dmb.prepare_write(pos, src.len());
     // SAFETY: ptr_at gives a position with `ring_len` mapped bytes after it
     // (the double mapping) and src.len() <= ring_len; ring memory is never
     // behind a reference.
@@ -140,6 +141,76 @@ mod tests {
         let mut back = vec![0u8; big.len()];
         copy_out(&d, 77 + RING as u64 * 3, &mut back);
         assert_eq!(back, big);
+    }
+
+    /// Page-fault exceptions this thread takes while `f` runs, counted by
+    /// the kernel's software event (`perf_event_open`); the faults
+    /// `MADV_POPULATE_WRITE` takes on the caller's behalf are not
+    /// exceptions and are not counted.
+    fn page_faults_in(f: impl FnOnce()) -> u64 {
+        // perf_event_attr as its first version (64 bytes, which every kernel
+        // takes): type PERF_TYPE_SOFTWARE (1) and size, config
+        // PERF_COUNT_SW_PAGE_FAULTS (2), and in the flags word
+        // exclude_kernel (bit 5) and exclude_hv (bit 6).
+        let mut attr = [0u64; 8];
+        attr[0] = 1 | (std::mem::size_of_val(&attr) as u64) << 32;
+        attr[1] = 2;
+        attr[5] = 1 << 5 | 1 << 6;
+        // SAFETY: perf_event_open reads `attr`'s 64 bytes, the size it
+        // declares, for this thread (pid 0, any CPU, no group); the
+        // descriptor is owned below.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0)
+        } as i32;
+        assert!(
+            fd >= 0,
+            "perf_event_open: {} (./test.sh runs as root)",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: the descriptor perf_event_open just returned, ours.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        f();
+        let mut n = [0u8; 8];
+        std::io::Read::read_exact(&mut &file, &mut n).expect("the count");
+        u64::from_ne_bytes(n)
+    }
+
+    /// A connection's first lap through a ring takes a page fault for
+    /// each page it writes, since a shared mapping's write faults map one
+    /// page at a time, where the kernel's DMBs are allocated whole: 256
+    /// faults for a 1 MiB ring, some 7% of memcached's time in a short
+    /// run. Written through `prepare_write`, it takes almost none; and a
+    /// ring that carried a few bytes holds no more pages than before.
+    #[test]
+    fn a_first_lap_takes_almost_no_page_fault_and_a_few_bytes_one_page() {
+        const MIB: u32 = 1 << 20;
+        let f = memfd("ring-lap").unwrap();
+        let d = Dmb::create(&f, 1, MIB, 0, 0, 0).unwrap();
+        let chunk: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        let faults = page_faults_in(|| {
+            let mut pos = 0u64;
+            while pos < u64::from(MIB) {
+                copy_in(&d, pos, &chunk);
+                pos += chunk.len() as u64;
+            }
+        });
+        assert!(
+            faults < 16,
+            "{faults} page faults writing a 1 MiB ring's first lap"
+        );
+        let mut back = vec![0u8; chunk.len()];
+        copy_out(&d, 5000, &mut back);
+        assert_eq!(back, chunk);
+
+        let f = memfd("ring-few").unwrap();
+        let d = Dmb::create(&f, 1, MIB, 0, 0, 0).unwrap();
+        copy_in(&d, 0, &chunk[..100]);
+        let blocks = std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap());
+        assert!(
+            blocks * 512 <= 2 * 4096,
+            "{} bytes allocated for a header and 100 bytes",
+            blocks * 512
+        );
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Conn {
             let free = len - s.used - held;
             if free >= need {
                 let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
+                p.prepare_write(pos, need as usize);
                 return Ok(WriteRegion {
                     conn: self,
                     _g: g,
