@@ -159,9 +159,8 @@ mod tests {
         // SAFETY: perf_event_open reads `attr`'s 64 bytes, the size it
         // declares, for this thread (pid 0, any CPU, no group); the
         // descriptor is owned below.
-        let fd = unsafe {
-            libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0)
-        } as i32;
+        let fd =
+            unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) } as i32;
         assert!(
             fd >= 0,
             "perf_event_open: {} (./test.sh runs as root)",
