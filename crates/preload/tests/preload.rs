@@ -947,7 +947,12 @@ fn a_fixed_source_port_is_free_when_the_server_closes_late() {
 
 /// Counted with strace over two run lengths, so the start-up cancels out.
 /// Waits sleep at once (`SMCLO_SPIN_US=0`): a busy-poll's looks would be
-/// counted too, as many as the timing under strace allows.
+/// counted too, as many as the timing under strace allows. A loaded
+/// machine adds looks of its own (a handshake that finds its peer's step
+/// not taken yet naps and looks again: 53 to 58 calls on one build,
+/// depending on the machine's load), so the pair of runs is made up to
+/// three times and the one with the fewest calls is judged: a call added
+/// to every connection shows in each.
 #[test]
 fn smc_setup_syscall_budget() {
     if !Command::new("strace")
@@ -958,23 +963,39 @@ fn smc_setup_syscall_budget() {
         budget_unchecked("strace is not installed");
         return;
     }
-    let dev = DevDir::new("sbudget");
     let (short, long) = (20u32, 120u32);
-    let run = |n: u32| {
-        traced_peer_env(
-            &dev,
-            true,
-            &["smcchurn", &n.to_string()],
-            "accept4",
-            &[("SMCLO_SPIN_US", "0"), ("SMCLO_SHORT", "smc")],
-        )
-    };
-    let (Some(a), Some(b)) = (run(short), run(long)) else {
-        return;
-    };
-    let st = dev.stats();
-    assert_eq!(st.conns_opened, (short + long) as u64, "{st:?}");
-    assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+    let total =
+        |m: &std::collections::HashMap<String, u64>| m.get("total").copied().unwrap_or(0) as i64;
+    let mut best: Option<(std::collections::HashMap<String, u64>, _)> = None;
+    for attempt in 0..3 {
+        let dev = DevDir::new(&format!("sbudget{attempt}"));
+        let run = |n: u32| {
+            traced_peer_env(
+                &dev,
+                true,
+                &["smcchurn", &n.to_string()],
+                "accept4",
+                &[("SMCLO_SPIN_US", "0"), ("SMCLO_SHORT", "smc")],
+            )
+        };
+        let (Some(a), Some(b)) = (run(short), run(long)) else {
+            return;
+        };
+        let st = dev.stats();
+        assert_eq!(st.conns_opened, (short + long) as u64, "{st:?}");
+        assert_eq!(st.fallbacks_total(), 0, "{st:?}");
+        let grown = total(&b) - total(&a);
+        if best
+            .as_ref()
+            .is_none_or(|(x, y)| grown < total(y) - total(x))
+        {
+            best = Some((a, b));
+        }
+        if grown <= PRELOAD_BUDGET_PER_CONN * (long - short) as i64 {
+            break;
+        }
+    }
+    let (a, b) = best.expect("three attempts");
     let calls =
         |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;

@@ -62,7 +62,7 @@ pub struct Dmb {
     /// ([`crate::fault`]); `None` only while the drop moves the mapping.
     region: Option<crate::fault::Region>,
     /// Bytes of the ring's first copy made present for writing
-    /// ([`Dmb::prepare_write`]); 0 for each new use of a mapping.
+    /// ([`Dmb::prepare_write`]), kept while the mapping is reused.
     populated: AtomicU32,
 }
 
@@ -612,6 +612,7 @@ impl Dmb {
             )
         };
         if r == 0 {
+            self.populated.store(0, Ordering::Relaxed);
             Ok(())
         } else {
             Err(std::io::Error::last_os_error())
@@ -621,19 +622,25 @@ impl Dmb {
     /// Makes the ring's pages for a write of `len` bytes at `pos` present
     /// in this mapping before the copy, with one `MADV_POPULATE_WRITE` for
     /// many pages where the copy would take a page fault per page (a
-    /// shared mapping's write faults map one page each). The first lap
-    /// only: each call takes at least what the write needs and, past the
-    /// first page, as much again as is present already (at most
-    /// [`POPULATE_STEP`]), so a connection that moves a few bytes holds
-    /// the pages it did before, and one that streams has at most twice
-    /// what it touched. The kernel's DMBs are allocated whole; these are
-    /// memfds that grow as written. A failure (a kernel without it, a
-    /// shrunk file) leaves the copy to fault as before.
+    /// shared mapping's write faults map one page each). The mapping's
+    /// first lap only, and not its first page, which the copy faults in
+    /// as before (a connection that moves a few bytes makes no system
+    /// call more). Past it, each call takes at least what the write needs
+    /// and as much again as is present already (at most
+    /// [`POPULATE_STEP`]), so a ring holds at most twice what was written
+    /// into it. The kernel's DMBs are allocated whole; these are memfds
+    /// that grow as written. A failure (a kernel without it, a shrunk
+    /// file) leaves the copies to fault as before; so does a peer that
+    /// dropped its ring's pages (`forget_ring`) under a mapping reused.
     pub(crate) fn prepare_write(&self, pos: u64, len: usize) {
         let ring = self.ring_len() as usize;
         let done = self.populated.load(Ordering::Relaxed) as usize;
         let end = (pos as usize & (ring - 1)) + len;
         if done >= ring || end <= done {
+            return;
+        }
+        if done == 0 && end <= PAGE {
+            self.populated.store(PAGE as u32, Ordering::Relaxed);
             return;
         }
         let step = done.clamp(PAGE, POPULATE_STEP);
@@ -684,7 +691,7 @@ impl Drop for Dmb {
                     attach: None,
                     kept: self.kept.take(),
                     region: self.region.take(),
-                    populated: AtomicU32::new(0),
+                    populated: AtomicU32::new(self.populated.load(Ordering::Relaxed)),
                 };
                 self.base = std::ptr::null_mut();
                 crate::dmb::pool::put_peer(id, cached);
@@ -705,7 +712,7 @@ impl Drop for Dmb {
                     attach: None,
                     kept: None,
                     region: self.region.take(),
-                    populated: AtomicU32::new(0),
+                    populated: AtomicU32::new(self.populated.load(Ordering::Relaxed)),
                 };
                 self.base = std::ptr::null_mut();
                 crate::dmb::pool::put(pooled);
