@@ -697,46 +697,32 @@ static int unix_churn(int n) {
     return 0;
 }
 
-/* ---- connection setup churn between two processes that both run the
- * preload (the setup benchmark's workload): a fork child connects N times,
- * writes a byte and reads it back, the parent accepts, echoes and closes,
- * so a tracer can count what a connection costs ---- */
-static int smc_churn(int n) {
-    int lfd = mk_listener();
-    struct sockaddr_in a;
-    socklen_t alen = sizeof a;
-    if (getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) fail("getsockname");
-    pid_t child = fork();
-    if (child < 0) fail("fork: %s", strerror(errno));
-    if (child == 0) {
-        for (int i = 0; i < n; i++) {
-            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            char c = (char)i;
-            if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
-            if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1 || c != (char)i) _exit(2);
-            close(fd);
-        }
-        _exit(0);
-    }
-    for (int i = 0; i < n; i++) {
-        int c = accept(lfd, NULL, NULL);
-        char b;
-        if (c < 0) fail("accept %d: %s", i, strerror(errno));
-        if (read(c, &b, 1) != 1 || write(c, &b, 1) != 1) fail("echo %d", i);
-        close(c);
-    }
-    int st = 0;
-    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) fail("connecting child failed");
-    printf("OK %d\n", 2 * n);
-    return 0;
+/* ---- connection setup churn: `smcchurn`, between two processes that both
+ * run the preload (the setup benchmark's workload); `plainchurn`, a client
+ * that makes raw system calls (the preload it inherited never sees its
+ * sockets: it proposes nothing, as a program without smclo), so a tracer
+ * can count what the preload adds to a server's plain connection ---- */
+
+/* One echo of connection `i` from the client's side, through libc
+ * (`raw` = 0: the preload sees the socket) or raw system calls (the preload
+ * never does); nonzero when it failed. */
+static int churn_one(const struct sockaddr_in *a, socklen_t alen, int i, int raw) {
+    char c = (char)i;
+    int fd = raw ? (int)syscall(SYS_socket, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)
+                 : socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 1;
+    int ok = raw ? syscall(SYS_connect, fd, (const struct sockaddr *)a, alen) == 0 &&
+                       syscall(SYS_write, fd, &c, 1) == 1 && syscall(SYS_read, fd, &c, 1) == 1
+                 : connect(fd, (const struct sockaddr *)a, alen) == 0 && write(fd, &c, 1) == 1 &&
+                       read(fd, &c, 1) == 1;
+    if (raw) syscall(SYS_close, fd); else close(fd);
+    return !ok || c != (char)i;
 }
 
-/* ---- accept churn of plain clients: a fork child connects N times with
- * raw system calls (so the preload it inherited never sees its sockets:
- * it proposes nothing, as a program without smclo), writes a byte and
- * reads it back; the parent accepts, echoes and closes, so a tracer can
- * count what the preload adds to a server's plain connection ---- */
-static int plain_churn(int n) {
+/* A listener, and a fork child that connects to it N times, writes a
+ * byte and reads it back (`raw`: see churn_one); the parent accepts,
+ * echoes and closes, so a tracer can count what a connection costs. */
+static int churn(int n, int raw) {
     int lfd = mk_listener();
     struct sockaddr_in a;
     socklen_t alen = sizeof a;
@@ -744,13 +730,8 @@ static int plain_churn(int n) {
     pid_t child = fork();
     if (child < 0) fail("fork: %s", strerror(errno));
     if (child == 0) {
-        for (int i = 0; i < n; i++) {
-            int fd = (int)syscall(SYS_socket, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            char c = (char)i;
-            if (fd < 0 || syscall(SYS_connect, fd, (struct sockaddr *)&a, alen) != 0) _exit(1);
-            if (syscall(SYS_write, fd, &c, 1) != 1 || syscall(SYS_read, fd, &c, 1) != 1 || c != (char)i) _exit(2);
-            syscall(SYS_close, fd);
-        }
+        for (int i = 0; i < n; i++)
+            if (churn_one(&a, alen, i, raw)) _exit(1);
         _exit(0);
     }
     for (int i = 0; i < n; i++) {
@@ -955,8 +936,8 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc >= 2 && !strcmp(argv[1], "execchild")) return execchild();
     if (argc >= 3 && !strcmp(argv[1], "unixchurn")) return unix_churn(atoi(argv[2]));
-    if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return smc_churn(atoi(argv[2]));
-    if (argc >= 3 && !strcmp(argv[1], "plainchurn")) return plain_churn(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "smcchurn")) return churn(atoi(argv[2]), 0);
+    if (argc >= 3 && !strcmp(argv[1], "plainchurn")) return churn(atoi(argv[2]), 1);
     if (argc >= 2 && !strcmp(argv[1], "deferclose")) return defer_close();
     if (argc >= 2 && !strcmp(argv[1], "abortclose")) return abort_close();
     if (argc >= 2 && !strcmp(argv[1], "fixedport")) return fixed_port(0);

@@ -8,7 +8,7 @@ use super::listener::RendezvousListener;
 use super::pending::TcpNews;
 use super::{
     abort_tcp, attach_error, establish, expect_clc, key_for, mode, peer_decline, random_u64,
-    Decision, Established, HandshakeError, Wake, LOOPBACK_CHID,
+    Decision, Established, HandshakeError, Settings, Wake, LOOPBACK_CHID,
 };
 use crate::config::Config;
 use crate::debug;
@@ -95,25 +95,6 @@ pub struct ClientProposal {
     /// When the proposal was made, just before `connect`: the SYN left
     /// after it (its TSval window, [`TsWindow::after`]).
     started: Instant,
-}
-
-/// What a proposal needs of the [`Config`] it was made with (a copy of
-/// the whole would cost an allocation per connection).
-#[derive(Clone, Copy)]
-struct Settings {
-    rmem: u32,
-    wmem: u32,
-    channel_placed_by_caller: bool,
-}
-
-impl Settings {
-    fn of(cfg: &Config) -> Settings {
-        Settings {
-            rmem: cfg.rmem,
-            wmem: cfg.wmem,
-            channel_placed_by_caller: cfg.channel_placed_by_caller,
-        }
-    }
 }
 
 /// An idle mapping of a peer's DMB taken from the pool; back to the pool

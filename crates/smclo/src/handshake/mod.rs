@@ -26,6 +26,7 @@ pub use pending::{Looker, Pending, Polled, TcpNews, Until};
 use server::ServerHandshake;
 
 use crate::access::PeerRefused;
+use crate::config::Config;
 use crate::conn::{Conn, Mode};
 use crate::debug;
 use crate::device::{Device, DmbHandle, Registration, LOOPBACK_CHID};
@@ -40,6 +41,28 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
+
+/// What a handshake needs of the [`Config`] it was made with, copied: a
+/// clone of the whole would allocate on every connection (its device
+/// path), a plain client's too.
+#[derive(Clone, Copy)]
+struct Settings {
+    rmem: u32,
+    wmem: u32,
+    ueid: Option<[u8; 32]>,
+    channel_placed_by_caller: bool,
+}
+
+impl Settings {
+    fn of(cfg: &Config) -> Settings {
+        Settings {
+            rmem: cfg.rmem,
+            wmem: cfg.wmem,
+            ueid: cfg.ueid,
+            channel_placed_by_caller: cfg.channel_placed_by_caller,
+        }
+    }
+}
 
 /// A connection that the handshake upgraded.
 pub struct Established {

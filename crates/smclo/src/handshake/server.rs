@@ -8,7 +8,7 @@ use super::channel::{
 };
 use super::{
     abort_tcp, attach_error, early, establish, expect_clc, key_for, mode, random_u64, Decision,
-    HandshakeError, Wake, LOOPBACK_CHID,
+    HandshakeError, Settings, Wake, LOOPBACK_CHID,
 };
 use crate::access::Shape;
 use crate::config::Config;
@@ -80,27 +80,6 @@ pub(super) struct ServerHandshake {
     /// The descriptor goes to another process ([`Self::pass`]): the
     /// client's proposal is declined, not answered.
     passed: bool,
-}
-
-/// The settings a server answers with, copied from the [`Config`]: a
-/// plain client's connection, which needs none, does not clone it all.
-#[derive(Clone, Copy)]
-struct Settings {
-    rmem: u32,
-    wmem: u32,
-    ueid: Option<[u8; 32]>,
-    channel_placed_by_caller: bool,
-}
-
-impl Settings {
-    fn of(cfg: &Config) -> Settings {
-        Settings {
-            rmem: cfg.rmem,
-            wmem: cfg.wmem,
-            ueid: cfg.ueid,
-            channel_placed_by_caller: cfg.channel_placed_by_caller,
-        }
-    }
 }
 
 enum Stage {
