@@ -4,7 +4,7 @@
 
 use crate::sock::Sock;
 use libc::epoll_event;
-use smclo::adapter::poller::Budget;
+use smclo::adapter::poller::{Budget, Ready};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,13 +38,23 @@ pub struct Member {
     pub(crate) last_out: Option<u64>,
 }
 
+/// What a registration for `events` asks of a connection's rings: its
+/// writability only with `EPOLLOUT` (`Conn::ready_for`).
+fn asked(events: u32) -> Ready {
+    if events & libc::EPOLLOUT as u32 != 0 {
+        Ready::OUT
+    } else {
+        Ready::EMPTY
+    }
+}
+
 impl Member {
     /// What to report now, updating the edge and one-shot state.
     pub(crate) fn take(&mut self) -> u32 {
         if self.disabled || self.gone {
             return 0;
         }
-        let r = self.sock.conn.ready().bits();
+        let r = self.sock.conn.ready_for(asked(self.events)).bits();
         let mut ev = r & (self.events & RING_EVENTS | ALWAYS);
         if self.sock.shut_rd.load(Ordering::Relaxed) {
             ev |= self.events & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;

@@ -168,7 +168,8 @@ impl<K: Kernel> Wait<'_, '_, K> {
         let mut any = false;
         for (m, r) in self.members.iter().zip(self.ring.iter_mut()) {
             let asked = self.fds[m.index].events | libc::POLLHUP | libc::POLLERR;
-            *r = (m.conn.ready() | m.also).bits() as i16 & asked;
+            let want = Ready::from_bits(asked as u16 as u32);
+            *r = (m.conn.ready_for(want) | m.also).bits() as i16 & asked;
             any |= *r != 0;
         }
         any

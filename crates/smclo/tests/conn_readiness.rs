@@ -319,3 +319,39 @@ fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
     // SAFETY: closing our epoll descriptor.
     unsafe { libc::close(ep) };
 }
+
+/// A caller that does not ask about writing (`ready_for` without `OUT`)
+/// gets what `ready` says of reading and of the connection's end, and
+/// no `OUT`, whatever room the peer's ring has; one that asks gets `OUT`
+/// exactly when `ready` does.
+#[test]
+fn readiness_without_out_asked_leaves_out_and_keeps_the_rest() {
+    use smclo::testing::poller::Ready;
+    let (a, b) = pair();
+    let reading = Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR;
+    let same = |c: &smclo::testing::conn::Conn, what: &str| {
+        let all = c.ready();
+        let without = c.ready_for(Ready::EMPTY);
+        assert_eq!(
+            without.bits(),
+            all.bits() & reading.bits(),
+            "{what}: {all:?} against {without:?}"
+        );
+        assert_eq!(c.ready_for(Ready::OUT).bits(), all.bits(), "{what}");
+    };
+    same(&a, "empty");
+    assert!(a.ready().intersects(Ready::OUT));
+    a.write(&[7u8; 100]).unwrap();
+    same(&b, "data");
+    assert!(b.ready_for(Ready::EMPTY).intersects(Ready::IN));
+    a.set_nonblocking(true).unwrap();
+    let buf = vec![0u8; RING as usize];
+    while a.write(&buf).is_ok() {}
+    assert!(!a.ready().intersects(Ready::OUT), "full");
+    same(&a, "full");
+    drop(b);
+    same(&a, "peer closed");
+    assert!(a
+        .ready_for(Ready::EMPTY)
+        .intersects(Ready::IN | Ready::RDHUP));
+}

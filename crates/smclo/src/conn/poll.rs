@@ -18,6 +18,17 @@ impl Conn {
     /// this end; `OUT` when a write would not wait (room in the peer's
     /// ring beyond what corking holds, or a write would fail at once).
     pub fn ready(&self) -> Ready {
+        self.ready_for(Ready::OUT)
+    }
+
+    /// [`ready`](Self::ready) for a caller that asks about writing only
+    /// if `asked` has `OUT`: without it the peer's ring, whose consumer
+    /// cursor the peer writes at every read, is not looked at (a client
+    /// waiting for its answers on many connections paid a cache miss per
+    /// connection per wait for it). `IN`, `RDHUP`, `HUP` and `ERR` are
+    /// what `ready` reports; an error that only the peer's ring shows is
+    /// reported when writing is asked about, or by the write.
+    pub fn ready_for(&self, asked: Ready) -> Ready {
         if self.sticky().is_err() {
             return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR;
         }
@@ -36,6 +47,9 @@ impl Conn {
                 }
             }
             Err(_) => return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR,
+        }
+        if !asked.intersects(Ready::OUT) {
+            return r;
         }
         if self.tx_allowed().is_err() {
             return r | Ready::OUT;
