@@ -3,7 +3,8 @@
 //!
 //! A connection that stays TCP costs a claim in shared memory, and a
 //! system call or two for the addresses its caller does not know
-//! ([`Known`]; a server knows both from the saved SYN): the caller keeps the [`FallbackRecord`] with the
+//! ([`Known`]; a server that decides as it accepts knows both from the
+//! saved SYN): the caller keeps the [`FallbackRecord`] with the
 //! descriptor, and dropping it frees the entry. A client lists only
 //! connections to smclo listeners ([`client_lists`]): a connection to a
 //! plain server or another host costs nothing. A full table (or a full
@@ -122,13 +123,19 @@ pub fn record(
 }
 
 /// Where [`record`] starts looking for a free entry for descriptor `fd`
-/// of `me`: spread over the table by process and descriptor (a hash, one
-/// multiplication), so that processes rarely probe the same entries, and
+/// of `me`: spread over the table by process and descriptor (a hash, two
+/// multiplications), so that processes rarely probe the same entries, and
 /// a descriptor number reused for the next connection finds the entry
 /// its last one freed.
 fn start_of(me: Owner, fd: RawFd) -> usize {
-    let key = u64::from(me.pid) << 32 | u64::from(fd as u32);
-    (crate::numhash::fib(key) >> 32) as usize
+    const BITS: u32 = layout::FALLBACK_ENTRIES.trailing_zeros();
+    const _: () = assert!(layout::FALLBACK_ENTRIES.is_power_of_two());
+    // The pid is mixed over all bits before the descriptor joins it, and
+    // the index is the product's top bits, which every bit reaches: one
+    // multiplication of `pid << 32 | fd` placed pids 1024 apart at the
+    // same entries and neighbouring pids 21 entries apart.
+    let fib = crate::numhash::fib;
+    (fib(fib(u64::from(me.pid)) ^ u64::from(fd as u32)) >> (64 - BITS)) as usize
 }
 
 /// Whether a client that declined with `r` before proposing lists its
@@ -188,4 +195,30 @@ pub fn open(dev: &Device) -> Vec<FallbackInfo> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Processes whose pids are 1024 apart, or next to each other (forked
+    /// workers), start their search at different entries for the same
+    /// descriptor numbers. The middle bits of the hash placed pids 1024
+    /// apart at the same entry for every descriptor, and neighbours 21
+    /// entries apart.
+    #[test]
+    fn neighbouring_and_distant_pids_start_apart() {
+        let at = |pid, fd| start_of(Owner::local(pid, 0), fd);
+        for fd in 3..9 {
+            assert_ne!(at(1000, fd), at(2024, fd), "fd {fd}");
+        }
+        let windows: std::collections::BTreeSet<usize> =
+            (4000..4032).map(|pid| at(pid, 10) / PROBE).collect();
+        assert!(
+            windows.len() >= 12,
+            "32 neighbouring pids start in {} of {} windows",
+            windows.len(),
+            layout::FALLBACK_ENTRIES as usize / PROBE
+        );
+    }
 }

@@ -322,8 +322,9 @@ fn edge_triggered(buf_len: usize, fionread: bool, rounds_n: usize) {
 
 /// A caller that does not ask about writing (`ready_for` without `OUT`)
 /// gets what `ready` says of reading and of the connection's end, and
-/// no `OUT`, whatever room the peer's ring has; one that asks gets `OUT`
-/// exactly when `ready` does.
+/// no `OUT`, whatever room the peer's ring has (an error that only the
+/// peer's ring shows, a peer breaking its cursor, is not looked for);
+/// one that asks gets `OUT` exactly when `ready` does.
 #[test]
 fn readiness_without_out_asked_leaves_out_and_keeps_the_rest() {
     use smclo::testing::poller::Ready;
