@@ -43,8 +43,11 @@ impl Hasher for NumHasher {
     }
 }
 
-/// Fibonacci hashing of `key`: its high 32 bits spread consecutive keys
-/// over a table (an index is `fib(key) >> 32` reduced to its size).
+/// Fibonacci hashing of `key`: the product's upper bits, which every
+/// lower bit of the key reaches, spread consecutive keys over a table
+/// (the registry's home takes bits 32 and up of a port's; a key with
+/// entropy in its high bits needs the top bits, as the fallback table's
+/// start does).
 pub(crate) fn fib(key: u64) -> u64 {
     key.wrapping_mul(K)
 }

@@ -206,7 +206,7 @@ mod tests {
         copy_in(&d, 0, &chunk[..100]);
         let blocks = std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap());
         assert!(
-            blocks * 512 <= 2 * 4096,
+            blocks * 512 <= 2 * crate::fault::PAGE as u64,
             "{} bytes allocated for a header and 100 bytes",
             blocks * 512
         );
