@@ -95,7 +95,8 @@ pub struct Conn {
     mode: Mode,
     /// Serialises readers; held across a [`ReadRegion`].
     rx: Mutex<()>,
-    /// Serialises writers; holds the copy-mode send buffer.
+    /// Serialises writers; holds the copy-mode send buffer, empty until a
+    /// write needs it (`tx::staging`).
     tx: Mutex<Vec<u8>>,
     /// Sticky errno after this end aborted (EPROTO, ECONNABORTED).
     err: AtomicI32,
@@ -187,18 +188,12 @@ impl Conn {
         nonblocking: bool,
     ) -> io::Result<Conn> {
         doorbell::set_min_sndbuf(chan.as_raw_fd())?;
-        let sndbuf = match mode {
-            Mode::NoCopy => Vec::new(),
-            Mode::Copy { sndbuf_len } => {
-                if sndbuf_len == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "copy mode needs a send buffer",
-                    ));
-                }
-                vec![0u8; sndbuf_len as usize]
-            }
-        };
+        if mode == (Mode::Copy { sndbuf_len: 0 }) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "copy mode needs a send buffer",
+            ));
+        }
         Ok(Conn {
             nb_hint: AtomicBool::new(nonblocking),
             nb_own_gen: AtomicU64::new(crate::owner::fork_gen()),
@@ -210,7 +205,7 @@ impl Conn {
             chan_held: Mutex::new(Some(crate::fdnum::Held::new())),
             mode,
             rx: Mutex::new(()),
-            tx: Mutex::new(sndbuf),
+            tx: Mutex::new(Vec::new()),
             err: AtomicI32::new(0),
             peer_gone: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),

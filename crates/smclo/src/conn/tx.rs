@@ -77,10 +77,11 @@ impl Conn {
                 let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
                 match self.mode {
                     Mode::NoCopy => ring::copy_in(p, pos, &src[..n]),
-                    Mode::Copy { .. } => {
-                        n = n.min(g.len());
-                        g[..n].copy_from_slice(&src[..n]);
-                        ring::copy_in(p, pos, &g[..n]);
+                    Mode::Copy { sndbuf_len } => {
+                        n = n.min(sndbuf_len as usize);
+                        let staged = staging(&mut g, n, sndbuf_len as usize);
+                        staged.copy_from_slice(&src[..n]);
+                        ring::copy_in(p, pos, staged);
                     }
                 }
                 self.add_written(s.used, n as u32, more)?;
@@ -252,5 +253,42 @@ impl Conn {
     /// Whether written bytes are held (corked) now.
     pub fn holding(&self) -> bool {
         self.held.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// The first `n` bytes of the copy-mode send buffer `buf`, grown first if
+/// it is shorter: to `n` or twice its length, at most `cap` (`n <= cap`).
+/// It starts empty: a connection's buffer is as large as its largest
+/// write, not `SMCLO_WMEM` zeroed at every connection set-up, which cost
+/// more than the rest of a copy-mode connection's set-up.
+fn staging(buf: &mut Vec<u8>, n: usize, cap: usize) -> &mut [u8] {
+    debug_assert!(n <= cap);
+    if buf.len() < n {
+        let want = n.max(2 * buf.len()).min(cap);
+        buf.resize(want, 0);
+    }
+    &mut buf[..n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::staging;
+
+    #[test]
+    fn the_send_buffer_grows_with_the_writes_up_to_its_size() {
+        let mut buf = Vec::new();
+        assert_eq!(staging(&mut buf, 1, 1 << 18).len(), 1);
+        assert_eq!(buf.len(), 1, "one byte written stages one byte");
+        staging(&mut buf, 100, 1 << 18);
+        assert_eq!(buf.len(), 100);
+        staging(&mut buf, 150, 1 << 18);
+        assert_eq!(buf.len(), 200, "doubles rather than creeping up");
+        staging(&mut buf, 10, 1 << 18);
+        assert_eq!(buf.len(), 200, "never shrinks");
+        staging(&mut buf, 1 << 18, 1 << 18);
+        assert_eq!(buf.len(), 1 << 18);
+        let mut big = vec![0; 1 << 17];
+        staging(&mut big, (1 << 17) + 1, 200_000);
+        assert_eq!(big.len(), 200_000, "never past the send buffer's size");
     }
 }
