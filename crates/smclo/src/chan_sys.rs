@@ -27,8 +27,7 @@ pub unsafe fn syscall(n: c_long, args: &[c_long]) -> c_long {
     // clobbers only what is declared.
     let r = unsafe { instruction(n, a) };
     if (-4095..0).contains(&r) {
-        // SAFETY: this thread's errno slot.
-        unsafe { *libc::__errno_location() = -r as c_int };
+        crate::errno::set(-r as c_int);
         return -1;
     }
     r

@@ -647,22 +647,20 @@ impl Dmb {
         let want = end.max(done + step).next_multiple_of(PAGE).min(ring);
         // The caller's write succeeds or fails on its own: a failure here
         // leaves errno as it was.
-        // SAFETY: this thread's errno slot.
-        let errno = unsafe { *libc::__errno_location() };
-        // SAFETY: `done..want` lies in the ring's first copy (want <= ring),
-        // a shared mapping of the memfd this `Dmb` keeps mapped;
-        // MADV_POPULATE_WRITE only faults its pages in, as the copy would,
-        // and reports a failure (EFAULT for a file shrunk under it) instead
-        // of raising SIGBUS.
-        let r = unsafe {
-            libc::madvise(
-                self.ring_ptr().add(done).cast(),
-                want - done,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = errno };
+        let r = crate::errno::kept(|| {
+            // SAFETY: `done..want` lies in the ring's first copy (want <=
+            // ring), a shared mapping of the memfd this `Dmb` keeps mapped;
+            // MADV_POPULATE_WRITE only faults its pages in, as the copy
+            // would, and reports a failure (EFAULT for a file shrunk under
+            // it) instead of raising SIGBUS.
+            unsafe {
+                libc::madvise(
+                    self.ring_ptr().add(done).cast(),
+                    want - done,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            }
+        });
         let next = if r == 0 { want } else { ring };
         self.populated.store(next as u32, Ordering::Relaxed);
     }

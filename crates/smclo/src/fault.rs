@@ -386,24 +386,19 @@ pub fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
     ign.sa_sigaction = libc::SIG_IGN;
     real_sigaction(libc::SIGBUS, &ign, std::ptr::null_mut());
     let r = exec();
-    // SAFETY: this thread's errno slot.
-    let errno = unsafe { *libc::__errno_location() };
-    kernel_action();
-    // SAFETY: as above; the caller reports exec's errno.
-    unsafe { *libc::__errno_location() = errno };
+    // The caller reports exec's errno.
+    crate::errno::kept(kernel_action);
     r
 }
 
 /// What the kernel runs for `SIGBUS`.
 extern "C" fn on_sigbus(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
-    // SAFETY: this thread's errno slot.
-    let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: the kernel's siginfo for this signal, when not null.
-    if !unsafe { info.as_ref() }.is_some_and(recover) {
-        run_program_action(sig, info, ctx);
-    }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    crate::errno::kept(|| {
+        // SAFETY: the kernel's siginfo for this signal, when not null.
+        if !unsafe { info.as_ref() }.is_some_and(recover) {
+            run_program_action(sig, info, ctx);
+        }
+    });
 }
 
 /// Runs the program's action for a `SIGBUS` that is not ours to recover,

@@ -193,11 +193,7 @@ impl Drop for ForExec {
     fn drop(&mut self) {
         if let Some(rl) = self.0 {
             // The caller reports the exec's or spawn's errno.
-            // SAFETY: this thread's errno slot.
-            let errno = unsafe { *libc::__errno_location() };
-            let _ = set_nofile(rl.rlim_cur, rl.rlim_max);
-            // SAFETY: as above.
-            unsafe { *libc::__errno_location() = errno };
+            let _ = crate::errno::kept(|| set_nofile(rl.rlim_cur, rl.rlim_max));
         }
     }
 }

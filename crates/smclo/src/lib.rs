@@ -33,6 +33,7 @@ mod deferred;
 mod dmb;
 mod doorbell;
 mod early_count;
+mod errno;
 mod fallbacks;
 mod fault;
 mod fdnum;
