@@ -495,49 +495,59 @@ fn smclo_run_sets_up_the_preload() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
-/// System calls of `peer client churn PORT n` (name → calls), counted by
 /// Without strace the budget cannot be checked: a note on a developer's
 /// machine, a failure in CI (which installs strace), so CI never passes a
 /// check it did not make.
-fn budget_unchecked(why: &str) {
+fn budget_unchecked(why: &str) -> ! {
     panic!("{why}: the system call budget cannot be checked (./test.sh runs as root with strace installed)");
 }
 
-/// `strace -f -c`; `None` when strace is missing or may not trace here.
-fn traced_churn(
-    dev: &DevDir,
-    preload: bool,
-    port: u16,
-    n: u32,
-) -> Option<std::collections::HashMap<String, u64>> {
-    traced_peer(
-        dev,
-        preload,
-        &["client", "churn", &port.to_string(), &n.to_string()],
-        "connect",
-    )
+/// Iterations of a budget test's shorter and longer traced run: the
+/// difference of their counts is what [`RUNS_APART`] iterations cost, with
+/// the start-up and exit of the program and of the preload cancelled out.
+const SHORT_RUN: u32 = 20;
+const LONG_RUN: u32 = 120;
+const RUNS_APART: i64 = (LONG_RUN - SHORT_RUN) as i64;
+
+/// How many more system calls, by name and in `total`, a run of `peer
+/// ARGS.. LONG_RUN` made than one of `peer ARGS.. SHORT_RUN`, under
+/// `strace -f -c`, with the preload or without.
+struct Grown(std::collections::HashMap<String, i64>);
+
+impl Grown {
+    /// Under the preload if `preload`, with more environment variables.
+    fn of_peer(dev: &DevDir, preload: bool, args: &[&str], env: &[(&str, &str)]) -> Grown {
+        let run = |n: u32| {
+            let n = n.to_string();
+            let mut a = args.to_vec();
+            a.push(&n);
+            traced_peer(dev, preload, &a, env)
+        };
+        let (a, b) = (run(SHORT_RUN), run(LONG_RUN));
+        let calls = |m: &std::collections::HashMap<String, u64>, k: &str| {
+            m.get(k).copied().unwrap_or(0) as i64
+        };
+        Grown(
+            a.keys()
+                .chain(b.keys())
+                .map(|k| (k.clone(), calls(&b, k) - calls(&a, k)))
+                .collect(),
+        )
+    }
+
+    /// The growth of one call's count (or of `total`).
+    fn of(&self, call: &str) -> i64 {
+        self.0.get(call).copied().unwrap_or(0)
+    }
 }
 
-/// System calls of `peer ARGS` (name → calls), counted by `strace -f -c`,
-/// which must have counted `key`; `None` when strace is missing or may not
-/// trace here.
+/// System calls of `peer ARGS` (name → calls), counted by `strace -f -c`.
 fn traced_peer(
     dev: &DevDir,
     preload: bool,
     args: &[&str],
-    key: &str,
-) -> Option<std::collections::HashMap<String, u64>> {
-    traced_peer_env(dev, preload, args, key, &[])
-}
-
-/// [`traced_peer`] with more environment variables.
-fn traced_peer_env(
-    dev: &DevDir,
-    preload: bool,
-    args: &[&str],
-    key: &str,
     env: &[(&str, &str)],
-) -> Option<std::collections::HashMap<String, u64>> {
+) -> std::collections::HashMap<String, u64> {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "preload-churn-{}-{}",
         std::process::id(),
@@ -561,26 +571,21 @@ fn traced_peer_env(
     } else {
         c.env_remove("LD_PRELOAD");
     }
-    let r = match c.output() {
-        Ok(r) => r,
-        Err(e) => {
-            budget_unchecked(&format!("strace not usable ({e})"));
-            return None;
-        }
-    };
+    let r = c
+        .output()
+        .unwrap_or_else(|e| budget_unchecked(&format!("strace not usable ({e})")));
     let report = std::fs::read_to_string(&out).unwrap_or_default();
     let _ = std::fs::remove_file(&out);
     if !r.status.success() {
         let err = String::from_utf8_lossy(&r.stderr);
         if err.contains("ptrace") || err.contains("Operation not permitted") {
             budget_unchecked(&format!("strace may not trace here ({})", err.trim()));
-            return None;
         }
         panic!("peer {args:?} under strace failed: {r:?}\n{report}");
     }
     let m = strace_counts(&report);
-    assert!(m.contains_key(key), "no strace summary:\n{report}");
-    Some(m)
+    assert!(m.contains_key("total"), "no strace summary:\n{report}");
+    m
 }
 
 /// The calls per system call in a `strace -c` report.
@@ -685,14 +690,6 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 /// run lengths, so the preload's one-time start-up cancels out.
 #[test]
 fn plain_connect_syscall_budget() {
-    if !Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        budget_unchecked("strace is not installed");
-        return;
-    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -701,39 +698,30 @@ fn plain_connect_syscall_budget() {
         }
     });
     let dev = DevDir::new("budget");
-    let (short, long) = (20u32, 120u32);
-    let mut per = Vec::new();
-    for preload in [false, true] {
-        let (Some(a), Some(b)) = (
-            traced_churn(&dev, preload, port, short),
-            traced_churn(&dev, preload, port, long),
-        ) else {
-            return;
-        };
-        let calls =
-            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
-        assert_eq!(grow("connect"), (long - short) as i64, "connects counted");
-        per.push((grow("getsockopt"), grow("fcntl"), grow("total")));
-    }
-    let (base, pre) = (per[0], per[1]);
-    let n = (long - short) as i64;
+    let port = port.to_string();
+    let [base, pre] = [false, true].map(|preload| {
+        let g = Grown::of_peer(&dev, preload, &["client", "churn", &port], &[]);
+        assert_eq!(g.of("connect"), RUNS_APART, "connects counted");
+        g
+    });
+    let n = RUNS_APART;
+    let added = |call: &str| pre.of(call) - base.of(call);
     assert_eq!(
-        pre.0 - base.0,
+        added("getsockopt"),
         0,
         "getsockopt calls added by the preload over {n} plain connects"
     );
     assert_eq!(
-        pre.1 - base.1,
+        added("fcntl"),
         0,
         "fcntl calls added by the preload over {n} plain connects"
     );
     // All system calls: none per connect (a few slack for anything the
     // runtime does once in a while, far below one per connect).
     assert!(
-        pre.2 - base.2 <= n / 20,
+        added("total") <= n / 20,
         "system calls added by the preload over {n} plain connects: {}",
-        pre.2 - base.2
+        added("total")
     );
     let st = dev.stats();
     assert_eq!(
@@ -748,39 +736,23 @@ fn plain_connect_syscall_budget() {
 /// again: no system call per accept beyond the program's own.
 #[test]
 fn unknown_listener_accept_syscall_budget() {
-    if !Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        budget_unchecked("strace is not installed");
-        return;
-    }
     let dev = DevDir::new("abudget");
-    let (short, long) = (20u32, 120u32);
-    let mut per = Vec::new();
-    for preload in [false, true] {
-        let run = |n: u32| traced_peer(&dev, preload, &["unixchurn", &n.to_string()], "accept");
-        let (Some(a), Some(b)) = (run(short), run(long)) else {
-            return;
-        };
-        let calls =
-            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
-        assert_eq!(grow("accept"), (long - short) as i64, "accepts counted");
-        per.push((grow("getsockopt"), grow("total")));
-    }
-    let (base, pre) = (per[0], per[1]);
-    let n = (long - short) as i64;
+    let [base, pre] = [false, true].map(|preload| {
+        let g = Grown::of_peer(&dev, preload, &["unixchurn"], &[]);
+        assert_eq!(g.of("accept"), RUNS_APART, "accepts counted");
+        g
+    });
+    let n = RUNS_APART;
+    let added = |call: &str| pre.of(call) - base.of(call);
     assert_eq!(
-        pre.0 - base.0,
+        added("getsockopt"),
         0,
         "getsockopt calls added by the preload over {n} accepts"
     );
     assert!(
-        pre.1 - base.1 <= n / 20,
+        added("total") <= n / 20,
         "system calls added by the preload over {n} accepts: {}",
-        pre.1 - base.1
+        added("total")
     );
 }
 
@@ -794,44 +766,43 @@ fn unknown_listener_accept_syscall_budget() {
 #[test]
 fn plain_client_accept_syscall_budget() {
     let dev = DevDir::new("pbudget");
-    let (short, long) = (20u32, 120u32);
-    let mut per = Vec::new();
-    for preload in [false, true] {
-        let run = |n: u32| traced_peer(&dev, preload, &["plainchurn", &n.to_string()], "total");
-        let (Some(a), Some(b)) = (run(short), run(long)) else {
-            return;
-        };
-        let calls =
-            |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
+    let [base, pre] = [false, true].map(|preload| {
+        let g = Grown::of_peer(&dev, preload, &["plainchurn"], &[]);
         // glibc's accept is the accept system call; the preload's, accept4.
         assert_eq!(
-            grow("accept") + grow("accept4"),
-            (long - short) as i64,
+            g.of("accept") + g.of("accept4"),
+            RUNS_APART,
             "accepts counted"
         );
-        per.push(["getsockopt", "getsockname", "fcntl", "total"].map(grow));
-    }
-    let (base, pre) = (per[0], per[1]);
-    let n = (long - short) as i64;
-    let added = |i: usize| pre[i] - base[i];
-    assert_eq!(added(0), n, "getsockopt calls added over {n} plain accepts");
+        g
+    });
+    let n = RUNS_APART;
+    let added = |call: &str| pre.of(call) - base.of(call);
     assert_eq!(
-        added(1),
+        added("getsockopt"),
+        n,
+        "getsockopt calls added over {n} plain accepts"
+    );
+    assert_eq!(
+        added("getsockname"),
         0,
         "getsockname calls added over {n} plain accepts"
     );
-    assert_eq!(added(2), 0, "fcntl calls added over {n} plain accepts");
+    assert_eq!(
+        added("fcntl"),
+        0,
+        "fcntl calls added over {n} plain accepts"
+    );
     assert!(
-        added(3) <= n + n / 20,
+        added("total") <= n + n / 20,
         "system calls added by the preload over {n} plain accepts: {}",
-        added(3)
+        added("total")
     );
     let st = dev.stats();
     assert_eq!(st.conns_opened, 0, "{st:?}");
     assert_eq!(
         st.fallbacks_total(),
-        u64::from(short + long),
+        u64::from(SHORT_RUN + LONG_RUN),
         "every accept counted as a fallback (PEERNOSMC): {st:?}"
     );
 }
@@ -955,51 +926,29 @@ fn a_fixed_source_port_is_free_when_the_server_closes_late() {
 /// to every connection shows in each.
 #[test]
 fn smc_setup_syscall_budget() {
-    if !Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        budget_unchecked("strace is not installed");
-        return;
-    }
-    let (short, long) = (20u32, 120u32);
-    let total =
-        |m: &std::collections::HashMap<String, u64>| m.get("total").copied().unwrap_or(0) as i64;
-    let mut best: Option<(std::collections::HashMap<String, u64>, _)> = None;
+    let n = RUNS_APART;
+    let mut best: Option<Grown> = None;
     for attempt in 0..3 {
         let dev = DevDir::new(&format!("sbudget{attempt}"));
-        let run = |n: u32| {
-            traced_peer_env(
-                &dev,
-                true,
-                &["smcchurn", &n.to_string()],
-                "accept4",
-                &[("SMCLO_SPIN_US", "0"), ("SMCLO_SHORT", "smc")],
-            )
-        };
-        let (Some(a), Some(b)) = (run(short), run(long)) else {
-            return;
-        };
+        let g = Grown::of_peer(
+            &dev,
+            true,
+            &["smcchurn"],
+            &[("SMCLO_SPIN_US", "0"), ("SMCLO_SHORT", "smc")],
+        );
         let st = dev.stats();
-        assert_eq!(st.conns_opened, (short + long) as u64, "{st:?}");
+        assert_eq!(st.conns_opened, u64::from(SHORT_RUN + LONG_RUN), "{st:?}");
         assert_eq!(st.fallbacks_total(), 0, "{st:?}");
-        let grown = total(&b) - total(&a);
-        if best
-            .as_ref()
-            .is_none_or(|(x, y)| grown < total(y) - total(x))
-        {
-            best = Some((a, b));
+        let fits = g.of("total") <= PRELOAD_BUDGET_PER_CONN * n;
+        if best.as_ref().is_none_or(|b| g.of("total") < b.of("total")) {
+            best = Some(g);
         }
-        if grown <= PRELOAD_BUDGET_PER_CONN * (long - short) as i64 {
+        if fits {
             break;
         }
     }
-    let (a, b) = best.expect("three attempts");
-    let calls =
-        |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-    let grow = |k: &str| calls(&b, k) as i64 - calls(&a, k) as i64;
-    let n = (long - short) as i64;
+    let best = best.expect("three attempts");
+    let grow = |call: &str| best.of(call);
     // The TCP and the rendezvous accept. A blocking call that waits for a
     // pending connect's handshake (an early connect's first read) wakes
     // every 5 ms to look at the TCP connection, and then at its rendezvous
