@@ -13,8 +13,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "system and settings",
         &[
-            "numhash", "debug", "error", "errno", "chan_sys", "signal", "rng", "tcp_syn", "sockaddr",
-            "access", "config", "doorbell", "short",
+            "numhash", "debug", "error", "errno", "chan_sys", "signal", "rng", "tcp_syn",
+            "sockaddr", "access", "config", "doorbell", "short",
         ],
     ),
     (
