@@ -49,6 +49,19 @@ class ThreadCountTest(unittest.TestCase):
         pg32 = self.argv("postgres-32", "pinned")
         self.assertEqual((pg32[pg32.index("-c") + 1], pg32[pg32.index("-j") + 1]), ("32", "1"))
 
+    def test_threaded_redis_runs_are_long_against_its_quarter_second_timer(self):
+        def n(layout, seconds, asked=None):
+            w = workload("redis", Layout(layout))
+            w.asked = asked
+            argv = w.client(types.SimpleNamespace(work="/nonexistent", seconds=seconds), self.tcp, 7000)
+            return int(argv[argv.index("-n") + 1])
+        # 100000 requests at 400000/s end in one quarter second or two: the
+        # rate read 393701 or 199601, nothing between.
+        self.assertGreaterEqual(n("deployed", 2) / 400000, 5.0)
+        self.assertGreaterEqual(n("deployed", 10) / 400000, 10.0)
+        self.assertEqual(n("pinned", 2), 100000)
+        self.assertEqual(n("deployed", 2, asked=2000), 2000)
+
     def test_memcached_runs_its_default_four_threads_as_deployed(self):
         srv = workload("memcached", Layout("deployed")).server(self.ctx, self.tcp, 7000)
         self.assertEqual(srv[srv.index("-t") + 1], "4")
