@@ -62,6 +62,13 @@ class ThreadCountTest(unittest.TestCase):
         self.assertEqual(n("pinned", 2), 100000)
         self.assertEqual(n("deployed", 2, asked=2000), 2000)
 
+    def test_memcslap_tests_last_the_runs_length_at_the_fastest_rate(self):
+        for layout in ("pinned", "deployed"):
+            w = workload("memcached", Layout(layout))
+            argv = w.client(self.ctx, self.tcp, 7000)
+            per_conn = int(argv[-1].split("--execute-number=")[1].split()[0])
+            self.assertGreaterEqual(per_conn * w.conns / 200000, self.ctx.seconds)
+
     def test_memcached_runs_its_default_four_threads_as_deployed(self):
         srv = workload("memcached", Layout("deployed")).server(self.ctx, self.tcp, 7000)
         self.assertEqual(srv[srv.index("-t") + 1], "4")
