@@ -18,7 +18,7 @@ from . import chart, report
 from .procs import BenchError, find_program
 from .transports import BASELINE, DeviceCounters, make_transports, smclo_knobs
 from .layout import DEPLOYED_THREADS, NAMES as LAYOUTS, Layout, describe
-from .workloads import all_workloads
+from .workloads import all_workloads, redis_requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -114,7 +114,7 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.smoke:
         a.rounds, a.seconds, a.idle_conns, a.redis_requests = 1, 0.5, 50, 2000
-    if a.rounds < 1 or not 0 < a.seconds <= 60 or a.idle_conns < 1 or (a.redis_requests or 1) < 1:
+    if a.rounds < 1 or not 0 < a.seconds <= 60 or a.idle_conns < 1 or (a.redis_requests is not None and a.redis_requests < 1):
         p.error("--rounds, --idle-conns and --redis-requests must be positive and --seconds in (0, 60]")
     cores = os.cpu_count() or 1
     if max(a.server_cpu, a.client_cpu) >= cores or a.server_cpu == a.client_cpu:
@@ -170,7 +170,7 @@ def measure(args):
         "machine": machine(),
         "config": {"rounds": args.rounds, "seconds": args.seconds, **layout.config(),
                    "idle_conns": args.idle_conns,
-                   "redis_requests": args.redis_requests,
+                   "redis_requests": redis_requests(layout, args.seconds, args.redis_requests),
                    "baseline": os.path.abspath(args.baseline) if args.baseline else None,
                    "pinning": describe(layout.config()),
                    # Knobs such as SMCLO_RMEM change the results: a run says

@@ -61,6 +61,10 @@ class Workload:
         ops = parsed.get("cpu_ops", parsed.get("ops"))
         return cpu_s * self.cpu_unit[1] / ops if ops else None
 
+    def client_timeout(self, ctx):
+        """Seconds a client may take before the run fails."""
+        return ctx.seconds * 10 + 60
+
     # A run: start(ctx, t) -> (Server, address), client(ctx, t, address) ->
     # argv, read(text) -> dict.
     def run(self, ctx, t):
@@ -70,7 +74,7 @@ class Workload:
             s0 = srv.cpu_seconds()
             argv = self.layout.client(self.client(ctx, t, addr), t.prefix)
             pids = srv.pids() if self.forks_per_connection else None
-            rc, out, err, ccpu, wall = run_client(argv, t.env(), timeout=ctx.seconds * 10 + 60)
+            rc, out, err, ccpu, wall = run_client(argv, t.env(), timeout=self.client_timeout(ctx))
             if pids is not None:
                 srv.settle(pids)
             scpu = srv.cpu_seconds() - s0
@@ -383,18 +387,29 @@ def _size(n):
     return "%d MiB" % (n >> 20) if n >= 1 << 20 else "%d B" % n
 
 
+def redis_requests(layout, seconds, asked=None):
+    """redis-benchmark -n: `asked` if given, else sized for the layout (see
+    Redis)."""
+    if asked is not None:
+        return asked
+    if layout.redis_threads:
+        return int(Redis.FAST_RATE * max(seconds, Redis.MIN_RUN_S))
+    return 100000
+
+
 class Redis(Tool):
     """redis-server (no persistence) and redis-benchmark -t set,get -d 1024;
     over a UNIX socket too (redis-benchmark -s).
 
     redis-benchmark with --threads ends a test on a 250 ms timer, so its
-    rate is the requests over a whole number of quarter seconds: 100000
-    requests read 393701, 199601, 133156 or 99900 requests/s and nothing
-    between. As deployed (threads), the requests are sized so that a test
-    at the fastest rate seen here (FAST_RATE) lasts at least MIN_RUN_S
-    seconds, and --seconds if longer: a rate at most 5% low at that
-    speed, less at slower ones. Pinned (no threads, no such timer): the
-    seeds' 100000. A count given with --redis-requests is used as is."""
+    rate is the requests over a whole number of quarter seconds (plus a
+    few ms): 100000 requests read about 400k, 200k, 133k or 100k
+    requests/s. As deployed (threads), the requests are sized so that a
+    test at FAST_RATE lasts at least MIN_RUN_S seconds, and --seconds if
+    longer: a rate at most 5% low at that speed (6.25% at the 500k smclo
+    reaches in some runs here), less at slower ones. Pinned (no threads,
+    no such timer): the seeds' 100000, short runs at smclo's rate. A
+    count given with --redis-requests is used as is."""
 
     FAST_RATE = 400000
     MIN_RUN_S = 5
@@ -408,11 +423,11 @@ class Redis(Tool):
 
     def requests(self, ctx):
         """redis-benchmark -n for a run of `ctx.seconds` (see the class)."""
-        if self.asked:
-            return self.asked
-        if self.layout.redis_threads:
-            return int(self.FAST_RATE * max(ctx.seconds, self.MIN_RUN_S))
-        return 100000
+        return redis_requests(self.layout, ctx.seconds, self.asked)
+
+    def client_timeout(self, ctx):
+        # Both tests at 10000 requests/s at least, beside the usual margin.
+        return Tool.client_timeout(self, ctx) + 2 * self.requests(ctx) / 10000
 
     def _sock(self, ctx, t):
         return os.path.join(ctx.work, "redis-%s.sock" % t.name)
@@ -433,9 +448,10 @@ class Redis(Tool):
 
     def client(self, ctx, t, port):
         where = ["-s", self._sock(ctx, t)] if t.name == "unix" else ["-h", "127.0.0.1", "-p", str(port)]
-        self.ops = 2.0 * self.requests(ctx)
-        return ["redis-benchmark", *where, "-q", "-t", "set,get", "-n", str(self.requests(ctx)), "-c", "50", "-d",
-                "1024", *self._threads()]
+        n = self.requests(ctx)
+        self.ops = 2.0 * n
+        return ["redis-benchmark", *where, "-q", "-t", "set,get", "-n", str(n), "-c", "50", "-d", "1024",
+                *self._threads()]
 
     def _threads(self):
         n = self.layout.redis_threads
@@ -467,10 +483,8 @@ class Memcached(Tool):
 
     #: Operations per second of the fastest runs seen here (both layouts,
     #: either transport): memcslap runs a count, not a time, sized so that
-    #: a test at this rate lasts ctx.seconds (slower ones longer). At
-    #: 1000 per connection and second, as before, a test lasted a tenth of
-    #: ctx.seconds, and its process's start and its connections' set-up
-    #: weighed in each rate.
+    #: a test at this rate lasts ctx.seconds (slower ones longer), and the
+    #: process's start and its connections' set-up weigh little in a rate.
     FAST_RATE = 200000
 
     def _per_conn(self, ctx):

@@ -495,9 +495,9 @@ fn smclo_run_sets_up_the_preload() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
-/// Without strace the budget cannot be checked: a note on a developer's
-/// machine, a failure in CI (which installs strace), so CI never passes a
-/// check it did not make.
+/// Without strace the budget cannot be checked, and the test fails with
+/// the reason (`./test.sh` installs strace), so no run passes a check it
+/// did not make.
 fn budget_unchecked(why: &str) -> ! {
     panic!("{why}: the system call budget cannot be checked (./test.sh runs as root with strace installed)");
 }

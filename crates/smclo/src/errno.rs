@@ -1,7 +1,8 @@
 //! The calling thread's `errno`: set where a raw system call failed, and
 //! kept across work whose own failures are not the caller's (a signal
 //! handler, a clean-up after a failed `exec`, a hint to the kernel under a
-//! `write` that succeeds on its own). Async-signal-safe.
+//! `write` that succeeds on its own). `get` and `set` are
+//! async-signal-safe, and `kept` is as safe as the work it runs.
 
 use libc::c_int;
 

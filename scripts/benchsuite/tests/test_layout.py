@@ -61,6 +61,14 @@ class ThreadCountTest(unittest.TestCase):
         self.assertGreaterEqual(n("deployed", 10) / 400000, 10.0)
         self.assertEqual(n("pinned", 2), 100000)
         self.assertEqual(n("deployed", 2, asked=2000), 2000)
+        # The client may take as long as both tests at 10000 requests/s.
+        w = workload("redis", Layout("deployed"))
+        self.assertGreaterEqual(w.client_timeout(self.ctx), 2 * n("deployed", 2) / 10000)
+
+    def test_a_request_count_below_one_is_refused(self):
+        from benchsuite.__main__ import parse_args
+        with self.assertRaises(SystemExit):
+            parse_args(["--redis-requests", "0"])
 
     def test_memcslap_tests_last_the_runs_length_at_the_fastest_rate(self):
         for layout in ("pinned", "deployed"):

@@ -258,9 +258,8 @@ impl Conn {
 
 /// The first `n` bytes of the copy-mode send buffer `buf`, grown first if
 /// it is shorter: to `n` or twice its length, at most `cap` (`n <= cap`).
-/// It starts empty: a connection's buffer is as large as its largest
-/// write, not `SMCLO_WMEM` zeroed at every connection set-up, which cost
-/// more than the rest of a copy-mode connection's set-up.
+/// The buffer starts empty, so a connection that writes little holds
+/// little and its set-up allocates nothing.
 fn staging(buf: &mut Vec<u8>, n: usize, cap: usize) -> &mut [u8] {
     debug_assert!(n <= cap);
     if buf.len() < n {
