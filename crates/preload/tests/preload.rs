@@ -948,7 +948,6 @@ fn smc_setup_syscall_budget() {
         }
     }
     let best = best.expect("three attempts");
-    let grow = |call: &str| best.of(call);
     // The TCP and the rendezvous accept. A blocking call that waits for a
     // pending connect's handshake (an early connect's first read) wakes
     // every 5 ms to look at the TCP connection, and then at its rendezvous
@@ -957,29 +956,29 @@ fn smc_setup_syscall_budget() {
     // the difference of two runs, so such looks in the shorter run take a
     // few off (199 seen).
     assert!(
-        (2 * n - n / 20..=2 * n + n / 5).contains(&grow("accept4")),
+        (2 * n - n / 20..=2 * n + n / 5).contains(&best.of("accept4")),
         "{} accepts over {n} connections (TCP and rendezvous)",
-        grow("accept4")
+        best.of("accept4")
     );
     // The identity is cached, the limit read once per connection attempt.
     assert!(
-        grow("getpid") <= n / 20,
+        best.of("getpid") <= n / 20,
         "{} getpid calls over {n} connections",
-        grow("getpid")
+        best.of("getpid")
     );
     assert!(
-        grow("prlimit64") <= 2 * n,
+        best.of("prlimit64") <= 2 * n,
         "{} rlimit reads over {n} connections",
-        grow("prlimit64")
+        best.of("prlimit64")
     );
     // Neither end asks the peer's groups (same uid) or its socket's
     // timeouts (none set), nor the client its unbound socket's address
     // before the SYN: `SO_PEERCRED` at each end and the server's
     // `TCP_SAVED_SYN` are left.
     assert!(
-        grow("getsockopt") <= 3 * n,
+        best.of("getsockopt") <= 3 * n,
         "{} getsockopt calls over {n} connections",
-        grow("getsockopt")
+        best.of("getsockopt")
     );
     // The SYN mark's two options and each end's `SO_SNDBUF` of its
     // channel: an SMC-D connection leaves the mark on its TCP socket,
@@ -988,9 +987,9 @@ fn smc_setup_syscall_budget() {
     // either run miss the early path, so the difference of the two runs
     // may show a few more.
     assert!(
-        grow("setsockopt") <= 6 * n + n / 20,
+        best.of("setsockopt") <= 6 * n + n / 20,
         "{} setsockopt calls over {n} connections",
-        grow("setsockopt")
+        best.of("setsockopt")
     );
     // Each end: the hidden socket's high number (the channel goes from
     // where the kernel put it straight to the application's number), and
@@ -1002,11 +1001,11 @@ fn smc_setup_syscall_budget() {
     // shared with descriptors made before the connect, whose `F_SETFL` no
     // hook on it sees).
     assert!(
-        grow("fcntl") <= 8 * n + n / 20,
+        best.of("fcntl") <= 8 * n + n / 20,
         "{} fcntl calls over {n} connections",
-        grow("fcntl")
+        best.of("fcntl")
     );
-    let per = grow("total") as f64 / n as f64;
+    let per = best.of("total") as f64 / n as f64;
     eprintln!("system calls per SMC-D connection under the preload (both ends): {per:.1}");
     for k in [
         "setsockopt",
@@ -1019,10 +1018,10 @@ fn smc_setup_syscall_budget() {
         "ppoll",
         "sendto",
     ] {
-        eprintln!("  {k}: {:.2}", grow(k) as f64 / n as f64);
+        eprintln!("  {k}: {:.2}", best.of(k) as f64 / n as f64);
     }
     assert!(
-        grow("total") <= PRELOAD_BUDGET_PER_CONN * n,
+        best.of("total") <= PRELOAD_BUDGET_PER_CONN * n,
         "{per:.1} system calls per SMC-D connection, budget {PRELOAD_BUDGET_PER_CONN}"
     );
 }

@@ -203,12 +203,8 @@ fn stale_socket(path: &std::path::Path) -> bool {
     let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     // SAFETY: a valid sockaddr_un of the length given, on our own socket.
     let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len) };
-    let refused = rc != 0 && io_errno() == libc::ECONNREFUSED;
+    let refused = rc != 0 && crate::errno::get() == libc::ECONNREFUSED;
     // SAFETY: closes the socket made above, which nothing else holds.
     unsafe { libc::close(fd) };
     refused
-}
-
-fn io_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
