@@ -128,11 +128,9 @@ real! {
 /// core's `Conn` calls `shutdown`, which is interposed): `_exit` may run in
 /// a signal handler, where `dlsym` (locks, allocation) must not be called.
 pub fn resolve_exit_path() {
-    // SAFETY: errno is this thread's; shutdown of descriptor -1 only fails
-    // (EBADF) and resolves the pointer on the way.
-    unsafe {
-        let e = *libc::__errno_location();
+    // SAFETY: shutdown of descriptor -1 only fails (EBADF, which `kept`
+    // takes back) and resolves the pointer on the way.
+    smclo::adapter::errno::kept(|| unsafe {
         shutdown(-1, libc::SHUT_RDWR);
-        *libc::__errno_location() = e;
-    }
+    });
 }

@@ -37,6 +37,11 @@ pub mod early_count {
     pub use crate::early_count::EARLY_MAX;
 }
 
+/// The calling thread's `errno`, set and kept.
+pub mod errno {
+    pub use crate::errno::{get, kept, set};
+}
+
 /// The device's table of open fallback connections (`smclo ss -a`).
 pub mod fallbacks {
     pub use crate::fallbacks::{client_lists, record, FallbackRecord, Known};

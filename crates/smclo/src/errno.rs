@@ -7,20 +7,20 @@
 use libc::c_int;
 
 /// This thread's `errno`.
-pub(crate) fn get() -> c_int {
+pub fn get() -> c_int {
     // SAFETY: __errno_location returns this thread's errno slot, valid for
     // the thread's life.
     unsafe { *libc::__errno_location() }
 }
 
 /// Sets this thread's `errno`.
-pub(crate) fn set(e: c_int) {
+pub fn set(e: c_int) {
     // SAFETY: as in `get`.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// Runs `f` and leaves `errno` as it was before.
-pub(crate) fn kept<T>(f: impl FnOnce() -> T) -> T {
+pub fn kept<T>(f: impl FnOnce() -> T) -> T {
     let e = get();
     let r = f();
     set(e);

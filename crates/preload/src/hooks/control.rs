@@ -7,12 +7,13 @@
 //! swap).
 
 use super::state::{dup_shared, forget_fd_locked, forget_fresh_locked, share_records_locked};
-use super::{errno, fail, in_table_range, os_err, set_errno};
+use super::{fail, in_table_range, os_err};
 use crate::hints::{self, Hint};
 use crate::real;
 use crate::table::{self, Kind, Sock, LOCK, MAX_FD};
 use libc::{c_int, c_long, c_uint, c_ulong, c_void, sockaddr, socklen_t};
 use smclo::adapter::chan_sys;
+use smclo::adapter::errno;
 use smclo::debug;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -202,13 +203,13 @@ fn close_slow(fd: RawFd) -> c_int {
         // SAFETY: closing the application's descriptor, as it asked.
         _ => unsafe { real::close(fd) },
     };
-    let e = errno();
+    let e = errno::get();
     drop(g);
     drop(forgotten);
     if let Some(s) = s {
         super::swap::release(s);
     }
-    set_errno(e);
+    errno::set(e);
     r
 }
 
@@ -267,7 +268,7 @@ unsafe fn fcntl_dup(
     };
     // SAFETY: duplicating the application's descriptor.
     let n = super::limits::app_fd(unsafe { real::fcntl(fd, real_cmd, min) });
-    let e = errno();
+    let e = errno::get();
     let mut forgotten = None;
     if n >= 0 {
         if s.is_some() && !in_table_range(n) {
@@ -283,7 +284,7 @@ unsafe fn fcntl_dup(
     }
     drop(g);
     release_forgotten(forgotten);
-    set_errno(e);
+    errno::set(e);
     n
 }
 
@@ -355,7 +356,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     let real_flags = if s.is_some() { libc::O_CLOEXEC } else { flags };
     // SAFETY: the application's descriptors.
     let r = unsafe { real::dup3(old, new, real_flags) };
-    let e = errno();
+    let e = errno::get();
     let mut prev = None;
     if r >= 0 {
         prev = Some(forget_fd_locked(new));
@@ -363,7 +364,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     }
     drop(g);
     release_forgotten(prev);
-    set_errno(e);
+    errno::set(e);
     r
 }
 

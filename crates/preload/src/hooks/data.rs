@@ -18,11 +18,12 @@
 //! also after a restarting handler.
 
 use super::signal::FAULTS;
-use super::{errno, fail, os_err, unsupported};
+use super::{fail, os_err, unsupported};
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use smclo::adapter::conn::{RecvFlags, SendFlags};
+use smclo::adapter::errno;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -640,7 +641,7 @@ fn do_sendfile(s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssi
             }
         };
         if n <= 0 {
-            let e = errno();
+            let e = errno::get();
             drop(region);
             if n < 0 && done == 0 {
                 return fail(e);

@@ -26,11 +26,12 @@
 //! descriptor).
 
 use super::lock;
-use super::{errno, set_errno};
+
 use crate::real;
 use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
 use crate::table::{self, FdState, Shadow, Sock};
 use libc::{c_int, epoll_event, sigset_t, timespec};
+use smclo::adapter::errno;
 use smclo::adapter::poller::{now_ns, Ready, KERNEL_EVERY};
 use smclo::adapter::signal::Watch;
 use std::os::fd::RawFd;
@@ -87,7 +88,7 @@ fn sleep_also(ep: RawFd, ms: c_int, sigmask: *const sigset_t) -> Result<bool, c_
     // the call; the mask is the caller's (or null).
     let r = unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, sigmask) };
     if r < 0 {
-        return Err(errno());
+        return Err(errno::get());
     }
     ALSO.with(|a| *a.borrow_mut() = fds[1..].to_vec());
     Ok(fds[0].revents != 0)
@@ -118,7 +119,7 @@ pub(super) fn pwait(
     // SAFETY: `room` is writable for its length; the mask is the caller's.
     let r = unsafe { real::epoll_pwait(ep, room.as_mut_ptr(), room.len() as c_int, ms, sigmask) };
     if r < 0 {
-        return Err(errno());
+        return Err(errno::get());
     }
     Ok(r as usize)
 }
@@ -128,7 +129,7 @@ fn real_ctl(ep: RawFd, op: c_int, fd: RawFd, ev: Option<epoll_event>) -> Result<
     let mut e = ev.unwrap_or(epoll_event { events: 0, u64: 0 });
     // SAFETY: a valid event for the call's duration.
     if unsafe { real::epoll_ctl(ep, op, fd, &mut e) } < 0 {
-        return Err(errno());
+        return Err(errno::get());
     }
     Ok(())
 }
@@ -559,7 +560,7 @@ pub(super) unsafe fn wait_set(
     match wait(&sh, ep, out, timeout, sigmask) {
         Ok(n) => n as c_int,
         Err(e) => {
-            set_errno(e);
+            errno::set(e);
             -1
         }
     }

@@ -3,9 +3,9 @@
 //! that handshake between kernel waits (`hooks::pending`).
 
 use super::epoll::{ms_left, pwait, wait_set};
-use super::set_errno;
 use crate::real;
 use libc::{c_int, epoll_event, sigset_t, timespec};
+use smclo::adapter::errno;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,7 @@ unsafe fn wait_entry(
                 match pwait(ep, room, ms, sigmask) {
                     Ok(n) => n as c_int,
                     Err(e) => {
-                        set_errno(e);
+                        errno::set(e);
                         -1
                     }
                 }

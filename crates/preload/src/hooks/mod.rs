@@ -52,6 +52,7 @@ pub use variant::{posix_spawn, posix_spawnp};
 
 use crate::table::MAX_FD;
 use libc::c_int;
+use smclo::adapter::errno;
 use smclo::config::Config;
 use smclo::debug;
 use smclo::device::Device;
@@ -121,16 +122,6 @@ fn ctx() -> Option<&'static Ctx> {
 /// Live SMC-D connections in this process (fork and exec skip work at 0).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
-}
-
-fn errno() -> c_int {
-    // SAFETY: as in set_errno.
-    unsafe { *libc::__errno_location() }
-}
-
 fn os_err(e: &io::Error) -> c_int {
     e.raw_os_error().unwrap_or(match e.kind() {
         io::ErrorKind::WouldBlock => libc::EAGAIN,
@@ -141,7 +132,7 @@ fn os_err(e: &io::Error) -> c_int {
 }
 
 fn fail<T: From<i8>>(e: c_int) -> T {
-    set_errno(e);
+    errno::set(e);
     T::from(-1)
 }
 

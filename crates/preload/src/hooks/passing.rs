@@ -38,11 +38,12 @@ use super::cmsg::{
     cmsgs, control_len, fd_bytes, hdr_len, one_buffer, passed_fds, pidfds, program_control,
     push_cmsg, room, MAX_FDS,
 };
-use super::{errno, set_errno, LIVE};
+use super::LIVE;
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, msghdr, ssize_t};
 use smclo::adapter::conn::{Conn, ExecParts};
+use smclo::adapter::errno;
 use smclo::adapter::fdnum;
 use smclo::adapter::sockaddr;
 use smclo::debug;
@@ -102,11 +103,11 @@ pub(super) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssi
     let n = unsafe { real::sendmsg(fd, &m, flags) };
     // A stream socket sends no descriptor with no byte.
     if n < 0 || (n == 0 && payload_len(&m) == 0) {
-        let e = errno();
+        let e = errno::get();
         for (s, before) in &p.socks {
             s.conn.unpass(*before);
         }
-        set_errno(e);
+        errno::set(e);
     } else {
         for (s, _) in &p.socks {
             debug!(

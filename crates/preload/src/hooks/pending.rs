@@ -16,15 +16,16 @@
 //! descriptor then (its epoll registrations move to the channel); TCP
 //! gives the registrations their `EPOLLOUT` back.
 
+use super::ctx;
 use super::lock;
 use super::state::{fallback_record, is_current_locked, out_hidden, pendings};
 use super::swap::swap_in;
-use super::{ctx, errno, set_errno};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Connecting, Shut, Undecided, LOCK};
 use libc::{c_int, pollfd};
 use smclo::adapter::early_count::EARLY_MAX;
+use smclo::adapter::errno;
 use smclo::adapter::fallbacks::{FallbackRecord, Known};
 use smclo::adapter::handshake::{self, Decision, Looker, Polled, TcpNews, Until, Wake};
 use smclo::debug;
@@ -170,11 +171,11 @@ fn advance_as(fd: RawFd, look: Look) -> bool {
         // Another thread drives it (or it was just decided).
         return !table::is_pending(fd);
     };
-    let e = errno();
+    let e = errno::get();
     DRIVING.with(|d| d.set(true));
     let done = drive_one(fd, c, pd, look);
     DRIVING.with(|d| d.set(false));
-    set_errno(e);
+    errno::set(e);
     done
 }
 
@@ -355,7 +356,7 @@ fn retract(fd: RawFd) -> bool {
 /// passed pays the setup of two processes' mappings, which short
 /// connections do not earn back. Keeps errno.
 pub(super) fn pass(fd: RawFd) {
-    let e = errno();
+    let e = errno::get();
     let wait = ctx().map_or(std::time::Duration::ZERO, |c| c.cfg.pass_wait);
     let until = Instant::now() + wait;
     // Until it is decided: the descriptor must not leave undecided, also
@@ -387,7 +388,7 @@ pub(super) fn pass(fd: RawFd) {
             std::thread::sleep(SLICE);
         }
     }
-    set_errno(e);
+    errno::set(e);
 }
 
 /// Which end `fd`'s undecided handshake is; `None` while another thread
@@ -409,7 +410,7 @@ fn decide_now(fd: RawFd, how: impl FnOnce(&mut handshake::Pending) -> Option<Dec
         // Another thread drives it.
         return false;
     };
-    let e = errno();
+    let e = errno::get();
     let done = match how(&mut pd.hs) {
         Some(d) => {
             DRIVING.with(|x| x.set(true));
@@ -422,7 +423,7 @@ fn decide_now(fd: RawFd, how: impl FnOnce(&mut handshake::Pending) -> Option<Dec
             false
         }
     };
-    set_errno(e);
+    errno::set(e);
     done
 }
 
@@ -655,7 +656,7 @@ pub(super) fn early_send(
         let r = unsafe { real::send(fd, buf.cast::<u8>().add(done).cast(), n - done, flags) };
         match r {
             r if r >= 0 => done += r as usize,
-            _ if errno() == libc::EINTR => {}
+            _ if errno::get() == libc::EINTR => {}
             _ if done == 0 => return Some(-1),
             _ => break,
         }

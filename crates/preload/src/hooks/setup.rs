@@ -7,13 +7,14 @@
 use super::pending;
 use super::state::list_fallback;
 use super::swap::{clear_stale, learn, swap_in};
-use super::{ctx, disabled, errno, fail, in_table_range, set_errno, sockopt_int, Ctx};
+use super::{ctx, disabled, fail, in_table_range, sockopt_int, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Kind, LOCK};
 use libc::{c_int, sockaddr, socklen_t};
 use smclo::adapter::accept_spin::{self, Spun};
+use smclo::adapter::errno;
 use smclo::adapter::fallbacks::{self, Known};
 use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
@@ -82,9 +83,9 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 {
         return r;
     }
-    let e = errno();
+    let e = errno::get();
     register(c, fd, saved);
-    set_errno(e);
+    errno::set(e);
     0
 }
 
@@ -139,7 +140,7 @@ fn adopt_if_unknown(fd: RawFd) {
     if !super::state::unknown(fd) || disabled() {
         return;
     }
-    let e = errno();
+    let e = errno::get();
     match ctx().filter(|_| is_listening(fd) && is_tcp_stream(fd)) {
         Some(c) => {
             debug!("fd {fd}: a TCP listener inherited from another program; registering it");
@@ -147,7 +148,7 @@ fn adopt_if_unknown(fd: RawFd) {
         }
         None => hints::hint(fd, Hint::Plain),
     }
-    set_errno(e);
+    errno::set(e);
 }
 
 /// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).
@@ -270,7 +271,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
         return nfd;
     }
     accept_spin::accepted(spun);
-    let e = errno();
+    let e = errno::get();
     clear_stale(nfd);
     accepted(nfd);
     inherit_flags(fd, nfd);
@@ -286,7 +287,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     if plain {
         renew_if_lost(fd);
     }
-    set_errno(e);
+    errno::set(e);
     nfd
 }
 
@@ -453,7 +454,7 @@ unsafe fn connect_listed(
 ) -> c_int {
     // SAFETY: forwarded unchanged (the caller's contract).
     let r = unsafe { real::connect(fd, addr, len) };
-    if (r == 0 || errno() == libc::EINPROGRESS) && fallbacks::client_lists(reason) {
+    if (r == 0 || errno::get() == libc::EINPROGRESS) && fallbacks::client_lists(reason) {
         list_fallback(c, fd, Role::Client, reason, Known::peer(Some(dest)));
     }
     r
@@ -566,13 +567,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let start = Instant::now();
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };
-    let e = errno();
+    let e = errno::get();
     p.syn_sent();
     if r != 0 && e != libc::EINPROGRESS {
         // The TCP connect failed: report exactly its error.
         holders::forget(slot);
         drop(p);
-        set_errno(e);
+        errno::set(e);
         return -1;
     }
     // EINPROGRESS: a non-blocking socket, or a blocking one whose
@@ -595,7 +596,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // server waiting for our DMB until it gives up.
         let hs = handshake::Pending::connect(p, start + c.cfg.clc_wait);
         super::state::start(fd, hs, slot, dest, !connecting);
-        set_errno(e);
+        errno::set(e);
         return r;
     }
     let deadline = Instant::now() + c.cfg.clc_wait;

@@ -21,6 +21,7 @@
 
 use crate::real;
 use libc::{c_int, c_void, sighandler_t, siginfo_t};
+use smclo::adapter::errno;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Signals the kernel raises for a fault of the running thread.
@@ -189,7 +190,7 @@ pub unsafe extern "C" fn sigaction(
 /// the previous handler, or `SIG_ERR`.
 fn install(sig: c_int, handler: sighandler_t, flags: c_int, mask: Option<c_int>) -> sighandler_t {
     if handler == libc::SIG_ERR {
-        super::set_errno(libc::EINVAL);
+        errno::set(libc::EINVAL);
         return libc::SIG_ERR;
     }
     // SAFETY: an all-zero sigaction is a valid start (empty mask below).
@@ -341,10 +342,8 @@ pub(super) fn at_load() {
     }
     // SAFETY: an all-zero sigaction is valid storage for the query.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: a query (no new action); errno is put back.
-    unsafe {
-        let e = super::errno();
+    // SAFETY: a query (no new action), into valid storage.
+    errno::kept(|| unsafe {
         real::sigaction(libc::SIGUSR1, std::ptr::null(), &mut a);
-        super::set_errno(e);
-    }
+    });
 }

@@ -7,11 +7,12 @@
 //! points and the transitions (`hooks::pending`, `hooks::swap`) use it,
 //! never the other way round.
 
-use super::{errno, in_table_range, lock, set_errno, Ctx};
+use super::{in_table_range, lock, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Connecting, FdState, Kind, Reg, Shadow, Shut, Sock, Undecided, LOCK};
+use smclo::adapter::errno;
 use smclo::adapter::fallbacks::{self, FallbackRecord, Known};
 use smclo::adapter::handshake;
 use smclo::adapter::registry::ListenerGuard;
@@ -400,9 +401,9 @@ pub(super) fn fallback_record(
     if !in_table_range(fd) {
         return None;
     }
-    let e = errno();
+    let e = errno::get();
     let rec = fallbacks::record(&c.dev, fd, side, reason, known);
-    set_errno(e);
+    errno::set(e);
     rec
 }
 
