@@ -548,34 +548,12 @@ fn traced_peer(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> std::collections::HashMap<String, u64> {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "preload-churn-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let mut c = Command::new("strace");
-    c.arg("-f")
-        .arg("-c")
-        .arg("-o")
-        .arg(&out)
-        .arg(peer())
-        .args(args);
-    // No SMCLO_DEBUG: its messages would be system calls of their own.
-    c.env("SMCLO_DEVICE_DIR", &dev.0)
-        .env_remove("SMCLO_DEBUG")
-        .env_remove("SMCLO_DISABLE")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
-    if preload {
-        c.env("LD_PRELOAD", lib());
-    } else {
-        c.env_remove("LD_PRELOAD");
-    }
+    let (trace, mut c) = Strace::command(dev, true, preload, peer().as_os_str());
+    c.args(args).envs(env.iter().copied());
     let r = c
         .output()
         .unwrap_or_else(|e| budget_unchecked(&format!("strace not usable ({e})")));
-    let report = std::fs::read_to_string(&out).unwrap_or_default();
-    let _ = std::fs::remove_file(&out);
+    let (report, m) = trace.read();
     if !r.status.success() {
         let err = String::from_utf8_lossy(&r.stderr);
         if err.contains("ptrace") || err.contains("Operation not permitted") {
@@ -583,9 +561,56 @@ fn traced_peer(
         }
         panic!("peer {args:?} under strace failed: {r:?}\n{report}");
     }
-    let m = strace_counts(&report);
     assert!(m.contains_key("total"), "no strace summary:\n{report}");
     m
+}
+
+/// One run of a program under `strace -c` (`-f`: its threads and children
+/// too), its report in a file of its own. Without `SMCLO_DEBUG`, whose
+/// messages would be system calls of their own.
+struct Strace {
+    report: PathBuf,
+}
+
+impl Strace {
+    /// The command that runs `program` so, under the preload if `preload`,
+    /// on device `dev`; the caller adds the arguments and runs it.
+    fn command(
+        dev: &DevDir,
+        follow: bool,
+        preload: bool,
+        program: &std::ffi::OsStr,
+    ) -> (Strace, Command) {
+        let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "preload-strace-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut c = Command::new("strace");
+        if follow {
+            c.arg("-f");
+        }
+        c.arg("-c").arg("-o").arg(&report).arg(program);
+        c.env("SMCLO_DEVICE_DIR", &dev.0)
+            .env_remove("SMCLO_DEBUG")
+            .env_remove("SMCLO_DISABLE")
+            .stdin(Stdio::null());
+        if preload {
+            c.env("LD_PRELOAD", lib());
+        } else {
+            c.env_remove("LD_PRELOAD");
+        }
+        (Strace { report }, c)
+    }
+
+    /// The report and its calls per system call, once the run has ended;
+    /// the file is removed.
+    fn read(self) -> (String, std::collections::HashMap<String, u64>) {
+        let report = std::fs::read_to_string(&self.report).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.report);
+        let m = strace_counts(&report);
+        (report, m)
+    }
 }
 
 /// The calls per system call in a `strace -c` report.
@@ -645,25 +670,12 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
 "#;
     const WAITS: u64 = 200;
     let dev = DevDir::new("nospin");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("preload-nospin-{}", std::process::id()));
-    let r = Command::new("strace")
-        .args(["-f", "-c", "-o"])
-        .arg(&out)
-        .args([
-            "python3",
-            "-c",
-            &script.replace("WAITS", &WAITS.to_string()),
-        ])
-        .env("SMCLO_DEVICE_DIR", &dev.0)
-        .env("LD_PRELOAD", lib())
-        .env_remove("SMCLO_DEBUG")
-        .env_remove("SMCLO_DISABLE")
-        .stdin(Stdio::null())
+    let (trace, mut c) = Strace::command(&dev, true, true, "python3".as_ref());
+    let r = c
+        .args(["-c", &script.replace("WAITS", &WAITS.to_string())])
         .output()
         .expect("strace (./test.sh runs as root with strace installed)");
-    let report = std::fs::read_to_string(&out).unwrap_or_default();
-    let _ = std::fs::remove_file(&out);
+    let (report, m) = trace.read();
     let text = format!("{}\n{report}", String::from_utf8_lossy(&r.stdout));
     assert!(
         r.status.success() && text.contains("OK done"),
@@ -671,7 +683,6 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     );
     let stats = dev.stats();
     assert_eq!(stats.conns_opened, 1, "{text}\n{stats:?}");
-    let m = strace_counts(&report);
     let waits = ["epoll_wait", "epoll_pwait", "epoll_pwait2"]
         .iter()
         .map(|k| m.get(*k).copied().unwrap_or(0))
@@ -1504,17 +1515,9 @@ print("OK done", flush=True)
 "#
     );
     let dev = DevDir::new("acceptspin");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("preload-acceptspin-{}", std::process::id()));
-    let mut srv = Command::new("strace")
-        .args(["-c", "-o"])
-        .arg(&out)
-        .args(["python3", "-c", &server])
-        .env("SMCLO_DEVICE_DIR", &dev.0)
-        .env("LD_PRELOAD", lib())
-        .env_remove("SMCLO_DEBUG")
-        .env_remove("SMCLO_DISABLE")
-        .stdin(Stdio::null())
+    let (trace, mut c) = Strace::command(&dev, false, true, "python3".as_ref());
+    let mut srv = c
+        .args(["-c", &server])
         .stdout(Stdio::piped())
         .spawn()
         .expect("strace (./test.sh runs as root with strace installed)");
@@ -1537,9 +1540,7 @@ print("OK done", flush=True)
         srv.wait().expect("wait").success() && rest.contains("OK done"),
         "{rest}"
     );
-    let report = std::fs::read_to_string(&out).unwrap_or_default();
-    let _ = std::fs::remove_file(&out);
-    let m = strace_counts(&report);
+    let (report, m) = trace.read();
     assert_eq!(m.get("accept4").copied().unwrap_or(0), N as u64, "{report}");
     // The first accept may spin (no client seen yet); none after it.
     assert!(
