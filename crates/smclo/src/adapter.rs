@@ -18,7 +18,7 @@ pub mod accept_spin {
 
 /// The system calls on a connection's channel, past the interposed names.
 pub mod chan_sys {
-    pub use crate::chan_sys::{fcntl, syscall};
+    pub use crate::chan_sys::{fcntl, syscall, timespec};
 }
 
 /// One SMC-D connection end, and what it carries through `exec`.

@@ -9,6 +9,7 @@
 
 use libc::{c_int, c_long, c_void};
 use std::os::fd::RawFd;
+use std::time::Duration;
 
 /// A system call made with the instruction itself, as libc's `syscall`
 /// makes it (-1 with `errno` set on failure), without calling libc's
@@ -196,13 +197,19 @@ pub fn accept_unix(
     (r, len)
 }
 
+/// `d` as the kernel's `timespec` (seconds beyond its range are its
+/// largest), for the calls that take a timeout or a timer's time.
+pub fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: d.subsec_nanos() as _,
+    }
+}
+
 /// `poll(2)` (as `ppoll` without a signal mask, which every architecture
 /// has); a negative `timeout_ms` waits for good.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
-    let ts = libc::timespec {
-        tv_sec: (timeout_ms / 1000) as libc::time_t,
-        tv_nsec: (timeout_ms % 1000) as c_long * 1_000_000,
-    };
+    let ts = timespec(Duration::from_millis(timeout_ms.max(0) as u64));
     let tsp: *const libc::timespec = if timeout_ms < 0 {
         std::ptr::null()
     } else {
@@ -279,4 +286,18 @@ pub fn set_linger_zero(fd: RawFd) {
 pub fn close(fd: RawFd) -> c_int {
     // SAFETY: integer argument only; the caller owns `fd`.
     unsafe { syscall(libc::SYS_close, &[fd as c_long]) as c_int }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timespec;
+    use std::time::Duration;
+
+    #[test]
+    fn a_timespec_holds_the_duration_and_clamps_what_it_cannot() {
+        let t = timespec(Duration::new(3, 250_000_000));
+        assert_eq!((t.tv_sec, t.tv_nsec), (3, 250_000_000));
+        let t = timespec(Duration::MAX);
+        assert_eq!((t.tv_sec, t.tv_nsec), (i64::MAX, 999_999_999));
+    }
 }

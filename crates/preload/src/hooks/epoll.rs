@@ -77,10 +77,8 @@ fn sleep_also(ep: RawFd, ms: c_int, sigmask: *const sigset_t) -> Result<bool, c_
             revents: 0,
         },
     );
-    let ts = (ms >= 0).then(|| timespec {
-        tv_sec: (ms / 1000) as libc::time_t,
-        tv_nsec: (ms % 1000) as libc::c_long * 1_000_000,
-    });
+    let ts =
+        (ms >= 0).then(|| smclo::adapter::chan_sys::timespec(Duration::from_millis(ms as u64)));
     let tp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const timespec);

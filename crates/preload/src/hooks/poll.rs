@@ -28,13 +28,6 @@ thread_local! {
 /// kernel as they are.
 const MAX_FDS: nfds_t = 1 << 20;
 
-fn timespec_of(t: Duration) -> timespec {
-    timespec {
-        tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    }
-}
-
 /// A valid `timespec` as a duration (`None` for an invalid one, which the
 /// kernel refuses with `EINVAL`).
 fn duration_of(t: &timespec) -> Option<Duration> {
@@ -44,7 +37,7 @@ fn duration_of(t: &timespec) -> Option<Duration> {
 
 /// The real `ppoll` over `fds` with `t` (`None`: for ever) and `sigmask`.
 fn kernel(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> io::Result<usize> {
-    let ts = t.map(timespec_of);
+    let ts = t.map(smclo::adapter::chan_sys::timespec);
     let tp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const timespec);
@@ -460,8 +453,8 @@ pub unsafe extern "C" fn select(
         // SAFETY: the caller's timeval (not null, since there is a timeout).
         unsafe {
             *tv = timeval {
-                tv_sec: left.as_secs() as libc::time_t,
-                tv_usec: left.subsec_micros() as libc::suseconds_t,
+                tv_sec: left.as_secs().min(i64::MAX as u64) as _,
+                tv_usec: left.subsec_micros() as _,
             }
         };
     }

@@ -13,6 +13,7 @@
 //!
 //! [`SmcListener`]: super::SmcListener
 
+use crate::chan_sys::timespec;
 use crate::config::Config;
 use crate::debug;
 use crate::device::Device;
@@ -349,13 +350,6 @@ fn replace(new: &OwnedFd, at: &OwnedFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn timespec(d: Duration) -> libc::timespec {
-    libc::timespec {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    }
 }
 
 /// The descriptor a system call returned, owned, or its error.

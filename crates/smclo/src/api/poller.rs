@@ -181,10 +181,7 @@ impl<'a> Poller<'a> {
 
 /// The kernel's `ppoll(2)` over `fds`, at most `t` (`None`: for ever).
 fn kernel(fds: &mut [libc::pollfd], t: Option<Duration>) -> io::Result<usize> {
-    let ts = t.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
+    let ts = t.map(crate::chan_sys::timespec);
     let tp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
