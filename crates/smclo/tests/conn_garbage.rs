@@ -167,3 +167,41 @@ fn random_garbage_never_crashes() {
     }
     assert!(eproto > 500, "garbage was detected only {eproto} times");
 }
+
+/// b's `cons` of the ring a writes into, a whole ring behind a's `prod`
+/// (0): a distance the cursors alone allow (the ring full, unread).
+fn cons_one_ring_back(p: &Pair) {
+    let evil = Dmb::attach(&p.fb, 0xb, 0x5eed).unwrap();
+    evil.cons().store(
+        Cursor {
+            count: 0,
+            wrap: u16::MAX,
+            ..Default::default()
+        }
+        .to_word(),
+        Ordering::SeqCst,
+    );
+}
+
+/// A writer holding corked bytes whose peer then moves `cons` a whole ring
+/// back: the unread and the held bytes are more than the ring. Before,
+/// the room was computed as `ring - unread - held`, which wrapped to
+/// 4 GiB: `reserve` handed out a region that long over the 16 KiB ring,
+/// and a `send` larger than the ring panicked in the copy.
+#[test]
+fn a_consumer_moved_back_over_held_bytes_is_eproto() {
+    let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
+    p.a.set_nonblocking(true).unwrap();
+    assert_eq!(p.a.send(&[7u8; 100], SendFlags::MORE).unwrap(), 100);
+    cons_one_ring_back(&p);
+    assert_eq!(errno(p.a.reserve(1).map(|r| r.len())), Some(libc::EPROTO));
+
+    let p = pair_with(RING, RING, Mode::NoCopy, Mode::NoCopy);
+    p.a.set_nonblocking(true).unwrap();
+    assert_eq!(p.a.send(&[7u8; 100], SendFlags::MORE).unwrap(), 100);
+    cons_one_ring_back(&p);
+    let big = vec![1u8; 2 * RING as usize];
+    assert_eq!(errno(p.a.send(&big, SendFlags::EMPTY)), Some(libc::EPROTO));
+    // Aborted, as every other violation.
+    assert_eq!(errno(p.a.write(b"x")), Some(libc::EPROTO));
+}

@@ -254,6 +254,17 @@ pub enum CursorError {
         /// The ring length.
         ring_len: u32,
     },
+    /// The bytes the consumer has not read and the ones the writer has
+    /// written after them but not published (corked) are more than the
+    /// ring: the consumer moved back over room it had left.
+    HeldOverrun {
+        /// Unread, by the consumer's word.
+        used: u32,
+        /// Written and held by the writer.
+        held: u32,
+        /// The ring length.
+        ring_len: u32,
+    },
 }
 
 impl fmt::Display for CursorError {
@@ -283,6 +294,14 @@ impl fmt::Display for CursorError {
             } => write!(
                 f,
                 "producer {prod:#018x} and consumer {cons:#018x} are not 0..={ring_len} bytes apart"
+            ),
+            CursorError::HeldOverrun {
+                used,
+                held,
+                ring_len,
+            } => write!(
+                f,
+                "{used} bytes unread and {held} written after them exceed the {ring_len}-byte ring"
             ),
         }
     }

@@ -29,6 +29,7 @@ use crate::device::ConnRecord;
 use crate::dmb::Dmb;
 use crate::doorbell::{self, Snap};
 use crate::wait::Budget;
+use smclo_wire::cursor::CursorError;
 use std::io;
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -369,6 +370,30 @@ impl Conn {
         let p = &self.peer;
         doorbell::snapshot(p.prod(), p.cons(), p.ring_len())
             .map_err(|e| self.violation("send ring", e))
+    }
+
+    /// The send ring's snapshot and the room after what is written but
+    /// held (corked). The held bytes went into room the peer's `cons` had
+    /// left, so together with the unread ones they fit the ring unless the
+    /// peer moved `cons` back: a violation, not room of 4 GiB.
+    fn tx_room(&self) -> io::Result<(Snap, u32)> {
+        let s = self.tx_snap()?;
+        let held = self.held.load(Ordering::Relaxed);
+        let ring_len = self.peer.ring_len();
+        match ring_len
+            .checked_sub(s.used)
+            .and_then(|f| f.checked_sub(held))
+        {
+            Some(free) => Ok((s, free)),
+            None => Err(self.violation(
+                "send ring",
+                CursorError::HeldOverrun {
+                    used: s.used,
+                    held,
+                    ring_len,
+                },
+            )),
+        }
     }
 }
 

@@ -54,10 +54,8 @@ impl Conn {
         if self.tx_allowed().is_err() {
             return r | Ready::OUT;
         }
-        match self.tx_snap() {
-            Ok(s) if s.used + self.held.load(Ordering::Relaxed) < self.peer.ring_len() => {
-                r | Ready::OUT
-            }
+        match self.tx_room() {
+            Ok((_, free)) if free > 0 => r | Ready::OUT,
             Ok(_) => r,
             Err(_) => r | Ready::OUT | Ready::HUP | Ready::ERR,
         }

@@ -65,13 +65,12 @@ impl Conn {
         let len = p.ring_len();
         let mut done = 0usize;
         loop {
-            let s = match self.tx_allowed().and_then(|()| self.tx_snap()) {
-                Ok(s) => s,
+            let (s, free) = match self.tx_allowed().and_then(|()| self.tx_room()) {
+                Ok((s, free)) => (s, free as usize),
                 Err(e) => return partial(done, e),
             };
-            let held = self.held.load(Ordering::Relaxed);
-            let free = (len - s.used - held) as usize;
             if free > 0 {
+                let held = self.held.load(Ordering::Relaxed);
                 let src = &buf[done..];
                 let mut n = free.min(src.len());
                 let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;

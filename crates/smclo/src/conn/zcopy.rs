@@ -81,10 +81,9 @@ impl Conn {
         let mut sleep = Sleep::new(&self.snd_timeo_us);
         loop {
             self.tx_allowed()?;
-            let s = self.tx_snap()?;
-            let held = self.held.load(Ordering::Relaxed);
-            let free = len - s.used - held;
+            let (s, free) = self.tx_room()?;
             if free >= need {
+                let held = self.held.load(Ordering::Relaxed);
                 let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
                 p.prepare_write(pos, need as usize);
                 return Ok(WriteRegion {
