@@ -267,16 +267,8 @@ impl Dmb {
         gid: u64,
         owner_ok: impl FnOnce(u32) -> bool,
     ) -> Result<Dmb> {
-        // SAFETY: F_GET_SEALS on a valid descriptor we own; no memory effects.
-        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
-            return Err(AttachError::NotSealed { seals }.into());
-        }
+        let md = Dmb::sealed_and_owned(&file, owner_ok)?;
         use std::os::unix::fs::MetadataExt;
-        let md = file.metadata()?;
-        if !md.file_type().is_file() || !owner_ok(md.uid()) {
-            return Err(AttachError::NotOurs.into());
-        }
         let id = (md.dev(), md.ino());
         let d = match crate::dmb::pool::take_peer(id) {
             // The same file as a mapping we made and validated before (our
@@ -302,6 +294,28 @@ impl Dmb {
         }
         drop(file);
         Dmb::claim(d, id, token)
+    }
+
+    /// What every DMB handed to this process must be before anything of it
+    /// is read: a sealed memfd (`F_GET_SEALS` has [`REQUIRED_SEALS`], so
+    /// its size can never change under our mapping, and a file of another
+    /// kind, one whose reads may block for ever among them, fails here)
+    /// owned by a uid `owner_ok` admits.
+    fn sealed_and_owned(
+        file: &File,
+        owner_ok: impl FnOnce(u32) -> bool,
+    ) -> Result<std::fs::Metadata> {
+        // SAFETY: F_GET_SEALS on a valid descriptor we own; no memory effects.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
+            return Err(AttachError::NotSealed { seals }.into());
+        }
+        use std::os::unix::fs::MetadataExt;
+        let md = file.metadata()?;
+        if !md.file_type().is_file() || !owner_ok(md.uid()) {
+            return Err(AttachError::NotOurs.into());
+        }
+        Ok(md)
     }
 
     /// The peer's DMB whose memfd is `id`, from a mapping we keep of it
@@ -416,15 +430,23 @@ impl Dmb {
     }
 
     /// Our own DMB, from its memfd passed through exec by this process's
-    /// image before: validated as an attach is (header, `token`, `gid`).
+    /// image before, or by the process that passed the connection:
+    /// validated as a peer's is (seals, owner by `owner_ok`, header,
+    /// `token`, `gid`), since whoever sent the descriptors chose them.
     /// The header names the process that created it, which may be another
     /// of the fork family. Its memfd is kept or parked as after a
     /// handshake ([`crate::device::DmbHandle::into_parts`]). `forked`: see
     /// [`Dmb::adopted_gen`].
-    pub(crate) fn adopt_own(file: File, token: u64, gid: u64, forked: bool) -> Result<Dmb> {
-        let mut d = Dmb::attach(&file, token, gid)?;
+    pub(crate) fn adopt_own(
+        file: File,
+        token: u64,
+        gid: u64,
+        forked: bool,
+        owner_ok: impl FnOnce(u32) -> bool,
+    ) -> Result<Dmb> {
+        let md = Dmb::sealed_and_owned(&file, owner_ok)?;
+        let mut d = Dmb::attach_inner(&file, token, gid, md.len())?;
         use std::os::unix::fs::MetadataExt;
-        let md = file.metadata()?;
         let mark_fd = file.as_raw_fd();
         d.own = Some(Own {
             id: (md.dev(), md.ino()),
@@ -442,9 +464,10 @@ impl Dmb {
         Ok(d)
     }
 
-    /// The peer's DMB, from its memfd passed through exec: validated as an
-    /// attach is, and our attach record `rec` must still be in it (no one
-    /// else attached meanwhile). The memfd is parked, as after a handshake.
+    /// The peer's DMB, from its memfd passed through exec or with a passed
+    /// connection: validated as an attach is (seals and owner first), and
+    /// our attach record `rec` must still be in it (no one else attached
+    /// meanwhile). The memfd is parked, as after a handshake.
     /// `forked`: see [`Dmb::adopted_gen`].
     pub(crate) fn adopt_peer(
         file: File,
@@ -452,14 +475,15 @@ impl Dmb {
         gid: u64,
         rec: u64,
         forked: bool,
+        owner_ok: impl FnOnce(u32) -> bool,
     ) -> Result<Dmb> {
-        let mut d = Dmb::attach(&file, token, gid)?;
+        let md = Dmb::sealed_and_owned(&file, owner_ok)?;
+        let mut d = Dmb::attach_inner(&file, token, gid, md.len())?;
         use std::sync::atomic::Ordering;
         if rec == 0 || d.attach_word().load(Ordering::SeqCst) != rec {
             return Err(AttachError::AlreadyAttached.into());
         }
         use std::os::unix::fs::MetadataExt;
-        let md = file.metadata()?;
         let id = (md.dev(), md.ino());
         d.attach = Some((rec, Dmb::adopted_gen(forked), id));
         use std::os::fd::AsFd;
@@ -872,6 +896,48 @@ mod tests {
             AttachError::WrongSize { size, expected: e } if size == dmb_header::STATIC_LEN as u64 && e == expected
         ));
         assert!(Dmb::create(&g, 1, 1000, 7, 1, 0).is_err());
+    }
+
+    /// A DMB that comes with a connection (through exec, or passed by a
+    /// process that chose the descriptors it sent) is checked as a peer's
+    /// is, seals and owner before anything of it is read. Before, an
+    /// unsealed file with a valid header was adopted (a file that could
+    /// shrink under the mapping, or one whose read blocks for ever), and
+    /// its owner was not asked.
+    #[test]
+    fn adopting_a_dmb_checks_its_seals_and_owner_first() {
+        let refused = |r: Result<Dmb>| match r {
+            Err(Error::Attach(e)) => e,
+            other => panic!("expected Error::Attach, got {other:?}"),
+        };
+        let path = std::env::temp_dir().join(format!("smclo-unsealed-dmb-{}", std::process::id()));
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .unwrap()
+        };
+        drop(Dmb::create(&open(), 0x77, MIN_RING_LEN, 7, 1, 0).unwrap());
+        let own = Dmb::adopt_own(open(), 0x77, 7, true, |_| true);
+        let peer = Dmb::adopt_peer(open(), 0x77, 7, 1, true, |_| true);
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(refused(own), AttachError::NotSealed { .. }));
+        assert!(matches!(refused(peer), AttachError::NotSealed { .. }));
+
+        let f = memfd("dmb-test").unwrap();
+        drop(Dmb::create(&f, 0x78, MIN_RING_LEN, 7, 1, 0).unwrap());
+        // SAFETY: F_ADD_SEALS on our own valid descriptor.
+        let sealed = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) };
+        assert_eq!(sealed, 0);
+        let dup = || f.try_clone().unwrap();
+        let own = Dmb::adopt_own(dup(), 0x78, 7, true, |_| false);
+        assert!(matches!(refused(own), AttachError::NotOurs));
+        let peer = Dmb::adopt_peer(dup(), 0x78, 7, 1, true, |_| false);
+        assert!(matches!(refused(peer), AttachError::NotOurs));
+        assert!(Dmb::adopt_own(dup(), 0x78, 7, true, |_| true).is_ok());
     }
 
     #[test]

@@ -162,8 +162,16 @@ impl Conn {
     ) -> crate::Result<(Conn, Registration)> {
         let st = parts.state;
         let gid = dev.gid();
-        let own = Dmb::adopt_own(parts.local.into(), st.local_token, gid, true)?;
-        let theirs = Dmb::adopt_peer(parts.peer.into(), st.peer_token, gid, st.peer_attach, true)?;
+        let ok = |uid| dev.may_own_dmb(uid);
+        let own = Dmb::adopt_own(parts.local.into(), st.local_token, gid, true, ok)?;
+        let theirs = Dmb::adopt_peer(
+            parts.peer.into(),
+            st.peer_token,
+            gid,
+            st.peer_attach,
+            true,
+            ok,
+        )?;
         let role = if st.client {
             Role::Client
         } else {
@@ -188,13 +196,15 @@ impl Conn {
             .adopt_registration(st.entry, st.local_token, st.client)
             .ok_or(crate::error::AttachError::NotOurs)?;
         let gid = dev.gid();
-        let local = Dmb::adopt_own(parts.local.into(), st.local_token, gid, st.forked)?;
+        let ok = |uid| dev.may_own_dmb(uid);
+        let local = Dmb::adopt_own(parts.local.into(), st.local_token, gid, st.forked, ok)?;
         let peer = Dmb::adopt_peer(
             parts.peer.into(),
             st.peer_token,
             gid,
             st.peer_attach,
             st.forked,
+            ok,
         )?;
         let c = Conn::resume(local, peer, chan, &st, &reg)?;
         Ok((c, reg))

@@ -155,7 +155,7 @@ impl Device {
     /// belong to `uid`: ours on a private device; on a group device any
     /// uid, as the handshake channel's credential check
     /// ([`access::check_peer`]) already vouched for the peer that passed it.
-    fn may_own_dmb(&self, uid: u32) -> bool {
+    pub(crate) fn may_own_dmb(&self, uid: u32) -> bool {
         uid == euid() || matches!(self.shape, Shape::Group { .. })
     }
 }
