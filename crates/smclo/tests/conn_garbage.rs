@@ -5,14 +5,16 @@
 mod conn_util;
 
 use conn_util::*;
-use smclo::testing::conn::{Mode, RecvFlags, SendFlags};
-use smclo::testing::dmb::Dmb;
+use smclo::testing::conn::{Conn, Mode, RecvFlags, SendFlags};
+use smclo::testing::dmb::{memfd, Dmb};
 use smclo_wire::cursor::{
     with_bells, with_conn_state_flags, with_prod_flags, Cursor, CONN_STATE_KNOWN, PEER_CONN_ABORT,
     PROD_FLAGS_KNOWN,
 };
 use std::io;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 fn errno<T>(r: io::Result<T>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
@@ -204,4 +206,63 @@ fn a_consumer_moved_back_over_held_bytes_is_eproto() {
     assert_eq!(errno(p.a.send(&big, SendFlags::EMPTY)), Some(libc::EPROTO));
     // Aborted, as every other violation.
     assert_eq!(errno(p.a.write(b"x")), Some(libc::EPROTO));
+}
+
+/// A process that stays runnable (a busy loop) until dropped.
+struct Runnable(std::process::Child);
+
+impl Drop for Runnable {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A writer that counts a doorbell in the reader's `prod` word and never
+/// sends it, while it keeps a thread runnable: the reader waits for that
+/// doorbell (an honest writer is between its count and its send) for at
+/// most a second over the connection's life. Before, every call waited the
+/// whole second again, non-blocking reads and `FIONREAD` included: an event
+/// loop stalled a second per call, for as long as the peer liked.
+#[test]
+fn a_doorbell_counted_and_never_sent_holds_up_reads_once() {
+    let writer = Runnable(
+        std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let (fa, fb) = (memfd("a").unwrap(), memfd("b").unwrap());
+    let own = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
+    // The DMB the reader's writer owns names the busy process.
+    let _theirs = Dmb::create(&fb, 0xb, RING, 0x5eed, writer.0.id(), 0).unwrap();
+    let peer = Dmb::attach(&fb, 0xb, 0x5eed).unwrap();
+    let (chan, _other_end) = UnixStream::pair().unwrap();
+    let a = Conn::new(own, peer, chan, Mode::NoCopy).unwrap();
+    a.set_nonblocking(true).unwrap();
+    let evil = Dmb::attach(&fa, 0xa, 0x5eed).unwrap();
+    evil.prod().store(with_bells(0, 1), Ordering::SeqCst);
+    let mut buf = [0u8; 16];
+    let start = Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let t = Instant::now();
+        assert_eq!(
+            a.read(&mut buf).map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::WouldBlock)
+        );
+        calls.push(t.elapsed());
+    }
+    let t = Instant::now();
+    assert_eq!(a.readable_len().unwrap(), 0);
+    calls.push(t.elapsed());
+    let all = start.elapsed();
+    assert!(
+        all < Duration::from_millis(1600),
+        "{all:?} in five calls: {calls:?}"
+    );
+    assert!(
+        calls[1..].iter().all(|c| *c < Duration::from_millis(200)),
+        "calls after the first waited again: {calls:?}"
+    );
 }

@@ -143,6 +143,9 @@ pub struct Conn {
     /// Doorbells the reader un-counted that were not queued yet (the writer
     /// had counted them and not sent them): taken by a later call.
     rx_owed: AtomicU32,
+    /// How long this connection's calls have waited for owed doorbells, in
+    /// all (nanoseconds): at most [`rx::OWED_WAIT`] over its life.
+    owed_waited_ns: AtomicU64,
     /// Read and write timeouts, microseconds (0 = none).
     rcv_timeo_us: AtomicU64,
     snd_timeo_us: AtomicU64,
@@ -220,6 +223,7 @@ impl Conn {
             rx_spin: Budget::new(),
             tx_spin: Budget::new(),
             rx_owed: AtomicU32::new(0),
+            owed_waited_ns: AtomicU64::new(0),
             rcv_timeo_us: AtomicU64::new(0),
             snd_timeo_us: AtomicU64::new(0),
             cork: AtomicBool::new(false),

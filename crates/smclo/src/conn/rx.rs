@@ -19,9 +19,10 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
-/// The longest a reader waits for doorbells of data it took that the
-/// writer has not sent yet ([`Conn::take_owed`]), while the writer can run.
-const OWED_WAIT: Duration = Duration::from_secs(1);
+/// The longest a connection's reads wait, in all, for doorbells of data
+/// they took that the writer has not sent yet ([`Conn::take_owed`]), while
+/// the writer can run.
+pub(super) const OWED_WAIT: Duration = Duration::from_secs(1);
 
 /// How often, in milliseconds, that wait looks whether the writer can
 /// still run.
@@ -236,11 +237,32 @@ impl Conn {
     /// running nor waiting for a CPU (stopped, frozen, asleep) may stay so
     /// for good: what it sent before it stopped running is taken, the rest
     /// stays owed and a later call takes it.
+    ///
+    /// The waits of a connection add up to [`OWED_WAIT`] at most, over its
+    /// life: a writer that counts doorbells and never sends them (a broken
+    /// or hostile peer, which keeps a thread runnable) holds up the
+    /// connection's calls, a non-blocking one too, for that long once, not
+    /// at every call.
     fn take_owed(&self) -> io::Result<()> {
+        let waited = Duration::from_nanos(self.owed_waited_ns.load(Ordering::Relaxed));
+        let Some(budget) = OWED_WAIT.checked_sub(waited).filter(|b| !b.is_zero()) else {
+            return self.take_queued_owed().map(drop);
+        };
         let mut since = None;
+        let r = self.wait_owed(budget, &mut since);
+        if let Some(t0) = since {
+            let ns = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            self.owed_waited_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// [`take_owed`](Self::take_owed)'s wait, for at most `budget`; `since`
+    /// is when it started waiting, if it did.
+    fn wait_owed(&self, budget: Duration, since: &mut Option<Instant>) -> io::Result<()> {
         while self.take_queued_owed()? > 0 {
             let t0 = *since.get_or_insert_with(Instant::now);
-            if t0.elapsed() >= OWED_WAIT {
+            if t0.elapsed() >= budget {
                 break;
             }
             if !self.writer_runnable() {
