@@ -774,6 +774,24 @@ fn a_member_that_truncates_the_device_resets_its_connections_and_kills_nobody() 
     });
 }
 
+/// The same where every thread of the server and the client blocks its
+/// signals, `SIGBUS` among them, as worker threads that leave signals to
+/// one thread do: the kernel kills a thread that faults with `SIGBUS`
+/// blocked, without running the handler. The programs still see `SIGBUS`
+/// blocked (`shrink_peer.py` checks). Before, the truncation killed the
+/// client at its next send and the server at its next accept.
+#[test]
+fn a_member_that_truncates_the_device_kills_nobody_that_blocks_its_signals() {
+    let mut acc = Accounts::new();
+    let mut env = Env::new("group-truncate-masked");
+    group_device(&env, &acc.group);
+    env.extra_env
+        .push(("SHRINK_MASKED".to_string(), "1".to_string()));
+    shrink_device_under_live_connection(&mut acc, &mut env, Lost::Mapping, |env, dev, evil| {
+        run_as(env, evil, "truncate", &["-s", "0", dev.to_str().unwrap()]);
+    });
+}
+
 #[test]
 fn a_member_that_punches_a_hole_in_the_device_switches_it_off_and_kills_nobody() {
     let mut acc = Accounts::new();

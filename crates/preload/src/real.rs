@@ -104,6 +104,8 @@ real! {
     fn select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, tv: *mut libc::timeval) -> c_int;
     fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int;
     fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    fn sigprocmask(how: c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> c_int;
+    fn pthread_sigmask(how: c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> c_int;
     fn getrlimit(resource: c_int, rl: *mut libc::rlimit) -> c_int;
     fn setrlimit(resource: c_int, rl: *const libc::rlimit) -> c_int;
     fn prlimit(pid: pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int;

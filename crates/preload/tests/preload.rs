@@ -2065,3 +2065,59 @@ print("OK done" if st == 0 else "FAIL child %d" % st)
     assert_eq!(stats.conns_opened, 1, "{out}\n{stats:?}");
     assert_eq!(stats.fallbacks_total(), 0, "{out}\n{stats:?}");
 }
+
+/// A program that blocks `SIGBUS` sees it blocked, while the kernel's mask
+/// does not have it (a fault in a shared file smclo maps would otherwise
+/// kill the thread, see `apptests/tests/group.rs`); a fault of the
+/// program's own with `SIGBUS` blocked still kills it by `SIGBUS`, as
+/// without smclo.
+#[test]
+fn a_blocked_sigbus_is_the_programs_view_and_its_own_faults_still_kill() {
+    let script = r#"
+import mmap, os, re, signal, sys, tempfile
+def kernel_blocks(sig):
+    with open("/proc/thread-self/status") as f:
+        blk = int(re.search(r"SigBlk:\s*([0-9a-f]+)", f.read()).group(1), 16)
+    return bool(blk >> (sig - 1) & 1)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGBUS, signal.SIGUSR1})
+view = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+print("view", signal.SIGBUS in view, signal.SIGUSR1 in view)
+print("kernel", kernel_blocks(signal.SIGBUS), kernel_blocks(signal.SIGUSR1))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGBUS})
+print("unblocked", signal.SIGBUS in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGBUS})
+sys.stdout.flush()
+f = tempfile.TemporaryFile()
+f.truncate(mmap.PAGESIZE)
+m = mmap.mmap(f.fileno(), mmap.PAGESIZE)
+f.truncate(0)
+m[0]
+print("FAIL survived the fault")
+"#;
+    let run = |preload: bool| {
+        let dev = DevDir::new("sigbus-view");
+        let mut c = Command::new("python3");
+        c.args(["-c", script])
+            .env("SMCLO_DEVICE_DIR", &dev.0)
+            .env_remove("SMCLO_DISABLE")
+            .stdin(Stdio::null());
+        if preload {
+            c.env("LD_PRELOAD", lib());
+        } else {
+            c.env_remove("LD_PRELOAD");
+        }
+        c.output().expect("python3")
+    };
+    let expect =
+        |kernel_bus: &str| format!("view True True\nkernel {kernel_bus} True\nunblocked False\n");
+    for (preload, kernel_bus) in [(false, "True"), (true, "False")] {
+        let r = run(preload);
+        let out = String::from_utf8_lossy(&r.stdout);
+        assert_eq!(out, expect(kernel_bus), "preload {preload}: {r:?}");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&r.status),
+            Some(libc::SIGBUS),
+            "preload {preload}: {r:?}"
+        );
+    }
+}

@@ -49,8 +49,20 @@
 //! program's action; only its `SA_RESTART` reaches the kernel, and
 //! [`around_exec`] puts an ignored disposition in the kernel for an exec,
 //! which carries only that one.
+//!
+//! The kernel kills a thread whose fault raises a `SIGBUS` it blocks, and
+//! never runs the handler: worker threads commonly block every signal. So
+//! once the handler is installed, a program's mask never blocks `SIGBUS` in
+//! the kernel: the preload hands `sigprocmask` and `pthread_sigmask` to
+//! [`program_mask`], which keeps `SIGBUS` out of the kernel's mask and in
+//! the thread's view (queries answer with it), and a fault outside
+//! smclo's mappings in a thread whose view blocks it is the death the
+//! kernel would have dealt. A `SIGBUS` sent by a process to such a thread
+//! runs the program's action at once instead of waiting until unblocked;
+//! a thread starts with the view unblocked whatever its creator's was.
 
-use libc::{c_int, c_void, siginfo_t};
+use libc::{c_int, c_void, siginfo_t, sigset_t};
+use std::cell::Cell;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Mutex;
@@ -251,6 +263,12 @@ static PROG_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PROG_FLAGS: AtomicI32 = AtomicI32::new(0);
 static PROG_MASK: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Whether the program blocked `SIGBUS` in this thread (its view: the
+    /// kernel's mask does not have it, see [`program_mask`]).
+    static VIEW_BLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
 /// [`install`]'s progress: not yet, under way, done.
 static STATE: AtomicU8 = AtomicU8::new(0);
 const NOT_INSTALLED: u8 = 0;
@@ -373,6 +391,57 @@ pub fn program_action(
     Some(0)
 }
 
+/// The program's `sigprocmask`/`pthread_sigmask(how, set, old)`, made by
+/// `real` (the libc function): once the handler is installed, `SIGBUS`
+/// is kept out of the set the kernel gets when it would block it, and in
+/// the thread's view instead, which `old` reports. Returns what `real`
+/// does. Async-signal-safe, as `real`.
+///
+/// # Safety
+/// `set` and `old` are null or valid, as for `sigprocmask(2)`.
+pub unsafe fn program_mask(
+    how: c_int,
+    set: *const sigset_t,
+    old: *mut sigset_t,
+    real: impl FnOnce(c_int, *const sigset_t, *mut sigset_t) -> c_int,
+) -> c_int {
+    // SAFETY: the caller's set, when not null.
+    let Some(s) = (unsafe { set.as_ref() }).filter(|_| STATE.load(Acquire) == INSTALLED) else {
+        let was = VIEW_BLOCKED.with(Cell::get);
+        let r = real(how, set, old);
+        // SAFETY: the caller's storage, filled by the call.
+        if let (0, true, Some(o)) = (r, was, unsafe { old.as_mut() }) {
+            // SAFETY: a set the call initialised.
+            unsafe { libc::sigaddset(o, libc::SIGBUS) };
+        }
+        return r;
+    };
+    // SAFETY: an initialised set.
+    let bus = unsafe { libc::sigismember(s, libc::SIGBUS) } == 1;
+    let mut kernel = *s;
+    if how != libc::SIG_UNBLOCK {
+        // SAFETY: a copy of an initialised set.
+        unsafe { libc::sigdelset(&mut kernel, libc::SIGBUS) };
+    }
+    let was = VIEW_BLOCKED.with(Cell::get);
+    let r = real(how, &kernel, old);
+    if r != 0 {
+        return r;
+    }
+    let now = match how {
+        libc::SIG_BLOCK => was || bus,
+        libc::SIG_UNBLOCK => was && !bus,
+        _ => bus,
+    };
+    VIEW_BLOCKED.with(|v| v.set(now));
+    // SAFETY: the caller's storage, filled by the call.
+    if let (true, Some(o)) = (was, unsafe { old.as_mut() }) {
+        // SAFETY: a set the call initialised.
+        unsafe { libc::sigaddset(o, libc::SIGBUS) };
+    }
+    0
+}
+
 /// Runs `exec` (an exec call, which returns only when it failed) with the
 /// program's `SIGBUS` disposition in the kernel if it ignores the signal:
 /// exec carries an ignored disposition into the new image, and a handled
@@ -413,7 +482,9 @@ fn run_program_action(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     if h == libc::SIG_IGN && sent {
         return;
     }
-    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+    // A fault the thread blocks kills it, as the kernel's would have.
+    let blocked_fault = !sent && VIEW_BLOCKED.with(Cell::get);
+    if h == libc::SIG_DFL || h == libc::SIG_IGN || blocked_fault {
         // SAFETY: an all-zero sigaction with SIG_DFL (0) is the default.
         let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
         real_sigaction(sig, &dfl, std::ptr::null_mut());

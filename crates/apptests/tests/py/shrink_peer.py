@@ -20,17 +20,32 @@ the DMBs it is handed.
                                     mapping (MADV_REMOVE: "holed N", N
                                     DMBs); then sends and prints what it
                                     got ("after ...")
+
+With SHRINK_MASKED=1 in the environment, the server's and the client's
+threads block every signal but SIGTERM and SIGINT (as worker threads that
+leave signals to one thread do), and check that they see SIGBUS blocked.
 """
 
 import ctypes
 import errno
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 
 MSG = bytes(range(256)) * 64
+MASKED = os.environ.get("SHRINK_MASKED") == "1"
+
+
+def mask_signals():
+    """With SHRINK_MASKED=1: this thread blocks its signals, SIGBUS too."""
+    if not MASKED:
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {signal.SIGTERM, signal.SIGINT})
+    if signal.SIGBUS not in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        raise SystemExit("this thread does not see SIGBUS blocked")
 
 
 def echo_once(s, data):
@@ -54,6 +69,7 @@ def name(e):
 
 
 def serve(c):
+    mask_signals()
     try:
         while True:
             b = c.recv(65536)
@@ -67,6 +83,7 @@ def serve(c):
 
 
 def server(port):
+    mask_signals()
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", port))
@@ -78,6 +95,7 @@ def server(port):
 
 
 def client(port, go):
+    mask_signals()
     s = connect(port)
     echo_once(s, MSG)
     print("live ok", flush=True)

@@ -18,6 +18,11 @@
 //! handler with the kernel's arguments and leaves `errno` as the handler
 //! does. Handlers installed with the raw system call are not wrapped; a
 //! wait does not see them run until it sleeps.
+//!
+//! `sigprocmask` and `pthread_sigmask` are interposed too: a mask never
+//! blocks `SIGBUS` in the kernel, where a fault in a shrunk shared file
+//! would kill the thread ([`smclo::adapter::fault::program_mask`]); the
+//! program sees the mask it set.
 
 use crate::real;
 use libc::{c_int, c_void, sighandler_t, siginfo_t};
@@ -186,6 +191,34 @@ pub unsafe extern "C" fn sigaction(
     r
 }
 
+/// Interposed `pthread_sigmask(3)` (see the module docs).
+/// Async-signal-safe, as the real one.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's sets, as the real function takes them.
+    unsafe {
+        smclo::adapter::fault::program_mask(how, set, old, |h, s, o| real::pthread_sigmask(h, s, o))
+    }
+}
+
+/// Interposed `sigprocmask(2)` (see the module docs). Async-signal-safe,
+/// as the real one.
+#[no_mangle]
+pub unsafe extern "C" fn sigprocmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's sets, as the real function takes them.
+    unsafe {
+        smclo::adapter::fault::program_mask(how, set, old, |h, s, o| real::sigprocmask(h, s, o))
+    }
+}
+
 /// `sigaction` with `handler`, `flags` and a mask of `mask` (or none):
 /// the previous handler, or `SIG_ERR`.
 fn install(sig: c_int, handler: sighandler_t, flags: c_int, mask: Option<c_int>) -> sighandler_t {
@@ -342,8 +375,12 @@ pub(super) fn at_load() {
     }
     // SAFETY: an all-zero sigaction is valid storage for the query.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: a query (no new action), into valid storage.
+    // Resolved now: a handler may be the first to call them.
+    // SAFETY: queries (no new action, no new mask), into valid storage.
     errno::kept(|| unsafe {
         real::sigaction(libc::SIGUSR1, std::ptr::null(), &mut a);
+        let mut m: libc::sigset_t = std::mem::zeroed();
+        real::sigprocmask(libc::SIG_BLOCK, std::ptr::null(), &mut m);
+        real::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut m);
     });
 }
