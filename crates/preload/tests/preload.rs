@@ -2181,3 +2181,49 @@ print("OK done" if st == 0 else "FAIL server %d" % st)
     }
     assert_eq!(stats.conns_opened, 1, "SMC-D\n{out}");
 }
+
+/// A socket duplicated before its connect stays TCP, so that both numbers
+/// carry the connection: a swap replaces one number only. Before, the
+/// `dup` still named the TCP socket after the swap, and what the program
+/// wrote through it was lost (the write succeeded, the peer never read it).
+#[test]
+fn a_socket_duplicated_before_its_connect_stays_tcp() {
+    let script = r#"
+import os, socket
+pr, pw = os.pipe()
+if os.fork() == 0:
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    os.write(pw, b"%d" % l.getsockname()[1])
+    c, _ = l.accept()
+    got = b""
+    while len(got) < 8:
+        b = c.recv(8 - len(got))
+        if not b:
+            break
+        got += b
+    c.sendall(got[::-1])
+    os._exit(0 if got == b"via-dup!" else 1)
+port = int(os.read(pr, 10))
+s = socket.socket()
+d = os.dup(s.fileno())
+s.connect(("127.0.0.1", port))
+os.write(d, b"via-dup!")
+got = b""
+while len(got) < 8:
+    b = s.recv(8 - len(got))
+    if not b:
+        break
+    got += b
+print("echo", got.decode())
+_, st = os.wait()
+print("OK done" if st == 0 else "FAIL server %d" % st)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]);
+    let (ok, out, stats) = run_preloaded("dup-before-connect", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(out.lines().any(|l| l == "echo !pud-aiv"), "{out}");
+    assert_eq!(stats.conns_opened, 0, "TCP\n{out}");
+}

@@ -243,6 +243,7 @@ fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     super::pending::settle(fd);
+    super::state::duplicated(fd);
     let s = table::get(fd);
     if s.is_none() && !dup_shared(fd) {
         // SAFETY: forwarded unchanged.
@@ -323,6 +324,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
     }
     if old != new {
         super::pending::settle(old);
+        super::state::duplicated(old);
     }
     let s = table::get(old);
     let interesting = s.is_some() || dup_shared(old) || seen(new);
@@ -383,6 +385,7 @@ unsafe fn fcntl_impl(
             return fail(libc::EINVAL); // as the kernel for a minimum past the limit
         }
         super::pending::settle(fd);
+        super::state::duplicated(fd);
     }
     let s = table::get(fd);
     if s.is_none() {

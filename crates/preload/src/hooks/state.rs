@@ -151,6 +151,17 @@ pub(super) fn end_candidacy(fd: RawFd) {
     });
 }
 
+/// `fd` is duplicated (`dup`, `dup2`, `dup3`, `F_DUPFD`): if its connect
+/// is still to come, it stays TCP. A swap replaces one number only, and
+/// what the program wrote through the other would go to the TCP socket
+/// nobody reads.
+pub(super) fn duplicated(fd: RawFd) {
+    if table::kind(fd) == Kind::Candidate {
+        debug!("fd {fd}: duplicated before its connect: its connection stays TCP");
+        end_candidacy(fd);
+    }
+}
+
 /// `fd` was made by the program's `socket()` just now: a TCP stream is a
 /// candidate known to be TCP ([`Hint::Tcp`]); anything else is known to
 /// be no listener ([`Hint::Plain`]).
