@@ -270,6 +270,13 @@ static WORDS: [AtomicUsize; MAX_FD] = [ZERO_WORD; MAX_FD];
 /// writing to change one), so never held across `fork`.
 static STATES: Mutex<Option<NumMap<RawFd, FdState>>> = Mutex::new(None);
 
+/// How many times each number's state was forgotten (closed, replaced,
+/// met fresh from the kernel), wrapping: a call that holds a number across
+/// a wait (a blocking connect, an accept) sees by a change that another
+/// thread let the number go meanwhile, and perhaps got it back for
+/// another file.
+static FORGOTTEN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
+
 /// How many numbers are `Pending` (the waits skip all of it at 0).
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// How many numbers are `Epoll` (closes skip the shadows at 0).
@@ -328,6 +335,9 @@ pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) 
     let was = Kind::of(old_word);
     let (new, r) = f(old);
     let new_word = new.word();
+    if new_word == K_UNKNOWN && old_word != K_UNKNOWN {
+        FORGOTTEN[fd as usize].fetch_add(1, Ordering::Relaxed);
+    }
     count(was, -1);
     count(Kind::of(new_word), 1);
     if !new.word_only() {
@@ -357,6 +367,15 @@ fn count(k: Kind, by: isize) {
     } else {
         c.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// How many times `fd`'s state was forgotten so far (see [`FORGOTTEN`]);
+/// compare under [`LOCK`].
+pub fn forgotten(fd: RawFd) -> u32 {
+    if !in_range(fd) {
+        return 0;
+    }
+    FORGOTTEN[fd as usize].load(Ordering::Relaxed)
 }
 
 /// How many numbers are `Pending`.

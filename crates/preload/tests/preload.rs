@@ -2227,3 +2227,61 @@ print("OK done" if st == 0 else "FAIL server %d" % st)
     assert!(out.lines().any(|l| l == "echo !pud-aiv"), "{out}");
     assert_eq!(stats.conns_opened, 0, "TCP\n{out}");
 }
+
+/// A thread that closes a socket while another waits in its blocking
+/// connect, and opens a file that gets the same number: the file stays
+/// the file, as over TCP (the connection that decided meanwhile ends).
+/// Before, the swap took the file for the connection's TCP socket, hid it
+/// and put the channel at its number.
+#[test]
+fn a_number_closed_during_a_blocking_connect_is_not_swapped() {
+    let script = r#"
+import os, socket, stat, threading, time
+pr, pw = os.pipe()
+if os.fork() == 0:
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    os.write(pw, b"%d" % l.getsockname()[1])
+    time.sleep(0.6)
+    c, _ = l.accept()
+    time.sleep(0.5)
+    os._exit(0)
+port = int(os.read(pr, 10))
+s = socket.socket()
+n = s.fileno()
+def connect():
+    try:
+        s.connect(("127.0.0.1", port))
+    except OSError as e:
+        print("connect", e.errno)
+t = threading.Thread(target=connect)
+t.start()
+time.sleep(0.2)
+os.close(n)
+path = os.path.join(os.environ["TMPDIR"], "held-file")
+with open(path, "w") as f:
+    f.write("mine")
+f = os.open(path, os.O_RDONLY)
+print("reused", f == n)
+t.join()
+print("regular", stat.S_ISREG(os.fstat(f).st_mode))
+print("read", os.read(f, 10).decode())
+os.wait()
+print("OK done")
+"#;
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "held-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script]).env("TMPDIR", &tmp);
+    let (ok, out, _) = run_preloaded("closed-in-connect", cmd);
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(ok && out.contains("OK done"), "{out}");
+    for line in ["reused True", "regular True", "read mine"] {
+        assert!(out.lines().any(|l| l == line), "no {line:?}:\n{out}");
+    }
+}

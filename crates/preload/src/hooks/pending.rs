@@ -19,7 +19,7 @@
 use super::ctx;
 use super::lock;
 use super::state::{fallback_record, is_current_locked, out_hidden, pendings};
-use super::swap::swap_in;
+use super::swap::{swap_in, Holder};
 use crate::holders;
 use crate::real;
 use crate::table::{self, Connecting, Shut, Undecided, LOCK};
@@ -264,7 +264,7 @@ fn swap(
     // SAFETY: F_GETFD on the application's descriptor.
     let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
     let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-    let Some(s) = swap_in(fd, est, slot, nonblock, cloexec, Some(c)) else {
+    let Some(s) = swap_in(fd, est, slot, nonblock, cloexec, Holder::Pending(c)) else {
         // The swap failed (both ends reset): `fd` stays the TCP socket,
         // no longer pending; or `fd` no longer holds `c`. A swap that
         // succeeded made it `Smc`.

@@ -6,7 +6,7 @@
 
 use super::pending;
 use super::state::list_fallback;
-use super::swap::{clear_stale, learn, swap_in};
+use super::swap::{clear_stale, learn, swap_in, Holder};
 use super::{ctx, disabled, fail, in_table_range, sockopt_int, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
@@ -384,6 +384,8 @@ fn accept_decided(
     flags: c_int,
     known: Known,
 ) -> bool {
+    // Not the program's yet: nobody else has the number.
+    let holder = Holder::held(nfd);
     match d {
         Decision::Smc(est) => {
             accept_spin::peer_proposed(true);
@@ -393,7 +395,7 @@ fn accept_decided(
                 slot,
                 flags & libc::SOCK_NONBLOCK != 0,
                 flags & libc::SOCK_CLOEXEC != 0,
-                None,
+                holder,
             );
             false
         }
@@ -565,6 +567,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
     let start = Instant::now();
+    // Another thread may close the number while this one waits below.
+    let holder = Holder::held(fd);
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };
     let e = errno::get();
@@ -605,7 +609,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             // SAFETY: F_GETFD on the caller's descriptor.
             let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
             let cloexec = fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0;
-            if let Some(s) = swap_in(fd, est, slot, false, cloexec, None) {
+            if let Some(s) = swap_in(fd, est, slot, false, cloexec, holder) {
                 learn(&s, c, dest);
             }
         }

@@ -26,18 +26,18 @@ use std::time::Duration;
 /// descriptor, epoll registrations move with the number, and the Conn
 /// owns `fd` from then on (the application's `close` of it goes through
 /// [`crate::table::Sock`]'s drop). On failure both sides had already committed to SMC-D,
-/// so the connection is reset at both ends ([`abort_both`]). A swap that
-/// decided for handshake `current` of `fd` (a pending one) puts nothing at
-/// `fd` if its number no longer holds that handshake under the table's
-/// lock (closed or replaced meanwhile, perhaps given out again): the
-/// connection ends instead. Returns the connection installed at `fd`.
+/// so the connection is reset at both ends ([`abort_both`]). A swap puts
+/// nothing at `fd` if, under the table's lock, the number no longer holds
+/// what the handshake began on (`holder`: closed or replaced meanwhile,
+/// perhaps given out again): the connection ends instead. Returns the
+/// connection installed at `fd`.
 pub(super) fn swap_in(
     fd: RawFd,
     est: Established,
     slot: usize,
     nonblock: bool,
     cloexec: bool,
-    current: Option<&Arc<Connecting>>,
+    holder: Holder<'_>,
 ) -> Option<Arc<Sock>> {
     let Established {
         conn,
@@ -91,7 +91,7 @@ pub(super) fn swap_in(
         learn: Default::default(),
     });
     let g = LOCK.write();
-    if current.is_some_and(|c| !super::state::is_current_locked(fd, c)) {
+    if !holder.holds_locked(fd) {
         drop(g);
         holders::forget(slot);
         debug!("fd {fd}: closed while its SMC-D connection was swapped in; the connection ends");
@@ -176,6 +176,30 @@ fn abort_both(
     // (Our own connect hook passes an AF_UNSPEC connect straight through.)
     if let Err(e) = smclo::adapter::tcp_syn::reset(fd) {
         debug!("fd {fd}: resetting the TCP connection failed: {e}");
+    }
+}
+
+/// What a swap's number must still hold when the connection is swapped in.
+pub(super) enum Holder<'a> {
+    /// A pending handshake's number: still `Pending` with this handshake.
+    Pending(&'a Arc<Connecting>),
+    /// A number a call held across its handshake (a blocking connect, an
+    /// accept): not forgotten since [`table::forgotten`] said this count.
+    Held(u32),
+}
+
+impl Holder<'_> {
+    /// A number the calling thread holds from now on.
+    pub(super) fn held(fd: RawFd) -> Holder<'static> {
+        Holder::Held(crate::table::forgotten(fd))
+    }
+
+    /// Whether `fd` still holds it (with the table's lock).
+    fn holds_locked(&self, fd: RawFd) -> bool {
+        match self {
+            Holder::Pending(c) => super::state::is_current_locked(fd, c),
+            Holder::Held(n) => crate::table::forgotten(fd) == *n,
+        }
     }
 }
 
