@@ -244,6 +244,9 @@ impl Conn {
     /// connection's calls, a non-blocking one too, for that long once, not
     /// at every call.
     fn take_owed(&self) -> io::Result<()> {
+        if self.rx_owed.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
         let waited = Duration::from_nanos(self.owed_waited_ns.load(Ordering::Relaxed));
         let Some(budget) = OWED_WAIT.checked_sub(waited).filter(|b| !b.is_zero()) else {
             return self.take_queued_owed().map(drop);
