@@ -7,6 +7,7 @@
 use libc::c_int;
 
 /// This thread's `errno`.
+#[inline]
 pub fn get() -> c_int {
     // SAFETY: __errno_location returns this thread's errno slot, valid for
     // the thread's life.
@@ -14,12 +15,14 @@ pub fn get() -> c_int {
 }
 
 /// Sets this thread's `errno`.
+#[inline]
 pub fn set(e: c_int) {
     // SAFETY: as in `get`.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// Runs `f` and leaves `errno` as it was before.
+#[inline]
 pub fn kept<T>(f: impl FnOnce() -> T) -> T {
     let e = get();
     let r = f();
