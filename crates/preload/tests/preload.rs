@@ -565,6 +565,15 @@ fn traced_peer(
     m
 }
 
+/// `c` runs under the preload if `preload`, else without it.
+fn with_preload(c: &mut Command, preload: bool) -> &mut Command {
+    if preload {
+        c.env("LD_PRELOAD", lib())
+    } else {
+        c.env_remove("LD_PRELOAD")
+    }
+}
+
 /// One run of a program under `strace -c` (`-f`: its threads and children
 /// too), its report in a file of its own. Without `SMCLO_DEBUG`, whose
 /// messages would be system calls of their own.
@@ -595,11 +604,7 @@ impl Strace {
             .env_remove("SMCLO_DEBUG")
             .env_remove("SMCLO_DISABLE")
             .stdin(Stdio::null());
-        if preload {
-            c.env("LD_PRELOAD", lib());
-        } else {
-            c.env_remove("LD_PRELOAD");
-        }
+        with_preload(&mut c, preload);
         (Strace { report }, c)
     }
 
@@ -2101,12 +2106,7 @@ print("FAIL survived the fault")
             .env("SMCLO_DEVICE_DIR", &dev.0)
             .env_remove("SMCLO_DISABLE")
             .stdin(Stdio::null());
-        if preload {
-            c.env("LD_PRELOAD", lib());
-        } else {
-            c.env_remove("LD_PRELOAD");
-        }
-        c.output().expect("python3")
+        with_preload(&mut c, preload).output().expect("python3")
     };
     let expect =
         |kernel_bus: &str| format!("view True True\nkernel {kernel_bus} True\nunblocked False\n");
@@ -2122,6 +2122,35 @@ print("FAIL survived the fault")
     }
 }
 
+/// Python: a peer in a forked child that answers the first 8 bytes
+/// reversed and exits 0 if they were `via-dup!`; `port` is its port,
+/// `read8` reads 8 bytes with a `recv`, `peer_done` prints whether the
+/// peer was content.
+const REVERSING_PEER: &str = r#"
+def read8(recv):
+    got = b""
+    while len(got) < 8:
+        b = recv(8 - len(got))
+        if not b:
+            break
+        got += b
+    return got
+def peer_done():
+    _, st = os.wait()
+    print("OK done" if st == 0 else "FAIL server %d" % st)
+pr, pw = os.pipe()
+if os.fork() == 0:
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    os.write(pw, b"%d" % l.getsockname()[1])
+    c, _ = l.accept()
+    got = read8(c.recv)
+    c.sendall(got[::-1])
+    os._exit(0 if got == b"via-dup!" else 1)
+port = int(os.read(pr, 10))
+"#;
+
 /// Closing an SMC-D connection's number while a `dup` of it lives frees
 /// the number, as over TCP (`dup2(sock, 0); dup2(sock, 1); close(sock)`,
 /// a daemon's `close(n); open("/dev/null")`): the next `open` gets it, a
@@ -2131,24 +2160,11 @@ print("FAIL survived the fault")
 /// closed number went into the channel.
 #[test]
 fn closing_the_connections_number_beside_a_dup_frees_the_number() {
-    let script = r#"
+    let script = format!(
+        r#"
 import errno, fcntl, os, socket, sys
-pr, pw = os.pipe()
-if os.fork() == 0:
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(1)
-    os.write(pw, b"%d" % l.getsockname()[1])
-    c, _ = l.accept()
-    got = b""
-    while len(got) < 8:
-        b = c.recv(8 - len(got))
-        if not b:
-            break
-        got += b
-    c.sendall(got[::-1])
-    os._exit(0 if got == b"via-dup!" else 1)
-s = socket.create_connection(("127.0.0.1", int(os.read(pr, 10))))
+{REVERSING_PEER}
+s = socket.create_connection(("127.0.0.1", port))
 n = s.detach()
 d = os.dup(n)
 os.close(n)
@@ -2162,18 +2178,12 @@ print("reused", f == n)
 os.dup2(os.open("/dev/null", os.O_RDONLY), n)
 print("dup2 ok")
 os.write(d, b"via-dup!")
-got = b""
-while len(got) < 8:
-    b = os.read(d, 8 - len(got))
-    if not b:
-        break
-    got += b
-print("echo", got.decode())
-_, st = os.wait()
-print("OK done" if st == 0 else "FAIL server %d" % st)
-"#;
+print("echo", read8(lambda k: os.read(d, k)).decode())
+peer_done()
+"#
+    );
     let mut cmd = Command::new("python3");
-    cmd.args(["-c", script]);
+    cmd.args(["-c", &script]);
     let (ok, out, stats) = run_preloaded("close-beside-dup", cmd);
     assert!(ok && out.contains("OK done"), "{out}");
     for line in ["closed EBADF", "reused True", "dup2 ok", "echo !pud-aiv"] {
@@ -2188,40 +2198,20 @@ print("OK done" if st == 0 else "FAIL server %d" % st)
 /// wrote through it was lost (the write succeeded, the peer never read it).
 #[test]
 fn a_socket_duplicated_before_its_connect_stays_tcp() {
-    let script = r#"
+    let script = format!(
+        r#"
 import os, socket
-pr, pw = os.pipe()
-if os.fork() == 0:
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(1)
-    os.write(pw, b"%d" % l.getsockname()[1])
-    c, _ = l.accept()
-    got = b""
-    while len(got) < 8:
-        b = c.recv(8 - len(got))
-        if not b:
-            break
-        got += b
-    c.sendall(got[::-1])
-    os._exit(0 if got == b"via-dup!" else 1)
-port = int(os.read(pr, 10))
+{REVERSING_PEER}
 s = socket.socket()
 d = os.dup(s.fileno())
 s.connect(("127.0.0.1", port))
 os.write(d, b"via-dup!")
-got = b""
-while len(got) < 8:
-    b = s.recv(8 - len(got))
-    if not b:
-        break
-    got += b
-print("echo", got.decode())
-_, st = os.wait()
-print("OK done" if st == 0 else "FAIL server %d" % st)
-"#;
+print("echo", read8(s.recv).decode())
+peer_done()
+"#
+    );
     let mut cmd = Command::new("python3");
-    cmd.args(["-c", script]);
+    cmd.args(["-c", &script]);
     let (ok, out, stats) = run_preloaded("dup-before-connect", cmd);
     assert!(ok && out.contains("OK done"), "{out}");
     assert!(out.lines().any(|l| l == "echo !pud-aiv"), "{out}");
