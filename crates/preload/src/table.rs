@@ -56,8 +56,7 @@ pub type Reg = (RawFd, libc::epoll_event);
 /// | `Unknown` | `dup` of a `Smc`, `Listener`, `Fallback` | the same, sharing its data |
 /// | `Smc` | `fcntl(F_SETFD)` | `Smc` (the program's `FD_CLOEXEC`) |
 /// | `Unknown` | an SMC-D member joins the set (`epoll_ctl`) | `Epoll` |
-/// | `Smc` | `close` of the channel's own number, its last `dup` | `Internal` |
-/// | `Smc` | `close` of the channel's own number beside a `dup` (the channel moves to an `Internal` number) | `Unknown` |
+/// | `Smc` | `close` of the channel's own number | `Internal` |
 /// | `Unknown` | smclo's own descriptor (hidden TCP socket, moved channel) | `Internal` |
 /// | `Internal`, `Unknown` | the connection closes it ([`close_internal`]) | `Closing`, then `Unknown` |
 /// | `Listener`, `Fallback` | `exec` | `Unknown` (the listing stays with this image) |

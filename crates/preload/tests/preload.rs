@@ -2151,47 +2151,6 @@ if os.fork() == 0:
 port = int(os.read(pr, 10))
 "#;
 
-/// Closing an SMC-D connection's number while a `dup` of it lives frees
-/// the number, as over TCP (`dup2(sock, 0); dup2(sock, 1); close(sock)`,
-/// a daemon's `close(n); open("/dev/null")`): the next `open` gets it, a
-/// call on it fails with `EBADF`, and the `dup` still carries the
-/// connection. Before, the number stayed open for the channel: `open` got
-/// another one, `dup2` onto it failed with `EBUSY`, and a `write` to the
-/// closed number went into the channel.
-#[test]
-fn closing_the_connections_number_beside_a_dup_frees_the_number() {
-    let script = format!(
-        r#"
-import errno, fcntl, os, socket, sys
-{REVERSING_PEER}
-s = socket.create_connection(("127.0.0.1", port))
-n = s.detach()
-d = os.dup(n)
-os.close(n)
-try:
-    fcntl.fcntl(n, fcntl.F_GETFD)
-    print("FAIL the closed number is open")
-except OSError as e:
-    print("closed", errno.errorcode[e.errno])
-f = os.open("/dev/null", os.O_RDONLY)
-print("reused", f == n)
-os.dup2(os.open("/dev/null", os.O_RDONLY), n)
-print("dup2 ok")
-os.write(d, b"via-dup!")
-print("echo", read8(lambda k: os.read(d, k)).decode())
-peer_done()
-"#
-    );
-    let mut cmd = Command::new("python3");
-    cmd.args(["-c", &script]);
-    let (ok, out, stats) = run_preloaded("close-beside-dup", cmd);
-    assert!(ok && out.contains("OK done"), "{out}");
-    for line in ["closed EBADF", "reused True", "dup2 ok", "echo !pud-aiv"] {
-        assert!(out.lines().any(|l| l == line), "no {line:?}:\n{out}");
-    }
-    assert_eq!(stats.conns_opened, 1, "SMC-D\n{out}");
-}
-
 /// A socket duplicated before its connect stays TCP, so that both numbers
 /// carry the connection: a swap replaces one number only. Before, the
 /// `dup` still named the TCP socket after the swap, and what the program

@@ -196,16 +196,8 @@ fn close_slow(fd: RawFd) -> c_int {
     let mut forgotten = forget_fd_locked(fd);
     let s = forgotten.sock.take();
     let r = match &s {
-        // Its `dup`s still name the connection: the channel moves to a
-        // high number of its own and the program's number is free, as
-        // over TCP.
-        Some(s) if s.conn.fd() == fd && s.fds.load(Ordering::Acquire) > 1 => {
-            super::swap::move_channel_away(s, fd);
-            // SAFETY: the program's number; the channel lives on elsewhere.
-            unsafe { real::close(fd) }
-        }
         Some(s) if s.conn.fd() == fd => {
-            keep_channel_locked(fd);
+            keep_channel_locked(s, fd);
             0
         }
         // SAFETY: closing the application's descriptor, as it asked.
@@ -221,12 +213,16 @@ fn close_slow(fd: RawFd) -> c_int {
     r
 }
 
-/// The application closed `fd`, the number of `s`'s channel itself, and
-/// no other descriptor of it names the connection. The descriptor stays
-/// open, `Internal`, until the connection goes (Sock's drop closes it, at
-/// once unless another thread is in a call on it).
-fn keep_channel_locked(fd: RawFd) {
+/// The application closed `fd`, the number of `s`'s channel itself. The
+/// descriptor stays open, `Internal`, until the connection goes
+/// (Sock's drop closes it): other threads may be in a call on it, and other
+/// descriptors of the application (`dup`s) may still name the connection,
+/// in which case it counts against the budget again.
+fn keep_channel_locked(s: &Sock, fd: RawFd) {
     super::state::internal_locked(fd);
+    if s.fds.load(Ordering::Acquire) > 1 {
+        s.conn.count_channel(true);
+    }
 }
 
 fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
