@@ -202,12 +202,31 @@ fn check_bells(w: u64) -> Result<(), CursorError> {
     Ok(())
 }
 
-/// Loads and validates both words (`cons` first: it only grows, so the view
-/// can only underestimate the room or overestimate the data already read).
+/// How many times [`snapshot`] looks again at a `cons` that moved.
+const SNAP_LOOKS: u32 = 4;
+
+/// Loads and validates both words. `cons` is loaded first (it only grows,
+/// so the view can only underestimate the room or overestimate the data
+/// already read) and again after `prod`. The writer's own thread (`prod`
+/// is its) and the reader's (`cons` is its) need one look; another thread
+/// (a poller) may load a `cons` that the reader then moves before the
+/// writer publishes past it, which would read as a peer's lie. A `cons`
+/// equal at both loads was the current one when `prod` was loaded, which
+/// the writer could not have published beyond; one that moved is looked
+/// at again, a few times (a peer that keeps moving it is judged on the
+/// last look).
 #[inline]
 pub fn snapshot<W: Word + ?Sized>(prod: &W, cons: &W, ring_len: u32) -> Result<Snap, CursorError> {
-    let c = cons.load();
-    let p = prod.load();
+    let mut c = cons.load();
+    let mut p = prod.load();
+    for _ in 0..SNAP_LOOKS {
+        let again = cons.load();
+        if again == c {
+            break;
+        }
+        c = again;
+        p = prod.load();
+    }
     let used = distance(p, c, ring_len)?;
     check_bells(p)?;
     Ok(Snap {
@@ -713,6 +732,36 @@ mod tests {
 
     fn words() -> (AtomicU64, AtomicU64) {
         (AtomicU64::new(0), AtomicU64::new(0))
+    }
+
+    /// A word whose loads return the values given, in turn (the last one
+    /// again once they run out): another thread's stores between loads.
+    struct Moving(std::cell::Cell<usize>, Vec<u64>);
+
+    impl Word for Moving {
+        fn load(&self) -> u64 {
+            let i = self.0.get();
+            self.0.set(i + 1);
+            self.1[i.min(self.1.len() - 1)]
+        }
+        fn store(&self, _: u64) {}
+        fn cas(&self, cur: u64, _: u64) -> Result<u64, u64> {
+            Err(cur)
+        }
+    }
+
+    /// A poller's snapshot of a ring whose reader moves `cons` from 0 to
+    /// 100 after the poller loaded it, and whose writer then fills the ring
+    /// up to 100 + L: a valid ring, full. Before, the poller judged the
+    /// first `cons` against the new `prod` (`BadDistance`), and the
+    /// connection was aborted as if the peer had lied.
+    #[test]
+    fn a_snapshot_beside_both_ends_moving_is_valid() {
+        let at = |n: u32| Cursor::default().advanced(n, L).to_word();
+        let cons = Moving(Default::default(), vec![at(0), at(100)]);
+        let prod = Moving(Default::default(), vec![at(100 + L)]);
+        let s = snapshot(&prod, &cons, L).unwrap();
+        assert_eq!((s.cons, s.prod, s.used), (at(100), at(100 + L), L));
     }
 
     #[test]

@@ -377,9 +377,10 @@ impl Conn {
     }
 
     /// The send ring's snapshot and the room after what is written but
-    /// held (corked). The held bytes went into room the peer's `cons` had
-    /// left, so together with the unread ones they fit the ring unless the
-    /// peer moved `cons` back: a violation, not room of 4 GiB.
+    /// held (corked), for the writer (the caller holds `tx`). The held
+    /// bytes went into room the peer's `cons` had left, so together with
+    /// the unread ones they fit the ring unless the peer moved `cons`
+    /// back: a violation, not room of 4 GiB.
     fn tx_room(&self) -> io::Result<(Snap, u32)> {
         let s = self.tx_snap()?;
         let held = self.held.load(Ordering::Relaxed);

@@ -54,8 +54,11 @@ impl Conn {
         if self.tx_allowed().is_err() {
             return r | Ready::OUT;
         }
-        match self.tx_room() {
-            Ok((_, free)) if free > 0 => r | Ready::OUT,
+        // Not `tx_room`: the writer may hold bytes it wrote into room that
+        // this thread's older look does not see yet, which is no violation.
+        let held = u64::from(self.held.load(Ordering::Relaxed));
+        match self.tx_snap() {
+            Ok(s) if u64::from(s.used) + held < u64::from(self.peer.ring_len()) => r | Ready::OUT,
             Ok(_) => r,
             Err(_) => r | Ready::OUT | Ready::HUP | Ready::ERR,
         }
