@@ -218,6 +218,76 @@ impl Drop for Runnable {
     }
 }
 
+/// A non-blocking connection end `conn` whose writer is a busy process
+/// (it can run, so a doorbell it counted may still come), with `ring`,
+/// the writer's mapping of `conn`'s receive ring, and `bells`, the
+/// writer's end of the channel.
+struct OwedBells {
+    conn: Conn,
+    ring: Dmb,
+    bells: UnixStream,
+    _theirs: Dmb,
+    _writer: Runnable,
+}
+
+impl OwedBells {
+    fn new() -> OwedBells {
+        let writer = Runnable(
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap(),
+        );
+        let (fa, fb) = (memfd("a").unwrap(), memfd("b").unwrap());
+        let own = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
+        // The DMB the reader's writer owns names the busy process.
+        let theirs = Dmb::create(&fb, 0xb, RING, 0x5eed, writer.0.id(), 0).unwrap();
+        let peer = Dmb::attach(&fb, 0xb, 0x5eed).unwrap();
+        let (chan, bells) = UnixStream::pair().unwrap();
+        let conn = Conn::new(own, peer, chan, Mode::NoCopy).unwrap();
+        conn.set_nonblocking(true).unwrap();
+        OwedBells {
+            conn,
+            ring: Dmb::attach(&fa, 0xa, 0x5eed).unwrap(),
+            bells,
+            _theirs: theirs,
+            _writer: writer,
+        }
+    }
+}
+
+/// An honest writer whose doorbells come late (preempted between its
+/// count and its send) costs the reader's budget for missing doorbells
+/// nothing: after more than a second of such waits, a read still waits
+/// for the late doorbell. Before, every wait was charged, and a long-lived
+/// connection stopped waiting for good, leaving its descriptor readable
+/// with nothing to read once the doorbell came.
+#[test]
+fn late_doorbells_do_not_spend_the_budget_for_missing_ones() {
+    let w = OwedBells::new();
+    let mut buf = [0u8; 16];
+    let mut took = Vec::new();
+    for _ in 0..14 {
+        w.ring.prod().store(with_bells(0, 1), Ordering::SeqCst);
+        let late = w.bells.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            std::io::Write::write_all(&mut &late, b"!").unwrap();
+        });
+        let t = Instant::now();
+        assert_eq!(
+            w.conn.read(&mut buf).map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::WouldBlock)
+        );
+        took.push(t.elapsed());
+        sender.join().unwrap();
+    }
+    assert!(
+        took.iter().all(|t| *t >= Duration::from_millis(80)),
+        "a read stopped waiting for its late doorbell: {took:?}"
+    );
+}
+
 /// A writer that counts a doorbell in the reader's `prod` word and never
 /// sends it, while it keeps a thread runnable: the reader waits for that
 /// doorbell (an honest writer is between its count and its send) for at
@@ -226,21 +296,8 @@ impl Drop for Runnable {
 /// loop stalled a second per call, for as long as the peer liked.
 #[test]
 fn a_doorbell_counted_and_never_sent_holds_up_reads_once() {
-    let writer = Runnable(
-        std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap(),
-    );
-    let (fa, fb) = (memfd("a").unwrap(), memfd("b").unwrap());
-    let own = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
-    // The DMB the reader's writer owns names the busy process.
-    let _theirs = Dmb::create(&fb, 0xb, RING, 0x5eed, writer.0.id(), 0).unwrap();
-    let peer = Dmb::attach(&fb, 0xb, 0x5eed).unwrap();
-    let (chan, _other_end) = UnixStream::pair().unwrap();
-    let a = Conn::new(own, peer, chan, Mode::NoCopy).unwrap();
-    a.set_nonblocking(true).unwrap();
-    let evil = Dmb::attach(&fa, 0xa, 0x5eed).unwrap();
+    let w = OwedBells::new();
+    let (a, evil) = (&w.conn, &w.ring);
     evil.prod().store(with_bells(0, 1), Ordering::SeqCst);
     let mut buf = [0u8; 16];
     let start = Instant::now();

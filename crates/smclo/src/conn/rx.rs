@@ -238,11 +238,13 @@ impl Conn {
     /// for good: what it sent before it stopped running is taken, the rest
     /// stays owed and a later call takes it.
     ///
-    /// The waits of a connection add up to [`OWED_WAIT`] at most, over its
-    /// life: a writer that counts doorbells and never sends them (a broken
-    /// or hostile peer, which keeps a thread runnable) holds up the
-    /// connection's calls, a non-blocking one too, for that long once, not
-    /// at every call.
+    /// The waits that end without the doorbell add up to [`OWED_WAIT`] at
+    /// most over the connection's life: a writer that counts doorbells and
+    /// never sends them (a broken or hostile peer, which keeps a thread
+    /// runnable) holds up the connection's calls, a non-blocking one too,
+    /// for that long once, not at every call. A wait that got its doorbell
+    /// (an honest writer, preempted between its count and its send) costs
+    /// the budget nothing.
     fn take_owed(&self) -> io::Result<()> {
         if self.rx_owed.load(Ordering::Relaxed) == 0 {
             return Ok(());
@@ -253,7 +255,8 @@ impl Conn {
         };
         let mut since = None;
         let r = self.wait_owed(budget, &mut since);
-        if let Some(t0) = since {
+        let missed = self.rx_owed.load(Ordering::Relaxed) > 0;
+        if let (Some(t0), true) = (since, missed) {
             let ns = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
             self.owed_waited_ns.fetch_add(ns, Ordering::Relaxed);
         }
