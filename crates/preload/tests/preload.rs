@@ -2234,3 +2234,37 @@ print("OK done")
         assert!(out.lines().any(|l| l == line), "no {line:?}:\n{out}");
     }
 }
+
+/// A program started with `SIGBUS` blocked (a mask inherited through
+/// exec) sees it blocked, while the kernel's mask of its thread does not
+/// have it. Before, the inherited mask stayed in the kernel, and a
+/// truncated device killed the program.
+#[test]
+fn a_sigbus_blocked_across_exec_moves_to_the_programs_view() {
+    let child = r#"
+import re, signal
+with open("/proc/thread-self/status") as f:
+    blk = int(re.search(r"SigBlk:\s*([0-9a-f]+)", f.read()).group(1), 16)
+print("view", signal.SIGBUS in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+print("kernel", bool(blk >> (signal.SIGBUS - 1) & 1))
+"#;
+    let parent = r#"
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGBUS})
+env = dict(os.environ, LD_PRELOAD=sys.argv[1])
+os.execvpe("python3", ["python3", "-c", sys.argv[2]], env)
+"#;
+    let dev = DevDir::new("sigbus-exec");
+    let r = Command::new("python3")
+        .args(["-c", parent])
+        .arg(lib())
+        .arg(child)
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env_remove("SMCLO_DISABLE")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3");
+    let out = String::from_utf8_lossy(&r.stdout);
+    assert_eq!(out, "view True\nkernel False\n", "{r:?}");
+}

@@ -59,7 +59,10 @@
 //! smclo's mappings in a thread whose view blocks it is the death the
 //! kernel would have dealt. A `SIGBUS` sent by a process to such a thread
 //! runs the program's action at once instead of waiting until unblocked;
-//! a thread starts with the view unblocked whatever its creator's was.
+//! a thread starts with the view unblocked whatever its creator's was,
+//! but the thread that installs the handler moves a `SIGBUS` its mask
+//! blocks (inherited through exec) to its view. The masks of the
+//! program's handlers (`sa_mask`) reach the kernel as given.
 
 use libc::{c_int, c_void, siginfo_t, sigset_t};
 use std::cell::Cell;
@@ -317,9 +320,36 @@ pub fn install() {
         keep_program_action(&old);
     }
     if kernel_action() == 0 {
+        unblock_inherited();
         STATE.store(INSTALLED, Release);
     } else {
         STATE.store(NOT_INSTALLED, Release);
+    }
+}
+
+/// A mask inherited through exec (or set before the handler) may block
+/// `SIGBUS` in the installing thread, whose threads would inherit it:
+/// it moves to the thread's view ([`program_mask`]). The raw system call,
+/// as libc's may be the preload's own.
+fn unblock_inherited() {
+    // SAFETY: all-zero sigsets are valid storage, initialised below.
+    let (mut bus, mut old): (sigset_t, sigset_t) = unsafe { std::mem::zeroed() };
+    // SAFETY: a local set.
+    unsafe {
+        libc::sigemptyset(&mut bus);
+        libc::sigaddset(&mut bus, libc::SIGBUS);
+    }
+    let args = [
+        libc::SIG_UNBLOCK as libc::c_long,
+        &bus as *const sigset_t as libc::c_long,
+        &mut old as *mut sigset_t as libc::c_long,
+        8, // the kernel's sigset size
+    ];
+    // SAFETY: rt_sigprocmask with valid sets that outlive the call.
+    let r = unsafe { crate::chan_sys::syscall(libc::SYS_rt_sigprocmask, &args) };
+    // SAFETY: `old` was filled by the call when it succeeded.
+    if r == 0 && unsafe { libc::sigismember(&old, libc::SIGBUS) } == 1 {
+        VIEW_BLOCKED.with(|v| v.set(true));
     }
 }
 
