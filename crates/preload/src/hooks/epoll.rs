@@ -26,7 +26,6 @@
 //! descriptor).
 
 use super::lock;
-
 use crate::real;
 use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
 use crate::table::{self, FdState, Shadow, Sock};

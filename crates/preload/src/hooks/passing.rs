@@ -103,11 +103,11 @@ pub(super) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssi
     let n = unsafe { real::sendmsg(fd, &m, flags) };
     // A stream socket sends no descriptor with no byte.
     if n < 0 || (n == 0 && payload_len(&m) == 0) {
-        let e = errno::get();
-        for (s, before) in &p.socks {
-            s.conn.unpass(*before);
-        }
-        errno::set(e);
+        errno::kept(|| {
+            for (s, before) in &p.socks {
+                s.conn.unpass(*before);
+            }
+        });
     } else {
         for (s, _) in &p.socks {
             debug!(

@@ -171,12 +171,12 @@ fn advance_as(fd: RawFd, look: Look) -> bool {
         // Another thread drives it (or it was just decided).
         return !table::is_pending(fd);
     };
-    let e = errno::get();
-    DRIVING.with(|d| d.set(true));
-    let done = drive_one(fd, c, pd, look);
-    DRIVING.with(|d| d.set(false));
-    errno::set(e);
-    done
+    errno::kept(|| {
+        DRIVING.with(|d| d.set(true));
+        let done = drive_one(fd, c, pd, look);
+        DRIVING.with(|d| d.set(false));
+        done
+    })
 }
 
 /// Puts `pd`, undecided, back into `c` for the next look, unless `fd` was

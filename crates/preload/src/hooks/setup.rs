@@ -83,9 +83,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 {
         return r;
     }
-    let e = errno::get();
-    register(c, fd, saved);
-    errno::set(e);
+    errno::kept(|| register(c, fd, saved));
     0
 }
 
@@ -140,15 +138,15 @@ fn adopt_if_unknown(fd: RawFd) {
     if !super::state::unknown(fd) || disabled() {
         return;
     }
-    let e = errno::get();
-    match ctx().filter(|_| is_listening(fd) && is_tcp_stream(fd)) {
-        Some(c) => {
-            debug!("fd {fd}: a TCP listener inherited from another program; registering it");
-            register(c, fd, smclo::adapter::tcp_syn::save_syns(fd));
-        }
-        None => hints::hint(fd, Hint::Plain),
-    }
-    errno::set(e);
+    errno::kept(
+        || match ctx().filter(|_| is_listening(fd) && is_tcp_stream(fd)) {
+            Some(c) => {
+                debug!("fd {fd}: a TCP listener inherited from another program; registering it");
+                register(c, fd, smclo::adapter::tcp_syn::save_syns(fd));
+            }
+            None => hints::hint(fd, Hint::Plain),
+        },
+    );
 }
 
 /// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).

@@ -412,10 +412,7 @@ pub(super) fn fallback_record(
     if !in_table_range(fd) {
         return None;
     }
-    let e = errno::get();
-    let rec = fallbacks::record(&c.dev, fd, side, reason, known);
-    errno::set(e);
-    rec
+    errno::kept(|| fallbacks::record(&c.dev, fd, side, reason, known))
 }
 
 /// Lists the TCP connection on `fd` (see [`fallback_record`]) until `fd`
