@@ -435,41 +435,36 @@ pub unsafe fn program_mask(
     old: *mut sigset_t,
     real: impl FnOnce(c_int, *const sigset_t, *mut sigset_t) -> c_int,
 ) -> c_int {
-    // SAFETY: the caller's set, when not null.
-    let Some(s) = (unsafe { set.as_ref() }).filter(|_| STATE.load(Acquire) == INSTALLED) else {
-        let was = VIEW_BLOCKED.with(Cell::get);
-        let r = real(how, set, old);
-        // SAFETY: the caller's storage, filled by the call.
-        if let (0, true, Some(o)) = (r, was, unsafe { old.as_mut() }) {
-            // SAFETY: a set the call initialised.
-            unsafe { libc::sigaddset(o, libc::SIGBUS) };
-        }
-        return r;
-    };
-    // SAFETY: an initialised set.
-    let bus = unsafe { libc::sigismember(s, libc::SIGBUS) } == 1;
-    let mut kernel = *s;
-    if how != libc::SIG_UNBLOCK {
-        // SAFETY: a copy of an initialised set.
-        unsafe { libc::sigdelset(&mut kernel, libc::SIGBUS) };
-    }
     let was = VIEW_BLOCKED.with(Cell::get);
-    let r = real(how, &kernel, old);
-    if r != 0 {
-        return r;
-    }
-    let now = match how {
-        libc::SIG_BLOCK => was || bus,
-        libc::SIG_UNBLOCK => was && !bus,
-        _ => bus,
+    // SAFETY: the caller's set, when not null.
+    let r = match (unsafe { set.as_ref() }).filter(|_| STATE.load(Acquire) == INSTALLED) {
+        None => real(how, set, old),
+        Some(s) => {
+            // SAFETY: an initialised set.
+            let bus = unsafe { libc::sigismember(s, libc::SIGBUS) } == 1;
+            let mut kernel = *s;
+            if how != libc::SIG_UNBLOCK {
+                // SAFETY: a copy of an initialised set.
+                unsafe { libc::sigdelset(&mut kernel, libc::SIGBUS) };
+            }
+            let r = real(how, &kernel, old);
+            if r == 0 {
+                let now = match how {
+                    libc::SIG_BLOCK => was || bus,
+                    libc::SIG_UNBLOCK => was && !bus,
+                    _ => bus,
+                };
+                VIEW_BLOCKED.with(|v| v.set(now));
+            }
+            r
+        }
     };
-    VIEW_BLOCKED.with(|v| v.set(now));
     // SAFETY: the caller's storage, filled by the call.
-    if let (true, Some(o)) = (was, unsafe { old.as_mut() }) {
+    if let (0, true, Some(o)) = (r, was, unsafe { old.as_mut() }) {
         // SAFETY: a set the call initialised.
         unsafe { libc::sigaddset(o, libc::SIGBUS) };
     }
-    0
+    r
 }
 
 /// Runs `exec` (an exec call, which returns only when it failed) with the

@@ -382,8 +382,6 @@ fn accept_decided(
     flags: c_int,
     known: Known,
 ) -> bool {
-    // Not the program's yet: nobody else has the number.
-    let holder = Holder::held(nfd);
     match d {
         Decision::Smc(est) => {
             accept_spin::peer_proposed(true);
@@ -393,7 +391,7 @@ fn accept_decided(
                 slot,
                 flags & libc::SOCK_NONBLOCK != 0,
                 flags & libc::SOCK_CLOEXEC != 0,
-                holder,
+                Holder::Fresh,
             );
             false
         }

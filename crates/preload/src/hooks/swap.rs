@@ -183,9 +183,11 @@ fn abort_both(
 pub(super) enum Holder<'a> {
     /// A pending handshake's number: still `Pending` with this handshake.
     Pending(&'a Arc<Connecting>),
-    /// A number a call held across its handshake (a blocking connect, an
-    /// accept): not forgotten since [`table::forgotten`] said this count.
+    /// A number a call held across its handshake (a blocking connect):
+    /// not forgotten since [`table::forgotten`] said this count.
     Held(u32),
+    /// A number just accepted, not the program's yet: nobody else has it.
+    Fresh,
 }
 
 impl Holder<'_> {
@@ -199,6 +201,7 @@ impl Holder<'_> {
         match self {
             Holder::Pending(c) => super::state::is_current_locked(fd, c),
             Holder::Held(n) => crate::table::forgotten(fd) == *n,
+            Holder::Fresh => true,
         }
     }
 }

@@ -143,8 +143,9 @@ pub struct Conn {
     /// Doorbells the reader un-counted that were not queued yet (the writer
     /// had counted them and not sent them): taken by a later call.
     rx_owed: AtomicU32,
-    /// How long this connection's calls have waited for owed doorbells, in
-    /// all (nanoseconds): at most [`rx::OWED_WAIT`] over its life.
+    /// How long this connection's calls have waited, in all, for owed
+    /// doorbells that did not come (nanoseconds): at most
+    /// [`rx::OWED_WAIT`] over its life.
     owed_waited_ns: AtomicU64,
     /// Read and write timeouts, microseconds (0 = none).
     rcv_timeo_us: AtomicU64,
@@ -381,25 +382,34 @@ impl Conn {
     /// bytes went into room the peer's `cons` had left, so together with
     /// the unread ones they fit the ring unless the peer moved `cons`
     /// back: a violation, not room of 4 GiB.
-    fn tx_room(&self) -> io::Result<(Snap, u32)> {
-        let s = self.tx_snap()?;
+    fn tx_room(&self) -> io::Result<Room> {
+        let snap = self.tx_snap()?;
         let held = self.held.load(Ordering::Relaxed);
         let ring_len = self.peer.ring_len();
         match ring_len
-            .checked_sub(s.used)
+            .checked_sub(snap.used)
             .and_then(|f| f.checked_sub(held))
         {
-            Some(free) => Ok((s, free)),
+            Some(free) => Ok(Room { snap, held, free }),
             None => Err(self.violation(
                 "send ring",
                 CursorError::HeldOverrun {
-                    used: s.used,
+                    used: snap.used,
                     held,
                     ring_len,
                 },
             )),
         }
     }
+}
+
+/// The send ring as its writer sees it ([`Conn::tx_room`]).
+struct Room {
+    snap: Snap,
+    /// Written after the unread bytes and held (corked).
+    held: u32,
+    /// Room after the held bytes.
+    free: u32,
 }
 
 impl AsRawFd for Conn {

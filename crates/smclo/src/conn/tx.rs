@@ -65,15 +65,15 @@ impl Conn {
         let len = p.ring_len();
         let mut done = 0usize;
         loop {
-            let (s, free) = match self.tx_allowed().and_then(|()| self.tx_room()) {
-                Ok((s, free)) => (s, free as usize),
+            let room = match self.tx_allowed().and_then(|()| self.tx_room()) {
+                Ok(room) => room,
                 Err(e) => return partial(done, e),
             };
-            if free > 0 {
-                let held = self.held.load(Ordering::Relaxed);
+            if room.free > 0 {
                 let src = &buf[done..];
-                let mut n = free.min(src.len());
-                let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
+                let mut n = (room.free as usize).min(src.len());
+                let pos =
+                    cursor::Cursor::from_word(room.snap.prod).position(len) + room.held as u64;
                 match self.mode {
                     Mode::NoCopy => ring::copy_in(p, pos, &src[..n]),
                     Mode::Copy { sndbuf_len } => {
@@ -83,7 +83,7 @@ impl Conn {
                         ring::copy_in(p, pos, staged);
                     }
                 }
-                self.add_written(s.used, n as u32, more)?;
+                self.add_written(room.snap.used, n as u32, more)?;
                 done += n;
                 if done == buf.len() {
                     return Ok(done);

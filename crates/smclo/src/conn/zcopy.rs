@@ -5,7 +5,7 @@
 
 use super::rx::RxNext;
 use super::wait::Sleep;
-use super::{errno, lock, Conn};
+use super::{errno, lock, Conn, Room};
 use crate::doorbell;
 use crate::ring;
 use smclo_wire::cursor::{
@@ -81,9 +81,12 @@ impl Conn {
         let mut sleep = Sleep::new(&self.snd_timeo_us);
         loop {
             self.tx_allowed()?;
-            let (s, free) = self.tx_room()?;
+            let Room {
+                snap: s,
+                held,
+                free,
+            } = self.tx_room()?;
             if free >= need {
-                let held = self.held.load(Ordering::Relaxed);
                 let pos = cursor::Cursor::from_word(s.prod).position(len) + held as u64;
                 p.prepare_write(pos, need as usize);
                 return Ok(WriteRegion {
