@@ -13,6 +13,7 @@
 //! - [`sock`]: one SMC-D connection as this process sees it.
 //! - [`shadow`]: the shadow of an epoll set with SMC-D members.
 //! - [`cork`]: TCP's 200 ms ceiling on corked data.
+//! - [`critical`]: the program's signal handlers wait while the table is locked.
 //! - [`holders`]: which processes of a `fork` family hold a connection.
 //! - [`stdio`]: C stdio streams on connections adopted through exec.
 //! - [`real`]: the real libc functions behind ours.
@@ -28,6 +29,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod cork;
+pub mod critical;
 pub mod hints;
 pub mod holders;
 pub mod hooks;

@@ -176,7 +176,4 @@ fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
     }
 }
 
-/// The mutex's data; a panic elsewhere does not poison the shadows.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::critical::lock;

@@ -19,6 +19,7 @@
 //! Beside the state, `crate::hints` records facts about the kernel's
 //! socket behind a number that only spare system calls.
 
+use crate::critical;
 pub use crate::shadow::Shadow;
 pub use crate::sock::Sock;
 use smclo::adapter::fallbacks::FallbackRecord;
@@ -551,8 +552,11 @@ pub fn mark_internal_locked(fd: RawFd) -> FdState {
 /// it or refusing. These are the transitions made without the lock (a
 /// Sock may be dropped anywhere, also where the lock is held): between
 /// states that are their word alone, by compare-and-swap, so that a state
-/// another thread gave the number meanwhile (under the lock) stays.
+/// another thread gave the number meanwhile (under the lock) stays. In a
+/// [`critical`] section: a handler's `close` or `dup2` of the number would
+/// wait for its own thread.
 pub(crate) fn close_internal(fd: RawFd, close: impl FnOnce()) {
+    let _section = critical::enter();
     let Some(w) = WORDS.get(fd as usize).filter(|_| fd >= 0) else {
         close();
         return;
@@ -615,7 +619,10 @@ pub fn close_hidden(fd: RawFd) {
 
 /// A reader/writer lock made of one atomic word, so that a `fork` child can
 /// reset it (no thread of the parent exists there to release it) and so
-/// readers pay one atomic add each way.
+/// readers pay one atomic add each way. Not re-entrant: a thread is in a
+/// [`critical`] section from the moment it starts taking it, so that the
+/// program's signal handlers, which may call our hooks, wait until it is
+/// let go.
 pub struct Lock(AtomicU32);
 
 const WRITER: u32 = 1 << 31;
@@ -627,9 +634,10 @@ impl Lock {
     /// Shared access for a few instructions.
     #[inline]
     pub fn read(&self) -> ReadGuard<'_> {
+        let section = critical::enter();
         loop {
             if self.0.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
-                return ReadGuard(self);
+                return ReadGuard(self, section);
             }
             self.0.fetch_sub(1, Ordering::Relaxed);
             while self.0.load(Ordering::Relaxed) & WRITER != 0 {
@@ -640,6 +648,7 @@ impl Lock {
 
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
+        let section = critical::enter();
         loop {
             let v = self.0.load(Ordering::Relaxed);
             if v & WRITER == 0
@@ -655,7 +664,7 @@ impl Lock {
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             std::hint::spin_loop();
         }
-        WriteGuard(self)
+        WriteGuard(self, section)
     }
 
     /// Exclusive access if it can be had within `wait`, else `None`. For
@@ -663,6 +672,7 @@ impl Lock {
     /// the lock (which would then never be released). Async-signal-safe:
     /// atomics, `clock_gettime` and `sched_yield`.
     pub fn try_write_for(&self, wait: std::time::Duration) -> Option<WriteGuard<'_>> {
+        let section = critical::enter();
         let start = std::time::Instant::now();
         let timed_out = || {
             std::thread::yield_now();
@@ -682,7 +692,7 @@ impl Lock {
                 return None;
             }
         }
-        let guard = WriteGuard(self);
+        let guard = WriteGuard(self, section);
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             if timed_out() {
                 return None; // the guard lets go
@@ -692,22 +702,25 @@ impl Lock {
     }
 
     /// In a `fork` child: only the forking thread exists, and it held the
-    /// lock for writing across the fork; start from a clean word.
+    /// lock for writing across the fork; start from a clean word, out of
+    /// every section.
     pub fn reset_in_child(&self) {
         self.0.store(0, Ordering::Release);
+        critical::reset_in_child();
     }
 }
 
-/// See [`Lock::read`].
-pub struct ReadGuard<'a>(&'a Lock);
+/// See [`Lock::read`]. The section ends after the lock is let go (fields
+/// drop after `drop`): deferred handlers run without it.
+pub struct ReadGuard<'a>(&'a Lock, critical::Section);
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::Release);
     }
 }
 
-/// See [`Lock::write`].
-pub struct WriteGuard<'a>(&'a Lock);
+/// See [`Lock::write`]; its section as [`ReadGuard`]'s.
+pub struct WriteGuard<'a>(&'a Lock, critical::Section);
 impl WriteGuard<'_> {
     /// Leaves the lock held (the fork child resets it instead).
     pub fn forget(self) {

@@ -26,6 +26,7 @@
 //! descriptor).
 
 use super::lock;
+use crate::critical::Locked;
 use crate::real;
 use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
 use crate::table::{self, FdState, Shadow, Sock};
@@ -35,7 +36,7 @@ use smclo::adapter::poller::{now_ns, Ready, KERNEL_EVERY};
 use smclo::adapter::signal::Watch;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
@@ -281,7 +282,7 @@ pub(super) fn nest(inner: RawFd) {
     }
 }
 
-type SessionGuard = MutexGuard<'static, Option<Vec<Arc<Sock>>>>;
+type SessionGuard = Locked<'static, Option<Vec<Arc<Sock>>>>;
 
 /// Holds every shadow's locks across `fork` (in the order everything else
 /// takes them: the map, a session, its set), so that the child finds none
@@ -289,7 +290,7 @@ type SessionGuard = MutexGuard<'static, Option<Vec<Arc<Sock>>>>;
 /// parent and in the child.
 pub(super) struct ForkGuard {
     // Fields drop in order: the guards before the shadows they borrow.
-    _locks: Vec<(SessionGuard, MutexGuard<'static, Set>)>,
+    _locks: Vec<(SessionGuard, Locked<'static, Set>)>,
     _shadows: Vec<Arc<Shadow>>,
 }
 

@@ -86,6 +86,11 @@ fn before_wait(timeout: Option<std::time::Duration>) {
 /// plain TCP; the program never fails because of smclo.
 fn ctx() -> Option<&'static Ctx> {
     static C: OnceLock<Option<Ctx>> = OnceLock::new();
+    if let Some(c) = C.get() {
+        return c.as_ref();
+    }
+    // A handler that interrupted the first use would wait for it for ever.
+    let _section = crate::critical::enter();
     C.get_or_init(|| {
         if disabled() {
             return None;
@@ -142,10 +147,7 @@ fn unsupported<T: From<i8>>(fd: RawFd, what: std::fmt::Arguments<'_>) -> T {
     fail(libc::EOPNOTSUPP)
 }
 
-/// The mutex's data; a panic elsewhere does not poison the hooks' maps.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::critical::lock;
 
 fn in_table_range(fd: RawFd) -> bool {
     fd >= 0 && (fd as usize) < MAX_FD

@@ -1,5 +1,7 @@
 //! Signal handlers: each one the program installs runs through a
-//! trampoline that first tells the core it ran
+//! trampoline. While the thread holds the descriptor table's lock, the
+//! trampoline defers the signal until it is let go ([`crate::critical`]):
+//! the handler may call our hooks. Otherwise it first tells the core it ran
 //! ([`smclo::adapter::signal::handler_ran`]), so that a wait spinning in user space
 //! stops and fails with `EINTR` (or restarts, `hooks::data`) as the
 //! kernel's sleep would have.
@@ -56,6 +58,11 @@ static INTERRUPTING: AtomicU64 = AtomicU64::new(0);
 
 /// What the kernel runs for a wrapped signal.
 extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
+    // SAFETY: the kernel's arguments to this running SA_SIGINFO handler.
+    if unsafe { crate::critical::defer(sig, info, ctx) } {
+        keep_reset_handler(sig);
+        return;
+    }
     smclo::adapter::signal::handler_ran(sig);
     let Some(i) = slot(sig) else { return };
     let f = INFO[i].load(Ordering::Acquire);
@@ -71,6 +78,29 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(f) };
         f(sig);
     }
+}
+
+/// A deferred signal of a handler installed with `SA_RESETHAND`: the
+/// kernel has reset the action to `SIG_DFL` on this delivery, and the
+/// program's handler is still to run once. The trampoline goes back in,
+/// with the program's flags and mask (which the reset kept), for the
+/// delivery that runs it, which resets it again.
+fn keep_reset_handler(sig: c_int) {
+    if slot(sig).is_none_or(|i| entry(i).0 == 0) {
+        return;
+    }
+    // SAFETY: an all-zero sigaction is valid storage for the query.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query, then the same action with the trampoline.
+    errno::kept(|| unsafe {
+        if real::sigaction(sig, std::ptr::null(), &mut cur) == 0
+            && cur.sa_sigaction == libc::SIG_DFL
+            && cur.sa_flags & libc::SA_RESETHAND != 0
+        {
+            cur.sa_sigaction = trampoline_addr();
+            real::sigaction(sig, &cur, std::ptr::null_mut());
+        }
+    });
 }
 
 fn trampoline_addr() -> sighandler_t {
@@ -383,4 +413,112 @@ pub(super) fn at_load() {
         real::sigprocmask(libc::SIG_BLOCK, std::ptr::null(), &mut m);
         real::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut m);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicI32, AtomicU32};
+
+    static RAN: AtomicU32 = AtomicU32::new(0);
+    static VALUE: AtomicI32 = AtomicI32::new(0);
+
+    extern "C" fn count(_: c_int, info: *mut siginfo_t, _: *mut c_void) {
+        RAN.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the kernel's siginfo of a queued signal.
+        VALUE.store(
+            unsafe { (*info).si_value().sival_ptr } as i32,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Queues `sig` with `value` to the calling thread, as `sigqueue` does
+    /// to a process.
+    fn queue_to_self(sig: c_int, value: i32) {
+        // SAFETY: an all-zero siginfo, filled as sigqueue fills it.
+        let mut info: siginfo_t = unsafe { std::mem::zeroed() };
+        info.si_signo = sig;
+        info.si_code = libc::SI_QUEUE;
+        // SAFETY: the value word of a SI_QUEUE siginfo (after the pid and
+        // uid words), as the kernel lays it out.
+        unsafe {
+            let words = (&mut info as *mut siginfo_t)
+                .cast::<u8>()
+                .add(16)
+                .cast::<i32>();
+            *words = libc::getpid();
+            *words.add(1) = libc::getuid() as i32;
+            *(words.add(2).cast::<usize>()) = value as usize;
+        }
+        // SAFETY: a valid siginfo for this thread.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::syscall(libc::SYS_gettid),
+                sig,
+                &info,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "rt_tgsigqueueinfo: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// A signal that comes while its thread is in a section runs the
+    /// program's handler once the section ends, with the siginfo it was
+    /// sent with; one installed with `SA_RESETHAND` runs once and leaves
+    /// the default action, as without the deferral.
+    #[test]
+    fn a_signal_in_a_section_runs_its_handler_when_the_section_ends() {
+        let sig = libc::SIGUSR2;
+        // SAFETY: an all-zero sigaction, given a handler and an empty mask.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = count as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+        // SAFETY: a valid action through the interposed sigaction.
+        assert_eq!(unsafe { sigaction(sig, &act, std::ptr::null_mut()) }, 0);
+        let section = crate::critical::enter();
+        let inner = crate::critical::enter();
+        queue_to_self(sig, 42);
+        assert_eq!(RAN.load(Ordering::SeqCst), 0, "deferred while in a section");
+        drop(inner);
+        assert_eq!(
+            RAN.load(Ordering::SeqCst),
+            0,
+            "deferred until the outermost ends"
+        );
+        drop(section);
+        assert_eq!(RAN.load(Ordering::SeqCst), 1, "ran when the section ended");
+        assert_eq!(
+            VALUE.load(Ordering::SeqCst),
+            42,
+            "with the value it was sent with"
+        );
+        // SAFETY: an all-zero sigaction is valid storage for the query.
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a query of the kernel's action.
+        unsafe { real::sigaction(sig, std::ptr::null(), &mut now) };
+        assert_eq!(
+            now.sa_sigaction,
+            libc::SIG_DFL,
+            "SA_RESETHAND reset it after its one run"
+        );
+        // The signal is not blocked any more.
+        let mut mask = 0u64;
+        // SAFETY: a query of the thread's mask into 8 bytes.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_BLOCK,
+                0usize,
+                &mut mask,
+                8usize,
+            )
+        };
+        assert_eq!(mask & (1 << (sig - 1)), 0, "unblocked");
+    }
 }

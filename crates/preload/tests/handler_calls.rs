@@ -1,0 +1,89 @@
+//! Signal handlers that call socket functions (async-signal-safe in
+//! POSIX) while the thread they interrupt is inside the preload's hooks
+//! for the same functions. The hooks that change a descriptor's state
+//! hold the preload's table lock, which is not re-entrant: a handler run
+//! in the middle of one and taking it again waited for its own thread for
+//! ever. The program's handlers now run once the lock is let go.
+//! Each run is bounded by a timeout; a hang is its failure.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+mod common;
+use common::{compile, lib};
+
+/// How long each run's main loop lasts (s).
+const SECONDS: &str = "2";
+/// A run that has not ended by then is hung (s).
+const HUNG_AFTER: &str = "30";
+
+/// `tests/c/handler_calls.c` in `mode` under the preload: its loops,
+/// handler runs and the device's counters.
+fn run(mode: &str) -> (u64, u64, smclo::device::Stats) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| compile("handler_calls", &[]));
+    let dev = smclo_testsupport::DevDir::new(&format!("handler-calls-{mode}"));
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", HUNG_AFTER])
+        .arg(exe)
+        .args([mode, SECONDS])
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        // Every connection proposes, though each carries one byte.
+        .env("SMCLO_SHORT", "smc")
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run handler_calls");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{mode}: {:?} (killed by signal 9: hung for {HUNG_AFTER} s)\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: Vec<u64> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK "))
+        .unwrap_or_else(|| panic!("{mode}: no OK line: {stdout}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let stats = smclo::device::Device::open(&dev.0)
+        .expect("open the test device")
+        .stats();
+    (f[0], f[1], stats)
+}
+
+#[test]
+fn a_handler_that_makes_and_closes_sockets_does_not_hang_its_thread() {
+    let (loops, handled, _) = run("socket");
+    assert!(
+        loops > 1000 && handled > 1000,
+        "{loops} loops, {handled} handler runs"
+    );
+}
+
+#[test]
+fn a_handler_that_makes_and_closes_listeners_does_not_hang_its_thread() {
+    let (loops, handled, _) = run("listen");
+    assert!(
+        loops > 100 && handled > 100,
+        "{loops} loops, {handled} handler runs"
+    );
+}
+
+/// The handler closes SMC-D connections while the thread it interrupts
+/// makes and closes sockets and connects.
+#[test]
+fn a_handler_that_closes_connections_does_not_hang_its_thread() {
+    let (loops, closed, stats) = run("close");
+    assert!(
+        loops > 100 && closed > 100,
+        "{loops} loops, {closed} connections closed by the handler"
+    );
+    assert!(
+        stats.conns_opened > 100,
+        "the connections were SMC-D: {stats:?}"
+    );
+}
