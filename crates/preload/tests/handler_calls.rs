@@ -1,4 +1,6 @@
-//! Signal handlers that call socket functions (async-signal-safe in
+//! Signal handlers under the preload.
+//!
+//! Handlers that call socket functions (async-signal-safe in
 //! POSIX) while the thread they interrupt is inside the preload's hooks
 //! for the same functions. The hooks that change a descriptor's state
 //! hold the preload's table lock, which is not re-entrant: a handler run
@@ -86,4 +88,54 @@ fn a_handler_that_closes_connections_does_not_hang_its_thread() {
         stats.conns_opened > 100,
         "the connections were SMC-D: {stats:?}"
     );
+}
+
+/// `tests/c/handler_mask.c` in `mode`, with or without the preload: its
+/// output and how it ended.
+fn run_mask(mode: &str, preload: bool) -> (String, std::process::ExitStatus) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| compile("handler_mask", &[]));
+    let dev = smclo_testsupport::DevDir::new(&format!("handler-mask-{mode}"));
+    let mut c = Command::new("timeout");
+    c.args(["-s", "KILL", HUNG_AFTER])
+        .arg(exe)
+        .arg(mode)
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env_remove("SMCLO_DISABLE");
+    if preload {
+        c.env("LD_PRELOAD", lib());
+    } else {
+        c.env_remove("LD_PRELOAD");
+    }
+    let out = c.output().expect("run handler_mask");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status,
+    )
+}
+
+/// A handler's mask (`sa_mask`, here every signal) never blocks `SIGBUS`
+/// in the kernel while it runs: a fault in a shared file another process
+/// shrank would kill the thread instead of breaking a connection. The
+/// program's queries and its view inside the handler still have it, and a
+/// fault of the program's own there still kills it by `SIGBUS`, as
+/// without smclo.
+#[test]
+fn a_handlers_mask_never_blocks_sigbus_in_the_kernel() {
+    use std::os::unix::process::ExitStatusExt;
+    for (preload, kernel) in [(false, 1), (true, 0)] {
+        let (out, status) = run_mask("mask", preload);
+        assert_eq!(
+            out,
+            format!("query 1\nhandler kernel {kernel} view 1\nafter kernel 0 view 0\n"),
+            "preload {preload}: {status:?}"
+        );
+        assert!(status.success(), "preload {preload}: {status:?}");
+        let (out, status) = run_mask("fault", preload);
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGBUS),
+            "preload {preload}: the program's own fault kills it\n{out}"
+        );
+    }
 }

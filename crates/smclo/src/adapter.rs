@@ -50,7 +50,10 @@ pub mod fallbacks {
 /// `SIGBUS` from shared files shrunk under smclo's mappings, and the
 /// program's own `SIGBUS` actions kept behind the core's handler.
 pub mod fault {
-    pub use crate::fault::{around_exec, install, program_action, program_mask, use_sigaction};
+    pub use crate::fault::{
+        around_exec, install, kernel_handler_mask, program_action, program_mask, use_sigaction,
+        with_handler_view,
+    };
 }
 
 /// smclo's descriptors: high numbers, counted against a budget, and the

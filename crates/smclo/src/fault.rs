@@ -62,7 +62,8 @@
 //! a thread starts with the view unblocked whatever its creator's was,
 //! but the thread that installs the handler moves a `SIGBUS` its mask
 //! blocks (inherited through exec) to its view. The masks of the
-//! program's handlers (`sa_mask`) reach the kernel as given.
+//! program's handlers (`sa_mask`) reach the kernel without `SIGBUS`
+//! ([`kernel_handler_mask`]); while such a handler runs, the view has it.
 
 use libc::{c_int, c_void, siginfo_t, sigset_t};
 use std::cell::Cell;
@@ -464,6 +465,37 @@ pub unsafe fn program_mask(
         // SAFETY: a set the call initialised.
         unsafe { libc::sigaddset(o, libc::SIGBUS) };
     }
+    r
+}
+
+/// The mask of a program's handler (`sa_mask`) as the kernel gets it: once
+/// the handler is installed, without `SIGBUS`, which would kill the
+/// thread on a fault in a shrunk shared file while the handler runs.
+/// Returns whether the program's mask had it: the thread's view has it
+/// while the handler runs ([`with_handler_view`]) and queries answer with
+/// it. Async-signal-safe.
+pub fn kernel_handler_mask(mask: &mut sigset_t) -> bool {
+    // SAFETY: the caller's initialised set.
+    let bus = unsafe { libc::sigismember(mask, libc::SIGBUS) } == 1;
+    if bus && STATE.load(Acquire) == INSTALLED {
+        // SAFETY: as above.
+        unsafe { libc::sigdelset(mask, libc::SIGBUS) };
+        return true;
+    }
+    false
+}
+
+/// Runs a program's handler `f`, whose mask had `SIGBUS` when `bus`
+/// ([`kernel_handler_mask`]), with the thread's view blocking it as the
+/// kernel's mask would have; the view is as before when `f` returns.
+/// Async-signal-safe.
+pub fn with_handler_view<R>(bus: bool, f: impl FnOnce() -> R) -> R {
+    if !bus {
+        return f();
+    }
+    let was = VIEW_BLOCKED.with(|v| v.replace(true));
+    let r = f();
+    VIEW_BLOCKED.with(|v| v.set(was));
     r
 }
 

@@ -24,7 +24,10 @@
 //! `sigprocmask` and `pthread_sigmask` are interposed too: a mask never
 //! blocks `SIGBUS` in the kernel, where a fault in a shrunk shared file
 //! would kill the thread ([`smclo::adapter::fault::program_mask`]); the
-//! program sees the mask it set.
+//! program sees the mask it set. Nor does a handler's mask (`sa_mask`):
+//! the kernel gets it without `SIGBUS`, queries answer with the program's,
+//! and while the handler runs the thread's view blocks `SIGBUS` as the
+//! program asked (`fault::with_handler_view`).
 
 use crate::real;
 use libc::{c_int, c_void, sighandler_t, siginfo_t};
@@ -52,6 +55,11 @@ const SIG_HOLD: sighandler_t = 2;
 static PLAIN: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
 static INFO: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
 
+/// Signals whose handler's mask (`sa_mask`) the program gave with
+/// `SIGBUS`, which the kernel got without it
+/// ([`smclo::adapter::fault::kernel_handler_mask`]); bit `sig - 1`.
+static MASK_BUS: AtomicU64 = AtomicU64::new(0);
+
 /// Signals `siginterrupt` made interrupting: `signal` installs their
 /// handlers without `SA_RESTART`, as glibc's does.
 static INTERRUPTING: AtomicU64 = AtomicU64::new(0);
@@ -70,14 +78,40 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         // SAFETY: `f` is the program's SA_SIGINFO handler, of this type.
         let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
             unsafe { std::mem::transmute(f) };
-        return f(sig, info, ctx);
+        return with_view(i, || f(sig, info, ctx));
     }
     let f = PLAIN[i].load(Ordering::Acquire);
     if f != 0 {
         // SAFETY: `f` is the program's one-argument handler.
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(f) };
-        f(sig);
+        with_view(i, || f(sig));
     }
+}
+
+/// Runs the handler of slot `i` with the program's view of its mask.
+fn with_view(i: usize, f: impl FnOnce()) {
+    let bus = MASK_BUS.load(Ordering::Relaxed) & (1 << (i - 1)) != 0;
+    smclo::adapter::fault::with_handler_view(bus, f)
+}
+
+/// `act` with the mask the kernel gets (without `SIGBUS`), and whether
+/// the program's had it.
+fn kernel_act(act: &libc::sigaction) -> (libc::sigaction, bool) {
+    let mut k = *act;
+    let bus = smclo::adapter::fault::kernel_handler_mask(&mut k.sa_mask);
+    (k, bus)
+}
+
+/// Notes whether slot `i`'s handler mask has `SIGBUS` in the program's
+/// view; returns what it had before.
+fn set_mask_bus(i: usize, bus: bool) -> bool {
+    let bit = 1u64 << (i - 1);
+    let before = if bus {
+        MASK_BUS.fetch_or(bit, Ordering::Relaxed)
+    } else {
+        MASK_BUS.fetch_and(!bit, Ordering::Relaxed)
+    };
+    before & bit != 0
 }
 
 /// A deferred signal of a handler installed with `SA_RESETHAND`: the
@@ -191,8 +225,15 @@ pub unsafe extern "C" fn sigaction(
         }
     }
     // SAFETY: the caller's action, when not null.
-    let wrap = unsafe { act.as_ref() }.and_then(|a| wrapped(sig, a));
+    let given = unsafe { act.as_ref() }.map(kernel_act);
+    let wrap = given.and_then(|(a, _)| wrapped(sig, &a));
     let prev = slot(sig).map(entry);
+    // The program's mask: in the view at once, as the trampoline may run.
+    let bus_before = match (slot(sig), given) {
+        (Some(i), Some((_, bus))) => set_mask_bus(i, bus),
+        (Some(i), None) => MASK_BUS.load(Ordering::Relaxed) & (1 << (i - 1)) != 0,
+        (None, _) => false,
+    };
     let r = match &wrap {
         Some(w) => {
             // The trampoline may run as soon as the kernel has it.
@@ -205,8 +246,12 @@ pub unsafe extern "C" fn sigaction(
             r
         }
         None => {
-            // SAFETY: forwarded unchanged.
-            let r = unsafe { real::sigaction(sig, act, old) };
+            let kernel = given
+                .as_ref()
+                .map_or(std::ptr::null(), |(a, _)| a as *const _);
+            // SAFETY: the caller's action (its mask as the kernel gets it),
+            // or none, and the caller's `old`.
+            let r = unsafe { real::sigaction(sig, kernel, old) };
             if let (0, false, Some(i)) = (r, act.is_null(), slot(sig)) {
                 // Not wrapped any more: no entry (see `unwrap`).
                 set_entry(i, (0, false));
@@ -214,9 +259,18 @@ pub unsafe extern "C" fn sigaction(
             r
         }
     };
+    if let (true, Some(i)) = (r != 0 && given.is_some(), slot(sig)) {
+        set_mask_bus(i, bus_before);
+    }
     // SAFETY: the caller's `old`, filled by the real call.
-    if let (0, Some(old), Some(p)) = (r, unsafe { old.as_mut() }, prev) {
-        unwrap(old, p);
+    if let (0, Some(old)) = (r, unsafe { old.as_mut() }) {
+        if let Some(p) = prev {
+            unwrap(old, p);
+        }
+        if bus_before {
+            // SAFETY: the mask the call filled.
+            unsafe { libc::sigaddset(&mut old.sa_mask, libc::SIGBUS) };
+        }
     }
     r
 }
