@@ -53,7 +53,7 @@ pub type Reg = (RawFd, libc::epoll_event);
 /// | `Candidate`, `Pending` | the handshake decided SMC-D: the swap | `Smc` |
 /// | `Candidate`, `Pending` | it decided TCP | `Fallback` (listed) or `Unknown` |
 /// | `Candidate` | `connect` not proposed | `Unknown` (or `Fallback`) |
-/// | `Candidate` | `dup`, `dup2`, `F_DUPFD` of it (its connect stays TCP) | `Unknown` |
+/// | `Candidate` | `dup`, `dup2`, `F_DUPFD` of it (its connect stays TCP; one under way in another thread decides first) | `Unknown` |
 /// | `Unknown` | `dup` of a `Smc`, `Listener`, `Fallback` | the same, sharing its data |
 /// | `Smc` | `fcntl(F_SETFD)` | `Smc` (the program's `FD_CLOEXEC`) |
 /// | `Unknown` | an SMC-D member joins the set (`epoll_ctl`) | `Epoll` |
@@ -70,6 +70,9 @@ pub enum FdState {
     Candidate {
         /// In the order made.
         epoll: Vec<Reg>,
+        /// The thread in its blocking connect, whose decision a `dup` by
+        /// another thread waits for (`hooks::state::duplicated`).
+        connecting: Option<libc::pid_t>,
     },
     /// A connect (or accept) returned before its handshake decided: the
     /// descriptor is the TCP socket (`hooks::pending`).
@@ -108,6 +111,16 @@ pub enum FdState {
     /// An internal descriptor that its connection is closing: `close` and
     /// `dup2` of the number wait until it is `Unknown` ([`settle`]).
     Closing,
+}
+
+impl FdState {
+    /// A fresh candidate: no registrations, no connect under way.
+    pub fn candidate() -> FdState {
+        FdState::Candidate {
+            epoll: Vec::new(),
+            connecting: None,
+        }
+    }
 }
 
 /// A handshake that has not decided, shared by its `Pending` state and the
@@ -751,7 +764,7 @@ mod tests {
         let epolls = epoll_count();
         {
             let _g = LOCK.write();
-            drop(replace_locked(fd, FdState::Candidate { epoll: Vec::new() }));
+            drop(replace_locked(fd, FdState::candidate()));
         }
         assert_eq!(kind(fd), Kind::Candidate);
         assert!(known(fd) && get(fd).is_none() && shadow(fd).is_none());
@@ -796,7 +809,7 @@ mod tests {
         };
         close_internal(fd, || {
             let _g = LOCK.write();
-            drop(replace_locked(fd, FdState::Candidate { epoll: Vec::new() }));
+            drop(replace_locked(fd, FdState::candidate()));
         });
         assert_eq!(kind(fd), Kind::Candidate);
         let _g = LOCK.write();

@@ -2125,8 +2125,10 @@ print("FAIL survived the fault")
 /// Python: a peer in a forked child that answers the first 8 bytes
 /// reversed and exits 0 if they were `via-dup!`; `port` is its port,
 /// `read8` reads 8 bytes with a `recv`, `peer_done` prints whether the
-/// peer was content.
+/// peer was content. It accepts after `ACCEPT_DELAY` seconds if the
+/// script defines that.
 const REVERSING_PEER: &str = r#"
+import time
 def read8(recv):
     got = b""
     while len(got) < 8:
@@ -2144,6 +2146,7 @@ if os.fork() == 0:
     l.bind(("127.0.0.1", 0))
     l.listen(1)
     os.write(pw, b"%d" % l.getsockname()[1])
+    time.sleep(globals().get("ACCEPT_DELAY", 0))
     c, _ = l.accept()
     got = read8(c.recv)
     c.sendall(got[::-1])
@@ -2175,6 +2178,41 @@ peer_done()
     assert!(ok && out.contains("OK done"), "{out}");
     assert!(out.lines().any(|l| l == "echo !pud-aiv"), "{out}");
     assert_eq!(stats.conns_opened, 0, "TCP\n{out}");
+}
+
+/// A socket duplicated by another thread while its blocking connect waits
+/// for the server: the `dup` waits for the connection's decision and then
+/// names the connection, SMC-D here, as a pending connect's `dup` does.
+/// Before, the `dup` ended the candidacy after the handshake had committed
+/// both ends to SMC-D, the swap was refused and the connection reset.
+#[test]
+fn a_socket_duplicated_during_its_blocking_connect_keeps_its_connection() {
+    let script = format!(
+        r#"
+import os, socket, threading
+ACCEPT_DELAY = 0.6
+{REVERSING_PEER}
+s = socket.socket()
+n = s.fileno()
+dups = []
+def dup_later():
+    time.sleep(0.2)
+    dups.append(os.dup(n))
+t = threading.Thread(target=dup_later)
+t.start()
+s.connect(("127.0.0.1", port))
+t.join()
+os.write(dups[0], b"via-dup!")
+print("echo", read8(s.recv).decode())
+peer_done()
+"#
+    );
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", &script]);
+    let (ok, out, stats) = run_preloaded("dup-in-connect", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    assert!(out.lines().any(|l| l == "echo !pud-aiv"), "{out}");
+    assert_eq!(stats.conns_opened, 1, "SMC-D\n{out}");
 }
 
 /// A thread that closes a socket while another waits in its blocking

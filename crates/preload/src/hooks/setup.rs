@@ -563,14 +563,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { connect_listed(c, fd, addr, len, Reason::Mem, dest) };
     };
     let start = Instant::now();
-    // Another thread may close the number while this one waits below.
+    // Another thread may close the number while this one waits below, or
+    // duplicate it, which then waits for the decision.
     let holder = Holder::held(fd);
+    super::state::connecting(fd, true);
     // SAFETY: forwarded unchanged.
     let r = unsafe { real::connect(fd, addr, len) };
     let e = errno::get();
     p.syn_sent();
     if r != 0 && e != libc::EINPROGRESS {
         // The TCP connect failed: report exactly its error.
+        super::state::connecting(fd, false);
         holders::forget(slot);
         drop(p);
         errno::set(e);

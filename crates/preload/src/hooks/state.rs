@@ -116,7 +116,7 @@ pub(super) fn unlist_listeners_passing(port: u16) {
 /// now. With the table's lock held for writing.
 pub(super) fn record_epoll_locked(fd: RawFd, ep: RawFd, event: Option<libc::epoll_event>) {
     table::transition_locked(fd, |mut s| {
-        if let FdState::Candidate { epoll } | FdState::Pending { epoll, .. } = &mut s {
+        if let FdState::Candidate { epoll, .. } | FdState::Pending { epoll, .. } = &mut s {
             epoll.retain(|(p, _)| *p != ep);
             epoll.extend(event.map(|e| (ep, e)));
         }
@@ -130,7 +130,9 @@ pub(super) fn record_epoll_locked(fd: RawFd, ep: RawFd, event: Option<libc::epol
 pub(super) fn take_epoll_locked(fd: RawFd) -> Vec<Reg> {
     table::transition_locked(fd, |mut s| {
         let regs = match &mut s {
-            FdState::Candidate { epoll } | FdState::Pending { epoll, .. } => std::mem::take(epoll),
+            FdState::Candidate { epoll, .. } | FdState::Pending { epoll, .. } => {
+                std::mem::take(epoll)
+            }
             _ => Vec::new(),
         };
         (s, regs)
@@ -154,12 +156,53 @@ pub(super) fn end_candidacy(fd: RawFd) {
 /// `fd` is duplicated (`dup`, `dup2`, `dup3`, `F_DUPFD`): if its connect
 /// is still to come, it stays TCP. A swap replaces one number only, and
 /// what the program wrote through the other would go to the TCP socket
-/// nobody reads.
+/// nobody reads. A blocking connect under way in another thread has
+/// committed its handshake: the `dup` waits for its decision, as for a
+/// pending one's (`pending::settle`), and then duplicates what it made.
 pub(super) fn duplicated(fd: RawFd) {
+    if table::kind(fd) != Kind::Candidate {
+        return;
+    }
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    while connecting_other(fd, me) {
+        std::thread::sleep(super::pending::SLICE);
+    }
     if table::kind(fd) == Kind::Candidate {
         debug!("fd {fd}: duplicated before its connect: its connection stays TCP");
         end_candidacy(fd);
     }
+}
+
+/// Whether a thread other than `me` is in a blocking connect of `fd`
+/// (one of `me`'s own, interrupted by the handler that duplicates it,
+/// cannot decide meanwhile).
+fn connecting_other(fd: RawFd, me: libc::pid_t) -> bool {
+    let _g = LOCK.read();
+    table::with_state_locked(
+        fd,
+        |s| matches!(s, FdState::Candidate { connecting: Some(t), .. } if *t != me),
+    )
+}
+
+/// Notes that the calling thread begins (`on`), or ends without a
+/// decision, a blocking connect of candidate `fd`.
+pub(super) fn connecting(fd: RawFd, on: bool) {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let _g = LOCK.write();
+    table::transition_locked(fd, |s| match s {
+        // Ended: only the mark of this thread (the number may be another
+        // socket's by now).
+        FdState::Candidate { epoll, connecting } if on || connecting == Some(me) => (
+            FdState::Candidate {
+                epoll,
+                connecting: on.then_some(me),
+            },
+            (),
+        ),
+        other => (other, ()),
+    });
 }
 
 /// `fd` was made by the program's `socket()` just now: a TCP stream is a
@@ -172,10 +215,7 @@ pub(super) fn made(fd: RawFd, tcp: bool) {
     }
     hints::hint(fd, Hint::Tcp);
     let _g = LOCK.write();
-    drop(table::replace_locked(
-        fd,
-        FdState::Candidate { epoll: Vec::new() },
-    ));
+    drop(table::replace_locked(fd, FdState::candidate()));
 }
 
 /// `fd` is now a descriptor of connection `sock` (the swap, a `dup`, an
@@ -226,7 +266,13 @@ pub(super) fn swap_failed_locked(fd: RawFd, c: &Arc<Connecting>) {
     table::transition_locked(fd, |s| match s {
         FdState::Pending {
             connecting, epoll, ..
-        } if Arc::ptr_eq(&connecting, c) => (FdState::Candidate { epoll }, ()),
+        } if Arc::ptr_eq(&connecting, c) => (
+            FdState::Candidate {
+                epoll,
+                connecting: None,
+            },
+            (),
+        ),
         other => (other, ()),
     });
 }
@@ -448,7 +494,7 @@ pub(super) fn start(fd: RawFd, hs: handshake::Pending, slot: usize, dest: Socket
     let _g = LOCK.write();
     table::transition_locked(fd, |s| {
         let epoll = match s {
-            FdState::Candidate { epoll } => epoll,
+            FdState::Candidate { epoll, .. } => epoll,
             _ => Vec::new(),
         };
         give_out(fd, &epoll, !writable);
