@@ -453,13 +453,22 @@ pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
 #[cold]
 fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
     let _g = LOCK.read();
+    get_locked(fd)
+}
+
+/// [`get`] with [`LOCK`] held (for reading or writing), which is not
+/// re-entrant.
+pub fn get_locked(fd: RawFd) -> Option<Arc<Sock>> {
+    if !in_range(fd) {
+        return None;
+    }
     let w = WORDS[fd as usize].load(Ordering::Acquire);
     if !is_smc(w) {
         return None;
     }
     let p = (w & !KIND_BITS) as *const Sock;
     // SAFETY: the word of a `Smc` state is the address of its Arc<Sock>,
-    // which its entry in STATES counts; the read lock keeps writers (who
+    // which its entry in STATES counts; the lock keeps writers (who
     // change the state, and so drop that count) out until we hold our own.
     unsafe {
         Arc::increment_strong_count(p);
@@ -648,9 +657,10 @@ impl Lock {
     #[inline]
     pub fn read(&self) -> ReadGuard<'_> {
         let section = critical::enter();
+        let holding = Holding::take();
         loop {
             if self.0.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
-                return ReadGuard(self, section);
+                return ReadGuard(self, holding, section);
             }
             self.0.fetch_sub(1, Ordering::Relaxed);
             while self.0.load(Ordering::Relaxed) & WRITER != 0 {
@@ -662,6 +672,7 @@ impl Lock {
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
         let section = critical::enter();
+        let holding = Holding::take();
         loop {
             let v = self.0.load(Ordering::Relaxed);
             if v & WRITER == 0
@@ -677,15 +688,16 @@ impl Lock {
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             std::hint::spin_loop();
         }
-        WriteGuard(self, section)
+        WriteGuard(self, holding, section)
     }
 
     /// Exclusive access if it can be had within `wait`, else `None`. For
     /// `_exit`, which a signal handler may call while its own thread holds
-    /// the lock (which would then never be released). Async-signal-safe:
-    /// atomics, `clock_gettime` and `sched_yield`.
+    /// the lock (which would then never be released): `None` at once
+    /// then. Async-signal-safe: atomics, `clock_gettime` and `sched_yield`.
     pub fn try_write_for(&self, wait: std::time::Duration) -> Option<WriteGuard<'_>> {
         let section = critical::enter();
+        let holding = Holding::try_take()?;
         let start = std::time::Instant::now();
         let timed_out = || {
             std::thread::yield_now();
@@ -705,7 +717,7 @@ impl Lock {
                 return None;
             }
         }
-        let guard = WriteGuard(self, section);
+        let guard = WriteGuard(self, holding, section);
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             if timed_out() {
                 return None; // the guard lets go
@@ -719,13 +731,49 @@ impl Lock {
     /// every section.
     pub fn reset_in_child(&self) {
         self.0.store(0, Ordering::Release);
+        HOLDING.with(|h| h.set(false));
         critical::reset_in_child();
+    }
+}
+
+thread_local! {
+    /// Whether the thread holds [`LOCK`] or is taking it.
+    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The calling thread holds (or is taking) [`LOCK`] until this is dropped.
+/// The lock is not re-entrant: taking it again in the thread that holds it
+/// would wait for ever (a reader waits for the writer it is, a writer for
+/// its own read), so that is a defect of ours, which aborts the process
+/// with its reason instead of hanging it. The program's signal handlers
+/// cannot cause it ([`critical`] defers them).
+struct Holding(std::marker::PhantomData<*const ()>);
+
+impl Holding {
+    fn take() -> Holding {
+        Holding::try_take().unwrap_or_else(|| {
+            eprintln!(
+                "smclo[{}]: the descriptor table's lock taken again by the thread that holds it; aborting instead of hanging",
+                std::process::id()
+            );
+            std::process::abort()
+        })
+    }
+
+    fn try_take() -> Option<Holding> {
+        (!HOLDING.with(|h| h.replace(true))).then_some(Holding(std::marker::PhantomData))
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        HOLDING.with(|h| h.set(false));
     }
 }
 
 /// See [`Lock::read`]. The section ends after the lock is let go (fields
 /// drop after `drop`): deferred handlers run without it.
-pub struct ReadGuard<'a>(&'a Lock, critical::Section);
+pub struct ReadGuard<'a>(&'a Lock, Holding, critical::Section);
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::Release);
@@ -733,7 +781,7 @@ impl Drop for ReadGuard<'_> {
 }
 
 /// See [`Lock::write`]; its section as [`ReadGuard`]'s.
-pub struct WriteGuard<'a>(&'a Lock, critical::Section);
+pub struct WriteGuard<'a>(&'a Lock, Holding, critical::Section);
 impl WriteGuard<'_> {
     /// Leaves the lock held (the fork child resets it instead).
     pub fn forget(self) {
@@ -822,17 +870,24 @@ mod tests {
     fn try_write_for_gives_up_on_a_held_lock() {
         let l = Lock(AtomicU32::new(0));
         let wait = Duration::from_millis(20);
+        let in_other_thread = |f: &(dyn Fn() + Sync)| std::thread::scope(|s| drop(s.spawn(f)));
         {
             let _w = l.write();
-            let t0 = Instant::now();
-            assert!(l.try_write_for(wait).is_none());
-            assert!(t0.elapsed() < Duration::from_secs(2));
+            // This thread holds it: at once.
+            assert!(l.try_write_for(Duration::from_secs(60)).is_none());
+            in_other_thread(&|| {
+                let t0 = Instant::now();
+                assert!(l.try_write_for(wait).is_none());
+                assert!(t0.elapsed() < Duration::from_secs(2));
+            });
         }
         {
             let _r = l.read();
-            assert!(l.try_write_for(wait).is_none());
+            in_other_thread(&|| assert!(l.try_write_for(wait).is_none()));
             // Giving up left the reader's lock as it was: readers still enter.
-            drop(l.read());
+            std::thread::scope(|s| {
+                s.spawn(|| drop(l.read()));
+            });
         }
         let g = l.try_write_for(wait).expect("a free lock is taken");
         drop(g);

@@ -680,7 +680,7 @@ pub unsafe extern "C" fn epoll_ctl(
     if g.is_some() {
         // The swap may have made `fd` the channel while this call waited
         // for the lock: the registration is then the connection's.
-        if let Some(s) = table::get(fd) {
+        if let Some(s) = table::get_locked(fd) {
             drop(g);
             return super::epoll::ctl(ep, op, fd, event, &s);
         }

@@ -180,9 +180,18 @@ fn add(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) -> Resul
 
 /// A registration the kernel has now (`fd` added to `ep` with `ev`).
 pub(super) fn adopt(ep: RawFd, fd: RawFd, ev: Option<epoll_event>, sock: &Arc<Sock>) {
-    let Some(ev) = ev else { return };
-    let sh = super::state::epoll_set(ep);
-    join(&sh, sock);
+    if let Some(ev) = ev {
+        join_set(&super::state::epoll_set(ep), fd, ev, sock);
+    }
+}
+
+/// [`adopt`] with the table's lock held for writing.
+pub(super) fn adopt_locked(ep: RawFd, fd: RawFd, ev: epoll_event, sock: &Arc<Sock>) {
+    join_set(&super::state::epoll_set_locked(ep), fd, ev, sock);
+}
+
+fn join_set(sh: &Shadow, fd: RawFd, ev: epoll_event, sock: &Arc<Sock>) {
+    join(sh, sock);
     let mut set = lock(&sh.set);
     set.members.retain(|m| m.fd != fd);
     set.members.push(Member {

@@ -567,6 +567,11 @@ pub(super) fn epoll_set(ep: RawFd) -> Arc<Shadow> {
         return sh;
     }
     let _g = LOCK.write();
+    epoll_set_locked(ep)
+}
+
+/// [`epoll_set`] with the table's lock held for writing.
+pub(super) fn epoll_set_locked(ep: RawFd) -> Arc<Shadow> {
     table::transition_locked(ep, |s| match s {
         FdState::Epoll(sh) => {
             let r = sh.clone();

@@ -114,11 +114,11 @@ pub(super) fn swap_in(
     let r = unsafe { real::dup3(chan, fd, libc::O_CLOEXEC) };
     if r < 0 {
         let e = io::Error::last_os_error();
-        drop(g);
         for (ep, mut ev) in recs {
             // SAFETY: re-adds the registration we removed.
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
+        drop(g);
         abort_both(fd, &sock.conn, slot, format_args!("dup3 failed ({e})"));
         return None; // dropping `sock` closes `tcp`
     }
@@ -127,12 +127,9 @@ pub(super) fn swap_in(
     // Conn from now on.
     let at_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let handshake_chan = sock.conn.replace_channel(at_fd, false);
-    // Not pending any more, in the same step as it names the connection:
-    // a registration made after it is not taken for a pending connect's.
-    super::state::install_locked(fd, &sock, cloexec);
-    drop(g);
-    drop(handshake_chan);
-    LIVE.fetch_add(1, Ordering::Relaxed);
+    // The registrations are the channel's and in the sets' shadows before
+    // the number names the connection: another thread's epoll_ctl of it
+    // then finds them where the connection's registrations are.
     for (ep, mut ev) in recs {
         // SAFETY: `fd` is now the channel; same events and data.
         if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
@@ -141,10 +138,16 @@ pub(super) fn swap_in(
                 io::Error::last_os_error()
             );
         } else {
-            super::epoll::adopt(ep, fd, Some(ev), &sock);
+            super::epoll::adopt_locked(ep, fd, ev, &sock);
             debug!("fd {fd}: epoll registration in epfd {ep} moved to the SMC-D channel");
         }
     }
+    // Not pending any more, in the same step as it names the connection:
+    // a registration made after it is not taken for a pending connect's.
+    super::state::install_locked(fd, &sock, cloexec);
+    drop(g);
+    drop(handshake_chan);
+    LIVE.fetch_add(1, Ordering::Relaxed);
     debug!(
         "fd {fd}: SMC-D (the descriptor is the channel, hidden TCP fd {tcp}, {}, {})",
         if nonblock { "non-blocking" } else { "blocking" },
