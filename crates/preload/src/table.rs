@@ -70,9 +70,10 @@ pub enum FdState {
     Candidate {
         /// In the order made.
         epoll: Vec<Reg>,
-        /// The thread in its blocking connect, whose decision a `dup` by
-        /// another thread waits for (`hooks::state::duplicated`).
-        connecting: Option<libc::pid_t>,
+        /// The thread in its blocking connect (the address of a
+        /// thread-local of it), whose decision a `dup` by another thread
+        /// waits for (`hooks::state::duplicated`).
+        connecting: Option<usize>,
     },
     /// A connect (or accept) returned before its handshake decided: the
     /// descriptor is the TCP socket (`hooks::pending`).

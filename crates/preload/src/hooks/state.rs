@@ -163,8 +163,7 @@ pub(super) fn duplicated(fd: RawFd) {
     if table::kind(fd) != Kind::Candidate {
         return;
     }
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
+    let me = this_thread();
     while connecting_other(fd, me) {
         std::thread::sleep(super::pending::SLICE);
     }
@@ -177,7 +176,7 @@ pub(super) fn duplicated(fd: RawFd) {
 /// Whether a thread other than `me` is in a blocking connect of `fd`
 /// (one of `me`'s own, interrupted by the handler that duplicates it,
 /// cannot decide meanwhile).
-fn connecting_other(fd: RawFd, me: libc::pid_t) -> bool {
+fn connecting_other(fd: RawFd, me: usize) -> bool {
     let _g = LOCK.read();
     table::with_state_locked(
         fd,
@@ -185,11 +184,19 @@ fn connecting_other(fd: RawFd, me: libc::pid_t) -> bool {
     )
 }
 
+/// The calling thread, as long as it runs: the address of a thread-local
+/// (no system call, unlike `gettid`).
+fn this_thread() -> usize {
+    thread_local! {
+        static ME: u8 = const { 0 };
+    }
+    ME.with(|m| m as *const u8 as usize)
+}
+
 /// Notes that the calling thread begins (`on`), or ends without a
 /// decision, a blocking connect of candidate `fd`.
 pub(super) fn connecting(fd: RawFd, on: bool) {
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
+    let me = this_thread();
     let _g = LOCK.write();
     table::transition_locked(fd, |s| match s {
         // Ended: only the mark of this thread (the number may be another
