@@ -2180,6 +2180,44 @@ peer_done()
     assert_eq!(stats.conns_opened, 0, "TCP\n{out}");
 }
 
+/// A connection's own number closed while a `dup` of it still names the
+/// connection (an inetd-style server's `dup2(s, 0); dup2(s, 1);
+/// close(s)`): the number is free at once, as over TCP: the next `open`
+/// gets it and `dup2` onto it works, while the connection goes on at the
+/// other numbers. Before, the number stayed open for the connection: the
+/// `open` got another number and `dup2` onto it failed with `EBUSY`.
+#[test]
+fn closing_a_connections_own_number_beside_a_dup_frees_the_number() {
+    let script = format!(
+        r#"
+import os, socket
+{REVERSING_PEER}
+s = socket.socket()
+s.connect(("127.0.0.1", port))
+n = s.detach()
+d = os.dup(n)
+os.close(n)
+f = os.open("/dev/null", os.O_RDONLY)
+print("reused", f == n)
+os.close(f)
+r, w = os.pipe()
+print("dup2", os.dup2(r, n) == n)
+os.close(n)
+os.write(d, b"via-dup!")
+print("echo", read8(lambda k: os.read(d, k)).decode())
+peer_done()
+"#
+    );
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", &script]);
+    let (ok, out, stats) = run_preloaded("close-own-number", cmd);
+    assert!(ok && out.contains("OK done"), "{out}");
+    for line in ["reused True", "dup2 True", "echo !pud-aiv"] {
+        assert!(out.lines().any(|l| l == line), "no {line:?}:\n{out}");
+    }
+    assert_eq!(stats.conns_opened, 1, "SMC-D\n{out}");
+}
+
 /// A socket duplicated by another thread while its blocking connect waits
 /// for the server: the `dup` waits for the connection's decision and then
 /// names the connection, SMC-D here, as a pending connect's `dup` does.

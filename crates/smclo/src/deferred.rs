@@ -55,6 +55,12 @@ pub fn set_closer(f: fn(RawFd)) {
     let _ = CLOSER.set(f);
 }
 
+/// Closes `fd` now with the closer ([`set_closer`]): for a descriptor the
+/// caller owns and gives up.
+pub(crate) fn close_now(fd: RawFd) {
+    close(fd);
+}
+
 fn close(fd: RawFd) {
     match CLOSER.get() {
         Some(f) => f(fd),

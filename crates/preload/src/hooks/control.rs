@@ -213,15 +213,34 @@ fn close_slow(fd: RawFd) -> c_int {
     r
 }
 
-/// The application closed `fd`, the number of `s`'s channel itself. The
-/// descriptor stays open, `Internal`, until the connection goes
-/// (Sock's drop closes it): other threads may be in a call on it, and other
-/// descriptors of the application (`dup`s) may still name the connection,
-/// in which case it counts against the budget again.
+/// The application closed `fd`, the number of `s`'s channel itself. It is
+/// `Internal` until closed: its connection's calls may be using it. Where
+/// other descriptors of the application (`dup`s) still name the
+/// connection, the channel moves to a high duplicate, counted against the
+/// budget, and `fd` is closed as soon as no call of the connection uses it
+/// ([`Conn::retire_number`](smclo::adapter::conn::Conn::retire_number)):
+/// the number is free for the program's next `open` as over TCP. The last
+/// descriptor's stays until the connection goes (Sock's drop closes it).
 fn keep_channel_locked(s: &Sock, fd: RawFd) {
     super::state::internal_locked(fd);
-    if s.fds.load(Ordering::Acquire) > 1 {
-        s.conn.count_channel(true);
+    if s.fds.load(Ordering::Acquire) <= 1 {
+        return;
+    }
+    let kept = smclo::adapter::fdnum::dup_high(fd).map_err(|e| e.to_string());
+    match kept.and_then(|high| {
+        let n = std::os::fd::AsRawFd::as_raw_fd(&high);
+        super::state::internal_locked(n);
+        s.conn.retire_number(high).map_err(|high| {
+            drop(table::replace_locked(n, table::FdState::Unknown));
+            drop(high);
+            "a number given up earlier is still in use".to_string()
+        })
+    }) {
+        Ok(()) => debug!("fd {fd}: closed; its SMC-D connection goes on at its other descriptors"),
+        Err(why) => {
+            debug!("fd {fd}: closed, kept open for its SMC-D connection ({why})");
+            s.conn.count_channel(true);
+        }
     }
 }
 

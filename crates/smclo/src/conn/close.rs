@@ -42,7 +42,7 @@ impl Conn {
         doorbell::set_state_flags(self.peer.prod(), PEER_DONE_WRITING);
         // The peer's descriptor becomes readable for good (end of file on
         // the channel), so it wakes and finds the flag.
-        if chan_sys::shutdown(self.fd(), libc::SHUT_WR) < 0 {
+        if chan_sys::shutdown(self.chan()?.raw(), libc::SHUT_WR) < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ENOTCONN) {
                 return Err(e);
@@ -79,7 +79,9 @@ impl Conn {
         doorbell::set_state_flags(self.peer.prod(), flag);
         // The peer's end hangs up even if a forked child still holds a copy
         // of ours.
-        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
+        if let Ok(c) = self.chan() {
+            chan_sys::shutdown(c.raw(), libc::SHUT_RDWR);
+        }
     }
 
     /// [`Conn::close`] through a shared reference, for a caller that cannot
@@ -157,7 +159,9 @@ impl Conn {
         doorbell::set_state_flags(self.peer.prod(), PEER_CONN_ABORT);
         // The peer's end becomes readable and hung up, our blocked callers
         // wake.
-        chan_sys::shutdown(self.fd(), libc::SHUT_RDWR);
+        if let Ok(c) = self.chan() {
+            chan_sys::shutdown(c.raw(), libc::SHUT_RDWR);
+        }
         self.closed.store(true, Ordering::Relaxed);
     }
 }
@@ -171,5 +175,6 @@ impl Drop for Conn {
             self.peer.mark_shared();
         }
         self.close_channel();
+        self.close_retired();
     }
 }

@@ -65,10 +65,13 @@ impl Conn {
     /// died: remember that.
     pub(super) fn chan_eof(&self) -> bool {
         let mut b = [0u8; 1];
+        let Ok(c) = self.chan() else {
+            return false;
+        };
         // SAFETY: peeks at most one byte into `b`.
         let r = unsafe {
             chan_sys::recv(
-                self.fd(),
+                c.raw(),
                 b.as_mut_ptr().cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,

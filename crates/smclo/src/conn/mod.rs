@@ -90,6 +90,11 @@ pub struct Conn {
     /// lives ([`Conn::replace_channel`]): the preload makes the
     /// application's own descriptor the channel.
     chan: AtomicI32,
+    /// Calls using the channel's descriptor now ([`ChanUse`]).
+    chan_users: AtomicU32,
+    /// A number the Conn gave up while calls used it
+    /// ([`Conn::retire_number`]), -1 for none: the last of them closes it.
+    retired: AtomicI32,
     /// Held while `chan` counts against the descriptor budget
     /// ([`crate::fdnum`]): not while it is the application's descriptor.
     chan_held: Mutex<Option<crate::fdnum::Held>>,
@@ -207,6 +212,8 @@ impl Conn {
             local,
             peer,
             chan: AtomicI32::new(chan.into_raw_fd()),
+            chan_users: AtomicU32::new(0),
+            retired: AtomicI32::new(-1),
             chan_held: Mutex::new(Some(crate::fdnum::Held::new())),
             mode,
             rx: Mutex::new(()),
@@ -284,16 +291,52 @@ impl Conn {
         self.chan.load(Ordering::Relaxed)
     }
 
-    /// The channel, for one call; `EBADF` once taken.
-    fn chan(&self) -> io::Result<BorrowedFd<'_>> {
-        let fd = self.fd();
-        if fd < 0 {
+    /// The channel, for one call; `EBADF` once taken. Every system call of
+    /// the Conn on its channel goes through one: a number given up while it
+    /// lives ([`Conn::retire_number`]) stays open until it ends.
+    fn chan(&self) -> io::Result<ChanUse<'_>> {
+        // SeqCst, with `retire_number`: a use counted after the retiring
+        // thread looked at the count loads the new number.
+        self.chan_users.fetch_add(1, Ordering::SeqCst);
+        let u = ChanUse {
+            conn: self,
+            fd: self.chan.load(Ordering::SeqCst),
+        };
+        if u.fd < 0 {
             return Err(errno(libc::EBADF));
         }
-        // SAFETY: `fd` is not -1 and is open while the Conn owns it; a
-        // caller that renumbers it ([`Conn::replace_channel`]) or takes it
-        // ([`Conn::take_channel`]) guarantees that no call runs meanwhile.
-        Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+        Ok(u)
+    }
+
+    /// Gives up the channel's number for `new`, another descriptor of it
+    /// (counted against the descriptor budget), and closes the old number
+    /// as soon as no call of this Conn uses it (now, or when the last of
+    /// them ends: [`ChanUse`]'s drop), with [`crate::deferred`]'s closer.
+    /// For the preload, when the application closes the number while other
+    /// descriptors of it still name the connection: the number is free
+    /// for the application's next `open`, and no call of this Conn ever
+    /// reaches whatever the number names next. Returns `new` back when a
+    /// number given up earlier is still open (the caller keeps the old
+    /// one).
+    pub fn retire_number(&self, new: OwnedFd) -> Result<(), OwnedFd> {
+        if self.retired.load(Ordering::SeqCst) >= 0 {
+            return Err(new);
+        }
+        self.count_channel(true);
+        let old = self.chan.swap(new.into_raw_fd(), Ordering::SeqCst);
+        self.retired.store(old, Ordering::SeqCst);
+        if self.chan_users.load(Ordering::SeqCst) == 0 {
+            self.close_retired();
+        }
+        Ok(())
+    }
+
+    /// Closes the number given up, if any and not closed yet.
+    fn close_retired(&self) {
+        let fd = self.retired.swap(-1, Ordering::SeqCst);
+        if fd >= 0 {
+            crate::deferred::close_now(fd);
+        }
     }
 
     /// Makes `new`, another descriptor of the same channel (a `dup`), the
@@ -399,6 +442,37 @@ impl Conn {
                     ring_len,
                 },
             )),
+        }
+    }
+}
+
+/// One call's use of the channel's descriptor ([`Conn::chan`]). While any
+/// lives, a number the Conn gave up ([`Conn::retire_number`]) stays open;
+/// the last to end closes it.
+pub(crate) struct ChanUse<'a> {
+    conn: &'a Conn,
+    fd: RawFd,
+}
+
+impl ChanUse<'_> {
+    /// The number, for a system call made while this lives.
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The descriptor, open while this lives.
+    pub(crate) fn borrowed(&self) -> BorrowedFd<'_> {
+        // SAFETY: `fd` is not -1 (see `Conn::chan`) and stays open while
+        // this use lives: the Conn closes it only after it took it back
+        // or gave it up and every use ended.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
+    }
+}
+
+impl Drop for ChanUse<'_> {
+    fn drop(&mut self) {
+        if self.conn.chan_users.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.conn.close_retired();
         }
     }
 }

@@ -190,7 +190,7 @@ impl Conn {
     ) -> io::Result<MutexGuard<'a, ()>> {
         drop(g);
         let slept = Instant::now();
-        let rev = sleep.poll(self.fd(), libc::POLLIN)?;
+        let rev = sleep.poll(self.chan()?.raw(), libc::POLLIN)?;
         let g = lock(&self.rx);
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             let s = self.rx_snap()?;
@@ -277,7 +277,7 @@ impl Conn {
                 self.take_queued_owed()?;
                 break;
             }
-            doorbell::poll_fd(self.fd(), libc::POLLIN, OWED_RECHECK_MS)?;
+            doorbell::poll_fd(self.chan()?.raw(), libc::POLLIN, OWED_RECHECK_MS)?;
         }
         Ok(())
     }
@@ -290,7 +290,7 @@ impl Conn {
         }
         // Claimed whole, so two threads never take the same doorbell.
         let n = self.rx_owed.swap(0, Ordering::Relaxed);
-        let got = match self.chan().and_then(|c| c.take_bells(n)) {
+        let got = match self.chan().and_then(|c| c.borrowed().take_bells(n)) {
             Ok(Some(k)) => k,
             Ok(None) => {
                 self.peer_gone.store(true, Ordering::Relaxed);

@@ -136,7 +136,7 @@ impl Conn {
         if n == 0 {
             return Ok(());
         }
-        match self.chan().and_then(|c| c.send_bells(n)) {
+        match self.chan().and_then(|c| c.borrowed().send_bells(n)) {
             Ok(()) => Ok(()),
             // The peer's end is gone: the data is in its ring, but nobody
             // will read it; the next write reports EPIPE.
@@ -185,7 +185,7 @@ impl Conn {
                 }
                 drop(g);
                 let slept = Instant::now();
-                let rev = sleep.poll(self.fd(), libc::POLLOUT)?;
+                let rev = sleep.poll(self.chan()?.raw(), libc::POLLOUT)?;
                 let g = lock(&self.tx);
                 if rev & libc::POLLOUT != 0 {
                     let room = self.tx_snap()?.used < p.ring_len();

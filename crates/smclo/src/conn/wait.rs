@@ -108,14 +108,14 @@ impl Conn {
             // preload's swap of a blocking connection).
             return Ok(());
         }
-        let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
+        let c = self.chan()?;
+        let fl = chan_sys::fcntl(c.raw(), libc::F_GETFL, 0);
         let nfl = if on {
             fl | libc::O_NONBLOCK
         } else {
             fl & !libc::O_NONBLOCK
         };
-        if fl < 0
-            || (nfl != fl && chan_sys::fcntl(self.fd(), libc::F_SETFL, nfl as libc::c_long) < 0)
+        if fl < 0 || (nfl != fl && chan_sys::fcntl(c.raw(), libc::F_SETFL, nfl as libc::c_long) < 0)
         {
             return Err(io::Error::last_os_error());
         }
@@ -172,7 +172,7 @@ impl Conn {
 
     /// The descriptor's `O_NONBLOCK` now (a syscall; refreshes the hint).
     fn nonblocking_now(&self) -> io::Result<bool> {
-        let fl = chan_sys::fcntl(self.fd(), libc::F_GETFL, 0);
+        let fl = chan_sys::fcntl(self.chan()?.raw(), libc::F_GETFL, 0);
         if fl < 0 {
             return Err(io::Error::last_os_error());
         }
