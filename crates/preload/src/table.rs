@@ -354,8 +354,11 @@ pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) 
     if new_word == K_UNKNOWN && old_word != K_UNKNOWN {
         FORGOTTEN[fd as usize].fetch_add(1, Ordering::Relaxed);
     }
-    count(was, -1);
+    // The new kind counted before the old one is let go: lock-free
+    // readers of a count (`pending_count`, `epoll_count`) never see a
+    // number that stays in its kind drop out for a moment.
     count(Kind::of(new_word), 1);
+    count(was, -1);
     if !new.word_only() {
         states().get_or_insert_with(NumMap::default).insert(fd, new);
     }
@@ -834,6 +837,51 @@ mod tests {
         assert!(!known(fd) && shadow(fd).is_none());
         drop(old);
         assert_eq!(Arc::strong_count(&sh), 1, "the table holds no count");
+    }
+
+    /// A number whose state changes within its kind (a pending connect's
+    /// epoll registration recorded) never leaves that kind's count, which
+    /// waits read without the lock: another thread's `epoll_wait` that
+    /// saw no pending connect slept in the kernel without driving the
+    /// handshake (`tests/epoll_swap.rs`).
+    #[test]
+    fn a_number_that_stays_pending_never_leaves_the_count() {
+        use std::sync::atomic::AtomicBool;
+        let fd = 60_003;
+        let pending = || FdState::Pending {
+            connecting: Arc::new(Connecting {
+                undecided: Mutex::new(None),
+                early: false,
+                announced: false,
+            }),
+            epoll: Vec::new(),
+            writable: false,
+        };
+        {
+            let _g = LOCK.write();
+            drop(replace_locked(fd, pending()));
+        }
+        let (stop, seen_zero) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    if pending_count() == 0 {
+                        seen_zero.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+            for _ in 0..200_000 {
+                let _g = LOCK.write();
+                transition_locked(fd, |s| (s, ()));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let _g = LOCK.write();
+        drop(replace_locked(fd, FdState::Unknown));
+        assert!(
+            !seen_zero.load(Ordering::Relaxed),
+            "the count read 0 while the number stayed pending"
+        );
     }
 
     /// A connection's close of an internal number (no lock) ends it
