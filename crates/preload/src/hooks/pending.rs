@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 /// How long a thread waits before it looks again at a handshake that
 /// another thread drives.
-pub(super) const SLICE: Duration = Duration::from_millis(1);
+const SLICE: Duration = Duration::from_millis(1);
 
 /// How long a blocking call waits on the handshake before it looks at the
 /// TCP connection again (a refused or reset connect ends the handshake).

@@ -165,13 +165,17 @@ pub(super) fn duplicated(fd: RawFd) {
     }
     let me = this_thread();
     while connecting_other(fd, me) {
-        std::thread::sleep(super::pending::SLICE);
+        std::thread::sleep(CONNECT_LOOK);
     }
     if table::kind(fd) == Kind::Candidate {
         debug!("fd {fd}: duplicated before its connect: its connection stays TCP");
         end_candidacy(fd);
     }
 }
+
+/// How often a `dup` looks whether the blocking connect it waits for has
+/// decided (as a pending handshake's waits look again).
+const CONNECT_LOOK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Whether a thread other than `me` is in a blocking connect of `fd`
 /// (one of `me`'s own, interrupted by the handler that duplicates it,
