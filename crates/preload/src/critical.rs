@@ -29,12 +29,23 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard};
 
-thread_local! {
+/// The thread's sections: one thread-local, so that entering and leaving
+/// one look it up once.
+struct Sections {
     /// How many sections the thread is in.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    depth: Cell<u32>,
     /// Signals deferred (bit `sig - 1`): queued again and blocked until
     /// the outermost section ends.
-    static DEFERRED: Cell<u64> = const { Cell::new(0) };
+    deferred: Cell<u64>,
+}
+
+thread_local! {
+    static SECTIONS: Sections = const {
+        Sections {
+            depth: Cell::new(0),
+            deferred: Cell::new(0),
+        }
+    };
 }
 
 /// The calling thread is in a section until this is dropped. Not `Send`:
@@ -44,25 +55,26 @@ pub struct Section(PhantomData<*const ()>);
 /// Enters a section.
 #[inline]
 pub fn enter() -> Section {
-    DEPTH.with(|d| d.set(d.get() + 1));
+    SECTIONS.with(|s| s.depth.set(s.depth.get() + 1));
     Section(PhantomData)
 }
 
 impl Drop for Section {
     #[inline]
     fn drop(&mut self) {
-        let left = DEPTH.with(|d| {
-            let n = d.get() - 1;
-            d.set(n);
-            n
-        });
-        if left == 0 {
-            let deferred = DEFERRED.with(|d| d.replace(0));
-            if deferred != 0 {
-                // The handlers run as this returns; the caller's errno is
-                // its own.
-                smclo::adapter::errno::kept(|| sigmask(libc::SIG_UNBLOCK, deferred));
+        let deferred = SECTIONS.with(|s| {
+            let n = s.depth.get() - 1;
+            s.depth.set(n);
+            if n == 0 {
+                s.deferred.replace(0)
+            } else {
+                0
             }
+        });
+        if deferred != 0 {
+            // The handlers run as this returns; the caller's errno is its
+            // own.
+            smclo::adapter::errno::kept(|| sigmask(libc::SIG_UNBLOCK, deferred));
         }
     }
 }
@@ -101,7 +113,7 @@ impl<T> DerefMut for Locked<'_, T> {
 
 /// Whether the calling thread is in a section.
 pub fn inside() -> bool {
-    DEPTH.with(|d| d.get()) > 0
+    SECTIONS.with(|s| s.depth.get()) > 0
 }
 
 /// In a fork child: the forking thread held the table lock across the
@@ -109,8 +121,10 @@ pub fn inside() -> bool {
 /// signals it had deferred are the parent's (pending signals are not
 /// inherited): the child's mask gets them back.
 pub fn reset_in_child() {
-    DEPTH.with(|d| d.set(0));
-    let deferred = DEFERRED.with(|d| d.replace(0));
+    let deferred = SECTIONS.with(|s| {
+        s.depth.set(0);
+        s.deferred.replace(0)
+    });
     if deferred != 0 {
         sigmask(libc::SIG_UNBLOCK, deferred);
     }
@@ -152,7 +166,7 @@ pub unsafe fn defer(sig: c_int, info: *const siginfo_t, ctx: *mut c_void) -> boo
         // SAFETY: `ctx` is the kernel's ucontext of this handler, which
         // `rt_sigreturn` reads the mask to restore from.
         unsafe { libc::sigaddset(&mut (*ctx.cast::<libc::ucontext_t>()).uc_sigmask, sig) };
-        DEFERRED.with(|d| d.set(d.get() | bit));
+        SECTIONS.with(|s| s.deferred.set(s.deferred.get() | bit));
         true
     })
 }
