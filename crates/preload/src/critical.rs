@@ -37,6 +37,8 @@ struct Sections {
     /// Signals deferred (bit `sig - 1`): queued again and blocked until
     /// the outermost section ends.
     deferred: Cell<u64>,
+    /// Whether one of the sections is the table lock's ([`enter_table`]).
+    table: Cell<bool>,
 }
 
 thread_local! {
@@ -44,6 +46,7 @@ thread_local! {
         Sections {
             depth: Cell::new(0),
             deferred: Cell::new(0),
+            table: Cell::new(false),
         }
     };
 }
@@ -62,20 +65,59 @@ pub fn enter() -> Section {
 impl Drop for Section {
     #[inline]
     fn drop(&mut self) {
-        let deferred = SECTIONS.with(|s| {
-            let n = s.depth.get() - 1;
-            s.depth.set(n);
-            if n == 0 {
-                s.deferred.replace(0)
-            } else {
-                0
-            }
-        });
-        if deferred != 0 {
-            // The handlers run as this returns; the caller's errno is its
-            // own.
-            smclo::adapter::errno::kept(|| sigmask(libc::SIG_UNBLOCK, deferred));
+        leave(false);
+    }
+}
+
+/// The section of the table lock (`crate::table::LOCK`), which holds or
+/// takes it: `None` when the thread holds it already (the lock is not
+/// re-entrant). One thread-local look each way, as the lock is on the
+/// paths of every call on a connection.
+#[inline]
+pub fn enter_table() -> Option<TableSection> {
+    // In the section before the flag is set, and out of it after the flag
+    // is cleared ([`leave`]): a handler that ran in between would find the
+    // flag without the section, and take the lock again.
+    let again = SECTIONS.with(|s| {
+        s.depth.set(s.depth.get() + 1);
+        s.table.replace(true)
+    });
+    if again {
+        leave(false);
+        return None;
+    }
+    Some(TableSection(PhantomData))
+}
+
+/// See [`enter_table`].
+pub struct TableSection(PhantomData<*const ()>);
+
+impl Drop for TableSection {
+    #[inline]
+    fn drop(&mut self) {
+        leave(true);
+    }
+}
+
+/// Leaves a section (the table lock's: `table`); the outermost lets the
+/// deferred signals in.
+#[inline]
+fn leave(table: bool) {
+    let deferred = SECTIONS.with(|s| {
+        if table {
+            s.table.set(false);
         }
+        let n = s.depth.get() - 1;
+        s.depth.set(n);
+        if n == 0 {
+            s.deferred.replace(0)
+        } else {
+            0
+        }
+    });
+    if deferred != 0 {
+        // The handlers run as this returns; the caller's errno is its own.
+        smclo::adapter::errno::kept(|| sigmask(libc::SIG_UNBLOCK, deferred));
     }
 }
 
@@ -123,6 +165,7 @@ pub fn inside() -> bool {
 pub fn reset_in_child() {
     let deferred = SECTIONS.with(|s| {
         s.depth.set(0);
+        s.table.set(false);
         s.deferred.replace(0)
     });
     if deferred != 0 {

@@ -660,11 +660,10 @@ impl Lock {
     /// Shared access for a few instructions.
     #[inline]
     pub fn read(&self) -> ReadGuard<'_> {
-        let section = critical::enter();
-        let holding = Holding::take();
+        let section = Self::section();
         loop {
             if self.0.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
-                return ReadGuard(self, holding, section);
+                return ReadGuard(self, section);
             }
             self.0.fetch_sub(1, Ordering::Relaxed);
             while self.0.load(Ordering::Relaxed) & WRITER != 0 {
@@ -675,8 +674,7 @@ impl Lock {
 
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
-        let section = critical::enter();
-        let holding = Holding::take();
+        let section = Self::section();
         loop {
             let v = self.0.load(Ordering::Relaxed);
             if v & WRITER == 0
@@ -692,7 +690,7 @@ impl Lock {
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             std::hint::spin_loop();
         }
-        WriteGuard(self, holding, section)
+        WriteGuard(self, section)
     }
 
     /// Exclusive access if it can be had within `wait`, else `None`. For
@@ -700,8 +698,7 @@ impl Lock {
     /// the lock (which would then never be released): `None` at once
     /// then. Async-signal-safe: atomics, `clock_gettime` and `sched_yield`.
     pub fn try_write_for(&self, wait: std::time::Duration) -> Option<WriteGuard<'_>> {
-        let section = critical::enter();
-        let holding = Holding::try_take()?;
+        let section = critical::enter_table()?;
         let start = std::time::Instant::now();
         let timed_out = || {
             std::thread::yield_now();
@@ -721,7 +718,7 @@ impl Lock {
                 return None;
             }
         }
-        let guard = WriteGuard(self, holding, section);
+        let guard = WriteGuard(self, section);
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             if timed_out() {
                 return None; // the guard lets go
@@ -730,32 +727,15 @@ impl Lock {
         Some(guard)
     }
 
-    /// In a `fork` child: only the forking thread exists, and it held the
-    /// lock for writing across the fork; start from a clean word, out of
-    /// every section.
-    pub fn reset_in_child(&self) {
-        self.0.store(0, Ordering::Release);
-        HOLDING.with(|h| h.set(false));
-        critical::reset_in_child();
-    }
-}
-
-thread_local! {
-    /// Whether the thread holds [`LOCK`] or is taking it.
-    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// The calling thread holds (or is taking) [`LOCK`] until this is dropped.
-/// The lock is not re-entrant: taking it again in the thread that holds it
-/// would wait for ever (a reader waits for the writer it is, a writer for
-/// its own read), so that is a defect of ours, which aborts the process
-/// with its reason instead of hanging it. The program's signal handlers
-/// cannot cause it ([`critical`] defers them).
-struct Holding(std::marker::PhantomData<*const ()>);
-
-impl Holding {
-    fn take() -> Holding {
-        Holding::try_take().unwrap_or_else(|| {
+    /// The thread's section of the lock ([`critical::enter_table`]). The
+    /// lock is not re-entrant: taking it again in the thread that holds
+    /// it would wait for ever (a reader waits for the writer it is, a
+    /// writer for its own read), so that is a defect of ours, which aborts
+    /// the process with its reason instead of hanging it. The program's
+    /// signal handlers cannot cause it ([`critical`] defers them).
+    #[inline]
+    fn section() -> critical::TableSection {
+        critical::enter_table().unwrap_or_else(|| {
             eprintln!(
                 "smclo[{}]: the descriptor table's lock taken again by the thread that holds it; aborting instead of hanging",
                 std::process::id()
@@ -764,20 +744,18 @@ impl Holding {
         })
     }
 
-    fn try_take() -> Option<Holding> {
-        (!HOLDING.with(|h| h.replace(true))).then_some(Holding(std::marker::PhantomData))
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        HOLDING.with(|h| h.set(false));
+    /// In a `fork` child: only the forking thread exists, and it held the
+    /// lock for writing across the fork; start from a clean word, out of
+    /// every section.
+    pub fn reset_in_child(&self) {
+        self.0.store(0, Ordering::Release);
+        critical::reset_in_child();
     }
 }
 
 /// See [`Lock::read`]. The section ends after the lock is let go (fields
 /// drop after `drop`): deferred handlers run without it.
-pub struct ReadGuard<'a>(&'a Lock, Holding, critical::Section);
+pub struct ReadGuard<'a>(&'a Lock, critical::TableSection);
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::Release);
@@ -785,7 +763,7 @@ impl Drop for ReadGuard<'_> {
 }
 
 /// See [`Lock::write`]; its section as [`ReadGuard`]'s.
-pub struct WriteGuard<'a>(&'a Lock, Holding, critical::Section);
+pub struct WriteGuard<'a>(&'a Lock, critical::TableSection);
 impl WriteGuard<'_> {
     /// Leaves the lock held (the fork child resets it instead).
     pub fn forget(self) {
