@@ -1,4 +1,5 @@
-//! Sections in which the program's signal handlers do not run: while a
+//! Sections in which the program's signal handlers do not run (never
+//! across a wait that handlers must interrupt): while a
 //! thread holds (or is taking) the descriptor table's lock
 //! ([`crate::table::LOCK`]), which is not re-entrant, one of the
 //! preload's mutexes ([`lock`]), or a closing descriptor's number
@@ -27,6 +28,7 @@ use libc::{c_int, c_void, siginfo_t};
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// The thread's sections: one thread-local, so that entering and leaving
@@ -59,6 +61,8 @@ pub struct Section(PhantomData<*const ()>);
 #[inline]
 pub fn enter() -> Section {
     SECTIONS.with(|s| s.depth.set(s.depth.get() + 1));
+    // In the section before anything after it (a lock taken) happens.
+    compiler_fence(Ordering::SeqCst);
     Section(PhantomData)
 }
 
@@ -82,6 +86,7 @@ pub fn enter_table() -> Option<TableSection> {
         s.depth.set(s.depth.get() + 1);
         s.table.replace(true)
     });
+    compiler_fence(Ordering::SeqCst);
     if again {
         leave(false);
         return None;
@@ -103,6 +108,8 @@ impl Drop for TableSection {
 /// deferred signals in.
 #[inline]
 fn leave(table: bool) {
+    // Out of the section only after what it guarded (a lock let go).
+    compiler_fence(Ordering::SeqCst);
     let deferred = SECTIONS.with(|s| {
         if table {
             s.table.set(false);

@@ -139,3 +139,56 @@ fn a_handlers_mask_never_blocks_sigbus_in_the_kernel() {
         );
     }
 }
+
+/// The program's first listen opens the device, which waits for a lock
+/// another process holds (here for 4 s): a signal handler due meanwhile
+/// runs on time. Before, the wait was a section that deferred it until
+/// the lock was let go.
+#[test]
+fn a_handler_runs_while_the_device_setup_waits() {
+    let exe = compile("setup_signal", &[]);
+    let dev = smclo_testsupport::DevDir::new("setup-signal");
+    let dev_dir = dev.0.to_string_lossy().into_owned();
+    // The device exists, with its pid-namespace lock file, after one run.
+    let first = Command::new(&exe)
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run setup_signal");
+    assert!(first.status.success(), "{first:?}");
+    let lock = std::fs::read_dir(&dev.0)
+        .expect("device directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pidns-"))
+        })
+        .expect("a pidns lock file");
+    let mut holder = Command::new("flock")
+        .arg("-x")
+        .arg(&lock)
+        .args(["sleep", "4"])
+        .spawn()
+        .expect("flock");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", HUNG_AFTER])
+        .arg(&exe)
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev_dir)
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run setup_signal");
+    let _ = holder.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ms: f64 = stdout
+        .trim()
+        .strip_prefix("OK ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert!(
+        (900.0..2500.0).contains(&ms),
+        "the handler due at 1 s ran at {ms} ms (the lock was held 4 s)"
+    );
+}

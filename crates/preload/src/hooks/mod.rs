@@ -89,9 +89,16 @@ fn ctx() -> Option<&'static Ctx> {
     if let Some(c) = C.get() {
         return c.as_ref();
     }
-    // A handler that interrupted the first use would wait for it for ever.
-    let _section = crate::critical::enter();
-    C.get_or_init(|| {
+    thread_local! {
+        static SETTING_UP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    // A signal handler that interrupts this thread's first use would wait
+    // for it for ever: its calls stay plain TCP. (No section here: opening
+    // the device may wait in `flock`, which handlers must interrupt.)
+    if SETTING_UP.with(|s| s.replace(true)) {
+        return None;
+    }
+    let c = C.get_or_init(|| {
         if disabled() {
             return None;
         }
@@ -120,8 +127,9 @@ fn ctx() -> Option<&'static Ctx> {
                 None
             }
         }
-    })
-    .as_ref()
+    });
+    SETTING_UP.with(|s| s.set(false));
+    c.as_ref()
 }
 
 /// Live SMC-D connections in this process (fork and exec skip work at 0).
