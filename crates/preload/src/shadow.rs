@@ -2,6 +2,7 @@
 //! `Epoll` state of its descriptor carries (`crate::table`). The waits
 //! over it are `crate::hooks::epoll`'s.
 
+use crate::critical::lock;
 use crate::sock::Sock;
 use libc::epoll_event;
 use smclo::adapter::poller::{Budget, Ready};
@@ -175,5 +176,3 @@ fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
         }
     }
 }
-
-pub(crate) use crate::critical::lock;

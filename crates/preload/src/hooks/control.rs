@@ -226,22 +226,28 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
     if s.fds.load(Ordering::Acquire) <= 1 {
         return;
     }
-    let kept = smclo::adapter::fdnum::dup_high(fd).map_err(|e| e.to_string());
-    match kept.and_then(|high| {
-        let n = std::os::fd::AsRawFd::as_raw_fd(&high);
-        super::state::internal_locked(n);
-        s.conn.retire_number(high).map_err(|high| {
-            drop(table::replace_locked(n, table::FdState::Unknown));
-            drop(high);
-            "a number given up earlier is still in use".to_string()
-        })
-    }) {
-        Ok(()) => debug!("fd {fd}: closed; its SMC-D connection goes on at its other descriptors"),
-        Err(why) => {
-            debug!("fd {fd}: closed, kept open for its SMC-D connection ({why})");
-            s.conn.count_channel(true);
+    let why = match smclo::adapter::fdnum::dup_high(fd) {
+        Err(e) => e.to_string(),
+        Ok(high) => {
+            let n = std::os::fd::AsRawFd::as_raw_fd(&high);
+            super::state::internal_locked(n);
+            match s.conn.retire_number(high) {
+                Ok(()) => {
+                    debug!(
+                        "fd {fd}: closed; its SMC-D connection goes on at its other descriptors"
+                    );
+                    return;
+                }
+                Err(high) => {
+                    drop(table::replace_locked(n, table::FdState::Unknown));
+                    drop(high);
+                    "a number given up earlier is still in use".to_string()
+                }
+            }
         }
-    }
+    };
+    debug!("fd {fd}: closed, kept open for its SMC-D connection ({why})");
+    s.conn.count_channel(true);
 }
 
 fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {

@@ -25,8 +25,7 @@
 //! number that is not the one the set was made under (a `dup` of an epoll
 //! descriptor).
 
-use super::lock;
-use crate::critical::Locked;
+use crate::critical::{lock, Locked};
 use crate::real;
 use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
 use crate::table::{self, FdState, Shadow, Sock};

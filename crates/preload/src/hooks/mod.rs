@@ -155,8 +155,6 @@ fn unsupported<T: From<i8>>(fd: RawFd, what: std::fmt::Arguments<'_>) -> T {
     fail(libc::EOPNOTSUPP)
 }
 
-use crate::critical::lock;
-
 fn in_table_range(fd: RawFd) -> bool {
     fd >= 0 && (fd as usize) < MAX_FD
 }

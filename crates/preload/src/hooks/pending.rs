@@ -17,9 +17,9 @@
 //! gives the registrations their `EPOLLOUT` back.
 
 use super::ctx;
-use super::lock;
 use super::state::{fallback_record, is_current_locked, out_hidden, pendings};
 use super::swap::{swap_in, Holder};
+use crate::critical::lock;
 use crate::holders;
 use crate::real;
 use crate::table::{self, Connecting, Shut, Undecided, LOCK};

@@ -90,8 +90,12 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
 
 /// Runs the handler of slot `i` with the program's view of its mask.
 fn with_view(i: usize, f: impl FnOnce()) {
-    let bus = MASK_BUS.load(Ordering::Relaxed) & (1 << (i - 1)) != 0;
-    smclo::adapter::fault::with_handler_view(bus, f)
+    smclo::adapter::fault::with_handler_view(mask_bus(i), f)
+}
+
+/// Whether slot `i`'s handler mask has `SIGBUS` in the program's view.
+fn mask_bus(i: usize) -> bool {
+    MASK_BUS.load(Ordering::Relaxed) & (1 << (i - 1)) != 0
 }
 
 /// `act` with the mask the kernel gets (without `SIGBUS`), and whether
@@ -231,7 +235,7 @@ pub unsafe extern "C" fn sigaction(
     // The program's mask: in the view at once, as the trampoline may run.
     let bus_before = match (slot(sig), given) {
         (Some(i), Some((_, bus))) => set_mask_bus(i, bus),
-        (Some(i), None) => MASK_BUS.load(Ordering::Relaxed) & (1 << (i - 1)) != 0,
+        (Some(i), None) => mask_bus(i),
         (None, _) => false,
     };
     let r = match &wrap {

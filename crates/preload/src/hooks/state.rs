@@ -7,7 +7,8 @@
 //! points and the transitions (`hooks::pending`, `hooks::swap`) use it,
 //! never the other way round.
 
-use super::{in_table_range, lock, Ctx};
+use super::{in_table_range, Ctx};
+use crate::critical::lock;
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
