@@ -17,6 +17,12 @@
 //! Fork: the queue's lock is taken around `fork` (`pthread_atfork`), so a
 //! child never inherits it locked; the child has no flusher thread and
 //! starts its own when it corks (its pid differs from the thread's).
+//!
+//! Signals: a program's thread holds the queue's lock in a section
+//! ([`crate::critical`]), since a handler may cork a connection too; the
+//! flusher blocks every signal but faults, so it runs none of the
+//! program's handlers (it holds the lock while it looks at the queue) and
+//! never takes a signal the program blocks to wait for it.
 
 use crate::table::Sock;
 use smclo::adapter::owner::Owner;
@@ -67,6 +73,7 @@ pub fn arm(s: &Arc<Sock>) {
     push(Instant::now() + CEILING, Arc::downgrade(s));
 }
 
+/// Queues `w` to be published at `at`, from a program's thread.
 fn push(at: Instant, w: Weak<Sock>) {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
@@ -75,16 +82,17 @@ fn push(at: Instant, w: Weak<Sock>) {
         unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
     });
     let me = Owner::current().pid;
-    let mut q = lock();
+    let mut q = crate::critical::lock(&QUEUE);
     if q.pid != me {
         // No flusher in this process (first use, or a fork child): the
         // entries queued by the parent are the parent's to serve.
         q.due.clear();
-        if std::thread::Builder::new()
-            .name("smclo-cork".into())
-            .spawn(run)
-            .is_err()
-        {
+        let started = crate::critical::without_signals(|| {
+            std::thread::Builder::new()
+                .name("smclo-cork".into())
+                .spawn(run)
+        });
+        if started.is_err() {
             // No thread: publish now rather than hold without a ceiling.
             drop(q);
             if let Some(s) = w.upgrade() {

@@ -160,6 +160,29 @@ impl<T> DerefMut for Locked<'_, T> {
     }
 }
 
+/// Runs `f` (which starts a thread of the preload's) with every signal
+/// blocked but the faults a thread raises itself: a thread started there
+/// inherits that mask and never runs the program's handlers, nor takes a
+/// signal the program blocks in its own threads (to wait for it on a
+/// `signalfd` or in `sigwait`), whose default action would end the
+/// process. The caller's mask is back when this returns.
+pub fn without_signals<R>(f: impl FnOnce() -> R) -> R {
+    let faults = [
+        libc::SIGBUS,
+        libc::SIGSEGV,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ]
+    .iter()
+    .fold(0u64, |m, &sig| m | 1 << (sig - 1));
+    let before = sigmask(libc::SIG_BLOCK, !faults);
+    let r = f();
+    sigmask(libc::SIG_SETMASK, before);
+    r
+}
+
 /// Whether the calling thread is in a section.
 pub fn inside() -> bool {
     SECTIONS.with(|s| s.depth.get()) > 0

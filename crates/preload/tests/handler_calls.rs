@@ -192,3 +192,54 @@ fn a_handler_runs_while_the_device_setup_waits() {
         "the handler due at 1 s ran at {ms} ms (the lock was held 4 s)"
     );
 }
+
+/// `tests/c/cork_signals.c` in `mode` with `args` under the preload, on a
+/// device of its own: checks that it ended well over SMC-D connections.
+fn run_cork(mode: &str, args: &[&str]) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| compile("cork_signals", &[]));
+    let dev = smclo_testsupport::DevDir::new(&format!("cork-signals-{mode}"));
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", HUNG_AFTER])
+        .arg(exe)
+        .arg(mode)
+        .args(args)
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_SHORT", "smc")
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run cork_signals");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("OK "),
+        "{mode}: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = smclo::device::Device::open(&dev.0)
+        .expect("open the test device")
+        .stats();
+    assert!(
+        stats.conns_opened > 0,
+        "{mode}: SMC-D connections: {stats:?}"
+    );
+}
+
+/// A program that blocks SIGTERM to take it on a signalfd gets it there
+/// after it corked an SMC-D connection. Before, the preload's cork
+/// flusher thread did not block it, so the kernel delivered it there and
+/// its default action ended the process (status 143).
+#[test]
+fn a_signal_the_program_blocks_never_lands_on_the_cork_flusher() {
+    run_cork("signalfd", &[]);
+}
+
+/// A handler that corks a connection while its thread's first corked
+/// write starts the cork flusher with the queue locked. Before, the
+/// handler waited for that lock, held by its own thread, for ever: 10 of
+/// 10 children hung.
+#[test]
+fn a_handler_that_corks_while_its_thread_queues_a_cork_does_not_hang() {
+    run_cork("spawn", &["10"]);
+}
