@@ -70,10 +70,9 @@ pub enum FdState {
     Candidate {
         /// In the order made.
         epoll: Vec<Reg>,
-        /// The thread in its blocking connect (the address of a
-        /// thread-local of it), whose decision a `dup` by another thread
-        /// waits for (`hooks::state::duplicated`).
-        connecting: Option<usize>,
+        /// The thread in its blocking connect, whose decision a `dup` by
+        /// another thread waits for (`hooks::state::duplicated`).
+        connecting: Option<ThreadMark>,
     },
     /// A connect (or accept) returned before its handshake decided: the
     /// descriptor is the TCP socket (`hooks::pending`).
@@ -121,6 +120,34 @@ impl FdState {
             epoll: Vec::new(),
             connecting: None,
         }
+    }
+}
+
+/// A thread, as long as it runs: its process (a fork child inherits
+/// marks made by its parent's threads, which it does not have) and the
+/// address of one of its thread-locals (no system call, unlike `gettid`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ThreadMark {
+    pid: u32,
+    thread: usize,
+}
+
+impl ThreadMark {
+    /// The calling thread's.
+    pub fn current() -> Self {
+        thread_local! {
+            static ME: u8 = const { 0 };
+        }
+        ThreadMark {
+            pid: smclo::adapter::owner::current_pid(),
+            thread: ME.with(|m| m as *const u8 as usize),
+        }
+    }
+
+    /// Whether this is another thread of the caller's process.
+    pub fn is_other_thread(self) -> bool {
+        let me = Self::current();
+        self.pid == me.pid && self != me
     }
 }
 

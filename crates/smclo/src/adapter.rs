@@ -60,8 +60,8 @@ pub mod fault {
 /// program's own descriptor limit.
 pub mod fdnum {
     pub use crate::fdnum::{
-        app_limit, app_nofile, dup_high, floor, in_internal, internal, is_ours, set_app_nofile,
-        widen, ForExec, Held,
+        app_limit, app_nofile, close_own, dup_high, floor, in_internal, internal, is_ours,
+        set_app_nofile, widen, ForExec, Held,
     };
 }
 

@@ -9,6 +9,7 @@
 use super::state::{dup_shared, forget_fd_locked, forget_fresh_locked, share_records_locked};
 use super::{fail, in_table_range, os_err};
 use crate::hints::{self, Hint};
+use crate::holders;
 use crate::real;
 use crate::table::{self, Kind, Sock, LOCK, MAX_FD};
 use libc::{c_int, c_long, c_uint, c_ulong, c_void, sockaddr, socklen_t};
@@ -220,13 +221,23 @@ fn close_slow(fd: RawFd) -> c_int {
 /// budget, and `fd` is closed as soon as no call of the connection uses it
 /// ([`Conn::retire_number`](smclo::adapter::conn::Conn::retire_number)):
 /// the number is free for the program's next `open` as over TCP. The last
-/// descriptor's stays until the connection goes (Sock's drop closes it).
+/// descriptor's stays until the connection goes (Sock's drop closes it),
+/// and so does one that other processes of the fork family may hold: they
+/// are recognised as holders by the channel at that number
+/// ([`holders::leave`]).
 fn keep_channel_locked(s: &Sock, fd: RawFd) {
     super::state::internal_locked(fd);
     if s.fds.load(Ordering::Acquire) <= 1 {
         return;
     }
-    let why = match smclo::adapter::fdnum::dup_high(fd) {
+    let high = if holders::others(s.slot).is_empty() {
+        smclo::adapter::fdnum::dup_high(fd)
+    } else {
+        Err(std::io::Error::other(
+            "other processes of the fork family may hold it at this number",
+        ))
+    };
+    let why = match high {
         Err(e) => e.to_string(),
         Ok(high) => {
             let n = std::os::fd::AsRawFd::as_raw_fd(&high);
@@ -240,7 +251,8 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
                 }
                 Err(high) => {
                     drop(table::replace_locked(n, table::FdState::Unknown));
-                    drop(high);
+                    // Not through the interposed close, under the lock.
+                    smclo::adapter::fdnum::close_own(high);
                     "a number given up earlier is still in use".to_string()
                 }
             }
@@ -260,11 +272,18 @@ fn dup_into(s: Option<&Arc<Sock>>, old: RawFd, new: RawFd, cloexec: bool) {
     }
 }
 
+/// Before `fd` is duplicated: a blocking connect another thread is in
+/// decides first, and then a handshake left pending (by that connect, or
+/// earlier), so that the copy names what the connection became.
+fn decided_for_dup(fd: RawFd) {
+    super::state::duplicated(fd);
+    super::pending::settle(fd);
+}
+
 /// Interposed `dup(2)`: the new descriptor names the same connection.
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    super::pending::settle(fd);
-    super::state::duplicated(fd);
+    decided_for_dup(fd);
     let s = table::get(fd);
     if s.is_none() && !dup_shared(fd) {
         // SAFETY: forwarded unchanged.
@@ -344,8 +363,7 @@ unsafe fn dup_over(old: RawFd, new: RawFd, flags: c_int, is_dup2: bool) -> c_int
         return fail(libc::EBADF); // as the kernel for a number past the limit
     }
     if old != new {
-        super::pending::settle(old);
-        super::state::duplicated(old);
+        decided_for_dup(old);
     }
     let s = table::get(old);
     let interesting = s.is_some() || dup_shared(old) || seen(new);
@@ -405,8 +423,7 @@ unsafe fn fcntl_impl(
         if super::limits::beyond_limit(arg.min(c_int::MAX as c_ulong) as c_int) {
             return fail(libc::EINVAL); // as the kernel for a minimum past the limit
         }
-        super::pending::settle(fd);
-        super::state::duplicated(fd);
+        decided_for_dup(fd);
     }
     let s = table::get(fd);
     if s.is_none() {

@@ -12,7 +12,9 @@ use crate::critical::lock;
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
-use crate::table::{self, Connecting, FdState, Kind, Reg, Shadow, Shut, Sock, Undecided, LOCK};
+use crate::table::{
+    self, Connecting, FdState, Kind, Reg, Shadow, Shut, Sock, ThreadMark, Undecided, LOCK,
+};
 use smclo::adapter::errno;
 use smclo::adapter::fallbacks::{self, FallbackRecord, Known};
 use smclo::adapter::handshake;
@@ -164,8 +166,7 @@ pub(super) fn duplicated(fd: RawFd) {
     if table::kind(fd) != Kind::Candidate {
         return;
     }
-    let me = this_thread();
-    while connecting_other(fd, me) {
+    while connecting_other(fd) {
         std::thread::sleep(CONNECT_LOOK);
     }
     if table::kind(fd) == Kind::Candidate {
@@ -178,30 +179,22 @@ pub(super) fn duplicated(fd: RawFd) {
 /// decided (as a pending handshake's waits look again).
 const CONNECT_LOOK: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Whether a thread other than `me` is in a blocking connect of `fd`
-/// (one of `me`'s own, interrupted by the handler that duplicates it,
-/// cannot decide meanwhile).
-fn connecting_other(fd: RawFd, me: usize) -> bool {
+/// Whether another thread of this process is in a blocking connect of
+/// `fd`: not the caller (one of its own, interrupted by the handler that
+/// duplicates it, cannot decide meanwhile), nor a thread of the parent
+/// that forked this process (its connect decides in the parent only).
+fn connecting_other(fd: RawFd) -> bool {
     let _g = LOCK.read();
     table::with_state_locked(
         fd,
-        |s| matches!(s, FdState::Candidate { connecting: Some(t), .. } if *t != me),
+        |s| matches!(s, FdState::Candidate { connecting: Some(t), .. } if t.is_other_thread()),
     )
-}
-
-/// The calling thread, as long as it runs: the address of a thread-local
-/// (no system call, unlike `gettid`).
-fn this_thread() -> usize {
-    thread_local! {
-        static ME: u8 = const { 0 };
-    }
-    ME.with(|m| m as *const u8 as usize)
 }
 
 /// Notes that the calling thread begins (`on`), or ends without a
 /// decision, a blocking connect of candidate `fd`.
 pub(super) fn connecting(fd: RawFd, on: bool) {
-    let me = this_thread();
+    let me = ThreadMark::current();
     let _g = LOCK.write();
     table::transition_locked(fd, |s| match s {
         // Ended: only the mark of this thread (the number may be another

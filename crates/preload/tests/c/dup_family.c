@@ -1,0 +1,247 @@
+/* Duplicates of a connection across fork and during a connect.
+ *
+ * Mode `fork-close` (a fork-per-connection server, inetd style): the
+ * server accepts, forks a child that takes the connection at a dup and
+ * closes the accepted number, then the parent closes its copy; the
+ * child's reply must reach the client. Two rounds.
+ *
+ * Mode `fork-dup`: a thread is in a blocking connect (its server accepts
+ * after 0.6 s) when the main thread forks; the child dups the socket,
+ * which must return at once, as over TCP (the connect is the parent's).
+ *
+ * Mode `dup-pending`: a thread's blocking connect to a server met before
+ * waits for a SYN retransmit (the server's accept queue is full), and
+ * returns before the handshake decided; another thread dups the socket
+ * meanwhile. The dup must name the connection: what is written through
+ * either number reaches the server.
+ *
+ * Prints `OK`. */
+#include "check.h"
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+static struct sockaddr_in a = {.sin_family = AF_INET};
+
+/* Reads until end of stream (at most `cap - 1` bytes); NUL-terminated. */
+static size_t read_all(int fd, char *b, size_t cap) {
+    size_t got = 0;
+    ssize_t r;
+    while (got < cap - 1 && (r = read(fd, b + got, cap - 1 - got)) > 0)
+        got += r;
+    b[got] = 0;
+    return got;
+}
+
+static void wait_ok(pid_t pid, const char *who) {
+    int st;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail("%s: status %d", who, st);
+}
+
+static void fork_close(void) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    if (bind(l, (void *)&a, sizeof a) || listen(l, 8) || getsockname(l, (void *)&a, &al))
+        fail("listen");
+    for (int round = 0; round < 2; round++) {
+        pid_t cl = fork();
+        if (cl == 0) {
+            close(l);
+            int c = socket(AF_INET, SOCK_STREAM, 0);
+            if (connect(c, (void *)&a, sizeof a) || write(c, "req", 3) != 3)
+                fail("client");
+            char b[64];
+            read_all(c, b, sizeof b);
+            if (strcmp(b, "reply-from-child"))
+                fail("round %d: the client got \"%s\"", round, b);
+            _exit(0);
+        }
+        int s = accept(l, NULL, NULL);
+        char q[3];
+        if (s < 0 || read(s, q, 3) != 3)
+            fail("accept");
+        int closed[2], go[2];
+        if (pipe(closed) || pipe(go))
+            fail("pipe");
+        pid_t k = fork();
+        if (k == 0) {
+            int d = dup(s);
+            char x = 1;
+            if (d < 0 || close(s) || write(closed[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
+                fail("child");
+            if (write(d, "reply-from-child", 16) != 16)
+                fail("child write");
+            _exit(close(d) ? 1 : 0);
+        }
+        char x;
+        if (read(closed[0], &x, 1) != 1 || close(s) || write(go[1], &x, 1) != 1)
+            fail("parent");
+        wait_ok(k, "child");
+        wait_ok(cl, "client");
+        close(closed[0]), close(closed[1]), close(go[0]), close(go[1]);
+    }
+}
+
+static int s;
+static int connect_r = -2;
+
+static void *connector(void *x) {
+    (void)x;
+    connect_r = connect(s, (void *)&a, sizeof a);
+    return NULL;
+}
+
+/* The read end of the server child's "go" pipe. */
+static int server_go;
+
+/* A server child listening with `backlog` that does `run`; `a` is its
+ * address. */
+static pid_t serve(int backlog, void (*run)(int l, int go)) {
+    int addr[2], go[2];
+    if (pipe(addr) || pipe(go))
+        fail("pipe");
+    pid_t srv = fork();
+    if (srv == 0) {
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t al = sizeof a;
+        if (bind(l, (void *)&a, sizeof a) || listen(l, backlog) ||
+            getsockname(l, (void *)&a, &al) || write(addr[1], &a, sizeof a) != sizeof a)
+            fail("listen");
+        run(l, go[1]);
+        _exit(0);
+    }
+    if (read(addr[0], &a, sizeof a) != sizeof a)
+        fail("the server's address");
+    server_go = go[0];
+    return srv;
+}
+
+/* Waits for the server child's "go". */
+static void wait_go(void) {
+    char g;
+    if (read(server_go, &g, 1) != 1)
+        fail("the server's go");
+}
+
+static void accept_late(int l, int go) {
+    if (write(go, "g", 1) != 1)
+        fail("go");
+    usleep(600000);
+    int c = accept(l, NULL, NULL);
+    char b;
+    if (c < 0 || read(c, &b, 1) != 1)
+        fail("server");
+}
+
+static void fork_dup(void) {
+    pid_t srv = serve(8, accept_late);
+    wait_go();
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, connector, NULL);
+    usleep(200000);
+    pid_t k = fork();
+    if (k == 0) {
+        alarm(5);
+        double t0 = now_ms();
+        if (dup(s) < 0)
+            fail("dup");
+        _exit(now_ms() - t0 < 300 ? 0 : 1);
+    }
+    pthread_join(t, NULL);
+    if (connect_r != 0 || write(s, "x", 1) != 1)
+        fail("connect %d", connect_r);
+    wait_ok(k, "the child's dup (status 14: it never returned)");
+    wait_ok(srv, "server");
+}
+
+/* The first contact, then the accept queue filled (listen backlog 0)
+ * by two connections of its own that stay TCP, then three accepts:
+ * the third is the client's, which must carry "helloWORLD". */
+static void queue_full(int l, int go) {
+    int c1 = accept(l, NULL, NULL);
+    char b[64];
+    if (c1 < 0)
+        fail("accept");
+    read_all(c1, b, sizeof b);
+    close(c1);
+    for (int i = 0; i < 2; i++) {
+        int f = socket(AF_INET, SOCK_STREAM, 0);
+        fcntl(f, F_SETFL, O_NONBLOCK);
+        connect(f, (void *)&a, sizeof a);
+    }
+    usleep(100000);
+    if (write(go, "g", 1) != 1)
+        fail("go");
+    usleep(600000);
+    int c[3];
+    for (int i = 0; i < 3; i++)
+        if ((c[i] = accept(l, NULL, NULL)) < 0)
+            fail("accept %d", i);
+    fcntl(c[2], F_SETFL, 0);
+    struct timeval tv = {5, 0};
+    setsockopt(c[2], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t got = 0;
+    ssize_t r;
+    while (got < 10 && (r = read(c[2], b + got, sizeof b - 1 - got)) > 0)
+        got += r;
+    b[got] = 0;
+    if (strcmp(b, "helloWORLD"))
+        fail("the server got \"%s\"", b);
+}
+
+static int d = -1;
+
+static void *dupper(void *x) {
+    (void)x;
+    usleep(200000);
+    d = dup(s);
+    return NULL;
+}
+
+static void dup_pending(void) {
+    pid_t srv = serve(0, queue_full);
+    /* Met first, the server's next connection from this process returns
+     * from connect before its handshake decided. */
+    int c1 = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c1, (void *)&a, sizeof a) || write(c1, "x", 1) != 1)
+        fail("first contact");
+    close(c1);
+    wait_go();
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, dupper, NULL);
+    if (connect(s, (void *)&a, sizeof a))
+        fail("connect");
+    pthread_join(t, NULL);
+    if (d < 0 || write(s, "hello", 5) != 5 || write(d, "WORLD", 5) != 5)
+        fail("write");
+    struct stat ss, sd;
+    if (fstat(s, &ss) || fstat(d, &sd) || ss.st_ino != sd.st_ino)
+        fail("the dup names another file than the connection");
+    wait_ok(srv, "server");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2)
+        fail("usage: dup_family fork-close | fork-dup | dup-pending");
+    mode = argv[1];
+    if (strcmp(mode, "fork-close") == 0)
+        fork_close();
+    else if (strcmp(mode, "fork-dup") == 0)
+        fork_dup();
+    else if (strcmp(mode, "dup-pending") == 0)
+        dup_pending();
+    else
+        fail("unknown mode");
+    printf("OK\n");
+    return 0;
+}

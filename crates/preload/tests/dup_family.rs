@@ -1,0 +1,74 @@
+//! Duplicates of a connection across `fork` and during a connect
+//! (`tests/c/dup_family.c` says what each mode does). Each failed before
+//! its fix; the failure is quoted at its test.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+mod common;
+use common::{compile, lib};
+
+/// `tests/c/dup_family.c` in `mode` under the preload on a device of its
+/// own: checks that it printed `OK`, and returns the device's SMC-D
+/// connections.
+fn run(mode: &str) -> u64 {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| compile("dup_family", &["-pthread"]));
+    let dev = smclo_testsupport::DevDir::new(&format!("dup-family-{mode}"));
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "60"])
+        .arg(exe)
+        .arg(mode)
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_SHORT", "smc")
+        .env("SMCLO_DEBUG", "1")
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run dup_family");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "OK",
+        "{mode}: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    smclo::device::Device::open(&dev.0)
+        .expect("open the test device")
+        .stats()
+        .conns_opened
+}
+
+/// A fork-per-connection server whose child takes the connection at a
+/// `dup` and closes the accepted number before the parent closes its copy:
+/// the child's reply reaches the client. Before, the child's close moved
+/// its channel to another number, the parent's last close then did not
+/// recognise the child as a holder and ended the connection: the client
+/// read "" and the child's write was lost.
+#[test]
+fn a_fork_child_that_keeps_a_connection_at_a_dup_keeps_it() {
+    assert_eq!(run("fork-close"), 2, "both rounds SMC-D");
+}
+
+/// A fork child's `dup` of a socket whose blocking connect a thread of
+/// the parent is in returns at once. Before, the child waited for that
+/// thread, which it does not have, for ever (killed by its alarm after
+/// 5 s).
+#[test]
+fn a_fork_childs_dup_of_a_socket_its_parent_connects_returns() {
+    assert_eq!(run("fork-dup"), 1, "the parent's connection SMC-D");
+}
+
+/// A `dup` during a blocking connect that returns before its handshake
+/// decided names the connection once it decides. Before, it named the
+/// TCP socket, and what was written through it never reached the server
+/// (which read "hello" of "helloWORLD").
+#[test]
+fn a_dup_during_a_connect_that_returns_pending_names_the_connection() {
+    assert_eq!(
+        run("dup-pending"),
+        2,
+        "the first contact and the connection SMC-D"
+    );
+}
