@@ -717,7 +717,11 @@ pub unsafe extern "C" fn epoll_ctl(
     }
     // A candidate's registration is recorded in the same step as the
     // kernel's, which gets no writability while its connect is pending.
-    let recorded = matches!(table::kind(fd), Kind::Candidate | Kind::Pending { .. });
+    // `Smc`: a swap made `fd` the channel since the look above.
+    let recorded = matches!(
+        table::kind(fd),
+        Kind::Candidate | Kind::Pending { .. } | Kind::Smc
+    );
     let g = recorded.then(|| LOCK.write());
     if g.is_some() {
         // The swap may have made `fd` the channel while this call waited

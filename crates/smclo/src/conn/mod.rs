@@ -472,7 +472,8 @@ impl ChanUse<'_> {
 impl Drop for ChanUse<'_> {
     fn drop(&mut self) {
         if self.conn.chan_users.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.conn.close_retired();
+            // The call may read errno after its use ended.
+            crate::errno::kept(|| self.conn.close_retired());
         }
     }
 }
