@@ -23,6 +23,10 @@ fn run(mode: &str) -> u64 {
         .env("LD_PRELOAD", lib())
         .env("SMCLO_DEVICE_DIR", &dev.0)
         .env("SMCLO_SHORT", "smc")
+        // The handshake's bound counts from connect, and `dup-pending`'s
+        // connect waits a second for its SYN to be sent again: under load
+        // the default (1 s) would leave it none.
+        .env("SMCLO_CLC_WAIT_MS", "5000")
         .env("SMCLO_DEBUG", "1")
         .env_remove("SMCLO_DISABLE")
         .output()
