@@ -9,29 +9,73 @@
 //! before any thread of the parent can close the connection.
 //!
 //! A listed pid is only a candidate: at close time each is verified with
-//! `kcmp(KCMP_FILE)` on the channel descriptor number (inherited numbers stay
-//! the same), so a child that exited (even with `_exit`, or unreaped), exec'd
-//! (the channel is close-on-exec) or closed its copy does not count, and a
-//! recycled pid never matches. Where `kcmp` is unavailable (no
-//! CONFIG_CHECKPOINT_RESTORE, or refused by ptrace policy) a live
-//! non-zombie pid counts as a holder: the connection then closes without a
-//! flag when the last of them exits, which the peer reads as a reset.
+//! `kcmp(KCMP_FILE)` on the channel descriptor, at the number the slot
+//! lists for that process: the family's number, which a fork child
+//! inherits, until the process moves its channel to another one (a close
+//! or `dup2` of the number while `dup`s of it remain), which it writes in
+//! its entry ([`renumber`]). So a child that exited (even with `_exit`, or
+//! unreaped), exec'd (the channel is close-on-exec) or closed its copy
+//! does not count, and a recycled pid never matches. Where `kcmp` is
+//! unavailable (no CONFIG_CHECKPOINT_RESTORE, or refused by ptrace
+//! policy) a live non-zombie pid counts as a holder: the connection then
+//! closes without a flag when the last of them exits, which the peer
+//! reads as a reset.
 //!
 //! Limits: more than [`PER_SLOT`]` - 1` simultaneous forked holders of one
 //! connection are not tracked (logged); the extra ones are invisible to the
-//! close rule.
+//! close rule. The holders an exec'd image lists are the ones of its old
+//! image's slot, at the image's own number (the new image's region is not
+//! the family's).
 
 use smclo::adapter::chan_sys::syscall as sys;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-/// Pids per slot.
+/// Holders per slot.
 pub const PER_SLOT: usize = 16;
 const SLOTS: usize = 1 << 16;
 
 #[repr(C, align(64))]
 struct Slot {
-    pids: [AtomicU32; PER_SLOT],
+    holders: [AtomicU64; PER_SLOT],
+}
+
+/// One entry of a slot: a process and the number its channel is at. One
+/// word, so that it is written and read whole; 0 is a free entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Entry(u64);
+
+impl Entry {
+    const FREE: Entry = Entry(0);
+    /// The number is the one the process that reads it uses itself.
+    const SAME_NUMBER: u32 = u32::MAX;
+
+    fn new(pid: u32, chan: Option<RawFd>) -> Entry {
+        let n = chan.map_or(Self::SAME_NUMBER, |c| c as u32);
+        Entry(u64::from(pid) << 32 | u64::from(n))
+    }
+
+    fn pid(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The process's channel number; `mine` when not known apart.
+    fn chan_or(self, mine: RawFd) -> RawFd {
+        match self.0 as u32 {
+            Self::SAME_NUMBER => mine,
+            n => n as RawFd,
+        }
+    }
+
+    fn load(a: &AtomicU64) -> Entry {
+        Entry(a.load(Ordering::Acquire))
+    }
+
+    /// `a` from `self` to `new`; false if it was not `self` any more.
+    fn replace(self, a: &AtomicU64, new: Entry) -> bool {
+        a.compare_exchange(self.0, new.0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
 }
 
 static REGION: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
@@ -85,20 +129,17 @@ fn me() -> u32 {
 /// region cannot be mapped or is full (the connection then stays TCP).
 pub fn claim() -> Option<usize> {
     let r = region()?;
-    let me = me();
+    let me = Entry::new(me(), None);
     let start = HINT.load(Ordering::Relaxed);
     for k in 0..SLOTS {
         let i = (start + k) % SLOTS;
         let s = &r[i];
-        if s.pids.iter().any(|p| p.load(Ordering::Relaxed) != 0) {
+        if s.holders.iter().any(|h| Entry::load(h) != Entry::FREE) {
             continue;
         }
         // Only members add to a slot that has members, so an empty slot can
         // only race with another claimer: the CAS decides.
-        if s.pids[0]
-            .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+        if Entry::FREE.replace(&s.holders[0], me) {
             HINT.store(i + 1, Ordering::Relaxed);
             return Some(i);
         }
@@ -106,43 +147,87 @@ pub fn claim() -> Option<usize> {
     None
 }
 
-/// Adds `pid` (a fresh fork child) as a holder of `slot`.
-pub fn add(slot: usize, pid: u32) {
-    let Some(r) = region() else { return };
-    let s = &r[slot];
-    if s.pids.iter().any(|p| p.load(Ordering::Relaxed) == pid) {
-        return;
-    }
-    for p in &s.pids {
-        if p.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+/// Sets this process's entry of `slot` to `e`, if it has one.
+fn set_mine(slot: &Slot, e: Entry) {
+    let me = me();
+    for h in &slot.holders {
+        let old = Entry::load(h);
+        if old.pid() == me {
+            old.replace(h, e);
             return;
         }
     }
-    smclo::debug!("more than {PER_SLOT} processes share a connection; child {pid} is not tracked");
+}
+
+/// Adds `pid` (a fresh fork child, whose channel is at `chan` as this
+/// process's is) as a holder of `slot`; `chan` `None`: at the number of
+/// whoever reads the entry (an exec'd image's holders). An entry the child
+/// made itself ([`join`]) stays: it may have moved its channel since.
+pub fn add(slot: usize, pid: u32, chan: Option<RawFd>) {
+    let Some(r) = region() else { return };
+    let s = &r[slot];
+    if chan.is_some() {
+        set_mine(s, Entry::new(me(), chan));
+    }
+    insert(s, Entry::new(pid, chan));
+}
+
+/// A fork child lists itself in `slot`, with its channel at `chan`,
+/// before it returns from `fork`: its parent adds it only once it runs
+/// again, and the child may move its channel before that ([`renumber`]).
+pub fn join(slot: usize, chan: RawFd) {
+    if let Some(r) = region() {
+        insert(&r[slot], Entry::new(me(), Some(chan)));
+    }
+}
+
+/// Puts `e` in a free entry of `slot`, unless its process has one.
+fn insert(s: &Slot, e: Entry) {
+    if s.holders.iter().any(|h| Entry::load(h).pid() == e.pid()) {
+        return;
+    }
+    for h in &s.holders {
+        if Entry::FREE.replace(h, e) {
+            return;
+        }
+    }
+    smclo::debug!(
+        "more than {PER_SLOT} processes share a connection; process {} is not tracked",
+        e.pid()
+    );
+}
+
+/// This process's channel of `slot` is at `chan` now: the others of the
+/// family look for it there.
+pub fn renumber(slot: usize, chan: RawFd) {
+    if let Some(r) = region() {
+        set_mine(&r[slot], Entry::new(me(), Some(chan)));
+    }
 }
 
 /// Removes this process from `slot`; returns another process that still
-/// holds the connection, if any (see the module docs). `chan` is the
-/// channel descriptor, the same number in every process of the family.
+/// holds the connection, if any (see the module docs). `chan` is this
+/// process's channel descriptor.
 pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
     let r = region()?;
     let s = &r[slot];
     let me = me();
-    for p in &s.pids {
-        let _ = p.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    for h in &s.holders {
+        let e = Entry::load(h);
+        if e.pid() == me {
+            e.replace(h, Entry::FREE);
+        }
     }
     let mut others = None;
-    for p in &s.pids {
-        let pid = p.load(Ordering::Acquire);
-        if pid == 0 {
+    for h in &s.holders {
+        let e = Entry::load(h);
+        if e == Entry::FREE {
             continue;
         }
-        if holds(pid, chan) {
-            others = others.or(Some(pid));
+        if holds(e.pid(), chan, e.chan_or(chan)) {
+            others = others.or(Some(e.pid()));
         } else {
-            let _ = p.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            e.replace(h, Entry::FREE);
         }
     }
     others
@@ -152,8 +237,11 @@ pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
 pub fn forget(slot: usize) {
     let Some(r) = region() else { return };
     let me = me();
-    for p in &r[slot].pids {
-        let _ = p.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    for h in &r[slot].holders {
+        let e = Entry::load(h);
+        if e.pid() == me {
+            e.replace(h, Entry::FREE);
+        }
     }
 }
 
@@ -165,17 +253,18 @@ pub fn others(slot: usize) -> Vec<u32> {
     };
     let me = me();
     r[slot]
-        .pids
+        .holders
         .iter()
-        .map(|p| p.load(Ordering::Acquire))
+        .map(|h| Entry::load(h).pid())
         .filter(|&p| p != 0 && p != me)
         .collect()
 }
 
 const KCMP_FILE: libc::c_long = 0;
 
-/// Whether process `pid` still has our channel open at descriptor `chan`.
-fn holds(pid: u32, chan: RawFd) -> bool {
+/// Whether process `pid` still has our channel (`mine`) open, at its
+/// descriptor `theirs`.
+fn holds(pid: u32, mine: RawFd, theirs: RawFd) -> bool {
     // SAFETY: kcmp only compares kernel objects; all arguments are plain
     // integers.
     let r = unsafe {
@@ -185,8 +274,8 @@ fn holds(pid: u32, chan: RawFd) -> bool {
                 me() as libc::c_long,
                 pid as libc::c_long,
                 KCMP_FILE,
-                chan as libc::c_long,
-                chan as libc::c_long,
+                mine as libc::c_long,
+                theirs as libc::c_long,
             ],
         )
     };

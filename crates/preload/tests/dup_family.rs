@@ -55,6 +55,15 @@ fn a_fork_child_that_keeps_a_connection_at_a_dup_keeps_it() {
     assert_eq!(run("fork-close"), 2, "both rounds SMC-D");
 }
 
+/// The same with the accepted number taken by `dup2` in the child: the
+/// parent's close finds the child's channel at the number the child moved
+/// it to. Before, the parent looked for it at the accepted number, now
+/// /dev/null in the child, and ended the connection (the client read "").
+#[test]
+fn a_fork_child_that_puts_a_file_at_a_connections_number_keeps_it() {
+    assert_eq!(run("fork-dup2"), 2, "both rounds SMC-D");
+}
+
 /// A fork child's `dup` of a socket whose blocking connect a thread of
 /// the parent is in returns at once. Before, the child waited for that
 /// thread, which it does not have, for ever (killed by its alarm after

@@ -560,7 +560,7 @@ pub(super) fn install(
         return Err("no holder slot".into());
     };
     for pid in &p.holders {
-        holders::add(slot, *pid);
+        holders::add(slot, *pid, None);
     }
     conn.count_channel(!p.fds.contains(&p.chan));
     let sock = Arc::new(Sock {

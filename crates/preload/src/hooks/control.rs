@@ -221,27 +221,20 @@ fn close_slow(fd: RawFd) -> c_int {
 /// budget, and `fd` is closed as soon as no call of the connection uses it
 /// ([`Conn::retire_number`](smclo::adapter::conn::Conn::retire_number)):
 /// the number is free for the program's next `open` as over TCP. The last
-/// descriptor's stays until the connection goes (Sock's drop closes it),
-/// and so does one that other processes of the fork family may hold: they
-/// are recognised as holders by the channel at that number
-/// ([`holders::leave`]).
+/// descriptor's stays until the connection goes (Sock's drop closes it).
+/// The other processes of the fork family find the channel at its new
+/// number ([`holders::renumber`]), listed before the old one goes.
 fn keep_channel_locked(s: &Sock, fd: RawFd) {
     super::state::internal_locked(fd);
     if s.fds.load(Ordering::Acquire) <= 1 {
         return;
     }
-    let high = if holders::others(s.slot).is_empty() {
-        smclo::adapter::fdnum::dup_high(fd)
-    } else {
-        Err(std::io::Error::other(
-            "other processes of the fork family may hold it at this number",
-        ))
-    };
-    let why = match high {
+    let why = match smclo::adapter::fdnum::dup_high(fd) {
         Err(e) => e.to_string(),
         Ok(high) => {
             let n = std::os::fd::AsRawFd::as_raw_fd(&high);
             super::state::internal_locked(n);
+            holders::renumber(s.slot, n);
             match s.conn.retire_number(high) {
                 Ok(()) => {
                     debug!(
@@ -250,6 +243,7 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
                     return;
                 }
                 Err(high) => {
+                    holders::renumber(s.slot, fd);
                     drop(table::replace_locked(n, table::FdState::Unknown));
                     // Not through the interposed close, under the lock.
                     smclo::adapter::fdnum::close_own(high);

@@ -35,6 +35,13 @@ pub unsafe extern "C" fn fork() -> pid_t {
         g.forget();
         LOCK.reset_in_child();
         super::poll::forget_fd_table();
+        let mut seen = Vec::new();
+        for (_, s) in &socks {
+            if !seen.contains(&s.slot) {
+                seen.push(s.slot);
+                holders::join(s.slot, s.conn.fd());
+            }
+        }
         drop(socks);
         return 0;
     }
@@ -43,7 +50,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
         for (_, s) in &socks {
             if !seen.contains(&s.slot) {
                 seen.push(s.slot);
-                holders::add(s.slot, pid as u32);
+                holders::add(s.slot, pid as u32, Some(s.conn.fd()));
             }
         }
         if !seen.is_empty() {

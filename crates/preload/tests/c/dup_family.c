@@ -3,7 +3,9 @@
  * Mode `fork-close` (a fork-per-connection server, inetd style): the
  * server accepts, forks a child that takes the connection at a dup and
  * closes the accepted number, then the parent closes its copy; the
- * child's reply must reach the client. Two rounds.
+ * child's reply must reach the client. Two rounds. Mode `fork-dup2`:
+ * the same, but the child puts /dev/null at the accepted number with
+ * `dup2` instead of closing it.
  *
  * Mode `fork-dup`: a thread is in a blocking connect (its server accepts
  * after 0.6 s) when the main thread forks; the child dups the socket,
@@ -44,7 +46,7 @@ static void wait_ok(pid_t pid, const char *who) {
         fail("%s: status %d", who, st);
 }
 
-static void fork_close(void) {
+static void fork_close(int by_dup2) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t al = sizeof a;
@@ -74,7 +76,8 @@ static void fork_close(void) {
         if (k == 0) {
             int d = dup(s);
             char x = 1;
-            if (d < 0 || close(s) || write(closed[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
+            int gone = by_dup2 ? dup2(open("/dev/null", O_RDONLY), s) != s : close(s);
+            if (d < 0 || gone || write(closed[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
                 fail("child");
             if (write(d, "reply-from-child", 16) != 16)
                 fail("child write");
@@ -232,10 +235,12 @@ static void dup_pending(void) {
 
 int main(int argc, char **argv) {
     if (argc != 2)
-        fail("usage: dup_family fork-close | fork-dup | dup-pending");
+        fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
-        fork_close();
+        fork_close(0);
+    else if (strcmp(mode, "fork-dup2") == 0)
+        fork_close(1);
     else if (strcmp(mode, "fork-dup") == 0)
         fork_dup();
     else if (strcmp(mode, "dup-pending") == 0)
