@@ -85,3 +85,12 @@ fn a_dup_during_a_connect_that_returns_pending_names_the_connection() {
         "the first contact and the connection SMC-D"
     );
 }
+
+/// A thread in a blocking read through a `dup` when the main thread
+/// closes the connection's own number and forks: the number is closed in
+/// the child, whose calls never use it. Before, the child counted the
+/// parent's read as its own for ever and kept the number open.
+#[test]
+fn a_number_closed_during_a_call_is_closed_in_a_fork_child() {
+    assert_eq!(run("fork-in-call"), 1, "SMC-D");
+}

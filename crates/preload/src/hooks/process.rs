@@ -39,6 +39,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
         for (_, s) in &socks {
             if !seen.contains(&s.slot) {
                 seen.push(s.slot);
+                s.conn.forked_child();
                 holders::join(s.slot, s.conn.fd());
             }
         }

@@ -17,6 +17,12 @@
  * meanwhile. The dup must name the connection: what is written through
  * either number reaches the server.
  *
+ * Mode `fork-in-call`: a thread is in a blocking read of a connection
+ * through a dup when the main thread closes the connection's own number
+ * and forks. The number stays open in the parent until the read returns
+ * (the read may use it), but in the child, which has no such read, it
+ * must be closed.
+ *
  * Prints `OK`. */
 #include "check.h"
 #include <arpa/inet.h>
@@ -233,9 +239,48 @@ static void dup_pending(void) {
     wait_ok(srv, "server");
 }
 
+/* Accepts one connection, waits for a byte on `go`, then sends one. */
+static void reply_on_go(int l, int go) {
+    (void)go;
+    int c = accept(l, NULL, NULL);
+    char b;
+    if (c < 0 || read(c, &b, 1) != 1 || write(c, "r", 1) != 1)
+        fail("server");
+}
+
+static void *reader(void *x) {
+    char b;
+    if (read(*(int *)x, &b, 1) != 1)
+        fail("reader");
+    return NULL;
+}
+
+static void fork_in_call(void) {
+    pid_t srv = serve(8, reply_on_go);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s, (void *)&a, sizeof a))
+        fail("connect");
+    int d = dup(s);
+    pthread_t t;
+    pthread_create(&t, NULL, reader, &d);
+    usleep(100000);
+    if (close(s))
+        fail("close");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", s);
+    pid_t k = fork();
+    if (k == 0)
+        _exit(access(path, F_OK) == 0 ? 1 : 0);
+    wait_ok(k, "child (status 256: the closed number was open in it)");
+    if (write(d, "x", 1) != 1)
+        fail("write");
+    pthread_join(t, NULL);
+    wait_ok(srv, "server");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2)
-        fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending");
+        fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -245,6 +290,8 @@ int main(int argc, char **argv) {
         fork_dup();
     else if (strcmp(mode, "dup-pending") == 0)
         dup_pending();
+    else if (strcmp(mode, "fork-in-call") == 0)
+        fork_in_call();
     else
         fail("unknown mode");
     printf("OK\n");

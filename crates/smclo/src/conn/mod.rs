@@ -331,6 +331,15 @@ impl Conn {
         Ok(())
     }
 
+    /// In a fork child, before it returns from `fork`: the calls that used
+    /// the channel at the fork were its parent's threads', which the child
+    /// does not have, so a number given up meanwhile closes now instead of
+    /// never.
+    pub fn forked_child(&self) {
+        self.chan_users.store(0, Ordering::SeqCst);
+        self.close_retired();
+    }
+
     /// Closes the number given up, if any and not closed yet.
     fn close_retired(&self) {
         let fd = self.retired.swap(-1, Ordering::SeqCst);
