@@ -1945,7 +1945,9 @@ if c.recv(64) != b"reply":
     os._exit(1)
 c.close()
 "#,
-        r#"a, _ = l.accept()
+        r#"# Accepted late, so the request goes early whatever the load.
+time.sleep(0.3)
+a, _ = l.accept()
 buf = b""
 while len(buf) < 16:
     buf += a.recv(64)
