@@ -344,7 +344,8 @@ impl Conn {
     fn close_retired(&self) {
         let fd = self.retired.swap(-1, Ordering::SeqCst);
         if fd >= 0 {
-            crate::deferred::close_now(fd);
+            // At the end of a call's use, which may read errno after it.
+            crate::errno::kept(|| crate::deferred::close_now(fd));
         }
     }
 
@@ -481,8 +482,7 @@ impl ChanUse<'_> {
 impl Drop for ChanUse<'_> {
     fn drop(&mut self) {
         if self.conn.chan_users.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // The call may read errno after its use ended.
-            crate::errno::kept(|| self.conn.close_retired());
+            self.conn.close_retired();
         }
     }
 }
