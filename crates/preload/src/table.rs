@@ -22,6 +22,7 @@
 use crate::critical;
 pub use crate::shadow::Shadow;
 pub use crate::sock::Sock;
+use smclo::adapter::backoff::Backoff;
 use smclo::adapter::fallbacks::FallbackRecord;
 use smclo::adapter::handshake;
 use smclo::adapter::numhash::NumMap;
@@ -626,10 +627,11 @@ pub(crate) fn close_internal(fd: RawFd, close: impl FnOnce()) {
 }
 
 /// Waits until no connection is between closing `fd` and unmarking it
-/// ([`close_internal`]: a few instructions).
+/// ([`close_internal`]: a few instructions and a `close`).
 pub fn settle(fd: RawFd) {
+    let mut b = Backoff::new();
     while kind(fd) == Kind::Closing {
-        std::thread::yield_now();
+        b.snooze();
     }
 }
 
@@ -693,8 +695,9 @@ impl Lock {
                 return ReadGuard(self, section);
             }
             self.0.fetch_sub(1, Ordering::Relaxed);
+            let mut b = Backoff::new();
             while self.0.load(Ordering::Relaxed) & WRITER != 0 {
-                std::thread::yield_now();
+                b.snooze();
             }
         }
     }
@@ -702,6 +705,7 @@ impl Lock {
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
         let section = Self::section();
+        let mut b = Backoff::new();
         loop {
             let v = self.0.load(Ordering::Relaxed);
             if v & WRITER == 0
@@ -712,10 +716,18 @@ impl Lock {
             {
                 break;
             }
-            std::thread::yield_now();
+            b.snooze();
         }
+        // Readers hold it for a few instructions: spin first.
+        let mut spins = 0u32;
+        let mut b = Backoff::new();
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
-            std::hint::spin_loop();
+            if spins < 128 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                b.snooze();
+            }
         }
         WriteGuard(self, section)
     }

@@ -16,6 +16,12 @@ pub mod accept_spin {
     pub use crate::accept_spin::{accepted, before_accept, may_spin, peer_proposed, Spun};
 }
 
+/// The wait for another thread's few instructions, real-time waiters
+/// included.
+pub mod backoff {
+    pub use crate::backoff::Backoff;
+}
+
 /// The system calls on a connection's channel, past the interposed names.
 pub mod chan_sys {
     pub use crate::chan_sys::{fcntl, syscall, timespec};

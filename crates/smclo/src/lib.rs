@@ -27,6 +27,7 @@ pub mod testing;
 
 mod accept_spin;
 mod access;
+mod backoff;
 mod chan_sys;
 mod conn;
 mod deferred;

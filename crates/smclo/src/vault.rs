@@ -66,11 +66,13 @@ static LOCKED: AtomicBool = AtomicBool::new(false);
 static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 fn lock() {
+    // Held across system calls: a real-time waiter must let its holder run.
+    let mut b = crate::backoff::Backoff::new();
     while LOCKED
         .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
-        std::thread::yield_now();
+        b.snooze();
     }
 }
 
