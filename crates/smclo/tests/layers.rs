@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "system and settings",
         &[
             "numhash", "debug", "error", "errno", "chan_sys", "signal", "rng", "tcp_syn",
-            "sockaddr", "access", "config", "doorbell", "short",
+            "sockaddr", "access", "config", "doorbell", "short", "backoff",
         ],
     ),
     (
