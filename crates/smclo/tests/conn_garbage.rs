@@ -238,6 +238,16 @@ impl OwedBells {
                 .spawn()
                 .unwrap(),
         );
+        // Running its loop (state R) before the reader looks at it: just
+        // spawned, under load, it may still be in exec.
+        let stat = format!("/proc/{}/stat", writer.0.id());
+        let until = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('R')))
+        {
+            assert!(Instant::now() < until, "the busy writer never ran");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let (fa, fb) = (memfd("a").unwrap(), memfd("b").unwrap());
         let own = Dmb::create(&fa, 0xa, RING, 0x5eed, std::process::id(), 0).unwrap();
         // The DMB the reader's writer owns names the busy process.
