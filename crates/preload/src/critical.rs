@@ -31,6 +31,15 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+/// Signals the kernel raises for a fault of the running thread.
+pub const FAULTS: [c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+];
+
 /// The thread's sections: one thread-local, so that entering and leaving
 /// one look it up once.
 struct Sections {
@@ -167,16 +176,11 @@ impl<T> DerefMut for Locked<'_, T> {
 /// `signalfd` or in `sigwait`), whose default action would end the
 /// process. The caller's mask is back when this returns.
 pub fn without_signals<R>(f: impl FnOnce() -> R) -> R {
-    let faults = [
-        libc::SIGBUS,
-        libc::SIGSEGV,
-        libc::SIGILL,
-        libc::SIGFPE,
-        libc::SIGTRAP,
-        libc::SIGSYS,
-    ]
-    .iter()
-    .fold(0u64, |m, &sig| m | 1 << (sig - 1));
+    // SIGSYS too: seccomp raises it for the thread's own call.
+    let faults = FAULTS
+        .iter()
+        .chain(&[libc::SIGSYS])
+        .fold(0u64, |m, &sig| m | 1 << (sig - 1));
     let before = sigmask(libc::SIG_BLOCK, !faults);
     let r = f();
     sigmask(libc::SIG_SETMASK, before);

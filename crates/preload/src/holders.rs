@@ -211,13 +211,7 @@ pub fn renumber(slot: usize, chan: RawFd) {
 pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
     let r = region()?;
     let s = &r[slot];
-    let me = me();
-    for h in &s.holders {
-        let e = Entry::load(h);
-        if e.pid() == me {
-            e.replace(h, Entry::FREE);
-        }
-    }
+    remove_mine(s);
     let mut others = None;
     for h in &s.holders {
         let e = Entry::load(h);
@@ -235,9 +229,15 @@ pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
 
 /// Removes this process from `slot` without asking about the others (exec).
 pub fn forget(slot: usize) {
-    let Some(r) = region() else { return };
+    if let Some(r) = region() {
+        remove_mine(&r[slot]);
+    }
+}
+
+/// Frees this process's entries of `slot`.
+fn remove_mine(s: &Slot) {
     let me = me();
-    for h in &r[slot].holders {
+    for h in &s.holders {
         let e = Entry::load(h);
         if e.pid() == me {
             e.replace(h, Entry::FREE);

@@ -17,8 +17,8 @@
 //! Python, which never sets it); a program that mixes both sees `EINTR`
 //! also after a restarting handler.
 
-use super::signal::FAULTS;
 use super::{fail, os_err, unsupported};
+use crate::critical::FAULTS;
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};

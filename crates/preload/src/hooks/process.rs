@@ -23,11 +23,15 @@ pub unsafe extern "C" fn fork() -> pid_t {
     super::pending::settle_all();
     let g = LOCK.write();
     let shadows = super::epoll::before_fork_locked();
-    let socks = if LIVE.load(Ordering::Relaxed) > 0 {
-        table::all_locked()
-    } else {
-        Vec::new()
-    };
+    // Each connection once (a connection's descriptors share its slot).
+    let mut socks: Vec<Arc<Sock>> = Vec::new();
+    if LIVE.load(Ordering::Relaxed) > 0 {
+        for (_, s) in table::all_locked() {
+            if !socks.iter().any(|x| x.slot == s.slot) {
+                socks.push(s);
+            }
+        }
+    }
     // SAFETY: plain fork; the lock is held so no table change is half done.
     let pid = unsafe { real::fork() };
     drop(shadows);
@@ -35,29 +39,21 @@ pub unsafe extern "C" fn fork() -> pid_t {
         g.forget();
         LOCK.reset_in_child();
         super::poll::forget_fd_table();
-        let mut seen = Vec::new();
-        for (_, s) in &socks {
-            if !seen.contains(&s.slot) {
-                seen.push(s.slot);
-                s.conn.forked_child();
-                holders::join(s.slot, s.conn.fd());
-            }
+        for s in &socks {
+            s.conn.forked_child();
+            holders::join(s.slot, s.conn.fd());
         }
         drop(socks);
         return 0;
     }
     if pid > 0 {
-        let mut seen = Vec::new();
-        for (_, s) in &socks {
-            if !seen.contains(&s.slot) {
-                seen.push(s.slot);
-                holders::add(s.slot, pid as u32, Some(s.conn.fd()));
-            }
+        for s in &socks {
+            holders::add(s.slot, pid as u32, Some(s.conn.fd()));
         }
-        if !seen.is_empty() {
+        if !socks.is_empty() {
             debug!(
                 "fork: child {pid} shares {} SMC-D connection(s)",
-                seen.len()
+                socks.len()
             );
         }
     }

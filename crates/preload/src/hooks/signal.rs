@@ -34,14 +34,7 @@ use libc::{c_int, c_void, sighandler_t, siginfo_t};
 use smclo::adapter::errno;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Signals the kernel raises for a fault of the running thread.
-pub(super) const FAULTS: [c_int; 5] = [
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGFPE,
-    libc::SIGILL,
-    libc::SIGTRAP,
-];
+use crate::critical::FAULTS;
 
 /// Linux's signals are 1..=64.
 const NSIG: usize = 65;
