@@ -249,3 +249,32 @@ fn python_alarm_during_the_spin_interrupts_recv_and_selectors() {
         );
     }
 }
+
+/// A signal that comes after a wait was called but before it began to
+/// wait (here: while it takes the descriptor table's lock, which another
+/// thread's fork holds for 400 ms) runs its handler when the preload's
+/// section ends; the wait then fails with EINTR, as the kernel's call
+/// would have, and does not spin and sleep as if nothing came (which ended
+/// only at the rescuing signal, after 3 s). `tests/c/late_signal.c`,
+/// linked with `tests/c/late_atfork.c` (a library whose fork handler runs
+/// inside the preload's hold of the lock).
+#[test]
+fn a_signal_deferred_before_the_wait_begins_still_interrupts_it() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let so = tmp.join(format!("liblate_atfork-{}.so", std::process::id()));
+    smclo_testsupport::compile_c(&dir.join("late_atfork.c"), &so, &["-shared", "-fPIC"]);
+    let exe = tmp.join(format!("late_signal-{}", std::process::id()));
+    let rpath = format!("-Wl,-rpath,{}", tmp.display());
+    smclo_testsupport::compile_c_with(
+        OsStr::new("cc"),
+        &smclo_testsupport::CFLAGS,
+        &dir.join("late_signal.c"),
+        &exe,
+        &[so.to_str().unwrap(), &rpath],
+    );
+    let (out, _) = run_program("late", exe.as_os_str(), &[], WIDE_SPIN_US);
+    all_interrupted(&out, &["poll", "select", "epoll_wait", "recv"]);
+    let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_file(&so);
+}

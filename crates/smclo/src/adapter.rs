@@ -101,7 +101,7 @@ pub mod registry {
 
 /// Which signal handlers ran during a wait.
 pub mod signal {
-    pub use crate::signal::{handler_ran, Watch};
+    pub use crate::signal::{handler_ran, Call, Handler, Watch};
 }
 
 /// Destinations whose connections end short: whether to propose.

@@ -11,8 +11,18 @@
 //! handler, and the wait then does not sleep but fails with `EINTR`
 //! ([`Watch::check`]) as the kernel would have. The look is one atomic
 //! load of thread-local memory: no system call per spin.
+//!
+//! A wait begins when the program's call does, not when the spin does: a
+//! handler that runs between the two (an adapter's own work comes first,
+//! and the preload delays a signal that comes in one of its sections to
+//! the section's end) came during the call, and the kernel would have
+//! ended the call for it. So an adapter wraps each call that may wait in
+//! a [`Call`], from the call's first instruction; the watches inside it
+//! count from there.
 
+use std::cell::Cell;
 use std::io;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 thread_local! {
@@ -21,6 +31,9 @@ thread_local! {
     /// and without a destructor: a plain TLS slot, there from the thread's
     /// start, which a signal handler may touch.
     static RAN: AtomicU64 = const { AtomicU64::new(0) };
+    /// Whether the thread is in a [`Call`] (and not in a handler that
+    /// interrupted it): its watches count from the call's start.
+    static IN_CALL: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The bit of signal `sig` (signals above 64, which Linux does not have,
@@ -36,6 +49,80 @@ fn bit(sig: libc::c_int) -> u64 {
 /// after its own work.
 pub fn handler_ran(sig: libc::c_int) {
     RAN.with(|r| r.fetch_or(bit(sig), Ordering::Relaxed));
+}
+
+/// A call of the program that may wait, from its start: the handlers that
+/// run in this thread from here on interrupt the call's waits
+/// ([`Watch`]s begun inside it count from here). Not `Send`: it is the
+/// thread's.
+#[derive(Debug)]
+pub struct Call {
+    /// What [`RAN`] held when the call began, given back at its end (as
+    /// [`Watch::before`]).
+    before: u64,
+    /// Whether the thread was in a call already (one a handler it runs
+    /// now interrupted is not: [`Handler`]).
+    outer: bool,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Call {
+    /// The program's call begins (inside a call already, this one is a
+    /// part of it: the adapter's call of its own hook).
+    pub fn begin() -> Call {
+        let outer = IN_CALL.with(|c| c.replace(true));
+        let before = match outer {
+            true => 0,
+            false => RAN.with(|r| r.swap(0, Ordering::Relaxed)),
+        };
+        Call {
+            before,
+            outer,
+            _thread: PhantomData,
+        }
+    }
+
+    /// The call starts over (a handler that does not interrupt it ran,
+    /// `SA_RESTART`): the handlers that ran so far no longer end it, as
+    /// for the kernel's restarted call.
+    pub fn restart(&self) {
+        RAN.with(|r| r.store(0, Ordering::Relaxed));
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        IN_CALL.with(|c| c.set(self.outer));
+        RAN.with(|r| r.fetch_or(self.before, Ordering::Relaxed));
+    }
+}
+
+/// A handler the program installed runs in this thread (an adapter's
+/// wrapper holds this across it): it counts for the waits in progress
+/// ([`handler_ran`]), and the calls the handler makes are its own, not
+/// part of the call it interrupted. A handler that never returns
+/// (`siglongjmp`) leaves the thread outside any call, as it is.
+#[derive(Debug)]
+pub struct Handler {
+    in_call: bool,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Handler {
+    /// The handler for `sig` starts.
+    pub fn runs(sig: libc::c_int) -> Handler {
+        handler_ran(sig);
+        Handler {
+            in_call: IN_CALL.with(|c| c.replace(false)),
+            _thread: PhantomData,
+        }
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        IN_CALL.with(|c| c.set(self.in_call));
+    }
 }
 
 /// The signals that end a wait: what handlers ran in this thread since it
@@ -55,13 +142,15 @@ pub struct Watch<'m> {
 }
 
 impl<'m> Watch<'m> {
-    /// Begins watching for handlers in this thread; `mask`: the wait's
-    /// signal mask, if it has one (`ppoll`, `pselect`, `epoll_pwait`).
+    /// Begins watching for handlers in this thread: from now, or from the
+    /// start of the [`Call`] the thread is in; `mask`: the wait's signal
+    /// mask, if it has one (`ppoll`, `pselect`, `epoll_pwait`).
     pub fn begin(mask: Option<&'m libc::sigset_t>) -> Watch<'m> {
-        Watch {
-            before: RAN.with(|r| r.swap(0, Ordering::Relaxed)),
-            mask,
-        }
+        let before = match IN_CALL.with(Cell::get) {
+            true => 0,
+            false => RAN.with(|r| r.swap(0, Ordering::Relaxed)),
+        };
+        Watch { before, mask }
     }
 
     /// Whether a handler that interrupts this wait ran since it began.
@@ -100,7 +189,7 @@ impl Drop for Watch<'_> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{handler_ran, Watch};
+    use super::{handler_ran, Call, Handler, Watch};
 
     #[test]
     fn a_handler_since_the_start_interrupts() {
@@ -139,5 +228,66 @@ mod tests {
             assert!(!inner.interrupted());
         }
         assert!(outer.interrupted());
+    }
+
+    /// A handler that ran in the call before its wait began (in the
+    /// adapter's own work) interrupts the wait; one before the call does
+    /// not, and a restarted call forgets those that ran so far.
+    #[test]
+    fn a_watch_in_a_call_counts_from_the_call() {
+        handler_ran(libc::SIGUSR1);
+        let call = Call::begin();
+        handler_ran(libc::SIGALRM);
+        let w = Watch::begin(None);
+        assert!(w.interrupted(), "the handler came during the call");
+        drop(w);
+        call.restart();
+        let w = Watch::begin(None);
+        assert!(!w.interrupted(), "the restarted call starts afresh");
+        drop(w);
+        drop(call);
+        let w = Watch::begin(None);
+        assert!(
+            !w.interrupted(),
+            "outside a call, a watch counts from its start"
+        );
+    }
+
+    /// A call the adapter makes inside the program's (its own hook) is a
+    /// part of it: a handler that ran before it still counts.
+    #[test]
+    fn a_call_inside_a_call_is_part_of_it() {
+        let call = Call::begin();
+        handler_ran(libc::SIGALRM);
+        let inner = Call::begin();
+        assert!(Watch::begin(None).interrupted());
+        drop(inner);
+        assert!(Watch::begin(None).interrupted());
+        drop(call);
+    }
+
+    /// A handler's own calls are not part of the call it interrupted: a
+    /// wait it makes outside a call of its own counts from its start, and
+    /// the interrupted call's wait still sees the handler.
+    #[test]
+    fn a_handler_in_a_call_waits_on_its_own() {
+        let call = Call::begin();
+        let outer = Watch::begin(None);
+        {
+            let _h = Handler::runs(libc::SIGINT);
+            let inner = Watch::begin(None);
+            assert!(
+                !inner.interrupted(),
+                "the handler's wait counts from its start"
+            );
+            let nested = Call::begin();
+            let w = Watch::begin(None);
+            assert!(!w.interrupted());
+            drop(w);
+            drop(nested);
+        }
+        assert!(outer.interrupted());
+        drop(outer);
+        drop(call);
     }
 }

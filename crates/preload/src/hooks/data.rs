@@ -24,6 +24,7 @@ use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use smclo::adapter::conn::{RecvFlags, SendFlags};
 use smclo::adapter::errno;
+use smclo::adapter::signal::Call;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -71,22 +72,26 @@ pub(super) fn handlers_restart() -> bool {
 /// where the kernel would (see the module docs); `timeout`: the
 /// direction's timeout.
 fn restarting<T>(
+    call: &Call,
     timeout: Option<Duration>,
-    mut call: impl FnMut() -> io::Result<T>,
+    mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
     loop {
-        match call() {
+        match op() {
             Err(e)
                 if e.raw_os_error() == Some(libc::EINTR)
                     && timeout.is_none()
-                    && handlers_restart() => {}
+                    && handlers_restart() =>
+            {
+                call.restart()
+            }
             r => return r,
         }
     }
 }
 
 /// Receive into `buf` with recv(2) flags; -1 with errno on error.
-fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
+fn do_recv(call: &Call, fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
     if flags & !RECV_OK != 0 {
         return unsupported(fd, format_args!("recv flags {:#x}", flags & !RECV_OK));
     }
@@ -94,7 +99,7 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
         return 0;
     }
     let msg = RecvFlags::from_msg(flags);
-    let r = restarting(s.conn.read_timeout(), || s.conn.recv(buf, msg));
+    let r = restarting(call, s.conn.read_timeout(), || s.conn.recv(buf, msg));
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => fail(os_err(&e)),
@@ -103,12 +108,12 @@ fn do_recv(fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
 
 /// Send `buf` with send(2) flags; -1 with errno on error (SIGPIPE on
 /// EPIPE unless MSG_NOSIGNAL, as TCP).
-fn do_send(fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
+fn do_send(call: &Call, fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
     if flags & !SEND_OK != 0 {
         return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
     }
     let msg = SendFlags::from_msg(flags);
-    match restarting(s.conn.write_timeout(), || s.conn.send(buf, msg)) {
+    match restarting(call, s.conn.write_timeout(), || s.conn.send(buf, msg)) {
         Ok(n) => {
             crate::cork::arm(s);
             n as ssize_t
@@ -134,14 +139,14 @@ fn iovs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
 
 /// Gathers small vectors into one send (one doorbell); large ones go one by
 /// one, all but the last with `MSG_MORE` (published together, as one write).
-fn do_sendv(fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
+fn do_sendv(call: &Call, fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
     const GATHER: usize = 64 * 1024;
     let total: usize = v.iter().map(|i| i.iov_len).sum();
     if v.len() == 1 || total <= GATHER {
         if v.len() == 1 {
             // SAFETY: the application's buffer of iov_len bytes.
             let b = unsafe { std::slice::from_raw_parts(v[0].iov_base as *const u8, v[0].iov_len) };
-            return do_send(fd, s, b, flags);
+            return do_send(call, fd, s, b, flags);
         }
         let mut buf = Vec::with_capacity(total);
         for i in v {
@@ -152,7 +157,7 @@ fn do_sendv(fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
                 });
             }
         }
-        return do_send(fd, s, &buf, flags);
+        return do_send(call, fd, s, &buf, flags);
     }
     let mut done = 0usize;
     let last = v.iter().rposition(|i| i.iov_len > 0).unwrap_or(0);
@@ -169,7 +174,7 @@ fn do_sendv(fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
         if k < last {
             f |= libc::MSG_MORE;
         }
-        let n = do_send(fd, s, b, f);
+        let n = do_send(call, fd, s, b, f);
         if n < 0 {
             if done == 0 {
                 return n;
@@ -191,16 +196,16 @@ fn do_sendv(fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) -> ssize_t {
 
 /// Scatters into vectors: the first waits per mode, the rest take only what
 /// is there (unless MSG_WAITALL).
-fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+fn do_recvv(call: &Call, fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
     if v.len() == 1 {
         // SAFETY: the application's writable buffer of iov_len bytes.
         let b = unsafe { std::slice::from_raw_parts_mut(v[0].iov_base as *mut u8, v[0].iov_len) };
-        return do_recv(fd, s, b, flags);
+        return do_recv(call, fd, s, b, flags);
     }
     if flags & libc::MSG_PEEK != 0 {
         let total: usize = v.iter().map(|i| i.iov_len).sum();
         let mut tmp = vec![0u8; total.min(4 << 20)];
-        let n = do_recv(fd, s, &mut tmp, flags);
+        let n = do_recv(call, fd, s, &mut tmp, flags);
         if n <= 0 {
             return n;
         }
@@ -230,7 +235,7 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
         } else {
             flags
         };
-        let n = do_recv(fd, s, b, f);
+        let n = do_recv(call, fd, s, b, f);
         if n < 0 {
             return if done > 0 { done as ssize_t } else { n };
         }
@@ -245,6 +250,7 @@ fn do_recvv(fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
 /// Interposed `read(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
@@ -257,6 +263,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     }
     // SAFETY: the application's writable buffer of `n` bytes.
     do_recv(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
@@ -283,6 +290,7 @@ pub unsafe extern "C" fn __read_chk(
 /// Interposed `write(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, 0) {
         return r;
     }
@@ -298,6 +306,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     }
     // SAFETY: the application's buffer of `n` bytes.
     do_send(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts(buf.cast(), n) },
@@ -308,6 +317,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// Interposed `recv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -320,6 +330,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     }
     // SAFETY: the application's writable buffer of `n` bytes.
     do_recv(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
@@ -347,6 +358,7 @@ pub unsafe extern "C" fn __recv_chk(
 /// Interposed `send(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
     }
@@ -362,6 +374,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     }
     // SAFETY: the application's buffer of `n` bytes.
     do_send(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts(buf.cast(), n) },
@@ -379,6 +392,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -395,6 +409,7 @@ pub unsafe extern "C" fn recvfrom(
     }
     // SAFETY: the application's writable buffer of `n` bytes.
     do_recv(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
@@ -432,6 +447,7 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
+    let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
     }
@@ -447,6 +463,7 @@ pub unsafe extern "C" fn sendto(
     }
     // SAFETY: the application's buffer of `n` bytes.
     do_send(
+        &call,
         fd,
         &s,
         unsafe { std::slice::from_raw_parts(buf.cast(), n) },
@@ -457,6 +474,7 @@ pub unsafe extern "C" fn sendto(
 /// Interposed `readv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
@@ -467,12 +485,13 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return fail(libc::EINVAL);
     }
-    do_recvv(fd, &s, iovs(iov, cnt), 0)
+    do_recvv(&call, fd, &s, iovs(iov, cnt), 0)
 }
 
 /// Interposed `writev(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
     }
@@ -483,12 +502,13 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return fail(libc::EINVAL);
     }
-    do_sendv(fd, &s, iovs(iov, cnt), 0)
+    do_sendv(&call, fd, &s, iovs(iov, cnt), 0)
 }
 
 /// Interposed `recvmsg(2)`: no ancillary data, no address.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -504,7 +524,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     if flags & libc::MSG_ERRQUEUE != 0 {
         return unsupported(fd, format_args!("recvmsg(MSG_ERRQUEUE)"));
     }
-    let n = do_recvv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
+    let n = do_recvv(&call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
     if n >= 0 {
         m.msg_namelen = 0;
         m.msg_controllen = 0;
@@ -517,6 +537,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 /// cannot travel through shared memory and fails loudly.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -535,7 +556,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             format_args!("sendmsg with ancillary data ({} bytes)", m.msg_controllen),
         );
     }
-    do_sendv(fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
+    do_sendv(&call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
 }
 
 /// Interposed `recvmmsg(2)`: on a connection, one message after another;
@@ -549,6 +570,8 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
+    // The messages' calls are parts of this one.
+    let _call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -587,6 +610,8 @@ pub unsafe extern "C" fn sendmmsg(
     n: c_uint,
     flags: c_int,
 ) -> c_int {
+    // The messages' calls are parts of this one.
+    let _call = Call::begin();
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -609,13 +634,13 @@ pub unsafe extern "C" fn sendmmsg(
     done
 }
 
-fn do_sendfile(s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
+fn do_sendfile(call: &Call, s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
     if table::get(inp).is_some() {
         return unsupported(inp, format_args!("sendfile from an SMC-D connection"));
     }
     let mut done = 0usize;
     while done < count {
-        let mut region = match restarting(s.conn.write_timeout(), || s.conn.reserve(1)) {
+        let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
             Ok(r) => r,
             Err(e) => {
                 if done > 0 {
@@ -675,11 +700,12 @@ pub unsafe extern "C" fn sendfile(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_write(out, false) {
         return fail(e);
     }
     match table::get(out) {
-        Some(s) => do_sendfile(&s, inp, off, count),
+        Some(s) => do_sendfile(&call, &s, inp, off, count),
         None if table::get(inp).is_some() => {
             unsupported(inp, format_args!("sendfile from an SMC-D connection"))
         }
@@ -696,11 +722,12 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
+    let call = Call::begin();
     if let Err(e) = super::pending::before_write(out, false) {
         return fail(e);
     }
     match table::get(out) {
-        Some(s) => do_sendfile(&s, inp, off, count),
+        Some(s) => do_sendfile(&call, &s, inp, off, count),
         None if table::get(inp).is_some() => {
             unsupported(inp, format_args!("sendfile from an SMC-D connection"))
         }

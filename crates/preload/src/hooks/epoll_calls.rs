@@ -62,6 +62,8 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     // SAFETY: forwarded (or served over the caller's buffer).
     unsafe {
         wait_entry(
@@ -85,6 +87,8 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     sigmask: *const sigset_t,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     // SAFETY: as for epoll_wait.
     unsafe {
         wait_entry(ep, events, max, ms_timeout(timeout), sigmask, || {
@@ -103,6 +107,8 @@ pub unsafe extern "C" fn epoll_pwait2(
     ts: *const timespec,
     sigmask: *const sigset_t,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     let timeout = if ts.is_null() {
         None
     } else {

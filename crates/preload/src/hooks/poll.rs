@@ -114,6 +114,8 @@ unsafe fn served_slice<'a>(fds: *mut pollfd, n: nfds_t) -> Option<&'a mut [pollf
 /// Interposed `poll(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     super::before_wait(ms_timeout(timeout));
     // SAFETY: the caller's arguments.
     match unsafe { served_slice(fds, n) } {
@@ -137,6 +139,8 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     sigmask: *const sigset_t,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     // SAFETY: the caller's timespec, when not null.
     let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
     super::before_wait(t.map(|t| t.unwrap_or_default()));
@@ -430,6 +434,8 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     // SAFETY: the caller's timeval, when not null.
     let t = (!tv.is_null()).then(|| unsafe { *tv });
     let timeout = match t {
@@ -485,6 +491,8 @@ pub unsafe extern "C" fn pselect(
     ts: *const timespec,
     sigmask: *const sigset_t,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     // SAFETY: the caller's timespec, when not null.
     let t = (!ts.is_null()).then(|| duration_of(unsafe { &*ts }));
     super::before_wait(t.map(|t| t.unwrap_or_default()));

@@ -184,6 +184,8 @@ fn inherit_flags(fd: c_int, nfd: c_int) {
 /// Interposed `accept(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     adopt_if_unknown(fd);
     if table::kind(fd) != Kind::Listener {
         if !super::limits::accept_has_room(fd) {
@@ -206,6 +208,8 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    // Handlers count from here (`smclo::adapter::signal::Call`).
+    let _call = smclo::adapter::signal::Call::begin();
     adopt_if_unknown(fd);
     if table::kind(fd) != Kind::Listener {
         if !super::limits::accept_has_room(fd) {

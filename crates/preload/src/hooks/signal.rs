@@ -1,8 +1,8 @@
 //! Signal handlers: each one the program installs runs through a
 //! trampoline. While the thread holds the descriptor table's lock, the
 //! trampoline defers the signal until it is let go ([`crate::critical`]):
-//! the handler may call our hooks. Otherwise it first tells the core it ran
-//! ([`smclo::adapter::signal::handler_ran`]), so that a wait spinning in user space
+//! the handler may call our hooks. Otherwise it first tells the core it runs
+//! ([`smclo::adapter::signal::Handler`]), so that a wait spinning in user space
 //! stops and fails with `EINTR` (or restarts, `hooks::data`) as the
 //! kernel's sleep would have.
 //!
@@ -64,7 +64,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         keep_reset_handler(sig);
         return;
     }
-    smclo::adapter::signal::handler_ran(sig);
+    let _running = smclo::adapter::signal::Handler::runs(sig);
     let Some(i) = slot(sig) else { return };
     let f = INFO[i].load(Ordering::Acquire);
     if f != 0 {

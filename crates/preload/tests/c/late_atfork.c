@@ -1,0 +1,29 @@
+/* A library whose constructor registers a fork prepare handler. A program
+ * linked with it runs the constructor before the preload's, so the handler
+ * runs after the preload took its descriptor table's lock for the fork:
+ * the way, under test, to keep that lock held while another thread waits.
+ * late_atfork_arm(fd, ms): the next fork's handler writes one byte to `fd`
+ * and sleeps `ms` milliseconds. */
+#include <pthread.h>
+#include <unistd.h>
+
+static volatile int notify_fd = -1;
+static volatile int sleep_ms;
+
+static void prepare(void) {
+    int fd = notify_fd;
+    if (fd < 0) return;
+    notify_fd = -1;
+    char c = 'p';
+    (void)!write(fd, &c, 1);
+    usleep((useconds_t)sleep_ms * 1000);
+}
+
+__attribute__((constructor)) static void init(void) {
+    pthread_atfork(prepare, NULL, NULL);
+}
+
+void late_atfork_arm(int fd, int ms) {
+    sleep_ms = ms;
+    notify_fd = fd;
+}
