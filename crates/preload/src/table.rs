@@ -27,6 +27,7 @@ use smclo::adapter::fallbacks::FallbackRecord;
 use smclo::adapter::handshake;
 use smclo::adapter::numhash::NumMap;
 use smclo::adapter::registry::ListenerGuard;
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -689,7 +690,10 @@ impl Lock {
     /// Shared access for a few instructions.
     #[inline]
     pub fn read(&self) -> ReadGuard<'_> {
-        let section = Self::section();
+        let Some(section) = Self::section() else {
+            return ReadGuard(self, None);
+        };
+        let section = Some(section);
         loop {
             if self.0.fetch_add(1, Ordering::Acquire) & WRITER == 0 {
                 return ReadGuard(self, section);
@@ -704,7 +708,10 @@ impl Lock {
 
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
-        let section = Self::section();
+        let Some(section) = Self::section() else {
+            return WriteGuard(self, None);
+        };
+        let section = Some(section);
         let mut b = Backoff::new();
         loop {
             let v = self.0.load(Ordering::Relaxed);
@@ -757,7 +764,7 @@ impl Lock {
                 return None;
             }
         }
-        let guard = WriteGuard(self, section);
+        let guard = WriteGuard(self, Some(section));
         while self.0.load(Ordering::Acquire) & !WRITER != 0 {
             if timed_out() {
                 return None; // the guard lets go
@@ -766,21 +773,39 @@ impl Lock {
         Some(guard)
     }
 
-    /// The thread's section of the lock ([`critical::enter_table`]). The
-    /// lock is not re-entrant: taking it again in the thread that holds
-    /// it would wait for ever (a reader waits for the writer it is, a
-    /// writer for its own read), so that is a defect of ours, which aborts
-    /// the process with its reason instead of hanging it. The program's
-    /// signal handlers cannot cause it ([`critical`] defers them).
+    /// The thread's section of the lock ([`critical::enter_table`]), or
+    /// `None` for the thread that holds the lock for a `fork`
+    /// ([`Lock::write_for_fork`]): the program's fork handlers run in that
+    /// thread while it holds it, and their calls use the table as its
+    /// holder, without taking the lock again. Otherwise the lock is not
+    /// re-entrant: taking it again in the thread that holds it would wait
+    /// for ever (a reader waits for the writer it is, a writer for its own
+    /// read), so that is a defect of ours, which aborts the process with
+    /// its reason instead of hanging it. The program's signal handlers
+    /// cannot cause it ([`critical`] defers them).
     #[inline]
-    fn section() -> critical::TableSection {
-        critical::enter_table().unwrap_or_else(|| {
-            eprintln!(
-                "smclo[{}]: the descriptor table's lock taken again by the thread that holds it; aborting instead of hanging",
-                std::process::id()
-            );
-            std::process::abort()
-        })
+    fn section() -> Option<critical::TableSection> {
+        if let Some(s) = critical::enter_table() {
+            return Some(s);
+        }
+        if FORKING.with(Cell::get) {
+            return None;
+        }
+        eprintln!(
+            "smclo[{}]: the descriptor table's lock taken again by the thread that holds it; aborting instead of hanging",
+            std::process::id()
+        );
+        std::process::abort()
+    }
+
+    /// Exclusive access across a `fork` (from before the program's prepare
+    /// handlers to after its parent and child handlers, which glibc runs
+    /// inside `fork`): the calls those handlers make in this thread use
+    /// the table as the lock's holder ([`Lock::section`]).
+    pub fn write_for_fork(&self) -> ForkGuard<'_> {
+        let g = self.write();
+        FORKING.with(|f| f.set(true));
+        ForkGuard(Some(g))
     }
 
     /// In a `fork` child: only the forking thread exists, and it held the
@@ -794,25 +819,58 @@ impl Lock {
 
 /// See [`Lock::read`]. The section ends after the lock is let go (fields
 /// drop after `drop`): deferred handlers run without it.
-pub struct ReadGuard<'a>(&'a Lock, critical::TableSection);
+/// No section (`None`): the thread holds the lock for a fork, and this
+/// guard stands for nothing.
+pub struct ReadGuard<'a>(&'a Lock, Option<critical::TableSection>);
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
+        if self.1.is_none() {
+            return;
+        }
         self.0 .0.fetch_sub(1, Ordering::Release);
     }
 }
 
 /// See [`Lock::write`]; its section as [`ReadGuard`]'s.
-pub struct WriteGuard<'a>(&'a Lock, critical::TableSection);
-impl WriteGuard<'_> {
-    /// Leaves the lock held (the fork child resets it instead).
-    pub fn forget(self) {
-        std::mem::forget(self);
-    }
-}
+pub struct WriteGuard<'a>(&'a Lock, Option<critical::TableSection>);
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
+        if self.1.is_none() {
+            return;
+        }
         self.0 .0.fetch_and(!WRITER, Ordering::Release);
     }
+}
+
+/// See [`Lock::write_for_fork`].
+pub struct ForkGuard<'a>(Option<WriteGuard<'a>>);
+impl ForkGuard<'_> {
+    /// In the fork child: the lock's word and the thread's sections start
+    /// clean ([`Lock::reset_in_child`]); nothing is let go.
+    pub fn forget_in_child(mut self) {
+        FORKING.with(|f| f.set(false));
+        if let Some(g) = self.0.take() {
+            let lock = g.0;
+            std::mem::forget(g);
+            lock.reset_in_child();
+        }
+    }
+}
+impl Drop for ForkGuard<'_> {
+    fn drop(&mut self) {
+        FORKING.with(|f| f.set(false));
+    }
+}
+
+thread_local! {
+    /// Whether this thread holds [`LOCK`] for a fork ([`Lock::write_for_fork`]).
+    static FORKING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is in a `fork`, holding [`LOCK`] for it: the
+/// program's fork handlers run now.
+pub fn forking() -> bool {
+    FORKING.with(Cell::get)
 }
 
 #[cfg(test)]

@@ -94,3 +94,14 @@ fn a_dup_during_a_connect_that_returns_pending_names_the_connection() {
 fn a_number_closed_during_a_call_is_closed_in_a_fork_child() {
     assert_eq!(run("fork-in-call"), 1, "SMC-D");
 }
+
+/// The program's fork handlers send on a connection (before the fork, in
+/// the parent and in the child), which glibc runs inside `fork` while the
+/// preload holds its descriptor table's lock: all five bytes arrive.
+/// Before, the first send aborted the process: "the descriptor table's
+/// lock taken again by the thread that holds it".
+#[test]
+fn fork_handlers_use_a_connection() {
+    let opened = run("fork-handlers");
+    assert_eq!(opened, 1, "SMC-D");
+}

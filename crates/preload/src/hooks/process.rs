@@ -21,7 +21,7 @@ use std::sync::Arc;
 pub unsafe extern "C" fn fork() -> pid_t {
     // Parent and child could not both drive one handshake.
     super::pending::settle_all();
-    let g = LOCK.write();
+    let g = LOCK.write_for_fork();
     let shadows = super::epoll::before_fork_locked();
     // Each connection once (a connection's descriptors share its slot).
     let mut socks: Vec<Arc<Sock>> = Vec::new();
@@ -36,8 +36,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     let pid = unsafe { real::fork() };
     drop(shadows);
     if pid == 0 {
-        g.forget();
-        LOCK.reset_in_child();
+        g.forget_in_child();
         super::poll::forget_fd_table();
         for s in &socks {
             s.conn.forked_child();

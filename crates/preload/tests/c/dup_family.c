@@ -24,6 +24,14 @@
  * (the read may use it), but in the child, which has no such read, it
  * must be closed.
  *
+ * Mode `fork-handlers`: the program's fork handlers (`pthread_atfork`),
+ * which glibc runs inside `fork` while the preload holds its descriptor
+ * table's lock for the fork, send on the connection: "p" before the fork
+ * (with MSG_MORE, so held for a moment),
+ * "P" in the parent, "c" in the child; then the child sends "k" and
+ * exits, the parent "x" and closes. The server reads all five. Before,
+ * the first send aborted the process (the lock taken again).
+ *
  * Prints `OK`. */
 #include "check.h"
 #include <arpa/inet.h>
@@ -279,9 +287,51 @@ static void fork_in_call(void) {
     wait_ok(srv, "server");
 }
 
+/* Reads the connection to its end: "p", then "P", "c", "k" and "x", the
+ * parent's and the child's in either order. */
+static void read_handlers(int l, int go) {
+    (void)go;
+    int c = accept(l, NULL, NULL);
+    char b[64];
+    if (c < 0)
+        fail("accept");
+    size_t n = read_all(c, b, sizeof b);
+    const char *p = strchr(b, 'P'), *ch = strchr(b, 'c'), *k = strchr(b, 'k'), *x = strchr(b, 'x');
+    if (n != 5 || b[0] != 'p' || !p || !ch || !k || !x || ch > k || p > x)
+        fail("the server got \"%s\"", b);
+}
+
+static void say(char c, int flags) {
+    if (send(s, &c, 1, flags) != 1)
+        fail("send %c in a fork handler", c);
+}
+
+static void on_prepare(void) { say('p', MSG_MORE); }
+static void on_parent(void) { say('P', 0); }
+static void on_child(void) { say('c', 0); }
+
+static void fork_handlers(void) {
+    pid_t srv = serve(8, read_handlers);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s, (void *)&a, sizeof a))
+        fail("connect");
+    if (pthread_atfork(on_prepare, on_parent, on_child))
+        fail("pthread_atfork");
+    pid_t k = fork();
+    if (k == 0)
+        _exit(send(s, "k", 1, 0) == 1 ? 0 : 1);
+    if (k < 0)
+        fail("fork");
+    wait_ok(k, "child");
+    if (send(s, "x", 1, 0) != 1 || close(s))
+        fail("parent");
+    wait_ok(srv, "server");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2)
-        fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call");
+        fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call | "
+             "fork-handlers");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -293,6 +343,8 @@ int main(int argc, char **argv) {
         dup_pending();
     else if (strcmp(mode, "fork-in-call") == 0)
         fork_in_call();
+    else if (strcmp(mode, "fork-handlers") == 0)
+        fork_handlers();
     else
         fail("unknown mode");
     printf("OK\n");
