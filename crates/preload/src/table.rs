@@ -690,7 +690,7 @@ impl Lock {
     /// Shared access for a few instructions.
     #[inline]
     pub fn read(&self) -> ReadGuard<'_> {
-        let Some(section) = Self::section() else {
+        let Some(section) = Self::read_section() else {
             return ReadGuard(self, None);
         };
         let section = Some(section);
@@ -708,10 +708,7 @@ impl Lock {
 
     /// Exclusive access (table changes, fork).
     pub fn write(&self) -> WriteGuard<'_> {
-        let Some(section) = Self::section() else {
-            return WriteGuard(self, None);
-        };
-        let section = Some(section);
+        let section = Some(Self::write_section());
         let mut b = Backoff::new();
         loop {
             let v = self.0.load(Ordering::Relaxed);
@@ -773,26 +770,44 @@ impl Lock {
         Some(guard)
     }
 
-    /// The thread's section of the lock ([`critical::enter_table`]), or
-    /// `None` for the thread that holds the lock for a `fork`
+    /// A reader's section of the lock ([`critical::enter_table`]), or
+    /// `None` for a reader in the thread that holds the lock for a `fork`
     /// ([`Lock::write_for_fork`]): the program's fork handlers run in that
-    /// thread while it holds it, and their calls use the table as its
-    /// holder, without taking the lock again. Otherwise the lock is not
-    /// re-entrant: taking it again in the thread that holds it would wait
-    /// for ever (a reader waits for the writer it is, a writer for its own
-    /// read), so that is a defect of ours, which aborts the process with
-    /// its reason instead of hanging it. The program's signal handlers
-    /// cannot cause it ([`critical`] defers them).
+    /// thread while it holds it, and their calls on connections read the
+    /// table as the lock's holder. Otherwise the lock is not re-entrant:
+    /// taking it again in the thread that holds it would wait for ever (a
+    /// reader waits for the writer it is, a writer for its own read), so
+    /// that is a defect of ours, or a fork handler that changes the table
+    /// (closes, duplicates or makes a connection), which the fork's
+    /// bookkeeping cannot follow; either aborts the process with its
+    /// reason instead of hanging it. The program's signal handlers cannot
+    /// cause it ([`critical`] defers them).
     #[inline]
-    fn section() -> Option<critical::TableSection> {
-        if let Some(s) = critical::enter_table() {
-            return Some(s);
+    fn read_section() -> Option<critical::TableSection> {
+        match critical::enter_table() {
+            Some(s) => Some(s),
+            None if FORKING.with(Cell::get) => None,
+            None => Self::taken_again(
+                "the descriptor table's lock taken again by the thread that holds it",
+            ),
         }
-        if FORKING.with(Cell::get) {
-            return None;
-        }
+    }
+
+    /// See [`Lock::read_section`].
+    #[inline]
+    fn write_section() -> critical::TableSection {
+        critical::enter_table().unwrap_or_else(|| match FORKING.with(Cell::get) {
+            true => Self::taken_again(
+                "a fork handler (pthread_atfork) closed, duplicated or made a connection during fork, which smclo does not follow",
+            ),
+            false => Self::taken_again("the descriptor table's lock taken again by the thread that holds it"),
+        })
+    }
+
+    #[cold]
+    fn taken_again(why: &str) -> ! {
         eprintln!(
-            "smclo[{}]: the descriptor table's lock taken again by the thread that holds it; aborting instead of hanging",
+            "smclo[{}]: {why}; aborting instead of hanging",
             std::process::id()
         );
         std::process::abort()
@@ -871,6 +886,17 @@ thread_local! {
 /// program's fork handlers run now.
 pub fn forking() -> bool {
     FORKING.with(Cell::get)
+}
+
+/// Aborts with the reason if this thread is in a `fork` ([`forking`]): a
+/// fork handler's `what`, whose state the fork holds locked, would wait
+/// for itself for ever.
+pub fn refuse_in_fork(what: &str) {
+    if forking() {
+        Lock::taken_again(&format!(
+            "a fork handler (pthread_atfork) used {what} during fork, which smclo holds locked then"
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -273,8 +273,11 @@ fn a_signal_deferred_before_the_wait_begins_still_interrupts_it() {
         &exe,
         &[so.to_str().unwrap(), &rpath],
     );
-    let (out, _) = run_program("late", exe.as_os_str(), &[], WIDE_SPIN_US);
-    all_interrupted(&out, &["poll", "select", "epoll_wait", "recv"]);
+    // Spinning and not: a wait that does not spin checks before it sleeps.
+    for spin_us in [WIDE_SPIN_US, "0"] {
+        let (out, _) = run_program(&format!("late-{spin_us}"), exe.as_os_str(), &[], spin_us);
+        all_interrupted(&out, &["poll", "select", "epoll_wait", "recv", "accept"]);
+    }
     let _ = std::fs::remove_file(&exe);
     let _ = std::fs::remove_file(&so);
 }

@@ -555,7 +555,7 @@ fn run_program_action(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     if flags & libc::SA_RESETHAND != 0 {
         PROG_HANDLER.store(libc::SIG_DFL, Release);
     }
-    crate::signal::handler_ran(sig);
+    let _running = crate::signal::Handler::runs(sig);
     let old = block_program_mask(sig, flags);
     if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed `h` as an SA_SIGINFO handler.

@@ -60,26 +60,29 @@ pub struct Call {
     /// What [`RAN`] held when the call began, given back at its end (as
     /// [`Watch::before`]).
     before: u64,
-    /// Whether the thread was in a call already (one a handler it runs
-    /// now interrupted is not: [`Handler`]).
+    /// Whether the thread was in a call already (given back at the end;
+    /// a call a handler interrupted does not count: [`Handler`]).
     outer: bool,
     _thread: PhantomData<*const ()>,
 }
 
 impl Call {
-    /// The program's call begins (inside a call already, this one is a
-    /// part of it: the adapter's call of its own hook).
+    /// The program's call begins. One call of the adapter's own inside
+    /// it is a call of its own too (its watches count from its start):
+    /// the adapter passes the outer one down where that matters.
     pub fn begin() -> Call {
-        let outer = IN_CALL.with(|c| c.replace(true));
-        let before = match outer {
-            true => 0,
-            false => RAN.with(|r| r.swap(0, Ordering::Relaxed)),
-        };
         Call {
-            before,
-            outer,
+            before: RAN.with(|r| r.swap(0, Ordering::Relaxed)),
+            outer: IN_CALL.with(|c| c.replace(true)),
             _thread: PhantomData,
         }
+    }
+
+    /// Whether a handler ran in this thread since the call began (or
+    /// last started over): before a sleep the call does not watch with a
+    /// [`Watch`].
+    pub fn interrupted(&self) -> bool {
+        RAN.with(|r| r.load(Ordering::Relaxed)) != 0
     }
 
     /// The call starts over (a handler that does not interrupt it ran,
@@ -189,7 +192,8 @@ impl Drop for Watch<'_> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{handler_ran, Call, Handler, Watch};
+    use super::{handler_ran, Call, Handler, Watch, IN_CALL, RAN};
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn a_handler_since_the_start_interrupts() {
@@ -253,17 +257,35 @@ mod tests {
         );
     }
 
-    /// A call the adapter makes inside the program's (its own hook) is a
-    /// part of it: a handler that ran before it still counts.
+    /// A call begun inside another counts from its own start; the outer
+    /// one still sees what ran before, and a handler that ran in the inner.
     #[test]
-    fn a_call_inside_a_call_is_part_of_it() {
+    fn a_call_inside_a_call_counts_from_its_start() {
         let call = Call::begin();
         handler_ran(libc::SIGALRM);
         let inner = Call::begin();
-        assert!(Watch::begin(None).interrupted());
+        assert!(!Watch::begin(None).interrupted());
+        assert!(!inner.interrupted());
+        handler_ran(libc::SIGUSR1);
+        assert!(inner.interrupted());
         drop(inner);
         assert!(Watch::begin(None).interrupted());
+        assert!(call.interrupted());
         drop(call);
+    }
+
+    /// A call that a handler left without ending it (`siglongjmp`) does
+    /// not make the thread's later calls see old handlers.
+    #[test]
+    fn a_call_left_by_a_jump_does_not_stick() {
+        let left = Call::begin();
+        handler_ran(libc::SIGUSR2);
+        std::mem::forget(left);
+        let next = Call::begin();
+        assert!(!Watch::begin(None).interrupted());
+        drop(next);
+        IN_CALL.with(|c| c.set(false));
+        RAN.with(|r| r.store(0, Ordering::Relaxed));
     }
 
     /// A handler's own calls are not part of the call it interrupted: a

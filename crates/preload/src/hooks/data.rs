@@ -509,6 +509,15 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     let call = Call::begin();
+    // SAFETY: the application's arguments.
+    unsafe { recvmsg_in(&call, fd, msg, flags) }
+}
+
+/// `recvmsg` as a part of `call`.
+///
+/// # Safety
+/// As for `recvmsg(2)`.
+unsafe fn recvmsg_in(call: &Call, fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -524,7 +533,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     if flags & libc::MSG_ERRQUEUE != 0 {
         return unsupported(fd, format_args!("recvmsg(MSG_ERRQUEUE)"));
     }
-    let n = do_recvv(&call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
+    let n = do_recvv(call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
     if n >= 0 {
         m.msg_namelen = 0;
         m.msg_controllen = 0;
@@ -538,6 +547,15 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     let call = Call::begin();
+    // SAFETY: the application's arguments.
+    unsafe { sendmsg_in(&call, fd, msg, flags) }
+}
+
+/// `sendmsg` as a part of `call`.
+///
+/// # Safety
+/// As for `sendmsg(2)`.
+unsafe fn sendmsg_in(call: &Call, fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -556,7 +574,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             format_args!("sendmsg with ancillary data ({} bytes)", m.msg_controllen),
         );
     }
-    do_sendv(&call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
+    do_sendv(call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags)
 }
 
 /// Interposed `recvmmsg(2)`: on a connection, one message after another;
@@ -570,8 +588,7 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
-    // The messages' calls are parts of this one.
-    let _call = Call::begin();
+    let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -588,8 +605,8 @@ pub unsafe extern "C" fn recvmmsg(
         };
         // SAFETY: the application passes `n` mmsghdrs.
         let h = unsafe { &mut *v.add(i) };
-        // SAFETY: forwarded to our recvmsg with the application's msghdr.
-        let r = unsafe { recvmsg(fd, &mut h.msg_hdr, f & !libc::MSG_WAITFORONE) };
+        // SAFETY: our recvmsg with the application's msghdr.
+        let r = unsafe { recvmsg_in(&call, fd, &mut h.msg_hdr, f & !libc::MSG_WAITFORONE) };
         if r < 0 {
             return if done > 0 { done } else { -1 };
         }
@@ -610,8 +627,7 @@ pub unsafe extern "C" fn sendmmsg(
     n: c_uint,
     flags: c_int,
 ) -> c_int {
-    // The messages' calls are parts of this one.
-    let _call = Call::begin();
+    let call = Call::begin();
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
@@ -623,8 +639,8 @@ pub unsafe extern "C" fn sendmmsg(
     for i in 0..n as usize {
         // SAFETY: the application passes `n` mmsghdrs.
         let h = unsafe { &mut *v.add(i) };
-        // SAFETY: forwarded to our sendmsg.
-        let r = unsafe { sendmsg(fd, &h.msg_hdr, flags) };
+        // SAFETY: our sendmsg with the application's msghdr.
+        let r = unsafe { sendmsg_in(&call, fd, &h.msg_hdr, flags) };
         if r < 0 {
             return if done > 0 { done } else { -1 };
         }

@@ -143,6 +143,7 @@ pub(super) fn ctl(
     ev: Option<epoll_event>,
     sock: &Arc<Sock>,
 ) -> c_int {
+    table::refuse_in_fork("epoll_ctl on an SMC-D connection");
     let r = match op {
         // No event where one is needed: the kernel's answer (EFAULT).
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if ev.is_none() => {
@@ -286,6 +287,7 @@ fn sync(sh: &Shadow, ep: RawFd) {
 /// An epoll descriptor `inner` was added to another set (or removed).
 pub(super) fn nest(inner: RawFd) {
     if let Some(sh) = table::shadow(inner) {
+        table::refuse_in_fork("epoll_ctl of an epoll set smclo serves");
         lock(&sh.set).nested = true;
     }
 }
@@ -553,6 +555,7 @@ pub(super) unsafe fn wait_set(
     let Some(sh) = table::shadow(ep) else {
         return fallback();
     };
+    table::refuse_in_fork("a wait on an epoll set smclo serves");
     if events.is_null() || max <= 0 || max as usize > (c_int::MAX as usize) / 16 {
         return fallback();
     }

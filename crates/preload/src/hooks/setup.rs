@@ -18,6 +18,7 @@ use smclo::adapter::errno;
 use smclo::adapter::fallbacks::{self, Known};
 use smclo::adapter::handshake::{self, Decision, Polled, Until};
 use smclo::adapter::registry;
+use smclo::adapter::signal::{Call, Watch};
 use smclo::config::Short;
 use smclo::debug;
 use smclo::device::Role;
@@ -185,9 +186,12 @@ fn inherit_flags(fd: c_int, nfd: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // Handlers count from here (`smclo::adapter::signal::Call`).
-    let _call = smclo::adapter::signal::Call::begin();
+    let call = Call::begin();
     adopt_if_unknown(fd);
     if table::kind(fd) != Kind::Listener {
+        if let Err(e) = before_sleep(&call, fd, None) {
+            return fail(e);
+        }
         if !super::limits::accept_has_room(fd) {
             return fail(libc::EMFILE);
         }
@@ -197,7 +201,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
         }));
     }
     // SAFETY: same arguments, flags 0 is what accept means.
-    unsafe { accept_smc(fd, addr, len, 0) }
+    unsafe { accept_smc(&call, fd, addr, len, 0) }
 }
 
 /// Interposed `accept4(2)`.
@@ -209,9 +213,12 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     // Handlers count from here (`smclo::adapter::signal::Call`).
-    let _call = smclo::adapter::signal::Call::begin();
+    let call = Call::begin();
     adopt_if_unknown(fd);
     if table::kind(fd) != Kind::Listener {
+        if let Err(e) = before_sleep(&call, fd, None) {
+            return fail(e);
+        }
         if !super::limits::accept_has_room(fd) {
             return fail(libc::EMFILE);
         }
@@ -221,7 +228,7 @@ pub unsafe extern "C" fn accept4(
         }));
     }
     // SAFETY: forwarded.
-    unsafe { accept_smc(fd, addr, len, flags) }
+    unsafe { accept_smc(&call, fd, addr, len, flags) }
 }
 
 /// Whether the listening socket `fd` blocks: an event loop's non-blocking
@@ -230,6 +237,21 @@ fn listener_blocks(fd: RawFd) -> bool {
     // SAFETY: F_GETFL on the caller's listening socket.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
     fl < 0 || fl & libc::O_NONBLOCK == 0
+}
+
+/// Before `accept`'s system call on `fd` (`blocks`: whether it blocks,
+/// if asked already): a handler that ran in `call` (in the preload's own
+/// work, or the spin) ends it as it would the kernel's sleep, `EINTR`, or
+/// the call starts over. The listener is asked only then: rarely.
+fn before_sleep(call: &Call, fd: RawFd, blocks: Option<bool>) -> Result<(), c_int> {
+    if !call.interrupted() || !blocks.unwrap_or_else(|| listener_blocks(fd)) {
+        return Ok(());
+    }
+    if !accept_restarts(fd) {
+        return Err(libc::EINTR);
+    }
+    call.restart();
+    Ok(())
 }
 
 /// Whether a blocking `accept` on `fd` that a signal handler interrupted
@@ -244,7 +266,13 @@ fn accept_restarts(fd: RawFd) -> bool {
     !timeout && super::data::handlers_restart()
 }
 
-unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+unsafe fn accept_smc(
+    call: &Call,
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
     // The size of the caller's address buffer: `accept` reports the
     // address's full length, which may be more than it wrote.
     // SAFETY: a non-null `len` is the caller's readable socklen_t.
@@ -256,7 +284,7 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     // system call that a plain client's accept need not pay.
     let blocks = accept_spin::may_spin().then(|| listener_blocks(fd));
     let spun = if blocks == Some(true) {
-        let watch = smclo::adapter::signal::Watch::begin(None);
+        let watch = Watch::begin(None);
         match accept_spin::before_accept(fd, &watch) {
             Spun::Interrupted if !accept_restarts(fd) => return fail(libc::EINTR),
             s => s,
@@ -264,6 +292,9 @@ unsafe fn accept_smc(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags:
     } else {
         Spun::Skipped
     };
+    if let Err(e) = before_sleep(call, fd, blocks) {
+        return fail(e);
+    }
     if !super::limits::accept_has_room(fd) {
         return fail(libc::EMFILE);
     }

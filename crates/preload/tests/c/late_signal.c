@@ -5,7 +5,8 @@
  * handler when the section ends. The kernel would have ended the call for
  * it; so must the wait that follows (EINTR), and not spin and then sleep
  * as if nothing came. Each of poll, select, epoll_wait and a blocking recv
- * on an idle SMC-D connection, 5 s, with a SIGUSR1 handler without
+ * on an idle SMC-D connection, 5 s, and a blocking accept on a listening
+ * socket no client connects to, with a SIGUSR1 handler without
  * SA_RESTART sent 30 ms into the call (a second one 3 s later rescues a
  * wait the first did not end). Linked with late_atfork.so. Prints "WAIT
  * name rc errno ms handled" per wait and "OK done". */
@@ -71,6 +72,12 @@ static int w_epoll(void) {
 static int w_recv(void) {
     char b;
     return recv(fd, &b, 1, 0);
+}
+
+static int lfd = -1;
+
+static int w_accept(void) {
+    return accept(lfd, NULL, NULL);
 }
 
 /* Forks; the child leaves at once. */
@@ -163,6 +170,10 @@ int main(void) {
     run("select", w_select);
     run("epoll_wait", w_epoll);
     run("recv", w_recv);
+    struct sockaddr_in la = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0 || bind(lfd, (void *)&la, sizeof la) || listen(lfd, 4)) fail("listener");
+    run("accept", w_accept);
     close(done[1]);
     int st;
     if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("peer");
