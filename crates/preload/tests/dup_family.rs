@@ -9,14 +9,12 @@ use std::sync::OnceLock;
 mod common;
 use common::{compile, lib};
 
-/// `tests/c/dup_family.c` in `mode` under the preload on a device of its
-/// own: checks that it printed `OK`, and returns the device's SMC-D
-/// connections.
-fn run(mode: &str) -> u64 {
+/// `tests/c/dup_family.c` in `mode` under the preload on the device
+/// `dev`, for 60 s at most.
+fn output(mode: &str, dev: &smclo_testsupport::DevDir) -> std::process::Output {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     let exe = EXE.get_or_init(|| compile("dup_family", &["-pthread"]));
-    let dev = smclo_testsupport::DevDir::new(&format!("dup-family-{mode}"));
-    let out = Command::new("timeout")
+    Command::new("timeout")
         .args(["-s", "KILL", "60"])
         .arg(exe)
         .arg(mode)
@@ -30,7 +28,14 @@ fn run(mode: &str) -> u64 {
         .env("SMCLO_DEBUG", "1")
         .env_remove("SMCLO_DISABLE")
         .output()
-        .expect("run dup_family");
+        .expect("run dup_family")
+}
+
+/// [`output`] on a device of its own: checks that it printed `OK`, and
+/// returns the device's SMC-D connections.
+fn run(mode: &str) -> u64 {
+    let dev = smclo_testsupport::DevDir::new(&format!("dup-family-{mode}"));
+    let out = output(mode, &dev);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.trim() == "OK",
@@ -104,4 +109,23 @@ fn a_number_closed_during_a_call_is_closed_in_a_fork_child() {
 fn fork_handlers_use_a_connection() {
     let opened = run("fork-handlers");
     assert_eq!(opened, 1, "SMC-D");
+}
+
+/// A fork handler that waits on an epoll set holding a connection, whose
+/// locks the fork holds, ends the process with the reason (abort) instead
+/// of waiting for itself for ever, which is what it did once the fork let
+/// its handlers read the table (killed by the 60 s bound here).
+#[test]
+fn a_fork_handler_on_a_served_epoll_set_aborts_with_the_reason() {
+    use std::os::unix::process::ExitStatusExt;
+    let dev = smclo_testsupport::DevDir::new("dup-family-fork-handler-epoll");
+    let out = output("fork-handler-epoll", &dev);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.signal() == Some(libc::SIGABRT)
+            && stderr.contains("a fork handler (pthread_atfork) used a wait on an epoll set"),
+        "{:?}\nstdout: {}\nstderr: {stderr}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -32,6 +32,10 @@
  * exits, the parent "x" and closes. The server reads all five. Before,
  * the first send aborted the process (the lock taken again).
  *
+ * Mode `fork-handler-epoll`: a fork handler waits on an epoll set that
+ * holds the connection, whose locks the fork holds: the process must end
+ * (abort, with the reason on stderr) rather than wait for itself for ever.
+ *
  * Prints `OK`. */
 #include "check.h"
 #include <arpa/inet.h>
@@ -39,6 +43,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -328,10 +333,33 @@ static void fork_handlers(void) {
     wait_ok(srv, "server");
 }
 
+static int ep = -1;
+
+static void on_prepare_epoll(void) {
+    struct epoll_event ev;
+    epoll_wait(ep, &ev, 1, 0);
+}
+
+static void fork_handler_epoll(void) {
+    pid_t srv = serve(8, read_handlers);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s, (void *)&a, sizeof a))
+        fail("connect");
+    ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) || epoll_wait(ep, &ev, 1, 0) < 0)
+        fail("epoll");
+    if (pthread_atfork(on_prepare_epoll, NULL, NULL))
+        fail("pthread_atfork");
+    kill(srv, SIGKILL);
+    fork();
+    fail("the fork returned");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2)
         fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call | "
-             "fork-handlers");
+             "fork-handlers | fork-handler-epoll");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -345,6 +373,8 @@ int main(int argc, char **argv) {
         fork_in_call();
     else if (strcmp(mode, "fork-handlers") == 0)
         fork_handlers();
+    else if (strcmp(mode, "fork-handler-epoll") == 0)
+        fork_handler_epoll();
     else
         fail("unknown mode");
     printf("OK\n");
