@@ -83,14 +83,20 @@ pub fn arm(s: &Arc<Sock>) {
     push(Instant::now() + CEILING, Arc::downgrade(s));
 }
 
-/// Queues `w` to be published at `at`, from a program's thread.
-fn push(at: Instant, w: Weak<Sock>) {
+/// Registers the queue's fork handlers once (at load, or at the first
+/// queued write).
+pub fn register_fork_handlers() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         // SAFETY: registers plain extern "C" functions that only lock and
         // unlock the queue in the forking thread.
         unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
     });
+}
+
+/// Queues `w` to be published at `at`, from a program's thread.
+fn push(at: Instant, w: Weak<Sock>) {
+    register_fork_handlers();
     let me = Owner::current().pid;
     let mut q = crate::critical::lock(&QUEUE);
     if q.pid != me {

@@ -888,15 +888,10 @@ pub fn forking() -> bool {
     FORKING.with(Cell::get)
 }
 
-/// Aborts with the reason if this thread is in a `fork` ([`forking`]): a
-/// fork handler's `what`, whose state the fork holds locked, would wait
-/// for itself for ever.
-pub fn refuse_in_fork(what: &str) {
-    if forking() {
-        Lock::taken_again(&format!(
-            "a fork handler (pthread_atfork) used {what} during fork, which smclo holds locked then"
-        ));
-    }
+/// Ends the process with `why`, a fork handler's use of smclo that it
+/// cannot serve inside `fork` (instead of waiting for itself for ever).
+pub fn abort_in_fork(why: &str) -> ! {
+    Lock::taken_again(why)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{compile, lib};
+use common::{compile, compile_with_late_atfork, lib};
 
 /// `tests/c/dup_family.c` in `mode` under the preload on the device
 /// `dev`, for 60 s at most.
@@ -111,15 +111,74 @@ fn fork_handlers_use_a_connection() {
     assert_eq!(opened, 1, "SMC-D");
 }
 
-/// A fork handler that waits on an epoll set holding a connection, whose
-/// locks the fork holds, ends the process with the reason (abort) instead
-/// of waiting for itself for ever, which is what it did once the fork let
-/// its handlers read the table (killed by the 60 s bound here).
+/// A write held back (`MSG_MORE`) when the process forks reaches the peer
+/// once, before what the child and then the parent send. Before, parent
+/// and child each published their own copy of it, over each other's
+/// writes: the server read "pc" of "pcP".
 #[test]
-fn a_fork_handler_on_a_served_epoll_set_aborts_with_the_reason() {
+fn a_write_held_at_fork_reaches_the_peer_once() {
+    assert_eq!(run("fork-held"), 1, "SMC-D");
+}
+
+/// The program's fork handlers wait on an epoll set that holds the
+/// connection, and the child's closes the set and takes the connection at
+/// a dup: both processes' bytes arrive. Before, the first wait aborted the
+/// process (the table's lock taken again), and once the fork let handlers
+/// read the table it waited for itself for ever (the epoll set's locks).
+#[test]
+fn fork_handlers_use_epoll_and_change_the_childs_table() {
+    assert_eq!(run("fork-handler-epoll"), 1, "SMC-D");
+}
+
+/// `tests/c/late_fork.c` in `mode` (its fork handler registered by a
+/// library before the preload's, so run inside the preload's part of
+/// `fork`) on a device of its own.
+fn late_fork(mode: &str) -> (std::process::Output, u64) {
+    let (exe, so) = compile_with_late_atfork("late_fork");
+    let dev = smclo_testsupport::DevDir::new(&format!("late-fork-{mode}"));
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "60"])
+        .arg(&exe)
+        .arg(mode)
+        .env("LD_PRELOAD", lib())
+        .env("SMCLO_DEVICE_DIR", &dev.0)
+        .env("SMCLO_SHORT", "smc")
+        .env("SMCLO_DEBUG", "1")
+        .env_remove("SMCLO_DISABLE")
+        .output()
+        .expect("run late_fork");
+    let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_file(&so);
+    let opened = smclo::device::Device::open(&dev.0)
+        .expect("open the test device")
+        .stats()
+        .conns_opened;
+    (out, opened)
+}
+
+/// A fork handler a library registered before the preload's (so it runs
+/// while the preload holds its table's lock for the fork) sends on a
+/// connection: the byte arrives before the parent's.
+#[test]
+fn a_librarys_fork_handler_sends_on_a_connection() {
+    let (out, opened) = late_fork("send");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
+        "{:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(opened, 1, "SMC-D");
+}
+
+/// Such a handler that waits on an epoll set holding a connection, whose
+/// locks the fork holds, ends the process with the reason (abort) instead
+/// of waiting for itself for ever (killed by the 60 s bound here).
+#[test]
+fn a_librarys_fork_handler_on_a_served_epoll_set_aborts_with_the_reason() {
     use std::os::unix::process::ExitStatusExt;
-    let dev = smclo_testsupport::DevDir::new("dup-family-fork-handler-epoll");
-    let out = output("fork-handler-epoll", &dev);
+    let (out, _) = late_fork("epoll");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.signal() == Some(libc::SIGABRT)

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{compile, lib};
+use common::{compile, compile_with_late_atfork, lib};
 
 /// The spin budget of the runs (µs): 200 ms, ten times the signal's delay.
 const WIDE_SPIN_US: &str = "200000";
@@ -260,19 +260,7 @@ fn python_alarm_during_the_spin_interrupts_recv_and_selectors() {
 /// inside the preload's hold of the lock).
 #[test]
 fn a_signal_deferred_before_the_wait_begins_still_interrupts_it() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let so = tmp.join(format!("liblate_atfork-{}.so", std::process::id()));
-    smclo_testsupport::compile_c(&dir.join("late_atfork.c"), &so, &["-shared", "-fPIC"]);
-    let exe = tmp.join(format!("late_signal-{}", std::process::id()));
-    let rpath = format!("-Wl,-rpath,{}", tmp.display());
-    smclo_testsupport::compile_c_with(
-        OsStr::new("cc"),
-        &smclo_testsupport::CFLAGS,
-        &dir.join("late_signal.c"),
-        &exe,
-        &[so.to_str().unwrap(), &rpath],
-    );
+    let (exe, so) = compile_with_late_atfork("late_signal");
     // Spinning and not: a wait that does not spin checks before it sleeps.
     for spin_us in [WIDE_SPIN_US, "0"] {
         let (out, _) = run_program(&format!("late-{spin_us}"), exe.as_os_str(), &[], spin_us);

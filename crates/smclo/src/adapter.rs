@@ -89,6 +89,20 @@ pub mod owner {
     pub use crate::owner::{current_pid, Owner};
 }
 
+/// Registers now the `fork` handlers the core otherwise registers on
+/// first use (the process identity's, the random source's, the descriptor
+/// vault's). glibc runs prepare handlers in the reverse order of their
+/// registration and the others in order: an adapter that registers them
+/// at load, and its own after them, has its prepare handler run before
+/// theirs (it may still use the vault) and its child handler after them
+/// (the child's own pid known), and the program's handlers, registered
+/// later, outside all of them.
+pub fn register_fork_handlers() {
+    crate::owner::ensure_fork_hook();
+    crate::rng::ensure_fork_hook();
+    crate::vault::ensure_fork_hook();
+}
+
 /// Event-loop waits over connections and other descriptors.
 pub mod poller {
     pub use crate::poller::{now_ns, poll, Budget, Member, Pace, Ready, KERNEL_EVERY};

@@ -45,7 +45,7 @@ extern "C" fn forget_seed() {
 
 /// Registers [`forget_seed`] as a fork child handler once per process
 /// (and its children, which inherit the registration).
-fn ensure_fork_hook() {
+pub(crate) fn ensure_fork_hook() {
     static FORK_HOOK: AtomicBool = AtomicBool::new(false);
     if FORK_HOOK.load(Ordering::Acquire) || FORK_HOOK.swap(true, Ordering::AcqRel) {
         return;

@@ -94,12 +94,18 @@ fn state() -> &'static mut State {
     })
 }
 
-fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+/// Registers the fork handlers below once per process (and its
+/// children, which inherit the registration).
+pub(crate) fn ensure_fork_hook() {
     if !FORK_HOOK.swap(true, Ordering::AcqRel) {
         // SAFETY: registers the three handlers below, which take and
         // release the vault's lock around the fork.
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     }
+}
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    ensure_fork_hook();
     lock();
     let r = f(state());
     unlock();

@@ -143,7 +143,7 @@ pub(super) fn ctl(
     ev: Option<epoll_event>,
     sock: &Arc<Sock>,
 ) -> c_int {
-    table::refuse_in_fork("epoll_ctl on an SMC-D connection");
+    refuse_in_fork("epoll_ctl on an SMC-D connection");
     let r = match op {
         // No event where one is needed: the kernel's answer (EFAULT).
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if ev.is_none() => {
@@ -287,7 +287,7 @@ fn sync(sh: &Shadow, ep: RawFd) {
 /// An epoll descriptor `inner` was added to another set (or removed).
 pub(super) fn nest(inner: RawFd) {
     if let Some(sh) = table::shadow(inner) {
-        table::refuse_in_fork("epoll_ctl of an epoll set smclo serves");
+        refuse_in_fork("epoll_ctl of an epoll set smclo serves");
         lock(&sh.set).nested = true;
     }
 }
@@ -302,6 +302,29 @@ pub(super) struct ForkGuard {
     // Fields drop in order: the guards before the shadows they borrow.
     _locks: Vec<(SessionGuard, Locked<'static, Set>)>,
     _shadows: Vec<Arc<Shadow>>,
+}
+
+thread_local! {
+    /// Whether this thread holds the shadows' locks for a fork
+    /// ([`ForkGuard`]).
+    static HELD_FOR_FORK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        HELD_FOR_FORK.with(|h| h.set(false));
+    }
+}
+
+/// Aborts with the reason if this thread holds the shadows' locks for a
+/// fork: a fork handler that runs then (one a library registered before
+/// smclo's) would wait for itself for ever in `what`.
+fn refuse_in_fork(what: &str) {
+    if HELD_FOR_FORK.with(std::cell::Cell::get) {
+        table::abort_in_fork(&format!(
+            "a fork handler (pthread_atfork) used {what} during fork, while smclo holds it locked"
+        ));
+    }
 }
 
 /// With the table's lock held for writing (which keeps the set of epoll
@@ -326,6 +349,7 @@ pub(super) fn before_fork_locked() -> ForkGuard {
         set.eager = true;
         locks.push((session, set));
     }
+    HELD_FOR_FORK.with(|h| h.set(true));
     ForkGuard {
         _locks: locks,
         _shadows: all.into_iter().map(|(_, sh)| sh).collect(),
@@ -555,7 +579,7 @@ pub(super) unsafe fn wait_set(
     let Some(sh) = table::shadow(ep) else {
         return fallback();
     };
-    table::refuse_in_fork("a wait on an epoll set smclo serves");
+    refuse_in_fork("a wait on an epoll set smclo serves");
     if events.is_null() || max <= 0 || max as usize > (c_int::MAX as usize) / 16 {
         return fallback();
     }

@@ -12,16 +12,48 @@ use crate::real;
 use crate::table::{self, Sock, LOCK};
 use libc::{c_char, c_int, pid_t};
 use smclo::debug;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Interposed `fork(2)`: the child is recorded as a holder of every
-/// connection before any thread of the parent can close one.
-#[no_mangle]
-pub unsafe extern "C" fn fork() -> pid_t {
+/// What a fork holds from its prepare handler ([`before_fork`]) to its
+/// child handler, or in the parent to the interposed `fork`'s return: the
+/// table's lock, the epoll shadows' locks, and the connections the child
+/// inherits, each once.
+struct Forking {
+    lock: table::ForkGuard<'static>,
+    /// Let go as soon as the process is copied (`None` after).
+    shadows: Option<super::epoll::ForkGuard>,
+    socks: Vec<Arc<Sock>>,
+}
+
+thread_local! {
+    static FORKING: RefCell<Option<Forking>> = const { RefCell::new(None) };
+    /// Whether this thread's fork is the interposed `fork`'s, which adds
+    /// the child as a holder once it knows its pid.
+    static HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Registers the fork handlers, after the core's and the cork queue's
+/// (see `smclo::adapter::register_fork_handlers`): at load, before the
+/// program registers any, so that the program's prepare and child
+/// handlers run outside the table's lock. (Its parent handlers run inside
+/// it: the child is added as a holder only once `fork` returns its pid.
+/// They may use connections, not change the table: `table::Lock`.)
+fn register_fork_handlers() {
+    smclo::adapter::register_fork_handlers();
+    crate::cork::register_fork_handlers();
+    // SAFETY: registers plain extern "C" functions, run by the forking
+    // thread (the prepare and parent ones) and the child's only thread.
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
+}
+
+/// The last of the program's prepare handlers has run: no table change
+/// may be half done when the process is copied.
+extern "C" fn before_fork() {
     // Parent and child could not both drive one handshake.
     super::pending::settle_all();
-    let g = LOCK.write_for_fork();
+    let lock = LOCK.write_for_fork();
     let shadows = super::epoll::before_fork_locked();
     // Each connection once (a connection's descriptors share its slot).
     let mut socks: Vec<Arc<Sock>> = Vec::new();
@@ -32,32 +64,82 @@ pub unsafe extern "C" fn fork() -> pid_t {
             }
         }
     }
-    // SAFETY: plain fork; the lock is held so no table change is half done.
-    let pid = unsafe { real::fork() };
-    drop(shadows);
-    if pid == 0 {
-        g.forget_in_child();
-        super::poll::forget_fd_table();
-        for s in &socks {
-            s.conn.forked_child();
-            holders::join(s.slot, s.conn.fd());
+    // Bytes held back for corking go now: parent and child would each
+    // publish their own copy of them, over each other's writes.
+    for s in &socks {
+        let _ = s.conn.flush();
+    }
+    FORKING.with(|f| {
+        *f.borrow_mut() = Some(Forking {
+            lock,
+            shadows: Some(shadows),
+            socks,
+        })
+    });
+}
+
+/// The child, before the program's child handlers: its table is its own,
+/// and it lists itself as a holder of each connection.
+extern "C" fn in_child() {
+    HOOKED.with(|h| h.set(false));
+    let Some(f) = FORKING.with(|f| f.borrow_mut().take()) else {
+        return;
+    };
+    drop(f.shadows);
+    f.lock.forget_in_child();
+    super::poll::forget_fd_table();
+    for s in &f.socks {
+        s.conn.forked_child();
+        holders::join(s.slot, s.conn.fd());
+    }
+}
+
+/// The parent, before the program's parent handlers: the shadows' locks
+/// go (the child has its copy), so that those handlers may wait on epoll
+/// sets. The table's lock stays until the interposed `fork` added the
+/// child as a holder; a fork inside the C library (as in `daemon(3)`) has
+/// no pid to add, so it goes now, and the child lists itself
+/// ([`in_child`]).
+extern "C" fn in_parent() {
+    FORKING.with(|f| {
+        let mut f = f.borrow_mut();
+        if !HOOKED.with(Cell::get) {
+            drop(f.take());
+        } else if let Some(f) = f.as_mut() {
+            drop(f.shadows.take());
         }
-        drop(socks);
+    });
+}
+
+/// Interposed `fork(2)`: the child is recorded as a holder of every
+/// connection before any thread of the parent can close one (the lock the
+/// prepare handler took is held until then).
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> pid_t {
+    HOOKED.with(|h| h.set(true));
+    // SAFETY: plain fork; the prepare handler holds the lock, so no table
+    // change is half done.
+    let pid = unsafe { real::fork() };
+    if pid == 0 {
         return 0;
     }
+    HOOKED.with(|h| h.set(false));
+    let Some(f) = FORKING.with(|f| f.borrow_mut().take()) else {
+        return pid;
+    };
     if pid > 0 {
-        for s in &socks {
+        for s in &f.socks {
             holders::add(s.slot, pid as u32, Some(s.conn.fd()));
         }
-        if !socks.is_empty() {
+        if !f.socks.is_empty() {
             debug!(
                 "fork: child {pid} shares {} SMC-D connection(s)",
-                socks.len()
+                f.socks.len()
             );
         }
     }
-    drop(g);
-    drop(socks);
+    drop(f.lock);
+    drop(f.socks);
     pid
 }
 
@@ -268,6 +350,7 @@ fn close_all_at_exit() {
 }
 
 extern "C" fn at_load() {
+    register_fork_handlers();
     if !super::disabled() {
         smclo::adapter::fdnum::widen();
     }

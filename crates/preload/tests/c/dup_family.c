@@ -32,9 +32,17 @@
  * exits, the parent "x" and closes. The server reads all five. Before,
  * the first send aborted the process (the lock taken again).
  *
- * Mode `fork-handler-epoll`: a fork handler waits on an epoll set that
- * holds the connection, whose locks the fork holds: the process must end
- * (abort, with the reason on stderr) rather than wait for itself for ever.
+ * Mode `fork-held`: a write held back with MSG_MORE when the process
+ * forks; the child then sends "c" and exits, the parent "P" and closes.
+ * The server must read "pcP". Before, parent and child each published
+ * their own copy of the held byte, and the server read "pc".
+ *
+ * Mode `fork-handler-epoll`: the program's fork handlers wait on an
+ * epoll set that holds the connection (before the fork, in the parent,
+ * in the child), and the child's handler also closes the set and takes
+ * the connection at a dup, through which the child then sends "k"; the
+ * parent sends "x". The server reads "k" and "x". Before, the first wait
+ * aborted the process (the table's lock taken again).
  *
  * Prints `OK`. */
 #include "check.h"
@@ -333,15 +341,65 @@ static void fork_handlers(void) {
     wait_ok(srv, "server");
 }
 
-static int ep = -1;
+/* Reads the connection to its end: "pcP". */
+static void read_held(int l, int go) {
+    (void)go;
+    int c = accept(l, NULL, NULL);
+    char b[64];
+    if (c < 0)
+        fail("accept");
+    read_all(c, b, sizeof b);
+    if (strcmp(b, "pcP"))
+        fail("the server got \"%s\"", b);
+}
 
-static void on_prepare_epoll(void) {
+static void fork_held(void) {
+    pid_t srv = serve(8, read_held);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s, (void *)&a, sizeof a) || send(s, "p", 1, MSG_MORE) != 1)
+        fail("connect");
+    pid_t k = fork();
+    if (k == 0)
+        _exit(send(s, "c", 1, 0) == 1 ? 0 : 1);
+    if (k < 0)
+        fail("fork");
+    wait_ok(k, "child");
+    if (send(s, "P", 1, 0) != 1 || close(s))
+        fail("parent");
+    wait_ok(srv, "server");
+}
+
+static int ep = -1, kept = -1;
+
+static void wait_set(const char *who) {
     struct epoll_event ev;
-    epoll_wait(ep, &ev, 1, 0);
+    if (epoll_wait(ep, &ev, 1, 0) < 0)
+        fail("epoll_wait in the %s handler", who);
+}
+
+static void on_prepare_epoll(void) { wait_set("prepare"); }
+static void on_parent_epoll(void) { wait_set("parent"); }
+
+static void on_child_epoll(void) {
+    wait_set("child");
+    if (close(ep) || (kept = dup(s)) < 0 || close(s))
+        fail("the child handler's close and dup");
+}
+
+/* Reads the connection to its end: "k" and "x", in either order. */
+static void read_kx(int l, int go) {
+    (void)go;
+    int c = accept(l, NULL, NULL);
+    char b[64];
+    if (c < 0)
+        fail("accept");
+    read_all(c, b, sizeof b);
+    if (strcmp(b, "kx") && strcmp(b, "xk"))
+        fail("the server got \"%s\"", b);
 }
 
 static void fork_handler_epoll(void) {
-    pid_t srv = serve(8, read_handlers);
+    pid_t srv = serve(8, read_kx);
     s = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(s, (void *)&a, sizeof a))
         fail("connect");
@@ -349,17 +407,23 @@ static void fork_handler_epoll(void) {
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
     if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) || epoll_wait(ep, &ev, 1, 0) < 0)
         fail("epoll");
-    if (pthread_atfork(on_prepare_epoll, NULL, NULL))
+    if (pthread_atfork(on_prepare_epoll, on_parent_epoll, on_child_epoll))
         fail("pthread_atfork");
-    kill(srv, SIGKILL);
-    fork();
-    fail("the fork returned");
+    pid_t k = fork();
+    if (k == 0)
+        _exit(send(kept, "k", 1, 0) == 1 && close(kept) == 0 ? 0 : 1);
+    if (k < 0)
+        fail("fork");
+    wait_ok(k, "child");
+    if (send(s, "x", 1, 0) != 1 || close(s))
+        fail("parent");
+    wait_ok(srv, "server");
 }
 
 int main(int argc, char **argv) {
     if (argc != 2)
         fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call | "
-             "fork-handlers | fork-handler-epoll");
+             "fork-handlers | fork-held | fork-handler-epoll");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -373,6 +437,8 @@ int main(int argc, char **argv) {
         fork_in_call();
     else if (strcmp(mode, "fork-handlers") == 0)
         fork_handlers();
+    else if (strcmp(mode, "fork-held") == 0)
+        fork_held();
     else if (strcmp(mode, "fork-handler-epoll") == 0)
         fork_handler_epoll();
     else

@@ -3,14 +3,18 @@
  * runs after the preload took its descriptor table's lock for the fork:
  * the way, under test, to keep that lock held while another thread waits.
  * late_atfork_arm(fd, ms): the next fork's handler writes one byte to `fd`
- * and sleeps `ms` milliseconds. */
+ * and sleeps `ms` milliseconds; late_atfork_call(fn): it calls `fn`. */
 #include <pthread.h>
 #include <unistd.h>
 
 static volatile int notify_fd = -1;
 static volatile int sleep_ms;
+static void (*volatile call)(void);
 
 static void prepare(void) {
+    void (*f)(void) = call;
+    call = NULL;
+    if (f) f();
     int fd = notify_fd;
     if (fd < 0) return;
     notify_fd = -1;
@@ -26,4 +30,8 @@ __attribute__((constructor)) static void init(void) {
 void late_atfork_arm(int fd, int ms) {
     sleep_ms = ms;
     notify_fd = fd;
+}
+
+void late_atfork_call(void (*fn)(void)) {
+    call = fn;
 }

@@ -25,6 +25,28 @@ pub fn compile(name: &str, extra: &[&str]) -> PathBuf {
     smclo_testsupport::compile_c(&src, &out, extra)
 }
 
+/// Compiles `tests/c/NAME.c` linked with `tests/c/late_atfork.c` (a
+/// library whose constructor registers a fork handler before the
+/// preload's, which therefore runs inside the preload's part of `fork`):
+/// the program, and the library beside it.
+pub fn compile_with_late_atfork(name: &str) -> (PathBuf, PathBuf) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let k = COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let so = tmp.join(format!("liblate_atfork-{}-{k}.so", std::process::id()));
+    smclo_testsupport::compile_c(&dir.join("late_atfork.c"), &so, &["-shared", "-fPIC"]);
+    let exe = tmp.join(format!("preload-{name}-{}-{k}", std::process::id()));
+    let rpath = format!("-Wl,-rpath,{}", tmp.display());
+    smclo_testsupport::compile_c_with(
+        std::ffi::OsStr::new("cc"),
+        &smclo_testsupport::CFLAGS,
+        &dir.join(format!("{name}.c")),
+        &exe,
+        &[so.to_str().expect("a UTF-8 path"), &rpath],
+    );
+    (exe, so)
+}
+
 /// Runs of [`run_smc`] so far: each gets a device directory of its own.
 static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
