@@ -67,17 +67,8 @@ extern "C" fn after_fork() {
 /// After the program wrote on `s`: if bytes are held and no deadline is
 /// pending for it, queue one.
 pub fn arm(s: &Arc<Sock>) {
-    if !s.conn.holding() {
-        return;
-    }
-    if crate::table::forking() {
-        // A fork handler of the program, inside `fork`: the queue's lock
-        // may be held around the fork, and `pthread_atfork` cannot be
-        // called there. What it holds goes now.
-        let _ = s.conn.flush();
-        return;
-    }
-    if s.cork_armed.swap(true, Ordering::AcqRel) {
+    // Nothing is held while the process forks (`hooks::process`).
+    if !s.conn.holding() || s.cork_armed.swap(true, Ordering::AcqRel) {
         return;
     }
     push(Instant::now() + CEILING, Arc::downgrade(s));

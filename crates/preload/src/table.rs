@@ -798,7 +798,7 @@ impl Lock {
     fn write_section() -> critical::TableSection {
         critical::enter_table().unwrap_or_else(|| match FORKING.with(Cell::get) {
             true => Self::taken_again(
-                "a fork handler (pthread_atfork) closed, duplicated or made a connection during fork, which smclo does not follow",
+                "a fork handler (pthread_atfork) changed smclo's descriptor table during fork (closed, duplicated or made a connection, or an epoll set smclo serves), which the fork's bookkeeping does not follow",
             ),
             false => Self::taken_again("the descriptor table's lock taken again by the thread that holds it"),
         })
@@ -818,6 +818,9 @@ impl Lock {
     /// inside `fork`): the calls those handlers make in this thread use
     /// the table as the lock's holder ([`Lock::section`]).
     pub fn write_for_fork(&self) -> ForkGuard<'_> {
+        if FORKING.with(Cell::get) {
+            Self::taken_again("a fork handler (pthread_atfork) forked again during fork");
+        }
         let g = self.write();
         FORKING.with(|f| f.set(true));
         ForkGuard(Some(g))
@@ -880,12 +883,6 @@ impl Drop for ForkGuard<'_> {
 thread_local! {
     /// Whether this thread holds [`LOCK`] for a fork ([`Lock::write_for_fork`]).
     static FORKING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether this thread is in a `fork`, holding [`LOCK`] for it: the
-/// program's fork handlers run now.
-pub fn forking() -> bool {
-    FORKING.with(Cell::get)
 }
 
 /// Ends the process with `why`, a fork handler's use of smclo that it

@@ -29,7 +29,9 @@ pub mod chan_sys {
 
 /// One SMC-D connection end, and what it carries through `exec`.
 pub mod conn {
-    pub use crate::conn::{Conn, ExecParts, ExecState, Mode, RecvFlags, SendFlags};
+    pub use crate::conn::{
+        allow_holding, forbid_holding, Conn, ExecParts, ExecState, Mode, RecvFlags, SendFlags,
+    };
     pub use crate::wait::spin_budget;
 }
 

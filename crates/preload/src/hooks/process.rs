@@ -13,6 +13,7 @@ use crate::table::{self, Sock, LOCK};
 use libc::{c_char, c_int, pid_t};
 use smclo::debug;
 use std::cell::{Cell, RefCell};
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,6 +22,9 @@ use std::sync::Arc;
 /// table's lock, the epoll shadows' locks, and the connections the child
 /// inherits, each once.
 struct Forking {
+    /// Whether the fork is the interposed `fork`'s, which adds the child
+    /// as a holder once it knows its pid.
+    hooked: bool,
     lock: table::ForkGuard<'static>,
     /// Let go as soon as the process is copied (`None` after).
     shadows: Option<super::epoll::ForkGuard>,
@@ -29,8 +33,8 @@ struct Forking {
 
 thread_local! {
     static FORKING: RefCell<Option<Forking>> = const { RefCell::new(None) };
-    /// Whether this thread's fork is the interposed `fork`'s, which adds
-    /// the child as a holder once it knows its pid.
+    /// Whether this thread is in the interposed `fork`, before its
+    /// prepare handler ran (which takes the flag into [`Forking`]).
     static HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -53,24 +57,28 @@ fn register_fork_handlers() {
 extern "C" fn before_fork() {
     // Parent and child could not both drive one handshake.
     super::pending::settle_all();
+    // Bytes held back for corking go first, and none are held until the
+    // fork is done: parent and child would each publish their own copy of
+    // them, over each other's writes. Without the table's lock, which the
+    // handler of a signal that interrupted a write may wait for.
+    smclo::adapter::conn::forbid_holding();
+    for s in each_once(&{
+        let _g = LOCK.read();
+        table::all_locked()
+    }) {
+        let _ = s.conn.flush_waiting();
+    }
     let lock = LOCK.write_for_fork();
     let shadows = super::epoll::before_fork_locked();
-    // Each connection once (a connection's descriptors share its slot).
-    let mut socks: Vec<Arc<Sock>> = Vec::new();
-    if LIVE.load(Ordering::Relaxed) > 0 {
-        for (_, s) in table::all_locked() {
-            if !socks.iter().any(|x| x.slot == s.slot) {
-                socks.push(s);
-            }
-        }
-    }
-    // Bytes held back for corking go now: parent and child would each
-    // publish their own copy of them, over each other's writes.
-    for s in &socks {
-        let _ = s.conn.flush();
-    }
+    let socks = if LIVE.load(Ordering::Relaxed) > 0 {
+        each_once(&table::all_locked())
+    } else {
+        Vec::new()
+    };
+    let hooked = HOOKED.with(|h| h.replace(false));
     FORKING.with(|f| {
         *f.borrow_mut() = Some(Forking {
+            hooked,
             lock,
             shadows: Some(shadows),
             socks,
@@ -78,14 +86,26 @@ extern "C" fn before_fork() {
     });
 }
 
+/// Each connection of `all` once (a connection's descriptors share its
+/// slot).
+fn each_once(all: &[(RawFd, Arc<Sock>)]) -> Vec<Arc<Sock>> {
+    let mut socks: Vec<Arc<Sock>> = Vec::new();
+    for (_, s) in all {
+        if !socks.iter().any(|x| x.slot == s.slot) {
+            socks.push(s.clone());
+        }
+    }
+    socks
+}
+
 /// The child, before the program's child handlers: its table is its own,
 /// and it lists itself as a holder of each connection.
 extern "C" fn in_child() {
-    HOOKED.with(|h| h.set(false));
-    let Some(f) = FORKING.with(|f| f.borrow_mut().take()) else {
+    smclo::adapter::conn::allow_holding();
+    let Some(mut f) = FORKING.with(|f| f.borrow_mut().take()) else {
         return;
     };
-    drop(f.shadows);
+    drop(f.shadows.take());
     f.lock.forget_in_child();
     super::poll::forget_fd_table();
     for s in &f.socks {
@@ -97,16 +117,19 @@ extern "C" fn in_child() {
 /// The parent, before the program's parent handlers: the shadows' locks
 /// go (the child has its copy), so that those handlers may wait on epoll
 /// sets. The table's lock stays until the interposed `fork` added the
-/// child as a holder; a fork inside the C library (as in `daemon(3)`) has
+/// child as a holder; a fork inside the C library (as in `forkpty(3)`) has
 /// no pid to add, so it goes now, and the child lists itself
-/// ([`in_child`]).
+/// ([`in_child`]): a thread of the parent that closes its last descriptor
+/// of a connection before the child did may end it for both.
 extern "C" fn in_parent() {
+    smclo::adapter::conn::allow_holding();
     FORKING.with(|f| {
         let mut f = f.borrow_mut();
-        if !HOOKED.with(Cell::get) {
-            drop(f.take());
-        } else if let Some(f) = f.as_mut() {
-            drop(f.shadows.take());
+        if let Some(forking) = f.as_mut() {
+            drop(forking.shadows.take());
+            if !forking.hooked {
+                drop(f.take());
+            }
         }
     });
 }
@@ -116,15 +139,18 @@ extern "C" fn in_parent() {
 /// prepare handler took is held until then).
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> pid_t {
-    HOOKED.with(|h| h.set(true));
+    // Settled before the program's prepare handlers too (again in ours).
+    super::pending::settle_all();
+    let outer = HOOKED.with(|h| h.replace(true));
     // SAFETY: plain fork; the prepare handler holds the lock, so no table
     // change is half done.
     let pid = unsafe { real::fork() };
+    HOOKED.with(|h| h.set(outer));
     if pid == 0 {
         return 0;
     }
-    HOOKED.with(|h| h.set(false));
-    let Some(f) = FORKING.with(|f| f.borrow_mut().take()) else {
+    let e = smclo::adapter::errno::get();
+    let Some(f) = FORKING.with(|f| f.borrow_mut().take_if(|f| f.hooked)) else {
         return pid;
     };
     if pid > 0 {
@@ -138,8 +164,9 @@ pub unsafe extern "C" fn fork() -> pid_t {
             );
         }
     }
-    drop(f.lock);
-    drop(f.socks);
+    drop(f);
+    // A failed fork's errno, past the drops' closes.
+    smclo::adapter::errno::set(e);
     pid
 }
 

@@ -51,6 +51,7 @@ mod zcopy;
 pub use eof::EOF_LOOK_EVERY;
 pub use exec::{ExecParts, ExecRefusal, ExecState};
 pub use flags::{RecvFlags, SendFlags};
+pub use tx::{allow_holding, forbid_holding};
 pub use zcopy::{ReadRegion, WriteRegion};
 
 pub use crate::device::Mode;

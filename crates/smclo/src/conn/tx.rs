@@ -13,7 +13,7 @@ use crate::ring;
 use smclo_wire::cursor::{self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED};
 use smclo_wire::device_layout::end_flags;
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
@@ -101,13 +101,21 @@ impl Conn {
         }
     }
 
+    /// Publishes what is held, once a write in progress is done (it takes
+    /// the lock that write holds): with holding forbidden
+    /// ([`forbid_holding`]), nothing is held after it.
+    pub fn flush_waiting(&self) -> io::Result<()> {
+        let _g = lock(&self.tx);
+        self.publish_held(0)
+    }
+
     /// Accounts `n` bytes just written after the held ones (the caller holds
     /// `tx`; `used` is the published unread count): held while corked and
     /// the ring is less than half full, else published with what was held.
     pub(super) fn add_written(&self, used: u32, n: u32, more: bool) -> io::Result<()> {
         self.count_sent(n);
         let held = self.held.load(Ordering::Relaxed);
-        let hold = more || self.cork.load(Ordering::Relaxed);
+        let hold = (more || self.cork.load(Ordering::Relaxed)) && HOLDING.load(Ordering::Relaxed);
         if hold && used + held + n < self.peer.ring_len() / 2 {
             if held == 0 {
                 self.held_at.store(mono_ns(), Ordering::Relaxed);
@@ -253,6 +261,25 @@ impl Conn {
     pub fn holding(&self) -> bool {
         self.held.load(Ordering::Relaxed) > 0
     }
+}
+
+/// Whether writes may be held back for corking: not while the process
+/// forks, where a parent and a child would each publish their own copy of
+/// them ([`forbid_holding`]).
+static HOLDING: AtomicBool = AtomicBool::new(true);
+
+/// Writes are not held back for corking (`MSG_MORE`, `TCP_CORK`) until
+/// [`allow_holding`]: before a fork, followed by [`Conn::flush_waiting`]
+/// of each connection, so that none holds bytes when the process is
+/// copied. A write that decides under its connection's lock after that
+/// lock was taken for the flush sees this.
+pub fn forbid_holding() {
+    HOLDING.store(false, Ordering::SeqCst);
+}
+
+/// See [`forbid_holding`]: after the fork, in parent and child.
+pub fn allow_holding() {
+    HOLDING.store(true, Ordering::SeqCst);
 }
 
 /// The first `n` bytes of the copy-mode send buffer `buf`, grown first if
