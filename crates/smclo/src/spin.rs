@@ -71,6 +71,21 @@ pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 /// wake-ups of the threads the spinner kept waiting.
 pub const GIVE_WAY: Duration = Duration::from_millis(1);
 
+thread_local! {
+    /// When a spin of this thread last ended preempted (monotonic ns; 0:
+    /// never).
+    static PREEMPTED_AT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether a spin of this thread ended preempted within the last
+/// [`GIVE_WAY`] before `now`: the CPUs it may run on are contended, and a
+/// longer spin would not have caught what came soon after its sleep began
+/// (a waiter's budget is not restored for it, [`crate::wait::Budget::woken`]).
+pub fn contended(now: u64) -> bool {
+    let at = PREEMPTED_AT.with(Cell::get);
+    at != 0 && now.saturating_sub(at) < ns(GIVE_WAY)
+}
+
 /// How long a thread trusts what it read of its CPU affinity.
 const AFFINITY_FRESH: Duration = Duration::from_secs(1);
 
@@ -300,6 +315,7 @@ pub fn run<T, E>(
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
             held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
+            PREEMPTED_AT.with(|p| p.set(now));
             return Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {

@@ -121,9 +121,15 @@ impl Budget {
     /// the sleep, a full spin would have caught it, so the next spin is
     /// full again. Without this, two peers that both once missed (one was
     /// descheduled) would answer each other only after a wake-up, longer
-    /// than their halved budgets, and stay asleep for good.
+    /// than their halved budgets, and stay asleep for good. Not while this
+    /// thread's spins are preempted ([`crate::spin::contended`]): where
+    /// runnable threads outnumber CPUs, what comes soon came because
+    /// others ran, and a full spin would have kept them from running.
     pub fn woken(&self, arrived: bool, slept: Instant) {
-        if arrived && slept.elapsed() < spin_budget() {
+        if arrived
+            && slept.elapsed() < spin_budget()
+            && !crate::spin::contended(crate::spin::monotonic_ns())
+        {
             self.note(true);
         }
     }

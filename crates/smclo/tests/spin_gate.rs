@@ -341,3 +341,43 @@ fn cpus_side_by_side_have_slots_on_different_cache_lines() {
     }
     assert_eq!(spin::slot_of(n + 3), spin::slot_of(3));
 }
+
+/// A waiter whose spins are preempted (its CPUs are contended) keeps its
+/// halved budget when what it waits for comes soon after its sleep began:
+/// it came because other threads ran, and a full spin would have kept them
+/// from running. A thread whose spins are not preempted gets its full
+/// budget back.
+#[test]
+fn a_preempted_waiter_keeps_its_halved_budget() {
+    use smclo::testing::wait::Budget;
+    use std::time::Instant;
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    std::thread::spawn(move || {
+        pin(cpu);
+        let b = Budget::new();
+        let full = b.next();
+        b.note(false);
+        b.note(false);
+        let halved = b.next();
+        assert!(halved < full);
+        b.woken(true, Instant::now());
+        assert_eq!(b.next(), full, "not contended: the full budget back");
+        b.note(false);
+        b.note(false);
+        assert!(!spin::contended(spin::monotonic_ns()));
+        // A look that takes 3 ms is what a spin preempted for 3 ms sees.
+        spin::until(Duration::from_secs(1), None, || {
+            std::thread::sleep(Duration::from_millis(3));
+            None::<()>
+        });
+        assert!(
+            spin::contended(spin::monotonic_ns()),
+            "the preemption not noted"
+        );
+        b.woken(true, Instant::now());
+        assert_eq!(b.next(), halved, "the budget restored while contended");
+    })
+    .join()
+    .unwrap();
+}
