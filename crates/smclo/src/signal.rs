@@ -27,7 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 thread_local! {
     /// Signals (bit `n - 1` for signal `n`) whose handler ran in this
-    /// thread, since the innermost [`Watch`] began. Constant-initialised
+    /// thread, since the innermost [`Call`] began (or [`Watch`], outside
+    /// a call). Constant-initialised
     /// and without a destructor: a plain TLS slot, there from the thread's
     /// start, which a signal handler may touch.
     static RAN: AtomicU64 = const { AtomicU64::new(0) };
