@@ -813,10 +813,11 @@ impl Lock {
         std::process::abort()
     }
 
-    /// Exclusive access across a `fork` (from before the program's prepare
-    /// handlers to after its parent and child handlers, which glibc runs
-    /// inside `fork`): the calls those handlers make in this thread use
-    /// the table as the lock's holder ([`Lock::section`]).
+    /// Exclusive access across a `fork` (from the preload's prepare
+    /// handler to its child handler, or in the parent to the interposed
+    /// `fork`'s return, `hooks::process`): the calls the fork handlers that
+    /// run meanwhile make in this thread read the table as the lock's
+    /// holder ([`Lock::read_section`]).
     pub fn write_for_fork(&self) -> ForkGuard<'_> {
         if FORKING.with(Cell::get) {
             Self::taken_again("a fork handler (pthread_atfork) forked again during fork");

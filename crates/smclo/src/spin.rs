@@ -78,12 +78,13 @@ thread_local! {
 }
 
 /// Whether a spin of this thread ended preempted within the last
-/// [`GIVE_WAY`] before `now`: the CPUs it may run on are contended, and a
-/// longer spin would not have caught what came soon after its sleep began
-/// (a waiter's budget is not restored for it, [`crate::wait::Budget::woken`]).
-pub fn contended(now: u64) -> bool {
+/// [`GIVE_WAY`]: the CPUs it may run on are contended, and a longer spin
+/// would not have caught what came soon after its sleep began (a waiter's
+/// budget is not restored for it, [`crate::wait::Budget::woken`]). Reads
+/// the clock only for a thread whose spin was ever preempted.
+pub fn contended() -> bool {
     let at = PREEMPTED_AT.with(Cell::get);
-    at != 0 && now.saturating_sub(at) < ns(GIVE_WAY)
+    at != 0 && monotonic_ns().saturating_sub(at) < ns(GIVE_WAY)
 }
 
 /// How long a thread trusts what it read of its CPU affinity.

@@ -126,10 +126,7 @@ impl Budget {
     /// runnable threads outnumber CPUs, what comes soon came because
     /// others ran, and a full spin would have kept them from running.
     pub fn woken(&self, arrived: bool, slept: Instant) {
-        if arrived
-            && slept.elapsed() < spin_budget()
-            && !crate::spin::contended(crate::spin::monotonic_ns())
-        {
+        if arrived && slept.elapsed() < spin_budget() && !crate::spin::contended() {
             self.note(true);
         }
     }

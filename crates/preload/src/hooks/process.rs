@@ -62,18 +62,21 @@ extern "C" fn before_fork() {
     // them, over each other's writes. Without the table's lock, which the
     // handler of a signal that interrupted a write may wait for.
     smclo::adapter::conn::forbid_holding();
-    for s in each_once(&{
-        let _g = LOCK.read();
-        table::all_locked()
-    }) {
-        let _ = s.conn.flush_waiting();
+    let live = || LIVE.load(Ordering::Relaxed) > 0;
+    if live() {
+        let all = {
+            let _g = LOCK.read();
+            table::all_locked()
+        };
+        for s in each_once(&all) {
+            let _ = s.conn.flush_waiting();
+        }
     }
     let lock = LOCK.write_for_fork();
     let shadows = super::epoll::before_fork_locked();
-    let socks = if LIVE.load(Ordering::Relaxed) > 0 {
-        each_once(&table::all_locked())
-    } else {
-        Vec::new()
+    let socks = match live() {
+        true => each_once(&table::all_locked()),
+        false => Vec::new(),
     };
     let hooked = HOOKED.with(|h| h.replace(false));
     FORKING.with(|f| {

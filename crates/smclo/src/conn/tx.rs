@@ -218,8 +218,7 @@ impl Conn {
         if self.held.load(Ordering::Relaxed) == 0 {
             return Ok(());
         }
-        let _g = lock(&self.tx);
-        self.publish_held(0)
+        self.flush_waiting()
     }
 
     /// `TCP_CORK`: while on, writes are held as with `MSG_MORE`; turning it
