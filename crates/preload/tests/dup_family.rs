@@ -2,7 +2,7 @@
 //! (`tests/c/dup_family.c` says what each mode does). Each failed before
 //! its fix; the failure is quoted at its test.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -14,6 +14,12 @@ use common::{compile, compile_with_late_atfork, lib};
 fn output(mode: &str, dev: &smclo_testsupport::DevDir) -> std::process::Output {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     let exe = EXE.get_or_init(|| compile("dup_family", &["-pthread"]));
+    output_of(exe, mode, dev)
+}
+
+/// The test program `exe` in `mode` under the preload on the device
+/// `dev`, for 60 s at most.
+fn output_of(exe: &Path, mode: &str, dev: &smclo_testsupport::DevDir) -> std::process::Output {
     Command::new("timeout")
         .args(["-s", "KILL", "60"])
         .arg(exe)
@@ -28,7 +34,7 @@ fn output(mode: &str, dev: &smclo_testsupport::DevDir) -> std::process::Output {
         .env("SMCLO_DEBUG", "1")
         .env_remove("SMCLO_DISABLE")
         .output()
-        .expect("run dup_family")
+        .expect("run the test program")
 }
 
 /// [`output`] on a device of its own: checks that it printed `OK`, and
@@ -136,17 +142,7 @@ fn fork_handlers_use_epoll_and_change_the_childs_table() {
 fn late_fork(mode: &str) -> (std::process::Output, u64) {
     let (exe, so) = compile_with_late_atfork("late_fork");
     let dev = smclo_testsupport::DevDir::new(&format!("late-fork-{mode}"));
-    let out = Command::new("timeout")
-        .args(["-s", "KILL", "60"])
-        .arg(&exe)
-        .arg(mode)
-        .env("LD_PRELOAD", lib())
-        .env("SMCLO_DEVICE_DIR", &dev.0)
-        .env("SMCLO_SHORT", "smc")
-        .env("SMCLO_DEBUG", "1")
-        .env_remove("SMCLO_DISABLE")
-        .output()
-        .expect("run late_fork");
+    let out = output_of(&exe, mode, &dev);
     let _ = std::fs::remove_file(&exe);
     let _ = std::fs::remove_file(&so);
     let opened = smclo::device::Device::open(&dev.0)

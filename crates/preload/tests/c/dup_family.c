@@ -300,15 +300,43 @@ static void fork_in_call(void) {
     wait_ok(srv, "server");
 }
 
+/* Accepts one connection on `l` and reads it to its end into `b` (at
+ * most `cap - 1` bytes, NUL-terminated); returns how many. */
+static size_t accept_all(int l, char *b, size_t cap) {
+    int c = accept(l, NULL, NULL);
+    if (c < 0)
+        fail("accept");
+    return read_all(c, b, cap);
+}
+
+/* Connects `s` to the server at `a`. */
+static void connect_s(void) {
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s, (void *)&a, sizeof a))
+        fail("connect");
+}
+
+/* Forks: the child sends `c` on `*child_fd` (read after the fork, as the
+ * fork handlers left it), closes it and exits; then the parent sends `p`
+ * on `s` and closes it, and the server `srv` must succeed. */
+static void child_then_parent(pid_t srv, const int *child_fd, char c, char p) {
+    pid_t k = fork();
+    if (k == 0)
+        _exit(send(*child_fd, &c, 1, 0) == 1 && close(*child_fd) == 0 ? 0 : 1);
+    if (k < 0)
+        fail("fork");
+    wait_ok(k, "child");
+    if (send(s, &p, 1, 0) != 1 || close(s))
+        fail("parent");
+    wait_ok(srv, "server");
+}
+
 /* Reads the connection to its end: "p", then "P", "c", "k" and "x", the
  * parent's and the child's in either order. */
 static void read_handlers(int l, int go) {
     (void)go;
-    int c = accept(l, NULL, NULL);
     char b[64];
-    if (c < 0)
-        fail("accept");
-    size_t n = read_all(c, b, sizeof b);
+    size_t n = accept_all(l, b, sizeof b);
     const char *p = strchr(b, 'P'), *ch = strchr(b, 'c'), *k = strchr(b, 'k'), *x = strchr(b, 'x');
     if (n != 5 || b[0] != 'p' || !p || !ch || !k || !x || ch > k || p > x)
         fail("the server got \"%s\"", b);
@@ -325,48 +353,27 @@ static void on_child(void) { say('c', 0); }
 
 static void fork_handlers(void) {
     pid_t srv = serve(8, read_handlers);
-    s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, (void *)&a, sizeof a))
-        fail("connect");
+    connect_s();
     if (pthread_atfork(on_prepare, on_parent, on_child))
         fail("pthread_atfork");
-    pid_t k = fork();
-    if (k == 0)
-        _exit(send(s, "k", 1, 0) == 1 ? 0 : 1);
-    if (k < 0)
-        fail("fork");
-    wait_ok(k, "child");
-    if (send(s, "x", 1, 0) != 1 || close(s))
-        fail("parent");
-    wait_ok(srv, "server");
+    child_then_parent(srv, &s, 'k', 'x');
 }
 
 /* Reads the connection to its end: "pcP". */
 static void read_held(int l, int go) {
     (void)go;
-    int c = accept(l, NULL, NULL);
     char b[64];
-    if (c < 0)
-        fail("accept");
-    read_all(c, b, sizeof b);
+    accept_all(l, b, sizeof b);
     if (strcmp(b, "pcP"))
         fail("the server got \"%s\"", b);
 }
 
 static void fork_held(void) {
     pid_t srv = serve(8, read_held);
-    s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, (void *)&a, sizeof a) || send(s, "p", 1, MSG_MORE) != 1)
-        fail("connect");
-    pid_t k = fork();
-    if (k == 0)
-        _exit(send(s, "c", 1, 0) == 1 ? 0 : 1);
-    if (k < 0)
-        fail("fork");
-    wait_ok(k, "child");
-    if (send(s, "P", 1, 0) != 1 || close(s))
-        fail("parent");
-    wait_ok(srv, "server");
+    connect_s();
+    if (send(s, "p", 1, MSG_MORE) != 1)
+        fail("send with MSG_MORE");
+    child_then_parent(srv, &s, 'c', 'P');
 }
 
 static int ep = -1, kept = -1;
@@ -389,35 +396,22 @@ static void on_child_epoll(void) {
 /* Reads the connection to its end: "k" and "x", in either order. */
 static void read_kx(int l, int go) {
     (void)go;
-    int c = accept(l, NULL, NULL);
     char b[64];
-    if (c < 0)
-        fail("accept");
-    read_all(c, b, sizeof b);
+    accept_all(l, b, sizeof b);
     if (strcmp(b, "kx") && strcmp(b, "xk"))
         fail("the server got \"%s\"", b);
 }
 
 static void fork_handler_epoll(void) {
     pid_t srv = serve(8, read_kx);
-    s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, (void *)&a, sizeof a))
-        fail("connect");
+    connect_s();
     ep = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
     if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) || epoll_wait(ep, &ev, 1, 0) < 0)
         fail("epoll");
     if (pthread_atfork(on_prepare_epoll, on_parent_epoll, on_child_epoll))
         fail("pthread_atfork");
-    pid_t k = fork();
-    if (k == 0)
-        _exit(send(kept, "k", 1, 0) == 1 && close(kept) == 0 ? 0 : 1);
-    if (k < 0)
-        fail("fork");
-    wait_ok(k, "child");
-    if (send(s, "x", 1, 0) != 1 || close(s))
-        fail("parent");
-    wait_ok(srv, "server");
+    child_then_parent(srv, &kept, 'k', 'x');
 }
 
 int main(int argc, char **argv) {

@@ -11,21 +11,16 @@
  * wait the first did not end). Linked with late_atfork.so. Prints "WAIT
  * name rc errno ms handled" per wait and "OK done". */
 #define _GNU_SOURCE
+#include "check.h"
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 void late_atfork_arm(int fd, int ms);
 
@@ -35,18 +30,6 @@ static int fd;
 static void on_usr1(int sig) {
     (void)sig;
     handled++;
-}
-
-static void fail(const char *what) {
-    printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno));
-    fflush(stdout);
-    exit(1);
-}
-
-static long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000L + t.tv_nsec / 1000000;
 }
 
 static int w_poll(void) {
@@ -115,17 +98,17 @@ static void run(const char *name, int (*wait)(void)) {
     struct shot shot = {.to = pthread_self()};
     handled = 0;
     if (pthread_create(&s, NULL, shooter, &shot)) fail("pthread_create");
-    long t0 = now_ms();
+    double t0 = now_ms();
     errno = 0;
     int r = wait();
     int e = errno;
-    long t = now_ms() - t0;
+    double t = now_ms() - t0;
     shot.done = 1;
     pthread_join(s, NULL);
     pthread_join(f, NULL);
     close(n[0]);
     close(n[1]);
-    printf("WAIT %s %d %d %ld %d\n", name, r, r < 0 ? e : 0, t, (int)handled);
+    printf("WAIT %s %d %d %.0f %d\n", name, r, r < 0 ? e : 0, t, (int)handled);
 }
 
 /* The peer, in a process of its own: accepts, never writes, and exits
@@ -144,6 +127,7 @@ static void peer(int port, int done) {
 }
 
 int main(void) {
+    mode = "late_signal";
     setvbuf(stdout, NULL, _IOLBF, 0);
     int port[2], done[2];
     if (pipe(port) || pipe(done)) fail("pipe");
