@@ -15,7 +15,9 @@ use std::process::{Command, Stdio};
 /// connection and side, the peer's groups always asked and the channel's
 /// flags read when its Conn is built, 60.7; with the server's DMB passed on
 /// every connection, 52; with the SYN mark put back after every SYN, 48.
-/// 46 now; the slack is for a loaded machine, where waits wake more often
+/// 46 with the early bytes' arrival asked before they are peeked and the
+/// server's message waited for with a look at the channel before it is
+/// received; 43.5 now. The slack is for a loaded machine, where waits wake more often
 /// (56 was seen once beside a full test run, with 48 usual then).
 const BUDGET_PER_CONN: i64 = 52;
 

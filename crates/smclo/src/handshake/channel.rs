@@ -343,6 +343,31 @@ pub(super) fn wait_readable(fd: RawFd, timeout: Duration, hint: impl Fn() -> boo
     poll_in(fd, ms)
 }
 
+/// [`wait_readable`] and `take` in one: `take` reads what `fd` has
+/// (`None`: nothing yet). The spin calls it as soon as `hint` holds, without
+/// asking the socket's readiness first, which would cost a system call
+/// more: once the peer says it sent, what it sent is there. After the spin
+/// it sleeps until `fd` is readable, at most `timeout`.
+pub(super) fn wait_take<T>(
+    fd: RawFd,
+    timeout: Duration,
+    hint: impl Fn() -> bool,
+    mut take: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let start = Instant::now();
+    let spin = super::spin_budget().min(timeout);
+    if let Some(v) = crate::spin::until(spin, None, || if hint() { take() } else { None }) {
+        return Some(v);
+    }
+    let left = timeout.saturating_sub(start.elapsed());
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    if timeout.is_zero() || poll_in(fd, ms) {
+        take()
+    } else {
+        None
+    }
+}
+
 /// Busy-polls until `fd` is readable or `deadline` passes, never sleeping;
 /// true if readable. Looks at `hint` (see [`wait_readable`]) for the spin
 /// budget, then asks the socket and yields the CPU between looks: the peer

@@ -2,7 +2,7 @@
 //! server's answer and confirm it.
 
 use super::channel::{
-    recv_expected, send_msg, wait_readable, Received, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
+    recv_expected, send_msg, wait_take, Received, CLIENT_DMB_BYTE, SERVER_DMB_BYTE,
 };
 use super::listener::RendezvousListener;
 use super::pending::TcpNews;
@@ -911,13 +911,10 @@ impl ClientProposal {
                 // The server sends its DMB right after its CAS to
                 // ACCEPTED, and closes the channel when it declines.
                 let decided = || matches!(slot.state(), SlotState::Accepted | SlotState::Declined);
-                if !wait_readable(c.as_raw_fd(), left, decided) {
-                    return false;
-                }
                 // Whatever the channel says but the server's DMB leaves
                 // us without one: the slot then decides, or confirm
                 // fails with ERR_RTOK and the connection is aborted.
-                self.wait.server_dmb = match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
+                let take = || match recv_expected(c.as_raw_fd(), SERVER_DMB_BYTE) {
                     Ok(Received::Msg(fd)) => Some(fd),
                     Ok(Received::Pending) => None,
                     Ok(Received::Closed) => Some(None),
@@ -926,6 +923,7 @@ impl ClientProposal {
                         Some(None)
                     }
                 };
+                self.wait.server_dmb = wait_take(c.as_raw_fd(), left, decided, take);
                 self.wait.server_dmb.is_some()
             }
             // The channel has said all it will; the slot decides.

@@ -86,33 +86,40 @@ pub(super) fn arrived(fd: RawFd, n: u32, wait: Duration) -> bool {
     }
 }
 
-/// Copies the `n` early bytes ([`arrived`]) from TCP socket `fd` into the
-/// ring of our DMB `local` at its start and publishes them, as if the
-/// client had written them there: its writes follow them (the writer reads
-/// the producer word), and our reader finds them at once. They stay in the
-/// socket (`MSG_PEEK`) until [`consume`]: called while the slot is
-/// REPLYING, before the client can write into the ring, and a handshake
-/// that then ends in TCP leaves them in the stream.
+/// Copies the `n` early bytes from TCP socket `fd` into the ring of our
+/// DMB `local` at its start once they have all arrived (waiting up to
+/// `wait`, as [`arrived`]), and publishes them, as if the client had
+/// written them there: its writes follow them (the writer reads the
+/// producer word), and our reader finds them at once. Whether they were
+/// copied. The first look is the copy's own peek, so bytes that are there
+/// already (the usual case) cost one system call. They stay in the socket
+/// (`MSG_PEEK`) until [`consume`]: called while the slot is REPLYING,
+/// before the client can write into the ring, and a handshake that then
+/// ends in TCP leaves them in the stream.
 ///
 /// No doorbell is counted: the client rings for what is still unread once
 /// it follows our Accept (`Conn::early_published`), as a writer does when it
 /// publishes. Until then only waits that look at the ring see the bytes.
-pub(super) fn copy_into(fd: RawFd, local: &Dmb, n: u32) -> io::Result<()> {
+pub(super) fn copy_arrived(fd: RawFd, local: &Dmb, n: u32, wait: Duration) -> bool {
     let mut buf = vec![0u8; n as usize];
-    let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
-    // SAFETY: peeks into the private buffer's `n` writable bytes.
-    if unsafe { recv_once(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }? != buf.len() {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+    let peek_all = |buf: &mut [u8]| {
+        let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+        // SAFETY: peeks into the private buffer's `buf.len()` writable bytes.
+        unsafe { recv_once(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
+            .is_ok_and(|got| got == buf.len())
+    };
+    if !peek_all(&mut buf) && !(arrived(fd, n, wait) && peek_all(&mut buf)) {
+        return false;
     }
     ring::copy_in(local, 0, &buf);
     // The ring is fresh (registration zeroes both words), so the producer
     // word is the count alone; Release orders the bytes before it.
     local.prod().store(u64::from(n), Ordering::Release);
-    Ok(())
+    true
 }
 
 /// Drops from TCP socket `fd`'s stream the `n` early bytes that
-/// [`copy_into`] put into our ring, once the connection is SMC-D: they now
+/// [`copy_arrived`] put into our ring, once the connection is SMC-D: they now
 /// travel through the ring. They are queued (peeked before), so this does
 /// not wait; `MSG_TRUNC` discards them without a copy.
 pub(super) fn consume(fd: RawFd, n: u32) -> io::Result<()> {

@@ -817,8 +817,7 @@ impl ServerHandshake {
         let early = slot.accept_early(&ClcMsg::Accept(accept).to_bytes(), |n| {
             if n == 0
                 || (n < dmb.dmb().ring_len()
-                    && early::arrived(fd, n, early::arrival_wait(self.may_wait))
-                    && early::copy_into(fd, dmb.dmb(), n).is_ok())
+                    && early::copy_arrived(fd, dmb.dmb(), n, early::arrival_wait(self.may_wait)))
             {
                 return Ok(());
             }
