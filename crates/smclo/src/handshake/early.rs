@@ -108,7 +108,8 @@ pub(super) fn copy_arrived(fd: RawFd, local: &Dmb, n: u32, wait: Duration) -> bo
         unsafe { recv_once(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
             .is_ok_and(|got| got == buf.len())
     };
-    if !peek_all(&mut buf) && !(arrived(fd, n, wait) && peek_all(&mut buf)) {
+    let copied = peek_all(&mut buf) || (arrived(fd, n, wait) && peek_all(&mut buf));
+    if !copied {
         return false;
     }
     ring::copy_in(local, 0, &buf);
