@@ -13,15 +13,28 @@ pub fn start_haproxy_tcp(
     front: (&str, u16),
     back: (&str, u16),
 ) -> Proc {
+    start_haproxy_tcp_with(env, netns, front, back, &[])
+}
+
+/// [`start_haproxy_tcp`] with `options` added to its defaults (e.g.
+/// `option splice-response`).
+pub fn start_haproxy_tcp_with(
+    env: &mut Env,
+    netns: Option<&str>,
+    front: (&str, u16),
+    back: (&str, u16),
+    options: &[&str],
+) -> Proc {
+    let options: String = options.iter().map(|o| format!("  {o}\n")).collect();
     let cfg = env.path("haproxy.cfg");
     fs::write(
         &cfg,
         format!(
             "global\n  maxconn 256\n  nbthread 2\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n{}\
              frontend f\n  bind {}:{}\n  default_backend b\n\
              backend b\n  server s1 {}:{}\n",
-            front.0, front.1, back.0, back.1
+            options, front.0, front.1, back.0, back.1
         ),
     )
     .unwrap();

@@ -13,7 +13,7 @@ pub mod redis;
 pub mod routed;
 pub mod sockdiag;
 
-pub use haproxy::start_haproxy_tcp;
+pub use haproxy::{start_haproxy_tcp, start_haproxy_tcp_with};
 pub use redis::{
     info_field, redis_benchmark_ping_in, redis_cli_in, redis_get_value_in, redis_ping_in,
     redis_set_value_in, start_redis, start_redis_in, start_redis_with,

@@ -75,8 +75,6 @@ real! {
     fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     fn splice(a: c_int, ao: *mut libc::loff_t, b: c_int, bo: *mut libc::loff_t, n: size_t, f: c_uint) -> ssize_t;
-    fn tee(a: c_int, b: c_int, n: size_t, f: c_uint) -> ssize_t;
-    fn vmsplice(fd: c_int, iov: *const iovec, n: size_t, f: c_uint) -> ssize_t;
     fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;

@@ -1,5 +1,5 @@
 //! The data path: read, write, recv, send and their fortified, vectored,
-//! message and multi-message forms, and sendfile, all on an SMC-D
+//! message and multi-message forms, all on an SMC-D
 //! connection's rings through the core's connection. Flags the rings cannot
 //! honour, and ancillary data, fail loudly instead of being ignored.
 //!
@@ -21,9 +21,8 @@ use super::{fail, os_err, unsupported};
 use crate::critical::FAULTS;
 use crate::real;
 use crate::table::{self, Sock};
-use libc::{c_int, c_uint, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{c_int, c_uint, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 use smclo::adapter::conn::{RecvFlags, SendFlags};
-use smclo::adapter::errno;
 use smclo::adapter::signal::Call;
 use std::io;
 use std::os::fd::RawFd;
@@ -71,7 +70,7 @@ pub(super) fn handlers_restart() -> bool {
 /// Runs a data call, restarting it after a signal handler interrupted it
 /// where the kernel would (see the module docs); `timeout`: the
 /// direction's timeout.
-fn restarting<T>(
+pub(super) fn restarting<T>(
     call: &Call,
     timeout: Option<Duration>,
     mut op: impl FnMut() -> io::Result<T>,
@@ -648,106 +647,4 @@ pub unsafe extern "C" fn sendmmsg(
         done += 1;
     }
     done
-}
-
-fn do_sendfile(call: &Call, s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
-    if table::get(inp).is_some() {
-        return unsupported(inp, format_args!("sendfile from an SMC-D connection"));
-    }
-    let mut done = 0usize;
-    while done < count {
-        let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
-            Ok(r) => r,
-            Err(e) => {
-                if done > 0 {
-                    break;
-                }
-                let en = os_err(&e);
-                if en == libc::EPIPE {
-                    // SAFETY: SIGPIPE as TCP's sendfile raises it.
-                    unsafe { libc::raise(libc::SIGPIPE) };
-                }
-                return fail(en);
-            }
-        };
-        let want = region.len().min(count - done);
-        let dst = region.as_mut_ptr().cast::<c_void>();
-        // SAFETY: `dst` has `want` writable bytes (inside the reserved ring
-        // region); `off` is the application's offset pointer or null.
-        let n = unsafe {
-            if off.is_null() {
-                real::read(inp, dst, want)
-            } else {
-                libc::pread(inp, dst, want, *off)
-            }
-        };
-        if n <= 0 {
-            let e = errno::get();
-            drop(region);
-            if n < 0 && done == 0 {
-                return fail(e);
-            }
-            break;
-        }
-        if let Err(e) = region.commit(n as usize) {
-            if done == 0 {
-                return fail(os_err(&e));
-            }
-            break;
-        }
-        if !off.is_null() {
-            // SAFETY: the application's offset.
-            unsafe { *off += n as off_t };
-        }
-        done += n as usize;
-        if (n as usize) < want {
-            break; // end of the input file (or a short read)
-        }
-    }
-    crate::cork::arm(s);
-    done as ssize_t
-}
-
-/// Interposed `sendfile(2)`: file bytes go straight into the peer's ring.
-#[no_mangle]
-pub unsafe extern "C" fn sendfile(
-    out: c_int,
-    inp: c_int,
-    off: *mut off_t,
-    count: size_t,
-) -> ssize_t {
-    let call = Call::begin();
-    if let Err(e) = super::pending::before_write(out, false) {
-        return fail(e);
-    }
-    match table::get(out) {
-        Some(s) => do_sendfile(&call, &s, inp, off, count),
-        None if table::get(inp).is_some() => {
-            unsupported(inp, format_args!("sendfile from an SMC-D connection"))
-        }
-        // SAFETY: forwarded unchanged.
-        None => unsafe { real::sendfile(out, inp, off, count) },
-    }
-}
-
-/// Interposed `sendfile64` (the same call on 64-bit).
-#[no_mangle]
-pub unsafe extern "C" fn sendfile64(
-    out: c_int,
-    inp: c_int,
-    off: *mut off_t,
-    count: size_t,
-) -> ssize_t {
-    let call = Call::begin();
-    if let Err(e) = super::pending::before_write(out, false) {
-        return fail(e);
-    }
-    match table::get(out) {
-        Some(s) => do_sendfile(&call, &s, inp, off, count),
-        None if table::get(inp).is_some() => {
-            unsupported(inp, format_args!("sendfile from an SMC-D connection"))
-        }
-        // SAFETY: forwarded unchanged.
-        None => unsafe { real::sendfile64(out, inp, off, count) },
-    }
 }

@@ -12,7 +12,7 @@
 //! accept, connect; `data` moves bytes; `control` covers the rest of a
 //! descriptor's life: close, dup, fcntl, ioctl, options, epoll_ctl;
 //! `epoll_calls` and `poll` the waits; `process` fork, exec and exit;
-//! `unsupported` refuses what shared memory cannot do) use the
+//! `splice` moves bytes between a connection and a pipe) use the
 //! transitions (`pending` drives a handshake that has not decided yet,
 //! `swap` turns a TCP descriptor into an SMC-D one), which use the
 //! descriptor state (`state`: each change of a descriptor's state, named;
@@ -33,10 +33,10 @@ mod poll;
 mod process;
 mod setup;
 mod signal;
+mod splice;
 mod state;
 mod swap;
 mod target;
-mod unsupported;
 mod variant;
 
 pub use control::*;
@@ -47,7 +47,7 @@ pub use poll::{__poll_chk, __ppoll_chk, __select, poll, ppoll, pselect, select};
 pub use process::*;
 pub use setup::*;
 pub use signal::{__sysv_signal, bsd_signal, sigaction, siginterrupt, signal, sigset, sysv_signal};
-pub use unsupported::*;
+pub use splice::splice;
 pub use variant::{posix_spawn, posix_spawnp};
 
 use crate::table::MAX_FD;
