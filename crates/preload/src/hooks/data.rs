@@ -1,7 +1,9 @@
 //! The data path: read, write, recv, send and their fortified, vectored,
 //! message and multi-message forms, all on an SMC-D
-//! connection's rings through the core's connection. Flags the rings cannot
-//! honour, and ancillary data, fail loudly instead of being ignored.
+//! connection's rings through the core's connection. Flags get TCP's
+//! answers (ignored where TCP ignores them); urgent data, zero-copy
+//! completions and ancillary data, which the rings cannot carry, fail
+//! loudly instead of being ignored.
 //!
 //! # Signals
 //!
@@ -30,12 +32,96 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-const RECV_OK: c_int = libc::MSG_PEEK
-    | libc::MSG_WAITALL
-    | libc::MSG_DONTWAIT
-    | libc::MSG_NOSIGNAL
-    | libc::MSG_CMSG_CLOEXEC;
+/// The recv flags a connection's reads honour; TCP ignores the others
+/// (`MSG_CONFIRM`, `MSG_DONTROUTE`, ...) but for those [`recv_refused`]
+/// answers and `MSG_TRUNC` ([`recv_discard`]).
+const RECV_OK: c_int = libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT;
+/// The send flags a connection's writes honour; TCP ignores the others but
+/// for those [`send_refused`] answers.
 const SEND_OK: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_EOR;
+
+/// TCP's answer to a read with `flags` on a connection without urgent
+/// data or queued errors, where it is not the data: `MSG_OOB` is `EINVAL`
+/// (no urgent byte, which a connection never carries: its writes refuse
+/// them), `MSG_ERRQUEUE` is `EAGAIN` (nothing queued, whatever the socket's
+/// mode).
+fn recv_refused(flags: c_int) -> Option<c_int> {
+    if flags & libc::MSG_OOB != 0 {
+        return Some(libc::EINVAL);
+    }
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        return Some(libc::EAGAIN);
+    }
+    None
+}
+
+/// A send with `flags` that the rings cannot carry as TCP would: urgent
+/// data (`MSG_OOB`) and zero-copy sends whose completions the program
+/// asked for (`MSG_ZEROCOPY` with `SO_ZEROCOPY` set; without it TCP
+/// ignores the flag) fail loudly (`EOPNOTSUPP`); `MSG_FASTOPEN` on a
+/// connected socket is TCP's `EISCONN`.
+fn send_refused(fd: RawFd, s: &Sock, flags: c_int) -> Option<ssize_t> {
+    if flags & libc::MSG_OOB != 0 {
+        return Some(unsupported(fd, format_args!("send(MSG_OOB)")));
+    }
+    if flags & libc::MSG_FASTOPEN != 0 {
+        return Some(fail(libc::EISCONN));
+    }
+    if flags & libc::MSG_ZEROCOPY != 0
+        && super::sockopt_int(s.tcp, libc::SO_ZEROCOPY).is_some_and(|v| v != 0)
+    {
+        return Some(unsupported(
+            fd,
+            format_args!("send(MSG_ZEROCOPY) with SO_ZEROCOPY set"),
+        ));
+    }
+    None
+}
+
+/// A read of `n` bytes with `MSG_TRUNC`, which TCP takes out of the stream
+/// (or, with `MSG_PEEK`, counts) without writing them anywhere: read into
+/// a buffer of ours and dropped.
+fn recv_discard(call: &Call, s: &Sock, n: usize, flags: c_int) -> ssize_t {
+    let mut scratch = vec![0u8; n.min(1 << 20)];
+    let flags = flags & !libc::MSG_TRUNC;
+    let mut done = 0usize;
+    loop {
+        let want = (n - done).min(scratch.len());
+        let r = do_recv(call, s, &mut scratch[..want], flags);
+        if r <= 0 {
+            return if done > 0 { done as ssize_t } else { r };
+        }
+        done += r as usize;
+        // Only MSG_WAITALL asks for more than one buffer's worth.
+        if done == n || flags & libc::MSG_WAITALL == 0 || flags & libc::MSG_PEEK != 0 {
+            return done as ssize_t;
+        }
+    }
+}
+
+/// A read of `n` bytes at `buf` with recv(2) `flags` on the connection.
+///
+/// # Safety
+/// `buf` is the application's buffer of `n` writable bytes, or anything
+/// with `MSG_TRUNC` (TCP does not write it then).
+unsafe fn recv_into(call: &Call, s: &Sock, buf: *mut c_void, n: usize, flags: c_int) -> ssize_t {
+    if let Some(e) = recv_refused(flags) {
+        return fail(e);
+    }
+    if n == 0 {
+        return 0;
+    }
+    if flags & libc::MSG_TRUNC != 0 {
+        return recv_discard(call, s, n, flags);
+    }
+    // SAFETY: the caller's writable buffer of `n` bytes.
+    do_recv(
+        call,
+        s,
+        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
+        flags,
+    )
+}
 
 /// Whether every signal handler that can run in this thread now was
 /// installed with `SA_RESTART` (see the module docs).
@@ -90,10 +176,11 @@ pub(super) fn restarting<T>(
 }
 
 /// Receive into `buf` with recv(2) flags; -1 with errno on error.
-fn do_recv(call: &Call, fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
-    if flags & !RECV_OK != 0 {
-        return unsupported(fd, format_args!("recv flags {:#x}", flags & !RECV_OK));
+fn do_recv(call: &Call, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
+    if let Some(e) = recv_refused(flags) {
+        return fail(e);
     }
+    let flags = flags & RECV_OK;
     if s.shut_rd.load(Ordering::Relaxed) {
         return 0;
     }
@@ -108,9 +195,10 @@ fn do_recv(call: &Call, fd: RawFd, s: &Sock, buf: &mut [u8], flags: c_int) -> ss
 /// Send `buf` with send(2) flags; -1 with errno on error (SIGPIPE on
 /// EPIPE unless MSG_NOSIGNAL, as TCP).
 fn do_send(call: &Call, fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> ssize_t {
-    if flags & !SEND_OK != 0 {
-        return unsupported(fd, format_args!("send flags {:#x}", flags & !SEND_OK));
+    if let Some(r) = send_refused(fd, s, flags) {
+        return r;
     }
+    let flags = flags & (SEND_OK | libc::MSG_NOSIGNAL);
     let msg = SendFlags::from_msg(flags);
     match restarting(call, s.conn.write_timeout(), || s.conn.send(buf, msg)) {
         Ok(n) => {
@@ -195,16 +283,16 @@ fn do_sendv(call: &Call, fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) ->
 
 /// Scatters into vectors: the first waits per mode, the rest take only what
 /// is there (unless MSG_WAITALL).
-fn do_recvv(call: &Call, fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+fn do_recvv(call: &Call, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
     if v.len() == 1 {
         // SAFETY: the application's writable buffer of iov_len bytes.
         let b = unsafe { std::slice::from_raw_parts_mut(v[0].iov_base as *mut u8, v[0].iov_len) };
-        return do_recv(call, fd, s, b, flags);
+        return do_recv(call, s, b, flags);
     }
     if flags & libc::MSG_PEEK != 0 {
         let total: usize = v.iter().map(|i| i.iov_len).sum();
         let mut tmp = vec![0u8; total.min(4 << 20)];
-        let n = do_recv(call, fd, s, &mut tmp, flags);
+        let n = do_recv(call, s, &mut tmp, flags);
         if n <= 0 {
             return n;
         }
@@ -234,7 +322,7 @@ fn do_recvv(call: &Call, fd: RawFd, s: &Sock, v: &[iovec], flags: c_int) -> ssiz
         } else {
             flags
         };
-        let n = do_recv(call, fd, s, b, f);
+        let n = do_recv(call, s, b, f);
         if n < 0 {
             return if done > 0 { done as ssize_t } else { n };
         }
@@ -263,7 +351,6 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     // SAFETY: the application's writable buffer of `n` bytes.
     do_recv(
         &call,
-        fd,
         &s,
         unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
         0,
@@ -324,17 +411,8 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
         // SAFETY: forwarded unchanged.
         return unsafe { real::recv(fd, buf, n, flags) };
     };
-    if n == 0 {
-        return 0;
-    }
-    // SAFETY: the application's writable buffer of `n` bytes.
-    do_recv(
-        &call,
-        fd,
-        &s,
-        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
-        flags,
-    )
+    // SAFETY: the application's buffer of `n` bytes.
+    unsafe { recv_into(&call, &s, buf, n, flags) }
 }
 
 /// Fortified `recv`.
@@ -403,17 +481,8 @@ pub unsafe extern "C" fn recvfrom(
         // SAFETY: the application passed a valid length pointer.
         unsafe { *len = 0 };
     }
-    if n == 0 {
-        return 0;
-    }
-    // SAFETY: the application's writable buffer of `n` bytes.
-    do_recv(
-        &call,
-        fd,
-        &s,
-        unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) },
-        flags,
-    )
+    // SAFETY: the application's buffer of `n` bytes.
+    unsafe { recv_into(&call, &s, buf, n, flags) }
 }
 
 /// Fortified `recvfrom`.
@@ -484,7 +553,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return fail(libc::EINVAL);
     }
-    do_recvv(&call, fd, &s, iovs(iov, cnt), 0)
+    do_recvv(&call, &s, iovs(iov, cnt), 0)
 }
 
 /// Interposed `writev(2)`.
@@ -529,10 +598,14 @@ unsafe fn recvmsg_in(call: &Call, fd: c_int, msg: *mut msghdr, flags: c_int) -> 
     }
     // SAFETY: the application's msghdr.
     let m = unsafe { &mut *msg };
-    if flags & libc::MSG_ERRQUEUE != 0 {
-        return unsupported(fd, format_args!("recvmsg(MSG_ERRQUEUE)"));
-    }
-    let n = do_recvv(call, fd, &s, iovs(m.msg_iov, m.msg_iovlen as c_int), flags);
+    let v = iovs(m.msg_iov, m.msg_iovlen as c_int);
+    let n = match recv_refused(flags) {
+        Some(e) => return fail(e),
+        None if flags & libc::MSG_TRUNC != 0 => {
+            recv_discard(call, &s, v.iter().map(|i| i.iov_len).sum(), flags)
+        }
+        None => do_recvv(call, &s, v, flags),
+    };
     if n >= 0 {
         m.msg_namelen = 0;
         m.msg_controllen = 0;
