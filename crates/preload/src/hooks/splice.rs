@@ -25,7 +25,6 @@ use smclo::adapter::signal::Call;
 use smclo::debug;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Interposed `splice(2)`.
@@ -220,7 +219,7 @@ fn pipe_nonblocking(fd: RawFd, nonblock: bool) -> bool {
 /// Received bytes of `s` into `pipe`, at most `len`: waits for them per the
 /// connection's mode, then moves what the pipe takes.
 fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: RawFd, len: size_t, nonblock: bool) -> ssize_t {
-    if len == 0 || s.shut_rd.load(Ordering::Relaxed) {
+    if len == 0 || s.conn.read_shut() {
         return 0;
     }
     let nowait = pipe_nonblocking(pipe, nonblock);
@@ -356,18 +355,20 @@ fn wait_pipe(pipe: RawFd, dir: Dir) -> Result<(), c_int> {
     }
 }
 
-/// `RWF_NOWAIT` I/O on the pipe: its own blocking mode left alone.
+/// `RWF_NOWAIT` I/O on the pipe: its own blocking mode left alone. The
+/// system call itself: musl has no `preadv2` and `pwritev2`. Offset -1
+/// (the pipe has none) is `pos_l` alone on a 64-bit kernel.
 ///
 /// # Safety
 /// `iov` describes a buffer valid for the direction's access.
 unsafe fn nowait_io(pipe: RawFd, iov: &libc::iovec, dir: Dir) -> ssize_t {
-    // SAFETY: one iovec, offset -1 (the pipe has none).
-    unsafe {
-        match dir {
-            Dir::Write => libc::pwritev2(pipe, iov, 1, -1, libc::RWF_NOWAIT),
-            Dir::Read => libc::preadv2(pipe, iov, 1, -1, libc::RWF_NOWAIT),
-        }
-    }
+    let nr = match dir {
+        Dir::Write => libc::SYS_pwritev2,
+        Dir::Read => libc::SYS_preadv2,
+    };
+    let (pos_l, pos_h): (libc::c_long, libc::c_long) = (-1, 0);
+    // SAFETY: one iovec over the caller's buffer.
+    unsafe { libc::syscall(nr, pipe, iov as *const libc::iovec, 1, pos_l, pos_h, libc::RWF_NOWAIT) as ssize_t }
 }
 
 /// For kernels whose pipes refuse `RWF_NOWAIT`: a look, then at most what
