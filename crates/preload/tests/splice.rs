@@ -2,8 +2,10 @@
 //! proxies use them (haproxy's `option splice-*`), through shared memory
 //! with the kernel's semantics: `tests/c/splice.c` relays a stream pipe →
 //! connection → one-page pipe, blocking and non-blocking (a full pipe
-//! gives `EAGAIN` and loses nothing), and checks the kernel's answers for
-//! a TCP socket where one end is not a pipe. The device's counters prove
+//! gives `EAGAIN` and loses nothing), checks the kernel's answers for a
+//! TCP socket where one end is not a pipe, and in the kernel's order (the
+//! pipe before the connection), and that a splice waiting on its pipe
+//! blocks no other call on the connection. The device's counters prove
 //! the connection was SMC-D.
 
 use std::path::{Path, PathBuf};
@@ -27,6 +29,14 @@ fn a_stream_spliced_through_pipes_arrives_whole() {
 fn non_blocking_splices_wait_for_nothing_and_lose_nothing() {
     let out = run_smc(exe(), &["nonblock", "3000000"], None, None);
     assert!(out.contains("OK 3000000"), "{out}");
+}
+
+/// A splice waiting on its pipe held the connection's writer lock: a send
+/// by another thread, and so the write that would feed the pipe, hung.
+#[test]
+fn a_splice_waiting_on_its_pipe_holds_no_lock_of_the_connection() {
+    let out = run_smc(exe(), &["locks"], None, None);
+    assert!(out.contains("OK 0"), "{out}");
 }
 
 #[test]

@@ -7,11 +7,13 @@
 //! (haproxy's `option splice-*`): a refusal the kernel never gives would
 //! end their connections.
 //!
-//! The pipe waits as the kernel's splice waits on it: not at all with
-//! `SPLICE_F_NONBLOCK` or a non-blocking pipe (`RWF_NOWAIT`), otherwise
-//! until it has room or bytes; the connection waits per its own mode and
-//! timeouts. Anything else (a connection and a file, two connections, an
-//! offset) gets the kernel's answer for a TCP socket there.
+//! In the kernel's order: the pipe first (room or bytes; not waited for
+//! with `SPLICE_F_NONBLOCK` or a non-blocking pipe), then the connection
+//! (per its own mode and timeouts), then what the pipe takes or gives
+//! without waiting (`RWF_NOWAIT`); no lock of the connection is held
+//! while the pipe is waited on. Anything else (a connection and a file,
+//! two connections, an offset, an unknown flag) gets the kernel's answer
+//! for a TCP socket there. `SPLICE_F_MORE` holds nothing back.
 //! `tee` and `vmsplice` take pipes only, so they are not interposed: the
 //! kernel answers for the connection's socket as it does for TCP's.
 
@@ -44,28 +46,51 @@ pub unsafe extern "C" fn splice(
     if let Err(e) = super::pending::before_write(fd_out, false) {
         return fail(e);
     }
-    let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
-    match (table::get(fd_in), table::get(fd_out)) {
+    let (sin, sout) = (table::get(fd_in), table::get(fd_out));
+    if sin.is_none() && sout.is_none() {
         // SAFETY: forwarded unchanged.
-        (None, None) => unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) },
+        return unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
+    }
+    // The kernel's checks, in its order, for a TCP socket there.
+    if len == 0 {
+        return 0;
+    }
+    if flags & !SPLICE_FLAGS != 0 {
+        return fail(libc::EINVAL);
+    }
+    let nowait = flags & libc::SPLICE_F_NONBLOCK != 0;
+    match (sin, sout) {
+        (Some(s), None) => {
+            match pipe_end(fd_out, Dir::Write, !off_out.is_null(), !off_in.is_null()) {
+                Ok(pipe) => to_pipe(&call, &s, pipe.nowait(nowait), len),
+                Err(e) => fail(e),
+            }
+        }
+        (None, Some(s)) => {
+            match pipe_end(fd_in, Dir::Read, !off_in.is_null(), !off_out.is_null()) {
+                Ok(pipe) => from_pipe(&call, pipe.nowait(nowait), &s, len),
+                Err(e) => fail(e),
+            }
+        }
         // Neither end is a pipe.
-        (Some(_), Some(_)) => fail(libc::EINVAL),
-        (Some(s), None) => match pipe_end(fd_out, !off_in.is_null(), !off_out.is_null()) {
-            Ok(()) => to_pipe(&call, &s, fd_out, len, nonblock),
-            Err(e) => fail(e),
-        },
-        (None, Some(s)) => match pipe_end(fd_in, !off_out.is_null(), !off_in.is_null()) {
-            Ok(()) => from_pipe(&call, fd_in, &s, len, nonblock),
-            Err(e) => fail(e),
-        },
+        _ => fail(libc::EINVAL),
     }
 }
+
+/// The flags `splice(2)` knows (`SPLICE_F_ALL`); others are `EINVAL`.
+const SPLICE_FLAGS: c_uint =
+    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE | libc::SPLICE_F_GIFT;
 
 /// `sendfile(2)` into the SMC-D connection `s`: file bytes read straight
 /// into the peer's ring (`reserve`/`commit`), offset semantics kept.
 fn do_sendfile(call: &Call, s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: size_t) -> ssize_t {
     if table::get(inp).is_some() {
-        return fail(libc::EINVAL); // from a socket into a socket, as TCP's
+        // From a socket, as TCP's: no offset (ESPIPE), not into a socket.
+        return fail(if off.is_null() {
+            libc::EINVAL
+        } else {
+            libc::ESPIPE
+        });
     }
     let mut done = 0usize;
     while done < count {
@@ -168,8 +193,8 @@ pub unsafe extern "C" fn sendfile64(
 }
 
 /// `sendfile(2)` from the SMC-D connection `s`: into a pipe as the
-/// kernel's (which splices), `EINVAL` into anything else, `ESPIPE` with an
-/// offset (a socket has none).
+/// kernel's (which splices), `ESPIPE` with an offset (a socket has none),
+/// `EINVAL` into anything else.
 fn sendfile_from(
     call: &Call,
     s: &Arc<Sock>,
@@ -177,112 +202,149 @@ fn sendfile_from(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
-    if !is_pipe(out) {
-        debug!("sendfile from an SMC-D connection into fd {out}, not a pipe: EINVAL, as TCP's");
-        return fail(libc::EINVAL);
-    }
     if !off.is_null() {
         return fail(libc::ESPIPE);
     }
-    to_pipe(call, s, out, count, false)
+    if count == 0 {
+        return 0;
+    }
+    match pipe_end(out, Dir::Write, false, false) {
+        Ok(pipe) => to_pipe(call, s, pipe, count),
+        Err(libc::EBADF) => fail(libc::EBADF),
+        Err(_) => {
+            debug!("sendfile from an SMC-D connection into fd {out}, not a pipe: EINVAL, as TCP's");
+            fail(libc::EINVAL)
+        }
+    }
 }
 
-/// Whether `pipe`, the other end of a splice with a connection, is one the
-/// kernel would splice with, as for a TCP socket: it must be a pipe
-/// (`EINVAL`), the socket has no offset (`EINVAL`) and the pipe takes none
-/// (`ESPIPE`).
-fn pipe_end(pipe: RawFd, sock_off: bool, pipe_off: bool) -> Result<(), c_int> {
-    if sock_off || !is_pipe(pipe) {
+/// The pipe end of a splice with a connection, and whether its waits are
+/// skipped: `SPLICE_F_NONBLOCK` or the pipe's own `O_NONBLOCK` (the
+/// kernel's splice reads both).
+#[derive(Clone, Copy)]
+struct Pipe {
+    fd: RawFd,
+    dir: Dir,
+    nowait: bool,
+}
+
+impl Pipe {
+    fn nowait(mut self, flag: bool) -> Pipe {
+        self.nowait |= flag;
+        self
+    }
+}
+
+/// `fd` as the kernel checks the other end of a splice with a TCP socket:
+/// a descriptor (`EBADF`) open for `dir` (`EBADF`), a pipe (`EINVAL`)
+/// given no offset (`ESPIPE`), the socket given none either (`EINVAL`).
+fn pipe_end(fd: RawFd, dir: Dir, pipe_off: bool, sock_off: bool) -> Result<Pipe, c_int> {
+    // SAFETY: F_GETFL on the caller's descriptor.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(libc::EBADF);
+    }
+    let want = match dir {
+        Dir::Write => libc::O_WRONLY,
+        Dir::Read => libc::O_RDONLY,
+    };
+    let acc = fl & libc::O_ACCMODE;
+    if acc != want && acc != libc::O_RDWR {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: an all-zero stat is valid storage for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one stat into `st`.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    if r != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
         return Err(libc::EINVAL);
     }
     if pipe_off {
         return Err(libc::ESPIPE);
     }
-    Ok(())
+    if sock_off {
+        return Err(libc::EINVAL);
+    }
+    let nowait = fl & libc::O_NONBLOCK != 0;
+    Ok(Pipe { fd, dir, nowait })
 }
 
-fn is_pipe(fd: RawFd) -> bool {
-    // SAFETY: an all-zero stat is valid storage for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes one stat into `st`.
-    let r = unsafe { libc::fstat(fd, &mut st) };
-    r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
-}
-
-/// Whether the pipe `fd` is not waited on: the caller's `SPLICE_F_NONBLOCK`,
-/// or the pipe's own `O_NONBLOCK` (the kernel's splice reads both).
-fn pipe_nonblocking(fd: RawFd, nonblock: bool) -> bool {
-    // SAFETY: F_GETFL on the caller's pipe.
-    nonblock || (unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK) != 0
-}
-
-/// Received bytes of `s` into `pipe`, at most `len`: waits for them per the
-/// connection's mode, then moves what the pipe takes.
-fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: RawFd, len: size_t, nonblock: bool) -> ssize_t {
-    if len == 0 || s.conn.read_shut() {
-        return 0;
-    }
-    let nowait = pipe_nonblocking(pipe, nonblock);
-    let region = match restarting(call, s.conn.read_timeout(), || s.conn.peek_region()) {
-        Ok(r) => r,
-        Err(e) => return fail(os_err(&e)),
-    };
-    if region.is_empty() {
-        return 0; // end of stream
-    }
-    let n = region.len().min(len);
-    // SAFETY: the region's first `n` bytes are mapped and stay so while it
-    // is held; the kernel reads them (a copy, never a reference).
-    let moved = unsafe {
-        pipe_io(
-            pipe,
-            region.as_ptr().cast_mut().cast(),
-            n,
-            nowait,
-            Dir::Write,
-        )
-    };
-    match moved {
-        Ok(k) => match region.release(k) {
-            Ok(()) => k as ssize_t,
-            Err(e) => fail(os_err(&e)),
-        },
-        Err(e) => fail(e),
-    }
-}
-
-/// Bytes from `pipe` into `s`'s peer's ring, at most `len`: waits for room
-/// per the connection's mode, then takes what the pipe has (0: the pipe
-/// has no writer left).
-fn from_pipe(call: &Call, pipe: RawFd, s: &Arc<Sock>, len: size_t, nonblock: bool) -> ssize_t {
-    if len == 0 {
-        return 0;
-    }
-    let nowait = pipe_nonblocking(pipe, nonblock);
-    let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
-        Ok(r) => r,
-        Err(e) => {
-            let en = os_err(&e);
-            if en == libc::EPIPE {
-                // SAFETY: SIGPIPE as TCP's splice raises it.
-                unsafe { libc::raise(libc::SIGPIPE) };
-            }
-            return fail(en);
+/// Received bytes of `s` into `pipe`, at most `len`, in the kernel's
+/// order: room in the pipe first (`EPIPE` without readers, `EAGAIN` when
+/// full and not waited on), then the connection's bytes (waited for per
+/// its mode), then what the pipe takes without waiting. No lock of the
+/// connection is held while the pipe is waited on.
+fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: Pipe, len: size_t) -> ssize_t {
+    loop {
+        if let Err(e) = pipe_ready(call, pipe) {
+            return fail(e);
         }
-    };
-    let want = region.len().min(len);
-    // SAFETY: the region has `want` writable bytes; the kernel writes them.
-    let moved = unsafe { pipe_io(pipe, region.as_mut_ptr().cast(), want, nowait, Dir::Read) };
-    match moved {
-        Ok(0) => 0,
-        Ok(k) => match region.commit(k) {
-            Ok(()) => {
-                crate::cork::arm(s);
-                k as ssize_t
+        let region = match restarting(call, s.conn.read_timeout(), || s.conn.peek_region()) {
+            Ok(r) => r,
+            Err(e) => return fail(os_err(&e)),
+        };
+        if region.is_empty() {
+            return 0; // end of stream
+        }
+        let n = region.len().min(len);
+        // SAFETY: the region's first `n` bytes are ring memory the kernel
+        // reads (a copy); a fault there (the file shrunk by another
+        // process) is the call's EFAULT, not a signal.
+        match unsafe { nowait_io(pipe, region.as_ptr().cast_mut().cast(), n) } {
+            Ok(k) => {
+                return match region.release(k) {
+                    Ok(()) => k as ssize_t,
+                    Err(e) => fail(os_err(&e)),
+                }
             }
-            Err(e) => fail(os_err(&e)),
-        },
-        Err(e) => fail(e),
+            // Filled by another writer since it had room: wait again.
+            Err(libc::EAGAIN) if !pipe.nowait => continue,
+            Err(e) => return fail(e),
+        }
+    }
+}
+
+/// Bytes from `pipe` into `s`'s peer's ring, at most `len`, in the
+/// kernel's order: bytes in the pipe first (0 without writers, `EAGAIN`
+/// when empty and not waited on), then room in the ring (waited for per
+/// the connection's mode), then what the pipe has. No lock of the
+/// connection is held while the pipe is waited on.
+fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t) -> ssize_t {
+    loop {
+        match pipe_ready(call, pipe) {
+            Ok(true) => {}
+            Ok(false) => return 0, // no writer left
+            Err(e) => return fail(e),
+        }
+        let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
+            Ok(r) => r,
+            Err(e) => {
+                let en = os_err(&e);
+                if en == libc::EPIPE {
+                    // SAFETY: SIGPIPE as TCP's splice raises it.
+                    unsafe { libc::raise(libc::SIGPIPE) };
+                }
+                return fail(en);
+            }
+        };
+        let want = region.len().min(len);
+        // SAFETY: the region has `want` writable bytes; the kernel writes
+        // them (a copy).
+        match unsafe { nowait_io(pipe, region.as_mut_ptr().cast(), want) } {
+            Ok(0) => return 0,
+            Ok(k) => {
+                return match region.commit(k) {
+                    Ok(()) => {
+                        crate::cork::arm(s);
+                        k as ssize_t
+                    }
+                    Err(e) => fail(os_err(&e)),
+                }
+            }
+            // Emptied by another reader since it had bytes: wait again.
+            Err(libc::EAGAIN) if !pipe.nowait => continue,
+            Err(e) => return fail(e),
+        }
     }
 }
 
@@ -294,109 +356,124 @@ enum Dir {
     Read,
 }
 
-/// One read from or write to `pipe` of at most `n` bytes at `buf`: what
-/// the pipe takes or has now, as the kernel's splice moves; when it has no
-/// room or no bytes, `EAGAIN` if `nowait`, otherwise a wait until it has.
-/// An `EFAULT` is ring memory gone from under us (a device file shrunk by
-/// another process): the connection is broken, `ECONNRESET`.
+/// Waits until `pipe` has room (writing) or bytes (reading), unless it is
+/// not waited on (`EAGAIN` then). Writing without readers is `EPIPE`
+/// (with SIGPIPE, as the kernel's splice); reading without writers and
+/// nothing left is `Ok(false)`. A signal handler that ran in `call` ends
+/// the wait with `EINTR` unless the handlers restart calls (`SA_RESTART`).
+fn pipe_ready(call: &Call, pipe: Pipe) -> Result<bool, c_int> {
+    let events = match pipe.dir {
+        Dir::Write => libc::POLLOUT,
+        Dir::Read => libc::POLLIN,
+    };
+    loop {
+        let mut p = libc::pollfd {
+            fd: pipe.fd,
+            events,
+            revents: 0,
+        };
+        let timeout = if pipe.nowait { 0 } else { -1 };
+        if call.interrupted() && !pipe.nowait {
+            if !super::data::handlers_restart() {
+                return Err(libc::EINTR);
+            }
+            call.restart();
+        }
+        // SAFETY: one pollfd.
+        let r = unsafe { real::poll(&mut p, 1, timeout) };
+        if r < 0 {
+            match last_errno() {
+                libc::EINTR if super::data::handlers_restart() => continue,
+                e => return Err(e),
+            }
+        }
+        let rev = p.revents;
+        return match pipe.dir {
+            Dir::Write if rev & libc::POLLERR != 0 => {
+                // SAFETY: SIGPIPE as the kernel's splice raises it.
+                unsafe { libc::raise(libc::SIGPIPE) };
+                Err(libc::EPIPE)
+            }
+            Dir::Write if rev & libc::POLLOUT != 0 => Ok(true),
+            Dir::Read if rev & libc::POLLIN != 0 => Ok(true),
+            Dir::Read if rev & libc::POLLHUP != 0 => Ok(false),
+            _ if pipe.nowait => Err(libc::EAGAIN),
+            _ => continue,
+        };
+    }
+}
+
+/// One read from or write to `pipe` of at most `n` bytes at `buf`,
+/// without waiting (`EAGAIN`): what the pipe takes or has now, as the
+/// kernel's splice moves. `RWF_NOWAIT` leaves the pipe's own mode alone;
+/// kernels whose pipes refuse it get [`polled_io`]. An `EFAULT` is ring
+/// memory gone from under us (a device file shrunk by another process):
+/// the connection is broken, `ECONNRESET`.
 ///
 /// # Safety
 /// `buf` is valid for `n` bytes of the direction's access.
-unsafe fn pipe_io(
-    pipe: RawFd,
-    buf: *mut c_void,
-    n: usize,
-    nowait: bool,
-    dir: Dir,
-) -> Result<usize, c_int> {
+unsafe fn nowait_io(pipe: Pipe, buf: *mut c_void, n: usize) -> Result<usize, c_int> {
     let iov = libc::iovec {
         iov_base: buf,
         iov_len: n,
     };
-    loop {
-        // SAFETY: one iovec over the caller's buffer.
-        let mut r = unsafe { nowait_io(pipe, &iov, dir) };
-        if r < 0 && last_errno() == libc::EOPNOTSUPP {
-            // SAFETY: as above.
-            r = unsafe { polled_io(pipe, buf, n, dir) };
-        }
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        match last_errno() {
-            libc::EAGAIN if !nowait => wait_pipe(pipe, dir)?,
-            libc::EFAULT => return Err(libc::ECONNRESET),
-            e => return Err(e),
-        }
-    }
-}
-
-/// Sleeps until `pipe` has room or bytes (or has lost its other end, which
-/// the next I/O reports). A signal handler ends the wait with `EINTR`
-/// unless the handlers restart calls (`SA_RESTART`), as the kernel's
-/// splice.
-fn wait_pipe(pipe: RawFd, dir: Dir) -> Result<(), c_int> {
-    let events = match dir {
-        Dir::Write => libc::POLLOUT,
-        Dir::Read => libc::POLLIN,
-    };
-    let mut p = libc::pollfd {
-        fd: pipe,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one pollfd.
-    if unsafe { real::poll(&mut p, 1, -1) } >= 0 {
-        return Ok(());
-    }
-    match last_errno() {
-        libc::EINTR if super::data::handlers_restart() => Ok(()),
-        e => Err(e),
-    }
-}
-
-/// `RWF_NOWAIT` I/O on the pipe: its own blocking mode left alone. The
-/// system call itself: musl has no `preadv2` and `pwritev2`. Offset -1
-/// (the pipe has none) is `pos_l` alone on a 64-bit kernel.
-///
-/// # Safety
-/// `iov` describes a buffer valid for the direction's access.
-unsafe fn nowait_io(pipe: RawFd, iov: &libc::iovec, dir: Dir) -> ssize_t {
-    let nr = match dir {
+    let nr = match pipe.dir {
         Dir::Write => libc::SYS_pwritev2,
         Dir::Read => libc::SYS_preadv2,
     };
+    // The system call itself: musl has no `preadv2` and `pwritev2`.
+    // Offset -1 (the pipe has none) is `pos_l` alone on a 64-bit kernel.
     let (pos_l, pos_h): (libc::c_long, libc::c_long) = (-1, 0);
     // SAFETY: one iovec over the caller's buffer.
-    unsafe { libc::syscall(nr, pipe, iov as *const libc::iovec, 1, pos_l, pos_h, libc::RWF_NOWAIT) as ssize_t }
+    let mut r = unsafe {
+        libc::syscall(
+            nr,
+            pipe.fd,
+            &iov as *const libc::iovec,
+            1,
+            pos_l,
+            pos_h,
+            libc::RWF_NOWAIT,
+        ) as ssize_t
+    };
+    if r < 0 && last_errno() == libc::EOPNOTSUPP {
+        // SAFETY: as above.
+        r = unsafe { polled_io(pipe, buf, n) };
+    }
+    match r {
+        r if r >= 0 => Ok(r as usize),
+        _ if last_errno() == libc::EFAULT => Err(libc::ECONNRESET),
+        _ => Err(last_errno()),
+    }
 }
 
 /// For kernels whose pipes refuse `RWF_NOWAIT`: a look, then at most what
 /// cannot wait (a readable pipe has bytes; a writable one takes
-/// `PIPE_BUF` at once).
+/// `PIPE_BUF` at once). Another user of the pipe between the look and the
+/// call can make it wait.
 ///
 /// # Safety
 /// `buf` is valid for `n` bytes of the direction's access.
-unsafe fn polled_io(pipe: RawFd, buf: *mut c_void, n: usize, dir: Dir) -> ssize_t {
-    let events = match dir {
+unsafe fn polled_io(pipe: Pipe, buf: *mut c_void, n: usize) -> ssize_t {
+    let events = match pipe.dir {
         Dir::Write => libc::POLLOUT,
         Dir::Read => libc::POLLIN,
     };
     let mut p = libc::pollfd {
-        fd: pipe,
+        fd: pipe.fd,
         events,
         revents: 0,
     };
     // SAFETY: one pollfd.
     if unsafe { real::poll(&mut p, 1, 0) } == 0 {
-        smclo::adapter::errno::set(libc::EAGAIN);
+        errno::set(libc::EAGAIN);
         return -1;
     }
     // SAFETY: the caller's buffer, `n` bytes or fewer.
     unsafe {
-        match dir {
-            Dir::Write => real::write(pipe, buf, n.min(libc::PIPE_BUF)),
-            Dir::Read => real::read(pipe, buf, n),
+        match pipe.dir {
+            Dir::Write => real::write(pipe.fd, buf, n.min(libc::PIPE_BUF)),
+            Dir::Read => real::read(pipe.fd, buf, n),
         }
     }
 }

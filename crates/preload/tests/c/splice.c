@@ -11,9 +11,19 @@
  *               the server splices again into its full pipe and must get
  *               EAGAIN, then finds every byte once it drains the pipe
  *   errors      the kernel's answers for a TCP socket where one end is not
- *               a pipe or an offset is given; sendfile into a pipe moves
- *               the bytes, into a file it is EINVAL; tee and vmsplice on
- *               the connection are refused as on a socket */
+ *               a pipe (or not open for that direction, or no descriptor),
+ *               an offset or an unknown flag is given, or len is 0;
+ *               sendfile into a pipe moves the bytes, into a file it is
+ *               EINVAL (ESPIPE with an offset); tee and vmsplice on the
+ *               connection are refused as on a socket; the pipe is looked
+ *               at before the connection: a full pipe with
+ *               SPLICE_F_NONBLOCK is EAGAIN, one without readers EPIPE,
+ *               an empty one without writers 0, with no data waiting
+ *   locks       a thread splices from an empty pipe into the connection
+ *               (blocking); meanwhile the main thread sends on the
+ *               connection, then fills the pipe: the peer reads both, in
+ *               that order (no lock of the connection is held while the
+ *               pipe is waited on) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +31,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +150,37 @@ static size_t receive_by_splice(int s) {
     return got;
 }
 
+struct spliced {
+    int pipe, sock;
+    ssize_t r;
+};
+
+static void *splice_in(void *arg) {
+    struct spliced *sp = arg;
+    sp->r = splice(sp->pipe, NULL, sp->sock, NULL, 64, 0);
+    return NULL;
+}
+
+/* The server's side of "locks": see the usage. */
+static void locks(int s) {
+    int p[2];
+    if (pipe(p)) fail("pipe");
+    struct spliced sp = {p[0], s, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, splice_in, &sp);
+    usleep(200000);
+    alarm(5); /* a lock held across the pipe's wait would hang here */
+    if (send(s, "hdr,", 4, 0) != 4) fail("send");
+    if (write(p[1], "body", 4) != 4) fail("write into the pipe");
+    pthread_join(t, NULL);
+    alarm(0);
+    if (sp.r != 4) fail("splice moved %zd bytes, not 4", sp.r);
+    shutdown(s, SHUT_WR);
+    char b[8];
+    if (read(s, b, 1) != 0) fail("the peer's end of stream");
+    printf("OK 0\n");
+}
+
 static void errors(int s) {
     int p[2];
     if (pipe(p)) fail("pipe");
@@ -165,6 +207,26 @@ static void errors(int s) {
     if (tee(s, p[1], 5, 0) != -1 || errno != EINVAL) fail("tee of the connection: not EINVAL");
     struct iovec v = {"x", 1};
     if (vmsplice(s, &v, 1, 0) != -1 || errno != EBADF) fail("vmsplice into the connection: not EBADF");
+    if (splice(s, NULL, s, NULL, 0, 0) != 0) fail("len 0: not 0");
+    if (splice(s, NULL, p[1], NULL, 5, 0x100) != -1 || errno != EINVAL) fail("an unknown flag: not EINVAL");
+    if (splice(s, &off, p[1], &off, 5, 0) != -1 || errno != ESPIPE) fail("both offsets: not ESPIPE");
+    if (splice(s, NULL, 1000, NULL, 5, 0) != -1 || errno != EBADF) fail("no descriptor: not EBADF");
+    if (splice(s, NULL, p[0], NULL, 5, 0) != -1 || errno != EBADF) fail("into the read end: not EBADF");
+    if (sendfile(f, s, &off, 5) != -1 || errno != ESPIPE) fail("sendfile with an offset: not ESPIPE");
+    /* The pipe before the connection, which has no data yet. */
+    int q[2];
+    if (pipe(q) || fcntl(q[1], F_SETPIPE_SZ, 4096) < 0) fail("pipe");
+    char page[4096] = {0};
+    if (write(q[1], page, sizeof page) != (ssize_t)sizeof page) fail("fill the pipe");
+    if (splice(s, NULL, q[1], NULL, 5, SPLICE_F_NONBLOCK) != -1 || errno != EAGAIN) fail("a full pipe: not EAGAIN");
+    close(q[0]);
+    signal(SIGPIPE, SIG_IGN);
+    if (splice(s, NULL, q[1], NULL, 5, 0) != -1 || errno != EPIPE) fail("a pipe without readers: not EPIPE");
+    close(q[1]);
+    if (pipe(q)) fail("pipe");
+    close(q[1]);
+    if (splice(q[0], NULL, s, NULL, 5, 0) != 0) fail("an empty pipe without writers: not 0");
+    close(q[0]);
     /* sendfile into a pipe splices, as the kernel's (the peer wrote
      * "hello"). */
     if (sendfile(p[1], s, NULL, 5) != 5) fail("sendfile from the connection into a pipe");
@@ -186,8 +248,22 @@ int main(int argc, char **argv) {
     if (pid == 0) {
         int c = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(c, (void *)&a, sizeof a)) fail("connect");
+        if (!strcmp(mode, "locks")) {
+            char b[16];
+            size_t n = 0;
+            for (;;) {
+                ssize_t k = read(c, b + n, sizeof b - n);
+                if (k < 0) fail("read");
+                if (k == 0) break;
+                n += k;
+            }
+            if (n != 8 || memcmp(b, "hdr,body", 8)) fail("the peer read %.*s", (int)n, b);
+            close(c);
+            _exit(0);
+        }
         if (!strcmp(mode, "errors")) {
             char b;
+            usleep(300000); /* after the server's looks with no data */
             if (write(c, "hello", 5) != 5) fail("write");
             if (read(c, &b, 1) != 0) fail("the end of the stream");
             _exit(0);
@@ -199,8 +275,9 @@ int main(int argc, char **argv) {
     }
     int s = accept(l, NULL, NULL);
     if (s < 0) fail("accept");
-    if (!strcmp(mode, "errors")) {
-        errors(s);
+    if (!strcmp(mode, "errors") || !strcmp(mode, "locks")) {
+        if (!strcmp(mode, "errors")) errors(s);
+        else locks(s);
         close(s);
         int st;
         waitpid(pid, &st, 0);
