@@ -7,7 +7,7 @@ use crate::sock::Sock;
 use libc::epoll_event;
 use smclo::adapter::poller::{Budget, Ready};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// The events a registration can ask for that the rings can answer.
@@ -57,9 +57,6 @@ impl Member {
         }
         let r = self.sock.conn.ready_for(asked(self.events)).bits();
         let mut ev = r & (self.events & RING_EVENTS | ALWAYS);
-        if self.sock.shut_rd.load(Ordering::Relaxed) {
-            ev |= self.events & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
-        }
         if ev != 0 && self.events & ET != 0 {
             ev = self.edges(ev);
         }

@@ -6,7 +6,7 @@
 use smclo::adapter::conn::Conn;
 use smclo::device::Registration;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 /// One SMC-D connection as this process sees it.
 // Aligned so that a pointer to it leaves four low bits for the kind of
@@ -29,8 +29,6 @@ pub struct Sock {
     pub syn_mark: smclo::adapter::tcp_syn::LeftMark,
     /// Application descriptors naming this connection in this process.
     pub fds: AtomicUsize,
-    /// `shutdown(SHUT_RD)` was called: reads return end of stream.
-    pub shut_rd: AtomicBool,
     /// `SO_LINGER` with a zero timeout is set: the last close aborts.
     pub linger0: AtomicBool,
     /// Index of this connection's holder slot ([`crate::holders`]).
@@ -47,18 +45,14 @@ pub struct Sock {
 
 impl Sock {
     /// `shutdown(how)` of the connection: SHUT_WR half-closes (the peer
-    /// reads what was sent, then end of stream); SHUT_RD is local, as in
-    /// SMC.
+    /// reads what was sent, then end of stream); SHUT_RD is local, as
+    /// TCP's (reads return what is queued, then end of stream).
     pub fn shutdown(&self, how: libc::c_int) -> std::io::Result<()> {
         match how {
-            libc::SHUT_RD => {
-                self.shut_rd.store(true, Ordering::Relaxed);
-                Ok(())
-            }
-            libc::SHUT_WR | libc::SHUT_RDWR => {
-                if how == libc::SHUT_RDWR {
-                    self.shut_rd.store(true, Ordering::Relaxed);
-                }
+            libc::SHUT_RD => self.conn.shutdown_read(),
+            libc::SHUT_WR => self.conn.shutdown_write(),
+            libc::SHUT_RDWR => {
+                self.conn.shutdown_read()?;
                 self.conn.shutdown_write()
             }
             _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),

@@ -430,7 +430,7 @@ fn pass(h: &mut Handoff, s: &Sock, fds: &[RawFd]) -> Result<Passed, String> {
         tcp: s.tcp,
         local,
         peer,
-        shut_rd: s.shut_rd.load(Ordering::Relaxed),
+        shut_rd: s.conn.read_shut(),
         linger0: s.linger0.load(Ordering::Relaxed),
         holders: holders::others(s.slot),
         st: state,
@@ -563,6 +563,11 @@ pub(super) fn install(
         holders::add(slot, *pid, None);
     }
     conn.count_channel(!p.fds.contains(&p.chan));
+    if p.shut_rd {
+        // The old image shut the channel's reading already; this notes it
+        // (an error here is the connection's, which its next call reports).
+        let _ = conn.shutdown_read();
+    }
     let sock = Arc::new(Sock {
         conn,
         reg,
@@ -570,7 +575,6 @@ pub(super) fn install(
         // The old image put it back before exec.
         syn_mark: Default::default(),
         fds: AtomicUsize::new(0),
-        shut_rd: AtomicBool::new(p.shut_rd),
         linger0: AtomicBool::new(p.linger0),
         slot,
         cork_armed: Default::default(),

@@ -28,7 +28,6 @@ use smclo::adapter::conn::{RecvFlags, SendFlags};
 use smclo::adapter::signal::Call;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,9 +180,6 @@ fn do_recv(call: &Call, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
         return fail(e);
     }
     let flags = flags & RECV_OK;
-    if s.shut_rd.load(Ordering::Relaxed) {
-        return 0;
-    }
     let msg = RecvFlags::from_msg(flags);
     let r = restarting(call, s.conn.read_timeout(), || s.conn.recv(buf, msg));
     match r {

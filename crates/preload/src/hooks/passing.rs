@@ -256,7 +256,7 @@ fn export(
         tcp: base as RawFd,
         local: (base + 1) as RawFd,
         peer: (base + 2) as RawFd,
-        shut_rd: s.shut_rd.load(Ordering::Relaxed),
+        shut_rd: s.conn.read_shut(),
         linger0: s.linger0.load(Ordering::Relaxed),
         holders: Vec::new(),
         st: state,

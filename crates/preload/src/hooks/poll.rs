@@ -66,11 +66,7 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
             .map(|(i, s)| Member {
                 index: *i,
                 conn: &s.conn,
-                also: if s.shut_rd.load(Ordering::Relaxed) {
-                    Ready::IN | Ready::RDHUP
-                } else {
-                    Ready::EMPTY
-                },
+                also: Ready::EMPTY,
             })
             .collect();
         let k = |f: &mut [pollfd], t| kernel(f, t, sigmask);

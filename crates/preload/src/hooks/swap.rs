@@ -83,7 +83,6 @@ pub(super) fn swap_in(
         tcp,
         syn_mark,
         fds: AtomicUsize::new(0),
-        shut_rd: Default::default(),
         linger0: Default::default(),
         slot,
         cork_armed: Default::default(),

@@ -3,6 +3,9 @@
 //!
 //! - [`Conn::shutdown_write`]: `PEER_DONE_WRITING` in the peer's `prod`
 //!   word, then `shutdown(SHUT_WR)`: the peer reads what was written, then 0.
+//! - [`Conn::shutdown_read`]: local, as TCP's: reads return what is
+//!   queued, then 0, and never wait; `shutdown(SHUT_RD)` of the UNIX end
+//!   wakes every wait of this end (it is readable for good).
 //! - [`Conn::close`] (and drop): `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT`
 //!   when unread data remains in the local ring (the peer gets
 //!   `ECONNRESET`, like a TCP RST), then the UNIX end is shut down and
@@ -49,6 +52,31 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// SHUT_RD: reads return what is queued, then end of stream, without
+    /// waiting; the descriptor is readable (`IN`, `RDHUP`) from now on.
+    /// The UNIX end's own `shutdown(SHUT_RD)` wakes the waits of every
+    /// thread and process on it, as TCP's wakes its sleepers; the peer's
+    /// doorbells to it fail from then on, so a peer that goes on writing
+    /// is told at its next write that nobody reads (`EPIPE`).
+    pub fn shutdown_read(&self) -> io::Result<()> {
+        self.sticky()?;
+        if self.shut_rd.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        if chan_sys::shutdown(self.chan()?.raw(), libc::SHUT_RD) < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`shutdown_read`](Self::shutdown_read) was called here.
+    pub fn read_shut(&self) -> bool {
+        self.shut_rd.load(Ordering::Relaxed)
     }
 
     /// Closes: `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT` if unread data

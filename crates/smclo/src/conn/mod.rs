@@ -111,6 +111,9 @@ pub struct Conn {
     peer_gone: AtomicBool,
     /// `shutdown_write` was called here.
     shut_wr: AtomicBool,
+    /// `shutdown_read` was called here: reads return what is queued,
+    /// then end of stream, and never wait.
+    shut_rd: AtomicBool,
     /// close/abort ran (so drop does not close again).
     closed: AtomicBool,
     /// The descriptor went to another process ([`Conn::pass_export`]),
@@ -222,6 +225,7 @@ impl Conn {
             err: AtomicI32::new(0),
             peer_gone: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
+            shut_rd: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             passed: AtomicBool::new(false),
             sent: AtomicU64::new(0),

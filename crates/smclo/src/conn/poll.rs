@@ -39,8 +39,15 @@ impl Conn {
                 if s.used > 0 {
                     r = r | Ready::IN;
                 }
-                if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
+                // Both directions shut (the peer's end of stream or our
+                // SHUT_RD, and our SHUT_WR) is TCP's POLLHUP.
+                let read_end =
+                    flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 || self.read_shut();
+                if read_end {
                     r = r | Ready::IN | Ready::RDHUP;
+                }
+                if read_end && self.shut_wr.load(Ordering::Relaxed) {
+                    r = r | Ready::HUP;
                 }
                 if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
                     r = r | Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR;

@@ -100,7 +100,7 @@ impl Conn {
                     Err(errno(libc::ECONNRESET))
                 };
             }
-            if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
+            if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 || self.read_shut() {
                 return Ok(done);
             }
             if self.peer_gone.load(Ordering::Relaxed) {

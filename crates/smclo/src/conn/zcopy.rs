@@ -29,8 +29,8 @@ impl Conn {
             let s = self.rx_snap()?;
             let flags = conn_state_flags(s.prod);
             let pos = cursor::Cursor::from_word(s.cons).position(l.ring_len());
-            let eof =
-                flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 && flags & PEER_CONN_ABORT == 0;
+            let eof = (flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 || self.read_shut())
+                && flags & PEER_CONN_ABORT == 0;
             if s.used > 0 || eof {
                 return Ok(ReadRegion {
                     conn: self,

@@ -1,0 +1,147 @@
+/* shutdown(2) on a connection as TCP's: it wakes the calls other threads
+ * are blocked in, and reading after it returns what is queued, over one
+ * connection between two processes under the preload (the same program
+ * over plain TCP passes too). Usage: shutdown MODE. The peer keeps the
+ * connection open and idle for 3 s after its part, so a wait that only
+ * the peer's close ends fails. "OK <bytes read>" and status 0 mean every
+ * check held. Modes:
+ *   recv-rdwr, poll-rdwr, epoll-rdwr, send-rdwr  a thread blocks in that
+ *       call (send: the peer does not read, the ring is full); the main
+ *       thread shuts the connection down (SHUT_RDWR) 200 ms later: recv
+ *       returns 0, poll POLLIN|POLLHUP, epoll_wait EPOLLIN|EPOLLRDHUP|
+ *       EPOLLHUP, send EPIPE, each within a second
+ *   recv-rd     the same for a blocked recv and SHUT_RD
+ *   queued-rd   SHUT_RD with 6 bytes queued: recv returns them, then 0 at
+ *               once
+ *   hup         SHUT_WR here, then the peer closes: poll and epoll report
+ *               the hang-up (POLLHUP) beside POLLIN */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static int conn;
+static long result;
+static double ended_at;
+
+static void *blocked(void *arg) {
+    (void)arg;
+    char b[65536];
+    if (!strcmp(mode, "recv-rdwr") || !strcmp(mode, "recv-rd")) {
+        result = recv(conn, b, sizeof b, 0);
+    } else if (!strcmp(mode, "poll-rdwr")) {
+        struct pollfd p = {conn, POLLIN, 0};
+        if (poll(&p, 1, 10000) != 1) fail("poll");
+        result = p.revents;
+    } else if (!strcmp(mode, "epoll-rdwr")) {
+        int ep = epoll_create1(0);
+        struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = conn};
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &e)) fail("epoll_ctl");
+        if (epoll_wait(ep, &e, 1, 10000) != 1) fail("epoll_wait");
+        result = e.events;
+    } else {
+        memset(b, 'x', sizeof b);
+        for (;;) {
+            ssize_t k = send(conn, b, sizeof b, MSG_NOSIGNAL);
+            if (k < 0) {
+                result = -errno;
+                break;
+            }
+        }
+    }
+    ended_at = now_ms();
+    return NULL;
+}
+
+static void woken(int how, long want, const char *what) {
+    pthread_t t;
+    pthread_create(&t, NULL, blocked, NULL);
+    usleep(200000);
+    double at = now_ms();
+    if (shutdown(conn, how)) fail("shutdown");
+    pthread_join(t, NULL);
+    if (result != want) fail("%s returned %ld, not %ld", what, result, want);
+    if (ended_at - at > 1000) fail("%s returned %.0f ms after the shutdown", what, ended_at - at);
+}
+
+static void server(void) {
+    if (!strcmp(mode, "recv-rdwr") || !strcmp(mode, "recv-rd")) {
+        woken(strcmp(mode, "recv-rd") ? SHUT_RDWR : SHUT_RD, 0, "recv");
+    } else if (!strcmp(mode, "poll-rdwr")) {
+        woken(SHUT_RDWR, POLLIN | POLLHUP, "poll");
+    } else if (!strcmp(mode, "epoll-rdwr")) {
+        woken(SHUT_RDWR, EPOLLIN | EPOLLRDHUP | EPOLLHUP, "epoll_wait");
+    } else if (!strcmp(mode, "send-rdwr")) {
+        woken(SHUT_RDWR, -EPIPE, "send");
+    } else if (!strcmp(mode, "queued-rd")) {
+        char b[16];
+        usleep(200000); /* the peer's 6 bytes are in */
+        if (shutdown(conn, SHUT_RD)) fail("shutdown");
+        double at = now_ms();
+        if (recv(conn, b, sizeof b, 0) != 6 || memcmp(b, "queued", 6)) fail("the queued bytes");
+        if (recv(conn, b, sizeof b, 0) != 0) fail("then end of stream");
+        if (now_ms() - at > 1000) fail("the reads waited");
+        result = 6;
+    } else if (!strcmp(mode, "hup")) {
+        if (shutdown(conn, SHUT_WR)) fail("shutdown");
+        char b;
+        if (recv(conn, &b, 1, 0) != 0) fail("the peer's end of stream");
+        usleep(100000);
+        struct pollfd p = {conn, POLLIN, 0};
+        if (poll(&p, 1, 1000) != 1 || p.revents != (POLLIN | POLLHUP))
+            fail("poll: revents %#x, not POLLIN|POLLHUP", p.revents);
+        int ep = epoll_create1(0);
+        struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.fd = conn};
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &e)) fail("epoll_ctl");
+        if (epoll_wait(ep, &e, 1, 1000) != 1 || !(e.events & EPOLLHUP) || !(e.events & EPOLLIN))
+            fail("epoll_wait: events %#x without EPOLLIN|EPOLLHUP", e.events);
+    } else {
+        fail("unknown mode");
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) fail("usage: shutdown MODE");
+    mode = argv[1];
+    signal(SIGPIPE, SIG_IGN);
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (bind(l, (void *)&a, sizeof a) || listen(l, 4) || getsockname(l, (void *)&a, &al)) fail("listen");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (void *)&a, sizeof a)) fail("connect");
+        if (!strcmp(mode, "queued-rd") && send(c, "queued", 6, 0) != 6) fail("send");
+        if (!strcmp(mode, "hup")) {
+            char b;
+            if (recv(c, &b, 1, 0) != 0) fail("the server's end of stream");
+            close(c);
+            _exit(0);
+        }
+        sleep(3);
+        close(c);
+        _exit(0);
+    }
+    conn = accept(l, NULL, NULL);
+    if (conn < 0) fail("accept");
+    server();
+    close(conn);
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
+    printf("OK %ld\n", !strcmp(mode, "queued-rd") ? 6L : 0L);
+    return 0;
+}

@@ -1,0 +1,58 @@
+//! `shutdown(2)` on a connection as TCP's (`tests/c/shutdown.c`): it wakes
+//! the `recv`, `poll`, `epoll_wait` and `send` that other threads are
+//! blocked in (they waited for the peer's close), reading after `SHUT_RD`
+//! returns what is queued, then end of stream (it returned 0 at once), and
+//! a connection shut both ways reports `POLLHUP`. The peer stays connected
+//! and idle meanwhile; the device's counters prove the connection was
+//! SMC-D.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+mod common;
+use common::{compile, run_smc};
+
+fn exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| compile("shutdown", &["-pthread"]))
+}
+
+fn check(mode: &str, read: &str) {
+    let out = run_smc(exe(), &[mode], None, None);
+    assert!(out.contains(&format!("OK {read}")), "{out}");
+}
+
+#[test]
+fn shutdown_wakes_a_blocked_recv() {
+    check("recv-rdwr", "0");
+}
+
+#[test]
+fn shutdown_wakes_a_blocked_poll() {
+    check("poll-rdwr", "0");
+}
+
+#[test]
+fn shutdown_wakes_a_blocked_epoll_wait() {
+    check("epoll-rdwr", "0");
+}
+
+#[test]
+fn shutdown_wakes_a_blocked_send() {
+    check("send-rdwr", "0");
+}
+
+#[test]
+fn shutdown_of_reading_wakes_a_blocked_recv() {
+    check("recv-rd", "0");
+}
+
+#[test]
+fn reading_after_shutdown_of_reading_returns_the_queued_bytes() {
+    check("queued-rd", "6");
+}
+
+#[test]
+fn a_connection_shut_both_ways_hangs_up() {
+    check("hup", "0");
+}
