@@ -15,6 +15,40 @@ use smclo_loader::{Choice, Loader, Variant};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether SIGPIPE was ignored when this process started. The Rust
+/// runtime ignores it before `main` (so that its own writes get `EPIPE`),
+/// and an ignored signal stays ignored across `exec`: the program `run`
+/// starts must get the disposition smclo was given instead.
+static SIGPIPE_IGNORED_AT_START: AtomicBool = AtomicBool::new(false);
+
+/// Reads SIGPIPE's disposition at load, before the Rust runtime's set-up
+/// (constructors run before `main`).
+extern "C" fn note_sigpipe() {
+    // SAFETY: an all-zero sigaction is valid storage for the query.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: queries SIGPIPE's action into `old` (no new action).
+    if unsafe { libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) } == 0 {
+        SIGPIPE_IGNORED_AT_START.store(old.sa_sigaction == libc::SIG_IGN, Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static NOTE_SIGPIPE: extern "C" fn() = note_sigpipe;
+
+/// Gives SIGPIPE back the disposition this process started with (see
+/// [`SIGPIPE_IGNORED_AT_START`]), for the program about to be executed.
+fn restore_sigpipe() {
+    let h = if SIGPIPE_IGNORED_AT_START.load(Ordering::Relaxed) {
+        libc::SIG_IGN
+    } else {
+        libc::SIG_DFL
+    };
+    // SAFETY: sets SIGPIPE's disposition to default or ignore, right before exec.
+    unsafe { libc::signal(libc::SIGPIPE, h) };
+}
 
 const USAGE: &str = "\
 usage: smclo run [-d] [-r SIZE] [-t SIZE] [--] PROGRAM [ARGS...]
@@ -267,6 +301,7 @@ pub fn main(args: &[String]) -> i32 {
     };
     let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
     ptrs.push(std::ptr::null());
+    restore_sigpipe();
     // SAFETY: a NUL-terminated program name and a NULL-terminated argv of
     // CStrings that live until the call (which only returns on failure).
     unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
