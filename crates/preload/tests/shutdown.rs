@@ -2,7 +2,8 @@
 //! the `recv`, `poll`, `epoll_wait` and `send` that other threads are
 //! blocked in (they waited for the peer's close), reading after `SHUT_RD`
 //! returns what is queued, then end of stream (it returned 0 at once), and
-//! a connection shut both ways reports `POLLHUP`. The peer stays connected
+//! a connection shut both ways reports `POLLHUP`, and the first write to a
+//! peer that closed succeeds, the next one failing. The peer stays connected
 //! and idle meanwhile; the device's counters prove the connection was
 //! SMC-D.
 
@@ -55,4 +56,13 @@ fn reading_after_shutdown_of_reading_returns_the_queued_bytes() {
 #[test]
 fn a_connection_shut_both_ways_hangs_up() {
     check("hup", "0");
+}
+
+/// TCP's first write to a peer that closed goes out (the peer answers it
+/// with a reset); smclo failed it with `EPIPE`, which turned a keep-alive
+/// client's `RemoteDisconnected` (python's http.client, after a server's
+/// idle timeout) into a `BrokenPipeError` at its request.
+#[test]
+fn the_first_write_after_the_peers_close_succeeds_as_tcps() {
+    check("closed-write", "0");
 }

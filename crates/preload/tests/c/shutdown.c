@@ -14,7 +14,11 @@
  *   queued-rd   SHUT_RD with 6 bytes queued: recv returns them, then 0 at
  *               once
  *   hup         SHUT_WR here, then the peer closes: poll and epoll report
- *               the hang-up (POLLHUP) beside POLLIN */
+ *               the hang-up (POLLHUP) beside POLLIN
+ *   closed-write  the peer closes without reading: the first write still
+ *               succeeds (TCP sends it, the peer answers with a reset),
+ *               then poll reports POLLERR|POLLHUP, a read 0 and the next
+ *               write EPIPE */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
@@ -107,6 +111,18 @@ static void server(void) {
         if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &e)) fail("epoll_ctl");
         if (epoll_wait(ep, &e, 1, 1000) != 1 || !(e.events & EPOLLHUP) || !(e.events & EPOLLIN))
             fail("epoll_wait: events %#x without EPOLLIN|EPOLLHUP", e.events);
+    } else if (!strcmp(mode, "closed-write")) {
+        char b;
+        usleep(300000); /* the peer has closed */
+        struct pollfd p = {conn, POLLIN | POLLOUT, 0};
+        if (poll(&p, 1, 1000) != 1 || p.revents != (POLLIN | POLLOUT))
+            fail("poll before: revents %#x, not POLLIN|POLLOUT", p.revents);
+        if (send(conn, "abc", 3, MSG_NOSIGNAL) != 3) fail("the first write");
+        p.revents = 0;
+        if (poll(&p, 1, 1000) != 1 || p.revents != (POLLIN | POLLOUT | POLLERR | POLLHUP))
+            fail("poll after: revents %#x, not POLLIN|POLLOUT|POLLERR|POLLHUP", p.revents);
+        if (recv(conn, &b, 1, 0) != 0) fail("read: not end of stream");
+        if (send(conn, "abc", 3, MSG_NOSIGNAL) != -1 || errno != EPIPE) fail("the second write: not EPIPE");
     } else {
         fail("unknown mode");
     }
@@ -125,6 +141,10 @@ int main(int argc, char **argv) {
         int c = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(c, (void *)&a, sizeof a)) fail("connect");
         if (!strcmp(mode, "queued-rd") && send(c, "queued", 6, 0) != 6) fail("send");
+        if (!strcmp(mode, "closed-write")) {
+            close(c);
+            _exit(0);
+        }
         if (!strcmp(mode, "hup")) {
             char b;
             if (recv(c, &b, 1, 0) != 0) fail("the server's end of stream");

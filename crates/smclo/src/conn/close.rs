@@ -12,8 +12,10 @@
 //!   closed.
 //! - Reading: data first; then 0 after done-writing/closed, `ECONNRESET`
 //!   after abort or when the UNIX end hit end of file with no flag (the
-//!   peer died). Writing after the peer closed, aborted or died: `EPIPE`
-//!   (never a SIGPIPE: every send uses `MSG_NOSIGNAL`).
+//!   peer died). Writing after the peer closed or died: the first write
+//!   succeeds, as TCP's that the peer answers with a reset, unless the
+//!   peer aborted (or died with bytes unread), then `EPIPE` (never a
+//!   SIGPIPE: every send uses `MSG_NOSIGNAL`).
 
 use super::{errno, Conn};
 use crate::chan_sys;

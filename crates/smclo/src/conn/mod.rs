@@ -111,6 +111,9 @@ pub struct Conn {
     peer_gone: AtomicBool,
     /// `shutdown_write` was called here.
     shut_wr: AtomicBool,
+    /// A write found the peer closed and was taken as TCP takes it (the
+    /// peer's answer is a reset): the writes after it fail.
+    reset_by_peer: AtomicBool,
     /// `shutdown_read` was called here: reads return what is queued,
     /// then end of stream, and never wait.
     shut_rd: AtomicBool,
@@ -225,6 +228,7 @@ impl Conn {
             err: AtomicI32::new(0),
             peer_gone: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
+            reset_by_peer: AtomicBool::new(false),
             shut_rd: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             passed: AtomicBool::new(false),

@@ -49,7 +49,10 @@ impl Conn {
                 if read_end && self.shut_wr.load(Ordering::Relaxed) {
                     r = r | Ready::HUP;
                 }
-                if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
+                if flags & PEER_CONN_ABORT != 0
+                    || self.peer_gone.load(Ordering::Relaxed)
+                    || self.reset_by_peer()
+                {
                     r = r | Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR;
                 }
             }

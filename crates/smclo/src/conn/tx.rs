@@ -38,6 +38,34 @@ impl Conn {
         Ok(())
     }
 
+    /// Whether this write is the first since the peer closed (or went away
+    /// having read all we sent) without an abort: TCP sends it, and the peer's answer is a
+    /// reset, so it succeeds and only the writes after it fail (`EPIPE`,
+    /// the descriptor then reporting `ERR` and `HUP`). Its bytes are not
+    /// written: nobody reads them, and the peer's ring may serve another
+    /// connection already.
+    fn taken_as_reset(&self) -> bool {
+        if self.sticky().is_err()
+            || self.shut_wr.load(Ordering::Relaxed)
+            || self.closed.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        let f = conn_state_flags(self.local.prod().load(Ordering::SeqCst));
+        // A peer that died with our bytes unread would have reset at once
+        // (TCP's close with unread data), as an abort does.
+        let closed = f & PEER_CONN_CLOSED != 0
+            || (self.peer_gone.load(Ordering::Relaxed)
+                && self.tx_snap().is_ok_and(|s| s.used == 0));
+        closed && f & PEER_CONN_ABORT == 0 && !self.reset_by_peer.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether a write was taken as TCP's last before the peer's reset
+    /// ([`taken_as_reset`](Self::taken_as_reset)).
+    pub(super) fn reset_by_peer(&self) -> bool {
+        self.reset_by_peer.load(Ordering::Relaxed)
+    }
+
     /// Writes `buf`; a blocking write returns when all of it is in the
     /// peer's ring, a non-blocking one writes what fits.
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -60,6 +88,9 @@ impl Conn {
             return Ok(0);
         }
         let mut g = lock(&self.tx);
+        if self.taken_as_reset() {
+            return Ok(buf.len());
+        }
         let mut sleep = Sleep::new(&self.snd_timeo_us);
         let p = &self.peer;
         let len = p.ring_len();
