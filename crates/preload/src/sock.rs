@@ -51,10 +51,7 @@ impl Sock {
         match how {
             libc::SHUT_RD => self.conn.shutdown_read(),
             libc::SHUT_WR => self.conn.shutdown_write(),
-            libc::SHUT_RDWR => {
-                self.conn.shutdown_read()?;
-                self.conn.shutdown_write()
-            }
+            libc::SHUT_RDWR => self.conn.shutdown_both(),
             _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }

@@ -1,7 +1,9 @@
-//! `shutdown(2)` on a connection as TCP's (`tests/c/shutdown.c`): it wakes
-//! the `recv`, `poll`, `epoll_wait` and `send` that other threads are
-//! blocked in (they waited for the peer's close), reading after `SHUT_RD`
-//! returns what is queued, then end of stream (it returned 0 at once), and
+//! `shutdown(2)` on a connection as TCP's (`tests/c/shutdown.c`):
+//! `SHUT_RDWR` wakes the `recv`, `poll`, `epoll_wait` (level- and
+//! edge-triggered) and `send` that other threads are blocked in (they
+//! waited for the peer's close), reading after `SHUT_RD` returns what is
+//! queued, then end of stream (it returned 0 at once), the peer writing
+//! after it is read, and
 //! a connection shut both ways reports `POLLHUP`, and the first write to a
 //! peer that closed succeeds, the next one failing. The peer stays connected
 //! and idle meanwhile; the device's counters prove the connection was
@@ -43,9 +45,18 @@ fn shutdown_wakes_a_blocked_send() {
     check("send-rdwr", "0");
 }
 
+/// An edge-triggered wait whose last edge was taken: the shutdown is the
+/// next edge.
 #[test]
-fn shutdown_of_reading_wakes_a_blocked_recv() {
-    check("recv-rd", "0");
+fn shutdown_wakes_an_edge_triggered_epoll_wait() {
+    check("epoll-et-rdwr", "0");
+}
+
+/// The channel's own SHUT_RD made the peer's doorbells fail, which both
+/// ends read as the other's death: the peer's answer was lost.
+#[test]
+fn after_shutdown_of_reading_the_peer_goes_on_writing_and_reading() {
+    check("rd-peer-writes", "4");
 }
 
 #[test]

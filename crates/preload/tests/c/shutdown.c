@@ -10,7 +10,10 @@
  *       thread shuts the connection down (SHUT_RDWR) 200 ms later: recv
  *       returns 0, poll POLLIN|POLLHUP, epoll_wait EPOLLIN|EPOLLRDHUP|
  *       EPOLLHUP, send EPIPE, each within a second
- *   recv-rd     the same for a blocked recv and SHUT_RD
+ *   epoll-et-rdwr  the same for an edge-triggered epoll_wait whose last
+ *               edge (a byte from the peer) was reported and read
+ *   rd-peer-writes  SHUT_RD, then the peer writes: the read returns its
+ *               bytes, as TCP's, and the answer written after reaches it
  *   queued-rd   SHUT_RD with 6 bytes queued: recv returns them, then 0 at
  *               once
  *   hup         SHUT_WR here, then the peer closes: poll and epoll report
@@ -55,6 +58,13 @@ static void *blocked(void *arg) {
         if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &e)) fail("epoll_ctl");
         if (epoll_wait(ep, &e, 1, 10000) != 1) fail("epoll_wait");
         result = e.events;
+    } else if (!strcmp(mode, "epoll-et-rdwr")) {
+        int ep = epoll_create1(0);
+        struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = conn};
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &e)) fail("epoll_ctl");
+        if (epoll_wait(ep, &e, 1, 10000) != 1 || recv(conn, b, 1, 0) != 1) fail("the peer's byte");
+        if (epoll_wait(ep, &e, 1, 10000) != 1) fail("epoll_wait");
+        result = e.events;
     } else {
         memset(b, 'x', sizeof b);
         for (;;) {
@@ -81,12 +91,19 @@ static void woken(int how, long want, const char *what) {
 }
 
 static void server(void) {
-    if (!strcmp(mode, "recv-rdwr") || !strcmp(mode, "recv-rd")) {
-        woken(strcmp(mode, "recv-rd") ? SHUT_RDWR : SHUT_RD, 0, "recv");
+    if (!strcmp(mode, "recv-rdwr")) {
+        woken(SHUT_RDWR, 0, "recv");
     } else if (!strcmp(mode, "poll-rdwr")) {
         woken(SHUT_RDWR, POLLIN | POLLHUP, "poll");
-    } else if (!strcmp(mode, "epoll-rdwr")) {
+    } else if (!strcmp(mode, "epoll-rdwr") || !strcmp(mode, "epoll-et-rdwr")) {
         woken(SHUT_RDWR, EPOLLIN | EPOLLRDHUP | EPOLLHUP, "epoll_wait");
+    } else if (!strcmp(mode, "rd-peer-writes")) {
+        char b[16];
+        if (shutdown(conn, SHUT_RD)) fail("shutdown");
+        usleep(300000); /* the peer wrote "late" */
+        if (recv(conn, b, sizeof b, 0) != 4 || memcmp(b, "late", 4)) fail("the peer's bytes after SHUT_RD");
+        if (send(conn, "resp", 4, 0) != 4) fail("the answer");
+        result = 4;
     } else if (!strcmp(mode, "send-rdwr")) {
         woken(SHUT_RDWR, -EPIPE, "send");
     } else if (!strcmp(mode, "queued-rd")) {
@@ -141,6 +158,15 @@ int main(int argc, char **argv) {
         int c = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(c, (void *)&a, sizeof a)) fail("connect");
         if (!strcmp(mode, "queued-rd") && send(c, "queued", 6, 0) != 6) fail("send");
+        if (!strcmp(mode, "epoll-et-rdwr") && send(c, "e", 1, 0) != 1) fail("send");
+        if (!strcmp(mode, "rd-peer-writes")) {
+            char b[8];
+            usleep(100000);
+            if (send(c, "late", 4, 0) != 4) fail("send after the server's SHUT_RD");
+            if (recv(c, b, sizeof b, 0) != 4 || memcmp(b, "resp", 4)) fail("the server's answer");
+            if (recv(c, b, sizeof b, 0) != 0) fail("the end of stream");
+            _exit(0);
+        }
         if (!strcmp(mode, "closed-write")) {
             close(c);
             _exit(0);
@@ -162,6 +188,6 @@ int main(int argc, char **argv) {
     int st;
     waitpid(pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
-    printf("OK %ld\n", !strcmp(mode, "queued-rd") ? 6L : 0L);
+    printf("OK %ld\n", !strcmp(mode, "queued-rd") ? 6L : !strcmp(mode, "rd-peer-writes") ? 4L : 0L);
     return 0;
 }

@@ -4,8 +4,8 @@
 //! - [`Conn::shutdown_write`]: `PEER_DONE_WRITING` in the peer's `prod`
 //!   word, then `shutdown(SHUT_WR)`: the peer reads what was written, then 0.
 //! - [`Conn::shutdown_read`]: local, as TCP's: reads return what is
-//!   queued, then 0, and never wait; `shutdown(SHUT_RD)` of the UNIX end
-//!   wakes every wait of this end (it is readable for good).
+//!   queued, then 0, and never wait. [`Conn::shutdown_both`] also shuts
+//!   the UNIX end's reading, which wakes every wait of this end.
 //! - [`Conn::close`] (and drop): `PEER_CONN_CLOSED`, or `PEER_CONN_ABORT`
 //!   when unread data remains in the local ring (the peer gets
 //!   `ECONNRESET`, like a TCP RST), then the UNIX end is shut down and
@@ -57,14 +57,28 @@ impl Conn {
     }
 
     /// SHUT_RD: reads return what is queued, then end of stream, without
-    /// waiting; the descriptor is readable (`IN`, `RDHUP`) from now on.
-    /// The UNIX end's own `shutdown(SHUT_RD)` wakes the waits of every
-    /// thread and process on it, as TCP's wakes its sleepers; the peer's
-    /// doorbells to it fail from then on, so a peer that goes on writing
-    /// is told at its next write that nobody reads (`EPIPE`).
+    /// waiting; the descriptor is readable (`IN`, `RDHUP`) from now on. The
+    /// peer may go on writing, as to TCP's. A thread already asleep in a
+    /// read of this end is not woken: the channel's own `shutdown` would
+    /// wake it, but would also make the peer's doorbells fail, which reads
+    /// as its death on both ends ([`shutdown_both`](Self::shutdown_both)
+    /// does it, where that is TCP's outcome).
     pub fn shutdown_read(&self) -> io::Result<()> {
         self.sticky()?;
-        if self.shut_rd.swap(true, Ordering::Relaxed) {
+        self.shut_rd.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// SHUT_RDWR: [`shutdown_write`](Self::shutdown_write) and
+    /// [`shutdown_read`](Self::shutdown_read), then the channel's own
+    /// `shutdown(SHUT_RD)`, which wakes every wait on this end, in every
+    /// thread and process, as TCP's wakes its sleepers. The peer's
+    /// doorbells fail from then on: its next write is its last, as TCP's
+    /// that this end answers with a reset.
+    pub fn shutdown_both(&self) -> io::Result<()> {
+        self.shutdown_read()?;
+        self.shutdown_write()?;
+        if self.chan_rd_shut.swap(true, Ordering::Relaxed) {
             return Ok(());
         }
         if chan_sys::shutdown(self.chan()?.raw(), libc::SHUT_RD) < 0 {
@@ -74,6 +88,12 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Whether this end shut the channel's reading ([`shutdown_both`](Self::shutdown_both)):
+    /// its end of file is ours then, not the peer's.
+    pub(super) fn chan_read_shut(&self) -> bool {
+        self.chan_rd_shut.load(Ordering::Relaxed)
     }
 
     /// Whether [`shutdown_read`](Self::shutdown_read) was called here.

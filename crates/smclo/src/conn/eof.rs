@@ -48,9 +48,9 @@ impl Conn {
     /// makes the next read that finds nothing look for end of file.
     pub fn kernel_ready(&self, r: Ready) {
         let w = self.local.prod().load(Ordering::SeqCst);
-        // After our own SHUT_RD the UNIX end hangs up once either side
-        // shuts writing: that says nothing of the peer.
-        if r.intersects(Ready::HUP) && conn_state_flags(w) == 0 && !self.read_shut() {
+        // After our own SHUT_RDWR the UNIX end hangs up: that says
+        // nothing of the peer.
+        if r.intersects(Ready::HUP) && conn_state_flags(w) == 0 && !self.chan_read_shut() {
             self.peer_gone.store(true, Ordering::Relaxed);
         }
         let rung = cursor::bells(w) > 0 || cursor::prod_flags(w) & cursor::LOOSE_BELL != 0;
@@ -66,9 +66,9 @@ impl Conn {
     /// then, if the peer set no closing flag before its end went away, it
     /// died: remember that.
     pub(super) fn chan_eof(&self) -> bool {
-        // Our own SHUT_RD ends the UNIX end's reading: its end of file
+        // Our own SHUT_RDWR ended the UNIX end's reading: its end of file
         // says nothing of the peer.
-        if self.read_shut() {
+        if self.chan_read_shut() {
             return false;
         }
         let mut b = [0u8; 1];

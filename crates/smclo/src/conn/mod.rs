@@ -117,6 +117,9 @@ pub struct Conn {
     /// `shutdown_read` was called here: reads return what is queued,
     /// then end of stream, and never wait.
     shut_rd: AtomicBool,
+    /// `shutdown_both` shut the channel's reading too: its end of file and
+    /// failed doorbells say nothing of the peer from then on.
+    chan_rd_shut: AtomicBool,
     /// close/abort ran (so drop does not close again).
     closed: AtomicBool,
     /// The descriptor went to another process ([`Conn::pass_export`]),
@@ -230,6 +233,7 @@ impl Conn {
             shut_wr: AtomicBool::new(false),
             reset_by_peer: AtomicBool::new(false),
             shut_rd: AtomicBool::new(false),
+            chan_rd_shut: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             passed: AtomicBool::new(false),
             sent: AtomicU64::new(0),

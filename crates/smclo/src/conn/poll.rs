@@ -83,7 +83,9 @@ impl Conn {
         // The peer's death is a change too; bit 48 is a doorbell flag,
         // never part of the mark otherwise.
         let gone = self.peer_gone.load(Ordering::Relaxed) as u64;
-        w & (cursor::POSITION_MASK | 0xFF << 56) | gone << 48
+        // So are this end's shutdowns (bits 49 and 50, doorbell flags too).
+        let shut = self.read_shut() as u64 | (self.shut_wr.load(Ordering::Relaxed) as u64) << 1;
+        w & (cursor::POSITION_MASK | 0xFF << 56) | gone << 48 | shut << 49
     }
 
     /// Changes whenever the peer makes room (its consumer position): an

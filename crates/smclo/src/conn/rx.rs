@@ -292,6 +292,8 @@ impl Conn {
         let n = self.rx_owed.swap(0, Ordering::Relaxed);
         let got = match self.chan().and_then(|c| c.borrowed().take_bells(n)) {
             Ok(Some(k)) => k,
+            // Our own SHUT_RDWR ended the channel's reading: no bell comes.
+            Ok(None) if self.chan_read_shut() => n,
             Ok(None) => {
                 self.peer_gone.store(true, Ordering::Relaxed);
                 n
