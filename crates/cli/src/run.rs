@@ -306,6 +306,9 @@ pub fn main(args: &[String]) -> i32 {
     // CStrings that live until the call (which only returns on failure).
     unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
     let e = std::io::Error::last_os_error();
+    // SAFETY: back to the runtime's own disposition, so that reporting the
+    // failure to a closed stderr is an error, not a death.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     eprintln!("smclo run: cannot run {}: {e}", prog[0]);
     if e.kind() == std::io::ErrorKind::NotFound {
         127
