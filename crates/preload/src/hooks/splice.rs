@@ -154,19 +154,8 @@ pub unsafe extern "C" fn sendfile(
     off: *mut off_t,
     count: size_t,
 ) -> ssize_t {
-    let call = Call::begin();
-    if let Err(e) = super::pending::before_write(out, false) {
-        return fail(e);
-    }
-    if let Err(e) = super::pending::before_read(inp, false) {
-        return fail(e);
-    }
-    match (table::get(out), table::get(inp)) {
-        (Some(s), _) => do_sendfile(&call, &s, inp, off, count),
-        (None, Some(s)) => sendfile_from(&call, &s, out, off, count),
-        // SAFETY: forwarded unchanged.
-        (None, None) => unsafe { real::sendfile(out, inp, off, count) },
-    }
+    // SAFETY: the caller's arguments, and the real function of that name.
+    unsafe { sendfile_via(out, inp, off, count, real::sendfile) }
 }
 
 /// Interposed `sendfile64` (the same call on 64-bit).
@@ -176,6 +165,22 @@ pub unsafe extern "C" fn sendfile64(
     inp: c_int,
     off: *mut off_t,
     count: size_t,
+) -> ssize_t {
+    // SAFETY: the caller's arguments, and the real function of that name.
+    unsafe { sendfile_via(out, inp, off, count, real::sendfile64) }
+}
+
+/// `sendfile` or `sendfile64`, whose real function is `real_fn`: into a
+/// connection, from one into a pipe, else the real call.
+///
+/// # Safety
+/// As for `sendfile(2)`; `real_fn` is the real function.
+unsafe fn sendfile_via(
+    out: c_int,
+    inp: c_int,
+    off: *mut off_t,
+    count: size_t,
+    real_fn: unsafe fn(c_int, c_int, *mut off_t, size_t) -> ssize_t,
 ) -> ssize_t {
     let call = Call::begin();
     if let Err(e) = super::pending::before_write(out, false) {
@@ -188,7 +193,7 @@ pub unsafe extern "C" fn sendfile64(
         (Some(s), _) => do_sendfile(&call, &s, inp, off, count),
         (None, Some(s)) => sendfile_from(&call, &s, out, off, count),
         // SAFETY: forwarded unchanged.
-        (None, None) => unsafe { real::sendfile64(out, inp, off, count) },
+        (None, None) => unsafe { real_fn(out, inp, off, count) },
     }
 }
 

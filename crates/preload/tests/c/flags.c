@@ -74,14 +74,11 @@ static void recv_side(int s) {
 int main(int argc, char **argv) {
     if (argc < 2) fail("usage: flags MODE");
     mode = argv[1];
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    if (bind(l, (void *)&a, sizeof a) || listen(l, 4) || getsockname(l, (void *)&a, &al)) fail("listen");
+    struct sockaddr_in a;
+    int l = listen_lo(&a);
     pid_t pid = fork();
     if (pid == 0) {
-        int c = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(c, (void *)&a, sizeof a)) fail("connect");
+        int c = connect_lo(&a);
         if (!strcmp(mode, "send")) {
             send_side(c);
         } else {
@@ -100,9 +97,7 @@ int main(int argc, char **argv) {
         recv_side(s);
     }
     close(s);
-    int st;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
+    wait_peer(pid);
     printf("OK %zu\n", got);
     return 0;
 }

@@ -149,14 +149,11 @@ int main(int argc, char **argv) {
     if (argc < 2) fail("usage: shutdown MODE");
     mode = argv[1];
     signal(SIGPIPE, SIG_IGN);
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    if (bind(l, (void *)&a, sizeof a) || listen(l, 4) || getsockname(l, (void *)&a, &al)) fail("listen");
+    struct sockaddr_in a;
+    int l = listen_lo(&a);
     pid_t pid = fork();
     if (pid == 0) {
-        int c = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(c, (void *)&a, sizeof a)) fail("connect");
+        int c = connect_lo(&a);
         if (!strcmp(mode, "queued-rd") && send(c, "queued", 6, 0) != 6) fail("send");
         if (!strcmp(mode, "epoll-et-rdwr") && send(c, "e", 1, 0) != 1) fail("send");
         if (!strcmp(mode, "rd-peer-writes")) {
@@ -185,9 +182,7 @@ int main(int argc, char **argv) {
     if (conn < 0) fail("accept");
     server();
     close(conn);
-    int st;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
+    wait_peer(pid);
     printf("OK %ld\n", !strcmp(mode, "queued-rd") ? 6L : !strcmp(mode, "rd-peer-writes") ? 4L : 0L);
     return 0;
 }

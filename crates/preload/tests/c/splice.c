@@ -240,14 +240,11 @@ int main(int argc, char **argv) {
     mode = argv[1];
     total = argc > 2 ? strtoull(argv[2], NULL, 10) : 0;
     nonblocking = !strcmp(mode, "nonblock");
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    if (bind(l, (void *)&a, sizeof a) || listen(l, 4) || getsockname(l, (void *)&a, &al)) fail("listen");
+    struct sockaddr_in a;
+    int l = listen_lo(&a);
     pid_t pid = fork();
     if (pid == 0) {
-        int c = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(c, (void *)&a, sizeof a)) fail("connect");
+        int c = connect_lo(&a);
         if (!strcmp(mode, "locks")) {
             char b[16];
             size_t n = 0;
@@ -279,16 +276,12 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "errors")) errors(s);
         else locks(s);
         close(s);
-        int st;
-        waitpid(pid, &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
+        wait_peer(pid);
         return 0;
     }
     if (nonblocking && fcntl(s, F_SETFL, O_NONBLOCK)) fail("F_SETFL");
     size_t got = receive_by_splice(s);
-    int st;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("the peer failed (status %d)", st);
+    wait_peer(pid);
     if (got != total) fail("received %zu of %zu bytes", got, total);
     printf("OK %zu\n", got);
     return 0;
