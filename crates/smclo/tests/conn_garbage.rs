@@ -328,8 +328,15 @@ fn a_doorbell_counted_and_never_sent_holds_up_reads_once() {
         all < Duration::from_millis(1600),
         "{all:?} in five calls: {calls:?}"
     );
+    // Which call waits depends on when the writer's thread last ran (the
+    // wait is for a writer between its count and its send): the first
+    // usually, a later one when the writer was not runnable yet.
     assert!(
-        calls[1..].iter().all(|c| *c < Duration::from_millis(200)),
-        "calls after the first waited again: {calls:?}"
+        calls
+            .iter()
+            .filter(|c| **c >= Duration::from_millis(200))
+            .count()
+            <= 1,
+        "more than one call waited: {calls:?}"
     );
 }
