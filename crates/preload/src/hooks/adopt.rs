@@ -564,8 +564,8 @@ pub(super) fn install(
     }
     conn.count_channel(!p.fds.contains(&p.chan));
     if p.shut_rd {
-        // The old image shut the channel's reading already; this notes it
-        // (an error here is the connection's, which its next call reports).
+        // The old image's SHUT_RD (an error here is the connection's,
+        // which its next call reports).
         let _ = conn.shutdown_read();
     }
     let sock = Arc::new(Sock {

@@ -19,7 +19,7 @@
 //! Python, which never sets it); a program that mixes both sees `EINTR`
 //! also after a restarting handler.
 
-use super::{fail, os_err, unsupported};
+use super::{fail, fail_write, os_err, unsupported};
 use crate::critical::FAULTS;
 use crate::real;
 use crate::table::{self, Sock};
@@ -194,21 +194,14 @@ fn do_send(call: &Call, fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> s
     if let Some(r) = send_refused(fd, s, flags) {
         return r;
     }
-    let flags = flags & (SEND_OK | libc::MSG_NOSIGNAL);
+    let flags = flags & SEND_OK;
     let msg = SendFlags::from_msg(flags);
     match restarting(call, s.conn.write_timeout(), || s.conn.send(buf, msg)) {
         Ok(n) => {
             crate::cork::arm(s);
             n as ssize_t
         }
-        Err(e) => {
-            let en = os_err(&e);
-            if en == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
-                // SAFETY: raising SIGPIPE in this thread, as the kernel would.
-                unsafe { libc::raise(libc::SIGPIPE) };
-            }
-            fail(en)
-        }
+        Err(e) => fail_write(os_err(&e), flags & libc::MSG_NOSIGNAL == 0),
     }
 }
 

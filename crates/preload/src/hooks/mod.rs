@@ -149,6 +149,16 @@ fn fail<T: From<i8>>(e: c_int) -> T {
     T::from(-1)
 }
 
+/// A write's failure `e`, with the SIGPIPE that TCP's raises for `EPIPE`
+/// (unless `MSG_NOSIGNAL`: `signal` false).
+fn fail_write<T: From<i8>>(e: c_int, signal: bool) -> T {
+    if e == libc::EPIPE && signal {
+        // SAFETY: raising SIGPIPE in this thread, as the kernel would.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    fail(e)
+}
+
 /// Something an SMC-D descriptor cannot do faithfully: fail loudly.
 fn unsupported<T: From<i8>>(fd: RawFd, what: std::fmt::Arguments<'_>) -> T {
     debug!("fd {fd}: {what} is not supported on an SMC-D connection: EOPNOTSUPP");

@@ -1,9 +1,9 @@
 //! `sendfile(2)` into an SMC-D connection (file bytes read straight into
 //! the peer's ring), and `splice(2)` and `sendfile(2)` between a
-//! connection and a pipe, as TCP's: the bytes move between the ring and the pipe with one copy
-//! by the kernel (`write` from the received region, `read` into the
-//! reserved one), and only what the pipe took or gave is consumed or
-//! sent, so nothing is lost when the pipe is full or empty. Proxies splice
+//! connection and a pipe, as TCP's: the bytes move between the ring and
+//! the pipe with one copy by the kernel (`write` from the received region,
+//! `read` into the reserved one), and only what the pipe took or gave is
+//! consumed or sent, so nothing is lost when the pipe is full or empty. Proxies splice
 //! (haproxy's `option splice-*`): a refusal the kernel never gives would
 //! end their connections.
 //!
@@ -18,7 +18,7 @@
 //! kernel answers for the connection's socket as it does for TCP's.
 
 use super::data::restarting;
-use super::{fail, os_err};
+use super::{fail, fail_write, os_err};
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, loff_t, off_t, size_t, ssize_t};
@@ -40,10 +40,7 @@ pub unsafe extern "C" fn splice(
     flags: c_uint,
 ) -> ssize_t {
     let call = Call::begin();
-    if let Err(e) = super::pending::before_read(fd_in, false) {
-        return fail(e);
-    }
-    if let Err(e) = super::pending::before_write(fd_out, false) {
+    if let Err(e) = decided(fd_in, fd_out) {
         return fail(e);
     }
     let (sin, sout) = (table::get(fd_in), table::get(fd_out));
@@ -77,6 +74,13 @@ pub unsafe extern "C" fn splice(
     }
 }
 
+/// Moving bytes from `inp` to `out`: a pending connection among them
+/// decides first, as for a read of `inp` and a write to `out`.
+fn decided(inp: RawFd, out: RawFd) -> Result<(), c_int> {
+    super::pending::before_read(inp, false)?;
+    super::pending::before_write(out, false)
+}
+
 /// The flags `splice(2)` knows (`SPLICE_F_ALL`); others are `EINVAL`.
 const SPLICE_FLAGS: c_uint =
     libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE | libc::SPLICE_F_GIFT;
@@ -96,17 +100,8 @@ fn do_sendfile(call: &Call, s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: s
     while done < count {
         let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
             Ok(r) => r,
-            Err(e) => {
-                if done > 0 {
-                    break;
-                }
-                let en = os_err(&e);
-                if en == libc::EPIPE {
-                    // SAFETY: SIGPIPE as TCP's sendfile raises it.
-                    unsafe { libc::raise(libc::SIGPIPE) };
-                }
-                return fail(en);
-            }
+            Err(_) if done > 0 => break,
+            Err(e) => return fail_write(os_err(&e), true),
         };
         let want = region.len().min(count - done);
         let dst = region.as_mut_ptr().cast::<c_void>();
@@ -183,10 +178,7 @@ unsafe fn sendfile_via(
     real_fn: unsafe fn(c_int, c_int, *mut off_t, size_t) -> ssize_t,
 ) -> ssize_t {
     let call = Call::begin();
-    if let Err(e) = super::pending::before_write(out, false) {
-        return fail(e);
-    }
-    if let Err(e) = super::pending::before_read(inp, false) {
+    if let Err(e) = decided(inp, out) {
         return fail(e);
     }
     match (table::get(out), table::get(inp)) {
@@ -282,7 +274,8 @@ fn pipe_end(fd: RawFd, dir: Dir, pipe_off: bool, sock_off: bool) -> Result<Pipe,
 fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: Pipe, len: size_t) -> ssize_t {
     loop {
         if let Err(e) = pipe_ready(call, pipe) {
-            return fail(e);
+            // A pipe without readers: SIGPIPE, as the kernel's splice.
+            return fail_write(e, true);
         }
         let region = match restarting(call, s.conn.read_timeout(), || s.conn.peek_region()) {
             Ok(r) => r,
@@ -323,14 +316,7 @@ fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t) -> ssize_t {
         }
         let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
             Ok(r) => r,
-            Err(e) => {
-                let en = os_err(&e);
-                if en == libc::EPIPE {
-                    // SAFETY: SIGPIPE as TCP's splice raises it.
-                    unsafe { libc::raise(libc::SIGPIPE) };
-                }
-                return fail(en);
-            }
+            Err(e) => return fail_write(os_err(&e), true),
         };
         let want = region.len().min(len);
         // SAFETY: the region has `want` writable bytes; the kernel writes
@@ -363,7 +349,7 @@ enum Dir {
 
 /// Waits until `pipe` has room (writing) or bytes (reading), unless it is
 /// not waited on (`EAGAIN` then). Writing without readers is `EPIPE`
-/// (with SIGPIPE, as the kernel's splice); reading without writers and
+/// (the caller raises SIGPIPE, as the kernel's splice); reading without writers and
 /// nothing left is `Ok(false)`. A signal handler that ran in `call` ends
 /// the wait with `EINTR` unless the handlers restart calls (`SA_RESTART`).
 fn pipe_ready(call: &Call, pipe: Pipe) -> Result<bool, c_int> {
@@ -394,11 +380,7 @@ fn pipe_ready(call: &Call, pipe: Pipe) -> Result<bool, c_int> {
         }
         let rev = p.revents;
         return match pipe.dir {
-            Dir::Write if rev & libc::POLLERR != 0 => {
-                // SAFETY: SIGPIPE as the kernel's splice raises it.
-                unsafe { libc::raise(libc::SIGPIPE) };
-                Err(libc::EPIPE)
-            }
+            Dir::Write if rev & libc::POLLERR != 0 => Err(libc::EPIPE),
             Dir::Write if rev & libc::POLLOUT != 0 => Ok(true),
             Dir::Read if rev & libc::POLLIN != 0 => Ok(true),
             Dir::Read if rev & libc::POLLHUP != 0 => Ok(false),

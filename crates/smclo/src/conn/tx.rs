@@ -38,12 +38,12 @@ impl Conn {
         Ok(())
     }
 
-    /// Whether this write is the first since the peer closed (or went away
-    /// having read all we sent) without an abort: TCP sends it, and the peer's answer is a
-    /// reset, so it succeeds and only the writes after it fail (`EPIPE`,
-    /// the descriptor then reporting `ERR` and `HUP`). Its bytes are not
-    /// written: nobody reads them, and the peer's ring may serve another
-    /// connection already.
+    /// Whether this write, refused, is the first since the peer closed (or
+    /// went away having read all we sent) without an abort: TCP sends it,
+    /// and the peer's answer is a reset, so it succeeds and only the writes
+    /// after it fail (`EPIPE`, the descriptor then reporting `ERR` and
+    /// `HUP`). Its bytes are not written: nobody reads them, and the peer's
+    /// ring may serve another connection already.
     fn taken_as_reset(&self) -> bool {
         if self.sticky().is_err()
             || self.shut_wr.load(Ordering::Relaxed)
@@ -88,10 +88,6 @@ impl Conn {
             return Ok(0);
         }
         let mut g = lock(&self.tx);
-        if self.taken_as_reset() {
-            // As much as an empty send buffer takes.
-            return Ok(buf.len().min(self.peer.ring_len() as usize));
-        }
         let mut sleep = Sleep::new(&self.snd_timeo_us);
         let p = &self.peer;
         let len = p.ring_len();
@@ -99,6 +95,10 @@ impl Conn {
         loop {
             let room = match self.tx_allowed().and_then(|()| self.tx_room()) {
                 Ok(room) => room,
+                // As much as an empty send buffer takes.
+                Err(_) if done == 0 && self.taken_as_reset() => {
+                    return Ok(buf.len().min(len as usize))
+                }
                 Err(e) => return partial(done, e),
             };
             if room.free > 0 {

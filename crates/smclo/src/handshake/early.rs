@@ -108,8 +108,8 @@ pub(super) fn copy_arrived(fd: RawFd, local: &Dmb, n: u32, wait: Duration) -> bo
         unsafe { recv_once(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
             .is_ok_and(|got| got == buf.len())
     };
-    let copied = peek_all(&mut buf) || (arrived(fd, n, wait) && peek_all(&mut buf));
-    if !copied {
+    let peeked = peek_all(&mut buf) || (arrived(fd, n, wait) && peek_all(&mut buf));
+    if !peeked {
         return false;
     }
     ring::copy_in(local, 0, &buf);
