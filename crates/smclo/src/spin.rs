@@ -25,14 +25,19 @@
 //!   thread it waits for (its peer, woken on the same CPU) cannot run: a
 //!   ping-pong pair placed on one CPU exchanged a sixth of TCP's messages.
 //!   A yield that ran other threads is a gap like any preemption (below).
-//! - **A preempted spin ends.** Two looks further apart than
-//!   [`PREEMPTED`] on the monotonic clock mean the thread lost its CPU to
-//!   another in between: the CPUs are contended. The spin ends at once
-//!   and leaves its slot held, by no one, for as long as it was kept off
-//!   its CPU (at most [`GIVE_WAY`]): while the contention lasts the
-//!   device spins on fewer CPUs, and once it is over the slots free
-//!   themselves. A short preemption (a thread woken for a moment) costs
-//!   the CPU's spinners as short a pause.
+//! - **A thread that yields into a long slice stops spinning.** A yield
+//!   that kept the spinner off its CPU longer than [`LONG_YIELD`] handed
+//!   it to a thread that keeps CPUs (a busy loop, a batch job) or to a
+//!   crowd of them: the spinner then waited a whole slice (milliseconds)
+//!   while what it waited for arrived without a doorbell, since a spinner
+//!   needs none. Such a thread does not yield for [`QUIET`], twice that
+//!   after a second long yield in a row, and so on up to [`QUIET`] ×
+//!   2^[`QUIET_DOUBLINGS`]: its spins end where they would have yielded
+//!   ([`FIRST_YIELD`]) and its waits sleep, as over TCP, and a wake-up
+//!   takes the CPU back from a busy loop without waiting for its slice.
+//!   A short spin still catches what comes within microseconds (eight
+//!   backends on one CPU answer a client spinning on another that fast).
+//!   A spin whose yields came straight back counts one long yield less.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -66,6 +71,19 @@ pub const PREEMPTED: Duration = Duration::from_micros(20);
 /// slice later, which would otherwise hand its CPU to any busy loop.
 pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 
+/// A yield that kept its thread off the CPU longer than this ran a thread
+/// that keeps CPUs, or many: longer than a few short wake-ups, shorter
+/// than the scheduler's slice (0.7 ms and more).
+pub const LONG_YIELD: Duration = Duration::from_micros(200);
+
+/// How long a thread does not yield after a long yield ([`LONG_YIELD`]),
+/// at first.
+pub const QUIET: Duration = Duration::from_millis(10);
+
+/// Doublings of [`QUIET`] for long yields in a row, at most: against a
+/// busy loop that stays, one probe (a slice lost) per 1.3 s.
+pub const QUIET_DOUBLINGS: u32 = 7;
+
 /// How long the slot of a preempted spin stays held by no one, at most
 /// (as long as the spin was kept off its CPU, up to this): a few
 /// wake-ups of the threads the spinner kept waiting.
@@ -75,16 +93,52 @@ thread_local! {
     /// When a spin of this thread last ended preempted (monotonic ns; 0:
     /// never).
     static PREEMPTED_AT: Cell<u64> = const { Cell::new(0) };
+    /// Until when this thread does not yield (monotonic ns; 0: yields), and
+    /// how many long yields in a row set it (the doublings of [`QUIET`]).
+    static QUIET_UNTIL: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// Whether this thread is in the quiet time of a long yield
+/// ([`LONG_YIELD`]) at `now`: its spins are short and do not yield.
+fn quiet(now: u64) -> bool {
+    now < QUIET_UNTIL.with(Cell::get).0
+}
+
+/// Notes a yield of this thread that returned at `now` after more than
+/// [`LONG_YIELD`] off its CPU: a quiet time, doubled after each further
+/// long yield in a row.
+fn yielded_long(now: u64) {
+    QUIET_UNTIL.with(|q| {
+        let (_, level) = q.get();
+        let quiet = ns(QUIET) << level;
+        q.set((now.saturating_add(quiet), (level + 1).min(QUIET_DOUBLINGS)));
+    });
+}
+
+/// Notes a spin of this thread whose yields all came straight back: one
+/// long yield in a row less. Counted per spin, not per yield: right after
+/// its wake-up a thread's yields come straight back even beside a busy
+/// loop (the loop has used up its share), several in one spin.
+fn yielded_short() {
+    QUIET_UNTIL.with(|q| {
+        let (until, level) = q.get();
+        q.set((until, level.saturating_sub(1)));
+    });
 }
 
 /// Whether a spin of this thread ended preempted within the last
-/// [`GIVE_WAY`]: the CPUs it may run on are contended, and a longer spin
+/// [`GIVE_WAY`], or it is in the quiet time of a long yield: the CPUs it
+/// may run on are contended, and a longer spin
 /// would not have caught what came soon after its sleep began (a waiter's
 /// budget is not restored for it, [`crate::wait::Budget::woken`]). Reads
 /// the clock only for a thread whose spin was ever preempted.
 pub fn contended() -> bool {
     let at = PREEMPTED_AT.with(Cell::get);
-    at != 0 && monotonic_ns().saturating_sub(at) < ns(GIVE_WAY)
+    if at == 0 {
+        return false;
+    }
+    let now = monotonic_ns();
+    now.saturating_sub(at) < ns(GIVE_WAY) || quiet(now)
 }
 
 /// How long a thread trusts what it read of its CPU affinity.
@@ -294,37 +348,54 @@ pub fn run<T, E>(
         return Ok(None);
     }
     let start = monotonic_ns();
+    // A quiet thread spins no longer than it would before its first
+    // yield, and does not yield.
+    let may_yield = !quiet(start);
+    let time = match may_yield {
+        true => time,
+        false => time.min(FIRST_YIELD),
+    };
     let end = start.saturating_add(ns(time));
     let Some(held) = claim(table(), allowed(start), current_slot(), start, end) else {
         return Ok(None);
     };
     let mut last = start;
     let mut next_yield = start.saturating_add(ns(FIRST_YIELD));
-    loop {
+    // Whether this spin's yields all came straight back (it yielded).
+    let mut came_back = false;
+    let r = loop {
         let r = look();
         let mut now = monotonic_ns();
-        match r {
-            Ok(None) => {}
-            r => return r,
+        if !matches!(r, Ok(None)) {
+            break r;
         }
-        if now >= next_yield {
+        if may_yield && now >= next_yield {
+            let before = now;
             // SAFETY: no arguments; it only reorders the run queue.
             unsafe { libc::sched_yield() };
             now = monotonic_ns();
+            came_back = now - before <= ns(LONG_YIELD);
+            if !came_back {
+                yielded_long(now);
+            }
             next_yield = now.saturating_add(now - start);
         }
         let gap = now.saturating_sub(last);
         if gap > ns(PREEMPTED) {
             held.give_way(now.saturating_add(gap.min(ns(GIVE_WAY))));
             PREEMPTED_AT.with(|p| p.set(now));
-            return Ok(None);
+            break Ok(None);
         }
         if now >= end || signals.is_some_and(Watch::interrupted) {
-            return Ok(None);
+            break Ok(None);
         }
         last = now;
         std::hint::spin_loop();
+    };
+    if came_back {
+        yielded_short();
     }
+    r
 }
 
 /// [`run`] for a `look` that cannot fail.

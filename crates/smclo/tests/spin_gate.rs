@@ -378,3 +378,54 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
     .join()
     .unwrap();
 }
+
+/// A spin yields after a few microseconds, and beside a busy loop on its
+/// CPU that yield hands the busy loop the CPU for the rest of its slice
+/// (milliseconds), while what the spinner waits for arrives without a
+/// doorbell. After such a long yield the thread does not spin for a
+/// while: its waits go to sleep at once, as over TCP, and a wake-up takes
+/// the CPU back from the busy loop. Forty waits of a thread pinned
+/// beside a busy loop, each a spin then a sleep past a paused slot
+/// (`GIVE_WAY`): the quiet time doubles with each long yield, so a
+/// quarter at most are kept off the CPU for a slice (all of them before).
+#[test]
+fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = some_cpu();
+    let took = std::thread::spawn(move || {
+        pin(cpu);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        // Inherits the pinning: the spinner's CPU.
+        let busy = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(3));
+        let took: Vec<u64> = (0..40)
+            .map(|_| {
+                let t0 = spin::monotonic_ns();
+                spin::until(Duration::from_micros(100), None, || None::<()>);
+                let t = spin::monotonic_ns() - t0;
+                std::thread::sleep(spin::GIVE_WAY + Duration::from_micros(500));
+                t
+            })
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        busy.join().unwrap();
+        took
+    })
+    .join()
+    .unwrap();
+    let long = took
+        .iter()
+        .filter(|&&t| t > 2 * spin::LONG_YIELD.as_nanos() as u64)
+        .count();
+    assert!(
+        long <= 10,
+        "{long} of 40 spins beside a busy loop were kept off their CPU for its slice: {took:?} ns"
+    );
+}
