@@ -25,19 +25,20 @@
 //!   thread it waits for (its peer, woken on the same CPU) cannot run: a
 //!   ping-pong pair placed on one CPU exchanged a sixth of TCP's messages.
 //!   A yield that ran other threads is a gap like any preemption (below).
-//! - **A thread that yields into a long slice stops spinning.** A yield
+//! - **A thread that yields into a long slice stops yielding.** A yield
 //!   that kept the spinner off its CPU longer than [`LONG_YIELD`] handed
 //!   it to a thread that keeps CPUs (a busy loop, a batch job) or to a
 //!   crowd of them: the spinner then waited a whole slice (milliseconds)
 //!   while what it waited for arrived without a doorbell, since a spinner
-//!   needs none. Such a thread does not yield for [`QUIET`], twice that
-//!   after a second long yield in a row, and so on up to [`QUIET`] ×
-//!   2^[`QUIET_DOUBLINGS`]: its spins end where they would have yielded
-//!   ([`FIRST_YIELD`]) and its waits sleep, as over TCP, and a wake-up
-//!   takes the CPU back from a busy loop without waiting for its slice.
-//!   A short spin still catches what comes within microseconds (eight
-//!   backends on one CPU answer a client spinning on another that fast).
-//!   A spin whose yields came straight back counts one long yield less.
+//!   needs none. After [`LONG_YIELDS`] such yields in a row a thread does
+//!   not yield for [`QUIET`], twice that after one more, and so on up to
+//!   [`QUIET`] × 2^[`QUIET_DOUBLINGS`]: its spins end where they would
+//!   have yielded ([`FIRST_YIELD`]) and its waits sleep, as over TCP, and
+//!   a wake-up takes the CPU back from a busy loop without waiting for its
+//!   slice. A short spin still catches what comes within microseconds
+//!   (eight backends on one CPU answer a client spinning on another that
+//!   fast). A spin whose yields came straight back counts one long yield
+//!   less.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -74,13 +75,13 @@ pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 /// A yield that kept its thread off the CPU longer than this ran a thread
 /// that keeps CPUs, or many: longer than a few short wake-ups, shorter
 /// than the scheduler's slice (0.7 ms and more).
-pub const LONG_YIELD: Duration = Duration::from_micros(200);
+pub const LONG_YIELD: Duration = Duration::from_millis(1);
 
-/// How long a thread does not yield after a long yield ([`LONG_YIELD`]),
-/// at first.
+/// How long a thread does not yield after [`LONG_YIELDS`] long yields in
+/// a row ([`LONG_YIELD`]), at first.
 pub const QUIET: Duration = Duration::from_millis(10);
 
-/// Doublings of [`QUIET`] for long yields in a row, at most: against a
+/// Doublings of [`QUIET`] for further long yields in a row, at most: against a
 /// busy loop that stays, one probe (a slice lost) per 1.3 s.
 pub const QUIET_DOUBLINGS: u32 = 7;
 
@@ -94,7 +95,8 @@ thread_local! {
     /// never).
     static PREEMPTED_AT: Cell<u64> = const { Cell::new(0) };
     /// Until when this thread does not yield (monotonic ns; 0: yields), and
-    /// how many long yields in a row set it (the doublings of [`QUIET`]).
+    /// how many long yields in a row set it ([`LONG_YIELDS`] more than the
+    /// doublings of [`QUIET`]).
     static QUIET_UNTIL: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
 }
 
@@ -104,14 +106,27 @@ fn quiet(now: u64) -> bool {
     now < QUIET_UNTIL.with(Cell::get).0
 }
 
+/// Long yields in a row ([`LONG_YIELD`]) that start a quiet time. Fewer
+/// are not a thread that keeps the CPU: a crowd of short wake-ups
+/// sometimes runs that long too (one yield in twenty to thirty, for eight
+/// postgres backends on one CPU or redis-benchmark's two threads beside
+/// redis on two), and so does the host of a virtual machine that runs
+/// another guest on this CPU meanwhile. Beside a busy loop nearly every
+/// yield is long.
+pub const LONG_YIELDS: u32 = 6;
+
 /// Notes a yield of this thread that returned at `now` after more than
-/// [`LONG_YIELD`] off its CPU: a quiet time, doubled after each further
-/// long yield in a row.
+/// [`LONG_YIELD`] off its CPU: the [`LONG_YIELDS`]th in a row starts a
+/// quiet time, doubled after each further one.
 fn yielded_long(now: u64) {
     QUIET_UNTIL.with(|q| {
-        let (_, level) = q.get();
-        let quiet = ns(QUIET) << level;
-        q.set((now.saturating_add(quiet), (level + 1).min(QUIET_DOUBLINGS)));
+        let (until, level) = q.get();
+        let level = (level + 1).min(LONG_YIELDS + QUIET_DOUBLINGS);
+        let until = match level.checked_sub(LONG_YIELDS) {
+            Some(d) => now.saturating_add(ns(QUIET) << d),
+            None => until,
+        };
+        q.set((until, level));
     });
 }
 
@@ -127,18 +142,13 @@ fn yielded_short() {
 }
 
 /// Whether a spin of this thread ended preempted within the last
-/// [`GIVE_WAY`], or it is in the quiet time of a long yield: the CPUs it
-/// may run on are contended, and a longer spin
+/// [`GIVE_WAY`]: the CPUs it may run on are contended, and a longer spin
 /// would not have caught what came soon after its sleep began (a waiter's
 /// budget is not restored for it, [`crate::wait::Budget::woken`]). Reads
 /// the clock only for a thread whose spin was ever preempted.
 pub fn contended() -> bool {
     let at = PREEMPTED_AT.with(Cell::get);
-    if at == 0 {
-        return false;
-    }
-    let now = monotonic_ns();
-    now.saturating_sub(at) < ns(GIVE_WAY) || quiet(now)
+    at != 0 && monotonic_ns().saturating_sub(at) < ns(GIVE_WAY)
 }
 
 /// How long a thread trusts what it read of its CPU affinity.

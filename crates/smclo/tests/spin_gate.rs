@@ -384,10 +384,11 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
 /// (milliseconds), while what the spinner waits for arrives without a
 /// doorbell. After such a long yield the thread does not spin for a
 /// while: its waits go to sleep at once, as over TCP, and a wake-up takes
-/// the CPU back from the busy loop. Forty waits of a thread pinned
+/// the CPU back from the busy loop. Sixty waits of a thread pinned
 /// beside a busy loop, each a spin then a sleep past a paused slot
-/// (`GIVE_WAY`): the quiet time doubles with each long yield, so a
-/// quarter at most are kept off the CPU for a slice (all of them before).
+/// (`GIVE_WAY`): the first `LONG_YIELDS` yield into the slice, then the
+/// quiet time doubles with each long yield, so a third at most are kept
+/// off the CPU for a slice (all of them before).
 #[test]
 fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
     use std::sync::atomic::AtomicBool;
@@ -405,7 +406,7 @@ fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
             }
         });
         std::thread::sleep(Duration::from_millis(3));
-        let took: Vec<u64> = (0..40)
+        let took: Vec<u64> = (0..60)
             .map(|_| {
                 let t0 = spin::monotonic_ns();
                 spin::until(Duration::from_micros(100), None, || None::<()>);
@@ -422,10 +423,10 @@ fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
     .unwrap();
     let long = took
         .iter()
-        .filter(|&&t| t > 2 * spin::LONG_YIELD.as_nanos() as u64)
+        .filter(|&&t| t > spin::LONG_YIELD.as_nanos() as u64)
         .count();
     assert!(
-        long <= 10,
-        "{long} of 40 spins beside a busy loop were kept off their CPU for its slice: {took:?} ns"
+        long <= 20,
+        "{long} of 60 spins beside a busy loop were kept off their CPU for its slice: {took:?} ns"
     );
 }
