@@ -1,6 +1,7 @@
 """scripts/bench-suite: see __init__.py and --help."""
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -15,7 +16,7 @@ import tempfile
 import time
 
 from . import chart, report
-from .procs import BenchError, find_program
+from .procs import BenchError, BusyLoops, find_program
 from .transports import BASELINE, DeviceCounters, make_transports, smclo_knobs
 from .layout import DEPLOYED_THREADS, NAMES as LAYOUTS, Layout, describe
 from .workloads import all_workloads, redis_requests
@@ -97,6 +98,8 @@ def parse_args(argv):
                    help="pinned (default): the servers on --server-cpu, the clients on --client-cpu, one thread or "
                         "worker each, as the seeds ran them; deployed: no pinning and the programs' usual thread "
                         "counts (%s), as users run them" % DEPLOYED_THREADS)
+    p.add_argument("--busy-loops", action="store_true",
+                   help="run one busy loop per CPU (pinned to it) beside every run, as on a host with batch jobs")
     p.add_argument("--server-cpu", type=int, default=1, help="CPU the servers are pinned to (default 1)")
     p.add_argument("--client-cpu", type=int, default=0, help="CPU the clients are pinned to (default 0)")
     p.add_argument("--smclo", default=os.path.join(ROOT, "target", "release", "smclo"), help="the smclo binary")
@@ -169,10 +172,11 @@ def measure(args):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "config": {"rounds": args.rounds, "seconds": args.seconds, **layout.config(),
+                   "busy_loops": args.busy_loops,
                    "idle_conns": args.idle_conns,
                    "redis_requests": redis_requests(layout, args.seconds, args.redis_requests),
                    "baseline": os.path.abspath(args.baseline) if args.baseline else None,
-                   "pinning": describe(layout.config()),
+                   "pinning": describe({**layout.config(), "busy_loops": args.busy_loops}),
                    # Knobs such as SMCLO_RMEM change the results: a run says
                    # which were set.
                    "smclo_env": dict(sorted(knobs.items()))},
@@ -183,24 +187,10 @@ def measure(args):
                        "rows": [vars(r) for r in w.rows()]} for w in workloads],
         "runs": [],
     }
+    busy = BusyLoops() if args.busy_loops else contextlib.nullcontext()
     try:
-        for rnd in range(1, args.rounds + 1):
-            for w, wd in zip(workloads, doc["workloads"]):
-                usable = [t for t, td in zip(transports, doc["transports"]) if report.usable(wd, td)]
-                # Alternate who goes first, so that drift hits all alike.
-                k = (rnd - 1) % len(usable)
-                for t in usable[k:] + usable[:k]:
-                    run = {"round": rnd, "workload": w.name, "transport": t.name}
-                    try:
-                        run.update(w.run(ctx, t))
-                    except (BenchError, OSError, subprocess.SubprocessError) as e:
-                        # One failed measurement is reported, not fatal.
-                        run["error"] = str(e)
-                    doc["runs"].append(run)
-                    shown = "error: " + run["error"] if "error" in run else " ".join(
-                        "%s=%s" % (k2, report.fmt(v)) for k2, v in run["values"].items())
-                    print("round %d/%d %-12s %-11s %s" % (rnd, args.rounds, w.name, t.name, shown), file=sys.stderr)
-                    time.sleep(0.2)
+        with busy:
+            run_rounds(args, ctx, workloads, transports, doc)
     finally:
         for w in workloads:
             w.close()
@@ -209,6 +199,28 @@ def measure(args):
             shutil.rmtree(d, ignore_errors=True)
     doc["machine"]["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
     return doc
+
+
+def run_rounds(args, ctx, workloads, transports, doc):
+    """Every round: every workload over every transport it can use, in
+    turn, into doc["runs"]."""
+    for rnd in range(1, args.rounds + 1):
+        for w, wd in zip(workloads, doc["workloads"]):
+            usable = [t for t, td in zip(transports, doc["transports"]) if report.usable(wd, td)]
+            # Alternate who goes first, so that drift hits all alike.
+            k = (rnd - 1) % len(usable)
+            for t in usable[k:] + usable[:k]:
+                run = {"round": rnd, "workload": w.name, "transport": t.name}
+                try:
+                    run.update(w.run(ctx, t))
+                except (BenchError, OSError, subprocess.SubprocessError) as e:
+                    # One failed measurement is reported, not fatal.
+                    run["error"] = str(e)
+                doc["runs"].append(run)
+                shown = "error: " + run["error"] if "error" in run else " ".join(
+                    "%s=%s" % (k2, report.fmt(v)) for k2, v in run["values"].items())
+                print("round %d/%d %-12s %-11s %s" % (rnd, args.rounds, w.name, t.name, shown), file=sys.stderr)
+                time.sleep(0.2)
 
 
 def write_outputs(doc, out, readme, draw_chart=True):

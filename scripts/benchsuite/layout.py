@@ -56,8 +56,12 @@ DEPLOYED_THREADS = "memcached -t 4, nginx worker_processes auto, wrk -t 2, redis
 
 def describe(config):
     """How the runs of a suite.json were placed (older files have only the
-    CPUs: those runs were pinned)."""
+    CPUs: those runs were pinned), and what ran beside them."""
     if config.get("layout", "pinned") == "pinned":
-        return "server pinned to CPU %d, client to CPU %d (taskset)" % (config["server_cpu"], config["client_cpu"])
-    return "as deployed: no pinning (the scheduler's placement), the programs' usual thread counts (%s)" % (
-        DEPLOYED_THREADS)
+        where = "server pinned to CPU %d, client to CPU %d (taskset)" % (config["server_cpu"], config["client_cpu"])
+    else:
+        where = "as deployed: no pinning (the scheduler's placement), the programs' usual thread counts (%s)" % (
+            DEPLOYED_THREADS)
+    if config.get("busy_loops"):
+        where += "; beside every run, one busy loop per CPU (`sh -c 'while :; do :; done'`, pinned to it)"
+    return where

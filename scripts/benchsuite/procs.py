@@ -255,3 +255,32 @@ def run_client(argv, env, timeout):
         raise
     wall = time.monotonic() - start
     return p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), _children_cpu() - cpu0, wall
+
+
+class BusyLoops:
+    """One CPU-bound loop per CPU, each pinned to its CPU, beside every run
+    while it lives (--busy-loops): the programs' threads then share every
+    core with a thread that never sleeps, as on a host running batch jobs.
+    A context manager; the loops are killed on leaving it."""
+
+    def __init__(self, cpus=None):
+        self.cpus = list(range(os.cpu_count() or 1)) if cpus is None else list(cpus)
+        self.procs = []
+
+    def __enter__(self):
+        try:
+            for c in self.cpus:
+                self.procs.append(subprocess.Popen(["taskset", "-c", str(c), "sh", "-c", "while :; do :; done"],
+                                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        except OSError:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+

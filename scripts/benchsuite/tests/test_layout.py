@@ -99,6 +99,12 @@ class TableHeaderTest(unittest.TestCase):
         said = report.layout.describe(Layout("deployed").config())
         self.assertIn("no pinning", said)
         self.assertIn("pgbench -j 2", said)
+        self.assertNotIn("busy loop", said)
+
+    def test_the_table_says_busy_loops_ran_beside(self):
+        said = report.layout.describe({**Layout("deployed").config(), "busy_loops": True})
+        self.assertIn("no pinning", said)
+        self.assertIn("one busy loop per CPU", said)
 
 
 class BaselineTransportTest(unittest.TestCase):

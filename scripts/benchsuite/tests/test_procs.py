@@ -10,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-from benchsuite.procs import Server
+from benchsuite.procs import BusyLoops, Server
 
 BURN_S = 0.3
 # The burner says it started, then uses BURN_S of CPU, then says it is done.
@@ -93,6 +93,24 @@ def alive(pid):
     except OSError:
         return False
 
+
+
+class BusyLoopsTest(unittest.TestCase):
+    def test_one_loop_per_cpu_pinned_and_burning_then_gone(self):
+        with BusyLoops() as b:
+            pids = [p.pid for p in b.procs]
+            self.assertEqual(len(pids), os.cpu_count())
+            time.sleep(0.3)
+            for cpu, pid in enumerate(pids):
+                with open("/proc/%d/status" % pid) as f:
+                    allowed = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list")]
+                self.assertEqual(allowed, [str(cpu)], "loop %d is not pinned to CPU %d" % (pid, cpu))
+                with open("/proc/%d/stat" % pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                # utime + stime (fields 14 and 15 of stat, 12 and 13 after the name)
+                self.assertGreater(int(fields[11]) + int(fields[12]), 0, "loop %d does not burn" % pid)
+        for pid in pids:
+            self.assertFalse(os.path.exists("/proc/%d" % pid), "loop %d outlived the suite" % pid)
 
 if __name__ == "__main__":
     unittest.main()
