@@ -30,15 +30,14 @@
 //!   it to a thread that keeps CPUs (a busy loop, a batch job) or to a
 //!   crowd of them: the spinner then waited a whole slice (milliseconds)
 //!   while what it waited for arrived without a doorbell, since a spinner
-//!   needs none. After [`LONG_YIELDS`] such yields in a row a thread does
-//!   not yield for [`QUIET`], twice that after one more, and so on up to
-//!   [`QUIET`] × 2^[`QUIET_DOUBLINGS`]: its spins end where they would
-//!   have yielded ([`FIRST_YIELD`]) and its waits sleep, as over TCP, and
-//!   a wake-up takes the CPU back from a busy loop without waiting for its
-//!   slice. A short spin still catches what comes within microseconds
-//!   (eight backends on one CPU answer a client spinning on another that
-//!   fast). A spin whose yields came straight back counts one long yield
-//!   less.
+//!   needs none. After [`LONG_YIELDS`] such yields (less its spins whose
+//!   yields all came straight back) a thread does not yield for [`QUIET`],
+//!   twice that after one more, and so on up to [`QUIET`] ×
+//!   2^[`QUIET_DOUBLINGS`]: its spins end where they would have yielded
+//!   ([`FIRST_YIELD`]) and its waits sleep, as over TCP, and a wake-up
+//!   takes the CPU back from a busy loop without waiting for its slice.
+//!   A short spin still catches what comes within microseconds (eight
+//!   backends on one CPU answer a client spinning on another that fast).
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -73,15 +72,17 @@ pub const PREEMPTED: Duration = Duration::from_micros(20);
 pub const FIRST_YIELD: Duration = Duration::from_micros(5);
 
 /// A yield that kept its thread off the CPU longer than this ran a thread
-/// that keeps CPUs, or many: longer than a few short wake-ups, shorter
-/// than the scheduler's slice (0.7 ms and more).
-pub const LONG_YIELD: Duration = Duration::from_millis(1);
+/// that keeps CPUs, or many: just under the shortest slice the scheduler
+/// gives a busy loop (EEVDF's base slice, 0.75 ms, on one CPU; 1.5 ms on
+/// two, and a thread yielding beside a busy loop here lost 2.4 ms each
+/// time).
+pub const LONG_YIELD: Duration = Duration::from_micros(700);
 
-/// How long a thread does not yield after [`LONG_YIELDS`] long yields in
-/// a row ([`LONG_YIELD`]), at first.
+/// How long a thread does not yield after [`LONG_YIELDS`] long yields
+/// ([`LONG_YIELD`]), at first.
 pub const QUIET: Duration = Duration::from_millis(10);
 
-/// Doublings of [`QUIET`] for further long yields in a row, at most: against a
+/// Doublings of [`QUIET`] for further long yields, at most: against a
 /// busy loop that stays, one probe (a slice lost) per 1.3 s.
 pub const QUIET_DOUBLINGS: u32 = 7;
 
@@ -94,50 +95,76 @@ thread_local! {
     /// When a spin of this thread last ended preempted (monotonic ns; 0:
     /// never).
     static PREEMPTED_AT: Cell<u64> = const { Cell::new(0) };
-    /// Until when this thread does not yield (monotonic ns; 0: yields), and
-    /// how many long yields in a row set it ([`LONG_YIELDS`] more than the
-    /// doublings of [`QUIET`]).
-    static QUIET_UNTIL: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
+    /// This thread's long yields ([`LONG_YIELD`]): until when it does not
+    /// yield (monotonic ns; 0: it yields), when the last was, and how many
+    /// it counts (long ones less spins whose yields came straight back;
+    /// [`LONG_YIELDS`] more than the doublings of [`QUIET`] at most).
+    static QUIET_UNTIL: Cell<Quiet> = const { Cell::new(Quiet { until: 0, last: 0, count: 0 }) };
+}
+
+/// A thread's count of long yields, [`QUIET_UNTIL`].
+#[derive(Clone, Copy)]
+struct Quiet {
+    until: u64,
+    last: u64,
+    count: u32,
 }
 
 /// Whether this thread is in the quiet time of a long yield
 /// ([`LONG_YIELD`]) at `now`: its spins are short and do not yield.
 fn quiet(now: u64) -> bool {
-    now < QUIET_UNTIL.with(Cell::get).0
+    now < QUIET_UNTIL.with(Cell::get).until
 }
 
-/// Long yields in a row ([`LONG_YIELD`]) that start a quiet time. Fewer
-/// are not a thread that keeps the CPU: a crowd of short wake-ups
-/// sometimes runs that long too (one yield in twenty to thirty, for eight
-/// postgres backends on one CPU or redis-benchmark's two threads beside
-/// redis on two), and so does the host of a virtual machine that runs
-/// another guest on this CPU meanwhile. Beside a busy loop nearly every
-/// yield is long.
+/// Whether this thread is in the quiet time of long yields now: a wait
+/// that spins by calling [`run`] or [`until`] again and again (the
+/// handshake's) sleeps instead, since each call spins briefly and does not
+/// yield.
+pub fn quiet_now() -> bool {
+    quiet(monotonic_ns())
+}
+
+/// Long yields ([`LONG_YIELD`]) that start a quiet time, counted less
+/// the spins whose yields all came straight back. Fewer are not a thread
+/// that keeps the CPU: a crowd of short wake-ups sometimes runs that long
+/// too (one yield in twenty to thirty, for eight postgres backends on one
+/// CPU or redis-benchmark's two threads beside redis on two; one in ten
+/// for memcslap's sixteen), and so does the host of a virtual machine
+/// that runs another guest on this CPU meanwhile. Beside a busy loop
+/// nearly every yield is long. Counted net, not strictly in a row: right
+/// after its wake-up a thread's yields may come straight back even beside
+/// a busy loop (the loop has used up its share), and such a spin must not
+/// start the count again.
 pub const LONG_YIELDS: u32 = 6;
 
 /// Notes a yield of this thread that returned at `now` after more than
-/// [`LONG_YIELD`] off its CPU: the [`LONG_YIELDS`]th in a row starts a
-/// quiet time, doubled after each further one.
+/// [`LONG_YIELD`] off its CPU: from the [`LONG_YIELDS`]th on, a quiet
+/// time, doubled after each further one. A long yield more than the
+/// longest quiet time after the last one starts a new count, so that an
+/// old busy loop does not make a crowd's occasional long yield quiet.
 fn yielded_long(now: u64) {
     QUIET_UNTIL.with(|q| {
-        let (until, level) = q.get();
-        let level = (level + 1).min(LONG_YIELDS + QUIET_DOUBLINGS);
-        let until = match level.checked_sub(LONG_YIELDS) {
-            Some(d) => now.saturating_add(ns(QUIET) << d),
-            None => until,
-        };
-        q.set((until, level));
+        let mut t = q.get();
+        if now.saturating_sub(t.last) > ns(QUIET) << QUIET_DOUBLINGS {
+            t.count = 0;
+        }
+        t.count = (t.count + 1).min(LONG_YIELDS + QUIET_DOUBLINGS);
+        if let Some(d) = t.count.checked_sub(LONG_YIELDS) {
+            t.until = now.saturating_add(ns(QUIET) << d);
+        }
+        t.last = now;
+        q.set(t);
     });
 }
 
 /// Notes a spin of this thread whose yields all came straight back: one
-/// long yield in a row less. Counted per spin, not per yield: right after
-/// its wake-up a thread's yields come straight back even beside a busy
-/// loop (the loop has used up its share), several in one spin.
+/// long yield less. Counted per spin, not per yield (several may come
+/// straight back in one spin).
 fn yielded_short() {
     QUIET_UNTIL.with(|q| {
-        let (until, level) = q.get();
-        q.set((until, level.saturating_sub(1)));
+        let mut t = q.get();
+        t.count = t.count.saturating_sub(1);
+        q.set(t);
     });
 }
 

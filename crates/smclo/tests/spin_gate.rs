@@ -382,13 +382,14 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
 /// A spin yields after a few microseconds, and beside a busy loop on its
 /// CPU that yield hands the busy loop the CPU for the rest of its slice
 /// (milliseconds), while what the spinner waits for arrives without a
-/// doorbell. After such a long yield the thread does not spin for a
-/// while: its waits go to sleep at once, as over TCP, and a wake-up takes
-/// the CPU back from the busy loop. Sixty waits of a thread pinned
-/// beside a busy loop, each a spin then a sleep past a paused slot
-/// (`GIVE_WAY`): the first `LONG_YIELDS` yield into the slice, then the
-/// quiet time doubles with each long yield, so a third at most are kept
-/// off the CPU for a slice (all of them before).
+/// doorbell. After `LONG_YIELDS` such yields in a row the thread stops
+/// yielding for a while (its spins stop at the first yield's time, so its
+/// waits sleep, as over TCP, and a wake-up takes the CPU back from the
+/// busy loop). Sixty waits of a thread pinned beside a busy loop, each a
+/// spin then a sleep past a paused slot (`GIVE_WAY`): the first ones lose
+/// a slice (which the test requires, or it would check nothing: a
+/// scheduler whose yield came straight back), then the quiet time doubles
+/// with each long yield, so a third at most lose one (all of them before).
 #[test]
 fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
     use std::sync::atomic::AtomicBool;
@@ -425,6 +426,10 @@ fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
         .iter()
         .filter(|&&t| t > spin::LONG_YIELD.as_nanos() as u64)
         .count();
+    assert!(
+        long >= 1,
+        "no spin beside a busy loop lost its CPU to it, so the rule was not exercised: {took:?} ns"
+    );
     assert!(
         long <= 20,
         "{long} of 60 spins beside a busy loop were kept off their CPU for its slice: {took:?} ns"

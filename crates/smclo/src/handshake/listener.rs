@@ -277,7 +277,8 @@ impl RendezvousListener {
             if now >= deadline {
                 return None;
             }
-            if now - start < spin {
+            // A quiet thread's spins are short and do not yield: sleep.
+            if now - start < spin && !crate::spin::quiet_now() {
                 continue;
             }
             slept = true;

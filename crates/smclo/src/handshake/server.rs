@@ -469,7 +469,9 @@ impl ServerHandshake {
             Some(fd) => {
                 spin_readable(fd, stop, || self.hint());
             }
-            None if self.since.elapsed() < crate::wait::spin_budget() => {
+            None if self.since.elapsed() < crate::wait::spin_budget()
+                && !crate::spin::quiet_now() =>
+            {
                 let spin = crate::wait::spin_budget().saturating_sub(self.since.elapsed());
                 crate::spin::until(spin.min(left), None, || self.hint().then_some(()));
             }
