@@ -263,13 +263,12 @@ class BusyLoops:
     core with a thread that never sleeps, as on a host running batch jobs.
     A context manager; the loops are killed on leaving it."""
 
-    def __init__(self, cpus=None):
-        self.cpus = list(range(os.cpu_count() or 1)) if cpus is None else list(cpus)
+    def __init__(self):
         self.procs = []
 
     def __enter__(self):
         try:
-            for c in self.cpus:
+            for c in range(os.cpu_count() or 1):
                 self.procs.append(subprocess.Popen(["taskset", "-c", str(c), "sh", "-c", "while :; do :; done"],
                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         except OSError:

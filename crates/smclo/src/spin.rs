@@ -38,6 +38,14 @@
 //!   takes the CPU back from a busy loop without waiting for its slice.
 //!   A short spin still catches what comes within microseconds (eight
 //!   backends on one CPU answer a client spinning on another that fast).
+//! - **A preempted spin ends.** Two looks further apart than
+//!   [`PREEMPTED`] on the monotonic clock mean the thread lost its CPU to
+//!   another in between: the CPUs are contended. The spin ends at once
+//!   and leaves its slot held, by no one, for as long as it was kept off
+//!   its CPU (at most [`GIVE_WAY`]): while the contention lasts the
+//!   device spins on fewer CPUs, and once it is over the slots free
+//!   themselves. A short preemption (a thread woken for a moment) costs
+//!   the CPU's spinners as short a pause.
 //!
 //! A slot holds the time (CLOCK_MONOTONIC nanoseconds, which every process
 //! of the host shares) until which its holder may spin, not who holds it;
@@ -99,10 +107,10 @@ thread_local! {
     /// yield (monotonic ns; 0: it yields), when the last was, and how many
     /// it counts (long ones less spins whose yields came straight back;
     /// [`LONG_YIELDS`] more than the doublings of [`QUIET`] at most).
-    static QUIET_UNTIL: Cell<Quiet> = const { Cell::new(Quiet { until: 0, last: 0, count: 0 }) };
+    static LONG_YIELD_COUNT: Cell<Quiet> = const { Cell::new(Quiet { until: 0, last: 0, count: 0 }) };
 }
 
-/// A thread's count of long yields, [`QUIET_UNTIL`].
+/// A thread's count of long yields, [`LONG_YIELD_COUNT`].
 #[derive(Clone, Copy)]
 struct Quiet {
     until: u64,
@@ -113,7 +121,7 @@ struct Quiet {
 /// Whether this thread is in the quiet time of a long yield
 /// ([`LONG_YIELD`]) at `now`: its spins are short and do not yield.
 fn quiet(now: u64) -> bool {
-    now < QUIET_UNTIL.with(Cell::get).until
+    now < LONG_YIELD_COUNT.with(Cell::get).until
 }
 
 /// Whether this thread is in the quiet time of long yields now: a wait
@@ -143,7 +151,7 @@ pub const LONG_YIELDS: u32 = 6;
 /// longest quiet time after the last one starts a new count, so that an
 /// old busy loop does not make a crowd's occasional long yield quiet.
 fn yielded_long(now: u64) {
-    QUIET_UNTIL.with(|q| {
+    LONG_YIELD_COUNT.with(|q| {
         let mut t = q.get();
         if now.saturating_sub(t.last) > ns(QUIET) << QUIET_DOUBLINGS {
             t.count = 0;
@@ -161,7 +169,7 @@ fn yielded_long(now: u64) {
 /// long yield less. Counted per spin, not per yield (several may come
 /// straight back in one spin).
 fn yielded_short() {
-    QUIET_UNTIL.with(|q| {
+    LONG_YIELD_COUNT.with(|q| {
         let mut t = q.get();
         t.count = t.count.saturating_sub(1);
         q.set(t);
@@ -388,9 +396,10 @@ pub fn run<T, E>(
     // A quiet thread spins no longer than it would before its first
     // yield, and does not yield.
     let may_yield = !quiet(start);
-    let time = match may_yield {
-        true => time,
-        false => time.min(FIRST_YIELD),
+    let time = if may_yield {
+        time
+    } else {
+        time.min(FIRST_YIELD)
     };
     let end = start.saturating_add(ns(time));
     let Some(held) = claim(table(), allowed(start), current_slot(), start, end) else {
