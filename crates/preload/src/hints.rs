@@ -48,6 +48,10 @@ pub enum Hint {
     /// choice, so a proposal asks the socket (`getsockname`). Without it,
     /// a [`Hint::Tcp`] socket is unbound.
     Bound = 16,
+    /// The program set `TCP_INQ` on it (or on the listener that accepted
+    /// it, which the kernel copies): the swap asks whether it is on.
+    /// Without it, a [`Hint::Tcp`] socket has it off.
+    Inq = 32,
 }
 
 /// The hints by number.

@@ -31,6 +31,9 @@ pub struct Sock {
     pub fds: AtomicUsize,
     /// `SO_LINGER` with a zero timeout is set: the last close aborts.
     pub linger0: AtomicBool,
+    /// `TCP_INQ` is set: `recvmsg` reports the bytes left to read
+    /// (`TCP_CM_INQ`), as TCP's.
+    pub inq: AtomicBool,
     /// Index of this connection's holder slot ([`crate::holders`]).
     pub slot: usize,
     /// A corking deadline is queued for this connection ([`crate::cork`]).

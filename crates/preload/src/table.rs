@@ -646,11 +646,7 @@ impl Drop for Sock {
     /// connection that could not follow its peer's exec falls back to it)
     /// and waits for this end of stream.
     fn drop(&mut self) {
-        let aborted = self.linger0.load(Ordering::Relaxed)
-            || self
-                .conn
-                .ready()
-                .intersects(smclo::adapter::poller::Ready::ERR);
+        let aborted = self.linger0.load(Ordering::Relaxed) || self.conn.ended_in_reset();
         if let Some(&dest) = self.learn.get() {
             if !self.conn.is_passed() {
                 smclo::adapter::short::ended(dest, self.conn.was_short());

@@ -576,6 +576,7 @@ pub(super) fn install(
         syn_mark: Default::default(),
         fds: AtomicUsize::new(0),
         linger0: AtomicBool::new(p.linger0),
+        inq: AtomicBool::new(super::swap::inq_set(p.tcp)),
         slot,
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),

@@ -544,7 +544,9 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 }
 
 /// Interposed `getsockopt(2)`: options of the hidden TCP socket;
-/// SO_ERROR is 0 (errors of the SMC-D connection surface on the calls).
+/// SO_ERROR is the connection's (a reset's error, once: [`Conn::take_error`]).
+///
+/// [`Conn::take_error`]: smclo::adapter::conn::Conn::take_error
 #[no_mangle]
 pub unsafe extern "C" fn getsockopt(
     fd: c_int,
@@ -567,7 +569,7 @@ pub unsafe extern "C" fn getsockopt(
         // SAFETY: the application's buffer of *len bytes.
         unsafe {
             if (*len as usize) >= std::mem::size_of::<c_int>() {
-                *(val as *mut c_int) = 0;
+                *(val as *mut c_int) = s.conn.take_error().unwrap_or(0);
                 *len = std::mem::size_of::<c_int>() as socklen_t;
             }
         }
@@ -636,6 +638,9 @@ pub unsafe extern "C" fn setsockopt(
         if timeout_option(level, name) {
             hints::hint(fd, Hint::Timeo);
         }
+        if level == libc::IPPROTO_TCP && name == libc::TCP_INQ {
+            hints::hint(fd, Hint::Inq);
+        }
         // SAFETY: forwarded unchanged.
         return unsafe { real::setsockopt(fd, level, name, val, len) };
     };
@@ -648,6 +653,11 @@ pub unsafe extern "C" fn setsockopt(
     }
     // SAFETY: forwarded to the hidden socket (which validates the arguments).
     let r = unsafe { real::setsockopt(s.tcp, level, name, val, len) };
+    if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_INQ {
+        s.inq
+            .store(get_int(val, len).is_ok_and(|v| v != 0), Ordering::Relaxed);
+        return 0;
+    }
     if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY {
         // As TCP pushes what it held when TCP_NODELAY is set.
         if get_int(val, len).is_ok_and(|v| v != 0) {

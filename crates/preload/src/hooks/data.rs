@@ -108,7 +108,8 @@ unsafe fn recv_into(call: &Call, s: &Sock, buf: *mut c_void, n: usize, flags: c_
         return fail(e);
     }
     if n == 0 {
-        return 0;
+        // TCP's answers to a zero-length read (the connection's).
+        return do_recv(call, s, &mut [], flags);
     }
     if flags & libc::MSG_TRUNC != 0 {
         return recv_discard(call, s, n, flags);
@@ -273,6 +274,11 @@ fn do_sendv(call: &Call, fd: RawFd, s: &Arc<Sock>, v: &[iovec], flags: c_int) ->
 /// Scatters into vectors: the first waits per mode, the rest take only what
 /// is there (unless MSG_WAITALL).
 fn do_recvv(call: &Call, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
+    if v.iter().all(|i| i.iov_len == 0) {
+        // `recvmsg` reads zero bytes as `recv` does (`readv` never comes
+        // here with them).
+        return do_recv(call, s, &mut [], flags);
+    }
     if v.len() == 1 {
         // SAFETY: the application's writable buffer of iov_len bytes.
         let b = unsafe { std::slice::from_raw_parts_mut(v[0].iov_base as *mut u8, v[0].iov_len) };
@@ -542,7 +548,12 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return fail(libc::EINVAL);
     }
-    do_recvv(&call, &s, iovs(iov, cnt), 0)
+    let v = iovs(iov, cnt);
+    if v.iter().all(|i| i.iov_len == 0) {
+        // A socket's read of zero bytes is 0 at once, unlike its recv.
+        return 0;
+    }
+    do_recvv(&call, &s, v, 0)
 }
 
 /// Interposed `writev(2)`.
@@ -597,10 +608,50 @@ unsafe fn recvmsg_in(call: &Call, fd: c_int, msg: *mut msghdr, flags: c_int) -> 
     };
     if n >= 0 {
         m.msg_namelen = 0;
-        m.msg_controllen = 0;
         m.msg_flags = 0;
+        if s.inq.load(std::sync::atomic::Ordering::Relaxed) {
+            put_inq(m, &s);
+        } else {
+            m.msg_controllen = 0;
+        }
     }
     n
+}
+
+/// `TCP_CM_INQ` after a read, as TCP writes it with `TCP_INQ` set: the
+/// bytes left to read, or 1 at the end of the stream with none (so that
+/// a reader asks again and finds it), truncated as the kernel's
+/// `put_cmsg` truncates into a short control buffer (`MSG_CTRUNC`).
+fn put_inq(m: &mut msghdr, s: &Sock) {
+    use smclo::adapter::poller::Ready;
+    let mut inq = s.conn.readable_len().unwrap_or(0).min(c_int::MAX as usize) as c_int;
+    if inq == 0 && s.conn.ready_for(Ready::IN).intersects(Ready::RDHUP) {
+        inq = 1;
+    }
+    let mut msg = Vec::new();
+    super::cmsg::push_cmsg(
+        &mut msg,
+        libc::SOL_TCP,
+        libc::TCP_CM_INQ,
+        &inq.to_ne_bytes(),
+    );
+    let want = if m.msg_control.is_null() {
+        0
+    } else {
+        super::cmsg::control_len(m)
+    };
+    let (out, trunc, _, _) = super::cmsg::program_control(&msg, want, &[]);
+    if !out.is_empty() {
+        // SAFETY: `out` is at most `want` bytes, the program's control
+        // buffer (not null: `want` is 0 then).
+        unsafe {
+            std::ptr::copy_nonoverlapping(out.as_ptr(), m.msg_control.cast::<u8>(), out.len())
+        };
+    }
+    m.msg_controllen = out.len() as _;
+    if trunc {
+        m.msg_flags |= libc::MSG_CTRUNC;
+    }
 }
 
 /// Interposed `sendmsg(2)`: ancillary data (SCM_RIGHTS and the like)

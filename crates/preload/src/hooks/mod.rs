@@ -172,17 +172,15 @@ fn in_table_range(fd: RawFd) -> bool {
 /// An `int` socket option of level `SOL_SOCKET`, or `None` if it cannot be
 /// read (not a socket).
 pub(super) fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {
+    sockopt_int_at(fd, libc::SOL_SOCKET, name)
+}
+
+/// An `int` socket option of `level`, or `None` if it cannot be read.
+pub(super) fn sockopt_int_at(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `l` bytes into `v`.
-    let r = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            (&mut v as *mut c_int).cast(),
-            &mut l,
-        )
-    };
+    let r =
+        unsafe { crate::real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut l) };
     (r == 0).then_some(v)
 }

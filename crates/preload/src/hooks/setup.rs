@@ -171,11 +171,11 @@ fn accepted(nfd: c_int) -> c_int {
 }
 
 /// What the accepted `nfd` is known to share with its listener `fd`: a TCP
-/// stream of the same family ([`Hint::Tcp`]) and the listener's timeouts, which
-/// the kernel copies to it ([`Hint::Timeo`]): the swap then asks for timeouts
-/// only if the program set some on the listener.
+/// stream of the same family ([`Hint::Tcp`]) and the listener's timeouts and
+/// `TCP_INQ`, which the kernel copies to it ([`Hint::Timeo`], [`Hint::Inq`]):
+/// the swap then asks for them only if the program set some on the listener.
 fn inherit_flags(fd: c_int, nfd: c_int) {
-    for h in [Hint::Tcp, Hint::Timeo] {
+    for h in [Hint::Tcp, Hint::Timeo, Hint::Inq] {
         if hints::hinted(fd, h) {
             hints::hint(nfd, h);
         }

@@ -13,7 +13,8 @@
 //! without waiting (`RWF_NOWAIT`); no lock of the connection is held
 //! while the pipe is waited on. Anything else (a connection and a file,
 //! two connections, an offset, an unknown flag) gets the kernel's answer
-//! for a TCP socket there. `SPLICE_F_MORE` holds nothing back.
+//! for a TCP socket there. `SPLICE_F_MORE` into a connection is
+//! `MSG_MORE`, as TCP takes it: the bytes are held until a write without it.
 //! `tee` and `vmsplice` take pipes only, so they are not interposed: the
 //! kernel answers for the connection's socket as it does for TCP's.
 
@@ -65,7 +66,13 @@ pub unsafe extern "C" fn splice(
         }
         (None, Some(s)) => {
             match pipe_end(fd_in, Dir::Read, !off_in.is_null(), !off_out.is_null()) {
-                Ok(pipe) => from_pipe(&call, pipe.nowait(nowait), &s, len),
+                Ok(pipe) => from_pipe(
+                    &call,
+                    pipe.nowait(nowait),
+                    &s,
+                    len,
+                    flags & libc::SPLICE_F_MORE != 0,
+                ),
                 Err(e) => fail(e),
             }
         }
@@ -306,8 +313,9 @@ fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: Pipe, len: size_t) -> ssize_t {
 /// kernel's order: bytes in the pipe first (0 without writers, `EAGAIN`
 /// when empty and not waited on), then room in the ring (waited for per
 /// the connection's mode), then what the pipe has. No lock of the
-/// connection is held while the pipe is waited on.
-fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t) -> ssize_t {
+/// connection is held while the pipe is waited on. With `more`
+/// (`SPLICE_F_MORE`) the bytes are held as with `MSG_MORE`.
+fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t, more: bool) -> ssize_t {
     loop {
         match pipe_ready(call, pipe) {
             Ok(true) => {}
@@ -324,13 +332,18 @@ fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t) -> ssize_t {
         match unsafe { nowait_io(pipe, region.as_mut_ptr().cast(), want) } {
             Ok(0) => return 0,
             Ok(k) => {
-                return match region.commit(k) {
+                let committed = if more {
+                    region.commit_more(k)
+                } else {
+                    region.commit(k)
+                };
+                return match committed {
                     Ok(()) => {
                         crate::cork::arm(s);
                         k as ssize_t
                     }
                     Err(e) => fail(os_err(&e)),
-                }
+                };
             }
             // Emptied by another reader since it had bytes: wait again.
             Err(libc::EAGAIN) if !pipe.nowait => continue,

@@ -17,7 +17,7 @@ use smclo::adapter::handshake::Established;
 use smclo::debug;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,7 @@ pub(super) fn swap_in(
     if !hints::hinted(fd, Hint::Tcp) || hints::hinted(fd, Hint::Timeo) {
         copy_timeouts(tcp, &conn);
     }
+    let inq = (!hints::hinted(fd, Hint::Tcp) || hints::hinted(fd, Hint::Inq)) && inq_set(tcp);
     let chan = conn.fd();
     let sock = Arc::new(Sock {
         conn,
@@ -84,6 +85,7 @@ pub(super) fn swap_in(
         syn_mark,
         fds: AtomicUsize::new(0),
         linger0: Default::default(),
+        inq: AtomicBool::new(inq),
         slot,
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
@@ -343,6 +345,11 @@ pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>>
 }
 
 /// Gives `conn` the timeouts of the TCP socket `tcp`.
+/// Whether `TCP_INQ` is on for the TCP socket `tcp`.
+pub(super) fn inq_set(tcp: RawFd) -> bool {
+    super::sockopt_int_at(tcp, libc::IPPROTO_TCP, libc::TCP_INQ).is_some_and(|v| v != 0)
+}
+
 pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
     for (name, set) in [
         (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),

@@ -193,3 +193,24 @@ fn perf_counts(path: &Path) -> Vec<u64> {
     assert!(!v.is_empty(), "no count in perf output:\n{s}");
     v
 }
+
+/// Runs `exe args` without the preload, over plain TCP (the control that
+/// proves a test program's expectations are TCP's), and returns its
+/// output, which must say `OK`.
+pub fn run_plain(exe: &Path, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(exe)
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run the test program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("OK "),
+        "{} {args:?} over plain TCP failed:\n{stdout}{}",
+        exe.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

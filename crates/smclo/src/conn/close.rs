@@ -14,8 +14,12 @@
 //!   after abort or when the UNIX end hit end of file with no flag (the
 //!   peer died). Writing after the peer closed or died: the first write
 //!   succeeds, as TCP's that the peer answers with a reset, unless the
-//!   peer aborted (or died with bytes unread), then `EPIPE` (never a
-//!   SIGPIPE: every send uses `MSG_NOSIGNAL`).
+//!   peer aborted (or died with bytes unread), then `ECONNRESET`, then
+//!   `EPIPE` (never a SIGPIPE: every send uses `MSG_NOSIGNAL`).
+//! - The reset's error is TCP's socket error ([`Conn::take_error`]): the
+//!   first call that asks (`SO_ERROR`, a read, a write) reports it, and it
+//!   is gone for the calls after it (reads return 0, writes `EPIPE`, polls
+//!   no longer show `ERR`).
 
 use super::{errno, Conn};
 use crate::chan_sys;
@@ -161,6 +165,42 @@ impl Conn {
     /// and `shutdown`), for a process that exits from a signal handler.
     pub fn abort_silently(&self) {
         self.abort_with(libc::ECONNABORTED);
+    }
+
+    /// The error a reset left, if no call reported it yet, and reports it:
+    /// `ECONNRESET` after the peer aborted or died, `EPIPE` after the reset
+    /// that answered the first write to a peer that had closed (TCP's
+    /// error for a reset after the peer's end of stream). TCP reports its
+    /// socket error once, to whichever call asks first (`SO_ERROR`, a
+    /// read, a write), and clears it.
+    pub fn take_error(&self) -> Option<i32> {
+        let e = self.reset_error()?;
+        (!self.reset_reported.swap(true, Ordering::Relaxed)).then_some(e)
+    }
+
+    /// Whether the connection ended in an abort or a reset (this end's or
+    /// the peer's), reported to a call yet or not.
+    pub fn ended_in_reset(&self) -> bool {
+        self.sticky().is_err() || self.reset_error().is_some()
+    }
+
+    /// Whether a reset left an error that no call reported yet.
+    pub(super) fn error_pending(&self) -> bool {
+        self.reset_error().is_some() && !self.reset_reported.load(Ordering::Relaxed)
+    }
+
+    fn reset_error(&self) -> Option<i32> {
+        let f = conn_state_flags(self.local.prod().load(Ordering::SeqCst));
+        if f & PEER_CONN_ABORT != 0 {
+            Some(libc::ECONNRESET)
+        } else if self.reset_by_peer() {
+            // The peer's end of stream came first (TCP's CLOSE_WAIT).
+            Some(libc::EPIPE)
+        } else if self.peer_gone.load(Ordering::Relaxed) {
+            Some(libc::ECONNRESET)
+        } else {
+            None
+        }
     }
 
     pub(super) fn sticky(&self) -> io::Result<()> {

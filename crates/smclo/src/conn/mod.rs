@@ -114,6 +114,9 @@ pub struct Conn {
     /// A write found the peer closed and was taken as TCP takes it (the
     /// peer's answer is a reset): the writes after it fail.
     reset_by_peer: AtomicBool,
+    /// A call reported the error a reset left ([`Conn::take_error`]): as
+    /// TCP clears its socket error, the calls after it do not see it.
+    reset_reported: AtomicBool,
     /// `shutdown_read` was called here: reads return what is queued,
     /// then end of stream, and never wait.
     shut_rd: AtomicBool,
@@ -232,6 +235,7 @@ impl Conn {
             peer_gone: AtomicBool::new(false),
             shut_wr: AtomicBool::new(false),
             reset_by_peer: AtomicBool::new(false),
+            reset_reported: AtomicBool::new(false),
             shut_rd: AtomicBool::new(false),
             chan_rd_shut: AtomicBool::new(false),
             closed: AtomicBool::new(false),

@@ -53,7 +53,11 @@ impl Conn {
                     || self.peer_gone.load(Ordering::Relaxed)
                     || self.reset_by_peer()
                 {
-                    r = r | Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR;
+                    r = r | Ready::IN | Ready::RDHUP | Ready::HUP;
+                }
+                // `ERR` is TCP's socket error: gone once a call reported it.
+                if self.error_pending() {
+                    r = r | Ready::ERR;
                 }
             }
             Err(_) => return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR,

@@ -39,19 +39,23 @@ pub(super) enum RxNext {
 }
 
 impl Conn {
-    /// Reads into `buf`; honours blocking mode; 0 = end of stream.
+    /// Reads into `buf`; honours blocking mode; 0 = end of stream (or an
+    /// empty `buf`, at once, as `read(2)` of 0 bytes from a socket).
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
         self.recv(buf, RecvFlags::EMPTY)
     }
 
-    /// `recv(2)` with `MSG_PEEK`, `MSG_WAITALL` and `MSG_DONTWAIT`.
+    /// `recv(2)` with `MSG_PEEK`, `MSG_WAITALL` and `MSG_DONTWAIT`. An
+    /// empty `buf` gets TCP's answers: 0 once bytes are queued (or the
+    /// stream ended), `WouldBlock` before that if the call must not wait,
+    /// else a wait for them.
     pub fn recv(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
         let peek = flags.contains(RecvFlags::PEEK);
         let waitall = flags.contains(RecvFlags::WAITALL);
         let dontwait = flags.contains(RecvFlags::DONTWAIT);
-        if buf.is_empty() {
-            return Ok(0);
-        }
         let mut g = lock(&self.rx);
         let mut sleep = Sleep::new(&self.rcv_timeo_us);
         let l = &self.local;
@@ -69,11 +73,14 @@ impl Conn {
             // MSG_PEEK|MSG_WAITALL waits for the whole request (at most a
             // ring) to be there, like TCP.
             let enough = if peek && waitall {
-                s.used as usize >= buf.len().min(len as usize)
+                s.used as usize >= buf.len().clamp(1, len as usize)
             } else {
                 s.used > 0
             };
             if enough || (s.used > 0 && (flags != 0 || self.peer_gone.load(Ordering::Relaxed))) {
+                if buf.is_empty() {
+                    return Ok(0);
+                }
                 let n = (s.used as usize).min(buf.len() - done);
                 let pos = cursor::Cursor::from_word(s.cons).position(len);
                 ring::copy_out(l, pos, &mut buf[done..done + n]);
@@ -94,21 +101,13 @@ impl Conn {
             // Nothing (more) to read.
             if flags & PEER_CONN_ABORT != 0 {
                 self.record_flags(end_flags::PEER_ABORTED);
-                return if done > 0 {
-                    Ok(done)
-                } else {
-                    Err(errno(libc::ECONNRESET))
-                };
+                return self.after_reset(done);
             }
             if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 || self.read_shut() {
                 return Ok(done);
             }
             if self.peer_gone.load(Ordering::Relaxed) {
-                return if done > 0 {
-                    Ok(done)
-                } else {
-                    Err(errno(libc::ECONNRESET))
-                };
+                return self.after_reset(done);
             }
             if done > 0 && !waitall {
                 // A short read returns only here, with the ring empty: the
@@ -149,6 +148,19 @@ impl Conn {
             } else {
                 Err(io::ErrorKind::WouldBlock.into())
             };
+        }
+    }
+
+    /// A read that found the connection reset after `done` bytes: those,
+    /// else the reset's error if no call reported it yet, else end of
+    /// stream (TCP's second read after a reset).
+    fn after_reset(&self, done: usize) -> io::Result<usize> {
+        if done > 0 {
+            return Ok(done);
+        }
+        match self.take_error() {
+            Some(e) => Err(errno(e)),
+            None => Ok(0),
         }
     }
 

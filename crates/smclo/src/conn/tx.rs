@@ -99,6 +99,10 @@ impl Conn {
                 Err(_) if done == 0 && self.taken_as_reset() => {
                     return Ok(buf.len().min(len as usize))
                 }
+                // A reset's error goes to the first call that asks.
+                Err(e) if done == 0 && e.raw_os_error() == Some(libc::EPIPE) => {
+                    return Err(self.take_error().map_or(e, errno))
+                }
                 Err(e) => return partial(done, e),
             };
             if room.free > 0 {
@@ -231,9 +235,9 @@ impl Conn {
                     let room = self.tx_snap()?.used < p.ring_len();
                     self.tx_spin.woken(room, slept);
                 }
-                if rev & (libc::POLLHUP | libc::POLLERR) != 0 {
-                    // Our end is hung up: the peer closed or died (or we
-                    // shut down both ways); tx_allowed decides.
+                // Our end is hung up: the peer closed or died, unless we
+                // shut down both ways; tx_allowed decides.
+                if rev & (libc::POLLHUP | libc::POLLERR) != 0 && !self.chan_read_shut() {
                     let s = self.tx_snap()?;
                     if s.used == p.ring_len() {
                         self.peer_gone.store(true, Ordering::Relaxed);

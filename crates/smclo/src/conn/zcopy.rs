@@ -160,6 +160,17 @@ impl WriteRegion<'_> {
 
     /// Publishes the first `n` bytes of the region (`n <= len`).
     pub fn commit(self, n: usize) -> io::Result<()> {
+        self.commit_with(n, false)
+    }
+
+    /// Commits the first `n` bytes of the region as a write with
+    /// `MSG_MORE`: held until a write that is not (`splice(2)` with
+    /// `SPLICE_F_MORE`, which TCP takes as `MSG_MORE`).
+    pub fn commit_more(self, n: usize) -> io::Result<()> {
+        self.commit_with(n, true)
+    }
+
+    fn commit_with(self, n: usize, more: bool) -> io::Result<()> {
         if n > self.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -170,7 +181,7 @@ impl WriteRegion<'_> {
             return Ok(());
         }
         // Held while corked, like a write (the region starts after them).
-        self.conn.add_written(self.used, n as u32, false)
+        self.conn.add_written(self.used, n as u32, more)
     }
 }
 

@@ -1,0 +1,264 @@
+/* Answers a program gets from TCP in the corners of the socket API, over
+ * one connection between two processes: the test runs each mode plainly
+ * (which proves the expectation is TCP's) and under the preload. Usage:
+ * tcp_parity MODE. "OK <bytes read>" and status 0 mean every check held.
+ * Modes:
+ *   zero-recv     a zero-length recv: EAGAIN with nothing queued and
+ *                 MSG_DONTWAIT, 0 with bytes queued, waits for bytes when
+ *                 blocking; read of 0 bytes is 0 at once
+ *   reset-sockopt the peer closes with bytes unread (a reset): poll shows
+ *                 POLLERR, SO_ERROR reads ECONNRESET once, then 0, and
+ *                 POLLERR is gone; recv then reads 0, send fails EPIPE
+ *   reset-recv    the same reset: recv fails ECONNRESET once, then reads
+ *                 0; SO_ERROR is 0; send fails EPIPE
+ *   reset-send    the same reset: send fails ECONNRESET once, then EPIPE;
+ *                 SO_ERROR is 0; recv reads 0
+ *   reset-data    the peer writes 3 bytes, then closes with bytes unread:
+ *                 recv returns the 3 bytes, then ECONNRESET, then 0
+ *   closed-write  the peer closes having read everything; the first write
+ *                 succeeds (the peer answers with a reset), SO_ERROR then
+ *                 reads EPIPE once, and POLLERR goes with it
+ *   inq           TCP_INQ on the accepted socket (and on the peer's before
+ *                 its connect): recvmsg reports the bytes left to read in
+ *                 a TCP_CM_INQ message, 1 at the end of the stream, and
+ *                 MSG_CTRUNC without a control buffer
+ *   splice-more   2 bytes spliced from a pipe with SPLICE_F_MORE are held
+ *                 (the peer sees nothing for 100 ms) until a send without
+ *                 MSG_MORE; the peer reads the 3 bytes */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+
+#include "check.h"
+
+/* Tells the other process a step is done, and waits for its step. */
+static int to_peer[2], to_server[2];
+
+static void tell(int fd) {
+    if (write(fd, "s", 1) != 1) fail("tell");
+}
+
+static void await(int fd) {
+    char b;
+    if (read(fd, &b, 1) != 1) fail("await");
+}
+
+static int so_error(int c) {
+    int e = -1;
+    socklen_t l = sizeof e;
+    if (getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &l)) fail("getsockopt(SO_ERROR)");
+    return e;
+}
+
+static short revents(int c) {
+    struct pollfd p = {c, POLLIN | POLLOUT, 0};
+    if (poll(&p, 1, 1000) != 1) fail("poll: nothing ready");
+    return p.revents;
+}
+
+/* `call` returned `r`: it must be `want` (>= 0), or -1 with errno -want. */
+static void expect(const char *call, ssize_t r, ssize_t want) {
+    if (want >= 0 && r != want) fail("%s returned %zd, not %zd", call, r, want);
+    if (want < 0 && (r != -1 || errno != -want)) fail("%s returned %zd, not -1 with errno %zd", call, r, -want);
+}
+
+static void expect_revents(int c, short want) {
+    short r = revents(c);
+    if (r != want) fail("poll: revents %#x, not %#x", r, want);
+}
+
+static long zero_recv(int c) {
+    char b[8];
+    expect("recv(0, MSG_DONTWAIT) with nothing queued", recv(c, b, 0, MSG_DONTWAIT), -EAGAIN);
+    expect("read(0) with nothing queued", read(c, b, 0), 0);
+    tell(to_peer[1]); /* the peer writes "abc" 200 ms later */
+    double at = now_ms();
+    expect("blocking recv(0)", recv(c, b, 0, 0), 0);
+    if (now_ms() - at < 100) fail("a blocking recv(0) did not wait for the bytes");
+    expect("recv(0, MSG_DONTWAIT) with bytes queued", recv(c, b, 0, MSG_DONTWAIT), 0);
+    expect("the queued bytes", recv(c, b, sizeof b, 0), 3);
+    if (memcmp(b, "abc", 3)) fail("the bytes are not the peer's");
+    return 3;
+}
+
+/* The peer reset the connection (see main). */
+static long after_reset(int c) {
+    char b[8];
+    expect_revents(c, POLLIN | POLLOUT | POLLERR | POLLHUP);
+    if (!strcmp(mode, "reset-sockopt")) {
+        if (so_error(c) != ECONNRESET) fail("SO_ERROR: %d, not ECONNRESET", so_error(c));
+        if (so_error(c) != 0) fail("SO_ERROR read twice: not 0");
+        expect_revents(c, POLLIN | POLLOUT | POLLHUP);
+        expect("recv after SO_ERROR", recv(c, b, sizeof b, 0), 0);
+        expect("send after SO_ERROR", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
+        return 0;
+    }
+    if (!strcmp(mode, "reset-recv") || !strcmp(mode, "reset-data")) {
+        long got = 0;
+        if (!strcmp(mode, "reset-data")) {
+            expect("recv of the peer's bytes", recv(c, b, sizeof b, 0), 3);
+            if (memcmp(b, "abc", 3)) fail("the bytes are not the peer's");
+            got = 3;
+        }
+        expect("the first recv", recv(c, b, sizeof b, 0), -ECONNRESET);
+        expect("the second recv", recv(c, b, sizeof b, 0), 0);
+        if (so_error(c) != 0) fail("SO_ERROR after the recv: %d, not 0", so_error(c));
+        expect("send", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
+        return got;
+    }
+    expect("the first send", send(c, "x", 1, MSG_NOSIGNAL), -ECONNRESET);
+    expect("the second send", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
+    if (so_error(c) != 0) fail("SO_ERROR after the send: %d, not 0", so_error(c));
+    expect("recv", recv(c, b, sizeof b, 0), 0);
+    return 0;
+}
+
+static long closed_write(int c) {
+    char b[8];
+    expect("the first write", send(c, "abc", 3, MSG_NOSIGNAL), 3);
+    usleep(100000); /* the peer's reset is in */
+    expect_revents(c, POLLIN | POLLOUT | POLLERR | POLLHUP);
+    if (so_error(c) != EPIPE) fail("SO_ERROR: %d, not EPIPE", so_error(c));
+    if (so_error(c) != 0) fail("SO_ERROR read twice: not 0");
+    expect_revents(c, POLLIN | POLLOUT | POLLHUP);
+    expect("recv", recv(c, b, sizeof b, 0), 0);
+    expect("the second write", send(c, "abc", 3, MSG_NOSIGNAL), -EPIPE);
+    return 0;
+}
+
+/* recvmsg of up to `n` bytes into `b`: the count, which must be `want`,
+ * and the TCP_CM_INQ value, which must be `inq`. */
+static void recv_inq(int c, char *b, size_t n, ssize_t want, int inq) {
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec v = {b, n};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    expect("recvmsg", recvmsg(c, &m, 0), want);
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (!h || h->cmsg_level != SOL_TCP || h->cmsg_type != TCP_CM_INQ || h->cmsg_len != CMSG_LEN(sizeof(int)))
+        fail("no TCP_CM_INQ message (controllen %zu)", (size_t)m.msg_controllen);
+    int got;
+    memcpy(&got, CMSG_DATA(h), sizeof got);
+    if (got != inq) fail("TCP_CM_INQ: %d, not %d", got, inq);
+}
+
+static long inq(int c) {
+    int one = 1;
+    char b[8];
+    if (setsockopt(c, SOL_TCP, TCP_INQ, &one, sizeof one)) fail("setsockopt(TCP_INQ)");
+    await(to_server[0]); /* the peer's 6 bytes are in */
+    recv_inq(c, b, 2, 2, 4);
+    struct iovec v = {b, 1};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+    expect("recvmsg without a control buffer", recvmsg(c, &m, 0), 1);
+    if (!(m.msg_flags & MSG_CTRUNC)) fail("no MSG_CTRUNC without a control buffer");
+    recv_inq(c, b, 8, 3, 0);
+    if (send(c, "resp", 4, 0) != 4) fail("send");
+    await(to_server[0]); /* the peer shut its writing */
+    recv_inq(c, b, 8, 0, 1);
+    return 6;
+}
+
+static long splice_more(int c) {
+    int p[2];
+    if (pipe(p) || write(p[1], "ab", 2) != 2) fail("pipe");
+    expect("splice with SPLICE_F_MORE", splice(p[0], NULL, c, NULL, 2, SPLICE_F_MORE), 2);
+    tell(to_peer[1]);
+    await(to_server[0]); /* the peer saw nothing for 100 ms */
+    expect("send", send(c, "c", 1, 0), 1);
+    return 0;
+}
+
+static void peer(int c) {
+    char b[8];
+    if (!strcmp(mode, "zero-recv")) {
+        await(to_peer[0]);
+        usleep(200000);
+        if (send(c, "abc", 3, 0) != 3) fail("send");
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "inq")) {
+        if (send(c, "abcdef", 6, 0) != 6) fail("send");
+        usleep(50000);
+        tell(to_server[1]);
+        recv_inq(c, b, 8, 4, 0);
+        if (memcmp(b, "resp", 4)) fail("the server's answer");
+        if (shutdown(c, SHUT_WR)) fail("shutdown");
+        usleep(50000);
+        tell(to_server[1]);
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "splice-more")) {
+        struct pollfd p = {c, POLLIN, 0};
+        await(to_peer[0]);
+        if (poll(&p, 1, 100) != 0) fail("the bytes spliced with SPLICE_F_MORE came at once");
+        tell(to_server[1]);
+        if (recv(c, b, 3, MSG_WAITALL) != 3 || memcmp(b, "abc", 3)) fail("the 3 bytes");
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "closed-write")) {
+        close(c);
+        tell(to_server[1]);
+        await(to_peer[0]);
+    } else {
+        /* The server's 3 bytes are in; closing without reading them resets. */
+        if (!strcmp(mode, "reset-data") && send(c, "abc", 3, 0) != 3) fail("send");
+        await(to_peer[0]);
+        close(c);
+        tell(to_server[1]);
+        await(to_peer[0]);
+    }
+    (void)b;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) fail("usage: tcp_parity MODE");
+    mode = argv[1];
+    signal(SIGPIPE, SIG_IGN);
+    if (pipe(to_peer) || pipe(to_server)) fail("pipe");
+    struct sockaddr_in a;
+    int l = listen_lo(&a);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Only the server writes to_peer and reads to_server: a server
+         * that failed ends the peer's next wait. */
+        close(to_peer[1]);
+        close(to_server[0]);
+        close(l);
+        int c = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        if (!strcmp(mode, "inq") && setsockopt(c, SOL_TCP, TCP_INQ, &one, sizeof one)) fail("setsockopt(TCP_INQ)");
+        if (c < 0 || connect(c, (const void *)&a, sizeof a)) fail("connect");
+        peer(c);
+        _exit(0);
+    }
+    close(to_peer[0]);
+    close(to_server[1]);
+    int c = accept(l, NULL, NULL);
+    if (c < 0) fail("accept");
+    long got;
+    if (!strcmp(mode, "zero-recv")) {
+        got = zero_recv(c);
+    } else if (!strcmp(mode, "splice-more")) {
+        got = splice_more(c);
+    } else if (!strcmp(mode, "inq")) {
+        got = inq(c);
+    } else if (!strcmp(mode, "closed-write")) {
+        await(to_server[0]);
+        got = closed_write(c);
+    } else if (!strncmp(mode, "reset-", 6)) {
+        if (send(c, "xyz", 3, 0) != 3) fail("send");
+        usleep(50000); /* in the peer's queue (and its 3 bytes in ours) */
+        tell(to_peer[1]);
+        await(to_server[0]);
+        usleep(50000);
+        got = after_reset(c);
+    } else {
+        fail("unknown mode");
+    }
+    tell(to_peer[1]);
+    close(c);
+    wait_peer(pid);
+    printf("OK %ld\n", got);
+    return 0;
+}

@@ -1,0 +1,77 @@
+//! Corners of the socket API where a program can tell TCP's answers from
+//! others (`tests/c/tcp_parity.c`): a zero-length `recv`, and the error a
+//! reset leaves, which TCP reports once (to `SO_ERROR`, a `recv` or a
+//! `send`, whichever asks first) and then clears, `TCP_INQ`'s control
+//! message, and `SPLICE_F_MORE`, which TCP takes as `MSG_MORE`. Each mode runs over
+//! plain TCP first, which proves the expectation is TCP's, then under the
+//! preload, where the device's counters prove the connection was SMC-D.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+mod common;
+use common::{compile, run_plain, run_smc};
+
+fn exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| compile("tcp_parity", &[]))
+}
+
+fn check(mode: &str, read: &str) {
+    let plain = run_plain(exe(), &[mode]);
+    assert!(plain.contains(&format!("OK {read}")), "plain TCP: {plain}");
+    let out = run_smc(exe(), &[mode], None, None);
+    assert!(out.contains(&format!("OK {read}")), "{out}");
+}
+
+/// smclo answered 0 at once where TCP says `EAGAIN` (nothing queued,
+/// non-blocking) or waits for bytes (blocking).
+#[test]
+fn a_zero_length_recv_waits_or_fails_as_tcps() {
+    check("zero-recv", "3");
+}
+
+/// `SO_ERROR` always read 0 on a connection.
+#[test]
+fn so_error_reports_a_reset_once() {
+    check("reset-sockopt", "0");
+}
+
+/// Every `recv` after a reset failed with `ECONNRESET`; TCP's second reads 0.
+#[test]
+fn recv_reports_a_reset_once() {
+    check("reset-recv", "0");
+}
+
+/// A `send` after a reset failed with `EPIPE`; TCP's first fails with
+/// `ECONNRESET`.
+#[test]
+fn send_reports_a_reset_once() {
+    check("reset-send", "0");
+}
+
+#[test]
+fn the_bytes_before_a_reset_are_read_first() {
+    check("reset-data", "3");
+}
+
+/// The reset that answers the first write to a closed peer leaves
+/// `EPIPE` for `SO_ERROR`, as TCP's (the peer's end had ended first).
+#[test]
+fn so_error_reports_the_reset_after_a_write_to_a_closed_peer() {
+    check("closed-write", "0");
+}
+
+/// `SPLICE_F_MORE` held nothing back; TCP takes it as `MSG_MORE`.
+#[test]
+fn splice_f_more_holds_the_bytes_as_msg_more() {
+    check("splice-more", "0");
+}
+
+/// `recvmsg` wrote no control message with `TCP_INQ` set (gRPC's reads
+/// size themselves by it), on a socket that set it after the connection
+/// or before its connect.
+#[test]
+fn tcp_inq_reports_the_bytes_left_in_recvmsg() {
+    check("inq", "6");
+}
