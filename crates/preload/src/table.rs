@@ -8,7 +8,9 @@
 //! the word 0, so the fast path of every interposed call is one atomic
 //! load. The state itself (the enum with its data) lives in [`STATES`];
 //! the variants without data (`Internal`, `Closing`) are the word alone,
-//! so that a connection's drop can change them without any lock.
+//! so that a connection's drop can change them without any lock, and so
+//! is a `Candidate` with nothing recorded yet (`socket()`'s), so that a
+//! connection to a plain peer touches no map.
 //!
 //! Using a state's data takes [`LOCK`] for reading just long enough to
 //! count a reference; changing a state takes it for writing, so a
@@ -237,6 +239,10 @@ const K_FALLBACK: usize = 7;
 const K_EPOLL: usize = 8;
 const K_INTERNAL: usize = 9;
 const K_CLOSING: usize = 10;
+/// `Candidate` without registrations or a connecting thread (as `socket()`
+/// makes it): the word alone, so that a plain connection's socket and
+/// connect touch no map.
+const K_CANDIDATE_BARE: usize = 11;
 const KIND_BITS: usize = 15;
 /// The kind's bits but bit 0.
 const PAIR_BITS: usize = KIND_BITS & !1;
@@ -254,7 +260,7 @@ impl Kind {
     fn of(word: usize) -> Kind {
         match word & KIND_BITS {
             K_UNKNOWN => Kind::Unknown,
-            K_CANDIDATE => Kind::Candidate,
+            K_CANDIDATE | K_CANDIDATE_BARE => Kind::Candidate,
             K_PENDING => Kind::Pending { writable: false },
             K_PENDING_WRITABLE => Kind::Pending { writable: true },
             K_SMC | K_SMC_KEPT => Kind::Smc,
@@ -277,7 +283,13 @@ impl FdState {
     fn word(&self) -> usize {
         match self {
             FdState::Unknown => K_UNKNOWN,
-            FdState::Candidate { .. } => K_CANDIDATE,
+            FdState::Candidate { epoll, connecting } => {
+                if epoll.is_empty() && connecting.is_none() {
+                    K_CANDIDATE_BARE
+                } else {
+                    K_CANDIDATE
+                }
+            }
             FdState::Pending { writable, .. } => {
                 if *writable {
                     K_PENDING_WRITABLE
@@ -298,10 +310,11 @@ impl FdState {
 
     /// Whether the state is its word alone (no entry in [`STATES`]).
     fn word_only(&self) -> bool {
-        matches!(
-            self,
-            FdState::Unknown | FdState::Internal | FdState::Closing
-        )
+        match self {
+            FdState::Unknown | FdState::Internal | FdState::Closing => true,
+            FdState::Candidate { epoll, connecting } => epoll.is_empty() && connecting.is_none(),
+            _ => false,
+        }
     }
 }
 
@@ -350,7 +363,10 @@ pub fn is_pending(fd: RawFd) -> bool {
     in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) & PAIR_BITS == K_PENDING
 }
 
-/// Whether `fd` has a state (not `Unknown`).
+/// Whether `fd` has a state (not `Unknown`). The data path's hooks
+/// forward a number without one to the kernel before anything else (no
+/// handshake can be pending on it, and no connection is behind it): a
+/// program's files, pipes and plain peers pay one load per call.
 #[inline]
 pub fn known(fd: RawFd) -> bool {
     in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) != 0
@@ -372,6 +388,7 @@ pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) 
         K_UNKNOWN => FdState::Unknown,
         K_INTERNAL => FdState::Internal,
         K_CLOSING => FdState::Closing,
+        K_CANDIDATE_BARE => FdState::candidate(),
         _ => states()
             .as_mut()
             .and_then(|m| m.remove(&fd))
@@ -438,10 +455,12 @@ pub fn epoll_count() -> usize {
 
 /// `f` applied to the state of `fd`, which it reads. With [`LOCK`] held.
 pub fn with_state_locked<R>(fd: RawFd, f: impl FnOnce(&FdState) -> R) -> R {
-    match Kind::of(WORDS[fd as usize].load(Ordering::Acquire)) {
+    let w = WORDS[fd as usize].load(Ordering::Acquire);
+    match Kind::of(w) {
         Kind::Unknown => f(&FdState::Unknown),
         Kind::Internal => f(&FdState::Internal),
         Kind::Closing => f(&FdState::Closing),
+        Kind::Candidate if w & KIND_BITS == K_CANDIDATE_BARE => f(&FdState::candidate()),
         _ => {
             let m = states();
             f(m.as_ref()

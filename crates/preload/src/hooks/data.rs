@@ -332,6 +332,10 @@ fn do_recvv(call: &Call, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
 /// Interposed `read(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::read(fd, buf, n) };
+    }
     let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
@@ -371,6 +375,10 @@ pub unsafe extern "C" fn __read_chk(
 /// Interposed `write(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::write(fd, buf, n) };
+    }
     let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, 0) {
         return r;
@@ -398,6 +406,10 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// Interposed `recv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::recv(fd, buf, n, flags) };
+    }
     let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
@@ -430,6 +442,10 @@ pub unsafe extern "C" fn __recv_chk(
 /// Interposed `send(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::send(fd, buf, n, flags) };
+    }
     let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
@@ -464,6 +480,10 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    }
     let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
@@ -510,6 +530,10 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
+    }
     let call = Call::begin();
     if let Some(r) = super::pending::early_send(fd, buf, n, flags) {
         return r;
@@ -537,6 +561,10 @@ pub unsafe extern "C" fn sendto(
 /// Interposed `readv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::readv(fd, iov, cnt) };
+    }
     let call = Call::begin();
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
@@ -559,6 +587,10 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// Interposed `writev(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if !table::known(fd) {
+        // SAFETY: forwarded unchanged (see [`table::known`]).
+        return unsafe { real::writev(fd, iov, cnt) };
+    }
     let call = Call::begin();
     if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
