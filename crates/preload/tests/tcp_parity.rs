@@ -2,7 +2,8 @@
 //! others (`tests/c/tcp_parity.c`): a zero-length `recv`, and the error a
 //! reset leaves, which TCP reports once (to `SO_ERROR`, a `recv` or a
 //! `send`, whichever asks first) and then clears, `TCP_INQ`'s control
-//! message, and `SPLICE_F_MORE`, which TCP takes as `MSG_MORE`. Each mode runs over
+//! message, `SPLICE_F_MORE`, which TCP takes as `MSG_MORE`, and
+//! `SIOCOUTQ`. Each mode runs over
 //! plain TCP first, which proves the expectation is TCP's, then under the
 //! preload, where the device's counters prove the connection was SMC-D.
 
@@ -74,4 +75,10 @@ fn splice_f_more_holds_the_bytes_as_msg_more() {
 #[test]
 fn tcp_inq_reports_the_bytes_left_in_recvmsg() {
     check("inq", "6");
+}
+
+/// `SIOCOUTQ` and `SIOCOUTQNSD` read 0 while corking held bytes.
+#[test]
+fn siocoutq_counts_the_bytes_corking_holds() {
+    check("outq", "0");
 }

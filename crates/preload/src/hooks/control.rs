@@ -477,11 +477,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     unsafe { fcntl_impl(fd, cmd, arg, real::fcntl64) }
 }
 
-/// `SIOCOUTQ` (= `TIOCOUTQ`) and `SIOCATMARK` from <linux/sockios.h>.
+/// `SIOCOUTQ` (= `TIOCOUTQ`), `SIOCOUTQNSD` and `SIOCATMARK` from
+/// <linux/sockios.h>.
 const SIOCOUTQ: libc::Ioctl = 0x5411;
+const SIOCOUTQNSD: libc::Ioctl = 0x894B;
 const SIOCATMARK: libc::Ioctl = 0x8905;
 
-/// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the mode.
+/// Interposed `ioctl(2)`: FIONREAD counts ring bytes, FIONBIO sets the
+/// mode, SIOCOUTQ and SIOCOUTQNSD count the bytes corking holds.
 /// The request is the C library's type (`unsigned long` in glibc, `int`
 /// in musl, whose callers leave the register's upper half undefined).
 #[no_mangle]
@@ -517,8 +520,14 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::Ioctl, arg: c_ulong) -> c_i
             super::state::set_app_cloexec(fd, req == libc::FIOCLEX);
             0
         }
-        SIOCOUTQ | SIOCATMARK => {
+        SIOCOUTQ | SIOCOUTQNSD => {
+            let n = s.conn.unsent_len().min(c_int::MAX as usize) as c_int;
             // SAFETY: both take an int pointer.
+            unsafe { *(arg as *mut c_int) = n };
+            0
+        }
+        SIOCATMARK => {
+            // SAFETY: an int pointer; a connection carries no urgent byte.
             unsafe { *(arg as *mut c_int) = 0 };
             0
         }

@@ -22,11 +22,15 @@
  *                 its connect): recvmsg reports the bytes left to read in
  *                 a TCP_CM_INQ message, 1 at the end of the stream, and
  *                 MSG_CTRUNC without a control buffer
+ *   outq          SIOCOUTQ and SIOCOUTQNSD count the bytes TCP_CORK and
+ *                 MSG_MORE hold, 0 once they went
  *   splice-more   2 bytes spliced from a pipe with SPLICE_F_MORE are held
  *                 (the peer sees nothing for 100 ms) until a send without
  *                 MSG_MORE; the peer reads the 3 bytes */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
@@ -163,6 +167,30 @@ static long inq(int c) {
     return 6;
 }
 
+static void expect_outq(int c, int want) {
+    int q = -1, nsd = -1;
+    if (ioctl(c, SIOCOUTQ, &q) || ioctl(c, SIOCOUTQNSD, &nsd)) fail("ioctl");
+    if (q != want || nsd != want) fail("SIOCOUTQ %d, SIOCOUTQNSD %d, not %d", q, nsd, want);
+}
+
+static long outq(int c) {
+    int on = 1, off = 0;
+    expect_outq(c, 0);
+    if (setsockopt(c, SOL_TCP, TCP_CORK, &on, sizeof on)) fail("TCP_CORK");
+    expect("send", send(c, "abc", 3, 0), 3);
+    expect_outq(c, 3);
+    if (setsockopt(c, SOL_TCP, TCP_CORK, &off, sizeof off)) fail("TCP_CORK off");
+    usleep(50000);
+    expect_outq(c, 0);
+    expect("send with MSG_MORE", send(c, "def", 3, MSG_MORE), 3);
+    expect_outq(c, 3);
+    expect("send", send(c, "g", 1, 0), 1);
+    usleep(50000);
+    expect_outq(c, 0);
+    await(to_server[0]); /* the peer read the 7 bytes */
+    return 0;
+}
+
 static long splice_more(int c) {
     int p[2];
     if (pipe(p) || write(p[1], "ab", 2) != 2) fail("pipe");
@@ -179,6 +207,10 @@ static void peer(int c) {
         await(to_peer[0]);
         usleep(200000);
         if (send(c, "abc", 3, 0) != 3) fail("send");
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "outq")) {
+        if (recv(c, b, 7, MSG_WAITALL) != 7 || memcmp(b, "abcdefg", 7)) fail("the 7 bytes");
+        tell(to_server[1]);
         await(to_peer[0]);
     } else if (!strcmp(mode, "inq")) {
         if (send(c, "abcdef", 6, 0) != 6) fail("send");
@@ -243,6 +275,8 @@ int main(int argc, char **argv) {
         got = splice_more(c);
     } else if (!strcmp(mode, "inq")) {
         got = inq(c);
+    } else if (!strcmp(mode, "outq")) {
+        got = outq(c);
     } else if (!strcmp(mode, "closed-write")) {
         await(to_server[0]);
         got = closed_write(c);

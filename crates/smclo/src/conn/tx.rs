@@ -66,6 +66,14 @@ impl Conn {
         self.reset_by_peer.load(Ordering::Relaxed)
     }
 
+    /// Bytes written and held (corked, `MSG_MORE`), not yet published: what
+    /// TCP counts as unsent (`SIOCOUTQNSD`) and, on loopback, where the
+    /// peer's receive buffer acknowledges the rest at once, as unacknowledged
+    /// (`SIOCOUTQ`): bytes in the peer's ring are in its receive buffer.
+    pub fn unsent_len(&self) -> usize {
+        self.held.load(Ordering::Relaxed) as usize
+    }
+
     /// Writes `buf`; a blocking write returns when all of it is in the
     /// peer's ring, a non-blocking one writes what fits.
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
