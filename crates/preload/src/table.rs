@@ -363,13 +363,25 @@ pub fn is_pending(fd: RawFd) -> bool {
     in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) & PAIR_BITS == K_PENDING
 }
 
-/// Whether `fd` has a state (not `Unknown`). The data path's hooks
-/// forward a number without one to the kernel before anything else (no
-/// handshake can be pending on it, and no connection is behind it): a
-/// program's files, pipes and plain peers pay one load per call.
+/// Whether `fd` has a state (not `Unknown`).
 #[inline]
 pub fn known(fd: RawFd) -> bool {
     in_range(fd) && WORDS[fd as usize].load(Ordering::Relaxed) != 0
+}
+
+/// Whether the data path's hooks have nothing to do for `fd` but the
+/// kernel's call: no connection is behind it and no handshake pending on
+/// it (neither `Smc` nor `Pending`; a listed fallback, a candidate, a
+/// number smclo knows nothing of). They forward such a number before
+/// anything else: a program's files, pipes and plain peers pay one load
+/// per call.
+#[inline]
+pub fn plain_io(fd: RawFd) -> bool {
+    if !in_range(fd) {
+        return true;
+    }
+    let k = WORDS[fd as usize].load(Ordering::Relaxed) & PAIR_BITS;
+    k != K_SMC && k != K_PENDING
 }
 
 /// The one function that changes the state of `fd` (with [`LOCK`] held

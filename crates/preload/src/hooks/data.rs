@@ -332,8 +332,8 @@ fn do_recvv(call: &Call, s: &Sock, v: &[iovec], flags: c_int) -> ssize_t {
 /// Interposed `read(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::read(fd, buf, n) };
     }
     let call = Call::begin();
@@ -375,8 +375,8 @@ pub unsafe extern "C" fn __read_chk(
 /// Interposed `write(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::write(fd, buf, n) };
     }
     let call = Call::begin();
@@ -406,8 +406,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 /// Interposed `recv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::recv(fd, buf, n, flags) };
     }
     let call = Call::begin();
@@ -442,8 +442,8 @@ pub unsafe extern "C" fn __recv_chk(
 /// Interposed `send(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::send(fd, buf, n, flags) };
     }
     let call = Call::begin();
@@ -480,8 +480,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
     }
     let call = Call::begin();
@@ -530,8 +530,8 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
     }
     let call = Call::begin();
@@ -561,8 +561,8 @@ pub unsafe extern "C" fn sendto(
 /// Interposed `readv(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::readv(fd, iov, cnt) };
     }
     let call = Call::begin();
@@ -587,8 +587,8 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// Interposed `writev(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if !table::known(fd) {
-        // SAFETY: forwarded unchanged (see [`table::known`]).
+    if table::plain_io(fd) {
+        // SAFETY: forwarded unchanged (see [`table::plain_io`]).
         return unsafe { real::writev(fd, iov, cnt) };
     }
     let call = Call::begin();
