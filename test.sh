@@ -41,11 +41,13 @@ step=loom
 # (crates/smclo/tests/loom_early.rs); and the spinner slots' take and
 # give-back, with holders late or dead (crates/smclo/tests/loom_spin.rs); and
 # a DMB's attach record, a server's reservation racing its client's late
-# claim and its own reuse (crates/smclo/tests/loom_attach.rs). Their own
+# claim and its own reuse (crates/smclo/tests/loom_attach.rs); and the
+# announcement map, clients' bits in shared words beside a server's look
+# after the SYN (crates/smclo/tests/loom_announced.rs). Their own
 # target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test --release -p smclo --test loom_doorbell --test loom_poller --test loom_table \
-    --test loom_early --test loom_spin --test loom_attach
+    --test loom_early --test loom_spin --test loom_attach --test loom_announced
 
 step=bench-suite
 # The suite's parsers, tables and chart; then every workload over every
@@ -80,4 +82,4 @@ for target in "${fuzz_targets[@]}"; do
         -- -max_total_time=$fuzz_seconds
 done
 
-echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table, early-byte, spinner-slot and attach-record protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"
+echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table, early-byte, spinner-slot, attach-record and announcement-map protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"

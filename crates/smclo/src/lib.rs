@@ -27,6 +27,7 @@ pub mod testing;
 
 mod accept_spin;
 mod access;
+mod announced;
 mod backoff;
 mod chan_sys;
 mod conn;

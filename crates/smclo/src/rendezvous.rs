@@ -68,6 +68,8 @@ pub const MSG_LEN: usize = layout::MSG_AREA_LEN as usize;
 /// Slots examined per lookup or claim, from the key's hash on.
 pub const PROBE: usize = 128;
 
+const _: () = assert!(PROBE == 64 * layout::ANNOUNCED_WORDS);
+
 /// How long [`SlotRef::give_up`] and the release of an [`OwnedSlot`] wait
 /// for a server that is copying its reply (REPLYING) before overriding it.
 pub const REPLY_GRACE: Duration = Duration::from_millis(200);
@@ -318,6 +320,34 @@ fn slot(dev: &Device, i: usize) -> &SlotEntry {
     dev.at(layout::RENDEZVOUS_OFF as usize + i * layout::RENDEZVOUS_ENTRY_LEN as usize)
 }
 
+/// The announcement map's words (`crate::announced`).
+fn announced_map(dev: &Device) -> &[AtomicU64; layout::ANNOUNCED_WORDS] {
+    dev.at(layout::off::ANNOUNCED)
+}
+
+/// The home of every announcement ([`SlotKey::announcement`]), which
+/// places none by its client's address.
+fn announcements_home() -> usize {
+    static HOME: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *HOME.get_or_init(|| SlotKey::announcement(IpAddr::from([0u8; 4])).home())
+}
+
+/// Slot `i`'s position in the announcements' window, if it is in it.
+fn announced_pos(i: usize) -> Option<usize> {
+    let n = layout::RENDEZVOUS_ENTRIES as usize;
+    let pos = (i + n - announcements_home()) % n;
+    (pos < PROBE).then_some(pos)
+}
+
+/// Slot `i`'s bit in the announcement map: whether its new owner's
+/// proposal is an announcement (after the claim, before the proposal is
+/// published), or cleared before the slot is freed.
+fn mark_announced(dev: &Device, i: usize, on: bool) {
+    if let Some(pos) = announced_pos(i) {
+        crate::announced::mark(announced_map(dev), pos, on);
+    }
+}
+
 impl SlotEntry {
     /// Copies `bytes` (at most MSG_LEN, checked by callers) into area `a`.
     /// Word-wise atomic stores: another process may read concurrently, and
@@ -418,6 +448,7 @@ impl Rendezvous {
                 let Some(claim) = claim else {
                     continue;
                 };
+                mark_announced(dev, i, key.is_announcement());
                 let ticket = s.fill(claim, &k, proposal);
                 crate::debug!("proposed in rendezvous slot {i} for {key}");
                 return Ok(OwnedSlot(SlotRef {
@@ -477,9 +508,13 @@ impl Rendezvous {
     /// Server: the PROPOSED announcements ([`SlotKey::announcement`]),
     /// whatever their client's address, up to the first for which `ours`
     /// holds: one window's look.
+    /// Reads the announcement map, and only the slots it names.
     pub fn find_announcements(dev: &Device, ours: impl Fn(&SlotRef) -> bool) -> Vec<SlotRef> {
         let key = SlotKey::announcement(IpAddr::from([0u8; 4]));
-        Rendezvous::scan_masked(dev, key, KEY_ANY_CLIENT, key.home(), PROBE, ours)
+        let home = announcements_home();
+        let map = announced_map(dev);
+        let slots = crate::announced::positions(map).map(|p| home + p);
+        Rendezvous::scan_masked(dev, key, KEY_ANY_CLIENT, slots, ours)
     }
 
     /// The PROPOSED slots for `key` in probe order, up to the first for
@@ -501,23 +536,23 @@ impl Rendezvous {
     ) -> Vec<SlotRef> {
         let mut masks = [u64::MAX; 5];
         masks[4] = mask;
-        Rendezvous::scan_masked(dev, key, masks, home, count, last)
+        Rendezvous::scan_masked(dev, key, masks, (0..count).map(|p| home + p), last)
     }
 
-    /// [`scan_from`](Self::scan_from) comparing each word of the key on
-    /// the bits of its mask.
+    /// The PROPOSED slots among `slots` (indices, taken modulo the table's
+    /// size) whose key is `key` on the bits of `mask`, each word on its
+    /// own, up to the first for which `last` holds.
     fn scan_masked(
         dev: &Device,
         key: SlotKey,
         mask: [u64; 5],
-        home: usize,
-        count: usize,
+        slots: impl Iterator<Item = usize>,
         last: impl Fn(&SlotRef) -> bool,
     ) -> Vec<SlotRef> {
         let k = key.encode();
         let mut out = Vec::new();
-        for p in 0..count {
-            let i = (home + p) % layout::RENDEZVOUS_ENTRIES as usize;
+        for i in slots {
+            let i = i % layout::RENDEZVOUS_ENTRIES as usize;
             let s = slot(dev, i);
             let Some((w, true)) = s
                 .head
@@ -980,6 +1015,7 @@ impl Drop for OwnedSlot {
         }
         let e = r.entry();
         if let Some(c) = e.head.release(r.ticket, &me) {
+            mark_announced(&r.dev, r.idx, false);
             e.head.free(c);
         }
     }

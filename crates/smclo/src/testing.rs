@@ -32,6 +32,11 @@ pub mod dmb {
 pub mod doorbell {
     pub use crate::doorbell::*;
 }
+/// The announcement map (`crates/smclo/tests/loom_announced.rs`).
+pub mod announced {
+    pub use crate::announced::*;
+}
+
 pub mod early_count {
     pub use crate::early_count::*;
 }

@@ -45,8 +45,49 @@ fn child_entry() {
             std::thread::sleep(Duration::from_secs(30));
             drop(held);
         }
+        "announce-all" => {
+            // The whole announcements' window, then wait to be killed.
+            let a: std::net::IpAddr = "10.7.7.7".parse().unwrap();
+            let held: Vec<_> = (0..PROBE)
+                .map(|_| Rendezvous::propose(&dev, SlotKey::announcement(a), b"child").unwrap())
+                .collect();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(30));
+            drop(held);
+        }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// The server reads only the slots the announcement map names: another
+/// process's announcements are there, and so is one that took over a dead
+/// announcer's slot (its bit set by the new owner).
+#[test]
+fn the_announcement_map_names_every_announcement() {
+    let t = TempDir::new("rdvmap");
+    let dev = Device::open(&t.0).unwrap();
+    let mut c = spawn_child("announce-all", &t.0);
+    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0, "child exited early");
+        if l.trim() == "READY" {
+            break;
+        }
+    }
+    assert_eq!(Rendezvous::find_announcements(&dev, |_| false).len(), PROBE);
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    let me: std::net::IpAddr = "10.9.9.9".parse().unwrap();
+    let mine = Rendezvous::propose(&dev, SlotKey::announcement(me), b"mine")
+        .expect("a dead announcer's slot taken over");
+    let found = Rendezvous::find_announcements(&dev, |s| s.client_ip() == Some(me));
+    assert_eq!(found.last().and_then(|s| s.client_ip()), Some(me));
+    assert_eq!(found.last().unwrap().proposal().unwrap(), b"mine");
+    drop(mine);
+    let left = Rendezvous::find_announcements(&dev, |_| false);
+    assert_eq!(left.len(), PROBE - 1, "the dead announcer's others");
+    assert!(left.iter().all(|s| s.client_ip() != Some(me)));
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 8
+//!   8   version u32 = 9
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -24,7 +24,9 @@
 //!       xfer_bytes_retired, xfer_bytes_base, last_sweep_ms
 //!   256 fallbacks by reason, client side: [u64; 32]
 //!   512 fallbacks by reason, server side: [u64; 32]
-//!   768 reserved to 1024
+//!   768 announcement map: [u64; 2], one bit per slot of the
+//!       announcements' window of rendezvous slots
+//!   784 reserved to 1024
 //!   1024 listener port filter: [u64; 256], one bit per port modulo 16384
 //!   3072 spinner slots: [u64; 128], one per CPU (modulo 128)
 //! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
@@ -49,14 +51,17 @@
 //! added the listener port filter, which a version 6 listener would not
 //! set. Version 8 added the spinner slots, which bound the device's busy
 //! waits by the CPUs they may run on: a version 7 process would spin
-//! without taking one.
+//! without taking one. Version 9 added the announcement map, which a
+//! server reads instead of the announcements' whole window: a version 8
+//! client would announce without setting its bit, and its server would
+//! not find it.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
@@ -106,6 +111,14 @@ pub const MSG_AREA_OFF: [u32; 3] = [128, 128 + MSG_AREA_LEN, 128 + 2 * MSG_AREA_
 pub const PORT_FILTER_WORDS: usize = 256;
 
 const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= HEADER_LEN as usize);
+
+/// Words of the announcement map in the header: bit `p` is set while
+/// the slot `p` places after the announcements' home (the window every
+/// announcement shares, `smclo::rendezvous`) holds an announcement
+/// (`smclo::announced`).
+pub const ANNOUNCED_WORDS: usize = 2;
+
+const _: () = assert!(off::ANNOUNCED + ANNOUNCED_WORDS * 8 <= off::PORT_FILTER);
 
 /// Spinner slots in the header: one word per CPU (modulo `SPIN_SLOTS`;
 /// which word is `smclo::spin`'s choice), holding the CLOCK_MONOTONIC nanosecond until which a
@@ -189,6 +202,8 @@ pub mod off {
     pub const FALLBACK_CLIENT: usize = 256;
     /// Server-side fallbacks by reason.
     pub const FALLBACK_SERVER: usize = 512;
+    /// The announcement map ([`super::ANNOUNCED_WORDS`] words).
+    pub const ANNOUNCED: usize = 768;
     /// The listener port filter ([`super::PORT_FILTER_WORDS`] words).
     pub const PORT_FILTER: usize = 1024;
     /// The spinner slots ([`super::SPIN_SLOTS`] words).
@@ -478,10 +493,10 @@ mod tests {
             Err(LayoutError::BadMagic(_))
         ));
         let mut b = good.clone();
-        b[off::VERSION] = 9;
+        b[off::VERSION] = 10;
         assert_eq!(
             validate_header(&b, TOTAL_SIZE),
-            Err(LayoutError::Version(9))
+            Err(LayoutError::Version(10))
         );
         let mut b = good.clone();
         b[off::LISTENER_TABLE + 4] ^= 1;
