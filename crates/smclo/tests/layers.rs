@@ -23,7 +23,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "fdnum", "deferred", "owner", "vault", "spin", "wait", "fault",
         ],
     ),
-    ("shared memory", &["table", "early_count", "announced", "dmb", "ring"]),
+    (
+        "shared memory",
+        &["table", "early_count", "announced", "dmb", "ring"],
+    ),
     ("device", &["device"]),
     ("device tables", &["registry", "fallbacks", "rendezvous"]),
     ("connections", &["conn", "poller", "accept_spin", "ss"]),

@@ -54,10 +54,11 @@ impl Conn {
                     || self.reset_by_peer()
                 {
                     r = r | Ready::IN | Ready::RDHUP | Ready::HUP;
-                }
-                // `ERR` is TCP's socket error: gone once a call reported it.
-                if self.error_pending() {
-                    r = r | Ready::ERR;
+                    // `ERR` is TCP's socket error: gone once a call
+                    // reported it.
+                    if self.error_pending() {
+                        r = r | Ready::ERR;
+                    }
                 }
             }
             Err(_) => return Ready::IN | Ready::OUT | Ready::RDHUP | Ready::HUP | Ready::ERR,
