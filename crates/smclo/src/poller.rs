@@ -111,12 +111,16 @@ pub fn poll(
         pace,
         fds,
         members,
-        ring: vec![0; members.len()],
+        ring: smallvec::smallvec![0; members.len()],
         others,
         kernel,
     };
     w.run(timeout, &signals)
 }
+
+/// A wait's per-member scratch, on the stack for the few descriptors a
+/// poll usually has: the wait allocates nothing (it runs per request).
+type Few<T> = smallvec::SmallVec<[T; 16]>;
 
 /// One [`poll`] in progress.
 struct Wait<'a, 'm, K> {
@@ -124,7 +128,7 @@ struct Wait<'a, 'm, K> {
     fds: &'a mut [libc::pollfd],
     members: &'a [Member<'m>],
     /// What the last look at the rings saw, by member.
-    ring: Vec<i16>,
+    ring: Few<i16>,
     /// The kernel has something to say besides the doorbells.
     others: bool,
     kernel: K,
@@ -194,7 +198,7 @@ impl<K: Kernel> Wait<'_, '_, K> {
     /// lag behind their rings.
     fn now(&mut self) -> io::Result<usize> {
         self.pace.kernel_asked();
-        let mut saved = Vec::with_capacity(self.members.len());
+        let mut saved: Few<(usize, i32)> = Few::new();
         for m in self.members {
             let p = &mut self.fds[m.index];
             if p.fd >= 0 {
@@ -216,7 +220,7 @@ impl<K: Kernel> Wait<'_, '_, K> {
         if time.is_zero() {
             return Ok(None);
         }
-        let begun: Vec<bool> = self
+        let begun: Few<bool> = self
             .members
             .iter()
             .map(|m| m.conn.poll_begin().is_ok())

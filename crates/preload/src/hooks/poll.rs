@@ -50,10 +50,14 @@ fn kernel(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> 
     Ok(r as usize)
 }
 
+/// The SMC-D members of a wait, on the stack for the few descriptors a
+/// poll usually has: a wait allocates nothing (it runs per request).
+type Few<T> = smallvec::SmallVec<[T; 16]>;
+
 /// The wait over `fds` of at most `t` (`None`: for ever), the rings of
 /// the SMC-D descriptors among them first; `poll`'s return value.
 fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_int {
-    let socks: Vec<(usize, Arc<Sock>)> = fds
+    let socks: Few<(usize, Arc<Sock>)> = fds
         .iter()
         .enumerate()
         .filter_map(|(i, p)| table::get(p.fd).map(|s| (i, s)))
@@ -61,7 +65,7 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
     let r = if socks.is_empty() {
         kernel(fds, t, sigmask)
     } else {
-        let members: Vec<Member<'_>> = socks
+        let members: Few<Member<'_>> = socks
             .iter()
             .map(|(i, s)| Member {
                 index: *i,
@@ -80,10 +84,10 @@ fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_
     }
 }
 
-/// Whether `fds` holds an SMC-D descriptor or a pending connect.
+/// Whether `fds` holds an SMC-D descriptor or a pending connect (a look
+/// at each number's table word; [`wait`] takes the connections).
 fn served(fds: &[pollfd]) -> bool {
-    fds.iter()
-        .any(|p| table::get(p.fd).is_some() || table::is_pending(p.fd))
+    fds.iter().any(|p| !table::plain_io(p.fd))
 }
 
 /// [`wait`], also sleeping on the descriptors of the pending handshakes
