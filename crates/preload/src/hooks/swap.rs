@@ -344,12 +344,12 @@ pub(super) fn socket_timeout(fd: RawFd, name: c_int) -> Option<Option<Duration>>
     (rc == 0).then(|| timeval_dur(p.cast(), len))
 }
 
-/// Gives `conn` the timeouts of the TCP socket `tcp`.
 /// Whether `TCP_INQ` is on for the TCP socket `tcp`.
 pub(super) fn inq_set(tcp: RawFd) -> bool {
     super::sockopt_int_at(tcp, libc::IPPROTO_TCP, libc::TCP_INQ).is_some_and(|v| v != 0)
 }
 
+/// Gives `conn` the timeouts of the TCP socket `tcp`.
 pub(super) fn copy_timeouts(tcp: RawFd, conn: &Conn) {
     for (name, set) in [
         (libc::SO_RCVTIMEO, Conn::set_read_timeout as fn(&Conn, _)),
