@@ -51,6 +51,14 @@ fn send_reports_a_reset_once() {
     check("reset-send", "0");
 }
 
+/// A reset after the peer's end of stream (its `SHUT_WR`, then a close
+/// with bytes unread): reads see the end of stream, and the error is
+/// `EPIPE` (TCP's CLOSE_WAIT); it was `ECONNRESET`, at every read.
+#[test]
+fn a_reset_after_the_end_of_stream_reads_as_the_end() {
+    check("reset-fin", "0");
+}
+
 #[test]
 fn the_bytes_before_a_reset_are_read_first() {
     check("reset-data", "3");

@@ -15,6 +15,9 @@
  *                 SO_ERROR is 0; recv reads 0
  *   reset-data    the peer writes 3 bytes, then closes with bytes unread:
  *                 recv returns the 3 bytes, then ECONNRESET, then 0
+ *   reset-fin     the peer shuts its writing, then closes with bytes unread
+ *                 (an end of stream, then a reset): SO_ERROR reads EPIPE
+ *                 once, recv reads 0, send fails EPIPE
  *   closed-write  the peer closes having read everything; the first write
  *                 succeeds (the peer answers with a reset), SO_ERROR then
  *                 reads EPIPE once, and POLLERR goes with it
@@ -92,11 +95,19 @@ static long after_reset(int c) {
     char b[8];
     expect_revents(c, POLLIN | POLLOUT | POLLERR | POLLHUP);
     if (!strcmp(mode, "reset-sockopt")) {
-        if (so_error(c) != ECONNRESET) fail("SO_ERROR: %d, not ECONNRESET", so_error(c));
+        { int e = so_error(c); if (e != ECONNRESET) fail("SO_ERROR: %d, not ECONNRESET", e); }
         if (so_error(c) != 0) fail("SO_ERROR read twice: not 0");
         expect_revents(c, POLLIN | POLLOUT | POLLHUP);
         expect("recv after SO_ERROR", recv(c, b, sizeof b, 0), 0);
         expect("send after SO_ERROR", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
+        return 0;
+    }
+    if (!strcmp(mode, "reset-fin")) {
+        { int e = so_error(c); if (e != EPIPE) fail("SO_ERROR: %d, not EPIPE", e); }
+        if (so_error(c) != 0) fail("SO_ERROR read twice: not 0");
+        expect("recv", recv(c, b, sizeof b, 0), 0);
+        expect("recv again", recv(c, b, sizeof b, 0), 0);
+        expect("send", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
         return 0;
     }
     if (!strcmp(mode, "reset-recv") || !strcmp(mode, "reset-data")) {
@@ -108,13 +119,13 @@ static long after_reset(int c) {
         }
         expect("the first recv", recv(c, b, sizeof b, 0), -ECONNRESET);
         expect("the second recv", recv(c, b, sizeof b, 0), 0);
-        if (so_error(c) != 0) fail("SO_ERROR after the recv: %d, not 0", so_error(c));
+        { int e = so_error(c); if (e != 0) fail("SO_ERROR after the recv: %d, not 0", e); }
         expect("send", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
         return got;
     }
     expect("the first send", send(c, "x", 1, MSG_NOSIGNAL), -ECONNRESET);
     expect("the second send", send(c, "x", 1, MSG_NOSIGNAL), -EPIPE);
-    if (so_error(c) != 0) fail("SO_ERROR after the send: %d, not 0", so_error(c));
+    { int e = so_error(c); if (e != 0) fail("SO_ERROR after the send: %d, not 0", e); }
     expect("recv", recv(c, b, sizeof b, 0), 0);
     return 0;
 }
@@ -124,7 +135,7 @@ static long closed_write(int c) {
     expect("the first write", send(c, "abc", 3, MSG_NOSIGNAL), 3);
     usleep(100000); /* the peer's reset is in */
     expect_revents(c, POLLIN | POLLOUT | POLLERR | POLLHUP);
-    if (so_error(c) != EPIPE) fail("SO_ERROR: %d, not EPIPE", so_error(c));
+    { int e = so_error(c); if (e != EPIPE) fail("SO_ERROR: %d, not EPIPE", e); }
     if (so_error(c) != 0) fail("SO_ERROR read twice: not 0");
     expect_revents(c, POLLIN | POLLOUT | POLLHUP);
     expect("recv", recv(c, b, sizeof b, 0), 0);
@@ -237,6 +248,10 @@ static void peer(int c) {
         /* The server's 3 bytes are in; closing without reading them resets. */
         if (!strcmp(mode, "reset-data") && send(c, "abc", 3, 0) != 3) fail("send");
         await(to_peer[0]);
+        if (!strcmp(mode, "reset-fin")) {
+            if (shutdown(c, SHUT_WR)) fail("shutdown");
+            usleep(50000);
+        }
         close(c);
         tell(to_server[1]);
         await(to_peer[0]);

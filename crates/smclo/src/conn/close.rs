@@ -19,7 +19,10 @@
 //! - The reset's error is TCP's socket error ([`Conn::take_error`]): the
 //!   first call that asks (`SO_ERROR`, a read, a write) reports it, and it
 //!   is gone for the calls after it (reads return 0, writes `EPIPE`, polls
-//!   no longer show `ERR`).
+//!   no longer show `ERR`). A peer that died is a reset whatever it had
+//!   read: its held bytes (`MSG_MORE`, `TCP_CORK`) were never published,
+//!   so an end of stream could hide their loss. An error of this end's own
+//!   (`sticky`) stays.
 
 use super::{errno, Conn};
 use crate::chan_sys;
@@ -168,12 +171,18 @@ impl Conn {
     }
 
     /// The error a reset left, if no call reported it yet, and reports it:
-    /// `ECONNRESET` after the peer aborted or died, `EPIPE` after the reset
-    /// that answered the first write to a peer that had closed (TCP's
-    /// error for a reset after the peer's end of stream). TCP reports its
-    /// socket error once, to whichever call asks first (`SO_ERROR`, a
-    /// read, a write), and clears it.
+    /// `ECONNRESET` after the peer aborted or died, `EPIPE` after a reset
+    /// that followed the peer's end of stream (its `SHUT_WR` or close, or
+    /// the reset that answered the first write to a closed peer: TCP's
+    /// error in CLOSE_WAIT). TCP reports its socket error once, to
+    /// whichever call asks first (`SO_ERROR`, a read, a write), and clears
+    /// it. An error of this end's own (a local abort, a protocol
+    /// violation, a lost mapping) is not a reset's: it stays, every call
+    /// and `SO_ERROR` report it, and polls show `ERR`.
     pub fn take_error(&self) -> Option<i32> {
+        if let Err(e) = self.sticky() {
+            return e.raw_os_error();
+        }
         let e = self.reset_error()?;
         (!self.reset_reported.swap(true, Ordering::Relaxed)).then_some(e)
     }
@@ -192,7 +201,13 @@ impl Conn {
     fn reset_error(&self) -> Option<i32> {
         let f = conn_state_flags(self.local.prod().load(Ordering::SeqCst));
         if f & PEER_CONN_ABORT != 0 {
-            Some(libc::ECONNRESET)
+            // After the peer's end of stream (TCP's CLOSE_WAIT), a reset's
+            // error is EPIPE.
+            Some(if f & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
+                libc::EPIPE
+            } else {
+                libc::ECONNRESET
+            })
         } else if self.reset_by_peer() {
             // The peer's end of stream came first (TCP's CLOSE_WAIT).
             Some(libc::EPIPE)

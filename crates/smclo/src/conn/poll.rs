@@ -14,8 +14,9 @@ use std::sync::atomic::Ordering;
 impl Conn {
     /// Readiness from the rings, as `poll(2)` reports a TCP socket: `IN`
     /// with unread data or after the peer's end of stream (with `RDHUP`),
-    /// `HUP` and `ERR` too after a reset, the peer's death or an error of
-    /// this end; `OUT` when a write would not wait (room in the peer's
+    /// `HUP` too after a reset or the peer's death, with `ERR` until a call
+    /// reported the reset's error ([`Conn::take_error`]; always after an
+    /// error of this end); `OUT` when a write would not wait (room in the peer's
     /// ring beyond what corking holds, or a write would fail at once).
     pub fn ready(&self) -> Ready {
         self.ready_for(Ready::OUT)

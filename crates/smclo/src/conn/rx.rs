@@ -98,16 +98,20 @@ impl Conn {
                 // Short so far: take whatever arrived meanwhile (see below).
                 continue;
             }
-            // Nothing (more) to read.
+            // Nothing (more) to read. The peer's end of stream, if it came
+            // before its reset (TCP's FIN before its RST), is what a read
+            // sees; then the reset's error; then our own SHUT_RD's end.
             if flags & PEER_CONN_ABORT != 0 {
                 self.record_flags(end_flags::PEER_ABORTED);
-                return self.after_reset(done);
             }
-            if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 || self.read_shut() {
+            if flags & (PEER_DONE_WRITING | PEER_CONN_CLOSED) != 0 {
                 return Ok(done);
             }
-            if self.peer_gone.load(Ordering::Relaxed) {
+            if flags & PEER_CONN_ABORT != 0 || self.peer_gone.load(Ordering::Relaxed) {
                 return self.after_reset(done);
+            }
+            if self.read_shut() {
+                return Ok(done);
             }
             if done > 0 && !waitall {
                 // A short read returns only here, with the ring empty: the

@@ -38,26 +38,25 @@ impl Conn {
         Ok(())
     }
 
-    /// Whether this write, refused, is the first since the peer closed (or
-    /// went away having read all we sent) without an abort: TCP sends it,
-    /// and the peer's answer is a reset, so it succeeds and only the writes
-    /// after it fail (`EPIPE`, the descriptor then reporting `ERR` and
-    /// `HUP`). Its bytes are not written: nobody reads them, and the peer's
-    /// ring may serve another connection already.
+    /// Whether this write, refused, is the first since the peer closed
+    /// without an abort: TCP sends it, and the peer's answer is a reset, so
+    /// it succeeds and only the writes after it fail (`EPIPE`, the
+    /// descriptor then reporting `HUP`, and `ERR` until a call reports the
+    /// reset's error). Its bytes are not written: nobody reads them, and the
+    /// peer's ring may serve another connection already. A peer that died
+    /// is a reset already ([`Conn::take_error`]).
     fn taken_as_reset(&self) -> bool {
         if self.sticky().is_err()
             || self.shut_wr.load(Ordering::Relaxed)
             || self.closed.load(Ordering::Relaxed)
+            || self.peer_gone.load(Ordering::Relaxed)
         {
             return false;
         }
         let f = conn_state_flags(self.local.prod().load(Ordering::SeqCst));
-        // A peer that died with our bytes unread would have reset at once
-        // (TCP's close with unread data), as an abort does.
-        let closed = f & PEER_CONN_CLOSED != 0
-            || (self.peer_gone.load(Ordering::Relaxed)
-                && self.tx_snap().is_ok_and(|s| s.used == 0));
-        closed && f & PEER_CONN_ABORT == 0 && !self.reset_by_peer.swap(true, Ordering::Relaxed)
+        f & PEER_CONN_CLOSED != 0
+            && f & PEER_CONN_ABORT == 0
+            && !self.reset_by_peer.swap(true, Ordering::Relaxed)
     }
 
     /// Whether a write was taken as TCP's last before the peer's reset
