@@ -25,16 +25,28 @@ use std::io;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-thread_local! {
+/// What this thread's calls and waits know of its signal handlers: one
+/// thread-local (a preloaded library reaches each through
+/// `__tls_get_addr`, so a call's start and end touch it once each).
+/// Constant-initialised and without a destructor: a plain TLS slot, there
+/// from the thread's start, which a signal handler may touch.
+struct Thread {
     /// Signals (bit `n - 1` for signal `n`) whose handler ran in this
     /// thread, since the innermost [`Call`] began (or [`Watch`], outside
-    /// a call). Constant-initialised
-    /// and without a destructor: a plain TLS slot, there from the thread's
-    /// start, which a signal handler may touch.
-    static RAN: AtomicU64 = const { AtomicU64::new(0) };
+    /// a call).
+    ran: AtomicU64,
     /// Whether the thread is in a [`Call`] (and not in a handler that
     /// interrupted it): its watches count from the call's start.
-    static IN_CALL: Cell<bool> = const { Cell::new(false) };
+    in_call: Cell<bool>,
+}
+
+thread_local! {
+    static THREAD: Thread = const {
+        Thread {
+            ran: AtomicU64::new(0),
+            in_call: Cell::new(false),
+        }
+    };
 }
 
 /// The bit of signal `sig` (signals above 64, which Linux does not have,
@@ -49,7 +61,7 @@ fn bit(sig: libc::c_int) -> u64 {
 /// signal handler a program of the native or C API installs, before or
 /// after its own work.
 pub fn handler_ran(sig: libc::c_int) {
-    RAN.with(|r| r.fetch_or(bit(sig), Ordering::Relaxed));
+    THREAD.with(|t| t.ran.fetch_or(bit(sig), Ordering::Relaxed));
 }
 
 /// A call of the program that may wait, from its start: the handlers that
@@ -58,7 +70,7 @@ pub fn handler_ran(sig: libc::c_int) {
 /// thread's.
 #[derive(Debug)]
 pub struct Call {
-    /// What [`RAN`] held when the call began, given back at its end (as
+    /// What `ran` ([`Thread`]) held when the call began, given back at its end (as
     /// [`Watch::before`]).
     before: u64,
     /// Whether the thread was in a call already (given back at the end;
@@ -72,32 +84,34 @@ impl Call {
     /// it is a call of its own too (its watches count from its start):
     /// the adapter passes the outer one down where that matters.
     pub fn begin() -> Call {
-        Call {
-            before: RAN.with(|r| r.swap(0, Ordering::Relaxed)),
-            outer: IN_CALL.with(|c| c.replace(true)),
+        THREAD.with(|t| Call {
+            before: t.ran.swap(0, Ordering::Relaxed),
+            outer: t.in_call.replace(true),
             _thread: PhantomData,
-        }
+        })
     }
 
     /// Whether a handler ran in this thread since the call began (or
     /// last started over): before a sleep the call does not watch with a
     /// [`Watch`].
     pub fn interrupted(&self) -> bool {
-        RAN.with(|r| r.load(Ordering::Relaxed)) != 0
+        THREAD.with(|t| t.ran.load(Ordering::Relaxed)) != 0
     }
 
     /// The call starts over (a handler that does not interrupt it ran,
     /// `SA_RESTART`): the handlers that ran so far no longer end it, as
     /// for the kernel's restarted call.
     pub fn restart(&self) {
-        RAN.with(|r| r.store(0, Ordering::Relaxed));
+        THREAD.with(|t| t.ran.store(0, Ordering::Relaxed));
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        IN_CALL.with(|c| c.set(self.outer));
-        RAN.with(|r| r.fetch_or(self.before, Ordering::Relaxed));
+        THREAD.with(|t| {
+            t.in_call.set(self.outer);
+            t.ran.fetch_or(self.before, Ordering::Relaxed);
+        });
     }
 }
 
@@ -117,7 +131,7 @@ impl Handler {
     pub fn runs(sig: libc::c_int) -> Handler {
         handler_ran(sig);
         Handler {
-            in_call: IN_CALL.with(|c| c.replace(false)),
+            in_call: THREAD.with(|t| t.in_call.replace(false)),
             _thread: PhantomData,
         }
     }
@@ -125,7 +139,7 @@ impl Handler {
 
 impl Drop for Handler {
     fn drop(&mut self) {
-        IN_CALL.with(|c| c.set(self.in_call));
+        THREAD.with(|t| t.in_call.set(self.in_call));
     }
 }
 
@@ -134,7 +148,7 @@ impl Drop for Handler {
 /// blocks.
 #[derive(Debug)]
 pub struct Watch<'m> {
-    /// What [`RAN`] held when the watch began: given back at its end, so
+    /// What `ran` ([`Thread`]) held when the watch began: given back at its end, so
     /// that a wait inside a signal handler does not hide the handler from
     /// the wait it interrupted.
     before: u64,
@@ -150,16 +164,16 @@ impl<'m> Watch<'m> {
     /// start of the [`Call`] the thread is in; `mask`: the wait's signal
     /// mask, if it has one (`ppoll`, `pselect`, `epoll_pwait`).
     pub fn begin(mask: Option<&'m libc::sigset_t>) -> Watch<'m> {
-        let before = match IN_CALL.with(Cell::get) {
+        let before = THREAD.with(|t| match t.in_call.get() {
             true => 0,
-            false => RAN.with(|r| r.swap(0, Ordering::Relaxed)),
-        };
+            false => t.ran.swap(0, Ordering::Relaxed),
+        });
         Watch { before, mask }
     }
 
     /// Whether a handler that interrupts this wait ran since it began.
     pub fn interrupted(&self) -> bool {
-        let ran = RAN.with(|r| r.load(Ordering::Relaxed));
+        let ran = THREAD.with(|t| t.ran.load(Ordering::Relaxed));
         // The mask is looked at only once a handler ran: rarely.
         ran != 0 && ran & !self.mask.map_or(0, blocked) != 0
     }
@@ -187,13 +201,13 @@ fn blocked(mask: &libc::sigset_t) -> u64 {
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        RAN.with(|r| r.fetch_or(self.before, Ordering::Relaxed));
+        THREAD.with(|t| t.ran.fetch_or(self.before, Ordering::Relaxed));
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{handler_ran, Call, Handler, Watch, IN_CALL, RAN};
+    use super::{handler_ran, Call, Handler, Watch, THREAD};
     use std::sync::atomic::Ordering;
 
     #[test]
@@ -285,8 +299,10 @@ mod tests {
         let next = Call::begin();
         assert!(!Watch::begin(None).interrupted());
         drop(next);
-        IN_CALL.with(|c| c.set(false));
-        RAN.with(|r| r.store(0, Ordering::Relaxed));
+        THREAD.with(|t| {
+            t.in_call.set(false);
+            t.ran.store(0, Ordering::Relaxed);
+        });
     }
 
     /// A handler's own calls are not part of the call it interrupted: a
