@@ -47,7 +47,7 @@ static PEER_PROPOSED: AtomicBool = AtomicBool::new(true);
 /// A spin is over after one budget; older marks are left over.
 const STALE: Duration = Duration::from_millis(100);
 
-fn epoch() -> Instant {
+pub(crate) fn epoch() -> Instant {
     static E: OnceLock<Instant> = OnceLock::new();
     *E.get_or_init(Instant::now)
 }

@@ -8,8 +8,26 @@
 //! spin.
 //!
 //! Exactly the items an adapter uses, grouped by the core module that
-//! defines them (docs/ARCHITECTURE.md, "Layers of the core"). The
+//! defines them (docs/ARCHITECTURE.md, "Layers of the core"), and
+//! [`prime`], which an adapter calls before the program runs. The
 //! `debug!` macro (`SMCLO_DEBUG`) is exported at the crate root.
+
+/// Makes the process-wide values the core makes on first use (the debug
+/// switch, the spin and pool settings read from the environment, the
+/// clocks' epochs, the announcements' home slot), before any signal
+/// handler of the program can run: a handler whose call reached one while
+/// its own thread was making it (a `OnceLock` being initialised) would
+/// wait for that thread for ever. An adapter calls it once, at load.
+pub fn prime() {
+    crate::debug::enabled();
+    crate::wait::spin_budget();
+    crate::dmb::pool::limits();
+    crate::conn::mono_ns();
+    crate::poller::now_ns();
+    crate::accept_spin::epoch();
+    crate::fdnum::since_start_ms();
+    crate::rendezvous::announcements_home();
+}
 
 /// A blocking `accept` that polls its listening socket before it sleeps.
 pub mod accept_spin {

@@ -398,7 +398,7 @@ static BUDGET_AT: AtomicU64 = AtomicU64::new(0);
 pub const BUDGET_TRUSTED: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Milliseconds since this module first asked (`CLOCK_MONOTONIC`, no system call).
-fn since_start_ms() -> u64 {
+pub(crate) fn since_start_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)

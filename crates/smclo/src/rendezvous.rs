@@ -327,7 +327,7 @@ fn announced_map(dev: &Device) -> &[AtomicU64; layout::ANNOUNCED_WORDS] {
 
 /// The home of every announcement ([`SlotKey::announcement`]), which
 /// places none by its client's address.
-fn announcements_home() -> usize {
+pub(crate) fn announcements_home() -> usize {
     static HOME: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *HOME.get_or_init(|| SlotKey::announcement(IpAddr::from([0u8; 4])).home())
 }

@@ -380,6 +380,7 @@ fn close_all_at_exit() {
 }
 
 extern "C" fn at_load() {
+    smclo::adapter::prime();
     register_fork_handlers();
     if !super::disabled() {
         smclo::adapter::fdnum::widen();

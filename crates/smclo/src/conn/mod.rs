@@ -73,7 +73,7 @@ fn partial(done: usize, e: io::Error) -> io::Result<usize> {
 }
 
 /// Nanoseconds of a monotonic clock since the first call (never 0 after it).
-fn mono_ns() -> u64 {
+pub(crate) fn mono_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }

@@ -92,7 +92,7 @@ static POOL: Mutex<Pool> = Mutex::new(Pool {
 /// The limits, read from the environment once per process (a malformed
 /// value is reported by [`crate::config::Config::from_env`]; here it means
 /// the default).
-fn limits() -> PoolLimits {
+pub(crate) fn limits() -> PoolLimits {
     static L: OnceLock<PoolLimits> = OnceLock::new();
     *L.get_or_init(|| PoolLimits::from_env().unwrap_or_default())
 }
