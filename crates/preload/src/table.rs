@@ -310,11 +310,19 @@ impl FdState {
 
     /// Whether the state is its word alone (no entry in [`STATES`]).
     fn word_only(&self) -> bool {
-        match self {
-            FdState::Unknown | FdState::Internal | FdState::Closing => true,
-            FdState::Candidate { epoll, connecting } => epoll.is_empty() && connecting.is_none(),
-            _ => false,
-        }
+        word_state(self.word()).is_some()
+    }
+}
+
+/// The state that word `w` is alone (`Unknown`, `Internal`, `Closing`, a
+/// bare `Candidate`); `None` for a word whose state is in [`STATES`].
+fn word_state(w: usize) -> Option<FdState> {
+    match w {
+        K_UNKNOWN => Some(FdState::Unknown),
+        K_INTERNAL => Some(FdState::Internal),
+        K_CLOSING => Some(FdState::Closing),
+        K_CANDIDATE_BARE => Some(FdState::candidate()),
+        _ => None,
     }
 }
 
@@ -396,16 +404,12 @@ pub fn transition_locked<R>(fd: RawFd, f: impl FnOnce(FdState) -> (FdState, R)) 
         return f(FdState::Unknown).1;
     };
     let old_word = w.load(Ordering::Acquire);
-    let old = match old_word & KIND_BITS {
-        K_UNKNOWN => FdState::Unknown,
-        K_INTERNAL => FdState::Internal,
-        K_CLOSING => FdState::Closing,
-        K_CANDIDATE_BARE => FdState::candidate(),
-        _ => states()
+    let old = word_state(old_word).unwrap_or_else(|| {
+        states()
             .as_mut()
             .and_then(|m| m.remove(&fd))
-            .unwrap_or(FdState::Unknown),
-    };
+            .unwrap_or(FdState::Unknown)
+    });
     let was = Kind::of(old_word);
     let (new, r) = f(old);
     let new_word = new.word();
@@ -467,13 +471,9 @@ pub fn epoll_count() -> usize {
 
 /// `f` applied to the state of `fd`, which it reads. With [`LOCK`] held.
 pub fn with_state_locked<R>(fd: RawFd, f: impl FnOnce(&FdState) -> R) -> R {
-    let w = WORDS[fd as usize].load(Ordering::Acquire);
-    match Kind::of(w) {
-        Kind::Unknown => f(&FdState::Unknown),
-        Kind::Internal => f(&FdState::Internal),
-        Kind::Closing => f(&FdState::Closing),
-        Kind::Candidate if w & KIND_BITS == K_CANDIDATE_BARE => f(&FdState::candidate()),
-        _ => {
+    match word_state(WORDS[fd as usize].load(Ordering::Acquire)) {
+        Some(s) => f(&s),
+        None => {
             let m = states();
             f(m.as_ref()
                 .and_then(|m| m.get(&fd))
