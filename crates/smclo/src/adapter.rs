@@ -125,7 +125,7 @@ pub fn register_fork_handlers() {
 
 /// Event-loop waits over connections and other descriptors.
 pub mod poller {
-    pub use crate::poller::{now_ns, poll, Budget, Member, Pace, Ready, KERNEL_EVERY};
+    pub use crate::poller::{now_ns, poll, Budget, Few, Member, Pace, Ready, KERNEL_EVERY};
 }
 
 /// The device's listener registry.

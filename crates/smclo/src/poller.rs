@@ -118,9 +118,9 @@ pub fn poll(
     w.run(timeout, &signals)
 }
 
-/// A wait's per-member scratch, on the stack for the few descriptors a
+/// A wait's per-member lists, on the stack for the few descriptors a
 /// poll usually has: the wait allocates nothing (it runs per request).
-type Few<T> = smallvec::SmallVec<[T; 16]>;
+pub type Few<T> = smallvec::SmallVec<[T; 16]>;
 
 /// One [`poll`] in progress.
 struct Wait<'a, 'm, K> {

@@ -36,26 +36,34 @@ fn child_entry() {
     };
     let dev = Device::open(&dir).unwrap();
     match role.as_str() {
-        "fill" => {
-            // Every slot of one key's window, then wait to be killed.
-            let held: Vec<_> = (0..PROBE)
-                .map(|_| Rendezvous::propose(&dev, key(40000, 80), b"child").unwrap())
-                .collect();
-            println!("READY");
-            std::thread::sleep(Duration::from_secs(30));
-            drop(held);
-        }
-        "announce-all" => {
-            // The whole announcements' window, then wait to be killed.
-            let a: std::net::IpAddr = "10.7.7.7".parse().unwrap();
-            let held: Vec<_> = (0..PROBE)
-                .map(|_| Rendezvous::propose(&dev, SlotKey::announcement(a), b"child").unwrap())
-                .collect();
-            println!("READY");
-            std::thread::sleep(Duration::from_secs(30));
-            drop(held);
-        }
+        // Every slot of one key's window, then wait to be killed.
+        "fill" => hold_window(&dev, key(40000, 80)),
+        // The whole announcements' window, then wait to be killed.
+        "announce-all" => hold_window(&dev, SlotKey::announcement("10.7.7.7".parse().unwrap())),
         other => panic!("unknown role {other}"),
+    }
+}
+
+/// A child's role: proposes in every slot of `k`'s window, says READY,
+/// and holds them until it is killed.
+fn hold_window(dev: &Device, k: SlotKey) {
+    let held: Vec<_> = (0..PROBE)
+        .map(|_| Rendezvous::propose(dev, k, b"child").unwrap())
+        .collect();
+    println!("READY");
+    std::thread::sleep(Duration::from_secs(30));
+    drop(held);
+}
+
+/// Waits until child `c` says READY.
+fn await_ready(c: &mut std::process::Child) {
+    let mut r = BufReader::new(c.stdout.as_mut().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0, "child exited early");
+        if l.trim() == "READY" {
+            break;
+        }
     }
 }
 
@@ -67,14 +75,7 @@ fn the_announcement_map_names_every_announcement() {
     let t = TempDir::new("rdvmap");
     let dev = Device::open(&t.0).unwrap();
     let mut c = spawn_child("announce-all", &t.0);
-    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(r.read_line(&mut l).unwrap() > 0, "child exited early");
-        if l.trim() == "READY" {
-            break;
-        }
-    }
+    await_ready(&mut c.0);
     assert_eq!(Rendezvous::find_announcements(&dev, |_| false).len(), PROBE);
     c.0.kill().unwrap();
     c.0.wait().unwrap();
@@ -316,14 +317,7 @@ fn full_window_is_an_error_and_dead_clients_slots_are_reclaimed() {
 
     // A killed client's slots are taken over by the next proposal.
     let mut c = spawn_child("fill", &t.0);
-    let mut r = BufReader::new(c.0.stdout.as_mut().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(r.read_line(&mut l).unwrap() > 0, "child exited early");
-        if l.trim() == "READY" {
-            break;
-        }
-    }
+    await_ready(&mut c.0);
     let k40000 = key(40000, 80);
     assert_eq!(Rendezvous::find_all(&dev, k40000).len(), PROBE);
     assert!(

@@ -13,7 +13,7 @@ use super::{fail, os_err};
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
-use smclo::adapter::poller::{now_ns, Member, Pace, Ready};
+use smclo::adapter::poller::{now_ns, Few, Member, Pace, Ready};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,10 +49,6 @@ fn kernel(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> 
     }
     Ok(r as usize)
 }
-
-/// The SMC-D members of a wait, on the stack for the few descriptors a
-/// poll usually has: a wait allocates nothing (it runs per request).
-type Few<T> = smallvec::SmallVec<[T; 16]>;
 
 /// The wait over `fds` of at most `t` (`None`: for ever), the rings of
 /// the SMC-D descriptors among them first; `poll`'s return value.
