@@ -5,7 +5,7 @@
 use crate::critical::lock;
 use crate::sock::Sock;
 use libc::epoll_event;
-use smclo::adapter::poller::{Budget, Ready};
+use smclo::adapter::poller::{Budget, Few, Ready};
 use std::os::fd::RawFd;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -119,6 +119,11 @@ pub struct Set {
     pub(crate) eager: bool,
 }
 
+/// The connections of a set's open poll session, `None` while it is
+/// closed. A session opens and closes around every sleep, so its few
+/// members are kept without a heap allocation.
+pub(crate) type Session = Option<Few<Arc<Sock>>>;
+
 /// A set's shadow, shared by the threads that wait on it.
 // Aligned so that a pointer to it leaves four low bits for the kind of
 // state it is the data of (`crate::table`).
@@ -127,9 +132,9 @@ pub struct Set {
 pub struct Shadow {
     pub(crate) set: Mutex<Set>,
     /// The connections of the open poll session (`crate::hooks::epoll`).
-    pub(crate) session: Mutex<Option<Vec<Arc<Sock>>>>,
+    pub(crate) session: Mutex<Session>,
     pub(crate) budget: Budget,
-    /// When the kernel was last asked (nanoseconds of `smclo::adapter::poller::now_ns`).
+    /// When the kernel was last asked (nanoseconds of `smclo::adapter::clock::now_ns`).
     pub(crate) kernel_at: AtomicU64,
 }
 
@@ -165,7 +170,7 @@ impl Shadow {
 }
 
 /// `sock` leaves the poll session `session`, if it is in it.
-fn leave(session: &mut Option<Vec<Arc<Sock>>>, sock: &Arc<Sock>) {
+fn leave(session: &mut Session, sock: &Arc<Sock>) {
     if let Some(v) = session.as_mut() {
         if let Some(i) = v.iter().position(|s| Arc::ptr_eq(s, sock)) {
             let s = v.swap_remove(i);

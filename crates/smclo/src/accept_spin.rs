@@ -27,8 +27,7 @@ use crate::signal::Watch;
 use crate::wait::Budget;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 static BUDGET: Budget = Budget::new();
 /// When the thread of this process that spins began (microseconds since
@@ -47,13 +46,10 @@ static PEER_PROPOSED: AtomicBool = AtomicBool::new(true);
 /// A spin is over after one budget; older marks are left over.
 const STALE: Duration = Duration::from_millis(100);
 
-pub(crate) fn epoch() -> Instant {
-    static E: OnceLock<Instant> = OnceLock::new();
-    *E.get_or_init(Instant::now)
-}
-
+/// Microseconds of [`crate::clock`], never 0 or 1 (the marks of "none"
+/// and "long ago").
 fn now_mark() -> u64 {
-    epoch().elapsed().as_micros() as u64 + 1
+    crate::clock::now_ns() / 1000 + 2
 }
 
 /// Becomes the process's spinning thread, unless a live one is.
@@ -74,7 +70,7 @@ pub enum Spun {
     Pending,
     /// None came within the budget; the `accept` that follows sleeps,
     /// from this moment.
-    Missed(Instant),
+    Missed(u64),
     /// A signal handler ran in this thread: had the `accept` been asleep,
     /// the signal would have interrupted it.
     Interrupted,
@@ -104,7 +100,7 @@ pub fn before_accept(fd: RawFd, signals: &Watch) -> Spun {
     match r {
         Ok(Some(())) => Spun::Pending,
         _ if signals.interrupted() => Spun::Interrupted,
-        _ => Spun::Missed(Instant::now()),
+        _ => Spun::Missed(crate::clock::now_ns()),
     }
 }
 

@@ -14,7 +14,7 @@
 
 /// Makes the process-wide values the core makes on first use (the debug
 /// switch, the spin and pool settings read from the environment, the
-/// clocks' epochs, the announcements' home slot), before any signal
+/// announcements' home slot), before any signal
 /// handler of the program can run: a handler whose call reached one while
 /// its own thread was making it (a `OnceLock` being initialised) would
 /// wait for that thread for ever. An adapter calls it once, at load.
@@ -22,10 +22,6 @@ pub fn prime() {
     crate::debug::enabled();
     crate::wait::spin_budget();
     crate::dmb::pool::limits();
-    crate::conn::mono_ns();
-    crate::poller::now_ns();
-    crate::accept_spin::epoch();
-    crate::fdnum::since_start_ms();
     crate::rendezvous::announcements_home();
 }
 
@@ -123,9 +119,14 @@ pub fn register_fork_handlers() {
     crate::vault::ensure_fork_hook();
 }
 
+/// The clock of every timed decision.
+pub mod clock {
+    pub use crate::clock::{now_ns, since_ns};
+}
+
 /// Event-loop waits over connections and other descriptors.
 pub mod poller {
-    pub use crate::poller::{now_ns, poll, Budget, Few, Member, Pace, Ready, KERNEL_EVERY};
+    pub use crate::poller::{poll, Budget, Few, Member, Pace, Ready, KERNEL_EVERY};
 }
 
 /// The device's listener registry.

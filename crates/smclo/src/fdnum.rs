@@ -390,20 +390,16 @@ pub fn held() -> usize {
 /// The [`budget`] as [`room_for_conn`] last read it; 0 before.
 static BUDGET: AtomicUsize = AtomicUsize::new(0);
 
-/// When [`BUDGET`] was read ([`since_start_ms`] + 1); 0: read it anew
+/// When [`BUDGET`] was read ([`now_ms`] + 1); 0: read it anew
 /// (never read, or the program changed its limit since).
 static BUDGET_AT: AtomicU64 = AtomicU64::new(0);
 
 /// How long [`room_for_announcement`] trusts a reading of the budget.
 pub const BUDGET_TRUSTED: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Milliseconds since this module first asked (`CLOCK_MONOTONIC`, no system call).
-pub(crate) fn since_start_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64
+/// Milliseconds of [`crate::clock`] (no system call: the vDSO).
+fn now_ms() -> u64 {
+    crate::clock::now_ns() / 1_000_000
 }
 
 /// How many descriptors smclo may hold: the room above the program's soft
@@ -421,7 +417,7 @@ pub fn budget() -> usize {
         }
     };
     BUDGET.store(b, Ordering::Relaxed);
-    BUDGET_AT.store(since_start_ms() + 1, Ordering::Relaxed);
+    BUDGET_AT.store(now_ms() + 1, Ordering::Relaxed);
     b
 }
 
@@ -451,7 +447,7 @@ pub fn room_for_conn(relieve: fn()) -> bool {
 /// changed from outside the process is seen that much later.
 pub fn room_for_announcement(relieve: fn()) -> bool {
     let at = BUDGET_AT.load(Ordering::Relaxed);
-    let fresh = at != 0 && since_start_ms() < at - 1 + BUDGET_TRUSTED.as_millis() as u64;
+    let fresh = at != 0 && now_ms() < at - 1 + BUDGET_TRUSTED.as_millis() as u64;
     let budget = match BUDGET.load(Ordering::Relaxed) {
         b if fresh && b != 0 => b,
         _ => budget(),

@@ -30,6 +30,7 @@ mod access;
 mod announced;
 mod backoff;
 mod chan_sys;
+mod clock;
 mod conn;
 mod deferred;
 mod dmb;

@@ -22,13 +22,6 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Nanoseconds since the first call in this process: a clock that fits in
-/// an atomic.
-pub fn now_ns() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
 /// What a waiter carries from one wait to the next: its spin [`Budget`]
 /// and when it last asked the kernel ([`KERNEL_EVERY`]). One per thread
 /// of the preload's `poll` and `select`, one per [`crate::api::Poller`].
@@ -48,12 +41,13 @@ impl Pace {
     }
 
     fn kernel_due(&self) -> bool {
-        now_ns().saturating_sub(self.kernel_at.load(Ordering::Relaxed))
+        crate::clock::now_ns().saturating_sub(self.kernel_at.load(Ordering::Relaxed))
             >= KERNEL_EVERY.as_nanos() as u64
     }
 
     fn kernel_asked(&self) {
-        self.kernel_at.store(now_ns(), Ordering::Relaxed);
+        self.kernel_at
+            .store(crate::clock::now_ns(), Ordering::Relaxed);
     }
 }
 
@@ -153,9 +147,9 @@ impl<K: Kernel> Wait<'_, '_, K> {
             return self.report(true);
         }
         signals.check()?;
-        let slept = Instant::now();
+        let slept = crate::clock::now_ns();
         self.pace.kernel_asked();
-        let left = deadline.map(|d| d.saturating_duration_since(slept));
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let n = (self.kernel)(self.fds, left)?;
         self.pace.budget.woken(n > 0, slept);
         for m in self.members {
@@ -249,7 +243,7 @@ impl<K: Kernel> Wait<'_, '_, K> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::Budget;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     #[test]
     fn misses_halve_the_budget_and_a_hit_restores_it() {
@@ -279,11 +273,15 @@ mod tests {
         }
         let low = b.next();
         assert!(low < full);
-        b.woken(false, Instant::now());
+        let now = crate::clock::now_ns;
+        b.woken(false, now());
         assert_eq!(b.next(), low, "woken without the event");
-        b.woken(true, Instant::now() - full - Duration::from_micros(1));
+        b.woken(
+            true,
+            now() - crate::clock::ns(full + Duration::from_micros(1)),
+        );
         assert_eq!(b.next(), low, "the event came after a full budget");
-        b.woken(true, Instant::now());
+        b.woken(true, now());
         assert_eq!(b.next(), full, "the event came within a full budget");
     }
 }

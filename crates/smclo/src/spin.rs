@@ -60,6 +60,8 @@
 //! so a late holder never frees or marks another's claim. A process
 //! with no device yet uses slots of its own.
 
+pub use crate::clock::now_ns;
+use crate::clock::ns;
 use crate::doorbell::Word;
 use crate::signal::Watch;
 use smclo_wire::device_layout::SPIN_SLOTS;
@@ -129,7 +131,7 @@ fn quiet(now: u64) -> bool {
 /// handshake's) sleeps instead, since each call spins briefly and does not
 /// yield.
 pub fn quiet_now() -> bool {
-    quiet(monotonic_ns())
+    quiet(now_ns())
 }
 
 /// Long yields ([`LONG_YIELD`]) that start a quiet time, counted less
@@ -183,7 +185,7 @@ fn yielded_short() {
 /// the clock only for a thread whose spin was ever preempted.
 pub fn contended() -> bool {
     let at = PREEMPTED_AT.with(Cell::get);
-    at != 0 && monotonic_ns().saturating_sub(at) < ns(GIVE_WAY)
+    at != 0 && now_ns().saturating_sub(at) < ns(GIVE_WAY)
 }
 
 /// How long a thread trusts what it read of its CPU affinity.
@@ -211,22 +213,6 @@ pub fn table() -> &'static [AtomicU64; SPIN_SLOTS] {
     }
     // SAFETY: `use_table` stored a `&'static` reference.
     unsafe { &*p }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds (never 0 after boot), which all
-/// processes of the host share.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into; CLOCK_MONOTONIC exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Slots per cache line.
@@ -392,7 +378,7 @@ pub fn run<T, E>(
     if time.is_zero() {
         return Ok(None);
     }
-    let start = monotonic_ns();
+    let start = now_ns();
     // A quiet thread spins no longer than it would before its first
     // yield, and does not yield.
     let may_yield = !quiet(start);
@@ -411,7 +397,7 @@ pub fn run<T, E>(
     let mut came_back = false;
     let r = loop {
         let r = look();
-        let mut now = monotonic_ns();
+        let mut now = now_ns();
         if !matches!(r, Ok(None)) {
             break r;
         }
@@ -419,7 +405,7 @@ pub fn run<T, E>(
             let before = now;
             // SAFETY: no arguments; it only reorders the run queue.
             unsafe { libc::sched_yield() };
-            now = monotonic_ns();
+            now = now_ns();
             came_back = now - before <= ns(LONG_YIELD);
             if !came_back {
                 yielded_long(now);

@@ -125,8 +125,12 @@ impl Budget {
     /// thread's spins are preempted ([`crate::spin::contended`]): where
     /// runnable threads outnumber CPUs, what comes soon came because
     /// others ran, and a full spin would have kept them from running.
-    pub fn woken(&self, arrived: bool, slept: Instant) {
-        if arrived && slept.elapsed() < spin_budget() && !crate::spin::contended() {
+    /// `slept`: when the sleep began ([`crate::clock::now_ns`]).
+    pub fn woken(&self, arrived: bool, slept: u64) {
+        if arrived
+            && crate::clock::since_ns(slept) < crate::clock::ns(spin_budget())
+            && !crate::spin::contended()
+        {
             self.note(true);
         }
     }

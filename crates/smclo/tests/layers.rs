@@ -13,7 +13,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "system and settings",
         &[
-            "numhash", "debug", "error", "errno", "chan_sys", "signal", "rng", "tcp_syn",
+            "numhash", "clock", "debug", "error", "errno", "chan_sys", "signal", "rng", "tcp_syn",
             "sockaddr", "access", "config", "doorbell", "short", "backoff",
         ],
     ),

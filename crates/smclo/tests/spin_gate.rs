@@ -124,7 +124,7 @@ fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
     // A fresh thread: it reads its affinity at its first spin.
     std::thread::spawn(move || {
         pin(cpu);
-        let now = spin::monotonic_ns();
+        let now = spin::now_ns();
         let slot = spin::slot_of(cpu);
         let other = claim(
             spin::table(),
@@ -164,10 +164,10 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
         let r = spin::until(Duration::from_secs(1), None, || {
             looks += 1;
             std::thread::sleep(Duration::from_millis(3));
-            looked = spin::monotonic_ns();
+            looked = spin::now_ns();
             None::<()>
         });
-        let ended = spin::monotonic_ns();
+        let ended = spin::now_ns();
         assert_eq!((r, looks), (None, 1), "spun on after a preemption");
         let held = spin::table()[slot].load(Ordering::SeqCst);
         let most = spin::GIVE_WAY.as_nanos() as u64;
@@ -180,7 +180,7 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
             claim(spin::table(), mine, slot, looked, looked + 1).is_none(),
             "the paused slot taken"
         );
-        while spin::monotonic_ns() <= held {
+        while spin::now_ns() <= held {
             std::thread::sleep(Duration::from_millis(1));
         }
         let r = spin::until(Duration::from_millis(100), None, || Some(()));
@@ -251,11 +251,11 @@ fn waited_for_the_cpu() -> (u64, u64) {
             std::hint::spin_loop();
         }
         sp.store(cpu_ns(clock), Ordering::Relaxed);
-        r.store(spin::monotonic_ns(), Ordering::Release);
+        r.store(spin::now_ns(), Ordering::Release);
     });
     // Longer than a paused slot (`GIVE_WAY`) and than the other's start.
     std::thread::sleep(Duration::from_millis(3));
-    let (start, cpu_start) = (spin::monotonic_ns(), cpu_ns(clock));
+    let (start, cpu_start) = (spin::now_ns(), cpu_ns(clock));
     go.store(true, Ordering::Release);
     let mut looks = 0;
     spin::until(Duration::from_millis(50), None, || {
@@ -289,7 +289,7 @@ fn kill_a_spinner(dir: &std::path::Path, table: &[AtomicU64]) -> Option<(Vec<u64
     }
     child.0.kill().unwrap();
     child.0.wait().unwrap();
-    let killed = spin::monotonic_ns();
+    let killed = spin::now_ns();
     let times: Vec<u64> = table.iter().map(|w| w.load(Ordering::SeqCst)).collect();
     times.iter().any(|t| *t != 0).then_some((times, killed))
 }
@@ -312,10 +312,10 @@ fn a_killed_spinner_holds_its_slot_no_longer_than_its_spin() {
         "a slot held past the dead spinner's own spin"
     );
     // Once that time has passed, every slot can be taken again.
-    while spin::monotonic_ns() <= last {
+    while spin::now_ns() <= last {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let now = spin::monotonic_ns();
+    let now = spin::now_ns();
     let all = Slots(u128::MAX);
     for (i, t) in times.iter().enumerate().filter(|(_, t)| **t != 0) {
         let c = claim(&table[..], all, i, now, now + 1_000).expect("reclaimed");
@@ -350,7 +350,6 @@ fn cpus_side_by_side_have_slots_on_different_cache_lines() {
 #[test]
 fn a_preempted_waiter_keeps_its_halved_budget() {
     use smclo::testing::wait::Budget;
-    use std::time::Instant;
     let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
     let cpu = some_cpu();
     std::thread::spawn(move || {
@@ -361,7 +360,7 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
         b.note(false);
         let halved = b.next();
         assert!(halved < full);
-        b.woken(true, Instant::now());
+        b.woken(true, spin::now_ns());
         assert_eq!(b.next(), full, "not contended: the full budget back");
         b.note(false);
         b.note(false);
@@ -372,7 +371,7 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
             None::<()>
         });
         assert!(spin::contended(), "the preemption not noted");
-        b.woken(true, Instant::now());
+        b.woken(true, spin::now_ns());
         assert_eq!(b.next(), halved, "the budget restored while contended");
     })
     .join()
@@ -409,9 +408,9 @@ fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
         std::thread::sleep(Duration::from_millis(3));
         let took: Vec<u64> = (0..60)
             .map(|_| {
-                let t0 = spin::monotonic_ns();
+                let t0 = spin::now_ns();
                 spin::until(Duration::from_micros(100), None, || None::<()>);
-                let t = spin::monotonic_ns() - t0;
+                let t = spin::now_ns() - t0;
                 std::thread::sleep(spin::GIVE_WAY + Duration::from_micros(500));
                 t
             })

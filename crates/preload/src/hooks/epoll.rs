@@ -27,11 +27,12 @@
 
 use crate::critical::{lock, Locked};
 use crate::real;
-use crate::shadow::{Member, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
+use crate::shadow::{Member, Session, Set, ALWAYS, ET, EXCLUSIVE, ONESHOT};
 use crate::table::{self, FdState, Shadow, Sock};
 use libc::{c_int, epoll_event, sigset_t, timespec};
+use smclo::adapter::clock::now_ns;
 use smclo::adapter::errno;
-use smclo::adapter::poller::{now_ns, Ready, KERNEL_EVERY};
+use smclo::adapter::poller::{Few, Ready, KERNEL_EVERY};
 use smclo::adapter::signal::Watch;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -292,7 +293,7 @@ pub(super) fn nest(inner: RawFd) {
     }
 }
 
-type SessionGuard = Locked<'static, Option<Vec<Arc<Sock>>>>;
+type SessionGuard = Locked<'static, Session>;
 
 /// Holds every shadow's locks across `fork` (in the order everything else
 /// takes them: the map, a session, its set), so that the child finds none
@@ -452,7 +453,7 @@ fn open(sh: &Shadow) {
     if set.nested {
         return;
     }
-    let mut v = Vec::with_capacity(set.members.len());
+    let mut v = Few::new();
     for m in set.members.iter().filter(|m| !m.gone) {
         // An error aborted the connection; its readiness says so.
         if m.sock.conn.poll_begin().is_ok() {
@@ -552,7 +553,7 @@ fn wait(
         return Ok(n);
     }
     sync(sh, ep);
-    let slept = Instant::now();
+    let slept = now_ns();
     loop {
         if signals.interrupted() {
             return Err(libc::EINTR);

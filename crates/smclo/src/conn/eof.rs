@@ -8,8 +8,9 @@
 //! came for [`EOF_LOOK_EVERY`]: a loop that reads until `EAGAIN` makes no
 //! system call for it.
 
-use super::{mono_ns, Conn};
+use super::Conn;
 use crate::chan_sys;
+use crate::clock::now_ns;
 use crate::wait::Ready;
 use smclo_wire::cursor::{self, conn_state_flags};
 use std::io;
@@ -29,7 +30,7 @@ impl Conn {
     /// `EAGAIN` right after its data never looks while requests keep
     /// coming; a busy loop looks every [`EOF_LOOK_EVERY`].
     pub(super) fn eof_look_due(&self) -> bool {
-        let now = mono_ns();
+        let now = now_ns();
         let at = self.looked_at.load(Ordering::Relaxed);
         let due = self.eof_due.load(Ordering::Relaxed)
             || at == 0

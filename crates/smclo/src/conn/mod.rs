@@ -36,7 +36,6 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
 
 mod close;
 mod eof;
@@ -70,12 +69,6 @@ fn partial(done: usize, e: io::Error) -> io::Result<usize> {
     } else {
         Err(e)
     }
-}
-
-/// Nanoseconds of a monotonic clock since the first call (never 0 after it).
-pub(crate) fn mono_ns() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
 fn errno(e: i32) -> io::Error {
@@ -142,7 +135,7 @@ pub struct Conn {
     /// nothing looks for end of file ([`Conn::kernel_ready`]).
     eof_due: AtomicBool,
     /// When data was last read or end of file last looked for
-    /// ([`mono_ns`]), 0 for never.
+    /// ([`crate::clock::now_ns`]), 0 for never.
     looked_at: AtomicU64,
     /// Stats, counted by this process.
     sent: AtomicU64,
@@ -173,7 +166,7 @@ pub struct Conn {
     /// Bytes written into the peer's ring past its published producer
     /// cursor and not published yet (corked). Changed only under `tx`.
     held: AtomicU32,
-    /// When the first held byte was written ([`mono_ns`]), 0 with none.
+    /// When the first held byte was written ([`crate::clock::now_ns`]), 0 with none.
     held_at: AtomicU64,
     /// This process's pollers of the receive ring ([`doorbell::poll_begin`]).
     pollers: AtomicU64,
@@ -290,7 +283,8 @@ impl Conn {
     fn count_received(&self, n: usize) {
         self.received.fetch_add(n as u64, Ordering::Relaxed);
         tally(&self.reads);
-        self.looked_at.store(mono_ns(), Ordering::Relaxed);
+        self.looked_at
+            .store(crate::clock::now_ns(), Ordering::Relaxed);
         if let Some(r) = &self.record {
             r.add_rx(n as u64);
         }

@@ -205,7 +205,7 @@ impl Conn {
         sleep: &mut Sleep,
     ) -> io::Result<MutexGuard<'a, ()>> {
         drop(g);
-        let slept = Instant::now();
+        let slept = crate::clock::now_ns();
         let rev = sleep.poll(self.chan()?.raw(), libc::POLLIN)?;
         let g = lock(&self.rx);
         if rev & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {

@@ -7,7 +7,8 @@
 //! kernel's copy mode; nothing stays in that buffer between calls.
 
 use super::wait::Sleep;
-use super::{errno, lock, mono_ns, partial, Conn, Mode, SendFlags};
+use super::{errno, lock, partial, Conn, Mode, SendFlags};
+use crate::clock::now_ns;
 use crate::doorbell::{self, BellChannel, Block};
 use crate::ring;
 use smclo_wire::cursor::{self, conn_state_flags, PEER_CONN_ABORT, PEER_CONN_CLOSED};
@@ -15,7 +16,7 @@ use smclo_wire::device_layout::end_flags;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::MutexGuard;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl Conn {
     /// Checks that writing is still allowed.
@@ -161,7 +162,7 @@ impl Conn {
         let hold = (more || self.cork.load(Ordering::Relaxed)) && HOLDING.load(Ordering::Relaxed);
         if hold && used + held + n < self.peer.ring_len() / 2 {
             if held == 0 {
-                self.held_at.store(mono_ns(), Ordering::Relaxed);
+                self.held_at.store(now_ns(), Ordering::Relaxed);
             }
             self.held.store(held + n, Ordering::Relaxed);
             return Ok(());
@@ -235,7 +236,7 @@ impl Conn {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
                 drop(g);
-                let slept = Instant::now();
+                let slept = now_ns();
                 let rev = sleep.poll(self.chan()?.raw(), libc::POLLOUT)?;
                 let g = lock(&self.tx);
                 if rev & libc::POLLOUT != 0 {
@@ -292,7 +293,7 @@ impl Conn {
         if at == 0 {
             return Ok(None);
         }
-        let waited = Duration::from_nanos(mono_ns().saturating_sub(at));
+        let waited = Duration::from_nanos(now_ns().saturating_sub(at));
         if waited < age {
             return Ok(Some(age - waited));
         }
