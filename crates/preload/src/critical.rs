@@ -26,7 +26,6 @@
 
 use libc::{c_int, c_void, siginfo_t};
 use std::cell::Cell;
-use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -62,23 +61,48 @@ thread_local! {
     };
 }
 
+/// This thread's [`Sections`], reached again at a section's end without
+/// a lookup (a preloaded library looks each thread-local up through
+/// `__tls_get_addr`, and every lock of the preload's is a section).
+#[derive(Clone, Copy)]
+struct Here(*const Sections);
+
+impl Here {
+    #[inline]
+    fn now() -> Here {
+        SECTIONS.with(|s| Here(s))
+    }
+
+    #[inline]
+    fn get(&self) -> &Sections {
+        // SAFETY: `SECTIONS` is constant-initialised and has no destructor,
+        // so its storage is valid for the whole life of the thread that
+        // took this pointer; a raw pointer makes `Here`, and the sections
+        // that hold one, neither `Send` nor `Sync`, so only that thread,
+        // while it runs, reads through it.
+        unsafe { &*self.0 }
+    }
+}
+
 /// The calling thread is in a section until this is dropped. Not `Send`:
 /// the count is the thread's.
-pub struct Section(PhantomData<*const ()>);
+pub struct Section(Here);
 
 /// Enters a section.
 #[inline]
 pub fn enter() -> Section {
-    SECTIONS.with(|s| s.depth.set(s.depth.get() + 1));
+    let here = Here::now();
+    let s = here.get();
+    s.depth.set(s.depth.get() + 1);
     // In the section before anything after it (a lock taken) happens.
     compiler_fence(Ordering::SeqCst);
-    Section(PhantomData)
+    Section(here)
 }
 
 impl Drop for Section {
     #[inline]
     fn drop(&mut self) {
-        leave(false);
+        leave(self.0.get(), false);
     }
 }
 
@@ -91,46 +115,40 @@ pub fn enter_table() -> Option<TableSection> {
     // In the section before the flag is set, and out of it after the flag
     // is cleared ([`leave`]): a handler that ran in between would find the
     // flag without the section, and take the lock again.
-    let again = SECTIONS.with(|s| {
-        s.depth.set(s.depth.get() + 1);
-        s.table.replace(true)
-    });
+    let here = Here::now();
+    let s = here.get();
+    s.depth.set(s.depth.get() + 1);
+    let again = s.table.replace(true);
     compiler_fence(Ordering::SeqCst);
     if again {
-        leave(false);
+        leave(s, false);
         return None;
     }
-    Some(TableSection(PhantomData))
+    Some(TableSection(here))
 }
 
 /// See [`enter_table`].
-pub struct TableSection(PhantomData<*const ()>);
+pub struct TableSection(Here);
 
 impl Drop for TableSection {
     #[inline]
     fn drop(&mut self) {
-        leave(true);
+        leave(self.0.get(), true);
     }
 }
 
 /// Leaves a section (the table lock's: `table`); the outermost lets the
 /// deferred signals in.
 #[inline]
-fn leave(table: bool) {
+fn leave(s: &Sections, table: bool) {
     // Out of the section only after what it guarded (a lock let go).
     compiler_fence(Ordering::SeqCst);
-    let deferred = SECTIONS.with(|s| {
-        if table {
-            s.table.set(false);
-        }
-        let n = s.depth.get() - 1;
-        s.depth.set(n);
-        if n == 0 {
-            s.deferred.replace(0)
-        } else {
-            0
-        }
-    });
+    if table {
+        s.table.set(false);
+    }
+    let n = s.depth.get() - 1;
+    s.depth.set(n);
+    let deferred = if n == 0 { s.deferred.replace(0) } else { 0 };
     if deferred != 0 {
         // The handlers run as this returns; the caller's errno is its own.
         smclo::adapter::errno::kept(|| sigmask(libc::SIG_UNBLOCK, deferred));

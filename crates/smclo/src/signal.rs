@@ -49,6 +49,27 @@ thread_local! {
     };
 }
 
+/// This thread's [`Thread`], reached again without a lookup by a value
+/// that stays on the thread ([`Call`], [`Watch`]): a preloaded library
+/// looks each thread-local up through `__tls_get_addr`.
+#[derive(Debug, Clone, Copy)]
+struct Here(*const Thread);
+
+impl Here {
+    fn now() -> Here {
+        THREAD.with(|t| Here(t))
+    }
+
+    fn get(&self) -> &Thread {
+        // SAFETY: `THREAD` is constant-initialised and has no destructor,
+        // so its storage is valid for the whole life of the thread that
+        // took this pointer; a raw pointer makes `Here`, and every value
+        // that holds one, neither `Send` nor `Sync`, so only that thread,
+        // while it runs, reads through it.
+        unsafe { &*self.0 }
+    }
+}
+
 /// The bit of signal `sig` (signals above 64, which Linux does not have,
 /// share the last one).
 fn bit(sig: libc::c_int) -> u64 {
@@ -76,7 +97,7 @@ pub struct Call {
     /// Whether the thread was in a call already (given back at the end;
     /// a call a handler interrupted does not count: [`Handler`]).
     outer: bool,
-    _thread: PhantomData<*const ()>,
+    here: Here,
 }
 
 impl Call {
@@ -84,34 +105,35 @@ impl Call {
     /// it is a call of its own too (its watches count from its start):
     /// the adapter passes the outer one down where that matters.
     pub fn begin() -> Call {
-        THREAD.with(|t| Call {
+        let here = Here::now();
+        let t = here.get();
+        Call {
             before: t.ran.swap(0, Ordering::Relaxed),
             outer: t.in_call.replace(true),
-            _thread: PhantomData,
-        })
+            here,
+        }
     }
 
     /// Whether a handler ran in this thread since the call began (or
     /// last started over): before a sleep the call does not watch with a
     /// [`Watch`].
     pub fn interrupted(&self) -> bool {
-        THREAD.with(|t| t.ran.load(Ordering::Relaxed)) != 0
+        self.here.get().ran.load(Ordering::Relaxed) != 0
     }
 
     /// The call starts over (a handler that does not interrupt it ran,
     /// `SA_RESTART`): the handlers that ran so far no longer end it, as
     /// for the kernel's restarted call.
     pub fn restart(&self) {
-        THREAD.with(|t| t.ran.store(0, Ordering::Relaxed));
+        self.here.get().ran.store(0, Ordering::Relaxed);
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        THREAD.with(|t| {
-            t.in_call.set(self.outer);
-            t.ran.fetch_or(self.before, Ordering::Relaxed);
-        });
+        let t = self.here.get();
+        t.in_call.set(self.outer);
+        t.ran.fetch_or(self.before, Ordering::Relaxed);
     }
 }
 
@@ -157,6 +179,7 @@ pub struct Watch<'m> {
     /// not after the wait, only because the spin runs with the thread's
     /// own mask) do not.
     mask: Option<&'m libc::sigset_t>,
+    here: Here,
 }
 
 impl<'m> Watch<'m> {
@@ -164,16 +187,18 @@ impl<'m> Watch<'m> {
     /// start of the [`Call`] the thread is in; `mask`: the wait's signal
     /// mask, if it has one (`ppoll`, `pselect`, `epoll_pwait`).
     pub fn begin(mask: Option<&'m libc::sigset_t>) -> Watch<'m> {
-        let before = THREAD.with(|t| match t.in_call.get() {
+        let here = Here::now();
+        let t = here.get();
+        let before = match t.in_call.get() {
             true => 0,
             false => t.ran.swap(0, Ordering::Relaxed),
-        });
-        Watch { before, mask }
+        };
+        Watch { before, mask, here }
     }
 
     /// Whether a handler that interrupts this wait ran since it began.
     pub fn interrupted(&self) -> bool {
-        let ran = THREAD.with(|t| t.ran.load(Ordering::Relaxed));
+        let ran = self.here.get().ran.load(Ordering::Relaxed);
         // The mask is looked at only once a handler ran: rarely.
         ran != 0 && ran & !self.mask.map_or(0, blocked) != 0
     }
@@ -201,7 +226,7 @@ fn blocked(mask: &libc::sigset_t) -> u64 {
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        THREAD.with(|t| t.ran.fetch_or(self.before, Ordering::Relaxed));
+        self.here.get().ran.fetch_or(self.before, Ordering::Relaxed);
     }
 }
 
