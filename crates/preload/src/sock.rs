@@ -6,7 +6,7 @@
 use smclo::adapter::conn::Conn;
 use smclo::device::Registration;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// One SMC-D connection as this process sees it.
 // Aligned so that a pointer to it leaves four low bits for the kind of
@@ -44,6 +44,49 @@ pub struct Sock {
     /// connections are learnt (`SMCLO_SHORT`): told how the connection
     /// went when it ends here ([`smclo::adapter::short`]).
     pub learn: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The interposed calls of this process that use the connection now
+    /// (`hooks::swap::in_call`).
+    pub calls: Calls,
+}
+
+/// How many interposed calls of this process use a connection now, and
+/// whether its last descriptor was closed while they did: Linux keeps a
+/// socket whose descriptor a call in progress holds (a `recv` blocked in
+/// another thread) until that call returns, so the connection's end waits
+/// for the last of them (`hooks::swap`). One word, so that the last call
+/// and the close agree on who ends it.
+#[derive(Default)]
+pub struct Calls(AtomicU32);
+
+/// The bit of [`Calls`] that says the last descriptor is closed.
+const ENDING: u32 = 1 << 31;
+
+impl Calls {
+    /// A call begins to use the connection; with the table's lock held,
+    /// so that a close that takes the connection out of the table after
+    /// it sees it.
+    pub fn begin(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call is done with the connection. True for the last call after
+    /// its last descriptor was closed ([`Calls::end_after`]): the caller
+    /// ends the connection.
+    pub fn end(&self) -> bool {
+        self.0.fetch_sub(1, Ordering::AcqRel) == ENDING | 1
+    }
+
+    /// Whether calls use the connection now.
+    pub fn in_use(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & !ENDING != 0
+    }
+
+    /// The connection's last descriptor is closed: true when calls still
+    /// use it (the last to end ends it), false when none does any more
+    /// (the caller ends it now).
+    pub fn end_after(&self) -> bool {
+        self.0.fetch_or(ENDING, Ordering::AcqRel) & !ENDING != 0
+    }
 }
 
 impl Sock {

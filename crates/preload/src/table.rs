@@ -520,6 +520,26 @@ fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
     get_locked(fd)
 }
 
+/// [`get`] for a call that uses the connection until it returns: counted
+/// in [`Sock::calls`](crate::sock::Calls) under the lock, so that a close
+/// that takes the number out of the table afterwards sees the call
+/// (`hooks::swap::in_call`, which ends the count).
+#[inline]
+pub fn get_for_call(fd: RawFd) -> Option<Arc<Sock>> {
+    if !in_range(fd) || !is_smc(WORDS[fd as usize].load(Ordering::Relaxed)) {
+        return None;
+    }
+    get_for_call_slow(fd)
+}
+
+#[cold]
+fn get_for_call_slow(fd: RawFd) -> Option<Arc<Sock>> {
+    let _g = LOCK.read();
+    let s = get_locked(fd)?;
+    s.calls.begin();
+    Some(s)
+}
+
 /// [`get`] with [`LOCK`] held (for reading or writing), which is not
 /// re-entrant.
 pub fn get_locked(fd: RawFd) -> Option<Arc<Sock>> {

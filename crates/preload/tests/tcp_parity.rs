@@ -3,7 +3,7 @@
 //! reset leaves, which TCP reports once (to `SO_ERROR`, a `recv` or a
 //! `send`, whichever asks first) and then clears, `TCP_INQ`'s control
 //! message, `SPLICE_F_MORE`, which TCP takes as `MSG_MORE`, and
-//! `SIOCOUTQ`. Each mode runs over
+//! `SIOCOUTQ`, and a `close` beside a blocked `recv`. Each mode runs over
 //! plain TCP first, which proves the expectation is TCP's, then under the
 //! preload, where the device's counters prove the connection was SMC-D.
 
@@ -15,7 +15,7 @@ use common::{compile, run_plain, run_smc};
 
 fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| compile("tcp_parity", &[]))
+    EXE.get_or_init(|| compile("tcp_parity", &["-pthread"]))
 }
 
 fn check(mode: &str, read: &str) {
@@ -69,6 +69,14 @@ fn the_bytes_before_a_reset_are_read_first() {
 #[test]
 fn so_error_reports_the_reset_after_a_write_to_a_closed_peer() {
     check("closed-write", "0");
+}
+
+/// A `close` beside a `recv` blocked in another thread ended the
+/// connection (the `recv` failed `ECONNRESET`, the peer read a reset);
+/// Linux keeps the socket until the `recv` returns.
+#[test]
+fn a_close_beside_a_blocked_recv_waits_for_it() {
+    check("close-blocked", "5");
 }
 
 /// `SPLICE_F_MORE` held nothing back; TCP takes it as `MSG_MORE`.

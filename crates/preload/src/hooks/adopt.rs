@@ -581,6 +581,7 @@ pub(super) fn install(
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
         learn: Default::default(),
+        calls: Default::default(),
     });
     let g = LOCK.write();
     super::state::internal_locked(p.tcp);

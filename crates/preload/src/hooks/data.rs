@@ -340,7 +340,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::read(fd, buf, n) };
     };
@@ -386,7 +386,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::write(fd, buf, n) };
     };
@@ -414,7 +414,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recv(fd, buf, n, flags) };
     };
@@ -453,7 +453,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::send(fd, buf, n, flags) };
     };
@@ -488,7 +488,7 @@ pub unsafe extern "C" fn recvfrom(
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
     };
@@ -541,7 +541,7 @@ pub unsafe extern "C" fn sendto(
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
     };
@@ -569,7 +569,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     if let Err(e) = super::pending::before_read(fd, false) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::readv(fd, iov, cnt) };
     };
@@ -595,7 +595,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
     if let Err(e) = super::pending::before_write(fd, false) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: forwarded unchanged.
         return unsafe { real::writev(fd, iov, cnt) };
     };
@@ -621,7 +621,7 @@ unsafe fn recvmsg_in(call: &Call, fd: c_int, msg: *mut msghdr, flags: c_int) -> 
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: the application's arguments.
         return unsafe { super::passing::recvmsg(fd, msg, flags) };
     };
@@ -703,7 +703,7 @@ unsafe fn sendmsg_in(call: &Call, fd: c_int, msg: *const msghdr, flags: c_int) -
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    let Some(s) = table::get(fd) else {
+    let Some(s) = super::swap::in_call(fd) else {
         // SAFETY: the application's arguments.
         return unsafe { super::passing::sendmsg(fd, msg, flags) };
     };
@@ -736,7 +736,7 @@ pub unsafe extern "C" fn recvmmsg(
     if let Err(e) = super::pending::before_read(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    if table::get(fd).is_none() {
+    if super::swap::in_call(fd).is_none() {
         // SAFETY: the application's arguments.
         return unsafe { super::passing::recvmmsg(fd, v, n, flags, t) };
     }
@@ -775,7 +775,7 @@ pub unsafe extern "C" fn sendmmsg(
     if let Err(e) = super::pending::before_write(fd, flags & libc::MSG_DONTWAIT != 0) {
         return fail(e);
     }
-    if table::get(fd).is_none() && !super::passing::may_pass(v, n) {
+    if super::swap::in_call(fd).is_none() && !super::passing::may_pass(v, n) {
         // SAFETY: forwarded unchanged.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
     }

@@ -11,13 +11,12 @@
 
 use super::{fail, os_err};
 use crate::real;
-use crate::table::{self, Sock};
+use crate::table;
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
 use smclo::adapter::clock::now_ns;
 use smclo::adapter::poller::{Few, Member, Pace, Ready};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
@@ -54,10 +53,10 @@ fn kernel(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> 
 /// The wait over `fds` of at most `t` (`None`: for ever), the rings of
 /// the SMC-D descriptors among them first; `poll`'s return value.
 fn wait(fds: &mut [pollfd], t: Option<Duration>, sigmask: *const sigset_t) -> c_int {
-    let socks: Few<(usize, Arc<Sock>)> = fds
+    let socks: Few<(usize, super::swap::InCall)> = fds
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| table::get(p.fd).map(|s| (i, s)))
+        .filter_map(|(i, p)| super::swap::in_call(p.fd).map(|s| (i, s)))
         .collect();
     let r = if socks.is_empty() {
         kernel(fds, t, sigmask)

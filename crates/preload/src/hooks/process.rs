@@ -111,6 +111,7 @@ extern "C" fn in_child() {
     drop(f.shadows.take());
     f.lock.forget_in_child();
     super::poll::forget_fd_table();
+    swap::forget_deferred_in_child();
     for s in &f.socks {
         s.conn.forked_child();
         holders::join(s.slot, s.conn.fd());
@@ -279,6 +280,7 @@ fn exec_with(
     }
     forget_records();
     put_back_marks();
+    swap::end_deferred();
     match target {
         Target::Missing => {}
         Target::Plain(why) => {
@@ -314,6 +316,7 @@ fn exec_with(
 /// (`pending::early_fds`). Without this the
 /// peer would see the channel vanish with no flag and report a reset.
 pub(crate) fn close_all() {
+    swap::end_deferred();
     if LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any() {
         return;
     }
@@ -371,6 +374,7 @@ fn close_all_at_exit() {
     if LIVE.load(Ordering::Relaxed) == 0 {
         return;
     }
+    swap::end_deferred_at_exit();
     let Some(_g) = LOCK.try_write_for(EXIT_LOCK_WAIT) else {
         return;
     };

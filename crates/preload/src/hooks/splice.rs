@@ -44,7 +44,7 @@ pub unsafe extern "C" fn splice(
     if let Err(e) = decided(fd_in, fd_out) {
         return fail(e);
     }
-    let (sin, sout) = (table::get(fd_in), table::get(fd_out));
+    let (sin, sout) = (super::swap::in_call(fd_in), super::swap::in_call(fd_out));
     if sin.is_none() && sout.is_none() {
         // SAFETY: forwarded unchanged.
         return unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
@@ -188,7 +188,7 @@ unsafe fn sendfile_via(
     if let Err(e) = decided(inp, out) {
         return fail(e);
     }
-    match (table::get(out), table::get(inp)) {
+    match (super::swap::in_call(out), super::swap::in_call(inp)) {
         (Some(s), _) => do_sendfile(&call, &s, inp, off, count),
         (None, Some(s)) => sendfile_from(&call, &s, out, off, count),
         // SAFETY: forwarded unchanged.

@@ -90,6 +90,7 @@ pub(super) fn swap_in(
         cork_armed: Default::default(),
         _held: smclo::adapter::fdnum::Held::new(),
         learn: Default::default(),
+        calls: Default::default(),
     });
     let g = LOCK.write();
     if !holder.holds_locked(fd) {
@@ -253,10 +254,141 @@ pub(super) fn clear_stale(fd: RawFd) {
 }
 
 /// One application descriptor of `sock` is gone: when it was the last one
-/// in this process, this process's share of the connection ends.
+/// in this process, this process's share of the connection ends, at once
+/// or, while calls of other threads use it, when the last of them returns
+/// ([`InCall`]).
 pub(super) fn release(sock: Arc<Sock>) {
     if sock.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
-        last_close(&sock);
+        end_when_unused(sock);
+    }
+}
+
+/// The connection of a call in progress on descriptor `fd` (a read, a
+/// write, a poll), counted in [`Sock::calls`] until the call returns. A
+/// `close` of the connection's last descriptor meanwhile (by another
+/// thread) does not end it under the call: as Linux keeps a socket that a
+/// call in progress holds, a `recv` blocked on it goes on, gets what the
+/// peer sends, and the peer sees the end of stream when it returns.
+pub(super) struct InCall(Arc<Sock>);
+
+/// The connection of descriptor `fd` for the call now beginning.
+#[inline]
+pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
+    crate::table::get_for_call(fd).map(InCall)
+}
+
+impl std::ops::Deref for InCall {
+    type Target = Arc<Sock>;
+    fn deref(&self) -> &Arc<Sock> {
+        &self.0
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        if self.0.calls.end() {
+            if let Some(s) = deferred::take(&self.0) {
+                last_close(&s);
+            }
+        }
+    }
+}
+
+/// The last descriptor of `sock` is gone: its end now, or, while calls
+/// use it and there is room to remember it, when the last one returns.
+fn end_when_unused(sock: Arc<Sock>) {
+    if sock.calls.in_use() && deferred::put(&sock) {
+        if sock.calls.end_after() {
+            debug!(
+                "SMC-D connection (channel fd {}): its last descriptor closed while calls of other threads use it; it ends when they return",
+                sock.conn.fd()
+            );
+            return;
+        }
+        // They returned meanwhile, each before the flag.
+        if deferred::take(&sock).is_none() {
+            return; // exit or exec ended it
+        }
+    }
+    last_close(&sock);
+}
+
+/// Exit and exec: the connections whose end waited for calls in progress
+/// end now, as their sockets would (those calls' threads do not outlive
+/// the process image).
+pub(super) fn end_deferred() {
+    deferred::take_all(|s| last_close(&s));
+}
+
+/// [`end_deferred`] at `_exit`, perhaps in a signal handler: only
+/// async-signal-safe work, nothing freed.
+pub(super) fn end_deferred_at_exit() {
+    deferred::take_all(|s| {
+        end_share(&s);
+        std::mem::forget(s);
+    });
+}
+
+/// A fork child: the connections closed before the fork are not its own
+/// (none of its descriptors names them, and its parent ends them).
+pub(super) fn forget_deferred_in_child() {
+    deferred::take_all(std::mem::forget);
+}
+
+/// The connections whose end waits for calls in progress
+/// ([`end_when_unused`]): a fixed table of counted pointers, so that exit,
+/// exec and `_exit` (in a signal handler) can end them without a lock or
+/// an allocation. Each entry is taken by exactly one swap to null.
+pub(super) mod deferred {
+    use crate::table::Sock;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::Arc;
+
+    /// More than this many connections closed under calls at once end at
+    /// their close, as before (the calls then fail with the reset).
+    const ROOM: usize = 16;
+
+    static WAITING: [AtomicPtr<Sock>; ROOM] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; ROOM];
+
+    /// Remembers `s`; false when there is no room.
+    pub(in crate::hooks) fn put(s: &Arc<Sock>) -> bool {
+        let p = Arc::into_raw(s.clone()) as *mut Sock;
+        for w in &WAITING {
+            if w.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+        }
+        // SAFETY: the count `into_raw` made above, which no entry took.
+        drop(unsafe { Arc::from_raw(p) });
+        false
+    }
+
+    /// Takes `s` back, if it is still remembered (not taken by exit).
+    pub(in crate::hooks) fn take(s: &Arc<Sock>) -> Option<Arc<Sock>> {
+        let p = Arc::as_ptr(s) as *mut Sock;
+        let w = WAITING.iter().find(|w| w.load(Ordering::Acquire) == p)?;
+        w.compare_exchange(p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            // SAFETY: the entry held the count `put` made; the swap to null
+            // gave it to us alone.
+            .map(|p| unsafe { Arc::from_raw(p) })
+    }
+
+    /// Takes every remembered connection, for `each` (exit and exec end
+    /// them; a fork child forgets them). Async-signal-safe: atomics only,
+    /// and the counts taken are leaked, not dropped, unless `each` drops
+    /// them.
+    pub(in crate::hooks) fn take_all(mut each: impl FnMut(Arc<Sock>)) {
+        for w in &WAITING {
+            let p = w.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: as in `take`.
+                each(unsafe { Arc::from_raw(p) });
+            }
+        }
     }
 }
 

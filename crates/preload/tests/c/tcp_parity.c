@@ -29,13 +29,17 @@
  *                 MSG_MORE hold, 0 once they went
  *   splice-more   2 bytes spliced from a pipe with SPLICE_F_MORE are held
  *                 (the peer sees nothing for 100 ms) until a send without
- *                 MSG_MORE; the peer reads the 3 bytes */
+ *                 MSG_MORE; the peer reads the 3 bytes
+ *   close-blocked a thread blocks in recv; another closes the descriptor;
+ *                 the recv goes on and gets the 5 bytes the peer sends
+ *                 then, and the peer reads the end of stream after it */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include "check.h"
@@ -212,6 +216,33 @@ static long splice_more(int c) {
     return 0;
 }
 
+/* close-blocked: what the blocked recv returned, and its errno. */
+static int blocked_fd, blocked_errno;
+static ssize_t blocked_got;
+
+static void *blocked_reader(void *arg) {
+    char b[16];
+    blocked_got = recv(blocked_fd, b, sizeof b, 0);
+    blocked_errno = errno;
+    if (blocked_got == 5 && memcmp(b, "hello", 5)) blocked_got = -2;
+    return arg;
+}
+
+static long close_blocked(int c) {
+    pthread_t t;
+    blocked_fd = c;
+    if (pthread_create(&t, NULL, blocked_reader, NULL)) fail("pthread_create");
+    usleep(100000); /* the reader waits in recv */
+    expect("close", close(c), 0);
+    tell(to_peer[1]);
+    pthread_join(t, NULL);
+    if (blocked_got != 5)
+        fail("the blocked recv returned %zd (errno %d), not the 5 bytes the peer sent after the close", blocked_got,
+             blocked_errno);
+    await(to_server[0]); /* the peer read the end of stream */
+    return blocked_got;
+}
+
 static void peer(int c) {
     char b[8];
     if (!strcmp(mode, "zero-recv")) {
@@ -242,6 +273,14 @@ static void peer(int c) {
         await(to_peer[0]);
     } else if (!strcmp(mode, "closed-write")) {
         close(c);
+        tell(to_server[1]);
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "close-blocked")) {
+        await(to_peer[0]);
+        usleep(100000); /* the server's reader still waits */
+        if (send(c, "hello", 5, 0) != 5) fail("send");
+        ssize_t r = recv(c, b, sizeof b, 0);
+        if (r != 0) fail("recv after the blocked recv returned: %zd (errno %d), not the end of stream", r, r < 0 ? errno : 0);
         tell(to_server[1]);
         await(to_peer[0]);
     } else {
@@ -295,6 +334,9 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "closed-write")) {
         await(to_server[0]);
         got = closed_write(c);
+    } else if (!strcmp(mode, "close-blocked")) {
+        got = close_blocked(c);
+        c = -1; /* closed */
     } else if (!strncmp(mode, "reset-", 6)) {
         if (send(c, "xyz", 3, 0) != 3) fail("send");
         usleep(50000); /* in the peer's queue (and its 3 bytes in ours) */
