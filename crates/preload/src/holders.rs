@@ -38,6 +38,9 @@ const SLOTS: usize = 1 << 16;
 #[repr(C, align(64))]
 struct Slot {
     holders: [AtomicU64; PER_SLOT],
+    /// Non-zero once a holder could not be listed (more than
+    /// [`PER_SLOT`]): [`alone`] can no longer tell.
+    untracked: AtomicU64,
 }
 
 /// One entry of a slot: a process and the number its channel is at. One
@@ -140,6 +143,7 @@ pub fn claim() -> Option<usize> {
         // Only members add to a slot that has members, so an empty slot can
         // only race with another claimer: the CAS decides.
         if Entry::FREE.replace(&s.holders[0], me) {
+            s.untracked.store(0, Ordering::Relaxed);
             HINT.store(i + 1, Ordering::Relaxed);
             return Some(i);
         }
@@ -191,10 +195,27 @@ fn insert(s: &Slot, e: Entry) {
             return;
         }
     }
+    s.untracked.store(1, Ordering::Release);
     smclo::debug!(
         "more than {PER_SLOT} processes share a connection; process {} is not tracked",
         e.pid()
     );
+}
+
+/// Whether this process is the only one of its family listed in `slot`:
+/// no other has the connection's channel open, so the open file's flags
+/// are this process's to know (`Conn::own_file_again`). False where the
+/// region is unknown or a holder went untracked. A listed process that
+/// closed its copy without leaving (killed) keeps this false: the answer
+/// errs towards asking.
+pub fn alone(slot: usize) -> bool {
+    let Some(r) = region() else { return false };
+    let s = &r[slot];
+    let me = me();
+    s.untracked.load(Ordering::Acquire) == 0
+        && s.holders
+            .iter()
+            .all(|h| matches!(Entry::load(h).pid(), 0) || Entry::load(h).pid() == me)
 }
 
 /// This process's channel of `slot` is at `chan` now: the others of the

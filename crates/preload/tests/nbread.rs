@@ -2,7 +2,7 @@
 //! call while the descriptor's open file is the process's alone, and keep
 //! the kernel's semantics where it is not: `tests/c/nbread.c` runs an
 //! edge-triggered epoll echo server that reads until `EAGAIN` (system calls
-//! counted by `perf stat`), a fork child and an `SCM_RIGHTS` receiver that
+//! counted by `perf stat`), in a prefork worker too, a fork child and an `SCM_RIGHTS` receiver that
 //! change `O_NONBLOCK` of the shared open file, and a peer killed with
 //! SIGKILL during an edge-triggered wait and during a busy read loop. The
 //! device's counters prove the connection was SMC-D.
@@ -72,6 +72,19 @@ fn read_until_eagain_makes_no_system_call() {
     // it is only shown.
     assert!(per[1] < 0.05, "fcntl per request: {msg}");
     assert!(per[4] < 0.05, "peeks per request: {msg}");
+}
+
+/// The echo server in a prefork server's worker: a fork child whose
+/// parent closes its copy of the connection at once (postgres's backends,
+/// Apache's prefork workers). Its reads that found the ring empty asked
+/// `fcntl(F_GETFL)` every time, since the fork had shared the open file:
+/// about 1 per request. The fork family's holders (the close rule) show
+/// when the child holds the connection alone.
+#[test]
+fn a_prefork_workers_reads_make_no_fcntl() {
+    let (per, msg) = per_request("prefork");
+    eprintln!("{msg}");
+    assert!(per[1] < 0.05, "fcntl per request: {msg}");
 }
 
 /// A fork child that shares the open file turns it blocking, then

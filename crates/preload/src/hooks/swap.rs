@@ -271,10 +271,17 @@ pub(super) fn release(sock: Arc<Sock>) {
 /// peer sends, and the peer sees the end of stream when it returns.
 pub(super) struct InCall(Arc<Sock>);
 
-/// The connection of descriptor `fd` for the call now beginning.
+/// The connection of descriptor `fd` for the call now beginning. After a
+/// `fork`, once the rest of the family let go of the connection (a
+/// prefork server's parent closes its copy), its `O_NONBLOCK` is this
+/// process's to know again: a read that finds nothing asks no `fcntl`.
 #[inline]
 pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
-    crate::table::get_for_call(fd).map(InCall)
+    let s = crate::table::get_for_call(fd)?;
+    if s.conn.file_shared_in_family() && holders::alone(s.slot) {
+        let _ = s.conn.own_file_again();
+    }
+    Some(InCall(s))
 }
 
 impl std::ops::Deref for InCall {

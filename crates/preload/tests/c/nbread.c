@@ -20,7 +20,9 @@
  *              shutdown(SHUT_RD), which only the preload knows
  *   eagain-read N   N non-blocking reads on the empty ring, each EAGAIN
  *   eagain-write N  the ring filled, then N non-blocking writes, each EAGAIN
- *   toggle N   N times O_NONBLOCK off and on, with fcntl and ioctl(FIONBIO) */
+ *   toggle N   N times O_NONBLOCK off and on, with fcntl and ioctl(FIONBIO)
+ *   prefork N  "echo" in a fork child of the server, whose parent closes
+ *              its copy of the connection (a prefork server's worker) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -102,6 +104,19 @@ static void echo_server(int fd) {
         if (drain_echo(fd)) break;
     }
     close(fd);
+}
+
+/* echo_server in a fork child; this process closes its copy at once. */
+static void prefork_echo_server(int fd) {
+    pid_t w = fork();
+    if (w < 0) fail("fork");
+    if (w == 0) {
+        echo_server(fd);
+        _exit(0);
+    }
+    close(fd);
+    int st;
+    if (waitpid(w, &st, 0) != w || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the worker ended with status %#x", st);
 }
 
 /* A descriptor above FD_SETSIZE for the connection `fd` (closed). */
@@ -388,7 +403,7 @@ int main(int argc, char **argv) {
         if (sv[0] >= 0) close(sv[0]);
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, (struct sockaddr *)&a, sizeof a)) fail("connect");
-        if (!strcmp(mode, "echo") || !strcmp(mode, "select-high")) {
+        if (!strcmp(mode, "echo") || !strcmp(mode, "select-high") || !strcmp(mode, "prefork")) {
             echo_client(fd, n);
         } else if (!strncmp(mode, "kill-", 5)) {
             unsigned char b[64];
@@ -405,6 +420,7 @@ int main(int argc, char **argv) {
     int fd = accept(lfd, NULL, NULL);
     if (fd < 0) fail("accept");
     if (!strcmp(mode, "echo")) echo_server(fd);
+    else if (!strcmp(mode, "prefork")) prefork_echo_server(fd);
     else if (!strcmp(mode, "fork")) check_fork(fd);
     else if (!strcmp(mode, "scm")) check_scm(fd, sv[0]);
     else if (!strcmp(mode, "kill-et")) check_kill(fd, 1);

@@ -161,6 +161,35 @@ impl Conn {
         self.nb_own_gen.store(0, Ordering::Relaxed);
     }
 
+    /// Whether the channel's open file may be shared with another process
+    /// of the fork family (a `fork` since its flag was last known), so
+    /// that an adapter that knows the family may find it is not
+    /// ([`Conn::own_file_again`]).
+    pub fn file_shared_in_family(&self) -> bool {
+        let g = self.nb_own_gen.load(Ordering::Relaxed);
+        g != 0 && g != crate::owner::fork_gen()
+    }
+
+    /// The adapter found that no other process of the fork family holds
+    /// the channel's open file any more (the other holders closed their
+    /// copies: a prefork server's parent after handing the connection to
+    /// its worker): its `O_NONBLOCK` is read once, and kept from then on
+    /// as for a connection that was never shared. Not after
+    /// [`Conn::share_file`]: a process outside the family may hold it.
+    pub fn own_file_again(&self) -> io::Result<()> {
+        let g = crate::owner::fork_gen();
+        let was = self.nb_own_gen.load(Ordering::Relaxed);
+        if was == 0 || was == g {
+            return Ok(());
+        }
+        self.nonblocking_now()?;
+        // A fork since `g` was read leaves the flag to be asked again.
+        let _ = self
+            .nb_own_gen
+            .compare_exchange(was, g, Ordering::Relaxed, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The descriptor's `O_NONBLOCK`: the kept flag while the open file
     /// description is this process's alone, else asked.
     pub(super) fn nonblocking(&self) -> io::Result<bool> {
