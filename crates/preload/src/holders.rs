@@ -213,9 +213,10 @@ pub fn alone(slot: usize) -> bool {
     let s = &r[slot];
     let me = me();
     s.untracked.load(Ordering::Acquire) == 0
-        && s.holders
-            .iter()
-            .all(|h| matches!(Entry::load(h).pid(), 0) || Entry::load(h).pid() == me)
+        && s.holders.iter().all(|h| {
+            let pid = Entry::load(h).pid();
+            pid == 0 || pid == me
+        })
 }
 
 /// This process's channel of `slot` is at `chan` now: the others of the
