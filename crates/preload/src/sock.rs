@@ -71,9 +71,28 @@ impl Calls {
 
     /// A call is done with the connection. True for the last call after
     /// its last descriptor was closed ([`Calls::end_after`]): the caller
-    /// ends the connection.
+    /// ends the connection. A count already 0 stays (a fork child's,
+    /// [`Calls::forked_child`]).
     pub fn end(&self) -> bool {
-        self.0.fetch_sub(1, Ordering::AcqRel) == ENDING | 1
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & !ENDING != 0).then(|| v - 1)
+            })
+            .is_ok_and(|v| v == ENDING | 1)
+    }
+
+    /// `n` calls of the closing thread itself no longer count (see
+    /// `hooks::swap`'s `end_when_unused`).
+    pub fn disown(&self, n: u32) {
+        if n > 0 {
+            self.0.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// In a fork child, whose only thread is the one that forked: the
+    /// calls of the parent's other threads are not the child's.
+    pub fn forked_child(&self) {
+        self.0.store(0, Ordering::Relaxed);
     }
 
     /// Whether calls use the connection now.

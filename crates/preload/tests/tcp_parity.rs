@@ -79,6 +79,39 @@ fn a_close_beside_a_blocked_recv_waits_for_it() {
     check("close-blocked", "5");
 }
 
+/// The same with a fork child, made while the `recv` blocks, that closes
+/// its copy first and lives on: the connection ends when the `recv`
+/// returns, not when the child exits (the child had inherited the count
+/// of a call its parent's thread was making).
+#[test]
+fn a_fork_child_does_not_inherit_its_parents_blocked_calls() {
+    check("fork-blocked", "5");
+}
+
+/// A signal handler's `close` of the descriptor its own thread's `recv`
+/// waits on ends the connection at once, as Linux's; the `recv`,
+/// restarted (`SA_RESTART`), fails `EBADF`. (The calls a thread has in
+/// progress never hold up its own close.)
+#[test]
+fn a_close_in_a_handler_beside_its_own_threads_recv_ends_the_connection() {
+    check("close-in-handler", "0");
+}
+
+/// A handler that leaves a blocked `recv` with `siglongjmp` does not keep
+/// the connection from ending at the thread's later `close`.
+#[test]
+fn a_close_after_a_siglongjmp_out_of_recv_ends_the_connection() {
+    check("close-after-longjmp", "0");
+}
+
+/// A process that exits while a thread of its blocks in `recv` closes
+/// the connection as the kernel closes its socket: the peer reads the end
+/// of stream, not a reset.
+#[test]
+fn an_exit_beside_a_blocked_recv_closes_the_connection() {
+    check("exit-blocked", "0");
+}
+
 /// `SPLICE_F_MORE` held nothing back; TCP takes it as `MSG_MORE`.
 #[test]
 fn splice_f_more_holds_the_bytes_as_msg_more() {

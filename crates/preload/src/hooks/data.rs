@@ -24,7 +24,7 @@ use crate::critical::FAULTS;
 use crate::real;
 use crate::table::{self, Sock};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
-use smclo::adapter::conn::{RecvFlags, SendFlags};
+use smclo::adapter::conn::{Conn, RecvFlags, SendFlags};
 use smclo::adapter::signal::Call;
 use std::io;
 use std::os::fd::RawFd;
@@ -153,11 +153,13 @@ pub(super) fn handlers_restart() -> bool {
     })
 }
 
-/// Runs a data call, restarting it after a signal handler interrupted it
-/// where the kernel would (see the module docs); `timeout`: the
-/// direction's timeout.
+/// Runs a data call on `conn`, restarting it after a signal handler
+/// interrupted it where the kernel would (see the module docs); `timeout`:
+/// the direction's timeout. A handler that closed the connection ends it:
+/// the kernel's restarted call finds the number closed (`EBADF`).
 pub(super) fn restarting<T>(
     call: &Call,
+    conn: &Conn,
     timeout: Option<Duration>,
     mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
@@ -168,6 +170,9 @@ pub(super) fn restarting<T>(
                     && timeout.is_none()
                     && handlers_restart() =>
             {
+                if conn.is_closed() {
+                    return Err(io::Error::from_raw_os_error(libc::EBADF));
+                }
                 call.restart()
             }
             r => return r,
@@ -182,7 +187,9 @@ fn do_recv(call: &Call, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
     }
     let flags = flags & RECV_OK;
     let msg = RecvFlags::from_msg(flags);
-    let r = restarting(call, s.conn.read_timeout(), || s.conn.recv(buf, msg));
+    let r = restarting(call, &s.conn, s.conn.read_timeout(), || {
+        s.conn.recv(buf, msg)
+    });
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => fail(os_err(&e)),
@@ -197,7 +204,9 @@ fn do_send(call: &Call, fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> s
     }
     let flags = flags & SEND_OK;
     let msg = SendFlags::from_msg(flags);
-    match restarting(call, s.conn.write_timeout(), || s.conn.send(buf, msg)) {
+    match restarting(call, &s.conn, s.conn.write_timeout(), || {
+        s.conn.send(buf, msg)
+    }) {
         Ok(n) => {
             crate::cork::arm(s);
             n as ssize_t

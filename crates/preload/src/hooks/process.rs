@@ -113,6 +113,7 @@ extern "C" fn in_child() {
     super::poll::forget_fd_table();
     swap::forget_deferred_in_child();
     for s in &f.socks {
+        s.calls.forked_child();
         s.conn.forked_child();
         holders::join(s.slot, s.conn.fd());
     }
@@ -261,6 +262,7 @@ fn exec_with(
         let limit = smclo::adapter::fdnum::ForExec::begin();
         let r = smclo::adapter::fault::around_exec(|| run(env));
         drop(limit); // the exec failed
+        swap::end_all_undone();
         r
     };
     // The new image could not finish a handshake.
@@ -280,7 +282,7 @@ fn exec_with(
     }
     forget_records();
     put_back_marks();
-    swap::end_deferred();
+    swap::end_all();
     match target {
         Target::Missing => {}
         Target::Plain(why) => {
@@ -316,7 +318,7 @@ fn exec_with(
 /// (`pending::early_fds`). Without this the
 /// peer would see the channel vanish with no flag and report a reset.
 pub(crate) fn close_all() {
-    swap::end_deferred();
+    swap::end_all();
     if LIVE.load(Ordering::Relaxed) == 0 && !super::pending::any() {
         return;
     }

@@ -105,11 +105,12 @@ fn do_sendfile(call: &Call, s: &Arc<Sock>, inp: RawFd, off: *mut off_t, count: s
     }
     let mut done = 0usize;
     while done < count {
-        let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
-            Ok(r) => r,
-            Err(_) if done > 0 => break,
-            Err(e) => return fail_write(os_err(&e), true),
-        };
+        let mut region =
+            match restarting(call, &s.conn, s.conn.write_timeout(), || s.conn.reserve(1)) {
+                Ok(r) => r,
+                Err(_) if done > 0 => break,
+                Err(e) => return fail_write(os_err(&e), true),
+            };
         let want = region.len().min(count - done);
         let dst = region.as_mut_ptr().cast::<c_void>();
         // SAFETY: `dst` has `want` writable bytes (inside the reserved ring
@@ -284,7 +285,9 @@ fn to_pipe(call: &Call, s: &Arc<Sock>, pipe: Pipe, len: size_t) -> ssize_t {
             // A pipe without readers: SIGPIPE, as the kernel's splice.
             return fail_write(e, true);
         }
-        let region = match restarting(call, s.conn.read_timeout(), || s.conn.peek_region()) {
+        let region = match restarting(call, &s.conn, s.conn.read_timeout(), || {
+            s.conn.peek_region()
+        }) {
             Ok(r) => r,
             Err(e) => return fail(os_err(&e)),
         };
@@ -322,10 +325,11 @@ fn from_pipe(call: &Call, pipe: Pipe, s: &Arc<Sock>, len: size_t, more: bool) ->
             Ok(false) => return 0, // no writer left
             Err(e) => return fail(e),
         }
-        let mut region = match restarting(call, s.conn.write_timeout(), || s.conn.reserve(1)) {
-            Ok(r) => r,
-            Err(e) => return fail_write(os_err(&e), true),
-        };
+        let mut region =
+            match restarting(call, &s.conn, s.conn.write_timeout(), || s.conn.reserve(1)) {
+                Ok(r) => r,
+                Err(e) => return fail_write(os_err(&e), true),
+            };
         let want = region.len().min(len);
         // SAFETY: the region has `want` writable bytes; the kernel writes
         // them (a copy).

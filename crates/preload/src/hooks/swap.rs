@@ -269,7 +269,60 @@ pub(super) fn release(sock: Arc<Sock>) {
 /// thread) does not end it under the call: as Linux keeps a socket that a
 /// call in progress holds, a `recv` blocked on it goes on, gets what the
 /// peer sends, and the peer sees the end of stream when it returns.
-pub(super) struct InCall(Arc<Sock>);
+pub(super) struct InCall {
+    sock: Arc<Sock>,
+    /// Its entry among this thread's calls ([`mine`]), if it has one.
+    entry: Option<usize>,
+}
+
+/// The connections this thread's calls in progress use ([`InCall`]), so
+/// that a `close` by the thread itself does not wait for them: one made
+/// by a signal handler that interrupted a `recv` on the same connection
+/// (Linux ends the socket; the `recv` restarted finds the number closed),
+/// or after a handler left such a `recv` with `siglongjmp` (its count is
+/// never given back). An entry is the connection's address and whether
+/// it still counts; a thread whose entries are all taken counts its
+/// further calls without one.
+mod mine {
+    use crate::table::Sock;
+    use std::cell::Cell;
+
+    const ENTRIES: usize = 8;
+
+    thread_local! {
+        static HELD: [Cell<(usize, bool)>; ENTRIES] = const { [const { Cell::new((0, false)) }; ENTRIES] };
+    }
+
+    /// A call of this thread uses `s`: its entry, if one is free.
+    pub(super) fn add(s: &Sock) -> Option<usize> {
+        let p = s as *const Sock as usize;
+        HELD.with(|h| {
+            let i = h.iter().position(|e| e.get().0 == 0)?;
+            h[i].set((p, true));
+            Some(i)
+        })
+    }
+
+    /// The call of entry `i` ended: whether it still counted.
+    pub(super) fn remove(i: usize) -> bool {
+        HELD.with(|h| h[i].replace((0, false)).1)
+    }
+
+    /// This thread's calls that count on `s` stop counting; how many.
+    pub(super) fn disown(s: &Sock) -> u32 {
+        let p = s as *const Sock as usize;
+        HELD.with(|h| {
+            let mut n = 0;
+            for e in h {
+                if e.get() == (p, true) {
+                    e.set((p, false));
+                    n += 1;
+                }
+            }
+            n
+        })
+    }
+}
 
 /// The connection of descriptor `fd` for the call now beginning. After a
 /// `fork`, once the rest of the family let go of the connection (a
@@ -281,30 +334,40 @@ pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     if s.conn.file_shared_in_family() && holders::alone(s.slot) {
         let _ = s.conn.own_file_again();
     }
-    Some(InCall(s))
+    let entry = mine::add(&s);
+    Some(InCall { sock: s, entry })
 }
 
 impl std::ops::Deref for InCall {
     type Target = Arc<Sock>;
     fn deref(&self) -> &Arc<Sock> {
-        &self.0
+        &self.sock
     }
 }
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        if self.0.calls.end() {
-            if let Some(s) = deferred::take(&self.0) {
-                last_close(&s);
+        let counts = self.entry.is_none_or(mine::remove);
+        if counts && self.sock.calls.end() {
+            if let Some(s) = deferred::take(&self.sock) {
+                // The call's own errno is what the program reads.
+                smclo::adapter::errno::kept(|| last_close(&s));
             }
         }
     }
 }
 
+/// Set while the process ends every connection (exit, exec): a close
+/// then ends its connection at once, as the calls' threads do not
+/// outlive the process image.
+static ENDING_ALL: AtomicBool = AtomicBool::new(false);
+
 /// The last descriptor of `sock` is gone: its end now, or, while calls
-/// use it and there is room to remember it, when the last one returns.
+/// of other threads use it and there is room to remember it, when the
+/// last one returns.
 fn end_when_unused(sock: Arc<Sock>) {
-    if sock.calls.in_use() && deferred::put(&sock) {
+    sock.calls.disown(mine::disown(&sock));
+    if !ENDING_ALL.load(Ordering::Acquire) && sock.calls.in_use() && deferred::put(&sock) {
         if sock.calls.end_after() {
             debug!(
                 "SMC-D connection (channel fd {}): its last descriptor closed while calls of other threads use it; it ends when they return",
@@ -322,9 +385,16 @@ fn end_when_unused(sock: Arc<Sock>) {
 
 /// Exit and exec: the connections whose end waited for calls in progress
 /// end now, as their sockets would (those calls' threads do not outlive
-/// the process image).
-pub(super) fn end_deferred() {
+/// the process image), and so do those closed from now on, until
+/// [`end_all_undone`].
+pub(super) fn end_all() {
+    ENDING_ALL.store(true, Ordering::Release);
     deferred::take_all(|s| last_close(&s));
+}
+
+/// The exec failed: closes wait for calls in progress again.
+pub(super) fn end_all_undone() {
+    ENDING_ALL.store(false, Ordering::Release);
 }
 
 /// [`end_deferred`] at `_exit`, perhaps in a signal handler: only

@@ -32,7 +32,18 @@
  *                 MSG_MORE; the peer reads the 3 bytes
  *   close-blocked a thread blocks in recv; another closes the descriptor;
  *                 the recv goes on and gets the 5 bytes the peer sends
- *                 then, and the peer reads the end of stream after it */
+ *                 then, and the peer reads the end of stream after it
+ *   close-in-handler  a SIGALRM handler (SA_RESTART) closes the descriptor
+ *                 a recv of the same thread waits on: the peer reads the
+ *                 end of stream, and the restarted recv fails EBADF
+ *   close-after-longjmp  a SIGALRM handler leaves a blocked recv with
+ *                 siglongjmp; the thread then closes the descriptor: the
+ *                 peer reads the end of stream
+ *   fork-blocked  as close-blocked, but a fork child (made while the recv
+ *                 blocks) closes its copy first and lives on: the peer
+ *                 reads the end of stream once the recv returned
+ *   exit-blocked  the peer exits (exit, not _exit) while a thread of its
+ *                 blocks in recv: the server reads the end of stream */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/sockios.h>
@@ -40,6 +51,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <sys/wait.h>
 #include <signal.h>
 
 #include "check.h"
@@ -228,6 +241,37 @@ static void *blocked_reader(void *arg) {
     return arg;
 }
 
+/* close-blocked with a fork child that closes its copy and lives on. */
+static long fork_blocked(int c) {
+    pthread_t t;
+    int closed[2], hold[2];
+    if (pipe(closed) || pipe(hold)) fail("pipe");
+    blocked_fd = c;
+    if (pthread_create(&t, NULL, blocked_reader, NULL)) fail("pthread_create");
+    usleep(100000); /* the reader waits in recv */
+    pid_t child = fork();
+    if (child < 0) fail("fork");
+    if (child == 0) {
+        char b;
+        close(hold[1]);
+        close(c);
+        tell(closed[1]);
+        if (read(hold[0], &b, 1) != 0) fail("hold");
+        _exit(0);
+    }
+    close(hold[0]);
+    await(closed[0]);
+    expect("close", close(c), 0);
+    tell(to_peer[1]);
+    pthread_join(t, NULL);
+    if (blocked_got != 5) fail("the blocked recv returned %zd (errno %d), not the peer's 5 bytes", blocked_got, blocked_errno);
+    await(to_server[0]); /* the peer read the end of stream, the child still alive */
+    close(hold[1]);
+    int st;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the fork child ended with %#x", st);
+    return blocked_got;
+}
+
 static long close_blocked(int c) {
     pthread_t t;
     blocked_fd = c;
@@ -241,6 +285,58 @@ static long close_blocked(int c) {
              blocked_errno);
     await(to_server[0]); /* the peer read the end of stream */
     return blocked_got;
+}
+
+static int handler_fd;
+static sigjmp_buf jumped;
+
+static void close_it(int sig) {
+    (void)sig;
+    close(handler_fd);
+}
+
+static void jump(int sig) {
+    (void)sig;
+    siglongjmp(jumped, 1);
+}
+
+static void on_alarm(void (*f)(int), int flags) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = f;
+    sa.sa_flags = flags;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGALRM, &sa, NULL)) fail("sigaction");
+}
+
+static long close_in_handler(int c) {
+    char b[8];
+    on_alarm(close_it, SA_RESTART);
+    handler_fd = c;
+    ualarm(100000, 0);
+    expect("recv restarted after the handler closed its descriptor", recv(c, b, sizeof b, 0), -EBADF);
+    await(to_server[0]); /* the peer read the end of stream */
+    return 0;
+}
+
+static long close_after_longjmp(int c) {
+    char b[8];
+    on_alarm(jump, 0);
+    if (!sigsetjmp(jumped, 1)) {
+        ualarm(100000, 0);
+        ssize_t r = recv(c, b, sizeof b, 0);
+        fail("recv returned %zd before the alarm", r);
+    }
+    expect("close", close(c), 0);
+    await(to_server[0]); /* the peer read the end of stream */
+    return 0;
+}
+
+static void *block_in_recv(void *arg) {
+    char b[8];
+    ssize_t r = recv(*(int *)arg, b, sizeof b, 0);
+    fail("recv returned %zd in a process that was exiting", r);
+    return NULL;
 }
 
 static void peer(int c) {
@@ -275,10 +371,24 @@ static void peer(int c) {
         close(c);
         tell(to_server[1]);
         await(to_peer[0]);
-    } else if (!strcmp(mode, "close-blocked")) {
+    } else if (!strcmp(mode, "close-in-handler") || !strcmp(mode, "close-after-longjmp")) {
+        struct pollfd p = {c, POLLIN, 0};
+        if (poll(&p, 1, 3000) != 1) fail("no end of stream 3 s after the server's close");
+        ssize_t r = recv(c, b, sizeof b, 0);
+        if (r != 0) fail("recv: %zd (errno %d), not the end of stream", r, r < 0 ? errno : 0);
+        tell(to_server[1]);
+        await(to_peer[0]);
+    } else if (!strcmp(mode, "exit-blocked")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, block_in_recv, &c)) fail("pthread_create");
+        usleep(100000); /* the thread waits in recv */
+        exit(0);
+    } else if (!strcmp(mode, "close-blocked") || !strcmp(mode, "fork-blocked")) {
         await(to_peer[0]);
         usleep(100000); /* the server's reader still waits */
         if (send(c, "hello", 5, 0) != 5) fail("send");
+        struct pollfd p = {c, POLLIN, 0};
+        if (poll(&p, 1, 3000) != 1) fail("no end of stream 3 s after the blocked recv got its bytes");
         ssize_t r = recv(c, b, sizeof b, 0);
         if (r != 0) fail("recv after the blocked recv returned: %zd (errno %d), not the end of stream", r, r < 0 ? errno : 0);
         tell(to_server[1]);
@@ -337,6 +447,19 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "close-blocked")) {
         got = close_blocked(c);
         c = -1; /* closed */
+    } else if (!strcmp(mode, "fork-blocked")) {
+        got = fork_blocked(c);
+        c = -1;
+    } else if (!strcmp(mode, "exit-blocked")) {
+        char b[8];
+        expect("recv after the peer exited", recv(c, b, sizeof b, 0), 0);
+        got = 0;
+    } else if (!strcmp(mode, "close-in-handler")) {
+        got = close_in_handler(c);
+        c = -1;
+    } else if (!strcmp(mode, "close-after-longjmp")) {
+        got = close_after_longjmp(c);
+        c = -1;
     } else if (!strncmp(mode, "reset-", 6)) {
         if (send(c, "xyz", 3, 0) != 3) fail("send");
         usleep(50000); /* in the peer's queue (and its 3 bytes in ours) */
@@ -347,7 +470,7 @@ int main(int argc, char **argv) {
     } else {
         fail("unknown mode");
     }
-    tell(to_peer[1]);
+    if (strcmp(mode, "exit-blocked")) tell(to_peer[1]); /* that peer is gone */
     close(c);
     wait_peer(pid);
     printf("OK %ld\n", got);

@@ -141,6 +141,12 @@ impl Conn {
         }
     }
 
+    /// Whether this process closed the connection ([`Conn::close`],
+    /// [`Conn::close_shared`]).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
     /// [`Conn::close`] through a shared reference, for a caller that cannot
     /// take the `Conn` back while other threads may still hold it (the
     /// preload closes the last descriptor of a connection this way): sets
