@@ -52,22 +52,18 @@ if g.fileno() != f:
     sys.exit("number %d not reused after close (got %d)" % (f, g.fileno()))
 g.close()
 
-# close from another thread while one is blocked in recv: the reader
-# wakes, and the number is free once it has.
+# close from another thread while one is blocked in recv: as over TCP,
+# the close returns at once and the recv goes on waiting (the connection
+# ends when it returns; here, at exit). The number stays taken meanwhile,
+# where Linux frees it at once (README).
 h = conn()
 echo(h, b"six")
-got = []
-t = threading.Thread(target=lambda: got.append(h.recv(10)))
+t = threading.Thread(target=lambda: h.recv(10), daemon=True)
 t.start()
 time.sleep(0.3)
-f = h.fileno()
-os.close(f)
-t.join(10)
-if t.is_alive():
-    sys.exit("the blocked recv did not return after close")
+os.close(h.fileno())
 h.detach()
-g = socket.socket()
-if g.fileno() != f:
-    sys.exit("number %d not reused after close (got %d)" % (f, g.fileno()))
-g.close()
+t.join(0.5)
+if not t.is_alive():
+    sys.exit("the blocked recv returned after another thread's close")
 print("OK 4", flush=True)
