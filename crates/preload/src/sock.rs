@@ -82,10 +82,15 @@ impl Calls {
     }
 
     /// `n` calls of the closing thread itself no longer count (see
-    /// `hooks::swap`'s `end_when_unused`).
+    /// `hooks::swap`'s `end_when_unused`); never below 0 (a fork child's
+    /// count starts again at 0 while its thread's calls go on).
     pub fn disown(&self, n: u32) {
         if n > 0 {
-            self.0.fetch_sub(n, Ordering::AcqRel);
+            let _ = self
+                .0
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v & ENDING | (v & !ENDING).saturating_sub(n))
+                });
         }
     }
 
