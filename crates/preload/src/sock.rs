@@ -81,19 +81,6 @@ impl Calls {
             .is_ok_and(|v| v == ENDING | 1)
     }
 
-    /// `n` calls of the closing thread itself no longer count (see
-    /// `hooks::swap`'s `end_when_unused`); never below 0 (a fork child's
-    /// count starts again at 0 while its thread's calls go on).
-    pub fn disown(&self, n: u32) {
-        if n > 0 {
-            let _ = self
-                .0
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v & ENDING | (v & !ENDING).saturating_sub(n))
-                });
-        }
-    }
-
     /// In a fork child, whose only thread is the one that forked: the
     /// calls of the parent's other threads are not the child's.
     pub fn forked_child(&self) {

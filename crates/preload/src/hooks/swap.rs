@@ -15,6 +15,7 @@ use libc::{c_int, c_void, socklen_t};
 use smclo::adapter::conn::Conn;
 use smclo::adapter::handshake::Established;
 use smclo::debug;
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -271,56 +272,43 @@ pub(super) fn release(sock: Arc<Sock>) {
 /// peer sends, and the peer sees the end of stream when it returns.
 pub(super) struct InCall {
     sock: Arc<Sock>,
-    /// Its entry among this thread's calls ([`mine`]), if it has one.
-    entry: Option<usize>,
+    /// This thread's count of calls in progress ([`OWN_CALLS`]).
+    _own: OwnCalls,
 }
 
-/// The connections this thread's calls in progress use ([`InCall`]), so
-/// that a `close` by the thread itself does not wait for them: one made
-/// by a signal handler that interrupted a `recv` on the same connection
-/// (Linux ends the socket; the `recv` restarted finds the number closed),
-/// or after a handler left such a `recv` with `siglongjmp` (its count is
-/// never given back). An entry is the connection's address and whether
-/// it still counts; a thread whose entries are all taken counts its
-/// further calls without one.
-mod mine {
-    use crate::table::Sock;
-    use std::cell::Cell;
+thread_local! {
+    /// How many calls of this thread use a connection now ([`InCall`]),
+    /// so that a `close` by the thread itself never waits for them: one
+    /// made by a signal handler that interrupted a `recv` of the thread
+    /// (Linux ends the socket; the `recv`, restarted, finds the number
+    /// closed), or after a handler left such a call with `siglongjmp`
+    /// (whose count is never given back: the thread's closes then end
+    /// their connections at once, as before calls were counted).
+    /// Constant-initialised, without destructor.
+    static OWN_CALLS: Cell<u32> = const { Cell::new(0) };
+}
 
-    const ENTRIES: usize = 8;
+/// This thread's [`OWN_CALLS`], reached again at a call's end without a
+/// second thread-local lookup.
+struct OwnCalls(*const Cell<u32>);
 
-    thread_local! {
-        static HELD: [Cell<(usize, bool)>; ENTRIES] = const { [const { Cell::new((0, false)) }; ENTRIES] };
-    }
-
-    /// A call of this thread uses `s`: its entry, if one is free.
-    pub(super) fn add(s: &Sock) -> Option<usize> {
-        let p = s as *const Sock as usize;
-        HELD.with(|h| {
-            let i = h.iter().position(|e| e.get().0 == 0)?;
-            h[i].set((p, true));
-            Some(i)
+impl OwnCalls {
+    fn begin() -> OwnCalls {
+        OWN_CALLS.with(|c| {
+            c.set(c.get() + 1);
+            OwnCalls(c)
         })
     }
+}
 
-    /// The call of entry `i` ended: whether it still counted.
-    pub(super) fn remove(i: usize) -> bool {
-        HELD.with(|h| h[i].replace((0, false)).1)
-    }
-
-    /// This thread's calls that count on `s` stop counting; how many.
-    pub(super) fn disown(s: &Sock) -> u32 {
-        let p = s as *const Sock as usize;
-        HELD.with(|h| {
-            let mut n = 0;
-            for e in h {
-                if e.get() == (p, true) {
-                    e.set((p, false));
-                    n += 1;
-                }
-            }
-            n
-        })
+impl Drop for OwnCalls {
+    fn drop(&mut self) {
+        // SAFETY: `OWN_CALLS` is constant-initialised and has no
+        // destructor, so its storage lives as long as the thread that took
+        // this pointer; the raw pointer makes `OwnCalls` (and `InCall`)
+        // neither `Send` nor `Sync`, so only that thread uses it.
+        let c = unsafe { &*self.0 };
+        c.set(c.get().saturating_sub(1));
     }
 }
 
@@ -334,8 +322,10 @@ pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     if s.conn.file_shared_in_family() && holders::alone(s.slot) {
         let _ = s.conn.own_file_again();
     }
-    let entry = mine::add(&s);
-    Some(InCall { sock: s, entry })
+    Some(InCall {
+        sock: s,
+        _own: OwnCalls::begin(),
+    })
 }
 
 impl std::ops::Deref for InCall {
@@ -347,8 +337,7 @@ impl std::ops::Deref for InCall {
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        let counts = self.entry.is_none_or(mine::remove);
-        if counts && self.sock.calls.end() {
+        if self.sock.calls.end() {
             if let Some(s) = deferred::take(&self.sock) {
                 // The call's own errno is what the program reads.
                 smclo::adapter::errno::kept(|| last_close(&s));
@@ -364,10 +353,11 @@ static ENDING_ALL: AtomicBool = AtomicBool::new(false);
 
 /// The last descriptor of `sock` is gone: its end now, or, while calls
 /// of other threads use it and there is room to remember it, when the
-/// last one returns.
+/// last one returns. Not while the closing thread has calls of its own
+/// in progress ([`OWN_CALLS`]).
 fn end_when_unused(sock: Arc<Sock>) {
-    sock.calls.disown(mine::disown(&sock));
-    if !ENDING_ALL.load(Ordering::Acquire) && sock.calls.in_use() && deferred::put(&sock) {
+    let own = OWN_CALLS.with(Cell::get) > 0;
+    if !own && !ENDING_ALL.load(Ordering::Acquire) && sock.calls.in_use() && deferred::put(&sock) {
         if sock.calls.end_after() {
             debug!(
                 "SMC-D connection (channel fd {}): its last descriptor closed while calls of other threads use it; it ends when they return",
