@@ -89,6 +89,12 @@ real! {
     fn epoll_wait(ep: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int;
     fn epoll_pwait(ep: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int;
     fn fork() -> pid_t;
+    fn pthread_create(
+        thread: *mut libc::pthread_t,
+        attr: *const libc::pthread_attr_t,
+        start: extern "C" fn(*mut c_void) -> *mut c_void,
+        arg: *mut c_void
+    ) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int;
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;

@@ -345,6 +345,22 @@ pub(crate) fn close_all() {
     }
 }
 
+/// Interposed `pthread_create(3)`: from the process's second thread on,
+/// calls on a connection are counted, so that another thread's close
+/// waits for them (`swap::InCall`); a process with one thread does not
+/// pay for that.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
+    arg: *mut libc::c_void,
+) -> c_int {
+    swap::threads_started();
+    // SAFETY: forwarded unchanged (the caller's contract).
+    unsafe { real::pthread_create(thread, attr, start, arg) }
+}
+
 extern "C" fn at_exit() {
     if LIVE.load(Ordering::Relaxed) > 0 {
         // libc flushes its streams after this runs; bytes a stdio stream

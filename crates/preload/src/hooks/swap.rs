@@ -272,6 +272,8 @@ pub(super) fn release(sock: Arc<Sock>) {
 /// peer sends, and the peer sees the end of stream when it returns.
 pub(super) struct InCall {
     sock: Arc<Sock>,
+    /// Whether the call is counted in [`Sock::calls`] ([`THREADS`]).
+    counted: bool,
     /// This thread's count of calls in progress ([`OWN_CALLS`]).
     _own: OwnCalls,
 }
@@ -318,12 +320,17 @@ impl Drop for OwnCalls {
 /// process's to know again: a read that finds nothing asks no `fcntl`.
 #[inline]
 pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
-    let s = crate::table::get_for_call(fd)?;
+    let counted = THREADS.load(Ordering::Relaxed);
+    let s = match counted {
+        true => crate::table::get_for_call(fd)?,
+        false => crate::table::get(fd)?,
+    };
     if s.conn.file_shared_in_family() && holders::alone(s.slot) {
         let _ = s.conn.own_file_again();
     }
     Some(InCall {
         sock: s,
+        counted,
         _own: OwnCalls::begin(),
     })
 }
@@ -337,13 +344,26 @@ impl std::ops::Deref for InCall {
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        if self.sock.calls.end() {
+        if self.counted && self.sock.calls.end() {
             if let Some(s) = deferred::take(&self.sock) {
                 // The call's own errno is what the program reads.
                 smclo::adapter::errno::kept(|| last_close(&s));
             }
         }
     }
+}
+
+/// Whether the process may have more than one thread (it called
+/// `pthread_create`): only then can a close come while another thread's
+/// call uses the connection, so only then are calls counted (two atomic
+/// operations each). A thread the process made without `pthread_create`
+/// (a raw `clone`) goes unseen: a close beside its calls ends the
+/// connection at once.
+static THREADS: AtomicBool = AtomicBool::new(false);
+
+/// A thread is being made: calls are counted from now on.
+pub(super) fn threads_started() {
+    THREADS.store(true, Ordering::Relaxed);
 }
 
 /// Set while the process ends every connection (exit, exec): a close
@@ -400,6 +420,8 @@ pub(super) fn end_deferred_at_exit() {
 /// (none of its descriptors names them, and its parent ends them).
 pub(super) fn forget_deferred_in_child() {
     deferred::take_all(std::mem::forget);
+    // The child's one thread is the one that forked.
+    THREADS.store(false, Ordering::Relaxed);
 }
 
 /// The connections whose end waits for calls in progress
