@@ -192,7 +192,10 @@ fn do_recv(call: &Call, s: &Sock, buf: &mut [u8], flags: c_int) -> ssize_t {
     });
     match r {
         Ok(n) => n as ssize_t,
-        Err(e) => fail(os_err(&e)),
+        Err(e) => {
+            super::swap::after_would_block(s, &e);
+            fail(os_err(&e))
+        }
     }
 }
 
@@ -211,7 +214,10 @@ fn do_send(call: &Call, fd: RawFd, s: &Arc<Sock>, buf: &[u8], flags: c_int) -> s
             crate::cork::arm(s);
             n as ssize_t
         }
-        Err(e) => fail_write(os_err(&e), flags & libc::MSG_NOSIGNAL == 0),
+        Err(e) => {
+            super::swap::after_would_block(s, &e);
+            fail_write(os_err(&e), flags & libc::MSG_NOSIGNAL == 0)
+        }
     }
 }
 

@@ -274,8 +274,9 @@ pub(super) struct InCall {
     sock: Arc<Sock>,
     /// Whether the call is counted in [`Sock::calls`] ([`THREADS`]).
     counted: bool,
-    /// This thread's count of calls in progress ([`OWN_CALLS`]).
-    _own: OwnCalls,
+    /// This thread's count of calls in progress ([`OWN_CALLS`]), for a
+    /// counted call (a close by another thread can only wait for those).
+    _own: Option<OwnCalls>,
 }
 
 thread_local! {
@@ -314,10 +315,21 @@ impl Drop for OwnCalls {
     }
 }
 
-/// The connection of descriptor `fd` for the call now beginning. After a
+/// A call on `s` could not proceed (`e`, `EAGAIN`), which asked the
+/// descriptor for `O_NONBLOCK` if the open file may be shared. After a
 /// `fork`, once the rest of the family let go of the connection (a
-/// prefork server's parent closes its copy), its `O_NONBLOCK` is this
-/// process's to know again: a read that finds nothing asks no `fcntl`.
+/// prefork server's parent closes its copy), the flag is this process's
+/// to know again: the next read that finds nothing asks no `fcntl`.
+pub(super) fn after_would_block(s: &Sock, e: &io::Error) {
+    if e.kind() == io::ErrorKind::WouldBlock
+        && s.conn.file_shared_in_family()
+        && holders::alone(s.slot)
+    {
+        let _ = s.conn.own_file_again();
+    }
+}
+
+/// The connection of descriptor `fd` for the call now beginning.
 #[inline]
 pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     let counted = THREADS.load(Ordering::Relaxed);
@@ -325,13 +337,10 @@ pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
         true => crate::table::get_for_call(fd)?,
         false => crate::table::get(fd)?,
     };
-    if s.conn.file_shared_in_family() && holders::alone(s.slot) {
-        let _ = s.conn.own_file_again();
-    }
     Some(InCall {
         sock: s,
         counted,
-        _own: OwnCalls::begin(),
+        _own: counted.then(OwnCalls::begin),
     })
 }
 

@@ -332,10 +332,14 @@ static long close_after_longjmp(int c) {
     return 0;
 }
 
+/* exit-blocked's blocked thread. Whatever its recv returns while the
+ * process exits (over TCP it never returns; under the preload the exit's
+ * ending of the connection may wake it first) is not the test's: it only
+ * must not keep the exit from closing the connection. */
 static void *block_in_recv(void *arg) {
     char b[8];
-    ssize_t r = recv(*(int *)arg, b, sizeof b, 0);
-    fail("recv returned %zd in a process that was exiting", r);
+    (void)recv(*(int *)arg, b, sizeof b, 0);
+    for (;;) pause();
     return NULL;
 }
 
