@@ -92,7 +92,7 @@ real! {
     fn pthread_create(
         thread: *mut libc::pthread_t,
         attr: *const libc::pthread_attr_t,
-        start: extern "C" fn(*mut c_void) -> *mut c_void,
+        start: Option<extern "C" fn(*mut c_void) -> *mut c_void>,
         arg: *mut c_void
     ) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;

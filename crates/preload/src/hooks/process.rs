@@ -353,7 +353,7 @@ pub(crate) fn close_all() {
 pub unsafe extern "C" fn pthread_create(
     thread: *mut libc::pthread_t,
     attr: *const libc::pthread_attr_t,
-    start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
+    start: Option<extern "C" fn(*mut libc::c_void) -> *mut libc::c_void>,
     arg: *mut libc::c_void,
 ) -> c_int {
     swap::threads_started();

@@ -321,7 +321,10 @@ impl Drop for OwnCalls {
 /// prefork server's parent closes its copy), the flag is this process's
 /// to know again: the next read that finds nothing asks no `fcntl`.
 pub(super) fn after_would_block(s: &Sock, e: &io::Error) {
+    // Only with one thread: another's `F_SETFL` between this look and the
+    // ownership would be lost for good.
     if e.kind() == io::ErrorKind::WouldBlock
+        && !THREADS.load(Ordering::Relaxed)
         && s.conn.file_shared_in_family()
         && holders::alone(s.slot)
     {
@@ -333,6 +336,10 @@ pub(super) fn after_would_block(s: &Sock, e: &io::Error) {
 #[inline]
 pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     let counted = THREADS.load(Ordering::Relaxed);
+    // Before the lookup: a signal handler that runs when the lookup lets
+    // the program's signals in again, and closes the connection, finds the
+    // thread's call its own (and ends the connection at once).
+    let own = counted.then(OwnCalls::begin);
     let s = match counted {
         true => crate::table::get_for_call(fd)?,
         false => crate::table::get(fd)?,
@@ -340,7 +347,7 @@ pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     Some(InCall {
         sock: s,
         counted,
-        _own: counted.then(OwnCalls::begin),
+        _own: own,
     })
 }
 
@@ -387,14 +394,15 @@ static ENDING_ALL: AtomicBool = AtomicBool::new(false);
 fn end_when_unused(sock: Arc<Sock>) {
     let own = OWN_CALLS.with(Cell::get) > 0;
     if !own && !ENDING_ALL.load(Ordering::Acquire) && sock.calls.in_use() && deferred::put(&sock) {
-        if sock.calls.end_after() {
+        if sock.calls.end_after() && !ENDING_ALL.load(Ordering::SeqCst) {
             debug!(
                 "SMC-D connection (channel fd {}): its last descriptor closed while calls of other threads use it; it ends when they return",
                 sock.conn.fd()
             );
             return;
         }
-        // They returned meanwhile, each before the flag.
+        // Exit or exec began meanwhile (its `take_all` may have missed the
+        // entry), or the calls returned, each before the flag.
         if deferred::take(&sock).is_none() {
             return; // exit or exec ended it
         }
@@ -407,7 +415,7 @@ fn end_when_unused(sock: Arc<Sock>) {
 /// the process image), and so do those closed from now on, until
 /// [`end_all_undone`].
 pub(super) fn end_all() {
-    ENDING_ALL.store(true, Ordering::Release);
+    ENDING_ALL.store(true, Ordering::SeqCst);
     deferred::take_all(|s| last_close(&s));
 }
 
