@@ -5,9 +5,8 @@
 use crate::critical::lock;
 use crate::sock::Sock;
 use libc::epoll_event;
-use smclo::adapter::poller::{Budget, Few, Ready};
+use smclo::adapter::poller::{Few, Pace, Ready};
 use std::os::fd::RawFd;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// The events a registration can ask for that the rings can answer.
@@ -133,9 +132,8 @@ pub struct Shadow {
     pub(crate) set: Mutex<Set>,
     /// The connections of the open poll session (`crate::hooks::epoll`).
     pub(crate) session: Mutex<Session>,
-    pub(crate) budget: Budget,
-    /// When the kernel was last asked (nanoseconds of `smclo::adapter::clock::now_ns`).
-    pub(crate) kernel_at: AtomicU64,
+    /// The waits' spin budget and when they last asked the kernel.
+    pub(crate) pace: Pace,
 }
 
 impl Shadow {

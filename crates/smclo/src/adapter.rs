@@ -121,7 +121,7 @@ pub fn register_fork_handlers() {
 
 /// The clock of every timed decision.
 pub mod clock {
-    pub use crate::clock::{now_ns, since_ns};
+    pub use crate::clock::{now_ns, ns, since_ns};
 }
 
 /// Event-loop waits over connections and other descriptors.

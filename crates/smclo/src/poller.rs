@@ -40,12 +40,19 @@ impl Pace {
         }
     }
 
-    fn kernel_due(&self) -> bool {
-        crate::clock::now_ns().saturating_sub(self.kernel_at.load(Ordering::Relaxed))
-            >= KERNEL_EVERY.as_nanos() as u64
+    /// The spin budget of the waits.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
-    fn kernel_asked(&self) {
+    /// Whether [`KERNEL_EVERY`] passed since the kernel was last asked.
+    pub fn kernel_due(&self) -> bool {
+        crate::clock::since_ns(self.kernel_at.load(Ordering::Relaxed))
+            >= crate::clock::ns(KERNEL_EVERY)
+    }
+
+    /// The kernel is being asked now.
+    pub fn kernel_asked(&self) {
         self.kernel_at
             .store(crate::clock::now_ns(), Ordering::Relaxed);
     }

@@ -185,7 +185,7 @@ fn yielded_short() {
 /// the clock only for a thread whose spin was ever preempted.
 pub fn contended() -> bool {
     let at = PREEMPTED_AT.with(Cell::get);
-    at != 0 && now_ns().saturating_sub(at) < ns(GIVE_WAY)
+    at != 0 && crate::clock::since_ns(at) < ns(GIVE_WAY)
 }
 
 /// How long a thread trusts what it read of its CPU affinity.

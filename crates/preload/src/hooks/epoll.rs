@@ -32,10 +32,9 @@ use crate::table::{self, FdState, Shadow, Sock};
 use libc::{c_int, epoll_event, sigset_t, timespec};
 use smclo::adapter::clock::now_ns;
 use smclo::adapter::errno;
-use smclo::adapter::poller::{Few, Ready, KERNEL_EVERY};
+use smclo::adapter::poller::{Few, Ready};
 use smclo::adapter::signal::Watch;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -427,13 +426,9 @@ fn kernel(
     ms: c_int,
     sigmask: *const sigset_t,
 ) -> Result<usize, c_int> {
-    sh.kernel_at.store(now_ns(), Ordering::Relaxed);
+    sh.pace.kernel_asked();
     let r = pwait(ep, &mut out[n..], ms, sigmask)?;
     Ok(merge(sh, out, n, r))
-}
-
-fn kernel_due(sh: &Shadow) -> bool {
-    now_ns().saturating_sub(sh.kernel_at.load(Ordering::Relaxed)) >= KERNEL_EVERY.as_nanos() as u64
 }
 
 /// Opens the set's poll session, if none is open: its members get
@@ -503,13 +498,13 @@ fn spin(
     sigmask: *const sigset_t,
     signals: &Watch,
 ) -> Result<usize, c_int> {
-    let time = sh.budget.spin_time(deadline);
+    let time = sh.pace.budget().spin_time(deadline);
     if time.is_zero() {
         return Ok(0);
     }
-    let r = sh.budget.spin(time, signals, || {
+    let r = sh.pace.budget().spin(time, signals, || {
         let n = match scan(sh, out) {
-            0 if kernel_due(sh) => kernel(sh, ep, out, 0, 0, sigmask)?,
+            0 if sh.pace.kernel_due() => kernel(sh, ep, out, 0, 0, sigmask)?,
             n => n,
         };
         Ok::<_, c_int>((n > 0).then_some(n))
@@ -534,7 +529,7 @@ fn wait(
     open(sh);
     let n = scan(sh, out);
     if n > 0 {
-        if n < out.len() && kernel_due(sh) {
+        if n < out.len() && sh.pace.kernel_due() {
             return kernel(sh, ep, out, n, 0, sigmask);
         }
         return Ok(n);
@@ -559,7 +554,7 @@ fn wait(
             return Err(libc::EINTR);
         }
         let n = kernel(sh, ep, out, 0, ms_left(deadline), sigmask)?;
-        sh.budget.woken(n > 0, slept);
+        sh.pace.budget().woken(n > 0, slept);
         let also = ALSO.with(|a| a.borrow().iter().any(|p| p.revents != 0));
         if n > 0 || also || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(n);

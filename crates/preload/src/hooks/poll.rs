@@ -13,7 +13,7 @@ use super::{fail, os_err};
 use crate::real;
 use crate::table;
 use libc::{c_int, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
-use smclo::adapter::clock::now_ns;
+use smclo::adapter::clock::{now_ns, ns, since_ns};
 use smclo::adapter::poller::{Few, Member, Pace, Ready};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -376,7 +376,7 @@ fn select_readable(nfds: c_int) -> bool {
         return true;
     }
     let at = FD_TABLE_AT.load(Ordering::Relaxed);
-    if at != 0 && now_ns().saturating_sub(at) < FD_TABLE_EVERY.as_nanos() as u64 {
+    if at != 0 && since_ns(at) < ns(FD_TABLE_EVERY) {
         return false;
     }
     FD_TABLE_AT.store(now_ns().max(1), Ordering::Relaxed);

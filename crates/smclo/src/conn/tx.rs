@@ -293,7 +293,7 @@ impl Conn {
         if at == 0 {
             return Ok(None);
         }
-        let waited = Duration::from_nanos(now_ns().saturating_sub(at));
+        let waited = Duration::from_nanos(crate::clock::since_ns(at));
         if waited < age {
             return Ok(Some(age - waited));
         }
