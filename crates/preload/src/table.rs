@@ -505,38 +505,28 @@ pub fn connecting(fd: RawFd) -> Option<Arc<Connecting>> {
 /// The connection of `fd`, counted, or `None` (the common case: one load).
 #[inline]
 pub fn get(fd: RawFd) -> Option<Arc<Sock>> {
-    if !in_range(fd) {
-        return None;
-    }
-    if !is_smc(WORDS[fd as usize].load(Ordering::Relaxed)) {
-        return None;
-    }
-    get_slow(fd)
+    get_for(fd, false)
 }
 
-#[cold]
-fn get_slow(fd: RawFd) -> Option<Arc<Sock>> {
-    let _g = LOCK.read();
-    get_locked(fd)
-}
-
-/// [`get`] for a call that uses the connection until it returns: counted
-/// in [`Sock::calls`](crate::sock::Calls) under the lock, so that a close
-/// that takes the number out of the table afterwards sees the call
-/// (`hooks::swap::in_call`, which ends the count).
+/// [`get`]; `call`: for a call that uses the connection until it returns,
+/// counted in [`Sock::calls`](crate::sock::Calls) under the lock, so that
+/// a close that takes the number out of the table afterwards sees the
+/// call (`hooks::swap::in_call`, which ends the count).
 #[inline]
-pub fn get_for_call(fd: RawFd) -> Option<Arc<Sock>> {
+pub fn get_for(fd: RawFd, call: bool) -> Option<Arc<Sock>> {
     if !in_range(fd) || !is_smc(WORDS[fd as usize].load(Ordering::Relaxed)) {
         return None;
     }
-    get_for_call_slow(fd)
+    get_slow(fd, call)
 }
 
 #[cold]
-fn get_for_call_slow(fd: RawFd) -> Option<Arc<Sock>> {
+fn get_slow(fd: RawFd, call: bool) -> Option<Arc<Sock>> {
     let _g = LOCK.read();
     let s = get_locked(fd)?;
-    s.calls.begin();
+    if call {
+        s.calls.begin();
+    }
     Some(s)
 }
 

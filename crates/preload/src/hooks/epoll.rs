@@ -6,7 +6,7 @@
 //! connection: `crate::shadow`), which the set's descriptor state
 //! (`Epoll`) carries. `epoll_wait` on such a set looks at the members' rings
 //! first, polls the kernel for the set's other descriptors only every
-//! [`KERNEL_EVERY`] (so that under load a request costs no system call,
+//! [`KERNEL_EVERY`](smclo::adapter::poller::KERNEL_EVERY) (so that under load a request costs no system call,
 //! yet a timer, listener or pipe in the set waits at most that long),
 //! spins for an adaptive budget while the members' writers skip their
 //! doorbells (`POLLED`), ends that session and looks again, and only then

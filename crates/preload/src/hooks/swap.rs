@@ -272,11 +272,10 @@ pub(super) fn release(sock: Arc<Sock>) {
 /// peer sends, and the peer sees the end of stream when it returns.
 pub(super) struct InCall {
     sock: Arc<Sock>,
-    /// Whether the call is counted in [`Sock::calls`] ([`THREADS`]).
-    counted: bool,
-    /// This thread's count of calls in progress ([`OWN_CALLS`]), for a
-    /// counted call (a close by another thread can only wait for those).
-    _own: Option<OwnCalls>,
+    /// For a call counted in [`Sock::calls`] ([`THREADS`]), this thread's
+    /// count of calls in progress ([`OWN_CALLS`]); `None` for one not
+    /// counted (a close by another thread can only wait for those).
+    own: Option<OwnCalls>,
 }
 
 thread_local! {
@@ -340,15 +339,8 @@ pub(super) fn in_call(fd: RawFd) -> Option<InCall> {
     // the program's signals in again, and closes the connection, finds the
     // thread's call its own (and ends the connection at once).
     let own = counted.then(OwnCalls::begin);
-    let s = match counted {
-        true => crate::table::get_for_call(fd)?,
-        false => crate::table::get(fd)?,
-    };
-    Some(InCall {
-        sock: s,
-        counted,
-        _own: own,
-    })
+    let sock = crate::table::get_for(fd, counted)?;
+    Some(InCall { sock, own })
 }
 
 impl std::ops::Deref for InCall {
@@ -360,7 +352,7 @@ impl std::ops::Deref for InCall {
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        if self.counted && self.sock.calls.end() {
+        if self.own.is_some() && self.sock.calls.end() {
             if let Some(s) = deferred::take(&self.sock) {
                 // The call's own errno is what the program reads.
                 smclo::adapter::errno::kept(|| last_close(&s));
@@ -424,7 +416,8 @@ pub(super) fn end_all_undone() {
     ENDING_ALL.store(false, Ordering::Release);
 }
 
-/// [`end_deferred`] at `_exit`, perhaps in a signal handler: only
+/// [`end_all`]'s end of the deferred connections, at `_exit`, perhaps in
+/// a signal handler: only
 /// async-signal-safe work, nothing freed.
 pub(super) fn end_deferred_at_exit() {
     deferred::take_all(|s| {
