@@ -343,6 +343,18 @@ static void *block_in_recv(void *arg) {
     return NULL;
 }
 
+/* The peer: the end of stream comes within 3 s (`after` says after what),
+ * then the server is told, and the peer waits for its end. */
+static void expect_end(int c, const char *after) {
+    char b[8];
+    struct pollfd p = {c, POLLIN, 0};
+    if (poll(&p, 1, 3000) != 1) fail("no end of stream 3 s after %s", after);
+    ssize_t r = recv(c, b, sizeof b, 0);
+    if (r != 0) fail("recv after %s: %zd (errno %d), not the end of stream", after, r, r < 0 ? errno : 0);
+    tell(to_server[1]);
+    await(to_peer[0]);
+}
+
 static void peer(int c) {
     char b[8];
     if (!strcmp(mode, "zero-recv")) {
@@ -376,12 +388,7 @@ static void peer(int c) {
         tell(to_server[1]);
         await(to_peer[0]);
     } else if (!strcmp(mode, "close-in-handler") || !strcmp(mode, "close-after-longjmp")) {
-        struct pollfd p = {c, POLLIN, 0};
-        if (poll(&p, 1, 3000) != 1) fail("no end of stream 3 s after the server's close");
-        ssize_t r = recv(c, b, sizeof b, 0);
-        if (r != 0) fail("recv: %zd (errno %d), not the end of stream", r, r < 0 ? errno : 0);
-        tell(to_server[1]);
-        await(to_peer[0]);
+        expect_end(c, "the server's close");
     } else if (!strcmp(mode, "exit-blocked")) {
         pthread_t t;
         if (pthread_create(&t, NULL, block_in_recv, &c)) fail("pthread_create");
@@ -391,12 +398,7 @@ static void peer(int c) {
         await(to_peer[0]);
         usleep(100000); /* the server's reader still waits */
         if (send(c, "hello", 5, 0) != 5) fail("send");
-        struct pollfd p = {c, POLLIN, 0};
-        if (poll(&p, 1, 3000) != 1) fail("no end of stream 3 s after the blocked recv got its bytes");
-        ssize_t r = recv(c, b, sizeof b, 0);
-        if (r != 0) fail("recv after the blocked recv returned: %zd (errno %d), not the end of stream", r, r < 0 ? errno : 0);
-        tell(to_server[1]);
-        await(to_peer[0]);
+        expect_end(c, "the blocked recv got its bytes");
     } else {
         /* The server's 3 bytes are in; closing without reading them resets. */
         if (!strcmp(mode, "reset-data") && send(c, "abc", 3, 0) != 3) fail("send");
