@@ -244,8 +244,8 @@ static void *blocked_reader(void *arg) {
 /* close-blocked with a fork child that closes its copy and lives on. */
 static long fork_blocked(int c) {
     pthread_t t;
-    int closed[2], hold[2];
-    if (pipe(closed) || pipe(hold)) fail("pipe");
+    int closed[2], hold[2], go[2];
+    if (pipe(closed) || pipe(hold) || pipe(go)) fail("pipe");
     blocked_fd = c;
     if (pthread_create(&t, NULL, blocked_reader, NULL)) fail("pthread_create");
     usleep(100000); /* the reader waits in recv */
@@ -254,12 +254,17 @@ static long fork_blocked(int c) {
     if (child == 0) {
         char b;
         close(hold[1]);
+        /* Not before fork has returned in the parent, which lists the child
+         * as a holder then: a child that left first is listed again (a
+         * race of its own, not this mode's). */
+        await(go[0]);
         close(c);
         tell(closed[1]);
         if (read(hold[0], &b, 1) != 0) fail("hold");
         _exit(0);
     }
     close(hold[0]);
+    tell(go[1]);
     await(closed[0]);
     expect("close", close(c), 0);
     tell(to_peer[1]);
