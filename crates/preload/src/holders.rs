@@ -5,8 +5,13 @@
 //! process holding it lets go, as with a kernel socket. Each connection has
 //! a slot in a `MAP_SHARED` anonymous region created before the first fork
 //! and therefore shared by the whole process family: up to [`PER_SLOT`] pids
-//! that may hold it. `fork` (interposed) adds the child's pid, in the parent,
-//! before any thread of the parent can close the connection.
+//! that may hold it. `fork` (interposed) lists the child before any thread
+//! of the parent can close the connection: its prepare handler puts a
+//! placeholder ([`expect_child`]) that the child takes over when it runs
+//! ([`join`]) and the parent turns into the child's pid once `fork` returns
+//! ([`adopt_child`]), unless the child took it first; so a child that ran,
+//! closed its copy and left before its parent saw its pid is not listed
+//! again.
 //!
 //! A listed pid is only a candidate: at close time each is verified with
 //! `kcmp(KCMP_FILE)` on the channel descriptor, at the number the slot
@@ -52,14 +57,31 @@ impl Entry {
     const FREE: Entry = Entry(0);
     /// The number is the one the process that reads it uses itself.
     const SAME_NUMBER: u32 = u32::MAX;
+    /// In the pid half: the entry is a placeholder for a fork child of
+    /// that pid, not yet known (pids stay below 2^22, `PID_MAX_LIMIT`).
+    const CHILD_OF: u32 = 1 << 31;
 
     fn new(pid: u32, chan: Option<RawFd>) -> Entry {
         let n = chan.map_or(Self::SAME_NUMBER, |c| c as u32);
         Entry(u64::from(pid) << 32 | u64::from(n))
     }
 
+    /// The placeholder for a child of `parent` being forked, whose
+    /// channel is at `chan`, as its parent's.
+    fn child_of(parent: u32, chan: RawFd) -> Entry {
+        Entry::new(parent | Self::CHILD_OF, Some(chan))
+    }
+
+    /// The pid half: a process, or a placeholder ([`Entry::child_of`]),
+    /// which matches no process.
     fn pid(self) -> u32 {
         (self.0 >> 32) as u32
+    }
+
+    /// The forking parent, for a placeholder.
+    fn parent(self) -> Option<u32> {
+        let p = self.pid();
+        (p & Self::CHILD_OF != 0).then_some(p & !Self::CHILD_OF)
     }
 
     /// The process's channel number; `mine` when not known apart.
@@ -163,26 +185,64 @@ fn set_mine(slot: &Slot, e: Entry) {
     }
 }
 
-/// Adds `pid` (a fresh fork child, whose channel is at `chan` as this
-/// process's is) as a holder of `slot`; `chan` `None`: at the number of
-/// whoever reads the entry (an exec'd image's holders). An entry the child
-/// made itself ([`join`]) stays: it may have moved its channel since.
-pub fn add(slot: usize, pid: u32, chan: Option<RawFd>) {
-    let Some(r) = region() else { return };
-    let s = &r[slot];
-    if chan.is_some() {
-        set_mine(s, Entry::new(me(), chan));
+/// Adds `pid`, a holder its old image listed ([`others`]), to `slot` of
+/// an exec'd image, at the number of whoever reads the entry.
+pub fn add(slot: usize, pid: u32) {
+    if let Some(r) = region() {
+        insert(&r[slot], Entry::new(pid, None));
     }
-    insert(s, Entry::new(pid, chan));
 }
 
-/// A fork child lists itself in `slot`, with its channel at `chan`,
-/// before it returns from `fork`: its parent adds it only once it runs
-/// again, and the child may move its channel before that ([`renumber`]).
-pub fn join(slot: usize, chan: RawFd) {
+/// Before the interposed `fork` copies the process (its prepare handler,
+/// with the table's lock held until [`adopt_child`]): a placeholder in
+/// `slot` for the child, which the child or this process fills in.
+/// `chan` is this process's channel descriptor.
+pub fn expect_child(slot: usize, chan: RawFd) {
     if let Some(r) = region() {
-        insert(&r[slot], Entry::new(me(), Some(chan)));
+        insert(&r[slot], Entry::child_of(me(), chan));
     }
+}
+
+/// The interposed `fork` returned `child` (a pid, or `None` when it
+/// failed): the placeholder of [`expect_child`] becomes the child, with its
+/// channel at `chan` as this process's is, unless the child took it over
+/// already ([`join`]; it may have left since, and must not be listed
+/// again).
+pub fn adopt_child(slot: usize, child: Option<u32>, chan: RawFd) {
+    let Some(r) = region() else { return };
+    let s = &r[slot];
+    let mine = Entry::child_of(me(), chan);
+    let to = match child {
+        Some(pid) => {
+            set_mine(s, Entry::new(me(), Some(chan)));
+            Entry::new(pid, Some(chan))
+        }
+        None => Entry::FREE,
+    };
+    for h in &s.holders {
+        if Entry::load(h) == mine && mine.replace(h, to) {
+            return;
+        }
+    }
+}
+
+/// A fork child of `parent` lists itself in `slot`, with its channel at
+/// `chan` (its parent's number), before it returns from `fork`: in the
+/// placeholder its parent put ([`expect_child`]) or, for a fork the
+/// library did not interpose (one inside the C library, as in
+/// `forkpty(3)`), in a free entry. The child may move its channel before
+/// its parent runs again ([`renumber`]).
+pub fn join(slot: usize, chan: RawFd, parent: u32) {
+    let Some(r) = region() else { return };
+    let s = &r[slot];
+    let placeholder = Entry::child_of(parent, chan);
+    let me = Entry::new(me(), Some(chan));
+    for h in &s.holders {
+        if Entry::load(h) == placeholder && placeholder.replace(h, me) {
+            return;
+        }
+    }
+    insert(s, me);
 }
 
 /// Puts `e` in a free entry of `slot`, unless its process has one.
@@ -240,8 +300,11 @@ pub fn leave(slot: usize, chan: RawFd) -> Option<u32> {
         if e == Entry::FREE {
             continue;
         }
-        if holds(e.pid(), chan, e.chan_or(chan)) {
-            others = others.or(Some(e.pid()));
+        // A placeholder: a child being forked, which holds the
+        // connection as long as its parent, whose copy it is, does.
+        let pid = e.parent().unwrap_or(e.pid());
+        if holds(pid, chan, e.chan_or(chan)) {
+            others = others.or(Some(pid));
         } else {
             e.replace(h, Entry::FREE);
         }
@@ -277,8 +340,9 @@ pub fn others(slot: usize) -> Vec<u32> {
     r[slot]
         .holders
         .iter()
-        .map(|h| Entry::load(h).pid())
-        .filter(|&p| p != 0 && p != me)
+        .map(Entry::load)
+        .filter(|e| *e != Entry::FREE && e.parent().is_none() && e.pid() != me)
+        .map(Entry::pid)
         .collect()
 }
 

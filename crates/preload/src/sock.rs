@@ -82,9 +82,10 @@ impl Calls {
     }
 
     /// In a fork child, whose only thread is the one that forked: the
-    /// calls of the parent's other threads are not the child's.
-    pub fn forked_child(&self) {
-        self.0.store(0, Ordering::Relaxed);
+    /// calls of the parent's other threads are not the child's. Returns
+    /// how many calls were counted.
+    pub fn forked_child(&self) -> u32 {
+        self.0.swap(0, Ordering::Relaxed) & !ENDING
     }
 
     /// Whether calls use the connection now.

@@ -560,7 +560,7 @@ pub(super) fn install(
         return Err("no holder slot".into());
     };
     for pid in &p.holders {
-        holders::add(slot, *pid, None);
+        holders::add(slot, *pid);
     }
     conn.count_channel(!p.fds.contains(&p.chan));
     if p.shut_rd {

@@ -22,9 +22,12 @@ use std::sync::Arc;
 /// table's lock, the epoll shadows' locks, and the connections the child
 /// inherits, each once.
 struct Forking {
-    /// Whether the fork is the interposed `fork`'s, which adds the child
-    /// as a holder once it knows its pid.
+    /// Whether the fork is the interposed `fork`'s, which put a
+    /// placeholder for the child in each connection's holders and lists
+    /// the child there once it knows its pid.
     hooked: bool,
+    /// The forking process (in the child: its parent).
+    parent: u32,
     lock: table::ForkGuard<'static>,
     /// Let go as soon as the process is copied (`None` after).
     shadows: Option<super::epoll::ForkGuard>,
@@ -79,9 +82,15 @@ extern "C" fn before_fork() {
         false => Vec::new(),
     };
     let hooked = HOOKED.with(|h| h.replace(false));
+    if hooked {
+        for s in &socks {
+            holders::expect_child(s.slot, s.conn.fd());
+        }
+    }
     FORKING.with(|f| {
         *f.borrow_mut() = Some(Forking {
             hooked,
+            parent: smclo::adapter::owner::current_pid(),
             lock,
             shadows: Some(shadows),
             socks,
@@ -113,9 +122,9 @@ extern "C" fn in_child() {
     super::poll::forget_fd_table();
     swap::forget_deferred_in_child();
     for s in &f.socks {
-        s.calls.forked_child();
+        swap::forget_calls_in_child(s);
         s.conn.forked_child();
-        holders::join(s.slot, s.conn.fd());
+        holders::join(s.slot, s.conn.fd(), f.parent);
     }
 }
 
@@ -158,16 +167,15 @@ pub unsafe extern "C" fn fork() -> pid_t {
     let Some(f) = FORKING.with(|f| f.borrow_mut().take_if(|f| f.hooked)) else {
         return pid;
     };
-    if pid > 0 {
-        for s in &f.socks {
-            holders::add(s.slot, pid as u32, Some(s.conn.fd()));
-        }
-        if !f.socks.is_empty() {
-            debug!(
-                "fork: child {pid} shares {} SMC-D connection(s)",
-                f.socks.len()
-            );
-        }
+    let child = u32::try_from(pid).ok();
+    for s in &f.socks {
+        holders::adopt_child(s.slot, child, s.conn.fd());
+    }
+    if pid > 0 && !f.socks.is_empty() {
+        debug!(
+            "fork: child {pid} shares {} SMC-D connection(s)",
+            f.socks.len()
+        );
     }
     drop(f);
     // A failed fork's errno, past the drops' closes.

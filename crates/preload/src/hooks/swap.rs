@@ -427,11 +427,39 @@ pub(super) fn end_deferred_at_exit() {
 }
 
 /// A fork child: the connections closed before the fork are not its own
-/// (none of its descriptors names them, and its parent ends them).
+/// (none of its descriptors names them, and its parent ends them), so its
+/// copies go without a word to the peer.
 pub(super) fn forget_deferred_in_child() {
-    deferred::take_all(std::mem::forget);
+    deferred::take_all(|s| {
+        forget_calls_in_child(&s);
+        s.conn.disown();
+    });
     // The child's one thread is the one that forked.
     THREADS.store(false, Ordering::Relaxed);
+}
+
+/// A fork child's copy of `s`: the calls counted on it are the parent's
+/// other threads', which do not run in the child, and the counted
+/// pointers their [`InCall`]s held are given back, so that the child's
+/// copy of the connection (its channel's descriptor) goes when the child
+/// lets go of it, not at its exit. If this thread had calls of its own in
+/// progress (a fork from a signal handler), which of the counted calls
+/// are its own is not known: the pointers stay, as its calls end them.
+pub(super) fn forget_calls_in_child(s: &Arc<Sock>) {
+    let counted = s.calls.forked_child();
+    if OWN_CALLS.with(Cell::get) != 0 {
+        return;
+    }
+    for _ in 0..counted {
+        // SAFETY: each counted call is an `InCall` holding a count of `s`,
+        // taken with the call's count under the table's lock and dropped
+        // only after it (`InCall::drop` ends the call first). The fork's
+        // prepare handler held that lock, so the copied memory has at
+        // least `counted` such counts, all of other threads (this one has
+        // no call in progress), which no thread of the child drops. `s` is
+        // one more count, so the value outlives the loop.
+        unsafe { Arc::decrement_strong_count(Arc::as_ptr(s)) };
+    }
 }
 
 /// The connections whose end waits for calls in progress

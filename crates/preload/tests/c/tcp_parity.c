@@ -32,7 +32,8 @@
  *                 MSG_MORE; the peer reads the 3 bytes
  *   close-blocked a thread blocks in recv; another closes the descriptor;
  *                 the recv goes on and gets the 5 bytes the peer sends
- *                 then, and the peer reads the end of stream after it
+ *                 then, and the peer reads the end of stream after it; a
+ *                 child forked after the close does not have the number
  *   close-in-handler  a SIGALRM handler (SA_RESTART) closes the descriptor
  *                 a recv of the same thread waits on: the peer reads the
  *                 end of stream, and the restarted recv fails EBADF
@@ -40,8 +41,14 @@
  *                 siglongjmp; the thread then closes the descriptor: the
  *                 peer reads the end of stream
  *   fork-blocked  as close-blocked, but a fork child (made while the recv
- *                 blocks) closes its copy first and lives on: the peer
- *                 reads the end of stream once the recv returned
+ *                 blocks) closes its copy first and lives on: its number
+ *                 is free at once, and the peer reads the end of stream
+ *                 once the recv returned
+ *   fork-closed-first  fork-blocked, where the child closes its copy
+ *                 before fork has returned in the parent (a parent
+ *                 pthread_atfork handler waits for that close), and
+ *                 kcmp(2) fails EPERM, as under Docker's default seccomp
+ *                 profile
  *   exit-blocked  the peer exits (exit, not _exit) while a thread of its
  *                 blocks in recv: the server reads the end of stream */
 #define _GNU_SOURCE
@@ -54,6 +61,11 @@
 #include <setjmp.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #include "check.h"
 
@@ -241,11 +253,36 @@ static void *blocked_reader(void *arg) {
     return arg;
 }
 
-/* close-blocked with a fork child that closes its copy and lives on. */
-static long fork_blocked(int c) {
+/* fork-blocked: the child's close is done (its parent waits in
+ * closed_first before fork returns, for fork-closed-first). */
+static int closed[2], closed_first;
+
+static void child_closed(void) {
+    if (closed_first) await(closed[0]);
+}
+
+/* From now on kcmp(2) fails EPERM in this process and its children. */
+static void refuse_kcmp(void) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) fail("seccomp");
+    if (syscall(SYS_kcmp, getpid(), getpid(), 0, 0, 0) != -1 || errno != EPERM) fail("kcmp still allowed");
+}
+
+/* close-blocked with a fork child that closes its copy and lives on;
+ * `first`: before fork has returned in the parent, without kcmp. */
+static long fork_blocked(int c, int first) {
     pthread_t t;
-    int closed[2], hold[2], go[2];
+    int hold[2], go[2];
     if (pipe(closed) || pipe(hold) || pipe(go)) fail("pipe");
+    closed_first = first;
+    if (first) refuse_kcmp();
+    if (pthread_atfork(NULL, child_closed, NULL)) fail("pthread_atfork");
     blocked_fd = c;
     if (pthread_create(&t, NULL, blocked_reader, NULL)) fail("pthread_create");
     usleep(100000); /* the reader waits in recv */
@@ -254,18 +291,19 @@ static long fork_blocked(int c) {
     if (child == 0) {
         char b;
         close(hold[1]);
-        /* Not before fork has returned in the parent, which lists the child
-         * as a holder then: a child that left first is listed again (a
-         * race of its own, not this mode's). */
-        await(go[0]);
-        close(c);
+        if (!first) await(go[0]);
+        expect("close", close(c), 0);
+        /* Closed, not only forgotten: the number is free. */
+        expect("fcntl(F_GETFD) of the closed number", fcntl(c, F_GETFD), -EBADF);
         tell(closed[1]);
         if (read(hold[0], &b, 1) != 0) fail("hold");
         _exit(0);
     }
     close(hold[0]);
-    tell(go[1]);
-    await(closed[0]);
+    if (!first) {
+        tell(go[1]);
+        await(closed[0]);
+    }
     expect("close", close(c), 0);
     tell(to_peer[1]);
     pthread_join(t, NULL);
@@ -283,6 +321,15 @@ static long close_blocked(int c) {
     if (pthread_create(&t, NULL, blocked_reader, NULL)) fail("pthread_create");
     usleep(100000); /* the reader waits in recv */
     expect("close", close(c), 0);
+    /* A fork child never had the closed number. */
+    pid_t child = fork();
+    if (child < 0) fail("fork");
+    if (child == 0) {
+        expect("fcntl(F_GETFD) of a number closed before the fork", fcntl(c, F_GETFD), -EBADF);
+        _exit(0);
+    }
+    int st;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the fork child ended with %#x", st);
     tell(to_peer[1]);
     pthread_join(t, NULL);
     if (blocked_got != 5)
@@ -399,7 +446,7 @@ static void peer(int c) {
         if (pthread_create(&t, NULL, block_in_recv, &c)) fail("pthread_create");
         usleep(100000); /* the thread waits in recv */
         exit(0);
-    } else if (!strcmp(mode, "close-blocked") || !strcmp(mode, "fork-blocked")) {
+    } else if (!strcmp(mode, "close-blocked") || !strncmp(mode, "fork-", 5)) {
         await(to_peer[0]);
         usleep(100000); /* the server's reader still waits */
         if (send(c, "hello", 5, 0) != 5) fail("send");
@@ -458,8 +505,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "close-blocked")) {
         got = close_blocked(c);
         c = -1; /* closed */
-    } else if (!strcmp(mode, "fork-blocked")) {
-        got = fork_blocked(c);
+    } else if (!strcmp(mode, "fork-blocked") || !strcmp(mode, "fork-closed-first")) {
+        got = fork_blocked(c, !strcmp(mode, "fork-closed-first"));
         c = -1;
     } else if (!strcmp(mode, "exit-blocked")) {
         char b[8];
