@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs all of smclo's tests: rustfmt and clippy, release build (with the
+# Runs all of smclo's tests: rustfmt, clippy and rustdoc's link check, release build (with the
 # preload's musl build), unit and cross-process tests
 # (some fork and kill, hence two test threads), the benchmark suite's tests
 # and one short run of every suite workload over every transport (checked,
@@ -21,6 +21,10 @@ step=lint
 # comment).
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
+# The developers' documentation: every intra-doc link resolves. (The C
+# API's library is also named smclo, so it is documented on its own.)
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --document-private-items --workspace --exclude smclo-capi
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --document-private-items -p smclo-capi
 
 step=build
 cargo build --release --workspace
@@ -82,4 +86,4 @@ for target in "${fuzz_targets[@]}"; do
         -- -max_total_time=$fuzz_seconds
 done
 
-echo "test.sh: PASSED: rustfmt and clippy, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table, early-byte, spinner-slot, attach-record and announcement-map protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"
+echo "test.sh: PASSED: rustfmt, clippy and the documentation's links, release build (the preload for glibc and for musl), workspace tests, loom models of the doorbell, shared-table, early-byte, spinner-slot, attach-record and announcement-map protocols, benchmark suite tests and smoke run, fuzz ${fuzz_targets[*]} ${fuzz_seconds}s each"

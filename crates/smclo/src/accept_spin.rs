@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 static BUDGET: Budget = Budget::new();
-/// When the thread of this process that spins began (microseconds since
-/// [`epoch`], plus 1), 0 when none does. A spin that never ended (a
+/// When the thread of this process that spins began (microseconds of
+/// [`crate::clock`]), 0 when none does. A spin that never ended (a
 /// handler that `siglongjmp`ed out of it, a thread that did not follow a
 /// `fork`) is taken over once it is older than [`STALE`].
 static SPINNING_SINCE: AtomicU64 = AtomicU64::new(0);

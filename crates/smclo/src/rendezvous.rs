@@ -167,7 +167,7 @@ const ANNOUNCED_SERVER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
 /// The bits of an encoded key's last word that hold the client's family.
 const KEY_CLIENT_FAMILY_BITS: u64 = 0xff << 32;
 
-/// The masks of [`Rendezvous::find_any_client`]: the client's address and
+/// The masks of [`Rendezvous::find_announcements`]: the client's address and
 /// family ignored.
 const KEY_ANY_CLIENT: [u64; 5] = [0, 0, u64::MAX, u64::MAX, !KEY_CLIENT_FAMILY_BITS];
 
@@ -850,7 +850,7 @@ impl SlotRef {
     /// first request: its server then finds it in its ring at once,
     /// instead of waiting for the client to learn the answer and write
     /// it). `false` once the server took the count ([`Self::accept_early`])
-    /// or when the total would pass [`EARLY_MAX`]: the bytes then wait for
+    /// or when the total would pass [`crate::early_count::EARLY_MAX`]: the bytes then wait for
     /// the decision. Counting first and sending second means the count
     /// never misses a byte in the stream; a server that finds fewer bytes
     /// than counted declines, and the stream carries them as plain TCP.

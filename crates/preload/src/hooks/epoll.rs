@@ -45,7 +45,7 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `wait` (an `epoll_wait` on a set, see [`wait_entry`]) so that its
+/// Runs `wait` (an `epoll_wait` on a set, see [`wait`]) so that its
 /// kernel sleep also ends when one of `also` becomes readable (then it
 /// returns 0 early); `also`'s `revents` say which did. The pending
 /// handshakes' descriptors (`hooks::pending`): only the set's own wait
@@ -434,7 +434,7 @@ fn kernel(
 /// Opens the set's poll session, if none is open: its members get
 /// `POLLED`, so their writers skip the doorbell. The session stays open
 /// while the event loop runs (every wait looks at the rings first) and
-/// ends only when the loop is about to sleep in the kernel ([`close`]).
+/// ends only when the loop is about to sleep in the kernel ([`cancel`]).
 /// Members that do not want `IN` now are in it too: loops that ask for
 /// `IN` only after they wrote a request (redis-benchmark) would otherwise
 /// have their replies rung; whatever arrives is seen by the first wait
@@ -488,7 +488,7 @@ pub(super) fn ms_left(deadline: Option<Instant>) -> c_int {
 }
 
 /// Spins for the set's budget (within the deadline), looking at the
-/// rings, and at the kernel every [`KERNEL_EVERY`], until a signal handler
+/// rings, and at the kernel every [`smclo::adapter::poller::KERNEL_EVERY`], until a signal handler
 /// runs (`signals`).
 fn spin(
     sh: &Shadow,

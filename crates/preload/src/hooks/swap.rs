@@ -190,7 +190,7 @@ pub(super) enum Holder<'a> {
     /// A pending handshake's number: still `Pending` with this handshake.
     Pending(&'a Arc<Connecting>),
     /// A number a call held across its handshake (a blocking connect):
-    /// not forgotten since [`table::forgotten`] said this count.
+    /// not forgotten since [`crate::table::forgotten`] said this count.
     Held(u32),
     /// A number just accepted, not the program's yet: nobody else has it.
     Fresh,

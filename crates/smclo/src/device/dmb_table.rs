@@ -154,7 +154,7 @@ impl Device {
     /// Whether a peer's DMB (a memfd, owned by the uid that created it) may
     /// belong to `uid`: ours on a private device; on a group device any
     /// uid, as the handshake channel's credential check
-    /// ([`access::check_peer`]) already vouched for the peer that passed it.
+    /// ([`crate::access::check_peer`]) already vouched for the peer that passed it.
     pub(crate) fn may_own_dmb(&self, uid: u32) -> bool {
         uid == euid() || matches!(self.shape, Shape::Group { .. })
     }

@@ -418,7 +418,7 @@ fn publish(
 /// our port and the TSvals our SYN may have carried ([`TsWindow`]): the
 /// server's proof, with our address, that the connection it accepted is
 /// ours. The connection goes on as TCP
-/// meanwhile, never waiting for an answer ([`Self::announced`]).
+/// meanwhile, never waiting for an answer ([`ClientProposal::announced`]).
 fn announce(
     dev: &Arc<Device>,
     cfg: &Config,

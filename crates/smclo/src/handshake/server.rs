@@ -1,6 +1,6 @@
 //! The server's state machine: from `accept`, find the proposal behind the
-//! saved SYN and answer it. [`server_accept`] runs it within a blocking
-//! `accept`; [`ServerHandshake`] lets it go on after `accept` returned.
+//! saved SYN and answer it. [`ServerHandshake`] runs it, within a blocking
+//! `accept` or after `accept` returned (`super::Pending::accept`).
 
 use super::channel::{
     recv_expected, send_msg, spin_readable, wait_readable, Received, RendezvousAddr,
