@@ -11,7 +11,10 @@
 //! ([`join`]) and the parent turns into the child's pid once `fork` returns
 //! ([`adopt_child`]), unless the child took it first; so a child that ran,
 //! closed its copy and left before its parent saw its pid is not listed
-//! again.
+//! again. Each fork's placeholder is an entry of its own ([`Placeholder`]).
+//! A closing process counts a placeholder as a holder while the parent it
+//! names holds the connection ([`leave`]); [`alone`] counts it as another
+//! process, and [`others`] leaves it out.
 //!
 //! A listed pid is only a candidate: at close time each is verified with
 //! `kcmp(KCMP_FILE)` on the channel descriptor, at the number the slot
@@ -193,25 +196,31 @@ pub fn add(slot: usize, pid: u32) {
     }
 }
 
+/// Where [`expect_child`] put one fork's placeholder in a slot: its
+/// entry, which only that fork's child and parent fill in (a child of an
+/// earlier fork that starts late finds its own entry filled, and never
+/// takes this one).
+#[derive(Clone, Copy)]
+pub struct Placeholder(usize);
+
 /// Before the interposed `fork` copies the process (its prepare handler,
 /// with the table's lock held until [`adopt_child`]): a placeholder in
 /// `slot` for the child, which the child or this process fills in.
-/// `chan` is this process's channel descriptor.
-pub fn expect_child(slot: usize, chan: RawFd) {
-    if let Some(r) = region() {
-        insert(&r[slot], Entry::child_of(me(), chan));
-    }
+/// `chan` is this process's channel descriptor. `None` when the slot is
+/// full (the child then goes untracked, as [`insert`] says).
+pub fn expect_child(slot: usize, chan: RawFd) -> Option<Placeholder> {
+    let r = region()?;
+    insert(&r[slot], Entry::child_of(me(), chan)).map(Placeholder)
 }
 
 /// The interposed `fork` returned `child` (a pid, or `None` when it
-/// failed): the placeholder of [`expect_child`] becomes the child, with its
-/// channel at `chan` as this process's is, unless the child took it over
-/// already ([`join`]; it may have left since, and must not be listed
-/// again).
-pub fn adopt_child(slot: usize, child: Option<u32>, chan: RawFd) {
+/// failed): the placeholder `at` of [`expect_child`] becomes the child,
+/// with its channel at `chan` as this process's is, unless the child took
+/// it over already ([`join`]; it may have left since, and must not be
+/// listed again).
+pub fn adopt_child(slot: usize, at: Option<Placeholder>, child: Option<u32>, chan: RawFd) {
     let Some(r) = region() else { return };
     let s = &r[slot];
-    let mine = Entry::child_of(me(), chan);
     let to = match child {
         Some(pid) => {
             set_mine(s, Entry::new(me(), Some(chan)));
@@ -219,47 +228,50 @@ pub fn adopt_child(slot: usize, child: Option<u32>, chan: RawFd) {
         }
         None => Entry::FREE,
     };
-    for h in &s.holders {
-        if Entry::load(h) == mine && mine.replace(h, to) {
-            return;
-        }
+    if let Some(Placeholder(i)) = at {
+        Entry::child_of(me(), chan).replace(&s.holders[i], to);
     }
 }
 
 /// A fork child of `parent` lists itself in `slot`, with its channel at
 /// `chan` (its parent's number), before it returns from `fork`: in the
-/// placeholder its parent put ([`expect_child`]) or, for a fork the
-/// library did not interpose (one inside the C library, as in
-/// `forkpty(3)`), in a free entry. The child may move its channel before
-/// its parent runs again ([`renumber`]).
-pub fn join(slot: usize, chan: RawFd, parent: u32) {
+/// placeholder `at` its parent put ([`expect_child`]) if it is still
+/// there, else (the parent filled it in already, or the fork was one the
+/// library did not interpose, inside the C library as in `forkpty(3)`)
+/// in a free entry. The child may move its channel before its parent
+/// runs again ([`renumber`]).
+pub fn join(slot: usize, chan: RawFd, parent: u32, at: Option<Placeholder>) {
     let Some(r) = region() else { return };
     let s = &r[slot];
-    let placeholder = Entry::child_of(parent, chan);
     let me = Entry::new(me(), Some(chan));
-    for h in &s.holders {
-        if Entry::load(h) == placeholder && placeholder.replace(h, me) {
+    if let Some(Placeholder(i)) = at {
+        if Entry::child_of(parent, chan).replace(&s.holders[i], me) {
             return;
         }
     }
     insert(s, me);
 }
 
-/// Puts `e` in a free entry of `slot`, unless its process has one.
-fn insert(s: &Slot, e: Entry) {
+/// Puts `e` in a free entry of `slot`, unless its process has one;
+/// returns the entry it took.
+fn insert(s: &Slot, e: Entry) -> Option<usize> {
     if s.holders.iter().any(|h| Entry::load(h).pid() == e.pid()) {
-        return;
+        return None;
     }
-    for h in &s.holders {
-        if Entry::FREE.replace(h, e) {
-            return;
-        }
+    if let Some(i) = (0..PER_SLOT).find(|&i| Entry::FREE.replace(&s.holders[i], e)) {
+        return Some(i);
     }
     s.untracked.store(1, Ordering::Release);
-    smclo::debug!(
-        "more than {PER_SLOT} processes share a connection; process {} is not tracked",
-        e.pid()
-    );
+    match e.parent() {
+        Some(p) => smclo::debug!(
+            "more than {PER_SLOT} processes share a connection; the child that process {p} is forking is not tracked"
+        ),
+        None => smclo::debug!(
+            "more than {PER_SLOT} processes share a connection; process {} is not tracked",
+            e.pid()
+        ),
+    }
+    None
 }
 
 /// Whether this process is the only one of its family listed in `slot`:

@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 mod common;
-use common::{compile, run_plain, run_smc};
+use common::{compile_with_late_atfork, run_plain, run_smc};
 
+/// Linked with `late_atfork.c`, whose fork handlers run before the
+/// preload's in a child (fork-late-children).
 fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| compile("tcp_parity", &["-pthread"]))
+    EXE.get_or_init(|| compile_with_late_atfork("tcp_parity").0)
 }
 
 fn check(mode: &str, read: &str) {
@@ -98,6 +100,17 @@ fn a_fork_child_does_not_inherit_its_parents_blocked_calls() {
 #[test]
 fn a_fork_child_that_closed_first_is_not_listed_again() {
     check("fork-closed-first", "5");
+}
+
+/// Two fork children that start late, the first while its parent is
+/// inside the second fork: the first took the second's placeholder in the
+/// holders (the placeholders of one parent looked alike), so the second
+/// child was never listed; the first child's close then ended the
+/// connection while the second still held it, and the peer read the end
+/// of stream instead of the second child's bytes.
+#[test]
+fn a_late_fork_child_does_not_take_the_next_forks_place() {
+    check("fork-late-children", "4");
 }
 
 /// A signal handler's `close` of the descriptor its own thread's `recv`

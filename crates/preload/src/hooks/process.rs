@@ -31,7 +31,14 @@ struct Forking {
     lock: table::ForkGuard<'static>,
     /// Let go as soon as the process is copied (`None` after).
     shadows: Option<super::epoll::ForkGuard>,
-    socks: Vec<Arc<Sock>>,
+    socks: Vec<Inherited>,
+}
+
+/// A connection the child inherits, and where its holders have the
+/// child's placeholder (an interposed fork's).
+struct Inherited {
+    sock: Arc<Sock>,
+    placeholder: Option<holders::Placeholder>,
 }
 
 thread_local! {
@@ -45,8 +52,8 @@ thread_local! {
 /// (see `smclo::adapter::register_fork_handlers`): at load, before the
 /// program registers any, so that the program's prepare and child
 /// handlers run outside the table's lock. (Its parent handlers run inside
-/// it: the child is added as a holder only once `fork` returns its pid.
-/// They may use connections, not change the table: `table::Lock`.)
+/// it: the child's placeholders become its pid only once `fork` returns
+/// it. They may use connections, not change the table: `table::Lock`.)
 fn register_fork_handlers() {
     smclo::adapter::register_fork_handlers();
     crate::cork::register_fork_handlers();
@@ -82,11 +89,15 @@ extern "C" fn before_fork() {
         false => Vec::new(),
     };
     let hooked = HOOKED.with(|h| h.replace(false));
-    if hooked {
-        for s in &socks {
-            holders::expect_child(s.slot, s.conn.fd());
-        }
-    }
+    let socks = socks
+        .into_iter()
+        .map(|sock| Inherited {
+            placeholder: hooked
+                .then(|| holders::expect_child(sock.slot, sock.conn.fd()))
+                .flatten(),
+            sock,
+        })
+        .collect();
     FORKING.with(|f| {
         *f.borrow_mut() = Some(Forking {
             hooked,
@@ -121,10 +132,14 @@ extern "C" fn in_child() {
     f.lock.forget_in_child();
     super::poll::forget_fd_table();
     swap::forget_deferred_in_child();
-    for s in &f.socks {
+    for Inherited {
+        sock: s,
+        placeholder,
+    } in &f.socks
+    {
         swap::forget_calls_in_child(s);
         s.conn.forked_child();
-        holders::join(s.slot, s.conn.fd(), f.parent);
+        holders::join(s.slot, s.conn.fd(), f.parent, *placeholder);
     }
 }
 
@@ -168,8 +183,12 @@ pub unsafe extern "C" fn fork() -> pid_t {
         return pid;
     };
     let child = u32::try_from(pid).ok();
-    for s in &f.socks {
-        holders::adopt_child(s.slot, child, s.conn.fd());
+    for Inherited {
+        sock: s,
+        placeholder,
+    } in &f.socks
+    {
+        holders::adopt_child(s.slot, *placeholder, child, s.conn.fd());
     }
     if pid > 0 && !f.socks.is_empty() {
         debug!(

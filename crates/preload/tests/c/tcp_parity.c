@@ -49,6 +49,12 @@
  *                 pthread_atfork handler waits for that close), and
  *                 kcmp(2) fails EPERM, as under Docker's default seccomp
  *                 profile
+ *   fork-late-children  two fork children start late (a fork handler
+ *                 that runs before the preload's in the child waits): the
+ *                 first only while the second is being forked; the
+ *                 parent and the first close their copies, then the
+ *                 second starts, sends "late" and closes: the peer reads
+ *                 "late", then the end of stream
  *   exit-blocked  the peer exits (exit, not _exit) while a thread of its
  *                 blocks in recv: the server reads the end of stream */
 #define _GNU_SOURCE
@@ -274,6 +280,61 @@ static void refuse_kcmp(void) {
     if (syscall(SYS_kcmp, getpid(), getpid(), 0, 0, 0) != -1 || errno != EPERM) fail("kcmp still allowed");
 }
 
+/* late_atfork.c's: the children of the forks from now on wait for a byte
+ * from fd before the preload's part of fork runs in them. */
+void late_atfork_hold_children(int fd);
+
+/* fork-late-children: the first child starts, and is then in the family's
+ * holders, while its parent is inside the second fork (the second child
+ * is forked, not yet listed). */
+static int first_gate[2], first_started[2], in_second_fork;
+
+static void start_first_child(void) {
+    if (!in_second_fork) return;
+    in_second_fork = 0;
+    tell(first_gate[1]);
+    await(first_started[0]);
+}
+
+static long fork_late_children(int c) {
+    int second_gate[2], close_first[2], first_closed[2];
+    if (pipe(first_gate) || pipe(first_started) || pipe(second_gate) || pipe(close_first) || pipe(first_closed))
+        fail("pipe");
+    if (pthread_atfork(NULL, start_first_child, NULL)) fail("pthread_atfork");
+    late_atfork_hold_children(first_gate[0]);
+    pid_t first = fork();
+    if (first < 0) fail("fork");
+    if (first == 0) {
+        tell(first_started[1]);
+        await(close_first[0]);
+        expect("close", close(c), 0);
+        tell(first_closed[1]);
+        _exit(0);
+    }
+    late_atfork_hold_children(second_gate[0]);
+    in_second_fork = 1;
+    pid_t second = fork();
+    if (second < 0) fail("fork");
+    if (second == 0) {
+        expect("send", send(c, "late", 4, 0), 4);
+        expect("close", close(c), 0);
+        _exit(0);
+    }
+    late_atfork_hold_children(-1);
+    expect("close", close(c), 0);
+    tell(close_first[1]);
+    await(first_closed[0]);
+    tell(second_gate[1]);
+    pid_t children[] = {first, second};
+    for (int i = 0; i < 2; i++) {
+        int st;
+        if (waitpid(children[i], &st, 0) != children[i] || !WIFEXITED(st) || WEXITSTATUS(st))
+            fail("fork child %d ended with %#x", i + 1, st);
+    }
+    await(to_server[0]); /* the peer read "late" and the end of stream */
+    return 4;
+}
+
 /* close-blocked with a fork child that closes its copy and lives on;
  * `first`: before fork has returned in the parent, without kcmp. */
 static long fork_blocked(int c, int first) {
@@ -446,6 +507,13 @@ static void peer(int c) {
         if (pthread_create(&t, NULL, block_in_recv, &c)) fail("pthread_create");
         usleep(100000); /* the thread waits in recv */
         exit(0);
+    } else if (!strcmp(mode, "fork-late-children")) {
+        struct pollfd p = {c, POLLIN, 0};
+        if (poll(&p, 1, 3000) != 1) fail("nothing from the last fork child in 3 s");
+        ssize_t r = recv(c, b, 4, MSG_WAITALL);
+        if (r != 4 || memcmp(b, "late", 4))
+            fail("recv returned %zd (errno %d), not the last fork child's \"late\"", r, r < 0 ? errno : 0);
+        expect_end(c, "the last fork child's bytes");
     } else if (!strcmp(mode, "close-blocked") || !strncmp(mode, "fork-", 5)) {
         await(to_peer[0]);
         usleep(100000); /* the server's reader still waits */
@@ -505,6 +573,9 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "close-blocked")) {
         got = close_blocked(c);
         c = -1; /* closed */
+    } else if (!strcmp(mode, "fork-late-children")) {
+        got = fork_late_children(c);
+        c = -1;
     } else if (!strcmp(mode, "fork-blocked") || !strcmp(mode, "fork-closed-first")) {
         got = fork_blocked(c, !strcmp(mode, "fork-closed-first"));
         c = -1;
