@@ -395,3 +395,59 @@ fn descriptor_numbers_stay_dense() {
         max[0]
     );
 }
+
+/// A blocking connect that the kernel refuses makes no connection, so it
+/// is no fallback (the kernel's SMC counts none either); it counted one
+/// (PEERNOSMC at the client). A connect that succeeds to a plain server
+/// still counts.
+#[test]
+fn a_refused_connect_is_no_fallback() {
+    let mut env = Env::new("edge-refused");
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let open = plain.local_addr().unwrap().port();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    fs::write(
+        env.path("refused.py"),
+        "import socket, sys\n\
+         for port in sys.argv[1:]:\n\
+         \x20   s = socket.socket()\n\
+         \x20   try:\n\
+         \x20       s.connect(('127.0.0.1', int(port)))\n\
+         \x20       print(port, 'connected')\n\
+         \x20   except ConnectionRefusedError:\n\
+         \x20       print(port, 'refused')\n\
+         \x20   s.close()\n",
+    )
+    .unwrap();
+    let s0 = env.stats();
+    let p = env.run(
+        Mode::Smclo,
+        "refused",
+        "python3",
+        &[
+            "refused.py",
+            &closed.to_string(),
+            &closed.to_string(),
+            &open.to_string(),
+        ],
+        T,
+    );
+    let out = p.stdout_str();
+    assert_eq!(
+        out,
+        format!("{closed} refused\n{closed} refused\n{open} connected\n"),
+        "{}",
+        p.logs()
+    );
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.fallback_client[Reason::PeerNoSmc.index()],
+        1,
+        "only the connect that made a connection counts: {}",
+        d.fallbacks_desc()
+    );
+    drop(plain);
+}

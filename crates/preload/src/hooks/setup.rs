@@ -471,9 +471,12 @@ unsafe fn accepted_peer(
     unsafe { smclo::adapter::sockaddr::from_raw(addr, n) }
 }
 
-/// The real `connect` of a socket that stays TCP for `reason`, listed in
-/// the fallback table once it has its addresses (connected or in progress)
-/// if [`fallbacks::client_lists`] says so.
+/// The real `connect` of a socket that stays TCP for `reason`: once it
+/// is connected or in progress, counted as a fallback (a connect that
+/// failed, refused or unreachable, made no connection, as the kernel's SMC
+/// counts none) and listed in the fallback table if
+/// [`fallbacks::client_lists`] says so. A non-blocking connect is counted
+/// when it starts: one the server then refuses still counts.
 ///
 /// # Safety
 /// As `connect(2)`: `addr` points to `len` readable bytes.
@@ -487,8 +490,13 @@ unsafe fn connect_listed(
 ) -> c_int {
     // SAFETY: forwarded unchanged (the caller's contract).
     let r = unsafe { real::connect(fd, addr, len) };
-    if (r == 0 || errno::get() == libc::EINPROGRESS) && fallbacks::client_lists(reason) {
-        list_fallback(c, fd, Role::Client, reason, Known::peer(Some(dest)));
+    let e = errno::get();
+    if r == 0 || e == libc::EINPROGRESS {
+        c.dev.count_fallback(reason, Role::Client);
+        if fallbacks::client_lists(reason) {
+            list_fallback(c, fd, Role::Client, reason, Known::peer(Some(dest)));
+        }
+        errno::set(e);
     }
     r
 }
@@ -573,7 +581,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         announce: true,
     };
     if c.cfg.short == Short::Learn && !smclo::adapter::short::propose(dest) {
-        c.dev.count_fallback(Reason::Short, Role::Client);
         debug!("fd {fd}: connect to {dest} stays TCP (its last connections there were short)");
         super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
@@ -582,7 +589,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let mut p = match handshake::client_propose_with(&c.dev, &c.cfg, fd, dest, facts) {
         Ok(p) => p,
         Err(r) => {
-            c.dev.count_fallback(r, Role::Client);
             debug!("fd {fd}: connect to {dest} stays TCP ({r})");
             super::state::end_candidacy(fd);
             // SAFETY: forwarded unchanged.
@@ -591,7 +597,6 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     let Some(slot) = holders::claim() else {
         drop(p);
-        c.dev.count_fallback(Reason::Mem, Role::Client);
         debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");
         super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
