@@ -22,9 +22,12 @@ step=lint
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 # The developers' documentation: every intra-doc link resolves. (The C
-# API's library is also named smclo, so it is documented on its own.)
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --document-private-items --workspace --exclude smclo-capi
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --document-private-items -p smclo-capi
+# API's library and the command are also named smclo, so each is
+# documented on its own.)
+for docs in "--workspace --exclude smclo-capi --exclude smclo-cli" "-p smclo-capi" "-p smclo-cli"; do
+    # shellcheck disable=SC2086 # the package options are words
+    RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --document-private-items $docs
+done
 
 step=build
 cargo build --release --workspace

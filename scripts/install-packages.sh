@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs (as root, on Debian) the programs that the tests and the benchmark
 # suite run: redis, nginx, memcached (with memcslap), haproxy, node, a Java JDK (javac, for the Java tests),
-# Go (golang-go, for the tests of Go programs), postgresql, sockperf, iperf3, wrk, curl, strace, perf, socat, systemd-socket-activate
+# Go (golang-go, for the tests of Go programs), postgresql, sockperf, iperf3, wrk, curl, strace, perf, socat, liburing-dev (the io_uring tests), systemd-socket-activate
 # (systemd), musl-tools (musl-gcc, for the musl tests), iptables, nftables and
 # libcap2-bin (setcap), prometheus_client (the metrics format test's parser), PyYAML (the Kubernetes manifests test), and matplotlib for the suite's chart. Packaged daemons are kept from starting and from holding the
 # ports the tests use.
 set -euo pipefail
 
-APT_PACKAGES="build-essential pkg-config iproute2 iptables nftables musl-tools libcap2-bin procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs openjdk-17-jdk-headless golang-go postgresql sockperf iperf3 wrk curl socat python3 python3-matplotlib python3-prometheus-client python3-yaml strace linux-perf systemd"
+APT_PACKAGES="build-essential pkg-config iproute2 iptables nftables musl-tools libcap2-bin procps util-linux redis-server redis-tools nginx-light memcached libmemcached-tools haproxy nodejs openjdk-17-jdk-headless golang-go postgresql sockperf iperf3 wrk curl socat liburing-dev python3 python3-matplotlib python3-prometheus-client python3-yaml strace linux-perf systemd"
 # Packaged daemons that the install would start as system services.
 SERVICES="redis-server nginx iperf3 memcached haproxy postgresql"
 

@@ -86,12 +86,15 @@ pub enum Reason {
     /// (a request or two and closed): setting one up costs more than it
     /// saves (`SMCLO_SHORT`). Now and then one proposes again.
     Short = 0x0A00_000B,
+    /// smclo extension: the process uses io_uring, whose reads and writes
+    /// do not go through the C library: smclo could not carry them.
+    IoUring = 0x0A00_000C,
 }
 
 impl Reason {
     /// Number of reasons; the length of [`Reason::ALL`] and the number of
     /// per-reason counters in the device file.
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 24;
 
     /// Every reason, in [`Reason::index`] order.
     ///
@@ -123,6 +126,7 @@ impl Reason {
         Reason::SourceNat,
         Reason::Passed,
         Reason::Short,
+        Reason::IoUring,
     ];
 
     /// The reason code as SMC writes it (`peer_diagnosis`, `smcss`).
@@ -164,6 +168,7 @@ impl Reason {
             Reason::SourceNat => 20,
             Reason::Passed => 21,
             Reason::Short => 22,
+            Reason::IoUring => 23,
         }
     }
 
@@ -193,6 +198,7 @@ impl Reason {
             Reason::SourceNat => "SOURCE_NAT",
             Reason::Passed => "PASSED",
             Reason::Short => "SHORT",
+            Reason::IoUring => "IO_URING",
         }
     }
 
@@ -237,6 +243,9 @@ impl Reason {
             }
             Reason::Short => {
                 "the client's last connections to this destination were short: shared memory costs them more than it saves (SMCLO_SHORT)"
+            }
+            Reason::IoUring => {
+                "the process uses io_uring, whose reads and writes smclo does not see (its connections stay TCP)"
             }
         }
     }
@@ -310,6 +319,7 @@ mod tests {
                 "SOURCE_NAT",
                 "PASSED",
                 "SHORT",
+                "IO_URING",
             ]
         );
     }
@@ -380,7 +390,8 @@ mod tests {
                 Reason::Unanswered,
                 Reason::SourceNat,
                 Reason::Passed,
-                Reason::Short
+                Reason::Short,
+                Reason::IoUring
             ]
         );
     }

@@ -64,7 +64,9 @@ fn seen(fd: RawFd) -> bool {
 /// [`close`] (an SMC-D connection ends as over TCP, the peer reads end of
 /// stream, and the number's state goes), with `close`'s locks; so are
 /// `SYS_close_range` ([`close_range`]: smclo's own descriptors stay open)
-/// and `SYS_dup2`/`SYS_dup3` onto or from such a descriptor. Every
+/// and `SYS_dup2`/`SYS_dup3` onto or from such a descriptor.
+/// `SYS_io_uring_setup` tells `hooks::uring` that the process uses
+/// io_uring (Rust's io-uring crate sets its rings up this way). Every
 /// other call is made as libc's `syscall` makes it
 /// ([`chan_sys::syscall`]: no lock, async-signal-safe as libc's).
 ///
@@ -85,6 +87,9 @@ pub unsafe extern "C" fn syscall(
     let (fd, other) = (a as c_int, b as c_int);
     // The interposed function of the same system call, with the caller's
     // arguments.
+    if n == libc::SYS_io_uring_setup {
+        super::uring::setup_called();
+    }
     let r = match n {
         // SAFETY: close(2) of the caller's descriptor.
         libc::SYS_close if seen(fd) => unsafe { close(fd) },

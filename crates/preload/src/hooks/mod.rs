@@ -37,6 +37,7 @@ mod splice;
 mod state;
 mod swap;
 mod target;
+mod uring;
 mod variant;
 
 pub use control::*;

@@ -92,6 +92,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 /// saved (`saved`), so that no client proposes before its SYN can be read
 /// back; on failure its connections stay TCP ([`Hint::Plain`]).
 fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
+    if super::uring::in_use() {
+        record_registration(fd, Err("this process uses io_uring".into()));
+        return;
+    }
     let registered = saved
         .map_err(|err| format!("TCP_SAVE_SYN failed ({err})"))
         .and_then(|()| {
@@ -580,6 +584,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
         announce: true,
     };
+    if super::uring::in_use() {
+        debug!("fd {fd}: connect to {dest} stays TCP (this process uses io_uring)");
+        super::state::end_candidacy(fd);
+        // SAFETY: forwarded unchanged.
+        return unsafe { connect_listed(c, fd, addr, len, Reason::IoUring, dest) };
+    }
     if c.cfg.short == Short::Learn && !smclo::adapter::short::propose(dest) {
         debug!("fd {fd}: connect to {dest} stays TCP (its last connections there were short)");
         super::state::end_candidacy(fd);

@@ -114,6 +114,23 @@ pub(super) fn unlist_listeners_passing(port: u16) {
     }
 }
 
+/// The process uses io_uring (`hooks::uring`): every listener leaves the
+/// registry, and its later connections stay TCP ([`Hint::Plain`]).
+pub(super) fn unlist_listeners() {
+    let _g = LOCK.write();
+    let mut listed = Vec::new();
+    table::for_each_state_locked(|fd, s| {
+        if matches!(s, FdState::Listener(_)) {
+            listed.push(fd);
+        }
+    });
+    for fd in listed {
+        drop(table::replace_locked(fd, FdState::Unknown));
+        hints::hint(fd, Hint::Plain);
+        debug!("fd {fd}: unregistered, its connections stay TCP (this process uses io_uring)");
+    }
+}
+
 /// Records the program's epoll registration of candidate (or pending)
 /// `fd` in set `ep` (`event`; `None`: deleted), made with the kernel just
 /// now. With the table's lock held for writing.

@@ -1,0 +1,148 @@
+//! Programs that use io_uring under `smclo run`: io_uring's reads and
+//! writes bypass the C library, so on an SMC-D connection (whose
+//! descriptor is smclo's channel) they would go to the channel itself. A
+//! process that uses io_uring keeps its connections TCP (`IO_URING`), and
+//! its listeners leave the registry, however its ring was made.
+
+use smclo_apptests::*;
+use smclo_wire::reason::Reason;
+use std::path::Path;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+fn src(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/uring")
+        .join(name)
+}
+
+/// An echo server under `smclo run` (socat, a process per connection),
+/// and the device's counters before the client.
+fn echo_server(env: &mut Env) -> (Proc, u16, smclo::device::Stats) {
+    let port = free_port();
+    let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork");
+    let mut server = env.spawn(Mode::Smclo, "echo-server", "socat", &[&listen, "EXEC:cat"]);
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    (server, port, s0)
+}
+
+/// The client's connections were TCP, each counted `IO_URING` at the
+/// client, and none went through shared memory.
+fn assert_io_uring(env: &Env, s0: &smclo::device::Stats, conns: u64, logs: &str) {
+    let d = delta(s0, &env.stats());
+    assert_eq!(d.conns_opened, 0, "no SMC-D connection\n{logs}");
+    assert_eq!(
+        d.fallback_client[Reason::IoUring.index()],
+        conns,
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+}
+
+/// liburing's program (connect with the C library, then send and receive
+/// through the ring): it hung, its send written into smclo's channel and
+/// its receive waiting there.
+#[test]
+fn a_liburing_client_gets_its_echo_over_tcp() {
+    let mut env = Env::new("uring-liburing");
+    let (server, port, s0) = echo_server(&mut env);
+    let exe = env.path("liburing_client");
+    smclo_testsupport::compile_c_with(
+        "cc".as_ref(),
+        &smclo_testsupport::CFLAGS,
+        &src("liburing_client.c"),
+        &exe,
+        &["-luring"],
+    );
+    let c = env.run(
+        Mode::Smclo,
+        "liburing-client",
+        exe.to_str().unwrap(),
+        &[&port.to_string()],
+        T,
+    );
+    assert!(c.stdout_str().starts_with("ok 26"), "{}", c.logs());
+    assert_io_uring(&env, &s0, 1, &format!("{}\n{}", c.logs(), server.logs()));
+}
+
+/// A ring set up with `syscall(2)` after a first connection: the
+/// connections from then on are TCP (the first, made before, is SMC-D).
+#[test]
+fn a_ring_made_through_syscall_keeps_later_connections_tcp() {
+    let mut env = Env::new("uring-syscall");
+    let (server, port, s0) = echo_server(&mut env);
+    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let c = env.run(
+        Mode::Smclo,
+        "raw-ring",
+        exe.to_str().unwrap(),
+        &["syscall-between", &port.to_string()],
+        T,
+    );
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 1, "the first connection only\n{logs}");
+    assert_eq!(
+        d.fallback_client[Reason::IoUring.index()],
+        1,
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+}
+
+/// A ring made with the system call instruction (no library call to
+/// see) before the process's first connection: found among its
+/// descriptors.
+#[test]
+fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
+    let mut env = Env::new("uring-instruction");
+    let (server, port, s0) = echo_server(&mut env);
+    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let c = env.run(
+        Mode::Smclo,
+        "raw-ring",
+        exe.to_str().unwrap(),
+        &["instruction-first", &port.to_string()],
+        T,
+    );
+    assert!(c.stdout_str().starts_with("ok 1"), "{}", c.logs());
+    assert_io_uring(&env, &s0, 1, &format!("{}\n{}", c.logs(), server.logs()));
+}
+
+/// A server that sets a ring up after it listens: its listener leaves the
+/// registry, so an smclo client does not propose to it (and its plain
+/// `accept` never meets a proposal it would have swapped).
+#[test]
+fn a_listener_leaves_the_registry_when_its_process_sets_a_ring_up() {
+    let mut env = Env::new("uring-listener");
+    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let port = free_port();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "raw-ring-server",
+        exe.to_str().unwrap(),
+        &["listen-then-setup", &port.to_string()],
+    );
+    server.wait_stdout("listening", T, &[]);
+    let s0 = env.stats();
+    assert_eq!(s0.listeners, 0, "{}", server.logs());
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
+         s.sendall(b'ping')\nassert s.recv(4, socket.MSG_WAITALL) == b'ping'\nprint('ok')\n"
+    );
+    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    assert_eq!(c.stdout_str(), "ok\n", "{}", c.logs());
+    server.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(d.conns_opened, 0, "{logs}");
+    assert_eq!(
+        d.fallback_client[Reason::PeerNoSmc.index()],
+        1,
+        "the client found no listener to propose to: {}\n{logs}",
+        d.fallbacks_desc()
+    );
+}

@@ -1,0 +1,102 @@
+/* io_uring made without liburing: with syscall(2) (as Rust's io-uring
+ * crate does), or with the instruction itself (as a liburing linked in
+ * statically does). Usage: raw_ring MODE PORT, each connection to
+ * 127.0.0.1:PORT sending "ping" and reading its echo (the C library's
+ * calls: the point is which connections smclo makes, not io_uring's I/O):
+ *   syscall-between  a connection, then io_uring_setup through syscall(2),
+ *                    then a second connection
+ *   instruction-first  io_uring_setup with the syscall instruction, then a
+ *                    connection
+ *   listen-then-setup  listens on PORT, then sets a ring up through
+ *                    syscall(2), prints "listening", and echoes the 4
+ *                    bytes of one connection
+ * Prints "ok <connections>". */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/io_uring.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static void fail(const char *what) {
+    fprintf(stderr, "raw_ring: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static struct sockaddr_in addr(int port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return a;
+}
+
+/* A connection to PORT: "ping", its echo, close. */
+static void ping(int port) {
+    struct sockaddr_in a = addr(port);
+    char b[4];
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || connect(s, (void *)&a, sizeof a)) fail("connect");
+    if (write(s, "ping", 4) != 4) fail("write");
+    if (recv(s, b, 4, MSG_WAITALL) != 4 || memcmp(b, "ping", 4)) fail("the echo");
+    close(s);
+}
+
+static int setup_by_syscall(void) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    int fd = (int)syscall(SYS_io_uring_setup, 4, &p);
+    if (fd < 0) fail("io_uring_setup");
+    return fd;
+}
+
+static int setup_by_instruction(void) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    long r;
+    __asm__ volatile("syscall"
+                     : "=a"(r)
+                     : "0"((long)SYS_io_uring_setup), "D"(4L), "S"(&p)
+                     : "rcx", "r11", "memory");
+    if (r < 0) {
+        errno = (int)-r;
+        fail("io_uring_setup");
+    }
+    return (int)r;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        errno = EINVAL;
+        fail("usage: raw_ring MODE PORT");
+    }
+    const char *mode = argv[1];
+    int port = atoi(argv[2]);
+    if (!strcmp(mode, "syscall-between")) {
+        ping(port);
+        setup_by_syscall();
+        ping(port);
+        puts("ok 2");
+    } else if (!strcmp(mode, "instruction-first")) {
+        setup_by_instruction();
+        ping(port);
+        puts("ok 1");
+    } else if (!strcmp(mode, "listen-then-setup")) {
+        struct sockaddr_in a = addr(port);
+        int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 8)) fail("listen");
+        setup_by_syscall();
+        puts("listening");
+        fflush(stdout);
+        int c = accept(l, NULL, NULL);
+        char b[4];
+        if (c < 0 || recv(c, b, 4, MSG_WAITALL) != 4 || write(c, b, 4) != 4) fail("serve");
+        puts("ok 1");
+    } else {
+        errno = EINVAL;
+        fail("unknown mode");
+    }
+    return 0;
+}

@@ -1,0 +1,97 @@
+//! Processes that use io_uring: their connections stay TCP.
+//!
+//! io_uring's reads and writes go to the kernel without the C library, so
+//! the preload never sees them: on an SMC-D connection, whose descriptor
+//! is smclo's channel, they would read its doorbells and write into it,
+//! and the program would hang or read garbage. So a process that uses
+//! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
+//! its new connections: its clients do not propose (`IO_URING` in `smclo
+//! stats`), its listeners leave the device's registry, and its `accept`
+//! takes no proposal.
+//!
+//! A process uses io_uring when liburing is loaded in it, when it called
+//! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or when
+//! an io_uring descriptor is open in it at its first connection or
+//! listener (a ring made with the instruction itself, by a liburing linked
+//! in statically). A ring made that way after the process's first
+//! connection and listener is not seen: those connections break under it.
+
+use super::state;
+use smclo::debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The process uses io_uring (see the module's documentation).
+static IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// The process was looked at once (loaded libraries, open descriptors).
+static LOOKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the process uses io_uring; looks at it the first time.
+pub(super) fn in_use() -> bool {
+    if IN_USE.load(Ordering::Relaxed) {
+        return true;
+    }
+    if !LOOKED.swap(true, Ordering::Relaxed) {
+        if let Some(how) = liburing_loaded().or_else(ring_open) {
+            found(how);
+        }
+    }
+    IN_USE.load(Ordering::Relaxed)
+}
+
+/// The program called `io_uring_setup(2)` through `syscall(2)`.
+pub(super) fn setup_called() {
+    if !IN_USE.load(Ordering::Relaxed) {
+        found("it called io_uring_setup");
+    }
+}
+
+/// The process uses io_uring (`how` says how that was seen): no new
+/// SMC-D connection, and its listeners leave the registry.
+fn found(how: &str) {
+    if IN_USE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    debug!("this process uses io_uring ({how}), whose calls smclo does not see: its new connections stay TCP (IO_URING)");
+    state::unlist_listeners();
+}
+
+/// Whether a liburing shared library is loaded.
+fn liburing_loaded() -> Option<&'static str> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        found: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid info whose name is null or a
+        // NUL-terminated string, and our `found` flag.
+        let name = unsafe { (*info).dlpi_name };
+        if !name.is_null() {
+            // SAFETY: as above.
+            let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+            let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
+            if base.starts_with(b"liburing.so") {
+                // SAFETY: `found` is the bool that `liburing_loaded` passed.
+                unsafe { *found.cast::<bool>() = true };
+                return 1;
+            }
+        }
+        0
+    }
+    let mut seen = false;
+    // SAFETY: `each` only reads the loader's entries and writes `seen`,
+    // which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut seen as *mut bool).cast()) };
+    seen.then_some("liburing is loaded")
+}
+
+/// Whether an io_uring descriptor is open in the process.
+fn ring_open() -> Option<&'static str> {
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+    dir.flatten()
+        .any(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.as_os_str().as_encoded_bytes() == b"anon_inode:[io_uring]")
+        })
+        .then_some("an io_uring descriptor is open")
+}
