@@ -7,7 +7,7 @@
 //! and therefore shared by the whole process family: up to [`PER_SLOT`] pids
 //! that may hold it. `fork` (interposed) lists the child before any thread
 //! of the parent can close the connection: its prepare handler puts a
-//! placeholder ([`expect_child`]) that the child takes over when it runs
+//! placeholder ([`before_fork`]) that the child takes over when it runs
 //! ([`join`]) and the parent turns into the child's pid once `fork` returns
 //! ([`adopt_child`]), unless the child took it first; so a child that ran,
 //! closed its copy and left before its parent saw its pid is not listed
@@ -196,38 +196,40 @@ pub fn add(slot: usize, pid: u32) {
     }
 }
 
-/// Where [`expect_child`] put one fork's placeholder in a slot: its
+/// Where [`before_fork`] put one fork's placeholder in a slot: its
 /// entry, which only that fork's child and parent fill in (a child of an
 /// earlier fork that starts late finds its own entry filled, and never
 /// takes this one).
 #[derive(Clone, Copy)]
 pub struct Placeholder(usize);
 
-/// Before the interposed `fork` copies the process (its prepare handler,
-/// with the table's lock held until [`adopt_child`]): a placeholder in
-/// `slot` for the child, which the child or this process fills in.
-/// `chan` is this process's channel descriptor. `None` when the slot is
-/// full (the child then goes untracked, as [`insert`] says).
-pub fn expect_child(slot: usize, chan: RawFd) -> Option<Placeholder> {
+/// Before a fork copies the process (its prepare handler, with the
+/// table's lock held): this process's entry in `slot` names its channel's
+/// number `chan`, which the child may move away from before this process
+/// runs again (a child that reads "at my own number" would look for the
+/// parent at its moved one); and for the interposed `fork` (`hooked`), a
+/// placeholder for the child, which the child or this process fills in
+/// ([`adopt_child`]). `None`: no placeholder (not hooked, or the slot is
+/// full: the child then goes untracked, as [`insert`] says).
+pub fn before_fork(slot: usize, chan: RawFd, hooked: bool) -> Option<Placeholder> {
     let r = region()?;
-    insert(&r[slot], Entry::child_of(me(), chan)).map(Placeholder)
+    let s = &r[slot];
+    set_mine(s, Entry::new(me(), Some(chan)));
+    if !hooked {
+        return None;
+    }
+    insert(s, Entry::child_of(me(), chan)).map(Placeholder)
 }
 
 /// The interposed `fork` returned `child` (a pid, or `None` when it
-/// failed): the placeholder `at` of [`expect_child`] becomes the child,
+/// failed): the placeholder `at` of [`before_fork`] becomes the child,
 /// with its channel at `chan` as this process's is, unless the child took
 /// it over already ([`join`]; it may have left since, and must not be
 /// listed again).
 pub fn adopt_child(slot: usize, at: Option<Placeholder>, child: Option<u32>, chan: RawFd) {
     let Some(r) = region() else { return };
     let s = &r[slot];
-    let to = match child {
-        Some(pid) => {
-            set_mine(s, Entry::new(me(), Some(chan)));
-            Entry::new(pid, Some(chan))
-        }
-        None => Entry::FREE,
-    };
+    let to = child.map_or(Entry::FREE, |pid| Entry::new(pid, Some(chan)));
     if let Some(Placeholder(i)) = at {
         Entry::child_of(me(), chan).replace(&s.holders[i], to);
     }
@@ -235,7 +237,7 @@ pub fn adopt_child(slot: usize, at: Option<Placeholder>, child: Option<u32>, cha
 
 /// A fork child of `parent` lists itself in `slot`, with its channel at
 /// `chan` (its parent's number), before it returns from `fork`: in the
-/// placeholder `at` its parent put ([`expect_child`]) if it is still
+/// placeholder `at` its parent put ([`before_fork`]) if it is still
 /// there, else (the parent filled it in already, or the fork was one the
 /// library did not interpose, inside the C library as in `forkpty(3)`)
 /// in a free entry. The child may move its channel before its parent

@@ -136,6 +136,18 @@ fn fork_handlers_use_epoll_and_change_the_childs_table() {
     assert_eq!(run("fork-handler-epoll"), 1, "SMC-D");
 }
 
+/// A fork child that moved its channel (a dup, then a close of the
+/// connection's own number) and closed its last descriptor before `fork`
+/// returned in its parent: the parent's entry in the holders still said
+/// "at the reader's own number", which the child read as its moved one,
+/// so it missed the parent and ended the connection (the server read "k"
+/// and the end of stream, and the parent's send failed). The parent now
+/// lists its number before it forks.
+#[test]
+fn a_fork_child_that_moved_its_channel_first_sees_its_parent() {
+    assert_eq!(run("fork-moved-first"), 1, "SMC-D");
+}
+
 /// `tests/c/late_fork.c` in `mode` (its fork handler registered by a
 /// library before the preload's, so run inside the preload's part of
 /// `fork`) on a device of its own.

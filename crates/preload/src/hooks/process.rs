@@ -92,9 +92,7 @@ extern "C" fn before_fork() {
     let socks = socks
         .into_iter()
         .map(|sock| Inherited {
-            placeholder: hooked
-                .then(|| holders::expect_child(sock.slot, sock.conn.fd()))
-                .flatten(),
+            placeholder: holders::before_fork(sock.slot, sock.conn.fd(), hooked),
             sock,
         })
         .collect();

@@ -37,6 +37,12 @@
  * The server must read "pcP". Before, parent and child each published
  * their own copy of the held byte, and the server read "pc".
  *
+ * Mode `fork-moved-first`: the child takes the connection at a dup,
+ * closes the connection's own number (the channel moves), sends "k",
+ * closes and exits, all before fork has returned in the parent (a parent
+ * fork handler waits for it); then the parent sends "x" and closes. The
+ * server reads "kx".
+ *
  * Mode `fork-handler-epoll`: the program's fork handlers wait on an
  * epoll set that holds the connection (before the fork, in the parent,
  * in the child), and the child's handler also closes the set and takes
@@ -402,6 +408,33 @@ static void read_kx(int l, int go) {
         fail("the server got \"%s\"", b);
 }
 
+static int moved[2];
+
+static void on_parent_moved(void) {
+    char b;
+    if (read(moved[0], &b, 1) != 1)
+        fail("the child did not finish");
+}
+
+static void fork_moved_first(void) {
+    pid_t srv = serve(8, read_kx);
+    connect_s();
+    if (pipe(moved) || pthread_atfork(NULL, on_parent_moved, NULL))
+        fail("pipe, pthread_atfork");
+    pid_t k = fork();
+    if (k == 0) {
+        int d = dup(s);
+        int ok = d >= 0 && close(s) == 0 && send(d, "k", 1, 0) == 1 && close(d) == 0;
+        _exit(ok && write(moved[1], "d", 1) == 1 ? 0 : 1);
+    }
+    if (k < 0)
+        fail("fork");
+    wait_ok(k, "child");
+    if (send(s, "x", 1, 0) != 1 || close(s))
+        fail("parent");
+    wait_ok(srv, "server");
+}
+
 static void fork_handler_epoll(void) {
     pid_t srv = serve(8, read_kx);
     connect_s();
@@ -417,7 +450,7 @@ static void fork_handler_epoll(void) {
 int main(int argc, char **argv) {
     if (argc != 2)
         fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call | "
-             "fork-handlers | fork-held | fork-handler-epoll");
+             "fork-handlers | fork-held | fork-handler-epoll | fork-moved-first");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -435,6 +468,8 @@ int main(int argc, char **argv) {
         fork_held();
     else if (strcmp(mode, "fork-handler-epoll") == 0)
         fork_handler_epoll();
+    else if (strcmp(mode, "fork-moved-first") == 0)
+        fork_moved_first();
     else
         fail("unknown mode");
     printf("OK\n");
