@@ -146,3 +146,83 @@ fn a_listener_leaves_the_registry_when_its_process_sets_a_ring_up() {
         d.fallbacks_desc()
     );
 }
+
+/// A prefork server whose worker sets a ring up after its parent
+/// registered the listener: the registration is the parent's and stays,
+/// so clients still propose; the worker's `accept` declines at once
+/// (IO_URING), where its client waited for an answer that never came.
+#[test]
+fn a_worker_that_sets_a_ring_up_declines_proposals_at_once() {
+    let mut env = Env::new("uring-prefork");
+    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let port = free_port();
+    let mut server = env.spawn(
+        Mode::Smclo,
+        "raw-ring-prefork",
+        exe.to_str().unwrap(),
+        &["prefork", &port.to_string()],
+    );
+    server.wait_stdout("listening", T, &[]);
+    let s0 = env.stats();
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
+         s.sendall(b'ping')\nassert s.recv(4, socket.MSG_WAITALL) == b'ping'\nprint('ok')\n"
+    );
+    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    assert_eq!(c.stdout_str(), "ok\n", "{}", c.logs());
+    server.wait_ok(T);
+    let d = delta(&s0, &env.stats());
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(d.conns_opened, 0, "{logs}");
+    assert_eq!(
+        d.fallback_server[Reason::IoUring.index()],
+        1,
+        "the worker declined: {}\n{logs}",
+        d.fallbacks_desc()
+    );
+    assert_eq!(
+        d.fallback_client[Reason::Timeout.index()],
+        0,
+        "the client did not wait for an answer: {}\n{logs}",
+        d.fallbacks_desc()
+    );
+}
+
+/// A connection handed to a liburing program by exec (socat's
+/// `EXEC:...,nofork`, inetd style): the new image cannot carry it, so it
+/// gets the TCP socket and both ends a reset, as for any program that
+/// cannot follow a connection. It adopted the connection, and the
+/// program's io_uring read waited on smclo's channel for ever.
+#[test]
+fn a_liburing_program_given_a_connection_by_exec_gets_a_reset() {
+    let mut env = Env::new("uring-exec");
+    let exe = env.path("liburing_echo");
+    smclo_testsupport::compile_c_with(
+        "cc".as_ref(),
+        &smclo_testsupport::CFLAGS,
+        &src("liburing_echo.c"),
+        &exe,
+        &["-luring"],
+    );
+    let port = free_port();
+    let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork");
+    let target = format!("EXEC:{},nofork", exe.display());
+    let mut server = env.spawn(Mode::Smclo, "socat", "socat", &[&listen, &target]);
+    wait_listen(&mut server, port);
+    let s0 = env.stats();
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
+         s.settimeout(10)\ns.sendall(b'ping')\n\
+         try:\n    print('echo' if s.recv(4, socket.MSG_WAITALL) == b'ping' else 'end')\n\
+         except ConnectionResetError:\n    print('reset')\n\
+         except socket.timeout:\n    print('timeout')\n"
+    );
+    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "reset\n", "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.conns_opened, 1,
+        "the connection was SMC-D in socat\n{logs}"
+    );
+}

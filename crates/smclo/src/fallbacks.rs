@@ -139,12 +139,16 @@ fn start_of(me: Owner, fd: RawFd) -> usize {
 }
 
 /// Whether a client that declined with `r` before proposing lists its
-/// connection: not when its destination has no smclo listener (PEERNOSMC)
-/// or the device is off (NOSMCDDEV, decided before the listener lookup),
-/// so that connecting to a plain server or another host costs no system
-/// call; a client that proposed lists whatever the outcome.
+/// connection: not when its destination has no smclo listener (PEERNOSMC),
+/// the device is off (NOSMCDDEV), its last connections there were short
+/// (SHORT) or its process uses io_uring (IO_URING), all decided before the
+/// listener lookup, so that such a connection costs no system call; a
+/// client that proposed lists whatever the outcome.
 pub fn client_lists(r: Reason) -> bool {
-    !matches!(r, Reason::PeerNoSmc | Reason::NoSmcdDev | Reason::Short)
+    !matches!(
+        r,
+        Reason::PeerNoSmc | Reason::NoSmcdDev | Reason::Short | Reason::IoUring
+    )
 }
 
 /// A recorded fallback connection, as [`open`] reads it.

@@ -175,6 +175,13 @@ impl ListenerGuard {
         !self.ticket.matches(w) || Judge::fast(self.dev.dir()).dead(&e.head, w)
     }
 
+    /// Whether this process made the registration, so that dropping this
+    /// guard takes the listener out of the registry (a fork child's copy
+    /// does not).
+    pub fn is_own(&self) -> bool {
+        self.ticket.pid() == crate::owner::current_pid()
+    }
+
     /// The listening socket `fd`'s registration made again by this
     /// process, at the address it is bound to, when this one is
     /// [`lost`](Self::lost); `None` while it stands. Asked when the

@@ -10,6 +10,9 @@
  *   listen-then-setup  listens on PORT, then sets a ring up through
  *                    syscall(2), prints "listening", and echoes the 4
  *                    bytes of one connection
+ *   prefork          listens on PORT and forks a worker, which sets a ring
+ *                    up through syscall(2), prints "listening", and echoes
+ *                    the 4 bytes of one connection
  * Prints "ok <connections>". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void fail(const char *what) {
@@ -43,6 +47,22 @@ static void ping(int port) {
     close(s);
 }
 
+/* Echoes the 4 bytes of one connection to listener l. */
+static void echo_one(int l) {
+    char b[4];
+    int c = accept(l, NULL, NULL);
+    if (c < 0 || recv(c, b, 4, MSG_WAITALL) != 4 || write(c, b, 4) != 4) fail("serve");
+    close(c);
+}
+
+static int listener(int port) {
+    struct sockaddr_in a = addr(port);
+    int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 8)) fail("listen");
+    return l;
+}
+
 static int setup_by_syscall(void) {
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
@@ -55,10 +75,20 @@ static int setup_by_instruction(void) {
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
     long r;
+#if defined(__x86_64__)
     __asm__ volatile("syscall"
                      : "=a"(r)
                      : "0"((long)SYS_io_uring_setup), "D"(4L), "S"(&p)
                      : "rcx", "r11", "memory");
+#elif defined(__aarch64__)
+    register long x8 __asm__("x8") = SYS_io_uring_setup;
+    register long x0 __asm__("x0") = 4;
+    register long x1 __asm__("x1") = (long)&p;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1) : "memory");
+    r = x0;
+#else
+#error "the system call instruction of this machine"
+#endif
     if (r < 0) {
         errno = (int)-r;
         fail("io_uring_setup");
@@ -83,16 +113,26 @@ int main(int argc, char **argv) {
         ping(port);
         puts("ok 1");
     } else if (!strcmp(mode, "listen-then-setup")) {
-        struct sockaddr_in a = addr(port);
-        int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
-        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 8)) fail("listen");
+        int l = listener(port);
         setup_by_syscall();
         puts("listening");
         fflush(stdout);
-        int c = accept(l, NULL, NULL);
-        char b[4];
-        if (c < 0 || recv(c, b, 4, MSG_WAITALL) != 4 || write(c, b, 4) != 4) fail("serve");
+        echo_one(l);
+        puts("ok 1");
+    } else if (!strcmp(mode, "prefork")) {
+        int l = listener(port);
+        fflush(stdout);
+        pid_t worker = fork();
+        if (worker < 0) fail("fork");
+        if (worker == 0) {
+            setup_by_syscall();
+            puts("listening");
+            fflush(stdout);
+            echo_one(l);
+            _exit(0);
+        }
+        int st;
+        if (waitpid(worker, &st, 0) != worker || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the worker");
         puts("ok 1");
     } else {
         errno = EINVAL;

@@ -471,8 +471,10 @@ pub(crate) fn at_load() {
         // before exec, on this same platform.
         std::path::PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(d) })
     }) {
-        Some(d) if !super::disabled() => Device::open(&d).map_err(|e| e.to_string()),
-        Some(_) => Err("SMCLO_DISABLE is set".into()),
+        Some(_) if super::disabled() => Err("SMCLO_DISABLE is set".into()),
+        // Its io_uring calls would go to the channel itself.
+        Some(_) if super::uring::in_use() => Err("this program uses io_uring".into()),
+        Some(d) => Device::open(&d).map_err(|e| e.to_string()),
         None => Err("unreadable description".into()),
     };
     for p in passed {

@@ -65,8 +65,10 @@ fn seen(fd: RawFd) -> bool {
 /// stream, and the number's state goes), with `close`'s locks; so are
 /// `SYS_close_range` ([`close_range`]: smclo's own descriptors stay open)
 /// and `SYS_dup2`/`SYS_dup3` onto or from such a descriptor.
-/// `SYS_io_uring_setup` tells `hooks::uring` that the process uses
-/// io_uring (Rust's io-uring crate sets its rings up this way). Every
+/// A `SYS_io_uring_setup` that succeeded tells `hooks::uring` that the
+/// process uses io_uring (Rust's io-uring crate sets its rings up this
+/// way; a probe that the kernel or a seccomp filter refuses does not
+/// count). Every
 /// other call is made as libc's `syscall` makes it
 /// ([`chan_sys::syscall`]: no lock, async-signal-safe as libc's).
 ///
@@ -87,9 +89,6 @@ pub unsafe extern "C" fn syscall(
     let (fd, other) = (a as c_int, b as c_int);
     // The interposed function of the same system call, with the caller's
     // arguments.
-    if n == libc::SYS_io_uring_setup {
-        super::uring::setup_called();
-    }
     let r = match n {
         // SAFETY: close(2) of the caller's descriptor.
         libc::SYS_close if seen(fd) => unsafe { close(fd) },
@@ -100,8 +99,14 @@ pub unsafe extern "C" fn syscall(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: dup2(2) with the caller's arguments.
         libc::SYS_dup2 if seen(fd) || seen(other) => unsafe { dup2(fd, other) },
-        // SAFETY: the caller's arguments, passed on as libc would.
-        _ => return unsafe { chan_sys::syscall(n, &[a, b, c, d, e, f]) },
+        _ => {
+            // SAFETY: the caller's arguments, passed on as libc would.
+            let r = unsafe { chan_sys::syscall(n, &[a, b, c, d, e, f]) };
+            if n == libc::SYS_io_uring_setup && r >= 0 {
+                super::uring::set_up();
+            }
+            return r;
+        }
     };
     r as c_long
 }

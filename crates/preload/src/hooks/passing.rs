@@ -636,6 +636,10 @@ fn adopt_one(p: Passed, dir: &str, cloexec: bool) {
 /// the channel were consumed.
 fn adopt_in(p: &Passed, dir: &str, cloexec: bool) -> Result<(), (String, bool)> {
     let ctx = super::ctx().ok_or(("this process has no device".to_string(), false))?;
+    if super::uring::in_use() {
+        // Its io_uring calls would go to the channel itself.
+        return Err(("this process uses io_uring".to_string(), false));
+    }
     let ours = hex(ctx.dev.dir().as_os_str().as_encoded_bytes());
     if ours != dir {
         let theirs = unhex(dir).map(|d| String::from_utf8_lossy(&d).into_owned());

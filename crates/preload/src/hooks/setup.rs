@@ -112,7 +112,16 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
 fn record_registration(fd: RawFd, registered: Result<registry::ListenerGuard, String>) {
     match registered {
         Ok(guard) => {
-            let _g = LOCK.write();
+            let g = LOCK.write();
+            // Seen using io_uring since `register` asked: its unlisting
+            // may have run before this listener was in the table.
+            if super::uring::seen() {
+                drop(g);
+                drop(guard);
+                hints::hint(fd, Hint::Plain);
+                debug!("fd {fd}: not registered; its connections stay TCP (this process uses io_uring)");
+                return;
+            }
             super::state::listening_locked(fd, guard);
             debug!("fd {fd}: listening, registered for SMC-D");
         }
@@ -352,6 +361,14 @@ fn accept_handshake(
         None => Known::peer(peer),
     };
     if let Some(r) = h.settled() {
+        return accepted_tcp(c, nfd, r, known);
+    }
+    if super::uring::in_use() {
+        // Declined at once: its client goes on over TCP without waiting.
+        let r = match h.refuse(Reason::IoUring) {
+            Some(Decision::Tcp(r)) => r,
+            _ => Reason::IoUring,
+        };
         return accepted_tcp(c, nfd, r, known);
     }
     let Some(slot) = holders::claim() else {

@@ -114,13 +114,15 @@ pub(super) fn unlist_listeners_passing(port: u16) {
     }
 }
 
-/// The process uses io_uring (`hooks::uring`): every listener leaves the
-/// registry, and its later connections stay TCP ([`Hint::Plain`]).
-pub(super) fn unlist_listeners() {
+/// The process uses io_uring (`hooks::uring`): the listeners it
+/// registered leave the registry, and their later connections stay TCP
+/// ([`Hint::Plain`]). One a fork child inherited stays registered by its
+/// parent: the child's `accept` declines its proposals (IO_URING).
+pub(super) fn unlist_own_listeners() {
     let _g = LOCK.write();
     let mut listed = Vec::new();
     table::for_each_state_locked(|fd, s| {
-        if matches!(s, FdState::Listener(_)) {
+        if matches!(s, FdState::Listener(g) if g.is_own()) {
             listed.push(fd);
         }
     });

@@ -6,8 +6,11 @@
 //! and the program would hang or read garbage. So a process that uses
 //! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
 //! its new connections: its clients do not propose (`IO_URING` in `smclo
-//! stats`), its listeners leave the device's registry, and its `accept`
-//! takes no proposal.
+//! stats`), the listeners it registered leave the device's registry, and
+//! its `accept` declines the proposals that still come (to a listener its
+//! parent registered, or sent before the registration went), so that
+//! their clients go on over TCP at once. Connections made before the
+//! process was seen to use io_uring stay SMC-D.
 //!
 //! A process uses io_uring when liburing is loaded in it, when it called
 //! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or when
@@ -23,37 +26,43 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The process uses io_uring (see the module's documentation).
 static IN_USE: AtomicBool = AtomicBool::new(false);
 
-/// The process was looked at once (loaded libraries, open descriptors).
+/// The process was looked at (loaded libraries, open descriptors).
 static LOOKED: AtomicBool = AtomicBool::new(false);
 
-/// Whether the process uses io_uring; looks at it the first time.
+/// Whether the process uses io_uring; looks at it the first time (threads
+/// that ask at once each look: none answers before a look is done).
 pub(super) fn in_use() -> bool {
-    if IN_USE.load(Ordering::Relaxed) {
-        return true;
-    }
-    if !LOOKED.swap(true, Ordering::Relaxed) {
+    if !LOOKED.load(Ordering::Acquire) {
         if let Some(how) = liburing_loaded().or_else(ring_open) {
             found(how);
         }
+        LOOKED.store(true, Ordering::Release);
     }
-    IN_USE.load(Ordering::Relaxed)
+    IN_USE.load(Ordering::Acquire)
 }
 
-/// The program called `io_uring_setup(2)` through `syscall(2)`.
-pub(super) fn setup_called() {
+/// Whether the process was seen to use io_uring, without looking (for a
+/// caller that holds the table's lock, which a look that finds a ring
+/// takes).
+pub(super) fn seen() -> bool {
+    IN_USE.load(Ordering::Acquire)
+}
+
+/// The program set an io_uring instance up through `syscall(2)`.
+pub(super) fn set_up() {
     if !IN_USE.load(Ordering::Relaxed) {
-        found("it called io_uring_setup");
+        found("it set a ring up with io_uring_setup");
     }
 }
 
 /// The process uses io_uring (`how` says how that was seen): no new
 /// SMC-D connection, and its listeners leave the registry.
 fn found(how: &str) {
-    if IN_USE.swap(true, Ordering::Relaxed) {
+    if IN_USE.swap(true, Ordering::AcqRel) {
         return;
     }
     debug!("this process uses io_uring ({how}), whose calls smclo does not see: its new connections stay TCP (IO_URING)");
-    state::unlist_listeners();
+    state::unlist_own_listeners();
 }
 
 /// Whether a liburing shared library is loaded.

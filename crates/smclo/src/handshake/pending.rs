@@ -184,11 +184,19 @@ impl Pending {
 
     /// The descriptor goes to another process (`SCM_RIGHTS`) while the
     /// handshake is undecided: a server declines the client's proposal
-    /// (PASSED, [`ServerHandshake::pass`]) and the connection is TCP. A
-    /// client's handshake goes on (`None`): its socket is the proposer's.
+    /// (PASSED, [`Pending::refuse`]) and the connection is TCP. A client's
+    /// handshake goes on (`None`): its socket is the proposer's.
     pub fn pass(&mut self) -> Option<Decision> {
+        self.refuse(Reason::Passed)
+    }
+
+    /// A server's connection cannot go through shared memory (`why`): it
+    /// declines the client's proposal, which wakes the client at once
+    /// ([`ServerHandshake::refuse`]), and the connection is TCP. A
+    /// client's handshake goes on (`None`).
+    pub fn refuse(&mut self, why: Reason) -> Option<Decision> {
         match &mut self.side {
-            Side::Accept(h) => Some(h.pass(self.deadline)),
+            Side::Accept(h) => Some(h.refuse(why, self.deadline)),
             Side::Connect(_) => None,
         }
     }

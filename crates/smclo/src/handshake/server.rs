@@ -77,9 +77,10 @@ pub(super) struct ServerHandshake {
     /// client's early bytes may be waited for longer than an event loop's
     /// step may take ([`early::arrival_wait`]).
     may_wait: bool,
-    /// The descriptor goes to another process ([`Self::pass`]): the
-    /// client's proposal is declined, not answered.
-    passed: bool,
+    /// The client's proposal is declined with this reason, not answered
+    /// ([`Self::refuse`]): the descriptor goes to another process, or this
+    /// process cannot carry a connection.
+    refused: Option<Reason>,
 }
 
 enum Stage {
@@ -149,7 +150,7 @@ impl ServerHandshake {
             stage: Stage::Done,
             pid: crate::owner::current_pid(),
             may_wait: false,
-            passed: false,
+            refused: None,
         };
         h.stage = match h.candidates() {
             Ok(c) => Stage::Matching(c),
@@ -444,16 +445,17 @@ impl ServerHandshake {
         }
     }
 
-    /// The connection's descriptor goes to another process (`SCM_RIGHTS`)
-    /// before the handshake ended: shared memory cannot follow it there.
-    /// Decides TCP, and declines the client's proposal (PASSED) as soon as
-    /// it is found, waking its client, so that the client goes on over TCP
-    /// at once instead of waiting for an answer no process will give.
-    /// Waits for the client's port at most until `deadline`.
-    pub(super) fn pass(&mut self, deadline: Instant) -> Decision {
-        self.passed = true;
+    /// The connection cannot go through shared memory (`why`): its
+    /// descriptor goes to another process (`SCM_RIGHTS`, PASSED) before
+    /// the handshake ended, or this process uses io_uring (IO_URING).
+    /// Decides TCP, and declines the client's proposal as soon as it is
+    /// found, waking its client, so that the client goes on over TCP at
+    /// once instead of waiting for an answer no process will give. Waits
+    /// for the client's port at most until `deadline`.
+    pub(super) fn refuse(&mut self, why: Reason, deadline: Instant) -> Decision {
+        self.refused = Some(why);
         self.decide_within(deadline, None, false)
-            .unwrap_or(Decision::Tcp(Reason::Passed))
+            .unwrap_or(Decision::Tcp(why))
     }
 
     /// Waits at most until `stop` for the client's next step: spins for
@@ -608,12 +610,9 @@ impl ServerHandshake {
                 None,
             )));
         }
-        if self.passed {
+        if let Some(why) = self.refused {
             return Some(Decision::Tcp(decline_waking(
-                &self.dev,
-                &slot,
-                Reason::Passed,
-                &proposal,
+                &self.dev, &slot, why, &proposal,
             )));
         }
         match self.connect_client(slot, proposal, bound) {
@@ -712,14 +711,9 @@ impl ServerHandshake {
     /// One look at the channel for the client's DMB, passed as soon as the
     /// client has accepted our connection; checked before we accept.
     fn look_dmb(&mut self, mut a: Box<Answering>) -> Option<Decision> {
-        if self.passed {
+        if let Some(why) = self.refused {
             // Our channel's end closes with `a`: the client wakes.
-            return Some(Decision::Tcp(decline(
-                &self.dev,
-                &a.slot,
-                Reason::Passed,
-                None,
-            )));
+            return Some(Decision::Tcp(decline(&self.dev, &a.slot, why, None)));
         }
         if let Some((peer, since)) = a.peer.take() {
             return self.try_finish(a, peer, since);
