@@ -226,3 +226,54 @@ fn a_liburing_program_given_a_connection_by_exec_gets_a_reset() {
         "the connection was SMC-D in socat\n{logs}"
     );
 }
+
+/// A dispatcher (no io_uring) hands an SMC-D connection to a liburing
+/// worker with `SCM_RIGHTS`: the worker cannot carry it, so it gets the
+/// TCP socket and both ends a reset. It adopted the connection, and the
+/// worker's io_uring read waited on smclo's channel for ever.
+#[test]
+fn a_liburing_worker_handed_a_connection_gets_a_reset() {
+    let mut env = Env::new("uring-passed");
+    let worker = env.path("liburing_worker");
+    smclo_testsupport::compile_c_with(
+        "cc".as_ref(),
+        &smclo_testsupport::CFLAGS,
+        &src("liburing_worker.c"),
+        &worker,
+        &["-luring"],
+    );
+    let port = free_port();
+    let dispatch = format!(
+        "import socket, subprocess\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
+         mine, theirs = socket.socketpair()\n\
+         w = subprocess.Popen(['{}', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
+         theirs.close()\nprint('ready', flush=True)\n\
+         c, _ = lst.accept()\nc.recv(4, socket.MSG_PEEK)\n\
+         socket.send_fds(mine, [b'c'], [c.fileno()])\nc.close()\n\
+         print('worker', w.wait(), flush=True)\n",
+        worker.display()
+    );
+    let mut server = env.spawn(Mode::Smclo, "dispatcher", "python3", &["-c", &dispatch]);
+    server.wait_stdout("ready", T, &[]);
+    let s0 = env.stats();
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
+         s.settimeout(10)\ns.sendall(b'ping')\n\
+         try:\n    print('echo' if s.recv(4, socket.MSG_WAITALL) == b'ping' else 'end')\n\
+         except ConnectionResetError:\n    print('reset')\n\
+         except socket.timeout:\n    print('timeout')\n"
+    );
+    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "reset\n", "{logs}");
+    assert!(server.stdout_str().contains("worker 2"), "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!(
+        d.conns_opened, 1,
+        "the connection was SMC-D in the dispatcher\n{logs}"
+    );
+}
