@@ -864,6 +864,13 @@ impl Lock {
         ForkGuard(Some(g))
     }
 
+    /// Whether this thread holds the lock across a `fork`
+    /// ([`Lock::write_for_fork`]): the fork handlers run meanwhile, and
+    /// may not change the table.
+    pub fn forking() -> bool {
+        FORKING.with(Cell::get)
+    }
+
     /// In a `fork` child: only the forking thread exists, and it held the
     /// lock for writing across the fork; start from a clean word, out of
     /// every section.

@@ -10,6 +10,9 @@
  *   listen-then-setup  listens on PORT, then sets a ring up through
  *                    syscall(2), prints "listening", and echoes the 4
  *                    bytes of one connection
+ *   in-fork-handler  a connection, then a fork whose parent handler
+ *                    (pthread_atfork) sets a ring up through syscall(2),
+ *                    then a second connection
  *   prefork          listens on PORT and forks a worker, which sets a ring
  *                    up through syscall(2), prints "listening", and echoes
  *                    the 4 bytes of one connection
@@ -18,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/io_uring.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +100,8 @@ static int setup_by_instruction(void) {
     return (int)r;
 }
 
+static void setup_in_handler(void) { setup_by_syscall(); }
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         errno = EINVAL;
@@ -106,6 +112,16 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "syscall-between")) {
         ping(port);
         setup_by_syscall();
+        ping(port);
+        puts("ok 2");
+    } else if (!strcmp(mode, "in-fork-handler")) {
+        ping(port);
+        if (pthread_atfork(NULL, setup_in_handler, NULL)) fail("pthread_atfork");
+        pid_t child = fork();
+        if (child < 0) fail("fork");
+        if (child == 0) _exit(0);
+        int st;
+        if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the child");
         ping(port);
         puts("ok 2");
     } else if (!strcmp(mode, "instruction-first")) {

@@ -62,6 +62,11 @@ fn found(how: &str) {
         return;
     }
     debug!("this process uses io_uring ({how}), whose calls smclo does not see: its new connections stay TCP (IO_URING)");
+    if crate::table::Lock::forking() {
+        // A fork handler: the table cannot change during the fork. The
+        // listeners stay listed; their accepts decline (IO_URING).
+        return;
+    }
     state::unlist_own_listeners();
 }
 
