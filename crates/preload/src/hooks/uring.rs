@@ -12,12 +12,18 @@
 //! their clients go on over TCP at once. Connections made before the
 //! process was seen to use io_uring stay SMC-D.
 //!
-//! A process uses io_uring when liburing is loaded in it, when it called
-//! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or when
-//! an io_uring descriptor is open in it at its first connection or
-//! listener (a ring made with the instruction itself, by a liburing linked
-//! in statically). A ring made that way after the process's first
-//! connection and listener is not seen: those connections break under it.
+//! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
+//! both ends, as for any program that cannot follow one (`hooks::adopt`,
+//! `hooks::passing`).
+//!
+//! A process is seen to use io_uring when it sets a ring up through
+//! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or at
+//! its first look ([`in_use`]: its first connection, listener, or adopted
+//! connection) when liburing is loaded in it or an io_uring descriptor is
+//! open (a ring made with the system call instruction, as liburing
+//! itself does). A ring made with the instruction after that look (a
+//! liburing linked in statically, or loaded with `dlopen` later) is not
+//! seen: the connections it then reads break.
 
 use super::state;
 use smclo::debug;
@@ -56,7 +62,7 @@ pub(super) fn set_up() {
 }
 
 /// The process uses io_uring (`how` says how that was seen): no new
-/// SMC-D connection, and its listeners leave the registry.
+/// SMC-D connection, and the listeners it registered leave the registry.
 fn found(how: &str) {
     if IN_USE.swap(true, Ordering::AcqRel) {
         return;
