@@ -306,3 +306,27 @@ fn a_ring_set_up_in_a_fork_handler_does_not_abort() {
         d.fallbacks_desc()
     );
 }
+
+/// `SMCLO_IO_URING=files`: the program says its io_uring touches files
+/// only (PostgreSQL's `io_method=io_uring`, MariaDB's InnoDB), so a ring
+/// does not keep its connections TCP.
+#[test]
+fn a_program_whose_ring_reads_files_only_is_accelerated_when_it_says_so() {
+    let mut env = Env::new("uring-files");
+    let (server, port, s0) = echo_server(&mut env);
+    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let mut cmd = env.command(
+        Mode::Smclo,
+        None,
+        exe.to_str().unwrap(),
+        &["syscall-between", &port.to_string()],
+    );
+    cmd.env("SMCLO_IO_URING", "files");
+    let mut c = env.spawn_cmd("raw-ring", cmd);
+    c.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 2, "both connections\n{logs}");
+    assert_eq!(d.fallbacks(), 0, "{}\n{logs}", d.fallbacks_desc());
+}

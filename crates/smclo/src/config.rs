@@ -13,6 +13,7 @@
 //! | `SMCLO_ANNOUNCE` | which destinations without a registered listener a client announces ([`Announce`]): `on`, `off`, or a comma-separated list of CIDRs (`10.96.0.0/12,fd00::/108`; an address alone is one host) | every one not loopback |
 //! | `SMCLO_PASS_WAIT_MS` | how long a process that passes an accepted connection to another process (`SCM_RIGHTS`, node's cluster mode) before its handshake ended waits for the handshake, so that the connection goes as SMC-D; 0: it goes as TCP at once (PASSED) and the process's listeners on that port leave the registry, their later connections plain TCP | 0 |
 //! | `SMCLO_SHORT` | what a client does for a destination whose connections through shared memory end short ([`Short`]): `learn` (propose less often to it, [`crate::short`]) or `smc` (always propose) | `learn` |
+//! | `SMCLO_IO_URING` | what a process that uses io_uring does ([`IoUring`]): `tcp` (its connections stay TCP: io_uring's socket calls bypass smclo) or `files` (its io_uring reads and writes files only, as PostgreSQL's `io_method=io_uring` and MariaDB's InnoDB do: its connections go through shared memory as any other's) | `tcp` |
 //! | `SMCLO_DEBUG` | log every decision to stderr | off |
 
 use crate::error::{Error, Result};
@@ -212,6 +213,35 @@ impl Short {
     }
 }
 
+/// `SMCLO_IO_URING`: what a process that uses io_uring does with its
+/// connections. io_uring's reads and writes bypass the C library, so on a
+/// connection through shared memory (whose descriptor is smclo's channel)
+/// they would miss the ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoUring {
+    /// Its connections stay TCP (IO_URING), whatever its rings do (the
+    /// default: a program that sends and receives through its ring keeps
+    /// working).
+    #[default]
+    Tcp,
+    /// Its io_uring touches files only: its connections go through shared
+    /// memory as any other process's.
+    Files,
+}
+
+impl IoUring {
+    /// From the environment, validated.
+    pub fn from_env() -> Result<IoUring> {
+        match var("SMCLO_IO_URING").as_deref() {
+            None | Some("tcp") => Ok(IoUring::Tcp),
+            Some("files") => Ok(IoUring::Files),
+            Some(v) => Err(Error::Config(format!(
+                "SMCLO_IO_URING={v:?} is neither \"tcp\" nor \"files\""
+            ))),
+        }
+    }
+}
+
 /// All settings a process reads from its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -247,6 +277,8 @@ pub struct Config {
     pub pass_wait: Duration,
     /// `SMCLO_SHORT`.
     pub short: Short,
+    /// `SMCLO_IO_URING`.
+    pub io_uring: IoUring,
 }
 
 impl Config {
@@ -288,6 +320,7 @@ impl Config {
             announce: Announce::from_env()?,
             pass_wait,
             short: Short::from_env()?,
+            io_uring: IoUring::from_env()?,
         })
     }
 }

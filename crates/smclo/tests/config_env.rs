@@ -17,6 +17,7 @@ fn malformed_knobs_are_refused() {
         ("SMCLO_ANNOUNCE", "10.96.0.0/12,cluster"),
         ("SMCLO_ANNOUNCE", "no"),
         ("SMCLO_SHORT", "never"),
+        ("SMCLO_IO_URING", "sockets"),
     ] {
         std::env::set_var(k, bad);
         let e = Config::from_env().expect_err(k).to_string();

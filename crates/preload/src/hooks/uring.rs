@@ -14,7 +14,9 @@
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
 //! both ends, as for any program that cannot follow one (`hooks::adopt`,
-//! `hooks::passing`).
+//! `hooks::passing`). `SMCLO_IO_URING=files` says the program's io_uring
+//! touches files only (PostgreSQL's `io_method=io_uring`, MariaDB's
+//! InnoDB): its connections then go through shared memory as others'.
 //!
 //! A process is seen to use io_uring when it sets a ring up through
 //! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or at
@@ -26,8 +28,10 @@
 //! seen: the connections it then reads break.
 
 use super::state;
+use smclo::config::IoUring;
 use smclo::debug;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// The process uses io_uring (see the module's documentation).
 static IN_USE: AtomicBool = AtomicBool::new(false);
@@ -35,9 +39,14 @@ static IN_USE: AtomicBool = AtomicBool::new(false);
 /// The process was looked at (loaded libraries, open descriptors).
 static LOOKED: AtomicBool = AtomicBool::new(false);
 
-/// Whether the process uses io_uring; looks at it the first time (threads
-/// that ask at once each look: none answers before a look is done).
+/// Whether the process uses io_uring and its connections must stay TCP
+/// (`SMCLO_IO_URING=tcp`, the default); looks at it the first time
+/// (threads that ask at once each look: none answers before a look is
+/// done).
 pub(super) fn in_use() -> bool {
+    if files_only() {
+        return false;
+    }
     if !LOOKED.load(Ordering::Acquire) {
         if let Some(how) = liburing_loaded().or_else(ring_open) {
             found(how);
@@ -54,9 +63,18 @@ pub(super) fn seen() -> bool {
     IN_USE.load(Ordering::Acquire)
 }
 
+/// `SMCLO_IO_URING=files`: the program's io_uring touches no connection.
+/// Read here, not through the process's configuration, which a `syscall`
+/// or the image's first moments must not set up; a malformed value makes
+/// that configuration, and so every connection, plain TCP anyway.
+fn files_only() -> bool {
+    static FILES: OnceLock<bool> = OnceLock::new();
+    *FILES.get_or_init(|| matches!(IoUring::from_env(), Ok(IoUring::Files)))
+}
+
 /// The program set an io_uring instance up through `syscall(2)`.
 pub(super) fn set_up() {
-    if !IN_USE.load(Ordering::Relaxed) {
+    if !IN_USE.load(Ordering::Relaxed) && !files_only() {
         found("it set a ring up with io_uring_setup");
     }
 }
