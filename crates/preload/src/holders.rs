@@ -207,13 +207,15 @@ pub struct Placeholder(usize);
 /// table's lock held): this process's entry in `slot` names its channel's
 /// number `chan`, which the child may move away from before this process
 /// runs again (a child that reads "at my own number" would look for the
-/// parent at its moved one); and for the interposed `fork` (`hooked`), a
+/// parent at its moved one), and so do the entries of others listed at
+/// the reader's own number; and for the interposed `fork` (`hooked`), a
 /// placeholder for the child, which the child or this process fills in
 /// ([`adopt_child`]). `None`: no placeholder (not hooked, or the slot is
 /// full: the child then goes untracked, as [`insert`] says).
 pub fn before_fork(slot: usize, chan: RawFd, hooked: bool) -> Option<Placeholder> {
     let r = region()?;
     let s = &r[slot];
+    pin_same_numbers(s, chan);
     set_mine(s, Entry::new(me(), Some(chan)));
     if !hooked {
         return None;
@@ -293,11 +295,29 @@ pub fn alone(slot: usize) -> bool {
         })
 }
 
-/// This process's channel of `slot` is at `chan` now: the others of the
-/// family look for it there.
-pub fn renumber(slot: usize, chan: RawFd) {
+/// This process's channel of `slot` moves from number `from` to `to`:
+/// the others of the family look for it there. The holders listed "at
+/// the reader's own number" (an exec'd image's, [`add`]) are pinned at
+/// `from` first: this process's own number no longer says where they are.
+pub fn renumber(slot: usize, from: RawFd, to: RawFd) {
     if let Some(r) = region() {
-        set_mine(&r[slot], Entry::new(me(), Some(chan)));
+        let s = &r[slot];
+        pin_same_numbers(s, from);
+        set_mine(s, Entry::new(me(), Some(to)));
+    }
+}
+
+/// The entries of others in `s` listed "at the reader's own number" are
+/// at `at`, this process's number now: written out, so that a reader
+/// whose number is another (a fork child that moved its channel, this
+/// process after it moved its own) looks for them there.
+fn pin_same_numbers(s: &Slot, at: RawFd) {
+    let me = me();
+    for h in &s.holders {
+        let e = Entry::load(h);
+        if e != Entry::FREE && e.0 as u32 == Entry::SAME_NUMBER && e.pid() != me {
+            e.replace(h, Entry::new(e.pid(), Some(at)));
+        }
     }
 }
 

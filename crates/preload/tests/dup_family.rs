@@ -148,6 +148,17 @@ fn a_fork_child_that_moved_its_channel_first_sees_its_parent() {
     assert_eq!(run("fork-moved-first"), 1, "SMC-D");
 }
 
+/// An exec'd image lists its old image's fork child "at the reader's own
+/// number"; its own fork child that moved its channel then looked for
+/// that sibling at the moved number, missed it and freed its entry, so
+/// the exec'd image's close ended the connection under the sibling (the
+/// server read "k" and the end of stream). The fork pins such entries at
+/// the image's number first.
+#[test]
+fn an_exec_d_images_siblings_stay_holders_across_its_forks() {
+    assert_eq!(run("exec-sibling-moved"), 1, "SMC-D");
+}
+
 /// `tests/c/late_fork.c` in `mode` (its fork handler registered by a
 /// library before the preload's, so run inside the preload's part of
 /// `fork`) on a device of its own.

@@ -244,7 +244,7 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
         Ok(high) => {
             let n = std::os::fd::AsRawFd::as_raw_fd(&high);
             super::state::internal_locked(n);
-            holders::renumber(s.slot, n);
+            holders::renumber(s.slot, fd, n);
             match s.conn.retire_number(high) {
                 Ok(()) => {
                     debug!(
@@ -253,7 +253,7 @@ fn keep_channel_locked(s: &Sock, fd: RawFd) {
                     return;
                 }
                 Err(high) => {
-                    holders::renumber(s.slot, fd);
+                    holders::renumber(s.slot, n, fd);
                     drop(table::replace_locked(n, table::FdState::Unknown));
                     // Not through the interposed close, under the lock.
                     smclo::adapter::fdnum::close_own(high);

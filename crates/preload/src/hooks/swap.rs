@@ -226,7 +226,7 @@ pub(super) fn move_channel_away(s: &Sock, n: RawFd) {
         Ok(high) => {
             super::state::internal_locked(high.as_raw_fd());
             // Listed while both numbers are the channel's.
-            holders::renumber(s.slot, high.as_raw_fd());
+            holders::renumber(s.slot, n, high.as_raw_fd());
             let _ = s.conn.replace_channel(high, true).into_raw_fd();
         }
         Err(e) => {

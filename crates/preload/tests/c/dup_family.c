@@ -43,6 +43,12 @@
  * fork handler waits for it); then the parent sends "x" and closes. The
  * server reads "kx".
  *
+ * Mode `exec-sibling-moved`: a fork child B keeps a copy and waits; the
+ * parent execs itself (the connection goes with it; the new image lists
+ * B "at the reader's own number"), forks C, which takes the connection at
+ * a dup, closes the original number, sends "k" and closes; the new image
+ * closes its copy; then B sends "x" and closes. The server reads "kx".
+ *
  * Mode `fork-handler-epoll`: the program's fork handlers wait on an
  * epoll set that holds the connection (before the fork, in the parent,
  * in the child), and the child's handler also closes the set and takes
@@ -435,6 +441,53 @@ static void fork_moved_first(void) {
     wait_ok(srv, "server");
 }
 
+/* exec-sibling-moved, after the exec: fd S is the connection, B the
+ * sibling (told to go on through pipe GO), SRV the server. */
+static void exec_sibling_moved_2(int fd, pid_t b, int go, pid_t srv) {
+    s = fd;
+    pid_t c = fork();
+    if (c == 0) {
+        int d = dup(s);
+        _exit(d >= 0 && close(s) == 0 && send(d, "k", 1, 0) == 1 && close(d) == 0 ? 0 : 1);
+    }
+    if (c < 0)
+        fail("fork");
+    wait_ok(c, "C");
+    if (close(s))
+        fail("close");
+    /* Had the close ended the connection, the server reads its end of
+     * stream now, before B's byte. */
+    usleep(100000);
+    if (write(go, "g", 1) != 1)
+        fail("tell B");
+    wait_ok(b, "B");
+    wait_ok(srv, "server");
+}
+
+static void exec_sibling_moved(void) {
+    pid_t srv = serve(8, read_kx);
+    connect_s();
+    int go[2];
+    if (pipe(go))
+        fail("pipe");
+    pid_t b = fork();
+    if (b == 0) {
+        char g;
+        close(go[1]);
+        _exit(read(go[0], &g, 1) == 1 && send(s, "x", 1, 0) == 1 && close(s) == 0 ? 0 : 1);
+    }
+    if (b < 0)
+        fail("fork");
+    close(go[0]);
+    char fd[16], bp[16], gp[16], sp[16];
+    snprintf(fd, sizeof fd, "%d", s);
+    snprintf(bp, sizeof bp, "%d", (int)b);
+    snprintf(gp, sizeof gp, "%d", go[1]);
+    snprintf(sp, sizeof sp, "%d", (int)srv);
+    execl("/proc/self/exe", "dup_family", "exec-sibling-moved-2", fd, bp, gp, sp, (char *)NULL);
+    fail("exec");
+}
+
 static void fork_handler_epoll(void) {
     pid_t srv = serve(8, read_kx);
     connect_s();
@@ -448,9 +501,15 @@ static void fork_handler_epoll(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 6 && strcmp(argv[1], "exec-sibling-moved-2") == 0) {
+        mode = argv[1];
+        exec_sibling_moved_2(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+        printf("OK\n");
+        return 0;
+    }
     if (argc != 2)
         fail("usage: dup_family fork-close | fork-dup2 | fork-dup | dup-pending | fork-in-call | "
-             "fork-handlers | fork-held | fork-handler-epoll | fork-moved-first");
+             "fork-handlers | fork-held | fork-handler-epoll | fork-moved-first | exec-sibling-moved");
     mode = argv[1];
     if (strcmp(mode, "fork-close") == 0)
         fork_close(0);
@@ -470,6 +529,8 @@ int main(int argc, char **argv) {
         fork_handler_epoll();
     else if (strcmp(mode, "fork-moved-first") == 0)
         fork_moved_first();
+    else if (strcmp(mode, "exec-sibling-moved") == 0)
+        exec_sibling_moved();
     else
         fail("unknown mode");
     printf("OK\n");
