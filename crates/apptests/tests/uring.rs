@@ -280,23 +280,30 @@ fn a_liburing_worker_handed_a_connection_gets_a_reset() {
 
 /// The program's parent fork handler sets the process's first ring up
 /// through `syscall(2)`: while the fork holds the descriptor table's lock.
-/// Taking the lock again to unlist the listeners aborted the process;
-/// they stay listed now (their accepts decline), and the connections
-/// after the fork are TCP.
+/// Taking the lock again to unlist the listeners aborted the process; they
+/// leave the registry at the next look after the fork (the next connect),
+/// and the connections after the fork are TCP.
 #[test]
 fn a_ring_set_up_in_a_fork_handler_does_not_abort() {
     let mut env = Env::new("uring-fork-handler");
     let (server, port, s0) = echo_server(&mut env);
     let exe = compile_c(&env, &src("raw_ring.c"), &["-pthread"]);
-    let c = env.run(
+    let mut c = env.spawn(
         Mode::Smclo,
         "raw-ring",
         exe.to_str().unwrap(),
         &["in-fork-handler", &port.to_string()],
-        T,
     );
+    c.wait_stdout("listening", T, &[&server]);
+    assert_eq!(
+        env.stats().listeners,
+        s0.listeners,
+        "its listener left the registry\n{}",
+        c.logs()
+    );
+    c.wait_ok(T);
     let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
+    assert!(c.stdout_str().ends_with("ok 2\n"), "{logs}");
     let d = delta(&s0, &env.stats());
     assert_eq!(d.conns_opened, 1, "the first connection only\n{logs}");
     assert_eq!(

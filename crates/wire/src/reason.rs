@@ -245,7 +245,7 @@ impl Reason {
                 "the client's last connections to this destination were short: shared memory costs them more than it saves (SMCLO_SHORT)"
             }
             Reason::IoUring => {
-                "the process uses io_uring, whose reads and writes smclo does not see (its connections stay TCP)"
+                "the process uses io_uring, whose reads and writes smclo does not see (its connections stay TCP; SMCLO_IO_URING=files when it reads and writes only files with it)"
             }
         }
     }

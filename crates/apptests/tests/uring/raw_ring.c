@@ -10,9 +10,11 @@
  *   listen-then-setup  listens on PORT, then sets a ring up through
  *                    syscall(2), prints "listening", and echoes the 4
  *                    bytes of one connection
- *   in-fork-handler  a connection, then a fork whose parent handler
+ *   in-fork-handler  a listener (on a port of the kernel's choice) and a
+ *                    connection, then a fork whose parent handler
  *                    (pthread_atfork) sets a ring up through syscall(2),
- *                    then a second connection
+ *                    then a second connection; prints "listening" and
+ *                    keeps the listener for 2 s
  *   prefork          listens on PORT and forks a worker, which sets a ring
  *                    up through syscall(2), prints "listening", and echoes
  *                    the 4 bytes of one connection
@@ -115,6 +117,7 @@ int main(int argc, char **argv) {
         ping(port);
         puts("ok 2");
     } else if (!strcmp(mode, "in-fork-handler")) {
+        int l = listener(0);
         ping(port);
         if (pthread_atfork(NULL, setup_in_handler, NULL)) fail("pthread_atfork");
         pid_t child = fork();
@@ -123,6 +126,10 @@ int main(int argc, char **argv) {
         int st;
         if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the child");
         ping(port);
+        puts("listening");
+        fflush(stdout);
+        sleep(2);
+        close(l);
         puts("ok 2");
     } else if (!strcmp(mode, "instruction-first")) {
         setup_by_instruction();

@@ -389,6 +389,10 @@ fn accept_handshake(
 /// ([`ListenerGuard::renewed`](registry::ListenerGuard::renewed)), so that
 /// the next clients propose.
 fn renew_if_lost(fd: RawFd) {
+    if super::uring::seen() {
+        // Its accepts decline: no registration to renew.
+        return;
+    }
     let Some(renewed) = super::state::listener_guard(fd).and_then(|g| g.renewed(fd)) else {
         return;
     };

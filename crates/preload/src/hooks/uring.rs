@@ -7,9 +7,10 @@
 //! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
 //! its new connections: its clients do not propose (`IO_URING` in `smclo
 //! stats`), the listeners it registered leave the device's registry, and
-//! its `accept` declines the proposals that still come (to a listener its
-//! parent registered, or sent before the registration went), so that
-//! their clients go on over TCP at once. Connections made before the
+//! its C library `accept` declines the proposals that still come (to a
+//! listener its parent registered, or sent before the registration
+//! went), so that their clients go on over TCP at once (one accepted
+//! through the ring declines nothing: its client waits for TIMEOUT). Connections made before the
 //! process was seen to use io_uring stay SMC-D.
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
@@ -39,6 +40,11 @@ static IN_USE: AtomicBool = AtomicBool::new(false);
 /// The process was looked at (loaded libraries, open descriptors).
 static LOOKED: AtomicBool = AtomicBool::new(false);
 
+/// The process was seen to use io_uring during a fork (a fork handler's
+/// ring), when its listeners could not leave the registry: they leave at
+/// the next look ([`in_use`]).
+static UNLIST_LATER: AtomicBool = AtomicBool::new(false);
+
 /// Whether the process uses io_uring and its connections must stay TCP
 /// (`SMCLO_IO_URING=tcp`, the default); looks at it the first time
 /// (threads that ask at once each look: none answers before a look is
@@ -52,6 +58,12 @@ pub(super) fn in_use() -> bool {
             found(how);
         }
         LOOKED.store(true, Ordering::Release);
+    }
+    if UNLIST_LATER.load(Ordering::Relaxed)
+        && !crate::table::Lock::forking()
+        && UNLIST_LATER.swap(false, Ordering::AcqRel)
+    {
+        state::unlist_own_listeners();
     }
     IN_USE.load(Ordering::Acquire)
 }
@@ -88,7 +100,9 @@ fn found(how: &str) {
     debug!("this process uses io_uring ({how}), whose calls smclo does not see: its new connections stay TCP (IO_URING)");
     if crate::table::Lock::forking() {
         // A fork handler: the table cannot change during the fork. The
-        // listeners stay listed; their accepts decline (IO_URING).
+        // listeners leave at the next look; their accepts decline
+        // (IO_URING) meanwhile.
+        UNLIST_LATER.store(true, Ordering::Release);
         return;
     }
     state::unlist_own_listeners();
