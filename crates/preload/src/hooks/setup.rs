@@ -572,7 +572,9 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 /// besides the real `connect`: the candidate was recorded as a TCP stream
 /// by `socket()`, and the proposal first looks the destination up in the
 /// device's listener registry (shared memory); the descriptor flags are
-/// read only when the connection is about to be swapped.
+/// read only when the connection is about to be swapped. (The process's
+/// first connect or listen also looks once for io_uring, `hooks::uring`:
+/// its open descriptors, a `readlink` each.)
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if pending::announced(fd) {
