@@ -28,6 +28,46 @@ fn echo_server(env: &mut Env) -> (Proc, u16, smclo::device::Stats) {
     (server, port, s0)
 }
 
+/// `tests/uring/NAME.c` compiled into the test's directory, linked with
+/// liburing when `liburing`.
+fn program(env: &Env, name: &str, liburing: bool) -> String {
+    let exe = env.path(name);
+    let link: &[&str] = if liburing { &["-luring"] } else { &[] };
+    smclo_testsupport::compile_c_with(
+        "cc".as_ref(),
+        &smclo_testsupport::CFLAGS,
+        &src(&format!("{name}.c")),
+        &exe,
+        link,
+    );
+    exe.display().to_string()
+}
+
+/// An echo server's client under `smclo run`: connects to `port`, sends
+/// "ping" and prints what became of its echo: "echo", "end" (the end of
+/// stream first), "reset" or "timeout" (none within 10 s).
+fn ping_client(env: &mut Env, port: u16) -> Proc {
+    let script = format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
+         s.settimeout(10)\ns.sendall(b'ping')\n\
+         try:\n    print('echo' if s.recv(4, socket.MSG_WAITALL) == b'ping' else 'end')\n\
+         except ConnectionResetError:\n    print('reset')\n\
+         except socket.timeout:\n    print('timeout')\n"
+    );
+    env.run(Mode::Smclo, "client", "python3", &["-c", &script], T)
+}
+
+/// `raw_ring MODE PORT` under `smclo run`, started (`wait`: false) or run
+/// to its end.
+fn raw_ring(env: &mut Env, mode: &str, port: u16, wait: bool) -> Proc {
+    let exe = program(env, "raw_ring", false);
+    let mut p = env.spawn(Mode::Smclo, "raw-ring", &exe, &[mode, &port.to_string()]);
+    if wait {
+        p.wait_ok(T);
+    }
+    p
+}
+
 /// The client's connections were TCP, each counted `IO_URING` at the
 /// client, and none went through shared memory.
 fn assert_io_uring(env: &Env, s0: &smclo::device::Stats, conns: u64, logs: &str) {
@@ -41,6 +81,19 @@ fn assert_io_uring(env: &Env, s0: &smclo::device::Stats, conns: u64, logs: &str)
     );
 }
 
+/// Of the client's two connections, the first (made before its ring)
+/// went through shared memory, the second stayed TCP (`IO_URING`).
+fn assert_smc_then_io_uring(env: &Env, s0: &smclo::device::Stats, logs: &str) {
+    let d = delta(s0, &env.stats());
+    assert_eq!(d.conns_opened, 1, "the first connection only\n{logs}");
+    assert_eq!(
+        d.fallback_client[Reason::IoUring.index()],
+        1,
+        "{}\n{logs}",
+        d.fallbacks_desc()
+    );
+}
+
 /// liburing's program (connect with the C library, then send and receive
 /// through the ring): it hung, its send written into smclo's channel and
 /// its receive waiting there.
@@ -48,18 +101,11 @@ fn assert_io_uring(env: &Env, s0: &smclo::device::Stats, conns: u64, logs: &str)
 fn a_liburing_client_gets_its_echo_over_tcp() {
     let mut env = Env::new("uring-liburing");
     let (server, port, s0) = echo_server(&mut env);
-    let exe = env.path("liburing_client");
-    smclo_testsupport::compile_c_with(
-        "cc".as_ref(),
-        &smclo_testsupport::CFLAGS,
-        &src("liburing_client.c"),
-        &exe,
-        &["-luring"],
-    );
+    let exe = program(&env, "liburing_client", true);
     let c = env.run(
         Mode::Smclo,
         "liburing-client",
-        exe.to_str().unwrap(),
+        &exe,
         &[&port.to_string()],
         T,
     );
@@ -73,24 +119,10 @@ fn a_liburing_client_gets_its_echo_over_tcp() {
 fn a_ring_made_through_syscall_keeps_later_connections_tcp() {
     let mut env = Env::new("uring-syscall");
     let (server, port, s0) = echo_server(&mut env);
-    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
-    let c = env.run(
-        Mode::Smclo,
-        "raw-ring",
-        exe.to_str().unwrap(),
-        &["syscall-between", &port.to_string()],
-        T,
-    );
+    let c = raw_ring(&mut env, "syscall-between", port, true);
     let logs = format!("{}\n{}", c.logs(), server.logs());
     assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
-    let d = delta(&s0, &env.stats());
-    assert_eq!(d.conns_opened, 1, "the first connection only\n{logs}");
-    assert_eq!(
-        d.fallback_client[Reason::IoUring.index()],
-        1,
-        "{}\n{logs}",
-        d.fallbacks_desc()
-    );
+    assert_smc_then_io_uring(&env, &s0, &logs);
 }
 
 /// A ring made with the system call instruction (no library call to
@@ -100,16 +132,23 @@ fn a_ring_made_through_syscall_keeps_later_connections_tcp() {
 fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
     let mut env = Env::new("uring-instruction");
     let (server, port, s0) = echo_server(&mut env);
-    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
-    let c = env.run(
-        Mode::Smclo,
-        "raw-ring",
-        exe.to_str().unwrap(),
-        &["instruction-first", &port.to_string()],
-        T,
-    );
+    let c = raw_ring(&mut env, "instruction-first", port, true);
     assert!(c.stdout_str().starts_with("ok 1"), "{}", c.logs());
     assert_io_uring(&env, &s0, 1, &format!("{}\n{}", c.logs(), server.logs()));
+}
+
+/// `raw_ring MODE` serving one connection after it set a ring up, and an
+/// smclo client's "ping" echoed by it: the listeners registered once the
+/// ring was set up, and the device's counters of the client's connection.
+fn served_by_raw_ring(env: &mut Env, mode: &str) -> (u64, Delta) {
+    let port = free_port();
+    let mut server = raw_ring(env, mode, port, false);
+    server.wait_stdout("listening", T, &[]);
+    let s0 = env.stats();
+    let c = ping_client(env, port);
+    assert_eq!(c.stdout_str(), "echo\n", "{}\n{}", c.logs(), server.logs());
+    server.wait_ok(T);
+    (s0.listeners, delta(&s0, &env.stats()))
 }
 
 /// A server that sets a ring up after it listens: its listener leaves the
@@ -118,31 +157,13 @@ fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
 #[test]
 fn a_listener_leaves_the_registry_when_its_process_sets_a_ring_up() {
     let mut env = Env::new("uring-listener");
-    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
-    let port = free_port();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "raw-ring-server",
-        exe.to_str().unwrap(),
-        &["listen-then-setup", &port.to_string()],
-    );
-    server.wait_stdout("listening", T, &[]);
-    let s0 = env.stats();
-    assert_eq!(s0.listeners, 0, "{}", server.logs());
-    let script = format!(
-        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
-         s.sendall(b'ping')\nassert s.recv(4, socket.MSG_WAITALL) == b'ping'\nprint('ok')\n"
-    );
-    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
-    assert_eq!(c.stdout_str(), "ok\n", "{}", c.logs());
-    server.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(d.conns_opened, 0, "{logs}");
+    let (listeners, d) = served_by_raw_ring(&mut env, "listen-then-setup");
+    assert_eq!(listeners, 0, "the listener left the registry");
+    assert_eq!(d.conns_opened, 0, "{}", d.fallbacks_desc());
     assert_eq!(
         d.fallback_client[Reason::PeerNoSmc.index()],
         1,
-        "the client found no listener to propose to: {}\n{logs}",
+        "the client found no listener to propose to: {}",
         d.fallbacks_desc()
     );
 }
@@ -154,36 +175,18 @@ fn a_listener_leaves_the_registry_when_its_process_sets_a_ring_up() {
 #[test]
 fn a_worker_that_sets_a_ring_up_declines_proposals_at_once() {
     let mut env = Env::new("uring-prefork");
-    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
-    let port = free_port();
-    let mut server = env.spawn(
-        Mode::Smclo,
-        "raw-ring-prefork",
-        exe.to_str().unwrap(),
-        &["prefork", &port.to_string()],
-    );
-    server.wait_stdout("listening", T, &[]);
-    let s0 = env.stats();
-    let script = format!(
-        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
-         s.sendall(b'ping')\nassert s.recv(4, socket.MSG_WAITALL) == b'ping'\nprint('ok')\n"
-    );
-    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
-    assert_eq!(c.stdout_str(), "ok\n", "{}", c.logs());
-    server.wait_ok(T);
-    let d = delta(&s0, &env.stats());
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(d.conns_opened, 0, "{logs}");
+    let (_, d) = served_by_raw_ring(&mut env, "prefork");
+    assert_eq!(d.conns_opened, 0, "{}", d.fallbacks_desc());
     assert_eq!(
         d.fallback_server[Reason::IoUring.index()],
         1,
-        "the worker declined: {}\n{logs}",
+        "the worker declined: {}",
         d.fallbacks_desc()
     );
     assert_eq!(
         d.fallback_client[Reason::Timeout.index()],
         0,
-        "the client did not wait for an answer: {}\n{logs}",
+        "the client did not wait for an answer: {}",
         d.fallbacks_desc()
     );
 }
@@ -196,28 +199,14 @@ fn a_worker_that_sets_a_ring_up_declines_proposals_at_once() {
 #[test]
 fn a_liburing_program_given_a_connection_by_exec_gets_a_reset() {
     let mut env = Env::new("uring-exec");
-    let exe = env.path("liburing_echo");
-    smclo_testsupport::compile_c_with(
-        "cc".as_ref(),
-        &smclo_testsupport::CFLAGS,
-        &src("liburing_echo.c"),
-        &exe,
-        &["-luring"],
-    );
+    let exe = program(&env, "liburing_echo", true);
     let port = free_port();
     let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork");
-    let target = format!("EXEC:{},nofork", exe.display());
+    let target = format!("EXEC:{exe},nofork");
     let mut server = env.spawn(Mode::Smclo, "socat", "socat", &[&listen, &target]);
     wait_listen(&mut server, port);
     let s0 = env.stats();
-    let script = format!(
-        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
-         s.settimeout(10)\ns.sendall(b'ping')\n\
-         try:\n    print('echo' if s.recv(4, socket.MSG_WAITALL) == b'ping' else 'end')\n\
-         except ConnectionResetError:\n    print('reset')\n\
-         except socket.timeout:\n    print('timeout')\n"
-    );
-    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    let c = ping_client(&mut env, port);
     let logs = format!("{}\n{}", c.logs(), server.logs());
     assert_eq!(c.stdout_str(), "reset\n", "{logs}");
     let d = delta(&s0, &env.stats());
@@ -234,14 +223,7 @@ fn a_liburing_program_given_a_connection_by_exec_gets_a_reset() {
 #[test]
 fn a_liburing_worker_handed_a_connection_gets_a_reset() {
     let mut env = Env::new("uring-passed");
-    let worker = env.path("liburing_worker");
-    smclo_testsupport::compile_c_with(
-        "cc".as_ref(),
-        &smclo_testsupport::CFLAGS,
-        &src("liburing_worker.c"),
-        &worker,
-        &["-luring"],
-    );
+    let worker = program(&env, "liburing_worker", true);
     let port = free_port();
     let dispatch = format!(
         "import socket, subprocess\n\
@@ -249,24 +231,16 @@ fn a_liburing_worker_handed_a_connection_gets_a_reset() {
          lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
          lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
          mine, theirs = socket.socketpair()\n\
-         w = subprocess.Popen(['{}', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
+         w = subprocess.Popen(['{worker}', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
          theirs.close()\nprint('ready', flush=True)\n\
          c, _ = lst.accept()\nc.recv(4, socket.MSG_PEEK)\n\
          socket.send_fds(mine, [b'c'], [c.fileno()])\nc.close()\n\
-         print('worker', w.wait(), flush=True)\n",
-        worker.display()
+         print('worker', w.wait(), flush=True)\n"
     );
     let mut server = env.spawn(Mode::Smclo, "dispatcher", "python3", &["-c", &dispatch]);
     server.wait_stdout("ready", T, &[]);
     let s0 = env.stats();
-    let script = format!(
-        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n\
-         s.settimeout(10)\ns.sendall(b'ping')\n\
-         try:\n    print('echo' if s.recv(4, socket.MSG_WAITALL) == b'ping' else 'end')\n\
-         except ConnectionResetError:\n    print('reset')\n\
-         except socket.timeout:\n    print('timeout')\n"
-    );
-    let c = env.run(Mode::Smclo, "client", "python3", &["-c", &script], T);
+    let c = ping_client(&mut env, port);
     server.wait_ok(T);
     let logs = format!("{}\n{}", c.logs(), server.logs());
     assert_eq!(c.stdout_str(), "reset\n", "{logs}");
@@ -287,13 +261,7 @@ fn a_liburing_worker_handed_a_connection_gets_a_reset() {
 fn a_ring_set_up_in_a_fork_handler_does_not_abort() {
     let mut env = Env::new("uring-fork-handler");
     let (server, port, s0) = echo_server(&mut env);
-    let exe = compile_c(&env, &src("raw_ring.c"), &["-pthread"]);
-    let mut c = env.spawn(
-        Mode::Smclo,
-        "raw-ring",
-        exe.to_str().unwrap(),
-        &["in-fork-handler", &port.to_string()],
-    );
+    let mut c = raw_ring(&mut env, "in-fork-handler", port, false);
     c.wait_stdout("listening", T, &[&server]);
     assert_eq!(
         env.stats().listeners,
@@ -304,14 +272,7 @@ fn a_ring_set_up_in_a_fork_handler_does_not_abort() {
     c.wait_ok(T);
     let logs = format!("{}\n{}", c.logs(), server.logs());
     assert!(c.stdout_str().ends_with("ok 2\n"), "{logs}");
-    let d = delta(&s0, &env.stats());
-    assert_eq!(d.conns_opened, 1, "the first connection only\n{logs}");
-    assert_eq!(
-        d.fallback_client[Reason::IoUring.index()],
-        1,
-        "{}\n{logs}",
-        d.fallbacks_desc()
-    );
+    assert_smc_then_io_uring(&env, &s0, &logs);
 }
 
 /// `SMCLO_IO_URING=files`: the program says its io_uring touches files
@@ -321,11 +282,11 @@ fn a_ring_set_up_in_a_fork_handler_does_not_abort() {
 fn a_program_whose_ring_reads_files_only_is_accelerated_when_it_says_so() {
     let mut env = Env::new("uring-files");
     let (server, port, s0) = echo_server(&mut env);
-    let exe = compile_c(&env, &src("raw_ring.c"), &[]);
+    let exe = program(&env, "raw_ring", false);
     let mut cmd = env.command(
         Mode::Smclo,
         None,
-        exe.to_str().unwrap(),
+        &exe,
         &["syscall-between", &port.to_string()],
     );
     cmd.env("SMCLO_IO_URING", "files");

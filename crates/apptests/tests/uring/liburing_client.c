@@ -4,26 +4,16 @@
  * 127.0.0.1:PORT, expects it echoed, prints "ok <bytes>". The ring is made
  * after the connection, as a program that sets one up lazily does. */
 #include <arpa/inet.h>
-#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ring_op.h"
+
 static int fail(const char *what, int e) {
     fprintf(stderr, "liburing_client: %s: %s\n", what, strerror(e));
     return 1;
-}
-
-/* One operation's result through the ring. */
-static int complete(struct io_uring *r) {
-    struct io_uring_cqe *c;
-    io_uring_submit(r);
-    int e = io_uring_wait_cqe(r, &c);
-    if (e) return e;
-    int res = c->res;
-    io_uring_cqe_seen(r, c);
-    return res;
 }
 
 int main(int argc, char **argv) {
@@ -38,11 +28,11 @@ int main(int argc, char **argv) {
     char out[] = "a message through io_uring", in[64] = {0};
     size_t n = sizeof out - 1, got = 0;
     io_uring_prep_send(io_uring_get_sqe(&r), s, out, n, 0);
-    int sent = complete(&r);
+    int sent = ring_op(&r);
     if (sent != (int)n) return fail("send", sent < 0 ? -sent : EIO);
     while (got < n) {
         io_uring_prep_recv(io_uring_get_sqe(&r), s, in + got, n - got, 0);
-        int k = complete(&r);
+        int k = ring_op(&r);
         if (k <= 0) return fail("recv", k < 0 ? -k : EPIPE);
         got += k;
     }

@@ -3,20 +3,12 @@
  * bytes from it and writes them back, both through io_uring. Usage:
  * liburing_worker FD. Exits 0 after the echo, 2 when the read or write
  * fails, 1 when no descriptor came. */
-#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
-static int op(struct io_uring *r) {
-    struct io_uring_cqe *c;
-    io_uring_submit(r);
-    if (io_uring_wait_cqe(r, &c)) return -1;
-    int res = c->res;
-    io_uring_cqe_seen(r, c);
-    return res;
-}
+#include "ring_op.h"
 
 int main(int argc, char **argv) {
     if (argc != 2) return 1;
@@ -32,11 +24,11 @@ int main(int argc, char **argv) {
     memcpy(&fd, CMSG_DATA(c), sizeof fd);
     char b[4];
     io_uring_prep_recv(io_uring_get_sqe(&r), fd, b, 4, MSG_WAITALL);
-    int k = op(&r);
+    int k = ring_op(&r);
     if (k != 4) {
         fprintf(stderr, "liburing_worker: read: %s\n", k < 0 ? strerror(-k) : "short");
         return 2;
     }
     io_uring_prep_send(io_uring_get_sqe(&r), fd, b, 4, 0);
-    return op(&r) == 4 ? 0 : 2;
+    return ring_op(&r) == 4 ? 0 : 2;
 }
