@@ -98,20 +98,10 @@ pub(super) fn unlist_all() {
 /// so that no client proposes to them again, and none pays for a
 /// handshake that ends in TCP. Its other listeners stay.
 pub(super) fn unlist_listeners_passing(port: u16) {
-    let _g = LOCK.write();
-    let mut listed = Vec::new();
-    table::for_each_state_locked(|fd, s| {
-        if matches!(s, FdState::Listener(_))
-            && smclo::adapter::sockaddr::local(fd).is_ok_and(|a| a.port() == port)
-        {
-            listed.push(fd);
-        }
-    });
-    for fd in listed {
-        drop(table::replace_locked(fd, FdState::Unknown));
-        hints::hint(fd, Hint::Plain);
-        debug!("fd {fd}: its accepted connections go to other processes; unregistered, its connections stay TCP");
-    }
+    unlist_listeners(
+        |fd, _| smclo::adapter::sockaddr::local(fd).is_ok_and(|a| a.port() == port),
+        "its accepted connections go to other processes",
+    );
 }
 
 /// The process uses io_uring (`hooks::uring`): the listeners it
@@ -119,17 +109,24 @@ pub(super) fn unlist_listeners_passing(port: u16) {
 /// ([`Hint::Plain`]). One a fork child inherited stays registered by its
 /// parent: the child's `accept` declines its proposals (IO_URING).
 pub(super) fn unlist_own_listeners() {
+    unlist_listeners(|_, g| g.is_own(), "this process uses io_uring");
+}
+
+/// The listeners for which `which` holds (their number, their
+/// registration) leave the registry, and their later connections stay
+/// TCP ([`Hint::Plain`]), for reason `why`.
+fn unlist_listeners(which: impl Fn(RawFd, &ListenerGuard) -> bool, why: &str) {
     let _g = LOCK.write();
     let mut listed = Vec::new();
     table::for_each_state_locked(|fd, s| {
-        if matches!(s, FdState::Listener(g) if g.is_own()) {
+        if matches!(s, FdState::Listener(g) if which(fd, g)) {
             listed.push(fd);
         }
     });
     for fd in listed {
         drop(table::replace_locked(fd, FdState::Unknown));
         hints::hint(fd, Hint::Plain);
-        debug!("fd {fd}: unregistered, its connections stay TCP (this process uses io_uring)");
+        debug!("fd {fd}: unregistered, its connections stay TCP ({why})");
     }
 }
 
