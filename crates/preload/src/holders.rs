@@ -215,8 +215,7 @@ pub struct Placeholder(usize);
 pub fn before_fork(slot: usize, chan: RawFd, hooked: bool) -> Option<Placeholder> {
     let r = region()?;
     let s = &r[slot];
-    pin_same_numbers(s, chan);
-    set_mine(s, Entry::new(me(), Some(chan)));
+    list_own_number(s, chan, chan);
     if !hooked {
         return None;
     }
@@ -301,24 +300,24 @@ pub fn alone(slot: usize) -> bool {
 /// `from` first: this process's own number no longer says where they are.
 pub fn renumber(slot: usize, from: RawFd, to: RawFd) {
     if let Some(r) = region() {
-        let s = &r[slot];
-        pin_same_numbers(s, from);
-        set_mine(s, Entry::new(me(), Some(to)));
+        list_own_number(&r[slot], from, to);
     }
 }
 
-/// The entries of others in `s` listed "at the reader's own number" are
-/// at `at`, this process's number now: written out, so that a reader
-/// whose number is another (a fork child that moved its channel, this
-/// process after it moved its own) looks for them there.
-fn pin_same_numbers(s: &Slot, at: RawFd) {
+/// This process's entry in `s` says its channel is at `to`; first, the
+/// entries of others listed "at the reader's own number" are written out
+/// at `from`, this process's number until now, so that a reader whose
+/// number is another (a fork child that moved its channel, this process
+/// after it moved its own) looks for them there.
+fn list_own_number(s: &Slot, from: RawFd, to: RawFd) {
     let me = me();
     for h in &s.holders {
         let e = Entry::load(h);
         if e != Entry::FREE && e.0 as u32 == Entry::SAME_NUMBER && e.pid() != me {
-            e.replace(h, Entry::new(e.pid(), Some(at)));
+            e.replace(h, Entry::new(e.pid(), Some(from)));
         }
     }
+    set_mine(s, Entry::new(me, Some(to)));
 }
 
 /// Removes this process from `slot`; returns another process that still
