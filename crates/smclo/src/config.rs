@@ -203,13 +203,7 @@ pub enum Short {
 impl Short {
     /// From the environment, validated.
     pub fn from_env() -> Result<Short> {
-        match var("SMCLO_SHORT").as_deref() {
-            None | Some("learn") => Ok(Short::Learn),
-            Some("smc") => Ok(Short::Smc),
-            Some(v) => Err(Error::Config(format!(
-                "SMCLO_SHORT={v:?} is neither \"learn\" nor \"smc\""
-            ))),
-        }
+        either("SMCLO_SHORT", ("learn", Short::Learn), ("smc", Short::Smc))
     }
 }
 
@@ -232,13 +226,25 @@ pub enum IoUring {
 impl IoUring {
     /// From the environment, validated.
     pub fn from_env() -> Result<IoUring> {
-        match var("SMCLO_IO_URING").as_deref() {
-            None | Some("tcp") => Ok(IoUring::Tcp),
-            Some("files") => Ok(IoUring::Files),
-            Some(v) => Err(Error::Config(format!(
-                "SMCLO_IO_URING={v:?} is neither \"tcp\" nor \"files\""
-            ))),
-        }
+        either(
+            "SMCLO_IO_URING",
+            ("tcp", IoUring::Tcp),
+            ("files", IoUring::Files),
+        )
+    }
+}
+
+/// Knob `name` with two values: `default`'s (also when unset) or
+/// `other`'s.
+fn either<T>(name: &str, default: (&str, T), other: (&str, T)) -> Result<T> {
+    match var(name) {
+        None => Ok(default.1),
+        Some(v) if v == default.0 => Ok(default.1),
+        Some(v) if v == other.0 => Ok(other.1),
+        Some(v) => Err(Error::Config(format!(
+            "{name}={v:?} is neither {:?} nor {:?}",
+            default.0, other.0
+        ))),
     }
 }
 
