@@ -6,8 +6,9 @@
 //! connection: `crate::shadow`), which the set's descriptor state
 //! (`Epoll`) carries. `epoll_wait` on such a set looks at the members' rings
 //! first, polls the kernel for the set's other descriptors only every
-//! [`KERNEL_EVERY`](smclo::adapter::poller::KERNEL_EVERY) (so that under load a request costs no system call,
-//! yet a timer, listener or pipe in the set waits at most that long),
+//! [`KERNEL_EVERY`](smclo::adapter::poller::KERNEL_EVERY) (so that under
+//! load a request costs no system call, yet a timer, listener or pipe in
+//! the set waits at most that long),
 //! spins for an adaptive budget while the members' writers skip their
 //! doorbells (`POLLED`), ends that session and looks again, and only then
 //! sleeps in the real `epoll_wait` with what is left of the timeout.
@@ -488,8 +489,9 @@ pub(super) fn ms_left(deadline: Option<Instant>) -> c_int {
 }
 
 /// Spins for the set's budget (within the deadline), looking at the
-/// rings, and at the kernel every [`smclo::adapter::poller::KERNEL_EVERY`], until a signal handler
-/// runs (`signals`).
+/// rings, and at the kernel every
+/// [`KERNEL_EVERY`](smclo::adapter::poller::KERNEL_EVERY), until a signal
+/// handler runs (`signals`).
 fn spin(
     sh: &Shadow,
     ep: RawFd,

@@ -417,8 +417,7 @@ pub(super) fn end_all_undone() {
 }
 
 /// [`end_all`]'s end of the deferred connections, at `_exit`, perhaps in
-/// a signal handler: only
-/// async-signal-safe work, nothing freed.
+/// a signal handler: only async-signal-safe work, nothing freed.
 pub(super) fn end_deferred_at_exit() {
     deferred::take_all(|s| {
         end_share(&s);
