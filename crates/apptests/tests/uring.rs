@@ -168,27 +168,77 @@ fn a_listener_leaves_the_registry_when_its_process_sets_a_ring_up() {
     );
 }
 
+/// The client of a listener whose registration a process that uses
+/// io_uring declined: it found no listener to propose to (PEERNOSMC), so
+/// it did not wait for an answer (TIMEOUT) and nothing declined it.
+fn assert_declined(d: &Delta, logs: &str) {
+    assert_eq!(d.conns_opened, 0, "{}\n{logs}", d.fallbacks_desc());
+    for (side, r, n) in [
+        ("client", Reason::PeerNoSmc, 1),
+        ("client", Reason::Timeout, 0),
+        ("server", Reason::IoUring, 0),
+    ] {
+        let counts = if side == "client" {
+            &d.fallback_client
+        } else {
+            &d.fallback_server
+        };
+        assert_eq!(
+            counts[r.index()],
+            n,
+            "{side} {r:?}: {}\n{logs}",
+            d.fallbacks_desc()
+        );
+    }
+}
+
 /// A prefork server whose worker sets a ring up after its parent
-/// registered the listener: the registration is the parent's and stays,
-/// so clients still propose; the worker's `accept` declines at once
-/// (IO_URING), where its client waited for an answer that never came.
+/// registered the listener: the worker declines the parent's
+/// registration, so clients no longer propose to it.
 #[test]
-fn a_worker_that_sets_a_ring_up_declines_proposals_at_once() {
+fn a_worker_that_sets_a_ring_up_declines_its_parents_registration() {
     let mut env = Env::new("uring-prefork");
-    let (_, d) = served_by_raw_ring(&mut env, "prefork");
-    assert_eq!(d.conns_opened, 0, "{}", d.fallbacks_desc());
-    assert_eq!(
-        d.fallback_server[Reason::IoUring.index()],
-        1,
-        "the worker declined: {}",
-        d.fallbacks_desc()
+    let (listeners, d) = served_by_raw_ring(&mut env, "prefork");
+    assert_eq!(listeners, 0, "the registration is declined");
+    assert_declined(&d, "");
+}
+
+/// The same worker accepts through its ring (`IORING_OP_ACCEPT`): smclo
+/// never sees that accept, and its client, which proposed to the parent's
+/// registration, waited `SMCLO_CLC_WAIT_MS` for an answer (TIMEOUT).
+#[test]
+fn a_worker_that_accepts_through_its_ring_costs_its_client_no_wait() {
+    let mut env = Env::new("uring-ring-accept");
+    let (_, d) = served_by_raw_ring(&mut env, "prefork-ring-accept");
+    assert_declined(&d, "");
+}
+
+/// A launcher (no io_uring) listens and hands the listener to a liburing
+/// server it execs, which accepts and serves through its ring: the server
+/// declines the launcher's registration as it starts, where its client
+/// waited for an answer (TIMEOUT).
+#[test]
+fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
+    let mut env = Env::new("uring-exec-listener");
+    let acceptor = program(&env, "liburing_acceptor", true);
+    let port = free_port();
+    let launch = format!(
+        "import socket, subprocess\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
+         s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()])\n\
+         print('server', s.wait(), flush=True)\n"
     );
-    assert_eq!(
-        d.fallback_client[Reason::Timeout.index()],
-        0,
-        "the client did not wait for an answer: {}",
-        d.fallbacks_desc()
-    );
+    let mut server = env.spawn(Mode::Smclo, "launcher", "python3", &["-c", &launch]);
+    server.wait_stdout("ready", T, &[]);
+    let s0 = env.stats();
+    let c = ping_client(&mut env, port);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    assert!(server.stdout_str().contains("server 0"), "{logs}");
+    assert_declined(&delta(&s0, &env.stats()), &logs);
 }
 
 /// A connection handed to a liburing program by exec (socat's

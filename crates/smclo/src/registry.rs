@@ -27,6 +27,12 @@
 //! plain servers and other hosts) reads one word instead of the port's
 //! window of entries.
 //!
+//! A registration is *declined* when a process that holds its listener
+//! cannot serve SMC-D connections from it (it uses io_uring, whose
+//! `accept` smclo never sees): clients no longer find it, while its owner
+//! keeps it (so no other holder registers the listener again) until it
+//! closes the listener.
+//!
 //! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
 //! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
 //! server answers, and the client falls back after its bounded wait.
@@ -65,7 +71,12 @@ pub(crate) struct ListenerEntry {
     /// family (4 or 6) in bits 0..16, port in bits 16..32.
     meta: AtomicU64,
     addr: [AtomicU64; 2],
-    _reserved: AtomicU64,
+    /// The word ([`Word::bits`]) of the registration that a process
+    /// holding its listener declined ([`decline_listener`]): clients do
+    /// not propose to it. Any other value (an older registration's word,
+    /// 0) declines nothing, so a new registration needs no reset and a
+    /// late write for a released one has no effect.
+    declined: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ListenerEntry>() == layout::LISTENER_ENTRY_LEN as usize);
@@ -319,6 +330,73 @@ fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
     )
 }
 
+/// Whether `e`, LISTENING in word `w`, was declined.
+fn declined(e: &ListenerEntry, w: Word) -> bool {
+    e.declined.load(Ordering::Acquire) == w.bits()
+}
+
+/// Calls `f` with each LISTENING entry (and the word read with its
+/// fields) that may stand for a listening socket bound to `addr` in the
+/// caller's network namespace: one on `addr`'s port there at `addr`, or
+/// at any address when `addr` or the entry is a wildcard (aliases
+/// included). Another socket could share such a binding only with
+/// `SO_REUSEPORT`, where the kernel may hand its connections to either.
+fn each_at(dev: &Device, addr: SocketAddr, mut f: impl FnMut(&ListenerEntry, Word)) {
+    if !port_may_listen(dev, addr.port()) {
+        return;
+    }
+    let (fam, bytes) = canon(addr.ip());
+    let any = addr.ip().is_unspecified();
+    let my_ns = netns_inode();
+    let h = home(addr.port());
+    for k in 0..PROBE {
+        let e = entry(dev, h + k);
+        let Some((
+            w,
+            Fields {
+                netns,
+                meta,
+                addr: a,
+            },
+        )) = snapshot(e)
+        else {
+            continue;
+        };
+        if netns != my_ns || (meta >> 16) as u16 != addr.port() {
+            continue;
+        }
+        let wildcard = a == [0u8; 16] && meta & ALIAS == 0;
+        if any || wildcard || (meta & 0xffff == fam && a == bytes) {
+            f(e, w);
+        }
+    }
+}
+
+/// Declines every registration that may stand for this process's
+/// listening socket bound to `addr` ([`each_at`]), whoever made it: the
+/// process cannot serve SMC-D connections from it. Returns how many
+/// entries it declined.
+pub fn decline_listener(dev: &Device, addr: SocketAddr) -> usize {
+    let mut n = 0;
+    each_at(dev, addr, |e, w| {
+        // The word read with the fields: if the entry was released and
+        // claimed again since, this names the old registration.
+        e.declined.store(w.bits(), Ordering::Release);
+        n += 1;
+    });
+    n
+}
+
+/// Whether a registration that may stand for a listening socket bound to
+/// `addr` ([`each_at`]) is declined: the listener is not registered
+/// again while the process that holds it and declined it may accept from
+/// it.
+pub fn declined_at(dev: &Device, addr: SocketAddr) -> bool {
+    let mut found = false;
+    each_at(dev, addr, |e, w| found |= declined(e, w));
+    found
+}
+
 /// Finds a live smclo listener that accepts connections to `dest`: same
 /// port, and the same address (a wildcard listener's aliases included)
 /// or, in the caller's network namespace, the
@@ -350,6 +428,9 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         let Some(listen) = listen_addr(meta, addr).filter(|a| a.port() == port) else {
             continue;
         };
+        if declined(e, w) {
+            continue;
+        }
         let exact = meta & 0xffff == dfam && addr == dbytes;
         let wildcard = addr == [0u8; 16] && (listen.is_ipv6() || dfam == ends::FAMILY_V4 as u64);
         let mut dest_is_local = || *local.get_or_insert_with(|| is_local(dest));
@@ -381,7 +462,7 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
 }
 
 /// Every live listener registration (for `smclo ss -l`), in table order,
-/// without aliases; frees dead ones.
+/// without aliases or declined ones; frees dead ones.
 pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
     let mut judge = Judge::new(dev.dir());
     let mut out = Vec::new();
@@ -397,7 +478,7 @@ pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
         else {
             continue;
         };
-        if meta & ALIAS != 0 {
+        if meta & ALIAS != 0 || declined(e, w) {
             continue;
         }
         out.push(ListenerInfo { owner, netns, addr });
@@ -405,15 +486,15 @@ pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
     out
 }
 
-/// Number of live listener registrations, aliases not counted (for
-/// stats); frees dead ones.
+/// Number of live listener registrations, aliases and declined ones not
+/// counted (for stats); frees dead ones.
 pub fn live_listeners(dev: &Device) -> u64 {
     let mut judge = Judge::new(dev.dir());
     let mut n = 0;
     for i in 0..layout::LISTENER_ENTRIES as usize {
         let e = entry(dev, i);
         if !e.head.word().is_free() && !reclaim(&mut judge, e) {
-            n += snapshot(e).is_some_and(|(_, f)| f.meta & ALIAS == 0) as u64;
+            n += snapshot(e).is_some_and(|(w, f)| f.meta & ALIAS == 0 && !declined(e, w)) as u64;
         }
     }
     n

@@ -176,3 +176,48 @@ fn wildcard_aliases_are_registered_and_hidden() {
         assert!(find_listener(&dev, std::net::SocketAddr::new(*ip, 5005)).is_none());
     }
 }
+
+/// A declined registration is found by no client and counted by no
+/// listing, another address on its port stays, and a later registration
+/// in the same entry is not declined by the old one's word.
+#[test]
+fn a_declined_registration_is_not_found_and_does_not_outlive_itself() {
+    use smclo::testing::registry::{decline_listener, declined_at, listeners, live_listeners};
+    let t = TempDir::new("reg-decline");
+    let dev = Device::open(&t.0).unwrap();
+    let g = register_listener(&dev, a("127.0.0.1:5300")).unwrap();
+    let other = register_listener(&dev, a("127.0.0.2:5300")).unwrap();
+    assert_eq!(live_listeners(&dev), 2);
+
+    assert_eq!(decline_listener(&dev, a("127.0.0.1:5300")), 1);
+    assert!(find_listener(&dev, a("127.0.0.1:5300")).is_none());
+    assert!(
+        find_listener(&dev, a("127.0.0.2:5300")).is_some(),
+        "another address"
+    );
+    assert_eq!(live_listeners(&dev), 1);
+    assert_eq!(listeners(&dev).len(), 1);
+    assert_eq!(
+        decline_listener(&dev, a("127.0.0.1:5301")),
+        0,
+        "another port"
+    );
+    assert!(declined_at(&dev, a("127.0.0.1:5300")));
+    assert!(declined_at(&dev, a("0.0.0.0:5300")), "a wildcard there");
+    assert!(!declined_at(&dev, a("127.0.0.2:5300")));
+
+    let at = g.index();
+    drop(g);
+    let again = register_listener(&dev, a("127.0.0.1:5300")).unwrap();
+    assert_eq!(again.index(), at, "the same entry, claimed again");
+    assert!(
+        find_listener(&dev, a("127.0.0.1:5300")).is_some(),
+        "the new registration is not the declined one"
+    );
+    assert!(!declined_at(&dev, a("127.0.0.1:5300")));
+
+    // A wildcard declines every registration on its port here.
+    assert_eq!(decline_listener(&dev, a("0.0.0.0:5300")), 2);
+    assert!(find_listener(&dev, a("127.0.0.2:5300")).is_none());
+    drop((again, other));
+}

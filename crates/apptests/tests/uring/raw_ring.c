@@ -18,6 +18,9 @@
  *   prefork          listens on PORT and forks a worker, which sets a ring
  *                    up through syscall(2), prints "listening", and echoes
  *                    the 4 bytes of one connection
+ *   prefork-ring-accept  as prefork, but the worker accepts the connection
+ *                    through its ring (IORING_OP_ACCEPT), where smclo
+ *                    never sees the accept
  * Prints "ok <connections>". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,12 +73,58 @@ static int listener(int port) {
     return l;
 }
 
-static int setup_by_syscall(void) {
-    struct io_uring_params p;
-    memset(&p, 0, sizeof p);
-    int fd = (int)syscall(SYS_io_uring_setup, 4, &p);
+static int setup_with(struct io_uring_params *p) {
+    memset(p, 0, sizeof *p);
+    int fd = (int)syscall(SYS_io_uring_setup, 4, p);
     if (fd < 0) fail("io_uring_setup");
     return fd;
+}
+
+static int setup_by_syscall(void) {
+    struct io_uring_params p;
+    return setup_with(&p);
+}
+
+static void *ring_map(int ring, size_t len, off_t what) {
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring, what);
+    if (m == MAP_FAILED) fail("mmap of the ring");
+    return m;
+}
+
+/* Accepts a connection on listener l through ring (set up with p): one
+ * IORING_OP_ACCEPT submitted and waited for, without liburing. */
+static int ring_accept(int ring, const struct io_uring_params *p, int l) {
+    size_t sq_len = p->sq_off.array + p->sq_entries * sizeof(unsigned);
+    size_t cq_len = p->cq_off.cqes + p->cq_entries * sizeof(struct io_uring_cqe);
+    int single = p->features & IORING_FEAT_SINGLE_MMAP;
+    if (single && cq_len > sq_len) sq_len = cq_len;
+    char *sq = ring_map(ring, sq_len, IORING_OFF_SQ_RING);
+    char *cq = single ? sq : ring_map(ring, cq_len, IORING_OFF_CQ_RING);
+    struct io_uring_sqe *sqes =
+        ring_map(ring, p->sq_entries * sizeof(struct io_uring_sqe), IORING_OFF_SQES);
+    unsigned *tail = (unsigned *)(sq + p->sq_off.tail);
+    unsigned t = *tail, i = t & *(unsigned *)(sq + p->sq_off.ring_mask);
+    memset(&sqes[i], 0, sizeof sqes[i]);
+    sqes[i].opcode = IORING_OP_ACCEPT;
+    sqes[i].fd = l;
+    ((unsigned *)(sq + p->sq_off.array))[i] = i;
+    __atomic_store_n(tail, t + 1, __ATOMIC_RELEASE);
+    if (syscall(SYS_io_uring_enter, ring, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0)
+        fail("io_uring_enter");
+    unsigned *head = (unsigned *)(cq + p->cq_off.head);
+    unsigned h = *head;
+    if (__atomic_load_n((unsigned *)(cq + p->cq_off.tail), __ATOMIC_ACQUIRE) == h) {
+        errno = EAGAIN;
+        fail("no completion");
+    }
+    struct io_uring_cqe *c = (struct io_uring_cqe *)(cq + p->cq_off.cqes);
+    int res = c[h & *(unsigned *)(cq + p->cq_off.ring_mask)].res;
+    __atomic_store_n(head, h + 1, __ATOMIC_RELEASE);
+    if (res < 0) {
+        errno = -res;
+        fail("IORING_OP_ACCEPT");
+    }
+    return res;
 }
 
 static int setup_by_instruction(void) {
@@ -142,16 +192,24 @@ int main(int argc, char **argv) {
         fflush(stdout);
         echo_one(l);
         puts("ok 1");
-    } else if (!strcmp(mode, "prefork")) {
+    } else if (!strcmp(mode, "prefork") || !strcmp(mode, "prefork-ring-accept")) {
         int l = listener(port);
         fflush(stdout);
         pid_t worker = fork();
         if (worker < 0) fail("fork");
         if (worker == 0) {
-            setup_by_syscall();
+            struct io_uring_params p;
+            int ring = setup_with(&p);
             puts("listening");
             fflush(stdout);
-            echo_one(l);
+            if (!strcmp(mode, "prefork")) {
+                echo_one(l);
+            } else {
+                char b[4];
+                int c = ring_accept(ring, &p, l);
+                if (recv(c, b, 4, MSG_WAITALL) != 4 || write(c, b, 4) != 4) fail("serve");
+                close(c);
+            }
             _exit(0);
         }
         int st;

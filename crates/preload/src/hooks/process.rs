@@ -437,6 +437,7 @@ extern "C" fn at_load() {
     variant::at_load();
     super::signal::at_load();
     adopt::at_load();
+    super::uring::at_load();
 }
 
 /// Runs when the library is loaded.

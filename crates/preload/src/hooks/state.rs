@@ -107,7 +107,7 @@ pub(super) fn unlist_listeners_passing(port: u16) {
 /// The process uses io_uring (`hooks::uring`): the listeners it
 /// registered leave the registry, and their later connections stay TCP
 /// ([`Hint::Plain`]). One a fork child inherited stays registered by its
-/// parent: the child's `accept` declines its proposals (IO_URING).
+/// parent (`hooks::uring` declines that registration).
 pub(super) fn unlist_own_listeners() {
     unlist_listeners(|_, g| g.is_own(), "this process uses io_uring");
 }

@@ -6,11 +6,13 @@
 //! and the program would hang or read garbage. So a process that uses
 //! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
 //! its new connections: its clients do not propose (`IO_URING` in `smclo
-//! stats`), the listeners it registered leave the device's registry, and
-//! its C library `accept` declines the proposals that still come (to a
-//! listener its parent registered, or sent before the registration
-//! went), so that their clients go on over TCP at once (one accepted
-//! through the ring declines nothing: its client waits for TIMEOUT). Connections made before the
+//! stats`); the listeners it registered leave the device's registry, and
+//! the registrations of listeners it holds but did not register (a
+//! parent's, inherited by fork or exec) are declined, since it may accept
+//! from them through its ring, where smclo never sees the accept and the
+//! client would wait for an answer; and its C library `accept` declines
+//! the proposals that still come (sent before the registration went), so
+//! that their clients go on over TCP at once. Connections made before the
 //! process was seen to use io_uring stay SMC-D.
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
@@ -21,16 +23,20 @@
 //!
 //! A process is seen to use io_uring when it sets a ring up through
 //! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or at
-//! its first look ([`in_use`]: its first connection, listener, or adopted
-//! connection) when liburing is loaded in it or an io_uring descriptor is
+//! its start ([`at_load`]) or its first look ([`in_use`]: its first
+//! connection, listener, or adopted connection) when liburing is loaded
+//! in it, or at that look when an io_uring descriptor is
 //! open (a ring made with the system call instruction, as liburing
 //! itself does). A ring made with the instruction after that look (a
 //! liburing linked in statically, or loaded with `dlopen` later) is not
 //! seen: the connections it then reads break.
 
 use super::state;
+use smclo::adapter::{registry, sockaddr};
 use smclo::config::IoUring;
 use smclo::debug;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -63,7 +69,7 @@ pub(super) fn in_use() -> bool {
         && !crate::table::Lock::forking()
         && UNLIST_LATER.swap(false, Ordering::AcqRel)
     {
-        state::unlist_own_listeners();
+        unlist_listeners();
     }
     IN_USE.load(Ordering::Acquire)
 }
@@ -92,7 +98,7 @@ pub(super) fn set_up() {
 }
 
 /// The process uses io_uring (`how` says how that was seen): no new
-/// SMC-D connection, and the listeners it registered leave the registry.
+/// SMC-D connection, and its listeners take none ([`unlist_listeners`]).
 fn found(how: &str) {
     if IN_USE.swap(true, Ordering::AcqRel) {
         return;
@@ -105,7 +111,55 @@ fn found(how: &str) {
         UNLIST_LATER.store(true, Ordering::Release);
         return;
     }
+    unlist_listeners();
+}
+
+/// An image starts: a program linked with liburing is seen before its
+/// `main`, so that a listener it was handed (by the exec of a launcher
+/// that listened, as a socket-passing supervisor does) is declined before
+/// the program can accept from it through its ring.
+pub(super) fn at_load() {
+    if files_only() || super::disabled() {
+        return;
+    }
+    if let Some(how) = liburing_loaded() {
+        found(how);
+    }
+}
+
+/// The process's listeners no longer take SMC-D connections: the ones it
+/// registered leave the registry, and every registration of a listening
+/// socket it holds (one a parent registered before a fork, or an earlier
+/// image before an exec) is declined, so that no client proposes to a
+/// listener from which the program may accept through its ring, where
+/// smclo never sees the accept and the client would wait for an answer.
+fn unlist_listeners() {
     state::unlist_own_listeners();
+    let held = listening_sockets();
+    if held.is_empty() {
+        return;
+    }
+    let Some(c) = super::ctx() else {
+        return;
+    };
+    for (fd, addr) in held {
+        if registry::decline_listener(&c.dev, addr) > 0 {
+            debug!("fd {fd}: the registration of listener {addr} declined: its clients connect over TCP (this process uses io_uring)");
+        }
+    }
+}
+
+/// The listening sockets of an IP family this process holds, with their
+/// addresses.
+fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok())
+        .filter(|&fd| super::sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1))
+        .filter_map(|fd| sockaddr::local(fd).ok().map(|a| (fd, a)))
+        .collect()
 }
 
 /// Whether a liburing shared library is loaded.
