@@ -410,6 +410,24 @@ fn msg_oob_fails_loudly() {
     );
 }
 
+/// `TCP_ULP` (kernel TLS) on an SMC-D connection is refused
+/// (`EOPNOTSUPP`, the kernel's SMC's answer), so that a program keeps TLS
+/// in user space. It was applied to the hidden TCP socket: where the
+/// kernel has TLS, the program then wrote plaintext its peer read as TLS
+/// records; here (no TLS in the kernel) it failed with `ENOENT`.
+#[test]
+fn tcp_ulp_is_refused_as_the_kernels_smc_refuses_it() {
+    let r = run("ulp", Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 10);
+    assert!(
+        r.client
+            .stderr
+            .contains("setsockopt(TCP_ULP) is not supported"),
+        "{}",
+        r.report()
+    );
+}
+
 #[test]
 fn plain_client_smc_server() {
     let r = run("echo", Side::Smc, Side::Plain, &[]);

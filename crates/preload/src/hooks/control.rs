@@ -650,7 +650,13 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    let ulp = level == libc::IPPROTO_TCP && name == libc::TCP_ULP;
     let Some(s) = table::get(fd) else {
+        if ulp && matches!(table::kind(fd), table::Kind::Pending { .. }) {
+            // Its decision may still be SMC-D, where the ULP would not
+            // apply.
+            return super::unsupported(fd, format_args!("setsockopt(TCP_ULP) before its decision"));
+        }
         if smclo::adapter::tcp_syn::is_mark_option(level, name) {
             hints::hint(fd, Hint::IpOpts);
         }
@@ -665,6 +671,14 @@ pub unsafe extern "C" fn setsockopt(
     };
     if level == libc::IPPROTO_TCP && name == libc::TCP_CORK {
         return set_cork(&s, val, len);
+    }
+    if ulp {
+        // An upper layer protocol (kernel TLS) would act on the hidden
+        // socket, which carries none of the connection's bytes: the
+        // program would write plaintext where its peer reads TLS records.
+        // Refused as the kernel's SMC refuses it, so that the program
+        // does the work itself (OpenSSL then keeps TLS in user space).
+        return super::unsupported(fd, format_args!("setsockopt(TCP_ULP)"));
     }
     if smclo::adapter::tcp_syn::is_mark_option(level, name) {
         // The other option of the pair must not keep the mark either.

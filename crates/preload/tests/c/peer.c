@@ -646,6 +646,16 @@ static void client_oob(int port) {
     close(fd);
 }
 
+/* An upper layer protocol (kernel TLS) is refused as the kernel's SMC
+ * refuses it: it would act on a socket that carries none of the bytes. */
+static void client_ulp(int port) {
+    int fd = dial(port);
+    int r = setsockopt(fd, IPPROTO_TCP, TCP_ULP, "tls", sizeof "tls");
+    if (r != -1 || errno != EOPNOTSUPP) fail("TCP_ULP: %d (%s)", r, strerror(errno));
+    send_pattern(fd, 10, 0);
+    close(fd);
+}
+
 /* ---- connection churn to a server that is not smclo: N times socket,
  * connect, close and nothing else, so a tracer can count what the preload
  * adds per connect ---- */
@@ -961,7 +971,7 @@ int main(int argc, char **argv) {
         else if (!strncmp(mode, "late", 4)) { usleep(300000); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "fork")) serve_fork(lfd);
         else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0], argc > 3 ? argv[3] : "execl");
-        else if (!strcmp(mode, "oob")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
+        else if (!strcmp(mode, "oob") || !strcmp(mode, "ulp")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
         else fail("unknown mode");
         close(lfd);
     } else {
@@ -981,6 +991,7 @@ int main(int argc, char **argv) {
         else if (!strncmp(mode, "late", 4)) moved = client_late(port, mode + 4);
         else if (!strcmp(mode, "exec")) client_exec(port);
         else if (!strcmp(mode, "oob")) client_oob(port);
+        else if (!strcmp(mode, "ulp")) client_ulp(port);
         else if (!strcmp(mode, "churn")) client_churn(port, argc > 4 ? atoi(argv[4]) : 1);
         else fail("unknown mode");
     }
