@@ -241,6 +241,47 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     assert_declined(&delta(&s0, &env.stats()), &logs);
 }
 
+/// As above, but the launcher then execs a new image that registers the
+/// listener again (its `epoll_ctl`, as an event loop's first step): the
+/// acceptor's decline holds the new registration back too, where it
+/// brought the client's wait back.
+#[test]
+fn a_registration_made_after_the_decline_is_held_back() {
+    let mut env = Env::new("uring-exec-late");
+    let acceptor = program(&env, "liburing_acceptor", true);
+    let port = free_port();
+    let again = "import os, select, sys\n\
+                 ep = select.epoll()\nep.register(int(sys.argv[1]), select.EPOLLIN)\n\
+                 print('registered', flush=True)\n\
+                 print('server', os.waitpid(int(sys.argv[2]), 0)[1], flush=True)\n";
+    let launch = format!(
+        "import os, socket, subprocess, sys\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
+         s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()], stdout=subprocess.PIPE)\n\
+         print(s.stdout.readline().decode().strip(), flush=True)\n\
+         lst.set_inheritable(True)\n\
+         os.execv(sys.executable, [sys.executable, '-c', {again:?}, str(lst.fileno()), str(s.pid)])\n"
+    );
+    let mut cmd = env.command(Mode::Smclo, None, "python3", &["-c", &launch]);
+    cmd.env("SMCLO_DEBUG", "1");
+    let mut server = env.spawn_cmd("launcher", cmd);
+    server.wait_stdout("registered", T, &[]);
+    let s0 = env.stats();
+    let c = ping_client(&mut env, port);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    assert!(server.stdout_str().contains("ready"), "{logs}");
+    assert!(server.stdout_str().contains("server 0"), "{logs}");
+    assert!(
+        server.stderr_str().contains("registering it"),
+        "the new image registered the listener again\n{logs}"
+    );
+    assert_declined(&delta(&s0, &env.stats()), &logs);
+}
+
 /// A connection handed to a liburing program by exec (socat's
 /// `EXEC:...,nofork`, inetd style): the new image cannot carry it, so it
 /// gets the TCP socket and both ends a reset, as for any program that

@@ -27,11 +27,14 @@
 //! plain servers and other hosts) reads one word instead of the port's
 //! window of entries.
 //!
-//! A registration is *declined* when a process that holds its listener
-//! cannot serve SMC-D connections from it (it uses io_uring, whose
-//! `accept` smclo never sees): clients no longer find it, while its owner
-//! keeps it (so no other holder registers the listener again) until it
-//! closes the listener.
+//! A *decline* is an entry of its own ([`DECLINE`] in its `meta`), made
+//! by a process that holds a listening socket but cannot serve SMC-D
+//! connections from it (it uses io_uring, whose `accept` smclo never
+//! sees): while the process lives, clients do not propose to the
+//! registrations that may stand for that socket ([`may_share`]), whoever
+//! made them and whenever. Its port's bit in the decline filter
+//! ([`layout::DECLINE_FILTER_WORDS`]) is set first, so that a lookup on a
+//! port without one reads nothing more.
 //!
 //! Matching ignores `IPV6_V6ONLY`: a listener on `::` is taken to accept
 //! IPv4 too (the Linux default). A wrong guess only costs a Proposal that no
@@ -59,6 +62,11 @@ const LISTENING: State = State(2);
 /// listener's namespace.
 const ALIAS: u64 = 1 << 32;
 
+/// `meta` bit of a decline: the entry names a listening socket whose
+/// registrations clients must not propose to (see the module's
+/// documentation).
+const DECLINE: u64 = 1 << 33;
+
 /// Aliases registered per wildcard listener at most: a namespace with many
 /// addresses must not fill the port's window.
 pub const MAX_ALIASES: usize = 8;
@@ -71,12 +79,7 @@ pub(crate) struct ListenerEntry {
     /// family (4 or 6) in bits 0..16, port in bits 16..32.
     meta: AtomicU64,
     addr: [AtomicU64; 2],
-    /// The word ([`Word::bits`]) of the registration that a process
-    /// holding its listener declined ([`decline_listener`]): clients do
-    /// not propose to it. Any other value (an older registration's word,
-    /// 0) declines nothing, so a new registration needs no reset and a
-    /// late write for a released one has no effect.
-    declined: AtomicU64,
+    _reserved: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ListenerEntry>() == layout::LISTENER_ENTRY_LEN as usize);
@@ -101,6 +104,19 @@ fn mark_port(dev: &Device, port: u16) {
     if word.load(Ordering::Relaxed) & bit == 0 {
         word.fetch_or(bit, Ordering::SeqCst);
     }
+}
+
+/// The decline filter's word and bit for `port`.
+fn decline_bit(dev: &Device, port: u16) -> (&AtomicU64, u64) {
+    let bit = port as usize % (64 * layout::DECLINE_FILTER_WORDS);
+    let word = dev.at::<AtomicU64>(layout::off::DECLINE_FILTER + bit / 64 * 8);
+    (word, 1 << (bit % 64))
+}
+
+/// Whether a decline may ever have been published on `port`.
+fn port_may_decline(dev: &Device, port: u16) -> bool {
+    let (word, bit) = decline_bit(dev, port);
+    word.load(Ordering::Acquire) & bit != 0
 }
 
 /// Whether a listener may ever have been registered on `port`.
@@ -330,71 +346,83 @@ fn snapshot(e: &ListenerEntry) -> Option<(Word, Fields)> {
     )
 }
 
-/// Whether `e`, LISTENING in word `w`, was declined.
-fn declined(e: &ListenerEntry, w: Word) -> bool {
-    e.declined.load(Ordering::Acquire) == w.bits()
+/// Where a LISTENING entry says a socket listens, for [`may_share`].
+#[derive(Clone, Copy)]
+struct Bound {
+    netns: u64,
+    fam: u64,
+    addr: [u8; 16],
+    /// Bound to its family's wildcard (an alias is not: it is one of a
+    /// wildcard's addresses).
+    wildcard: bool,
 }
 
-/// Calls `f` with each LISTENING entry (and the word read with its
-/// fields) that may stand for a listening socket bound to `addr` in the
-/// caller's network namespace: one on `addr`'s port there at `addr`, or
-/// at any address when `addr` or the entry is a wildcard (aliases
-/// included). Another socket could share such a binding only with
-/// `SO_REUSEPORT`, where the kernel may hand its connections to either.
-fn each_at(dev: &Device, addr: SocketAddr, mut f: impl FnMut(&ListenerEntry, Word)) {
-    if !port_may_listen(dev, addr.port()) {
-        return;
+impl Bound {
+    fn of(f: &Fields) -> Bound {
+        Bound {
+            netns: f.netns,
+            fam: f.meta & 0xffff,
+            addr: f.addr,
+            wildcard: f.addr == [0u8; 16] && f.meta & ALIAS == 0,
+        }
     }
-    let (fam, bytes) = canon(addr.ip());
-    let any = addr.ip().is_unspecified();
-    let my_ns = netns_inode();
-    let h = home(addr.port());
+
+    /// Whether a wildcard of this family takes connections to addresses
+    /// of family `fam` (an IPv6 wildcard takes IPv4 too, `IPV6_V6ONLY`
+    /// ignored as in [`find_listener`]).
+    fn takes(&self, fam: u64) -> bool {
+        self.fam == ends::FAMILY_V6 as u64 || fam == ends::FAMILY_V4 as u64
+    }
+}
+
+/// Whether two entries on one port may stand for the same listening
+/// socket, or for sockets among which the kernel picks (`SO_REUSEPORT`, or
+/// a wildcard beside an exact address, which takes the address's
+/// connections): the same network namespace, and the same address, or a
+/// wildcard that takes the other's family.
+fn may_share(a: &Bound, b: &Bound) -> bool {
+    a.netns == b.netns
+        && ((a.fam == b.fam && a.addr == b.addr)
+            || (a.wildcard && a.takes(b.fam))
+            || (b.wildcard && b.takes(a.fam)))
+}
+
+/// The live declines on `port` (none unless its bit in the decline
+/// filter is set), freeing dead ones on the way.
+fn declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
+    if !port_may_decline(dev, port) {
+        return Vec::new();
+    }
+    let h = home(port);
+    let mut out = Vec::new();
     for k in 0..PROBE {
         let e = entry(dev, h + k);
-        let Some((
-            w,
-            Fields {
-                netns,
-                meta,
-                addr: a,
-            },
-        )) = snapshot(e)
-        else {
+        let Some((w, f)) = snapshot(e) else {
             continue;
         };
-        if netns != my_ns || (meta >> 16) as u16 != addr.port() {
+        if f.meta & DECLINE == 0 || (f.meta >> 16) as u16 != port {
             continue;
         }
-        let wildcard = a == [0u8; 16] && meta & ALIAS == 0;
-        if any || wildcard || (meta & 0xffff == fam && a == bytes) {
-            f(e, w);
+        match e.head.holder(w) {
+            Some(Holder::Known(owner)) if judge.owner_dead(owner) => {
+                reclaim(judge, e);
+            }
+            _ => out.push(Bound::of(&f)),
         }
     }
+    out
 }
 
-/// Declines every registration that may stand for this process's
-/// listening socket bound to `addr` ([`each_at`]), whoever made it: the
-/// process cannot serve SMC-D connections from it. Returns how many
-/// entries it declined.
-pub fn decline_listener(dev: &Device, addr: SocketAddr) -> usize {
-    let mut n = 0;
-    each_at(dev, addr, |e, w| {
-        // The word read with the fields: if the entry was released and
-        // claimed again since, this names the old registration.
-        e.declined.store(w.bits(), Ordering::Release);
-        n += 1;
-    });
-    n
-}
-
-/// Whether a registration that may stand for a listening socket bound to
-/// `addr` ([`each_at`]) is declined: the listener is not registered
-/// again while the process that holds it and declined it may accept from
-/// it.
-pub fn declined_at(dev: &Device, addr: SocketAddr) -> bool {
-    let mut found = false;
-    each_at(dev, addr, |e, w| found |= declined(e, w));
-    found
+/// Declines, while the calling process lives or until the guard is
+/// dropped, every registration that may stand for its listening socket
+/// bound to `addr` ([`may_share`]), made before or after: the process
+/// cannot serve SMC-D connections from that socket.
+pub fn decline_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard> {
+    let (word, bit) = decline_bit(dev, addr.port());
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        word.fetch_or(bit, Ordering::SeqCst);
+    }
+    register_entry(dev, addr, DECLINE)
 }
 
 /// Finds a live smclo listener that accepts connections to `dest`: same
@@ -416,21 +444,23 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let port = dest.port();
     let my_ns = netns_inode();
     let mut judge = Judge::fast(dev.dir());
+    let declined = declines(dev, port, &mut judge);
     let mut best: Option<(u32, ListenerInfo)> = None;
     // Asked once, and only when a wildcard could match.
     let mut local: Option<bool> = None;
     let h = home(port);
     for k in 0..PROBE {
         let e = entry(dev, h + k);
-        let Some((w, Fields { netns, meta, addr })) = snapshot(e) else {
+        let Some((w, f)) = snapshot(e) else {
             continue;
         };
-        let Some(listen) = listen_addr(meta, addr).filter(|a| a.port() == port) else {
+        let Some(listen) = listen_addr(f.meta, f.addr).filter(|a| a.port() == port) else {
             continue;
         };
-        if declined(e, w) {
+        if f.meta & DECLINE != 0 || declined.iter().any(|d| may_share(d, &Bound::of(&f))) {
             continue;
         }
+        let Fields { netns, meta, addr } = f;
         let exact = meta & 0xffff == dfam && addr == dbytes;
         let wildcard = addr == [0u8; 16] && (listen.is_ipv6() || dfam == ends::FAMILY_V4 as u64);
         let mut dest_is_local = || *local.get_or_insert_with(|| is_local(dest));
@@ -461,43 +491,70 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     best.map(|(_, i)| i)
 }
 
-/// Every live listener registration (for `smclo ss -l`), in table order,
-/// without aliases or declined ones; frees dead ones.
-pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
+/// Every live decline in the registry, with its port.
+fn all_declines(dev: &Device, judge: &mut Judge<'_>) -> Vec<(u16, Bound)> {
+    let mut out = Vec::new();
+    for i in 0..layout::LISTENER_ENTRIES as usize {
+        let e = entry(dev, i);
+        if e.head.word().is_free() || reclaim(judge, e) {
+            continue;
+        }
+        if let Some((_, f)) = snapshot(e).filter(|(_, f)| f.meta & DECLINE != 0) {
+            out.push(((f.meta >> 16) as u16, Bound::of(&f)));
+        }
+    }
+    out
+}
+
+/// Every live registration clients propose to (for `smclo ss -l` and
+/// the stats' count): no aliases, no declines, none a decline holds
+/// back; with each its holder and fields. Frees dead ones.
+fn proposable(dev: &Device) -> Vec<(Option<Holder>, Fields)> {
     let mut judge = Judge::new(dev.dir());
+    let declined = all_declines(dev, &mut judge);
     let mut out = Vec::new();
     for i in 0..layout::LISTENER_ENTRIES as usize {
         let e = entry(dev, i);
         if e.head.word().is_free() || reclaim(&mut judge, e) {
             continue;
         }
-        let Some((w, Fields { netns, meta, addr })) = snapshot(e) else {
+        let Some((w, f)) = snapshot(e) else {
             continue;
         };
-        let (Some(addr), Some(Holder::Known(owner))) = (listen_addr(meta, addr), e.head.holder(w))
-        else {
-            continue;
-        };
-        if meta & ALIAS != 0 || declined(e, w) {
-            continue;
+        let port = (f.meta >> 16) as u16;
+        let held_back = declined
+            .iter()
+            .any(|(p, d)| *p == port && may_share(d, &Bound::of(&f)));
+        if f.meta & (ALIAS | DECLINE) == 0 && !held_back {
+            out.push((e.head.holder(w), f));
         }
-        out.push(ListenerInfo { owner, netns, addr });
     }
     out
 }
 
-/// Number of live listener registrations, aliases and declined ones not
+/// Every live listener registration clients propose to (for `smclo ss
+/// -l`), in table order, without aliases; frees dead ones.
+pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
+    proposable(dev)
+        .into_iter()
+        .filter_map(|(holder, f)| {
+            let addr = listen_addr(f.meta, f.addr)?;
+            let Some(Holder::Known(owner)) = holder else {
+                return None;
+            };
+            Some(ListenerInfo {
+                owner,
+                netns: f.netns,
+                addr,
+            })
+        })
+        .collect()
+}
+
+/// Number of live listener registrations clients propose to, aliases not
 /// counted (for stats); frees dead ones.
 pub fn live_listeners(dev: &Device) -> u64 {
-    let mut judge = Judge::new(dev.dir());
-    let mut n = 0;
-    for i in 0..layout::LISTENER_ENTRIES as usize {
-        let e = entry(dev, i);
-        if !e.head.word().is_free() && !reclaim(&mut judge, e) {
-            n += snapshot(e).is_some_and(|(w, f)| f.meta & ALIAS == 0 && !declined(e, w)) as u64;
-        }
-    }
-    n
+    proposable(dev).len() as u64
 }
 
 /// Makes a `SocketAddr` canonical: an IPv4-mapped IPv6 address becomes IPv4.

@@ -183,11 +183,6 @@ impl State {
 pub struct Word(u64);
 
 impl Word {
-    /// The word as stored in a head (for a field that names one
-    /// incarnation and state, as the registry's `declined`).
-    pub const fn bits(self) -> u64 {
-        self.0
-    }
     /// Packs a word.
     pub const fn new(gen: Gen, pid: u32, state: State) -> Word {
         Word(((gen.0 as u64 & Gen::MASK as u64) << 40) | ((pid as u64) << 8) | state.0 as u64)

@@ -33,6 +33,12 @@ fn child_entry() {
             std::thread::sleep(Duration::from_secs(30));
             drop((g1, fill));
         }
+        "decline" => {
+            let d = smclo::testing::registry::decline_listener(&dev, a("127.0.0.1:7010")).unwrap();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(30));
+            drop(d);
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -177,47 +183,80 @@ fn wildcard_aliases_are_registered_and_hidden() {
     }
 }
 
-/// A declined registration is found by no client and counted by no
-/// listing, another address on its port stays, and a later registration
-/// in the same entry is not declined by the old one's word.
+/// A decline holds back the registrations that may stand for its socket,
+/// made before or after it, and no other: another address on its port, an
+/// IPv6 listener beside an IPv4 wildcard. The listings do not show what it
+/// holds back; dropping it gives them back.
 #[test]
-fn a_declined_registration_is_not_found_and_does_not_outlive_itself() {
-    use smclo::testing::registry::{decline_listener, declined_at, listeners, live_listeners};
+fn a_decline_holds_back_the_registrations_of_its_socket() {
+    use smclo::testing::registry::{decline_listener, listeners, live_listeners};
     let t = TempDir::new("reg-decline");
     let dev = Device::open(&t.0).unwrap();
-    let g = register_listener(&dev, a("127.0.0.1:5300")).unwrap();
+    let mine = register_listener(&dev, a("127.0.0.1:5300")).unwrap();
     let other = register_listener(&dev, a("127.0.0.2:5300")).unwrap();
     assert_eq!(live_listeners(&dev), 2);
 
-    assert_eq!(decline_listener(&dev, a("127.0.0.1:5300")), 1);
+    let d = decline_listener(&dev, a("127.0.0.1:5300")).unwrap();
     assert!(find_listener(&dev, a("127.0.0.1:5300")).is_none());
     assert!(
         find_listener(&dev, a("127.0.0.2:5300")).is_some(),
         "another address"
     );
-    assert_eq!(live_listeners(&dev), 1);
+    assert_eq!(live_listeners(&dev), 1, "the decline is no listener either");
     assert_eq!(listeners(&dev).len(), 1);
-    assert_eq!(
-        decline_listener(&dev, a("127.0.0.1:5301")),
-        0,
-        "another port"
-    );
-    assert!(declined_at(&dev, a("127.0.0.1:5300")));
-    assert!(declined_at(&dev, a("0.0.0.0:5300")), "a wildcard there");
-    assert!(!declined_at(&dev, a("127.0.0.2:5300")));
 
-    let at = g.index();
-    drop(g);
+    // A registration made after the decline (a supervisor's first
+    // accept, an image after an exec) is held back too.
+    drop(mine);
     let again = register_listener(&dev, a("127.0.0.1:5300")).unwrap();
-    assert_eq!(again.index(), at, "the same entry, claimed again");
+    assert!(
+        find_listener(&dev, a("127.0.0.1:5300")).is_none(),
+        "made later"
+    );
+    drop(d);
     assert!(
         find_listener(&dev, a("127.0.0.1:5300")).is_some(),
-        "the new registration is not the declined one"
+        "the decline ended"
     );
-    assert!(!declined_at(&dev, a("127.0.0.1:5300")));
 
-    // A wildcard declines every registration on its port here.
-    assert_eq!(decline_listener(&dev, a("0.0.0.0:5300")), 2);
+    // An IPv4 wildcard holds back IPv4 registrations on its port only.
+    let v6 = register_listener(&dev, a("[::1]:5300")).unwrap();
+    let d4 = decline_listener(&dev, a("0.0.0.0:5300")).unwrap();
     assert!(find_listener(&dev, a("127.0.0.2:5300")).is_none());
-    drop((again, other));
+    assert!(
+        find_listener(&dev, a("[::1]:5300")).is_some(),
+        "another family"
+    );
+    drop(d4);
+    // An IPv6 wildcard takes both families.
+    let d6 = decline_listener(&dev, a("[::]:5300")).unwrap();
+    assert!(find_listener(&dev, a("127.0.0.2:5300")).is_none());
+    assert!(find_listener(&dev, a("[::1]:5300")).is_none());
+    assert_eq!(live_listeners(&dev), 0);
+    drop(d6);
+    assert_eq!(live_listeners(&dev), 3);
+    drop((again, other, v6));
+}
+
+/// A decline lasts while its process lives: once it is gone (killed), the
+/// registration it held back is found again.
+#[test]
+fn a_decline_ends_with_its_process() {
+    let t = TempDir::new("reg-decline-dead");
+    let dev = Device::open(&t.0).unwrap();
+    let g = register_listener(&dev, a("127.0.0.1:7010")).unwrap();
+    let mut c = spawn_child("decline", &t.0);
+    c.wait_ready();
+    assert!(
+        find_listener(&dev, a("127.0.0.1:7010")).is_none(),
+        "declined"
+    );
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    assert_eq!(
+        find_listener(&dev, a("127.0.0.1:7010")).map(|i| i.owner),
+        Some(Owner::current()),
+        "the decline died with its process"
+    );
+    drop(g);
 }

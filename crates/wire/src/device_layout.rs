@@ -8,7 +8,7 @@
 //! ```text
 //! offset 0          header, 4096 bytes
 //!   0   magic "SMCLODEV"                8
-//!   8   version u32 = 9
+//!   8   version u32 = 10
 //!   12  header_len u32 = 4096
 //!   16  total_size u64                  size of the whole file
 //!   24  dmb table:        offset u32, entries u32, entry size u32
@@ -26,7 +26,8 @@
 //!   512 fallbacks by reason, server side: [u64; 32]
 //!   768 announcement map: [u64; 2], one bit per slot of the
 //!       announcements' window of rendezvous slots
-//!   784 reserved to 1024
+//!   784 decline filter: [u64; 16], one bit per port modulo 1024
+//!   912 reserved to 1024
 //!   1024 listener port filter: [u64; 256], one bit per port modulo 16384
 //!   3072 spinner slots: [u64; 128], one per CPU (modulo 128)
 //! DMB_TABLE_OFF     DMB table, DMB_ENTRIES x 128 bytes
@@ -54,14 +55,16 @@
 //! without taking one. Version 9 added the announcement map, which a
 //! server reads instead of the announcements' whole window: a version 8
 //! client would announce without setting its bit, and its server would
-//! not find it.
+//! not find it. Version 10 added declines to the listener registry and
+//! their port filter: a version 9 client would propose to a declined
+//! listener.
 
 use core::fmt;
 
 /// First 8 bytes of the device file.
 pub const MAGIC: [u8; 8] = *b"SMCLODEV";
 /// Layout version this code reads and writes.
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 /// Size of the header page.
 pub const HEADER_LEN: u32 = 4096;
 
@@ -118,7 +121,16 @@ const _: () = assert!(off::PORT_FILTER + PORT_FILTER_WORDS * 8 <= HEADER_LEN as 
 /// (`smclo::announced`).
 pub const ANNOUNCED_WORDS: usize = 2;
 
-const _: () = assert!(off::ANNOUNCED + ANNOUNCED_WORDS * 8 <= off::PORT_FILTER);
+const _: () = assert!(off::ANNOUNCED + ANNOUNCED_WORDS * 8 <= off::DECLINE_FILTER);
+
+/// Words of the decline filter in the header: bit `port % (64 *
+/// DECLINE_FILTER_WORDS)` is set before a decline on `port` is published
+/// in the listener registry (`smclo::registry`) and never cleared, so a
+/// client whose destination port's bit is clear knows that no decline
+/// has it.
+pub const DECLINE_FILTER_WORDS: usize = 16;
+
+const _: () = assert!(off::DECLINE_FILTER + DECLINE_FILTER_WORDS * 8 <= off::PORT_FILTER);
 
 /// Spinner slots in the header: one word per CPU (modulo `SPIN_SLOTS`;
 /// which word is `smclo::spin`'s choice), holding the CLOCK_MONOTONIC nanosecond until which a
@@ -204,6 +216,8 @@ pub mod off {
     pub const FALLBACK_SERVER: usize = 512;
     /// The announcement map ([`super::ANNOUNCED_WORDS`] words).
     pub const ANNOUNCED: usize = 768;
+    /// The decline filter ([`super::DECLINE_FILTER_WORDS`] words).
+    pub const DECLINE_FILTER: usize = 784;
     /// The listener port filter ([`super::PORT_FILTER_WORDS`] words).
     pub const PORT_FILTER: usize = 1024;
     /// The spinner slots ([`super::SPIN_SLOTS`] words).
@@ -493,10 +507,10 @@ mod tests {
             Err(LayoutError::BadMagic(_))
         ));
         let mut b = good.clone();
-        b[off::VERSION] = 10;
+        b[off::VERSION] = VERSION as u8 + 1;
         assert_eq!(
             validate_header(&b, TOTAL_SIZE),
-            Err(LayoutError::Version(10))
+            Err(LayoutError::Version(VERSION + 1))
         );
         let mut b = good.clone();
         b[off::LISTENER_TABLE + 4] ^= 1;

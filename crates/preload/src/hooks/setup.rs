@@ -99,14 +99,9 @@ fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     let registered = saved
         .map_err(|err| format!("TCP_SAVE_SYN failed ({err})"))
         .and_then(|()| {
-            let a = smclo::adapter::sockaddr::local(fd)
-                .map_err(|err| format!("listener not registered ({err})"))?;
-            if registry::declined_at(&c.dev, a) {
-                return Err(format!(
-                    "a registration of {a} is declined (a process that holds it uses io_uring)"
-                ));
-            }
-            registry::register_listener(&c.dev, a)
+            smclo::adapter::sockaddr::local(fd)
+                .map_err(smclo::Error::from)
+                .and_then(|a| registry::register_listener(&c.dev, a))
                 .map_err(|err| format!("listener not registered ({err})"))
         });
     record_registration(fd, registered);

@@ -7,13 +7,18 @@
 //! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
 //! its new connections: its clients do not propose (`IO_URING` in `smclo
 //! stats`); the listeners it registered leave the device's registry, and
-//! the registrations of listeners it holds but did not register (a
-//! parent's, inherited by fork or exec) are declined, since it may accept
-//! from them through its ring, where smclo never sees the accept and the
-//! client would wait for an answer; and its C library `accept` declines
-//! the proposals that still come (sent before the registration went), so
-//! that their clients go on over TCP at once. Connections made before the
-//! process was seen to use io_uring stay SMC-D.
+//! it declines every listening TCP socket it holds (`registry`'s
+//! declines: while it lives, clients do not propose to any registration
+//! of such a socket, a parent's inherited by fork or exec, or one made
+//! later), since it may accept from them through its ring, where smclo
+//! never sees the accept and the client would wait for an answer; and its
+//! C library `accept` declines the proposals that still come (sent before
+//! the decline), so that their clients go on over TCP at once.
+//! Connections made before the process was seen to use io_uring stay
+//! SMC-D. Two windows remain: a proposal sent between the look at the
+//! registry and the decline, and one to a listener whose registration
+//! outlives the process's decline (its fork child that uses the ring
+//! after the process exits), wait for TIMEOUT if the ring accepts them.
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
 //! both ends, as for any program that cannot follow one (`hooks::adopt`,
@@ -32,13 +37,14 @@
 //! seen: the connections it then reads break.
 
 use super::state;
-use smclo::adapter::{registry, sockaddr};
+use smclo::adapter::registry::{self, ListenerGuard};
+use smclo::adapter::sockaddr;
 use smclo::config::IoUring;
 use smclo::debug;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// The process uses io_uring (see the module's documentation).
 static IN_USE: AtomicBool = AtomicBool::new(false);
@@ -127,12 +133,17 @@ pub(super) fn at_load() {
     }
 }
 
+/// The declines this process published ([`unlist_listeners`]): kept
+/// until it exits, when they leave the registry with it.
+static DECLINES: Mutex<Vec<ListenerGuard>> = Mutex::new(Vec::new());
+
 /// The process's listeners no longer take SMC-D connections: the ones it
-/// registered leave the registry, and every registration of a listening
+/// registered leave the registry, and it declines every listening TCP
 /// socket it holds (one a parent registered before a fork, or an earlier
-/// image before an exec) is declined, so that no client proposes to a
-/// listener from which the program may accept through its ring, where
-/// smclo never sees the accept and the client would wait for an answer.
+/// image before an exec, or that another process registers later), so
+/// that no client proposes to a listener from which the program may
+/// accept through its ring, where smclo never sees the accept and the
+/// client would wait for an answer.
 fn unlist_listeners() {
     state::unlist_own_listeners();
     let held = listening_sockets();
@@ -143,14 +154,17 @@ fn unlist_listeners() {
         return;
     };
     for (fd, addr) in held {
-        if registry::decline_listener(&c.dev, addr) > 0 {
-            debug!("fd {fd}: the registration of listener {addr} declined: its clients connect over TCP (this process uses io_uring)");
+        match registry::decline_listener(&c.dev, addr) {
+            Ok(g) => {
+                debug!("fd {fd}: listener {addr} declined: its clients connect over TCP while this process lives (it uses io_uring)");
+                DECLINES.lock().unwrap_or_else(|p| p.into_inner()).push(g);
+            }
+            Err(e) => debug!("fd {fd}: listener {addr} could not be declined ({e}): a client that proposes to it waits for TIMEOUT if this process accepts it through its ring"),
         }
     }
 }
 
-/// The listening sockets of an IP family this process holds, with their
-/// addresses.
+/// The listening TCP sockets this process holds, with their addresses.
 fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return Vec::new();
@@ -158,6 +172,7 @@ fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok())
         .filter(|&fd| super::sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1))
+        .filter(|&fd| super::sockopt_int(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP))
         .filter_map(|fd| sockaddr::local(fd).ok().map(|a| (fd, a)))
         .collect()
 }
