@@ -137,6 +137,19 @@ fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
     assert_io_uring(&env, &s0, 1, &format!("{}\n{}", c.logs(), server.logs()));
 }
 
+/// liburing loaded with `dlopen` after the process's first connection
+/// (a plugin or an extension module that links it): the next connection
+/// stays TCP, where it went through shared memory.
+#[test]
+fn a_liburing_loaded_later_keeps_later_connections_tcp() {
+    let mut env = Env::new("uring-dlopen");
+    let (server, port, s0) = echo_server(&mut env);
+    let c = raw_ring(&mut env, "dlopen-between", port, true);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
+    assert_smc_then_io_uring(&env, &s0, &logs);
+}
+
 /// `raw_ring MODE` serving one connection after it set a ring up, and an
 /// smclo client's "ping" echoed by it: the listeners registered once the
 /// ring was set up, and the device's counters of the client's connection.

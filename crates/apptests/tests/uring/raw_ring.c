@@ -7,6 +7,9 @@
  *                    then a second connection
  *   instruction-first  io_uring_setup with the syscall instruction, then a
  *                    connection
+ *   dlopen-between   a connection, then dlopen of liburing (as a plugin or
+ *                    an extension module that links it brings it in),
+ *                    then a second connection
  *   listen-then-setup  listens on PORT, then sets a ring up through
  *                    syscall(2), prints "listening", and echoes the 4
  *                    bytes of one connection
@@ -24,6 +27,7 @@
  * Prints "ok <connections>". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <linux/io_uring.h>
 #include <pthread.h>
@@ -180,6 +184,14 @@ int main(int argc, char **argv) {
         fflush(stdout);
         sleep(2);
         close(l);
+        puts("ok 2");
+    } else if (!strcmp(mode, "dlopen-between")) {
+        ping(port);
+        if (!dlopen("liburing.so.2", RTLD_NOW)) {
+            fprintf(stderr, "raw_ring: dlopen: %s\n", dlerror());
+            exit(1);
+        }
+        ping(port);
         puts("ok 2");
     } else if (!strcmp(mode, "instruction-first")) {
         setup_by_instruction();

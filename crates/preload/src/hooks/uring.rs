@@ -27,14 +27,16 @@
 //! InnoDB): its connections then go through shared memory as others'.
 //!
 //! A process is seen to use io_uring when it sets a ring up through
-//! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), or at
-//! its start ([`at_load`]) or its first look ([`in_use`]: its first
-//! connection, listener, or adopted connection) when liburing is loaded
-//! in it, or at that look when an io_uring descriptor is
-//! open (a ring made with the system call instruction, as liburing
-//! itself does). A ring made with the instruction after that look (a
-//! liburing linked in statically, or loaded with `dlopen` later) is not
-//! seen: the connections it then reads break.
+//! `syscall(SYS_io_uring_setup)` (as Rust's io-uring crate does), at its
+//! start ([`at_load`]) when liburing is loaded, at its first look
+//! ([`in_use`]: its first connection, listener, or adopted connection)
+//! when liburing is loaded or an io_uring descriptor is open (a ring made
+//! with the system call instruction, as liburing itself does), and at a
+//! later look when liburing was loaded since (`dlopen`, of it or of a
+//! module that links it). A ring made with the instruction after the
+//! first look by a liburing linked in statically is not seen, and a
+//! liburing loaded later is seen only at the next look: the connections
+//! such a ring reads break.
 
 use super::state;
 use smclo::adapter::registry::{self, ListenerGuard};
@@ -43,7 +45,7 @@ use smclo::config::IoUring;
 use smclo::debug;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The process uses io_uring (see the module's documentation).
@@ -51,6 +53,12 @@ static IN_USE: AtomicBool = AtomicBool::new(false);
 
 /// The process was looked at (loaded libraries, open descriptors).
 static LOOKED: AtomicBool = AtomicBool::new(false);
+
+/// The loader's count of objects it loaded (`dlpi_adds`) when the
+/// process's libraries were last looked at: a `dlopen` since (of liburing
+/// itself, or of a plugin or extension module that links it) makes the
+/// next look look again.
+static LOADS: AtomicU64 = AtomicU64::new(0);
 
 /// The process was seen to use io_uring during a fork (a fork handler's
 /// ring), when its listeners could not leave the registry: they leave at
@@ -66,10 +74,18 @@ pub(super) fn in_use() -> bool {
         return false;
     }
     if !LOOKED.load(Ordering::Acquire) {
+        LOADS.store(loads(), Ordering::Relaxed);
         if let Some(how) = liburing_loaded().or_else(ring_open) {
             found(how);
         }
         LOOKED.store(true, Ordering::Release);
+    } else if !IN_USE.load(Ordering::Relaxed) {
+        let now = loads();
+        if LOADS.swap(now, Ordering::Relaxed) != now {
+            if let Some(how) = liburing_loaded() {
+                found(how);
+            }
+        }
     }
     if UNLIST_LATER.load(Ordering::Relaxed)
         && !crate::table::Lock::forking()
@@ -175,6 +191,26 @@ fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
         .filter(|&fd| super::sockopt_int(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP))
         .filter_map(|fd| sockaddr::local(fd).ok().map(|a| (fd, a)))
         .collect()
+}
+
+/// How many objects the loader has loaded so far (`dlpi_adds`): a
+/// dozen nanoseconds, the first object's entry only.
+fn loads() -> u64 {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        out: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid info, and `out` is the u64
+        // that `loads` passed.
+        unsafe { *out.cast::<u64>() = (*info).dlpi_adds };
+        1
+    }
+    let mut n = 0u64;
+    // SAFETY: `first` only reads the loader's entry and writes `n`, which
+    // outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut n as *mut u64).cast()) };
+    n
 }
 
 /// Whether a liburing shared library is loaded.
