@@ -410,22 +410,25 @@ fn msg_oob_fails_loudly() {
     );
 }
 
-/// `TCP_ULP` (kernel TLS) on an SMC-D connection is refused
-/// (`EOPNOTSUPP`, the kernel's SMC's answer), so that a program keeps TLS
-/// in user space. It was applied to the hidden TCP socket: where the
-/// kernel has TLS, the program then wrote plaintext its peer read as TLS
-/// records; here (no TLS in the kernel) it failed with `ENOENT`.
+/// `TCP_ULP` (kernel TLS) and `SO_PEEK_OFF` on an SMC-D connection are
+/// refused (`EOPNOTSUPP`, the kernel's SMC's answer), so that a program
+/// keeps TLS in user space and peeks from the start. Both were applied to
+/// the hidden TCP socket: where the kernel has TLS, the program then
+/// wrote plaintext its peer read as TLS records (here, without TLS in the
+/// kernel, it failed with `ENOENT`); the peek offset was set and ignored.
 #[test]
-fn tcp_ulp_is_refused_as_the_kernels_smc_refuses_it() {
+fn tcp_ulp_and_peek_offsets_are_refused_as_the_kernels_smc_refuses_them() {
     let r = run("ulp", Side::Smc, Side::Smc, &[]);
     r.assert_smc(1, 10);
-    assert!(
-        r.client
-            .stderr
-            .contains("setsockopt(TCP_ULP) is not supported"),
-        "{}",
-        r.report()
-    );
+    for what in ["setsockopt(TCP_ULP)", "setsockopt(SO_PEEK_OFF)"] {
+        assert!(
+            r.client
+                .stderr
+                .contains(&format!("{what} is not supported")),
+            "{what}\n{}",
+            r.report()
+        );
+    }
 }
 
 #[test]

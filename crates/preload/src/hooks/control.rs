@@ -680,6 +680,11 @@ pub unsafe extern "C" fn setsockopt(
         // does the work itself (OpenSSL then keeps TLS in user space).
         return super::unsupported(fd, format_args!("setsockopt(TCP_ULP)"));
     }
+    if level == libc::SOL_SOCKET && name == libc::SO_PEEK_OFF {
+        // A peek offset would move the hidden socket's peeks, not the
+        // ring's: refused, as the kernel's SMC has none.
+        return super::unsupported(fd, format_args!("setsockopt(SO_PEEK_OFF)"));
+    }
     if smclo::adapter::tcp_syn::is_mark_option(level, name) {
         // The other option of the pair must not keep the mark either.
         s.syn_mark.put_back(s.tcp);

@@ -646,12 +646,16 @@ static void client_oob(int port) {
     close(fd);
 }
 
-/* An upper layer protocol (kernel TLS) is refused as the kernel's SMC
- * refuses it: it would act on a socket that carries none of the bytes. */
+/* An upper layer protocol (kernel TLS) and a peek offset are refused as
+ * the kernel's SMC refuses them: they would act on a socket that carries
+ * none of the bytes. */
 static void client_ulp(int port) {
     int fd = dial(port);
     int r = setsockopt(fd, IPPROTO_TCP, TCP_ULP, "tls", sizeof "tls");
     if (r != -1 || errno != EOPNOTSUPP) fail("TCP_ULP: %d (%s)", r, strerror(errno));
+    int off = 0;
+    r = setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &off, sizeof off);
+    if (r != -1 || errno != EOPNOTSUPP) fail("SO_PEEK_OFF: %d (%s)", r, strerror(errno));
     send_pattern(fd, 10, 0);
     close(fd);
 }
