@@ -295,6 +295,47 @@ fn a_registration_made_after_the_decline_is_held_back() {
     assert_declined(&delta(&s0, &env.stats()), &logs);
 }
 
+/// A wrapper linked with liburing, handed a listener, declines it while it
+/// runs, then execs a server that serves it with the C library: the
+/// wrapper's decline leaves with its image, so the server's clients go
+/// through shared memory. It stayed until the process exited, and held
+/// the server's registration back.
+#[test]
+fn a_decline_leaves_with_the_image_that_made_it() {
+    let mut env = Env::new("uring-decline-exec");
+    let wrapper = program(&env, "liburing_exec", true);
+    let port = free_port();
+    let serve = "import socket, select, sys\n\
+                 lst = socket.socket(fileno=int(sys.argv[1]))\n\
+                 select.epoll().register(lst.fileno(), select.EPOLLIN)\n\
+                 print('registered', flush=True)\n\
+                 c, _ = lst.accept()\nc.sendall(c.recv(4, socket.MSG_WAITALL))\nc.close()\n";
+    let launch = format!(
+        "import os, socket, sys\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\nlst.set_inheritable(True)\n\
+         os.execv('{wrapper}', ['{wrapper}', sys.executable, '-c', {serve:?}, str(lst.fileno())])\n"
+    );
+    let mut cmd = env.command(Mode::Smclo, None, "python3", &["-c", &launch]);
+    cmd.env("SMCLO_DEBUG", "1");
+    let mut server = env.spawn_cmd("launcher", cmd);
+    server.wait_stdout("registered", T, &[]);
+    let s0 = env.stats();
+    let c = ping_client(&mut env, port);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    assert!(
+        server
+            .stderr_str()
+            .contains("declined: its clients connect over TCP"),
+        "the wrapper declined the listener\n{logs}"
+    );
+    let d = delta(&s0, &env.stats());
+    assert_eq!(d.conns_opened, 1, "{}\n{logs}", d.fallbacks_desc());
+}
+
 /// A connection handed to a liburing program by exec (socat's
 /// `EXEC:...,nofork`, inetd style): the new image cannot carry it, so it
 /// gets the TCP socket and both ends a reset, as for any program that

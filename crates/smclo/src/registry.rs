@@ -67,6 +67,10 @@ const ALIAS: u64 = 1 << 32;
 /// documentation).
 const DECLINE: u64 = 1 << 33;
 
+/// Declines of one socket published at most, so that a pool of workers
+/// that each decline it cannot fill its port's window.
+pub const MAX_DECLINES: usize = 8;
+
 /// Aliases registered per wildcard listener at most: a namespace with many
 /// addresses must not fill the port's window.
 pub const MAX_ALIASES: usize = 8;
@@ -373,6 +377,12 @@ impl Bound {
     fn takes(&self, fam: u64) -> bool {
         self.fam == ends::FAMILY_V6 as u64 || fam == ends::FAMILY_V4 as u64
     }
+
+    /// Whether a socket bound here takes connections to the destination
+    /// address `bytes` of family `fam` (canonical).
+    fn takes_dest(&self, fam: u64, bytes: [u8; 16]) -> bool {
+        (self.fam == fam && self.addr == bytes) || (self.wildcard && self.takes(fam))
+    }
 }
 
 /// Whether two entries on one port may stand for the same listening
@@ -400,36 +410,45 @@ fn declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
         let Some((w, f)) = snapshot(e) else {
             continue;
         };
-        if f.meta & DECLINE == 0 || (f.meta >> 16) as u16 != port {
+        if f.meta & DECLINE == 0 || (f.meta >> 16) as u16 != port || dead(judge, e, w) {
             continue;
         }
-        match e.head.holder(w) {
-            Some(Holder::Known(owner)) if judge.owner_dead(owner) => {
-                reclaim(judge, e);
-            }
-            _ => out.push(Bound::of(&f)),
-        }
+        out.push(Bound::of(&f));
     }
     out
 }
 
 /// Declines, while the calling process lives or until the guard is
 /// dropped, every registration that may stand for its listening socket
-/// bound to `addr` ([`may_share`]), made before or after: the process
-/// cannot serve SMC-D connections from that socket.
-pub fn decline_listener(dev: &Device, addr: SocketAddr) -> Result<ListenerGuard> {
+/// bound to `addr` ([`may_share`]), made before or after, for clients of
+/// the addresses the socket takes: the process cannot serve SMC-D
+/// connections from that socket. `None` when [`MAX_DECLINES`] processes
+/// decline the same socket already: the decline stands while one of them
+/// lives (a pool's workers each decline, and a pool that replaces them
+/// declines again with each new one).
+pub fn decline_listener(dev: &Device, addr: SocketAddr) -> Result<Option<ListenerGuard>> {
     let (word, bit) = decline_bit(dev, addr.port());
     if word.load(Ordering::Relaxed) & bit == 0 {
         word.fetch_or(bit, Ordering::SeqCst);
     }
-    register_entry(dev, addr, DECLINE)
+    let (fam, bytes) = canon(addr.ip());
+    let me = netns_inode();
+    let same = declines(dev, addr.port(), &mut Judge::new(dev.dir()))
+        .iter()
+        .filter(|d| d.netns == me && d.fam == fam && d.addr == bytes)
+        .count();
+    if same >= MAX_DECLINES {
+        return Ok(None);
+    }
+    register_entry(dev, addr, DECLINE).map(Some)
 }
 
 /// Finds a live smclo listener that accepts connections to `dest`: same
 /// port, and the same address (a wildcard listener's aliases included)
 /// or, in the caller's network namespace, the
 /// family's wildcard (`0.0.0.0` for IPv4 destinations, `::` for any) when
-/// `dest` is an address of that namespace ([`is_local`]). A
+/// `dest` is an address of that namespace ([`is_local`]), and that no
+/// decline taking `dest` holds back ([`may_share`]). A
 /// wildcard says nothing about where a destination is: matching it for any
 /// address made clients propose, and mark their SYNs, to remote hosts that
 /// happen to use the port, and in another namespace only the exact address
@@ -444,7 +463,11 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
     let port = dest.port();
     let my_ns = netns_inode();
     let mut judge = Judge::fast(dev.dir());
-    let declined = declines(dev, port, &mut judge);
+    // Where a decline may be on the port, the whole window is read once:
+    // the declines that take `dest`, and every match.
+    let may_decline = port_may_decline(dev, port);
+    let mut declined: Vec<Bound> = Vec::new();
+    let mut matches: Vec<(u32, ListenerInfo, Bound)> = Vec::new();
     let mut best: Option<(u32, ListenerInfo)> = None;
     // Asked once, and only when a wildcard could match.
     let mut local: Option<bool> = None;
@@ -457,7 +480,10 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
         let Some(listen) = listen_addr(f.meta, f.addr).filter(|a| a.port() == port) else {
             continue;
         };
-        if f.meta & DECLINE != 0 || declined.iter().any(|d| may_share(d, &Bound::of(&f))) {
+        if f.meta & DECLINE != 0 {
+            if may_decline && Bound::of(&f).takes_dest(dfam, dbytes) && !dead(&mut judge, e, w) {
+                declined.push(Bound::of(&f));
+            }
             continue;
         }
         let Fields { netns, meta, addr } = f;
@@ -475,20 +501,45 @@ pub fn find_listener(dev: &Device, dest: SocketAddr) -> Option<ListenerInfo> {
             continue;
         }
         let score = 2 * (netns == my_ns) as u32 + exact as u32;
-        if best.as_ref().is_some_and(|(s, _)| *s >= score) {
-            continue;
-        }
         let info = ListenerInfo {
             owner,
             netns,
             addr: listen,
         };
+        if may_decline {
+            matches.push((score, info, Bound::of(&f)));
+            continue;
+        }
+        if best.as_ref().is_some_and(|(s, _)| *s >= score) {
+            continue;
+        }
         best = Some((score, info));
         if score == 3 {
             break;
         }
     }
+    if may_decline {
+        best = matches
+            .into_iter()
+            .filter(|(_, _, b)| !declined.iter().any(|d| may_share(d, b)))
+            .fold(None, |best, (score, info, _)| match best {
+                Some((s, _)) if s >= score => best,
+                _ => Some((score, info)),
+            });
+    }
     best.map(|(_, i)| i)
+}
+
+/// Whether the owner of `e`, in word `w`, is gone (the entry is then
+/// freed).
+fn dead(judge: &mut Judge<'_>, e: &ListenerEntry, w: Word) -> bool {
+    match e.head.holder(w) {
+        Some(Holder::Known(owner)) if judge.owner_dead(owner) => {
+            reclaim(judge, e);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Every live decline in the registry, with its port.

@@ -34,7 +34,9 @@ fn child_entry() {
             drop((g1, fill));
         }
         "decline" => {
-            let d = smclo::testing::registry::decline_listener(&dev, a("127.0.0.1:7010")).unwrap();
+            let d = smclo::testing::registry::decline_listener(&dev, a("127.0.0.1:7010"))
+                .unwrap()
+                .unwrap();
             println!("READY");
             std::thread::sleep(Duration::from_secs(30));
             drop(d);
@@ -196,7 +198,9 @@ fn a_decline_holds_back_the_registrations_of_its_socket() {
     let other = register_listener(&dev, a("127.0.0.2:5300")).unwrap();
     assert_eq!(live_listeners(&dev), 2);
 
-    let d = decline_listener(&dev, a("127.0.0.1:5300")).unwrap();
+    let d = decline_listener(&dev, a("127.0.0.1:5300"))
+        .unwrap()
+        .unwrap();
     assert!(find_listener(&dev, a("127.0.0.1:5300")).is_none());
     assert!(
         find_listener(&dev, a("127.0.0.2:5300")).is_some(),
@@ -221,21 +225,43 @@ fn a_decline_holds_back_the_registrations_of_its_socket() {
 
     // An IPv4 wildcard holds back IPv4 registrations on its port only.
     let v6 = register_listener(&dev, a("[::1]:5300")).unwrap();
-    let d4 = decline_listener(&dev, a("0.0.0.0:5300")).unwrap();
+    let d4 = decline_listener(&dev, a("0.0.0.0:5300")).unwrap().unwrap();
     assert!(find_listener(&dev, a("127.0.0.2:5300")).is_none());
     assert!(
         find_listener(&dev, a("[::1]:5300")).is_some(),
         "another family"
     );
     drop(d4);
+    // An IPv4 wildcard's socket takes no IPv6 client: an IPv6 wildcard
+    // registration on the port still serves those.
+    let any6 = register_listener(&dev, a("[::]:5300")).unwrap();
+    let d4 = decline_listener(&dev, a("0.0.0.0:5300")).unwrap().unwrap();
+    assert!(find_listener(&dev, a("[::1]:5300")).is_some());
+    assert!(find_listener(&dev, a("127.0.0.1:5300")).is_none());
+    drop((d4, any6));
     // An IPv6 wildcard takes both families.
-    let d6 = decline_listener(&dev, a("[::]:5300")).unwrap();
+    let d6 = decline_listener(&dev, a("[::]:5300")).unwrap().unwrap();
     assert!(find_listener(&dev, a("127.0.0.2:5300")).is_none());
     assert!(find_listener(&dev, a("[::1]:5300")).is_none());
     assert_eq!(live_listeners(&dev), 0);
     drop(d6);
     assert_eq!(live_listeners(&dev), 3);
     drop((again, other, v6));
+
+    // Eight processes' declines of one socket at most: a pool of workers
+    // cannot fill the port's window.
+    let cap = smclo::testing::registry::MAX_DECLINES;
+    let held: Vec<_> = (0..cap)
+        .map(|_| {
+            decline_listener(&dev, a("127.0.0.3:5300"))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    assert!(decline_listener(&dev, a("127.0.0.3:5300"))
+        .unwrap()
+        .is_none());
+    drop(held);
 }
 
 /// A decline lasts while its process lives: once it is gone (killed), the

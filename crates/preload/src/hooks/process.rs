@@ -208,11 +208,13 @@ pub unsafe extern "C" fn vfork() -> pid_t {
     unsafe { fork() }
 }
 
-/// Listener registrations and fallback records stay with this image: the
-/// new one registers the listeners it inherits again (`hooks::setup`), and
-/// a program without this library must not be proposed to.
+/// Listener registrations, declines and fallback records stay with this
+/// image: the new one registers the listeners it inherits again
+/// (`hooks::setup`), or declines them (`hooks::uring`), and a program
+/// without this library must not be proposed to.
 fn forget_records() {
     super::state::unlist_all();
+    super::uring::forget_declines();
 }
 
 /// The connections (all, or those in `only`) cannot follow into the new
@@ -288,6 +290,7 @@ fn exec_with(
         let r = smclo::adapter::fault::around_exec(|| run(env));
         drop(limit); // the exec failed
         swap::end_all_undone();
+        super::uring::exec_failed();
         r
     };
     // The new image could not finish a handshake.

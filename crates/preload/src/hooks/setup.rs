@@ -94,6 +94,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 fn register(c: &Ctx, fd: RawFd, saved: std::io::Result<()>) {
     if super::uring::in_use() {
         record_registration(fd, Err("this process uses io_uring".into()));
+        if let Ok(a) = smclo::adapter::sockaddr::local(fd) {
+            // Another process may register the same socket.
+            super::uring::decline(fd, a);
+        }
         return;
     }
     let registered = saved

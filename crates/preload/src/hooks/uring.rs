@@ -7,10 +7,10 @@
 //! io_uring makes no SMC-D connection, as if `SMCLO_DISABLE` were set for
 //! its new connections: its clients do not propose (`IO_URING` in `smclo
 //! stats`); the listeners it registered leave the device's registry, and
-//! it declines every listening TCP socket it holds (`registry`'s
-//! declines: while it lives, clients do not propose to any registration
-//! of such a socket, a parent's inherited by fork or exec, or one made
-//! later), since it may accept from them through its ring, where smclo
+//! it declines every listening TCP socket it holds or makes (`registry`'s
+//! declines: until it exits or execs, clients do not propose to any
+//! registration of such a socket, a parent's inherited by fork or exec,
+//! or one made later), since it may accept from them through its ring, where smclo
 //! never sees the accept and the client would wait for an answer; and its
 //! C library `accept` declines the proposals that still come (sent before
 //! the decline), so that their clients go on over TCP at once.
@@ -149,34 +149,59 @@ pub(super) fn at_load() {
     }
 }
 
-/// The declines this process published ([`unlist_listeners`]): kept
-/// until it exits, when they leave the registry with it.
-static DECLINES: Mutex<Vec<ListenerGuard>> = Mutex::new(Vec::new());
+/// The declines this process published ([`decline`]), by address: kept
+/// until it exits or execs (the new image declines again if it uses
+/// io_uring, [`forget_declines`]).
+static DECLINES: Mutex<Vec<(SocketAddr, ListenerGuard)>> = Mutex::new(Vec::new());
 
 /// The process's listeners no longer take SMC-D connections: the ones it
 /// registered leave the registry, and it declines every listening TCP
-/// socket it holds (one a parent registered before a fork, or an earlier
-/// image before an exec, or that another process registers later), so
-/// that no client proposes to a listener from which the program may
-/// accept through its ring, where smclo never sees the accept and the
-/// client would wait for an answer.
+/// socket it holds ([`decline`]).
 fn unlist_listeners() {
     state::unlist_own_listeners();
-    let held = listening_sockets();
-    if held.is_empty() {
-        return;
+    for (fd, addr) in listening_sockets() {
+        decline(fd, addr);
     }
+}
+
+/// Declines listener `fd`, bound to `addr`, in the registry (unless this
+/// process did already): while the process lives, no client proposes to
+/// a registration of the socket, one a parent registered before a fork,
+/// an earlier image before an exec, or another process later, since the
+/// program may accept from it through its ring, where smclo never sees
+/// the accept and the client would wait for an answer.
+pub(super) fn decline(fd: RawFd, addr: SocketAddr) {
     let Some(c) = super::ctx() else {
         return;
     };
-    for (fd, addr) in held {
-        match registry::decline_listener(&c.dev, addr) {
-            Ok(g) => {
-                debug!("fd {fd}: listener {addr} declined: its clients connect over TCP while this process lives (it uses io_uring)");
-                DECLINES.lock().unwrap_or_else(|p| p.into_inner()).push(g);
-            }
-            Err(e) => debug!("fd {fd}: listener {addr} could not be declined ({e}): a client that proposes to it waits for TIMEOUT if this process accepts it through its ring"),
+    let mut declines = DECLINES.lock().unwrap_or_else(|p| p.into_inner());
+    if declines.iter().any(|(a, _)| *a == addr) {
+        return;
+    }
+    match registry::decline_listener(&c.dev, addr) {
+        Ok(Some(g)) => {
+            debug!("fd {fd}: listener {addr} declined: its clients connect over TCP while this process lives (it uses io_uring)");
+            declines.push((addr, g));
         }
+        Ok(None) => debug!("fd {fd}: listener {addr} is declined by other processes already"),
+        Err(e) => debug!("fd {fd}: listener {addr} could not be declined ({e}): a client that proposes to it waits for TIMEOUT if this process accepts it through its ring"),
+    }
+}
+
+/// Before an exec: the declines leave the registry (the new image
+/// declines again if it uses io_uring). Skipped where a fork copied the
+/// lock held by another thread: they then stay until the process exits.
+pub(super) fn forget_declines() {
+    if let Ok(mut d) = DECLINES.try_lock() {
+        d.clear();
+    }
+}
+
+/// The exec failed: the process declines its listeners again if it uses
+/// io_uring.
+pub(super) fn exec_failed() {
+    if seen() && !crate::table::Lock::forking() {
+        unlist_listeners();
     }
 }
 
