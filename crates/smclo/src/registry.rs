@@ -129,6 +129,13 @@ fn port_may_listen(dev: &Device, port: u16) -> bool {
     word.load(Ordering::Acquire) & bit != 0
 }
 
+/// Whether a listener may ever have been registered on `port` (its bit
+/// in the port filter, one word's read): a connection to a port without
+/// one proposes to nothing.
+pub fn may_listen(dev: &Device, port: u16) -> bool {
+    port_may_listen(dev, port)
+}
+
 /// Whether a listener may ever have been registered on the device, on any
 /// port (the port filter has a bit set): whether a connection to a
 /// destination without a listener may be translated to one on this host.

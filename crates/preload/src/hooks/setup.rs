@@ -611,7 +611,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
         announce: true,
     };
-    if super::uring::in_use() {
+    if super::uring::in_use_for(|| registry::may_listen(&c.dev, dest.port())) {
         debug!("fd {fd}: connect to {dest} stays TCP (this process uses io_uring)");
         super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
