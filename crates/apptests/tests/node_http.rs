@@ -81,27 +81,34 @@ fn cluster_requests(name: &str, env_vars: &[(&str, &str)], conns: u64) -> (Delta
 }
 
 /// node's cluster module (PM2's cluster mode): the primary accepts each
-/// connection and passes its descriptor to a worker (`SCM_RIGHTS`) before
-/// the handshake ends, which the worker cannot finish. By default the
-/// primary does not wait for it: it declines the client's proposal as it
-/// passes it (PASSED at both ends) and unregisters its listener, so the
-/// later clients do not propose (PEERNOSMC at the client) and every
-/// connection is plain TCP at TCP's cost. Before, every client waited for
-/// an answer no process would give (`SMCLO_CLC_WAIT_MS`, 5 s here) and
-/// fell back with TIMEOUT.
+/// connection and passes its descriptor to a worker (`SCM_RIGHTS`), most
+/// often before the handshake ends, which the worker cannot finish. By
+/// default the primary does not wait for it: it declines the client's
+/// proposal as it passes it (PASSED at both ends) and unregisters its
+/// listener, so the later clients do not propose (PEERNOSMC at the
+/// client) and every connection is plain TCP at TCP's cost. Before, every
+/// client waited for an answer no process would give
+/// (`SMCLO_CLC_WAIT_MS`, 5 s here) and fell back with TIMEOUT. A
+/// handshake that ends within the primary's `accept` (a client quick to
+/// confirm) passes as an SMC-D connection, which the worker adopts: those
+/// come before the first PASSED.
 #[test]
 fn node_cluster_primary_passing_connections_costs_no_wait() {
     let conns = 6;
     let (d, _, logs) = cluster_requests("node-cluster", &[], conns);
-    assert_eq!(d.conns_opened, 0, "{d:?}\n{logs}");
     let what = d.fallbacks_desc();
+    let smc = d.conns_opened;
+    if smc == conns {
+        assert_eq!(d.fallbacks(), 0, "{what}\n{logs}");
+        return;
+    }
     assert_eq!(d.fallback(Reason::Passed), (1, 1), "{what}\n{logs}");
     assert_eq!(
         d.fallback(Reason::PeerNoSmc),
-        (conns - 1, 0),
+        (conns - 1 - smc, 0),
         "{what}\n{logs}"
     );
-    assert_eq!(d.fallbacks(), conns + 1, "{what}\n{logs}");
+    assert_eq!(d.fallbacks(), conns - smc + 1, "{what}\n{logs}");
 }
 
 /// With `SMCLO_PASS_WAIT_MS` the primary waits for each handshake before

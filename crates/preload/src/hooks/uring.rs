@@ -183,7 +183,8 @@ pub(super) fn decline(fd: RawFd, addr: SocketAddr) {
     let Some(c) = super::ctx() else {
         return;
     };
-    let mut declines = DECLINES.lock().unwrap_or_else(|p| p.into_inner());
+    // In a section: a handler's `listen` may decline too.
+    let mut declines = crate::critical::lock(&DECLINES);
     if declines.iter().any(|(a, _)| *a == addr) {
         return;
     }
