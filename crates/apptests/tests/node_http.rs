@@ -98,10 +98,8 @@ fn node_cluster_primary_passing_connections_costs_no_wait() {
     let (d, _, logs) = cluster_requests("node-cluster", &[], conns);
     let what = d.fallbacks_desc();
     let smc = d.conns_opened;
-    if smc == conns {
-        assert_eq!(d.fallbacks(), 0, "{what}\n{logs}");
-        return;
-    }
+    // A primary that waited for each handshake would make them all SMC-D.
+    assert!(smc + 2 <= conns, "{smc} SMC-D: {what}\n{logs}");
     assert_eq!(d.fallback(Reason::Passed), (1, 1), "{what}\n{logs}");
     assert_eq!(
         d.fallback(Reason::PeerNoSmc),

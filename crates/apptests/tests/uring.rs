@@ -139,7 +139,7 @@ fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
 
 /// liburing loaded with `dlopen` after the process's first connection
 /// (a plugin or an extension module that links it): the next connection
-/// stays TCP, where it went through shared memory.
+/// stays TCP.
 #[test]
 fn a_liburing_loaded_later_keeps_later_connections_tcp() {
     let mut env = Env::new("uring-dlopen");
@@ -216,9 +216,10 @@ fn a_worker_that_sets_a_ring_up_declines_its_parents_registration() {
     assert_declined(&d, "");
 }
 
-/// The same worker accepts through its ring (`IORING_OP_ACCEPT`): smclo
-/// never sees that accept, and its client, which proposed to the parent's
-/// registration, waited `SMCLO_CLC_WAIT_MS` for an answer (TIMEOUT).
+/// The same worker accepts through its ring (`IORING_OP_ACCEPT`), which
+/// smclo never sees: a client that proposed to the parent's registration
+/// would wait `SMCLO_CLC_WAIT_MS` for an answer (TIMEOUT); the decline
+/// keeps it from proposing.
 #[test]
 fn a_worker_that_accepts_through_its_ring_costs_its_client_no_wait() {
     let mut env = Env::new("uring-ring-accept");
@@ -228,8 +229,8 @@ fn a_worker_that_accepts_through_its_ring_costs_its_client_no_wait() {
 
 /// A launcher (no io_uring) listens and hands the listener to a liburing
 /// server it execs, which accepts and serves through its ring: the server
-/// declines the launcher's registration as it starts, where its client
-/// waited for an answer (TIMEOUT).
+/// declines the launcher's registration as it starts, so that its client
+/// does not propose and wait for an answer (TIMEOUT).
 #[test]
 fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     let mut env = Env::new("uring-exec-listener");
@@ -256,8 +257,7 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
 
 /// As above, but the launcher then execs a new image that registers the
 /// listener again (its `epoll_ctl`, as an event loop's first step): the
-/// acceptor's decline holds the new registration back too, where it
-/// brought the client's wait back.
+/// acceptor's decline holds the new registration back too.
 #[test]
 fn a_registration_made_after_the_decline_is_held_back() {
     let mut env = Env::new("uring-exec-late");
@@ -297,9 +297,8 @@ fn a_registration_made_after_the_decline_is_held_back() {
 
 /// A wrapper linked with liburing, handed a listener, declines it while it
 /// runs, then execs a server that serves it with the C library: the
-/// wrapper's decline leaves with its image, so the server's clients go
-/// through shared memory. It stayed until the process exited, and held
-/// the server's registration back.
+/// wrapper's decline leaves with its image (the process lives on), so
+/// the server's clients go through shared memory.
 #[test]
 fn a_decline_leaves_with_the_image_that_made_it() {
     let mut env = Env::new("uring-decline-exec");

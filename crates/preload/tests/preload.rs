@@ -412,10 +412,10 @@ fn msg_oob_fails_loudly() {
 
 /// `TCP_ULP` (kernel TLS) and `SO_PEEK_OFF` on an SMC-D connection are
 /// refused (`EOPNOTSUPP`, the kernel's SMC's answer), so that a program
-/// keeps TLS in user space and peeks from the start. Both were applied to
-/// the hidden TCP socket: where the kernel has TLS, the program then
-/// wrote plaintext its peer read as TLS records (here, without TLS in the
-/// kernel, it failed with `ENOENT`); the peek offset was set and ignored.
+/// keeps TLS in user space and peeks from the start: applied to the
+/// hidden TCP socket, kernel TLS would encrypt nothing the peer reads
+/// (the program's plaintext reaching a peer that reads TLS records) and
+/// the peek offset would be ignored.
 #[test]
 fn tcp_ulp_and_peek_offsets_are_refused_as_the_kernels_smc_refuses_them() {
     let r = run("ulp", Side::Smc, Side::Smc, &[]);
@@ -425,6 +425,23 @@ fn tcp_ulp_and_peek_offsets_are_refused_as_the_kernels_smc_refuses_them() {
             r.client
                 .stderr
                 .contains(&format!("{what} is not supported")),
+            "{what}\n{}",
+            r.report()
+        );
+    }
+}
+
+/// The same while a non-blocking connect's handshake is undecided: the
+/// connection may still become SMC-D.
+#[test]
+fn tcp_ulp_and_peek_offsets_are_refused_before_the_decision() {
+    let r = run("ulp-pending", Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 10);
+    for what in ["setsockopt(TCP_ULP)", "setsockopt(SO_PEEK_OFF)"] {
+        assert!(
+            r.client
+                .stderr
+                .contains(&format!("{what} before its decision is not supported")),
             "{what}\n{}",
             r.report()
         );

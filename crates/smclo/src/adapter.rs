@@ -131,7 +131,7 @@ pub mod poller {
 
 /// The device's listener registry.
 pub mod registry {
-    pub use crate::registry::{decline_listener, may_listen, register_listener, ListenerGuard};
+    pub use crate::registry::{decline_listener, register_listener, ListenerGuard};
 }
 
 /// Which signal handlers ran during a wait.

@@ -129,13 +129,6 @@ fn port_may_listen(dev: &Device, port: u16) -> bool {
     word.load(Ordering::Acquire) & bit != 0
 }
 
-/// Whether a listener may ever have been registered on `port` (its bit
-/// in the port filter, one word's read): a connection to a port without
-/// one proposes to nothing.
-pub fn may_listen(dev: &Device, port: u16) -> bool {
-    port_may_listen(dev, port)
-}
-
 /// Whether a listener may ever have been registered on the device, on any
 /// port (the port filter has a bit set): whether a connection to a
 /// destination without a listener may be translated to one on this host.
@@ -411,18 +404,18 @@ fn declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
         return Vec::new();
     }
     let h = home(port);
-    let mut out = Vec::new();
-    for k in 0..PROBE {
-        let e = entry(dev, h + k);
-        let Some((w, f)) = snapshot(e) else {
-            continue;
-        };
-        if f.meta & DECLINE == 0 || (f.meta >> 16) as u16 != port || dead(judge, e, w) {
-            continue;
-        }
-        out.push(Bound::of(&f));
-    }
-    out
+    (0..PROBE)
+        .filter_map(|k| live_decline(judge, entry(dev, h + k)))
+        .filter(|(p, _)| *p == port)
+        .map(|(_, b)| b)
+        .collect()
+}
+
+/// `e` as a live decline, with its port; a decline whose owner is gone
+/// is freed.
+fn live_decline(judge: &mut Judge<'_>, e: &ListenerEntry) -> Option<(u16, Bound)> {
+    let (w, f) = snapshot(e)?;
+    (f.meta & DECLINE != 0 && !dead(judge, e, w)).then(|| ((f.meta >> 16) as u16, Bound::of(&f)))
 }
 
 /// Declines, while the calling process lives or until the guard is
@@ -551,17 +544,9 @@ fn dead(judge: &mut Judge<'_>, e: &ListenerEntry, w: Word) -> bool {
 
 /// Every live decline in the registry, with its port.
 fn all_declines(dev: &Device, judge: &mut Judge<'_>) -> Vec<(u16, Bound)> {
-    let mut out = Vec::new();
-    for i in 0..layout::LISTENER_ENTRIES as usize {
-        let e = entry(dev, i);
-        if e.head.word().is_free() || reclaim(judge, e) {
-            continue;
-        }
-        if let Some((_, f)) = snapshot(e).filter(|(_, f)| f.meta & DECLINE != 0) {
-            out.push(((f.meta >> 16) as u16, Bound::of(&f)));
-        }
-    }
-    out
+    (0..layout::LISTENER_ENTRIES as usize)
+        .filter_map(|i| live_decline(judge, entry(dev, i)))
+        .collect()
 }
 
 /// Every live registration clients propose to (for `smclo ss -l` and

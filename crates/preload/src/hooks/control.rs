@@ -639,9 +639,24 @@ fn set_cork(s: &Sock, val: *const c_void, len: socklen_t) -> c_int {
     }
 }
 
+/// The options a connection refuses (`EOPNOTSUPP`), as the kernel's SMC
+/// does, since they would act on the hidden socket, which carries none of
+/// the connection's bytes: an upper layer protocol (`TCP_ULP`: kernel TLS,
+/// with which the program would write plaintext where its peer reads TLS
+/// records; refused, OpenSSL keeps TLS in user space), and a peek offset
+/// (`SO_PEEK_OFF`, which the ring's peeks would ignore).
+fn refused_option(level: c_int, name: c_int) -> Option<&'static str> {
+    match (level, name) {
+        (libc::IPPROTO_TCP, libc::TCP_ULP) => Some("TCP_ULP"),
+        (libc::SOL_SOCKET, libc::SO_PEEK_OFF) => Some("SO_PEEK_OFF"),
+        _ => None,
+    }
+}
+
 /// Interposed `setsockopt(2)`: options go to the hidden TCP socket; the
 /// ones that change the data path (SO_LINGER 0, SO_RCVTIMEO, SO_SNDTIMEO)
-/// are also applied to the connection.
+/// are also applied to the connection, and the two that would act on the
+/// hidden socket alone ([`refused_option`]) fail with `EOPNOTSUPP`.
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
@@ -650,12 +665,14 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    let ulp = level == libc::IPPROTO_TCP && name == libc::TCP_ULP;
+    let refused = refused_option(level, name);
     let Some(s) = table::get(fd) else {
-        if ulp && matches!(table::kind(fd), table::Kind::Pending { .. }) {
-            // Its decision may still be SMC-D, where the ULP would not
+        if let Some(what) =
+            refused.filter(|_| matches!(table::kind(fd), table::Kind::Pending { .. }))
+        {
+            // Its decision may still be SMC-D, where the option would not
             // apply.
-            return super::unsupported(fd, format_args!("setsockopt(TCP_ULP) before its decision"));
+            return super::unsupported(fd, format_args!("setsockopt({what}) before its decision"));
         }
         if smclo::adapter::tcp_syn::is_mark_option(level, name) {
             hints::hint(fd, Hint::IpOpts);
@@ -672,18 +689,8 @@ pub unsafe extern "C" fn setsockopt(
     if level == libc::IPPROTO_TCP && name == libc::TCP_CORK {
         return set_cork(&s, val, len);
     }
-    if ulp {
-        // An upper layer protocol (kernel TLS) would act on the hidden
-        // socket, which carries none of the connection's bytes: the
-        // program would write plaintext where its peer reads TLS records.
-        // Refused as the kernel's SMC refuses it, so that the program
-        // does the work itself (OpenSSL then keeps TLS in user space).
-        return super::unsupported(fd, format_args!("setsockopt(TCP_ULP)"));
-    }
-    if level == libc::SOL_SOCKET && name == libc::SO_PEEK_OFF {
-        // A peek offset would move the hidden socket's peeks, not the
-        // ring's: refused, as the kernel's SMC has none.
-        return super::unsupported(fd, format_args!("setsockopt(SO_PEEK_OFF)"));
+    if let Some(what) = refused {
+        return super::unsupported(fd, format_args!("setsockopt({what})"));
     }
     if smclo::adapter::tcp_syn::is_mark_option(level, name) {
         // The other option of the pair must not keep the mark either.

@@ -31,6 +31,8 @@ struct Forking {
     lock: table::ForkGuard<'static>,
     /// Let go as soon as the process is copied (`None` after).
     shadows: Option<super::epoll::ForkGuard>,
+    /// As `shadows`.
+    declines: Option<super::uring::HeldDeclines>,
     socks: Vec<Inherited>,
 }
 
@@ -84,6 +86,7 @@ extern "C" fn before_fork() {
     }
     let lock = LOCK.write_for_fork();
     let shadows = super::epoll::before_fork_locked();
+    let declines = super::uring::hold_declines_for_fork();
     let socks = match live() {
         true => each_once(&table::all_locked()),
         false => Vec::new(),
@@ -102,6 +105,7 @@ extern "C" fn before_fork() {
             parent: smclo::adapter::owner::current_pid(),
             lock,
             shadows: Some(shadows),
+            declines: Some(declines),
             socks,
         })
     });
@@ -127,6 +131,9 @@ extern "C" fn in_child() {
         return;
     };
     drop(f.shadows.take());
+    if let Some(d) = f.declines.take() {
+        super::uring::declines_in_child(d);
+    }
     f.lock.forget_in_child();
     super::poll::forget_fd_table();
     swap::forget_deferred_in_child();
@@ -154,6 +161,7 @@ extern "C" fn in_parent() {
         let mut f = f.borrow_mut();
         if let Some(forking) = f.as_mut() {
             drop(forking.shadows.take());
+            drop(forking.declines.take());
             if !forking.hooked {
                 drop(f.take());
             }

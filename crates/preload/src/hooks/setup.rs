@@ -611,7 +611,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         default_ip_options: hints::hinted(fd, Hint::Tcp) && !hints::hinted(fd, Hint::IpOpts),
         announce: true,
     };
-    if super::uring::in_use_for(|| registry::may_listen(&c.dev, dest.port())) {
+    if super::uring::as_looked() {
         debug!("fd {fd}: connect to {dest} stays TCP (this process uses io_uring)");
         super::state::end_candidacy(fd);
         // SAFETY: forwarded unchanged.
@@ -632,6 +632,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             return unsafe { connect_listed(c, fd, addr, len, r, dest) };
         }
     };
+    if super::uring::loaded_since() {
+        drop(p);
+        debug!("fd {fd}: connect to {dest} stays TCP (this process uses io_uring)");
+        super::state::end_candidacy(fd);
+        // SAFETY: forwarded unchanged.
+        return unsafe { connect_listed(c, fd, addr, len, Reason::IoUring, dest) };
+    }
     let Some(slot) = holders::claim() else {
         drop(p);
         debug!("fd {fd}: no holder slot; connect to {dest} stays TCP");

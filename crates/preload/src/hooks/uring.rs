@@ -15,10 +15,13 @@
 //! C library `accept` declines the proposals that still come (sent before
 //! the decline), so that their clients go on over TCP at once.
 //! Connections made before the process was seen to use io_uring stay
-//! SMC-D. Two windows remain: a proposal sent between the look at the
-//! registry and the decline, and one to a listener whose registration
-//! outlives the process's decline (its fork child that uses the ring
-//! after the process exits), wait for TIMEOUT if the ring accepts them.
+//! SMC-D. Three windows remain, where a client that proposed waits for
+//! TIMEOUT if the ring accepts its connection: a proposal sent between
+//! the look at the registry and the decline; one to a listener whose
+//! registration outlives the process's decline (its fork child that uses
+//! the ring after the process exits); and one to a listener the process
+//! received with `SCM_RIGHTS` after it was seen and accepts from through
+//! its ring only (a C library `accept` or `epoll_ctl` of it declines it).
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
 //! both ends, as for any program that cannot follow one (`hooks::adopt`,
@@ -46,7 +49,7 @@ use smclo::debug;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The process uses io_uring (see the module's documentation).
 static IN_USE: AtomicBool = AtomicBool::new(false);
@@ -71,14 +74,15 @@ static UNLIST_LATER: AtomicBool = AtomicBool::new(false);
 /// (threads that ask at once each look: none answers before a look is
 /// done).
 pub(super) fn in_use() -> bool {
-    in_use_for(|| true)
+    as_looked();
+    loaded_since()
 }
 
-/// [`in_use`] for a connect, which looks at the loaded libraries again
-/// only where it `may_propose` (its destination's port may have a
-/// listener): a connection to a plain server stays TCP whatever the
-/// process uses, and saves the look (about 160 instructions).
-pub(super) fn in_use_for(may_propose: impl FnOnce() -> bool) -> bool {
+/// [`in_use`] without the look at libraries loaded since the first: for
+/// a connect, which asks [`loaded_since`] only once it would propose (a
+/// connection to a plain server stays TCP whatever the process uses, and
+/// saves that look, about 160 instructions).
+pub(super) fn as_looked() -> bool {
     if files_only() {
         return false;
     }
@@ -88,19 +92,32 @@ pub(super) fn in_use_for(may_propose: impl FnOnce() -> bool) -> bool {
             found(how);
         }
         LOOKED.store(true, Ordering::Release);
-    } else if !IN_USE.load(Ordering::Relaxed) && may_propose() {
-        let now = loads();
-        if LOADS.swap(now, Ordering::Relaxed) != now {
-            if let Some(how) = liburing_loaded() {
-                found(how);
-            }
-        }
     }
     if UNLIST_LATER.load(Ordering::Relaxed)
         && !crate::table::Lock::forking()
         && UNLIST_LATER.swap(false, Ordering::AcqRel)
     {
         unlist_listeners();
+    }
+    IN_USE.load(Ordering::Acquire)
+}
+
+/// Whether the process uses io_uring, looking at its libraries again if
+/// the loader loaded some since the last look (a `dlopen` of liburing, or
+/// of a module that links it). The count is stored after the look, so
+/// that a thread that asks meanwhile looks too.
+pub(super) fn loaded_since() -> bool {
+    if files_only() {
+        return false;
+    }
+    if !IN_USE.load(Ordering::Relaxed) {
+        let now = loads();
+        if LOADS.load(Ordering::Relaxed) != now {
+            if let Some(how) = liburing_loaded() {
+                found(how);
+            }
+            LOADS.store(now, Ordering::Relaxed);
+        }
     }
     IN_USE.load(Ordering::Acquire)
 }
@@ -202,9 +219,26 @@ pub(super) fn decline(fd: RawFd, addr: SocketAddr) {
 /// declines again if it uses io_uring). Skipped where a fork copied the
 /// lock held by another thread: they then stay until the process exits.
 pub(super) fn forget_declines() {
+    let _s = crate::critical::enter();
     if let Ok(mut d) = DECLINES.try_lock() {
         d.clear();
     }
+}
+
+/// The declines' lock, taken by the fork's prepare handler so that no
+/// other thread holds it as the process is copied.
+pub(super) type HeldDeclines = MutexGuard<'static, Vec<(SocketAddr, ListenerGuard)>>;
+
+/// See [`HeldDeclines`].
+pub(super) fn hold_declines_for_fork() -> HeldDeclines {
+    DECLINES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// In a fork child: the parent's declines are not the child's (they end
+/// with the parent), so it starts with none and declines for itself.
+/// Dropping them frees nothing: their entries are the parent's.
+pub(super) fn declines_in_child(mut held: HeldDeclines) {
+    held.clear();
 }
 
 /// The exec failed: the process declines its listeners again if it uses

@@ -660,6 +660,27 @@ static void client_ulp(int port) {
     close(fd);
 }
 
+/* The same before the handshake's decision: a non-blocking connect in
+ * progress, whose connection may still become SMC-D. */
+static void client_ulp_pending(int port) {
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) fail("socket");
+    struct sockaddr_storage ss;
+    socklen_t len;
+    fill_addr(&ss, &len, port);
+    if (connect(fd, (struct sockaddr *)&ss, len) == 0 || errno != EINPROGRESS) fail("connect: not in progress");
+    int r = setsockopt(fd, IPPROTO_TCP, TCP_ULP, "tls", sizeof "tls");
+    if (r != -1 || errno != EOPNOTSUPP) fail("TCP_ULP: %d (%s)", r, strerror(errno));
+    int off = 0;
+    r = setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &off, sizeof off);
+    if (r != -1 || errno != EOPNOTSUPP) fail("SO_PEEK_OFF: %d (%s)", r, strerror(errno));
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    if (poll(&p, 1, 10000) != 1) fail("poll: not writable");
+    set_nb(fd, 0);
+    send_pattern(fd, 10, 0);
+    close(fd);
+}
+
 /* ---- connection churn to a server that is not smclo: N times socket,
  * connect, close and nothing else, so a tracer can count what the preload
  * adds per connect ---- */
@@ -975,7 +996,7 @@ int main(int argc, char **argv) {
         else if (!strncmp(mode, "late", 4)) { usleep(300000); int fd = accept1(lfd); moved = echo_blocking(fd); close(fd); }
         else if (!strcmp(mode, "fork")) serve_fork(lfd);
         else if (!strcmp(mode, "exec")) serve_exec(lfd, argv[0], argc > 3 ? argv[3] : "execl");
-        else if (!strcmp(mode, "oob") || !strcmp(mode, "ulp")) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
+        else if (!strcmp(mode, "oob") || !strncmp(mode, "ulp", 3)) { int fd = accept1(lfd); recv_pattern(fd, 10, 0, 1); close(fd); }
         else fail("unknown mode");
         close(lfd);
     } else {
@@ -996,6 +1017,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "exec")) client_exec(port);
         else if (!strcmp(mode, "oob")) client_oob(port);
         else if (!strcmp(mode, "ulp")) client_ulp(port);
+        else if (!strcmp(mode, "ulp-pending")) client_ulp_pending(port);
         else if (!strcmp(mode, "churn")) client_churn(port, argc > 4 ? atoi(argv[4]) : 1);
         else fail("unknown mode");
     }
