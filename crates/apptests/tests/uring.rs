@@ -255,6 +255,35 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     assert_declined(&delta(&s0, &env.stats()), &logs);
 }
 
+/// As above, but the launcher sends the listener to the liburing server
+/// with `SCM_RIGHTS` after the server started: the server declines it as
+/// it receives it.
+#[test]
+fn a_liburing_server_sent_its_listener_costs_its_client_no_wait() {
+    let mut env = Env::new("uring-sent-listener");
+    let acceptor = program(&env, "liburing_acceptor", true);
+    let port = free_port();
+    let launch = format!(
+        "import socket, subprocess\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
+         mine, theirs = socket.socketpair()\n\
+         s = subprocess.Popen(['{acceptor}', 'recv', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
+         theirs.close()\nsocket.send_fds(mine, [b'l'], [lst.fileno()])\n\
+         print('server', s.wait(), flush=True)\n"
+    );
+    let mut server = env.spawn(Mode::Smclo, "launcher", "python3", &["-c", &launch]);
+    server.wait_stdout("ready", T, &[]);
+    let s0 = env.stats();
+    let c = ping_client(&mut env, port);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    assert!(server.stdout_str().contains("server 0"), "{logs}");
+    assert_declined(&delta(&s0, &env.stats()), &logs);
+}
+
 /// As above, but the launcher then execs a new image that registers the
 /// listener again (its `epoll_ctl`, as an event loop's first step): the
 /// acceptor's decline holds the new registration back too.

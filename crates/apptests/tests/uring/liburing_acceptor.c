@@ -1,9 +1,11 @@
 /* A server on liburing handed its listener by the program that made it
  * (a socket-passing supervisor that listens, then forks and execs the
- * server): accepts one connection on FD through io_uring, reads 4 bytes
- * from it and writes them back, all through the ring. Prints "ready" once
- * its ring is set up. Usage: liburing_acceptor FD. Exits 0 after the
- * echo, 2 when an operation fails, 1 on bad use. */
+ * server, or sends it the listener with SCM_RIGHTS): accepts one
+ * connection on the listener through io_uring, reads 4 bytes from it and
+ * writes them back, all through the ring. Prints "ready" once it has its
+ * ring and its listener. Usage: liburing_acceptor FD (the listener), or
+ * liburing_acceptor recv FD (a UNIX socket on which the listener comes).
+ * Exits 0 after the echo, 2 when an operation fails, 1 on bad use. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +14,29 @@
 
 #include "ring_op.h"
 
+/* The descriptor that comes with one byte on UNIX socket s, or -1. */
+static int recv_fd(int s) {
+    char byte, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    if (recvmsg(s, &m, 0) != 1) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2) return 1;
+    int received = argc == 3 && !strcmp(argv[1], "recv");
+    if (argc != 2 && !received) return 1;
     struct io_uring r;
     if (io_uring_queue_init(4, &r, 0)) return 1;
+    int l = received ? recv_fd(atoi(argv[2])) : atoi(argv[1]);
+    if (l < 0) return 1;
     puts("ready");
     fflush(stdout);
-    io_uring_prep_accept(io_uring_get_sqe(&r), atoi(argv[1]), NULL, NULL, 0);
+    io_uring_prep_accept(io_uring_get_sqe(&r), l, NULL, NULL, 0);
     int c = ring_op(&r);
     if (c < 0) {
         fprintf(stderr, "liburing_acceptor: accept: %s\n", strerror(-c));

@@ -498,6 +498,9 @@ fn deliver(got: &[u8], want: usize, flags: c_int) -> (Vec<u8>, bool) {
     pidfds.iter().for_each(|&f| super::swap::clear_stale(f));
     let (out, trunc, fit, pidfd_kept) = program_control(got, want, &fds);
     fds[fit..].iter().for_each(|&f| close(f));
+    if flags & libc::MSG_PEEK == 0 {
+        super::uring::received(&fds[..fit]);
+    }
     if !pidfd_kept {
         pidfds.iter().for_each(|&f| close(f));
     }

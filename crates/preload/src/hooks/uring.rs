@@ -20,8 +20,8 @@
 //! the look at the registry and the decline; one to a listener whose
 //! registration outlives the process's decline (its fork child that uses
 //! the ring after the process exits); and one to a listener the process
-//! received with `SCM_RIGHTS` after it was seen and accepts from through
-//! its ring only (a C library `accept` or `epoll_ctl` of it declines it).
+//! got otherwise after it was seen (`pidfd_getfd`, or a `recvmsg` through
+//! its ring) and accepts from through its ring only.
 //!
 //! A connection an exec or `SCM_RIGHTS` hands such a process is reset at
 //! both ends, as for any program that cannot follow one (`hooks::adopt`,
@@ -249,6 +249,18 @@ pub(super) fn exec_failed() {
     }
 }
 
+/// Descriptors the process received with `SCM_RIGHTS`: a listener among
+/// them is declined if the process was seen to use io_uring (one it
+/// receives before then is declined when it is seen, with the others it
+/// holds).
+pub(super) fn received(fds: &[RawFd]) {
+    if seen() {
+        for (fd, addr) in fds.iter().filter_map(|&fd| listening(fd)) {
+            decline(fd, addr);
+        }
+    }
+}
+
 /// The listening TCP sockets this process holds, with their addresses.
 fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
@@ -256,10 +268,18 @@ fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
     };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok())
-        .filter(|&fd| super::sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1))
-        .filter(|&fd| super::sockopt_int(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP))
-        .filter_map(|fd| sockaddr::local(fd).ok().map(|a| (fd, a)))
+        .filter_map(listening)
         .collect()
+}
+
+/// `fd` with its address if it is a listening TCP socket.
+fn listening(fd: RawFd) -> Option<(RawFd, SocketAddr)> {
+    let tcp_listener = super::sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
+        && super::sockopt_int(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP);
+    if !tcp_listener {
+        return None;
+    }
+    sockaddr::local(fd).ok().map(|a| (fd, a))
 }
 
 /// How many objects the loader has loaded so far (`dlpi_adds`): a
