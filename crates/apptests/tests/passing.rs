@@ -24,9 +24,24 @@ fn script() -> PathBuf {
 /// pass_conn.py's dispatcher under `smclo run` on `port` for `count`
 /// connections (`hold`: see pass_conn.py), once it says it is ready.
 fn dispatcher(env: &mut Env, port: &str, count: &str, hold: &str) -> Proc {
+    dispatcher_with(env, port, count, hold, &[])
+}
+
+/// [`dispatcher`] with `vars` in its environment.
+fn dispatcher_with(
+    env: &mut Env,
+    port: &str,
+    count: &str,
+    hold: &str,
+    vars: &[(&str, &str)],
+) -> Proc {
     let s = script();
     let args = [s.to_str().unwrap(), "dispatch", port, count, hold];
-    let mut p = env.spawn(Mode::Smclo, "dispatcher", "python3", &args);
+    let mut cmd = env.command(Mode::Smclo, None, "python3", &args);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let mut p = env.spawn_cmd("dispatcher", cmd);
     p.wait_stdout("ready", Duration::from_secs(20), &[]);
     p
 }
@@ -240,12 +255,16 @@ fn a_connection_passed_to_a_process_without_smclo_ends_when_it_closes() {
 /// A connection passed as soon as it is accepted, its handshake
 /// undecided, goes as TCP (PASSED at both ends), and the listener it came
 /// from leaves the registry; another listener of the same process stays
-/// registered: its connection is SMC-D.
+/// registered: its connection is SMC-D. The dispatcher does not spin
+/// (`SMCLO_SPIN_US=0`), so that its non-blocking `accept` returns before
+/// the client's confirmation: with a spin, a quick client (CI met one)
+/// ends the handshake within the `accept`, and the connection goes as
+/// SMC-D.
 #[test]
 fn a_connection_passed_undecided_leaves_other_listeners_registered() {
     let mut env = Env::new("passing-early");
     let ps = free_port().to_string();
-    let mut server = dispatcher(&mut env, &ps, "1", "early");
+    let mut server = dispatcher_with(&mut env, &ps, "1", "early", &[("SMCLO_SPIN_US", "0")]);
     let other = server
         .stdout_str()
         .split_whitespace()
