@@ -246,6 +246,20 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     );
     let mut server = env.spawn(Mode::Smclo, "launcher", "python3", &["-c", &launch]);
     server.wait_stdout("ready", T, &[]);
+    // `smclo ss -l` shows the decline, and not the launcher's listener.
+    let rows = listening(&env);
+    let at = format!("127.0.0.1:{port} ");
+    assert!(
+        rows.lines()
+            .any(|l| l.starts_with("DECLINED") && l.contains(&at)),
+        "{rows}"
+    );
+    assert!(
+        !rows
+            .lines()
+            .any(|l| l.starts_with("LISTEN") && l.contains(&at)),
+        "{rows}"
+    );
     let s0 = env.stats();
     let c = ping_client(&mut env, port);
     server.wait_ok(T);
@@ -253,6 +267,17 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     assert_eq!(c.stdout_str(), "echo\n", "{logs}");
     assert!(server.stdout_str().contains("server 0"), "{logs}");
     assert_declined(&delta(&s0, &env.stats()), &logs);
+}
+
+/// `smclo ss -l` of the test's device.
+fn listening(env: &Env) -> String {
+    let o = std::process::Command::new(smclo_bin())
+        .args(["ss", "-l"])
+        .env("SMCLO_DEVICE_DIR", &env.dev_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "smclo ss -l: {o:?}");
+    String::from_utf8(o.stdout).unwrap()
 }
 
 /// As above, but the launcher sends the listener to the liburing server

@@ -12,7 +12,9 @@ usage: smclo ss [-a|--all] [--json]
 
   (no option)      every SMC-D connection end of the device
   -a, --all        also the connections that fell back to TCP, while open
-  -l, --listening  the listeners registered on the device instead
+  -l, --listening  the listeners registered on the device instead, and
+                   the listening sockets a process declines (DECLINED:
+                   it uses io_uring, its clients connect over TCP)
   --json           one JSON object with stable keys
 ";
 
@@ -214,7 +216,7 @@ fn listeners_table(ls: &[Listener]) -> String {
         let _ = writeln!(
             o,
             "{:<15} {:<aw$} {:<12} {}",
-            "LISTEN",
+            l.state.name(),
             l.addr.to_string(),
             l.netns,
             process(&l.process)
@@ -265,7 +267,8 @@ fn tcp_json(e: &TcpEnd) -> String {
 
 fn listener_json(l: &Listener) -> String {
     format!(
-        "{{\"state\":\"LISTEN\",{},\"local\":\"{}\",\"netns\":{}}}",
+        "{{\"state\":\"{}\",{},\"local\":\"{}\",\"netns\":{}}}",
+        l.state.name(),
         process_json(&l.process),
         l.addr,
         l.netns

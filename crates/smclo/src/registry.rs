@@ -399,7 +399,7 @@ fn may_share(a: &Bound, b: &Bound) -> bool {
 
 /// The live declines on `port` (none unless its bit in the decline
 /// filter is set), freeing dead ones on the way.
-fn declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
+fn port_declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
     if !port_may_decline(dev, port) {
         return Vec::new();
     }
@@ -433,7 +433,7 @@ pub fn decline_listener(dev: &Device, addr: SocketAddr) -> Result<Option<Listene
     }
     let (fam, bytes) = canon(addr.ip());
     let me = netns_inode();
-    let same = declines(dev, addr.port(), &mut Judge::new(dev.dir()))
+    let same = port_declines(dev, addr.port(), &mut Judge::new(dev.dir()))
         .iter()
         .filter(|d| d.netns == me && d.fam == fam && d.addr == bytes)
         .count();
@@ -589,6 +589,29 @@ pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
                 owner,
                 netns: f.netns,
                 addr,
+            })
+        })
+        .collect()
+}
+
+/// Every live decline (for `smclo ss -l`), in table order: the process
+/// that declines and the address of its socket.
+pub fn declines(dev: &Device) -> Vec<ListenerInfo> {
+    let mut judge = Judge::new(dev.dir());
+    (0..layout::LISTENER_ENTRIES as usize)
+        .filter_map(|i| {
+            let e = entry(dev, i);
+            let (w, f) = snapshot(e).filter(|(_, f)| f.meta & DECLINE != 0)?;
+            if dead(&mut judge, e, w) {
+                return None;
+            }
+            let Some(Holder::Known(owner)) = e.head.holder(w) else {
+                return None;
+            };
+            Some(ListenerInfo {
+                owner,
+                netns: f.netns,
+                addr: listen_addr(f.meta, f.addr)?,
             })
         })
         .collect()

@@ -247,10 +247,33 @@ pub fn tcp_ends(dev: &Device) -> Vec<TcpEnd> {
     out
 }
 
-/// One listener registered on the device.
+/// What a row of [`listeners`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ListenState {
+    /// A listener clients propose to.
+    Listen,
+    /// A listening socket whose process cannot serve SMC-D connections
+    /// from it (it uses io_uring): clients of the registrations that may
+    /// stand for it connect over TCP while the process lives.
+    Declined,
+}
+
+impl ListenState {
+    /// As `smclo ss -l` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ListenState::Listen => "LISTEN",
+            ListenState::Declined => "DECLINED",
+        }
+    }
+}
+
+/// One listener registered on the device, or a decline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listener {
-    /// The listening process.
+    /// Which of the two.
+    pub state: ListenState,
+    /// The listening (or declining) process.
     pub process: Process,
     /// The address it listens on.
     pub addr: SocketAddr,
@@ -258,18 +281,26 @@ pub struct Listener {
     pub netns: u64,
 }
 
-/// Every live listener of the device, ordered by address.
+/// Every live listener clients propose to and every decline of the
+/// device, ordered by address.
 pub fn listeners(dev: &Device) -> Vec<Listener> {
     let mut procs = Processes::default();
-    let mut out: Vec<Listener> = registry::listeners(dev)
+    let listening = registry::listeners(dev)
         .into_iter()
-        .map(|l| Listener {
+        .map(|l| (ListenState::Listen, l));
+    let declined = registry::declines(dev)
+        .into_iter()
+        .map(|l| (ListenState::Declined, l));
+    let mut out: Vec<Listener> = listening
+        .chain(declined)
+        .map(|(state, l)| Listener {
+            state,
             process: procs.of(l.owner),
             addr: l.addr,
             netns: l.netns,
         })
         .collect();
-    out.sort_by_key(|l| (l.addr, l.process.pid));
+    out.sort_by_key(|l| (l.addr, l.state, l.process.pid));
     out
 }
 
