@@ -261,6 +261,7 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
         "{rows}"
     );
     let s0 = env.stats();
+    assert_eq!(s0.declines, 1, "the device counts the decline");
     let c = ping_client(&mut env, port);
     server.wait_ok(T);
     let logs = format!("{}\n{}", c.logs(), server.logs());

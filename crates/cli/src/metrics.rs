@@ -77,7 +77,7 @@ struct Family {
 
 /// The families with one sample per device; fallbacks, which have one per
 /// side and reason, are written by [`fallbacks`].
-const FAMILIES: [Family; 6] = [
+const FAMILIES: [Family; 7] = [
     Family {
         name: "smclo_connections_opened",
         kind: Kind::Counter,
@@ -119,6 +119,13 @@ const FAMILIES: [Family; 6] = [
         unit: None,
         help: "Listening sockets registered for SMC-D",
         value: |s| s.listeners,
+    },
+    Family {
+        name: "smclo_declined_listeners",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Listening sockets a process that uses io_uring declines: their clients connect over TCP",
+        value: |s| s.declines,
     },
 ];
 
@@ -244,6 +251,7 @@ mod tests {
             dmbs_cnt: 4,
             xfer_bytes: 12345,
             listeners: 1,
+            declines: 0,
             fallback_client: [0; 32],
             fallback_server: [0; 32],
         };

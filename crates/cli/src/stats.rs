@@ -87,6 +87,7 @@ fn to_table(s: &Stats, all: bool) -> String {
     let _ = writeln!(o, "DMBs          registered   {:>12}", s.dmbs_registered);
     let _ = writeln!(o, "              in use       {:>12}", s.dmbs_cnt);
     let _ = writeln!(o, "Listeners                  {:>12}", s.listeners);
+    let _ = writeln!(o, "              declined     {:>12}", s.declines);
     let _ = writeln!(o, "Xfer bytes                 {:>12}", s.xfer_bytes);
     let total: u64 = Reason::ALL
         .iter()
@@ -142,8 +143,8 @@ fn to_json(s: &Stats) -> String {
     let mut o = String::from("{");
     let _ = write!(
         o,
-        "\"gid\":\"{:016x}\",\"conns_opened\":{},\"conns_active\":{},\"dmbs_registered\":{},\"dmbs_cnt\":{},\"xfer_bytes\":{},\"listeners\":{},\"fallbacks\":{{",
-        s.gid, s.conns_opened, s.conns_active, s.dmbs_registered, s.dmbs_cnt, s.xfer_bytes, s.listeners
+        "\"gid\":\"{:016x}\",\"conns_opened\":{},\"conns_active\":{},\"dmbs_registered\":{},\"dmbs_cnt\":{},\"xfer_bytes\":{},\"listeners\":{},\"declines\":{},\"fallbacks\":{{",
+        s.gid, s.conns_opened, s.conns_active, s.dmbs_registered, s.dmbs_cnt, s.xfer_bytes, s.listeners, s.declines
     );
     for (i, &r) in Reason::ALL.iter().enumerate() {
         let (c, sv) = counts(s, r);
@@ -175,6 +176,7 @@ mod tests {
             dmbs_cnt: 2,
             xfer_bytes: 1234,
             listeners: 1,
+            declines: 0,
             fallback_client: [0; 32],
             fallback_server: [0; 32],
         };

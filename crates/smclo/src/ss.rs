@@ -41,6 +41,7 @@ impl Device {
     pub fn stats(&self) -> Stats {
         let mut s = self.counters();
         s.listeners = registry::live_listeners(self);
+        s.declines = registry::declines(self).len() as u64;
         s
     }
 }

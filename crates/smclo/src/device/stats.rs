@@ -23,8 +23,11 @@ pub struct Stats {
     pub dmbs_cnt: u64,
     /// Bytes sent over SMC-D since the last reset.
     pub xfer_bytes: u64,
-    /// Live listener registrations.
+    /// Live listener registrations clients propose to.
     pub listeners: u64,
+    /// Live declines: listening sockets whose process cannot serve SMC-D
+    /// from them (it uses io_uring), whose clients connect over TCP.
+    pub declines: u64,
     /// Client-side fallbacks, indexed by `Reason::index()`.
     pub fallback_client: [u64; layout::REASON_SLOTS as usize],
     /// Server-side fallbacks, indexed by `Reason::index()`.
@@ -125,6 +128,7 @@ impl Device {
             dmbs_cnt,
             xfer_bytes: total.saturating_sub(base),
             listeners: 0,
+            declines: 0,
             fallback_client,
             fallback_server,
         }
