@@ -328,6 +328,13 @@ struct Fields {
     addr: [u8; 16],
 }
 
+impl Fields {
+    /// The port, from `meta`.
+    fn port(&self) -> u16 {
+        (self.meta >> 16) as u16
+    }
+}
+
 /// The address in a LISTENING entry's fields; `None` for an unknown family.
 fn listen_addr(meta: u64, addr: [u8; 16]) -> Option<SocketAddr> {
     let fam = u8::try_from(meta & 0xffff).ok()?;
@@ -406,16 +413,16 @@ fn port_declines(dev: &Device, port: u16, judge: &mut Judge<'_>) -> Vec<Bound> {
     let h = home(port);
     (0..PROBE)
         .filter_map(|k| live_decline(judge, entry(dev, h + k)))
-        .filter(|(p, _)| *p == port)
-        .map(|(_, b)| b)
+        .filter(|(_, f)| f.port() == port)
+        .map(|(_, f)| Bound::of(&f))
         .collect()
 }
 
-/// `e` as a live decline, with its port; a decline whose owner is gone
+/// `e` as a live decline, with its holder; a decline whose owner is gone
 /// is freed.
-fn live_decline(judge: &mut Judge<'_>, e: &ListenerEntry) -> Option<(u16, Bound)> {
+fn live_decline(judge: &mut Judge<'_>, e: &ListenerEntry) -> Option<(Option<Holder>, Fields)> {
     let (w, f) = snapshot(e)?;
-    (f.meta & DECLINE != 0 && !dead(judge, e, w)).then(|| ((f.meta >> 16) as u16, Bound::of(&f)))
+    (f.meta & DECLINE != 0 && !dead(judge, e, w)).then(|| (e.head.holder(w), f))
 }
 
 /// Declines, while the calling process lives or until the guard is
@@ -542,8 +549,8 @@ fn dead(judge: &mut Judge<'_>, e: &ListenerEntry, w: Word) -> bool {
     }
 }
 
-/// Every live decline in the registry, with its port.
-fn all_declines(dev: &Device, judge: &mut Judge<'_>) -> Vec<(u16, Bound)> {
+/// Every live decline in the registry, with its holder.
+fn all_declines(dev: &Device, judge: &mut Judge<'_>) -> Vec<(Option<Holder>, Fields)> {
     (0..layout::LISTENER_ENTRIES as usize)
         .filter_map(|i| live_decline(judge, entry(dev, i)))
         .collect()
@@ -554,7 +561,10 @@ fn all_declines(dev: &Device, judge: &mut Judge<'_>) -> Vec<(u16, Bound)> {
 /// back; with each its holder and fields. Frees dead ones.
 fn proposable(dev: &Device) -> Vec<(Option<Holder>, Fields)> {
     let mut judge = Judge::new(dev.dir());
-    let declined = all_declines(dev, &mut judge);
+    let declined: Vec<(u16, Bound)> = all_declines(dev, &mut judge)
+        .iter()
+        .map(|(_, f)| (f.port(), Bound::of(f)))
+        .collect();
     let mut out = Vec::new();
     for i in 0..layout::LISTENER_ENTRIES as usize {
         let e = entry(dev, i);
@@ -564,10 +574,9 @@ fn proposable(dev: &Device) -> Vec<(Option<Holder>, Fields)> {
         let Some((w, f)) = snapshot(e) else {
             continue;
         };
-        let port = (f.meta >> 16) as u16;
         let held_back = declined
             .iter()
-            .any(|(p, d)| *p == port && may_share(d, &Bound::of(&f)));
+            .any(|(p, d)| *p == f.port() && may_share(d, &Bound::of(&f)));
         if f.meta & (ALIAS | DECLINE) == 0 && !held_back {
             out.push((e.head.holder(w), f));
         }
@@ -578,43 +587,29 @@ fn proposable(dev: &Device) -> Vec<(Option<Holder>, Fields)> {
 /// Every live listener registration clients propose to (for `smclo ss
 /// -l`), in table order, without aliases; frees dead ones.
 pub fn listeners(dev: &Device) -> Vec<ListenerInfo> {
-    proposable(dev)
-        .into_iter()
-        .filter_map(|(holder, f)| {
-            let addr = listen_addr(f.meta, f.addr)?;
-            let Some(Holder::Known(owner)) = holder else {
-                return None;
-            };
-            Some(ListenerInfo {
-                owner,
-                netns: f.netns,
-                addr,
-            })
-        })
-        .collect()
+    proposable(dev).into_iter().filter_map(info).collect()
 }
 
 /// Every live decline (for `smclo ss -l`), in table order: the process
 /// that declines and the address of its socket.
 pub fn declines(dev: &Device) -> Vec<ListenerInfo> {
-    let mut judge = Judge::new(dev.dir());
-    (0..layout::LISTENER_ENTRIES as usize)
-        .filter_map(|i| {
-            let e = entry(dev, i);
-            let (w, f) = snapshot(e).filter(|(_, f)| f.meta & DECLINE != 0)?;
-            if dead(&mut judge, e, w) {
-                return None;
-            }
-            let Some(Holder::Known(owner)) = e.head.holder(w) else {
-                return None;
-            };
-            Some(ListenerInfo {
-                owner,
-                netns: f.netns,
-                addr: listen_addr(f.meta, f.addr)?,
-            })
-        })
+    all_declines(dev, &mut Judge::new(dev.dir()))
+        .into_iter()
+        .filter_map(info)
         .collect()
+}
+
+/// An entry's holder and fields as a [`ListenerInfo`], when its owner and
+/// address are known.
+fn info((holder, f): (Option<Holder>, Fields)) -> Option<ListenerInfo> {
+    let Some(Holder::Known(owner)) = holder else {
+        return None;
+    };
+    Some(ListenerInfo {
+        owner,
+        netns: f.netns,
+        addr: listen_addr(f.meta, f.addr)?,
+    })
 }
 
 /// Number of live listener registrations clients propose to, aliases not

@@ -170,6 +170,25 @@ fn in_table_range(fd: RawFd) -> bool {
     fd >= 0 && (fd as usize) < MAX_FD
 }
 
+/// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
+/// system call for sockets made by our `socket()` ([`crate::hints::Hint::Tcp`]), asked with
+/// `getsockopt` for any other descriptor (inherited, duplicated, ...).
+pub(super) fn is_tcp_stream(fd: RawFd) -> bool {
+    crate::hints::hinted(fd, crate::hints::Hint::Tcp) || kernel_says_tcp_stream(fd)
+}
+
+fn kernel_says_tcp_stream(fd: RawFd) -> bool {
+    let get = |name| sockopt_int(fd, name);
+    matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+        && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).
+pub(super) fn is_listening(fd: RawFd) -> bool {
+    sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
+}
+
 /// An `int` socket option of level `SOL_SOCKET`, or `None` if it cannot be
 /// read (not a socket).
 pub(super) fn sockopt_int(fd: RawFd, name: c_int) -> Option<c_int> {

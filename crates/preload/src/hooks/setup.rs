@@ -7,7 +7,7 @@
 use super::pending;
 use super::state::list_fallback;
 use super::swap::{clear_stale, learn, swap_in, Holder};
-use super::{ctx, disabled, fail, in_table_range, sockopt_int, Ctx};
+use super::{ctx, disabled, fail, in_table_range, is_listening, is_tcp_stream, Ctx};
 use crate::hints::{self, Hint};
 use crate::holders;
 use crate::real;
@@ -26,20 +26,6 @@ use smclo_wire::reason::Reason;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::Instant;
-
-/// Whether `fd` is an `AF_INET`/`AF_INET6` TCP stream: known without a
-/// system call for sockets made by our `socket()` ([`Hint::Tcp`]), asked with
-/// `getsockopt` for any other descriptor (inherited, duplicated, ...).
-fn is_tcp_stream(fd: RawFd) -> bool {
-    hints::hinted(fd, Hint::Tcp) || kernel_says_tcp_stream(fd)
-}
-
-fn kernel_says_tcp_stream(fd: RawFd) -> bool {
-    let get = |name| sockopt_int(fd, name);
-    matches!(get(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
-        && get(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
-        && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
-}
 
 /// Interposed `socket(2)`: marks TCP sockets as candidates (their epoll
 /// registrations are recorded until they are connected) and records that
@@ -165,11 +151,6 @@ fn adopt_if_unknown(fd: RawFd) {
             None => hints::hint(fd, Hint::Plain),
         },
     );
-}
-
-/// Whether `fd` is a listening socket (`SO_ACCEPTCONN`).
-fn is_listening(fd: RawFd) -> bool {
-    sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
 }
 
 /// `epoll_ctl(EPOLL_CTL_ADD)` of `fd`: an event loop adds its listener

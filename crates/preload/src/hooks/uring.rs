@@ -274,9 +274,7 @@ fn listening_sockets() -> Vec<(RawFd, SocketAddr)> {
 
 /// `fd` with its address if it is a listening TCP socket.
 fn listening(fd: RawFd) -> Option<(RawFd, SocketAddr)> {
-    let tcp_listener = super::sockopt_int(fd, libc::SO_ACCEPTCONN) == Some(1)
-        && super::sockopt_int(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP);
-    if !tcp_listener {
+    if !(super::is_listening(fd) && super::is_tcp_stream(fd)) {
         return None;
     }
     sockaddr::local(fd).ok().map(|a| (fd, a))
