@@ -81,6 +81,18 @@ fn assert_io_uring(env: &Env, s0: &smclo::device::Stats, conns: u64, logs: &str)
     );
 }
 
+/// `raw_ring MODE` against an echo server, where MODE makes a connection,
+/// then uses io_uring, then a second connection: the first went through
+/// shared memory, the second stayed TCP (`IO_URING`).
+fn smc_then_io_uring(tag: &str, mode: &str) {
+    let mut env = Env::new(tag);
+    let (server, port, s0) = echo_server(&mut env);
+    let c = raw_ring(&mut env, mode, port, true);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
+    assert_smc_then_io_uring(&env, &s0, &logs);
+}
+
 /// Of the client's two connections, the first (made before its ring)
 /// went through shared memory, the second stayed TCP (`IO_URING`).
 fn assert_smc_then_io_uring(env: &Env, s0: &smclo::device::Stats, logs: &str) {
@@ -117,12 +129,7 @@ fn a_liburing_client_gets_its_echo_over_tcp() {
 /// connections from then on are TCP (the first, made before, is SMC-D).
 #[test]
 fn a_ring_made_through_syscall_keeps_later_connections_tcp() {
-    let mut env = Env::new("uring-syscall");
-    let (server, port, s0) = echo_server(&mut env);
-    let c = raw_ring(&mut env, "syscall-between", port, true);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
-    assert_smc_then_io_uring(&env, &s0, &logs);
+    smc_then_io_uring("uring-syscall", "syscall-between");
 }
 
 /// A ring made with the system call instruction (no library call to
@@ -142,12 +149,7 @@ fn a_ring_made_by_the_instruction_is_found_among_the_descriptors() {
 /// stays TCP.
 #[test]
 fn a_liburing_loaded_later_keeps_later_connections_tcp() {
-    let mut env = Env::new("uring-dlopen");
-    let (server, port, s0) = echo_server(&mut env);
-    let c = raw_ring(&mut env, "dlopen-between", port, true);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert!(c.stdout_str().starts_with("ok 2"), "{logs}");
-    assert_smc_then_io_uring(&env, &s0, &logs);
+    smc_then_io_uring("uring-dlopen", "dlopen-between");
 }
 
 /// `raw_ring MODE` serving one connection after it set a ring up, and an
@@ -227,6 +229,28 @@ fn a_worker_that_accepts_through_its_ring_costs_its_client_no_wait() {
     assert_declined(&d, "");
 }
 
+/// A python program that imports `imports`, listens on 127.0.0.1:`port`
+/// (as `lst`), then runs `rest`.
+fn launcher_script(port: u16, imports: &str, rest: &str) -> String {
+    format!(
+        "import {imports}\n\
+         lst = socket.socket()\n\
+         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n{rest}"
+    )
+}
+
+/// An smclo client's "ping" to `port`, echoed by `server`, which then
+/// ends with status 0: the device's counters over it, and both logs.
+fn ping_served(env: &mut Env, server: &mut Proc, port: u16) -> (Delta, String) {
+    let s0 = env.stats();
+    let c = ping_client(env, port);
+    server.wait_ok(T);
+    let logs = format!("{}\n{}", c.logs(), server.logs());
+    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    (delta(&s0, &env.stats()), logs)
+}
+
 /// A launcher (no io_uring) listens and hands the listener to a liburing
 /// server it execs, which accepts and serves through its ring: the server
 /// declines the launcher's registration as it starts, so that its client
@@ -236,13 +260,13 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
     let mut env = Env::new("uring-exec-listener");
     let acceptor = program(&env, "liburing_acceptor", true);
     let port = free_port();
-    let launch = format!(
-        "import socket, subprocess\n\
-         lst = socket.socket()\n\
-         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
-         s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()])\n\
-         print('server', s.wait(), flush=True)\n"
+    let launch = launcher_script(
+        port,
+        "socket, subprocess",
+        &format!(
+            "s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()])\n\
+             print('server', s.wait(), flush=True)\n"
+        ),
     );
     let mut server = env.spawn(Mode::Smclo, "launcher", "python3", &["-c", &launch]);
     server.wait_stdout("ready", T, &[]);
@@ -260,14 +284,10 @@ fn a_liburing_server_given_its_listener_by_exec_costs_its_client_no_wait() {
             .any(|l| l.starts_with("LISTEN") && l.contains(&at)),
         "{rows}"
     );
-    let s0 = env.stats();
-    assert_eq!(s0.declines, 1, "the device counts the decline");
-    let c = ping_client(&mut env, port);
-    server.wait_ok(T);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    assert_eq!(env.stats().declines, 1, "the device counts the decline");
+    let (d, logs) = ping_served(&mut env, &mut server, port);
     assert!(server.stdout_str().contains("server 0"), "{logs}");
-    assert_declined(&delta(&s0, &env.stats()), &logs);
+    assert_declined(&d, &logs);
 }
 
 /// `smclo ss -l` of the test's device.
@@ -289,25 +309,21 @@ fn a_liburing_server_sent_its_listener_costs_its_client_no_wait() {
     let mut env = Env::new("uring-sent-listener");
     let acceptor = program(&env, "liburing_acceptor", true);
     let port = free_port();
-    let launch = format!(
-        "import socket, subprocess\n\
-         lst = socket.socket()\n\
-         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
-         mine, theirs = socket.socketpair()\n\
-         s = subprocess.Popen(['{acceptor}', 'recv', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
-         theirs.close()\nsocket.send_fds(mine, [b'l'], [lst.fileno()])\n\
-         print('server', s.wait(), flush=True)\n"
+    let launch = launcher_script(
+        port,
+        "socket, subprocess",
+        &format!(
+            "mine, theirs = socket.socketpair()\n\
+             s = subprocess.Popen(['{acceptor}', 'recv', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
+             theirs.close()\nsocket.send_fds(mine, [b'l'], [lst.fileno()])\n\
+             print('server', s.wait(), flush=True)\n"
+        ),
     );
     let mut server = env.spawn(Mode::Smclo, "launcher", "python3", &["-c", &launch]);
     server.wait_stdout("ready", T, &[]);
-    let s0 = env.stats();
-    let c = ping_client(&mut env, port);
-    server.wait_ok(T);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    let (d, logs) = ping_served(&mut env, &mut server, port);
     assert!(server.stdout_str().contains("server 0"), "{logs}");
-    assert_declined(&delta(&s0, &env.stats()), &logs);
+    assert_declined(&d, &logs);
 }
 
 /// As above, but the launcher then execs a new image that registers the
@@ -322,32 +338,28 @@ fn a_registration_made_after_the_decline_is_held_back() {
                  ep = select.epoll()\nep.register(int(sys.argv[1]), select.EPOLLIN)\n\
                  print('registered', flush=True)\n\
                  print('server', os.waitpid(int(sys.argv[2]), 0)[1], flush=True)\n";
-    let launch = format!(
-        "import os, socket, subprocess, sys\n\
-         lst = socket.socket()\n\
-         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
-         s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()], stdout=subprocess.PIPE)\n\
-         print(s.stdout.readline().decode().strip(), flush=True)\n\
-         lst.set_inheritable(True)\n\
-         os.execv(sys.executable, [sys.executable, '-c', {again:?}, str(lst.fileno()), str(s.pid)])\n"
+    let launch = launcher_script(
+        port,
+        "os, socket, subprocess, sys",
+        &format!(
+            "s = subprocess.Popen(['{acceptor}', str(lst.fileno())], pass_fds=[lst.fileno()], stdout=subprocess.PIPE)\n\
+             print(s.stdout.readline().decode().strip(), flush=True)\n\
+             lst.set_inheritable(True)\n\
+             os.execv(sys.executable, [sys.executable, '-c', {again:?}, str(lst.fileno()), str(s.pid)])\n"
+        ),
     );
     let mut cmd = env.command(Mode::Smclo, None, "python3", &["-c", &launch]);
     cmd.env("SMCLO_DEBUG", "1");
     let mut server = env.spawn_cmd("launcher", cmd);
     server.wait_stdout("registered", T, &[]);
-    let s0 = env.stats();
-    let c = ping_client(&mut env, port);
-    server.wait_ok(T);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    let (d, logs) = ping_served(&mut env, &mut server, port);
     assert!(server.stdout_str().contains("ready"), "{logs}");
     assert!(server.stdout_str().contains("server 0"), "{logs}");
     assert!(
         server.stderr_str().contains("registering it"),
         "the new image registered the listener again\n{logs}"
     );
-    assert_declined(&delta(&s0, &env.stats()), &logs);
+    assert_declined(&d, &logs);
 }
 
 /// A wrapper linked with liburing, handed a listener, declines it while it
@@ -364,29 +376,25 @@ fn a_decline_leaves_with_the_image_that_made_it() {
                  select.epoll().register(lst.fileno(), select.EPOLLIN)\n\
                  print('registered', flush=True)\n\
                  c, _ = lst.accept()\nc.sendall(c.recv(4, socket.MSG_WAITALL))\nc.close()\n";
-    let launch = format!(
-        "import os, socket, sys\n\
-         lst = socket.socket()\n\
-         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\nlst.set_inheritable(True)\n\
-         os.execv('{wrapper}', ['{wrapper}', sys.executable, '-c', {serve:?}, str(lst.fileno())])\n"
+    let launch = launcher_script(
+        port,
+        "os, socket, sys",
+        &format!(
+            "lst.set_inheritable(True)\n\
+             os.execv('{wrapper}', ['{wrapper}', sys.executable, '-c', {serve:?}, str(lst.fileno())])\n"
+        ),
     );
     let mut cmd = env.command(Mode::Smclo, None, "python3", &["-c", &launch]);
     cmd.env("SMCLO_DEBUG", "1");
     let mut server = env.spawn_cmd("launcher", cmd);
     server.wait_stdout("registered", T, &[]);
-    let s0 = env.stats();
-    let c = ping_client(&mut env, port);
-    server.wait_ok(T);
-    let logs = format!("{}\n{}", c.logs(), server.logs());
-    assert_eq!(c.stdout_str(), "echo\n", "{logs}");
+    let (d, logs) = ping_served(&mut env, &mut server, port);
     assert!(
         server
             .stderr_str()
             .contains("declined: its clients connect over TCP"),
         "the wrapper declined the listener\n{logs}"
     );
-    let d = delta(&s0, &env.stats());
     assert_eq!(d.conns_opened, 1, "{}\n{logs}", d.fallbacks_desc());
 }
 
@@ -424,17 +432,17 @@ fn a_liburing_worker_handed_a_connection_gets_a_reset() {
     let mut env = Env::new("uring-passed");
     let worker = program(&env, "liburing_worker", true);
     let port = free_port();
-    let dispatch = format!(
-        "import socket, subprocess\n\
-         lst = socket.socket()\n\
-         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         lst.bind(('127.0.0.1', {port}))\nlst.listen(8)\n\
-         mine, theirs = socket.socketpair()\n\
-         w = subprocess.Popen(['{worker}', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
-         theirs.close()\nprint('ready', flush=True)\n\
-         c, _ = lst.accept()\nc.recv(4, socket.MSG_PEEK)\n\
-         socket.send_fds(mine, [b'c'], [c.fileno()])\nc.close()\n\
-         print('worker', w.wait(), flush=True)\n"
+    let dispatch = launcher_script(
+        port,
+        "socket, subprocess",
+        &format!(
+            "mine, theirs = socket.socketpair()\n\
+             w = subprocess.Popen(['{worker}', str(theirs.fileno())], pass_fds=[theirs.fileno()])\n\
+             theirs.close()\nprint('ready', flush=True)\n\
+             c, _ = lst.accept()\nc.recv(4, socket.MSG_PEEK)\n\
+             socket.send_fds(mine, [b'c'], [c.fileno()])\nc.close()\n\
+             print('worker', w.wait(), flush=True)\n"
+        ),
     );
     let mut server = env.spawn(Mode::Smclo, "dispatcher", "python3", &["-c", &dispatch]);
     server.wait_stdout("ready", T, &[]);

@@ -410,6 +410,23 @@ fn msg_oob_fails_loudly() {
     );
 }
 
+/// `peer.c` in `mode` (its client sets `TCP_ULP` and `SO_PEEK_OFF`, then
+/// sends): both refused, with the debug line's words `when` ("" or " before
+/// its decision"), and the connection SMC-D.
+fn options_refused(mode: &str, when: &str) {
+    let r = run(mode, Side::Smc, Side::Smc, &[]);
+    r.assert_smc(1, 10);
+    for what in ["setsockopt(TCP_ULP)", "setsockopt(SO_PEEK_OFF)"] {
+        assert!(
+            r.client
+                .stderr
+                .contains(&format!("{what}{when} is not supported")),
+            "{what}\n{}",
+            r.report()
+        );
+    }
+}
+
 /// `TCP_ULP` (kernel TLS) and `SO_PEEK_OFF` on an SMC-D connection are
 /// refused (`EOPNOTSUPP`, the kernel's SMC's answer), so that a program
 /// keeps TLS in user space and peeks from the start: applied to the
@@ -418,34 +435,14 @@ fn msg_oob_fails_loudly() {
 /// the peek offset would be ignored.
 #[test]
 fn tcp_ulp_and_peek_offsets_are_refused_as_the_kernels_smc_refuses_them() {
-    let r = run("ulp", Side::Smc, Side::Smc, &[]);
-    r.assert_smc(1, 10);
-    for what in ["setsockopt(TCP_ULP)", "setsockopt(SO_PEEK_OFF)"] {
-        assert!(
-            r.client
-                .stderr
-                .contains(&format!("{what} is not supported")),
-            "{what}\n{}",
-            r.report()
-        );
-    }
+    options_refused("ulp", "");
 }
 
 /// The same while a non-blocking connect's handshake is undecided: the
 /// connection may still become SMC-D.
 #[test]
 fn tcp_ulp_and_peek_offsets_are_refused_before_the_decision() {
-    let r = run("ulp-pending", Side::Smc, Side::Smc, &[]);
-    r.assert_smc(1, 10);
-    for what in ["setsockopt(TCP_ULP)", "setsockopt(SO_PEEK_OFF)"] {
-        assert!(
-            r.client
-                .stderr
-                .contains(&format!("{what} before its decision is not supported")),
-            "{what}\n{}",
-            r.report()
-        );
-    }
+    options_refused("ulp-pending", " before its decision");
 }
 
 #[test]

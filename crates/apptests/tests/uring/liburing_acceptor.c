@@ -12,20 +12,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "recv_fd.h"
 #include "ring_op.h"
-
-/* The descriptor that comes with one byte on UNIX socket s, or -1. */
-static int recv_fd(int s) {
-    char byte, ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {&byte, 1};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
-    if (recvmsg(s, &m, 0) != 1) return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
-    int fd;
-    memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    return fd;
-}
 
 int main(int argc, char **argv) {
     int received = argc == 3 && !strcmp(argv[1], "recv");

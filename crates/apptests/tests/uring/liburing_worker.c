@@ -8,20 +8,15 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "recv_fd.h"
 #include "ring_op.h"
 
 int main(int argc, char **argv) {
     if (argc != 2) return 1;
     struct io_uring r;
     if (io_uring_queue_init(4, &r, 0)) return 1;
-    char byte, ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {&byte, 1};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
-    if (recvmsg(atoi(argv[1]), &m, 0) != 1) return 1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (!c || c->cmsg_type != SCM_RIGHTS) return 1;
-    int fd;
-    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    int fd = recv_fd(atoi(argv[1]));
+    if (fd < 0) return 1;
     char b[4];
     io_uring_prep_recv(io_uring_get_sqe(&r), fd, b, 4, MSG_WAITALL);
     int k = ring_op(&r);
