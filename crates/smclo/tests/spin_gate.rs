@@ -93,6 +93,21 @@ fn a_preempted_spin_leaves_its_slot_held_for_a_while() {
     assert!(claim(&t, all, 0, 1_000, 2_000).is_some());
 }
 
+/// The process's spinner table for one test at a time, once no slot is
+/// held or paused: a spin of the test before (preempted on a busy
+/// machine, its slot paused for up to `GIVE_WAY`) must not decide whether
+/// this test's spins may run.
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    let turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let held = |s: &AtomicU64| s.load(Ordering::SeqCst) > spin::now_ns();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while spin::table().iter().any(held) {
+        assert!(std::time::Instant::now() < deadline, "a slot stays held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    turn
+}
+
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) {
     // SAFETY: an empty cpu_set_t, then one bit set below CPU_SETSIZE.
@@ -119,7 +134,7 @@ fn some_cpu() -> usize {
 
 #[test]
 fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let cpu = some_cpu();
     // A fresh thread: it reads its affinity at its first spin.
     std::thread::spawn(move || {
@@ -153,7 +168,7 @@ fn a_wait_whose_cpus_slots_are_held_does_not_spin() {
 
 #[test]
 fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let cpu = some_cpu();
     let slot = spin::slot_of(cpu);
     std::thread::spawn(move || {
@@ -201,7 +216,7 @@ fn a_preempted_spin_ends_and_pauses_its_cpus_spinners() {
 /// add nothing to it, and a spin that does not yield spends its slice.
 #[test]
 fn a_spin_lets_the_thread_waiting_for_its_cpu_run() {
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let cpu = some_cpu();
     let rounds = std::thread::spawn(move || {
         pin(cpu);
@@ -296,7 +311,7 @@ fn kill_a_spinner(dir: &std::path::Path, table: &[AtomicU64]) -> Option<(Vec<u64
 
 #[test]
 fn a_killed_spinner_holds_its_slot_no_longer_than_its_spin() {
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let d = TempDir::new("spin-kill");
     // The device's slots are this process's too: the child's claims show.
     let _dev = Device::open(&d.0).unwrap();
@@ -350,7 +365,7 @@ fn cpus_side_by_side_have_slots_on_different_cache_lines() {
 #[test]
 fn a_preempted_waiter_keeps_its_halved_budget() {
     use smclo::testing::wait::Budget;
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let cpu = some_cpu();
     std::thread::spawn(move || {
         pin(cpu);
@@ -393,7 +408,7 @@ fn a_preempted_waiter_keeps_its_halved_budget() {
 fn a_thread_that_yields_into_a_busy_loops_slice_stops_spinning() {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
-    let _turn = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = take_turn();
     let cpu = some_cpu();
     let took = std::thread::spawn(move || {
         pin(cpu);
